@@ -1,0 +1,1 @@
+"""The typer application. Only this package imports typer and rich and prints."""

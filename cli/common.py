@@ -1,0 +1,103 @@
+"""Shared CLI pieces: options, store opening, rendering helpers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
+from typing import Annotated, Any
+
+import typer
+from greenctl.data.store import Store, open_store
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+err_console = Console(stderr=True)
+
+DbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        help="Path of the SQLite store (default: $GREENCTL_DB, else the user's data directory).",
+        envvar="GREENCTL_DB",
+        show_envvar=True,
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for machines instead of tables.")]
+
+
+# `greenctl --db PATH COMMAND` sets this; a command's own --db wins over it.
+ROOT_DB: ContextVar[str | None] = ContextVar("greenctl_root_db", default=None)
+
+
+def store_for(db: str | None) -> Store:
+    """Open the store named by ``--db`` on the command, else on the root command."""
+    return open_store(db or ROOT_DB.get())
+
+
+def print_json(obj: Any) -> None:
+    """Write a JSON document to stdout (no rich markup, stable key order)."""
+    sys.stdout.write(json.dumps(obj, indent=2, default=_default) + "\n")
+    sys.stdout.flush()
+
+
+def _default(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    return str(obj)
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """Format a cell: None as '-', floats with ``digits`` significant decimals."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "-"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.{digits}g}" if abs(value) < 1 else f"{value:.{max(digits - 1, 1)}f}"
+    return str(value)
+
+
+def render_table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    caption: str | None = None,
+) -> None:
+    """Print a rich table with formatted cells."""
+    table = Table(title=title, caption=caption, header_style="bold")
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*(fmt(v) for v in row))
+    console.print(table)
+
+
+def parse_int_list(text: str, *, option: str) -> list[int]:
+    """Parse ``1,2,4`` into ints >= 1, or fail naming the option."""
+    from greenctl.data.errors import InputError
+
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit() or int(part) < 1:
+            raise InputError(
+                f"{option}: '{part}' is not a whole number >= 1", hint=f"for example {option} 1,2,4"
+            )
+        out.append(int(part))
+    if not out:
+        raise InputError(f"{option} needs at least one value", hint=f"for example {option} 1,2,4")
+    return out

@@ -1,0 +1,86 @@
+"""The ``greenctl`` command: root app, command registration, error mapping."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Annotated, Any
+
+import typer
+from greenctl.data.errors import GreenctlError
+from typer.core import TyperGroup
+
+
+class GreenctlGroup(TyperGroup):
+    """Maps every GreenctlError raised below it to ``Error: ...`` and its exit code."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer's vendored click.Context
+        try:
+            return super().invoke(ctx)
+        except GreenctlError as exc:
+            from greenctl.cli.common import err_console
+
+            err_console.print(
+                f"[bold red]Error:[/] {exc}", highlight=False, markup=True, soft_wrap=True
+            )
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+
+
+app = typer.Typer(
+    name="greenctl",
+    cls=GreenctlGroup,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    help="Carbon-aware planning and serving for ML inference on CPUs and NVIDIA GPUs.",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"greenctl {version('greenctl')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db", help="Path of the SQLite store for every command.", envvar="GREENCTL_DB"
+        ),
+    ] = None,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """greenctl: profile, plan, simulate, apply, replan and report carbon-aware inference."""
+    from greenctl.cli.common import ROOT_DB
+
+    ROOT_DB.set(db)
+
+
+# Command modules, each registering its commands on `app` (or a sub-app) through
+# `register(app)`. One line per module; modules import their heavy dependencies lazily.
+COMMAND_MODULES = [
+    "greenctl.cli.plan",
+    "greenctl.cli.profile",
+]
+
+
+def _register() -> None:
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(app)
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(app(prog_name="greenctl", standalone_mode=True) or 0)

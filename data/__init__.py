@@ -1,0 +1,1 @@
+"""The SQLite store, domain records, importers/exporters and bundled datasets."""

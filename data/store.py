@@ -1,0 +1,296 @@
+"""The SQLite store: opening, migrations, transactions and the core queries.
+
+Location: ``--db PATH``, else ``GREENCTL_DB``, else ``greenctl.db`` in the user's data
+directory. WAL mode. Every write that belongs together runs in one ``transaction()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+from greenctl.data import migrations
+from greenctl.data.errors import NotFoundError, StoreError
+from greenctl.data.plan import Plan
+from greenctl.data.records import (
+    Hardware,
+    Profile,
+    Variant,
+    record_to_row,
+    row_to_record,
+    utcnow_iso,
+)
+
+
+def default_db_path() -> Path:
+    """``$XDG_DATA_HOME/greenctl/greenctl.db`` (``~/.local/share`` when unset)."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+    return Path(base) / "greenctl" / "greenctl.db"
+
+
+def resolve_db_path(db: str | os.PathLike[str] | None = None) -> Path:
+    """The store path: explicit argument, else ``GREENCTL_DB``, else the default."""
+    if db:
+        return Path(db)
+    env = os.environ.get("GREENCTL_DB")
+    if env:
+        return Path(env)
+    return default_db_path()
+
+
+class Store:
+    """An open greenctl store. Use :func:`open_store`."""
+
+    def __init__(self, db: sqlite_utils.Database, path: Path) -> None:
+        self.db = db
+        self.path = path
+
+    # -- plumbing -------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[Store]:
+        """One atomic unit of writes; nested calls become savepoints."""
+        with self.db.atomic():
+            yield self
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def applied_migrations(self) -> list[str]:
+        return [r["name"] for r in self.db.table("migrations").rows_where(order_by="name")]
+
+    # -- hardware -------------------------------------------------------------------------
+    def add_hardware(self, hw: Hardware) -> int:
+        """Insert or find an identical hardware row; returns its id."""
+        row = record_to_row(hw)
+        row.pop("id", None)
+        if row.get("rapl_readable") is not None:
+            row["rapl_readable"] = int(bool(row["rapl_readable"]))
+        where = " and ".join(f"[{k}] is ?" for k in row)
+        found = list(self.db.table("hardware").rows_where(where, list(row.values()), limit=1))
+        if found:
+            return int(found[0]["id"])
+        return _pk(self.db.table("hardware").insert(row).last_pk)
+
+    def hardware(self) -> list[Hardware]:
+        return [
+            row_to_record(Hardware, r) for r in self.db.table("hardware").rows_where(order_by="id")
+        ]
+
+    # -- variants -------------------------------------------------------------------------
+    def upsert_variant(self, variant: Variant) -> None:
+        """Insert a variant, or update the fields given (non-None) of an existing one."""
+        row = {k: v for k, v in record_to_row(variant).items() if v is not None}
+        table = self.db.table("variants")
+        if table.count_where("name = ?", [variant.name]):
+            table.update(variant.name, row)
+        else:
+            table.insert(row)
+
+    def get_variant(self, name: str) -> Variant:
+        """Raises NotFoundError naming the known variants."""
+        rows = list(self.db.table("variants").rows_where("name = ?", [name], limit=1))
+        if not rows:
+            known = [
+                r["name"]
+                for r in self.db.table("variants").rows_where(order_by="name", select="name")
+            ]
+            hint = f"known variants: {', '.join(known)}" if known else "profile or import it first"
+            raise NotFoundError(f"unknown variant '{name}'", hint=hint)
+        return row_to_record(Variant, rows[0])
+
+    def variants(self, family: str | None = None) -> list[Variant]:
+        if family is None:
+            rows = self.db.table("variants").rows_where(order_by="family, name")
+        else:
+            rows = self.db.table("variants").rows_where("family = ?", [family], order_by="name")
+        return [row_to_record(Variant, r) for r in rows]
+
+    def families(self) -> list[str]:
+        return [
+            r["family"]
+            for r in self.db.query("select distinct family from variants order by family")
+        ]
+
+    # -- profiles -------------------------------------------------------------------------
+    def add_profiles(self, profiles: Iterable[Profile]) -> list[int]:
+        """Insert profiles in one transaction; returns their ids."""
+        ids = []
+        with self.transaction():
+            for p in profiles:
+                ids.append(_pk(self.db.table("profiles").insert(record_to_row(p)).last_pk))
+        return ids
+
+    def latest_profiles(
+        self,
+        *,
+        variant: str | None = None,
+        family: str | None = None,
+        resource: str | None = None,
+        hardware: str | None = None,
+    ) -> list[Profile]:
+        """The newest profile of every (variant, resource, batch, hardware, capacity SLO) point.
+
+        Repeated measurements of a point are all kept; this returns the latest of each.
+        """
+        clauses, params = [], []
+        if variant is not None:
+            clauses.append("p.variant = ?")
+            params.append(variant)
+        if family is not None:
+            clauses.append("v.family = ?")
+            params.append(family)
+        if resource is not None:
+            clauses.append("p.resource = ?")
+            params.append(resource)
+        if hardware is not None:
+            clauses.append("p.hardware = ?")
+            params.append(hardware)
+        where = ("where " + " and ".join(clauses)) if clauses else ""
+        sql = f"""
+            select * from (
+              select p.*, row_number() over (
+                partition by p.variant, p.resource, p.batch, coalesce(p.hardware, ''),
+                             coalesce(p.capacity_slo_ms, -1)
+                order by p.created_at desc, p.id desc) as _rank
+              from profiles p join variants v on v.name = p.variant
+              {where})
+            where _rank = 1
+            order by variant, resource, batch, capacity_slo_ms
+        """
+        return [row_to_record(Profile, r) for r in self.db.query(sql, params)]
+
+    def profile_count(self) -> int:
+        return self.db.table("profiles").count
+
+    # -- plans and runs -------------------------------------------------------------------
+    def save_plan(self, plan: Plan, *, source: str = "planner") -> int:
+        """Store a plan document; sets and returns ``plan.id``."""
+        objective = plan.predicted.get("objective")
+        with self.transaction():
+            pk = (
+                self.db.table("plans")
+                .insert(
+                    {
+                        "kind": plan.kind,
+                        "created_at": plan.created_at,
+                        "schema": "greenctl.plan/v1",
+                        "objective": float(objective)
+                        if isinstance(objective, int | float)
+                        else None,
+                        "source": source,
+                        "document": "{}",
+                    }
+                )
+                .last_pk
+            )
+            plan.id = _pk(pk)
+            self.db.table("plans").update(plan.id, {"document": plan.to_json(indent=None)})
+        return plan.id
+
+    def get_plan(self, plan_id: int) -> Plan:
+        try:
+            row = self.db.table("plans").get(plan_id)
+        except sqlite_utils.db.NotFoundError:
+            raise NotFoundError(
+                f"no plan with id {plan_id} in the store", hint="`greenctl plan list` shows them"
+            ) from None
+        plan = Plan.from_dict(json.loads(row["document"]), source=f"plan {plan_id}")
+        plan.id = plan_id
+        return plan
+
+    def plans(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """Plan rows (without documents), newest first."""
+        where, params = ("kind = ?", [kind]) if kind else (None, [])
+        return list(
+            self.db.table("plans").rows_where(
+                where, params, order_by="id desc", select="id, kind, created_at, objective, source"
+            )
+        )
+
+    def add_run(
+        self,
+        plan_id: int | None,
+        *,
+        kind: str,
+        predicted: dict[str, Any],
+        measured: dict[str, Any],
+        started_at: str,
+        notes: str | None = None,
+    ) -> int:
+        """Record a measured run of a plan beside its predictions."""
+        return _pk(
+            self.db.table("runs")
+            .insert(
+                {
+                    "plan_id": plan_id,
+                    "kind": kind,
+                    "started_at": started_at,
+                    "finished_at": utcnow_iso(),
+                    "predicted": json.dumps(predicted),
+                    "measured": json.dumps(measured),
+                    "notes": notes,
+                }
+            )
+            .last_pk
+        )
+
+
+def _pk(value: object) -> int:
+    if not isinstance(value, int):
+        raise StoreError(f"unexpected primary key {value!r}")
+    return value
+
+
+def open_store(db: str | os.PathLike[str] | None = None) -> Store:
+    """Open (creating if needed) the store and run pending migrations.
+
+    Raises:
+        StoreError: the file cannot be opened or is not a greenctl store.
+    """
+    path = resolve_db_path(db)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False)
+        database = sqlite_utils.Database(conn)
+        database.enable_wal()
+        database.execute("pragma foreign_keys = on")
+        _migrate(database)
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(
+            f"cannot open store {path}: {exc}",
+            hint="pass --db PATH or set GREENCTL_DB to a writable greenctl database",
+        ) from None
+    except OSError as exc:
+        raise StoreError(f"cannot create store {path}: {exc.strerror}") from None
+    return Store(database, path)
+
+
+def _migrate(db: sqlite_utils.Database) -> None:
+    if "migrations" not in db.table_names():
+        db.table("migrations").create({"name": str, "applied_at": str}, pk="name")
+    done = {r["name"] for r in db.table("migrations").rows}
+    known = migrations.discover()
+    unknown = done - {name for name, _ in known}
+    if unknown:
+        raise StoreError(
+            f"the store has migrations this greenctl does not know: {', '.join(sorted(unknown))}",
+            hint="upgrade greenctl, or use another --db",
+        )
+    for name, up in known:
+        if name in done:
+            continue
+        with db.atomic():
+            up(db)
+            db.table("migrations").insert({"name": name, "applied_at": utcnow_iso()})

@@ -1,0 +1,1 @@
+"""Making plans real: partitioning, executor daemons, the dispatcher, supervision, rollback."""

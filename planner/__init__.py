@@ -1,0 +1,1 @@
+"""Pure planning: problem in, plan out (mix, mig, glet, geo) and the shared evaluation core."""

@@ -1,0 +1,1 @@
+"""Hardware discovery (NVML, CPU), the measurement harness, energy meters, the model catalog."""

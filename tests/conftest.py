@@ -1,0 +1,60 @@
+"""Shared fixtures: every test gets a fresh store under tmp_path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_REFERENCE = REPO.parent / "shared" / "reference"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point GREENCTL_DB at a per-test file so no test touches the user's store."""
+    db = tmp_path / "greenctl.db"
+    monkeypatch.setenv("GREENCTL_DB", str(db))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    return db
+
+
+@pytest.fixture
+def db_path(_isolated_store: Path) -> Path:
+    return _isolated_store
+
+
+@pytest.fixture
+def store(db_path: Path):
+    from greenctl.data.store import open_store
+
+    s = open_store(db_path)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def cli():
+    """Invoke the greenctl app in-process: ``cli("profile", "list")`` -> click Result."""
+    from greenctl.cli.main import app
+
+    runner = CliRunner()
+
+    def invoke(*args: str, input: str | None = None):
+        return runner.invoke(app, [str(a) for a in args], input=input, catch_exceptions=False)
+
+    return invoke
+
+
+@pytest.fixture
+def reference() -> Path:
+    """The shared reference data folder; tests that need it skip when it is absent."""
+    if not SHARED_REFERENCE.is_dir():
+        pytest.skip(f"shared reference data not found at {SHARED_REFERENCE}")
+    return SHARED_REFERENCE
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("GREENCTL_TEST", "1")
