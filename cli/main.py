@@ -70,6 +70,7 @@ def root(
 COMMAND_MODULES = [
     "greenctl.cli.plan",
     "greenctl.cli.profile",
+    "greenctl.cli.profile_io",
 ]
 
 

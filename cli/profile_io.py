@@ -1,0 +1,65 @@
+"""``greenctl profile import`` / ``profile export``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, store_for
+from greenctl.cli.profile import profile_app
+from greenctl.data.profile_io import export_profiles, import_profiles, profile_rows
+
+
+def profile_import(
+    file: Annotated[
+        Path, typer.Argument(help="CSV or JSON file of profiles (see README: column contract).")
+    ],
+    fmt: Annotated[
+        str, typer.Option("--format", help="csv, json or auto (by extension/content).")
+    ] = "auto",
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Import profiles from CSV or JSON; a bad row fails the whole import and writes nothing."""
+    with store_for(db) as store:
+        result = import_profiles(store, file, fmt=fmt)
+    if json_out:
+        print_json(result.__dict__)
+        return
+    console.print(
+        f"Imported {result.profiles} profile rows from {result.path} "
+        f"({len(result.variants_created)} new variants"
+        + (f", updated {', '.join(result.variants_updated)}" if result.variants_updated else "")
+        + ")."
+    )
+
+
+def profile_export(
+    fmt: Annotated[str, typer.Option("--format", help="csv or json.")] = "csv",
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Write to FILE instead of stdout.")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Only this model family.")] = None,
+    variant: Annotated[str | None, typer.Option("--variant", help="Only this variant.")] = None,
+    history: Annotated[
+        bool, typer.Option("--all", help="Every measurement, not only the latest per point.")
+    ] = False,
+    db: DbOpt = None,
+) -> None:
+    """Export profiles as CSV or JSON (importable again with `profile import`)."""
+    with store_for(db) as store:
+        text = export_profiles(
+            profile_rows(store, family=model, variant=variant, history=history), fmt=fmt
+        )
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
+        console.print(f"Wrote {output}")
+
+
+def register(app: typer.Typer) -> None:
+    profile_app.command("import")(profile_import)
+    profile_app.command("export")(profile_export)
