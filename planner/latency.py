@@ -1,0 +1,294 @@
+"""Service-time distributions fitted to profiled latency percentiles.
+
+A :class:`ServiceTime` is the time one instance needs to execute one unit of work (a
+request, or a batch of ``b`` requests for a batch-``b`` profile), in milliseconds. It is one
+of three families:
+
+- ``deterministic``: always ``shift_ms``;
+- ``lognormal``: ``shift_ms + exp(N(log(scale_ms), sigma**2))``, a *shifted lognormal*
+  (``scale_ms`` is the median of the lognormal part);
+- ``exponential``: ``shift_ms + Exp(mean=scale_ms)`` (used for M/M/c checks).
+
+Fitting rules of :meth:`ServiceTime.from_percentiles` (the ``p50``/``p95``/``p99`` a profile
+stores):
+
+- one percentile known, or all equal: deterministic at that value;
+- two known: a lognormal through both with no shift (``shift_ms = 0``);
+- three known: the shifted lognormal through all three when one exists with
+  ``shift_ms >= 0``; otherwise (the tail is lighter than any shifted lognormal's) the
+  unshifted lognormal through ``p50`` and ``p95``, which over-states ``p99`` (conservative).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from statistics import NormalDist
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+from greenctl.data.errors import InputError
+
+if TYPE_CHECKING:
+    from greenctl.data.records import Profile
+
+Kind = Literal["deterministic", "lognormal", "exponential"]
+
+_STD = NormalDist()
+Z50 = 0.0
+Z95 = _STD.inv_cdf(0.95)
+Z99 = _STD.inv_cdf(0.99)
+_Z_OF = {"p50": Z50, "p95": Z95, "p99": Z99}
+
+# Equiprobable nodes used by the queueing module's numerical convolutions.
+N_NODES = 64
+
+
+@dataclass(frozen=True)
+class ServiceTime:
+    """A service-time distribution in milliseconds (see the module docstring).
+
+    Build one with :meth:`from_percentiles`, :meth:`deterministic`, :meth:`exponential`,
+    :meth:`lognormal` or :meth:`from_profile`. Instances are immutable and hashable, so
+    the queueing functions can cache on them.
+    """
+
+    kind: Kind
+    shift_ms: float
+    scale_ms: float = 0.0
+    sigma: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("deterministic", "lognormal", "exponential"):
+            raise InputError(f"unknown service-time kind {self.kind!r}")
+        for name in ("shift_ms", "scale_ms", "sigma"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise InputError(f"service time {name} must be a finite number >= 0, got {value}")
+        if self.kind == "deterministic" and self.shift_ms <= 0:
+            raise InputError(f"a deterministic service time must be > 0 ms, got {self.shift_ms}")
+        if self.kind != "deterministic" and self.scale_ms <= 0:
+            raise InputError(f"service time scale_ms must be > 0, got {self.scale_ms}")
+
+    # -- constructors ---------------------------------------------------------------------
+    @classmethod
+    def deterministic(cls, ms: float) -> ServiceTime:
+        """Always exactly ``ms`` milliseconds."""
+        return cls("deterministic", float(ms))
+
+    @classmethod
+    def exponential(cls, mean_ms: float, *, shift_ms: float = 0.0) -> ServiceTime:
+        """``shift_ms`` plus an exponential part of mean ``mean_ms - shift_ms``."""
+        return cls("exponential", float(shift_ms), float(mean_ms) - float(shift_ms))
+
+    @classmethod
+    def lognormal(cls, *, median_ms: float, sigma: float, shift_ms: float = 0.0) -> ServiceTime:
+        """``shift_ms + exp(N(log(median_ms), sigma^2))``; ``sigma == 0`` is deterministic."""
+        if sigma <= 0:
+            return cls.deterministic(shift_ms + median_ms)
+        return cls("lognormal", float(shift_ms), float(median_ms), float(sigma))
+
+    @classmethod
+    def from_percentiles(
+        cls, p50: float, p95: float | None = None, p99: float | None = None
+    ) -> ServiceTime:
+        """Fit a (shifted) lognormal to the known latency percentiles (ms).
+
+        Raises:
+            InputError: a percentile is not positive, or they decrease.
+        """
+        known = {k: v for k, v in (("p50", p50), ("p95", p95), ("p99", p99)) if v is not None}
+        for key, value in known.items():
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise InputError(f"latency {key} must be a positive number of ms, got {value!r}")
+        values = list(known.values())
+        if any(b < a for a, b in itertools.pairwise(values)):
+            raise InputError(
+                "latency percentiles must not decrease (p50 <= p95 <= p99), got "
+                + ", ".join(f"{k}={v}" for k, v in known.items())
+            )
+        if len(known) == 1 or values[0] == values[-1]:
+            return cls.deterministic(values[0])
+        if len(known) == 3:
+            fitted = _fit_three(float(p50), float(p95), float(p99))  # type: ignore[arg-type]
+            if fitted is not None:
+                return fitted
+            return _fit_two(("p50", float(p50)), ("p95", float(p95)))  # type: ignore[arg-type]
+        (k1, v1), (k2, v2) = list(known.items())
+        return _fit_two((k1, float(v1)), (k2, float(v2)))
+
+    @classmethod
+    def from_profile(cls, profile: Profile) -> ServiceTime:
+        """The service time of one execution (a batch of ``profile.batch``) of a profile.
+
+        Uses the profile's latency percentiles; without any, a deterministic time of
+        ``batch / throughput_rps``.
+
+        Raises:
+            InputError: naming the profile when it has neither latencies nor throughput.
+        """
+        lat = profile.latency_ms
+        try:
+            if "p50" in lat:
+                return cls.from_percentiles(lat["p50"], lat.get("p95"), lat.get("p99"))
+            if lat:
+                # Without a median, the lowest known percentile stands for the whole.
+                return cls.deterministic(min(lat.values()))
+            if profile.throughput_rps and profile.throughput_rps > 0:
+                return cls.deterministic(1000.0 * profile.batch / profile.throughput_rps)
+        except InputError as exc:
+            raise InputError(
+                f"profile {profile.variant} on {profile.resource} batch {profile.batch}: "
+                f"{exc.message}"
+            ) from None
+        raise InputError(
+            f"profile {profile.variant} on {profile.resource} batch {profile.batch} has no "
+            "latency percentiles and no throughput",
+            hint="re-run `greenctl profile` or fix the imported profile",
+        )
+
+    # -- moments and quantiles ------------------------------------------------------------
+    @property
+    def mean_ms(self) -> float:
+        """Mean service time in ms."""
+        if self.kind == "deterministic":
+            return self.shift_ms
+        if self.kind == "exponential":
+            return self.shift_ms + self.scale_ms
+        return self.shift_ms + self.scale_ms * math.exp(self.sigma**2 / 2)
+
+    @property
+    def var_ms2(self) -> float:
+        """Variance in ms^2."""
+        if self.kind == "deterministic":
+            return 0.0
+        if self.kind == "exponential":
+            return self.scale_ms**2
+        s2 = self.sigma**2
+        return self.scale_ms**2 * math.exp(s2) * math.expm1(s2)
+
+    @property
+    def scv(self) -> float:
+        """Squared coefficient of variation, variance / mean^2 (0 deterministic, 1 exp.)."""
+        return self.var_ms2 / self.mean_ms**2
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile in ms (``0 < q < 1``)."""
+        if not 0.0 < q < 1.0:
+            raise InputError(f"quantile must be strictly between 0 and 1, got {q}")
+        if self.kind == "deterministic":
+            return self.shift_ms
+        if self.kind == "exponential":
+            return self.shift_ms - self.scale_ms * math.log1p(-q)
+        return self.shift_ms + self.scale_ms * math.exp(self.sigma * _STD.inv_cdf(q))
+
+    def sf(self, t_ms: np.ndarray) -> np.ndarray:
+        """Survival function P(S > t) for an array of times in ms."""
+        t = np.asarray(t_ms, dtype=float)
+        if self.kind == "deterministic":
+            return (t < self.shift_ms).astype(float)
+        x = t - self.shift_ms
+        pos = x > 0
+        out = np.ones_like(t)
+        if self.kind == "exponential":
+            out[pos] = np.exp(-x[pos] / self.scale_ms)
+            return out
+        from scipy.special import ndtr  # lazy: scipy is a heavy import
+
+        out[pos] = ndtr(-(np.log(x[pos] / self.scale_ms)) / self.sigma)
+        return out
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` independent service times in ms drawn with ``rng``."""
+        if self.kind == "deterministic":
+            return np.full(n, self.shift_ms)
+        if self.kind == "exponential":
+            return self.shift_ms + rng.exponential(self.scale_ms, n)
+        return self.shift_ms + self.scale_ms * np.exp(self.sigma * rng.standard_normal(n))
+
+    def from_normal(self, z: np.ndarray) -> np.ndarray:
+        """Service times as a monotone function of standard normal draws ``z``."""
+        if self.kind == "deterministic":
+            return np.full(np.shape(z), self.shift_ms)
+        if self.kind == "exponential":
+            from scipy.special import ndtr
+
+            return self.shift_ms - self.scale_ms * np.log(ndtr(-np.asarray(z)))
+        return self.shift_ms + self.scale_ms * np.exp(self.sigma * np.asarray(z))
+
+    def scaled(self, factor: float) -> ServiceTime:
+        """The same shape with every time multiplied by ``factor`` (> 0)."""
+        if factor <= 0:
+            raise InputError(f"scale factor must be > 0, got {factor}")
+        return ServiceTime(self.kind, self.shift_ms * factor, self.scale_ms * factor, self.sigma)
+
+    @cached_property
+    def nodes(self) -> np.ndarray:
+        """``N_NODES`` equiprobable points (midpoint quantiles) for numerical convolution."""
+        if self.kind == "deterministic":
+            return np.full(1, self.shift_ms)
+        u = (np.arange(N_NODES) + 0.5) / N_NODES
+        if self.kind == "exponential":
+            return self.shift_ms - self.scale_ms * np.log1p(-u)
+        z = np.array([_STD.inv_cdf(float(x)) for x in u])
+        return self.shift_ms + self.scale_ms * np.exp(self.sigma * z)
+
+    def describe(self) -> str:
+        """A short human-readable description."""
+        if self.kind == "deterministic":
+            return f"deterministic {self.shift_ms:.4g} ms"
+        if self.kind == "exponential":
+            return f"{self.shift_ms:.4g} ms + exponential(mean {self.scale_ms:.4g} ms)"
+        return (
+            f"{self.shift_ms:.4g} ms + lognormal(median {self.scale_ms:.4g} ms, "
+            f"sigma {self.sigma:.3g})"
+        )
+
+
+def _fit_two(a: tuple[str, float], b: tuple[str, float]) -> ServiceTime:
+    """Unshifted lognormal through two percentiles."""
+    (ka, va), (kb, vb) = a, b
+    za, zb = _Z_OF[ka], _Z_OF[kb]
+    sigma = math.log(vb / va) / (zb - za)
+    median = va / math.exp(sigma * za)
+    return ServiceTime.lognormal(median_ms=median, sigma=sigma)
+
+
+def _fit_three(p50: float, p95: float, p99: float) -> ServiceTime | None:
+    """Shifted lognormal through p50, p95 and p99, or None when none exists with shift >= 0.
+
+    With ``m = exp(mu)``: ``p95 - p50 = m (e^{s z95} - 1)``, ``p99 - p50 = m (e^{s z99} - 1)``;
+    the ratio of the two gaps is increasing in ``s`` from ``z99 / z95`` (s -> 0), so ``s``
+    follows by bisection, then ``m`` and the shift.
+    """
+    a, b = p95 - p50, p99 - p50
+    if a <= 0 or b <= 0:
+        return None
+    ratio = b / a
+
+    def gap_ratio(s: float) -> float:
+        return math.expm1(s * Z99) / math.expm1(s * Z95)
+
+    if ratio <= Z99 / Z95 * (1 + 1e-9):
+        return None
+    lo, hi = 1e-9, 1.0
+    while gap_ratio(hi) < ratio:
+        hi *= 2
+        if hi > 50:
+            return None
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if gap_ratio(mid) < ratio:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * hi:
+            break
+    sigma = 0.5 * (lo + hi)
+    median = a / math.expm1(sigma * Z95)
+    shift = p50 - median
+    if shift < 0:
+        return None
+    return ServiceTime.lognormal(median_ms=median, sigma=sigma, shift_ms=shift)

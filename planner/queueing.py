@@ -1,0 +1,355 @@
+"""Analytic queueing approximations: the fast path planners call in their inner loops.
+
+Conventions: rates in requests per second (``rate_rps``), times in milliseconds, ``q`` a
+quantile such as 0.95. Every function returns ``math.inf`` for a latency when the offered
+load reaches the capacity (an overloaded queue grows without bound).
+
+The model (M/G/c with the Allen-Cunneen correction, written out once here):
+
+- The probability that a request waits is Erlang C, ``C(c, a)`` with ``a = rate * E[S]``
+  (exact for M/M/c; the usual approximation for M/G/c).
+- Given that it waits, the wait is exponential with the Allen-Cunneen mean
+  ``E[W | W > 0] = (ca2 + cs2) / 2 / (c / E[S] - rate)``, ``ca2`` the arrivals' squared
+  coefficient of variation (1 for Poisson) and ``cs2`` the service time's. So
+  ``P(W > t) = C exp(-theta t)``, ``theta = 2 (c / E[S] - rate) / (ca2 + cs2)``: Kingman's
+  exponential heavy-traffic tail, exact for M/M/c.
+- End-to-end latency ``T = W + S`` with ``W`` and ``S`` independent; its distribution is
+  the convolution, computed on equiprobable service-time nodes:
+  ``P(T > t) = (1 - C) P(S > t) + C E_S[exp(-theta (t - S)^+)]`` (the first term exact, the
+  second a 64-node average of a continuous function), and the quantile is found by a
+  vectorised three-level grid search. Deterministic service is closed form: ``T_q = W_q + D``.
+
+Batching (:func:`batch_latency_quantile_ms`, the Nexus/gpulet duty-cycle model): a batch
+closes when ``b`` requests are queued or one duty cycle after its first request arrived, and
+then runs for ``L(b)`` (the batch-``b`` profile; partial batches are charged ``L(b)``, which
+is conservative). A request's latency is ``max(U, W_b) + L`` where ``U ~ Uniform(0, F)`` is
+its wait for the batch to close (``F = min(duty, (b - 1) / rate)``) and ``W_b`` is the
+batch's wait for the instance (G/G/1 with Kingman's tail, batch arrivals' ``ca2 = 1 / k``
+for mean batch size ``k``); the two overlap in time, hence the max.
+
+Results are cached (``functools.lru_cache``): planners evaluate the same configuration
+many times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+
+import numpy as np
+from greenctl.data.errors import InputError
+from greenctl.planner.latency import ServiceTime
+
+_GRID = 33  # points per level of the quantile grid search
+_LEVELS = 3
+
+
+def _check_q(q: float) -> None:
+    if not 0.0 < q < 1.0:
+        raise InputError(f"quantile must be strictly between 0 and 1, got {q}")
+
+
+@lru_cache(maxsize=65536)
+def erlang_c(servers: int, offered_load: float) -> float:
+    """Erlang C: the probability that an arrival waits in an M/M/c queue.
+
+    Computed through the Erlang B recursion ``B_k = a B_{k-1} / (k + a B_{k-1})``, which
+    never overflows (stable for thousands of servers).
+
+    Args:
+        servers: number of servers ``c`` (>= 1).
+        offered_load: ``a = arrival rate x mean service time`` in Erlangs.
+
+    Returns:
+        P(wait > 0); 1.0 when ``a >= c`` (unstable), 0.0 when ``a <= 0``.
+    """
+    if servers < 1:
+        raise InputError(f"servers must be >= 1, got {servers}")
+    a = float(offered_load)
+    if a <= 0:
+        return 0.0
+    if a >= servers:
+        return 1.0
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = a * b / (k + a * b)
+    return servers * b / (servers - a * (1.0 - b))
+
+
+def _wait_params(
+    rate_rps: float, mean_ms: float, scv: float, servers: int, ca2: float
+) -> tuple[float, float]:
+    """(P(wait > 0), theta per ms) of the Allen-Cunneen M/G/c model; theta 0 if unstable."""
+    lam = rate_rps / 1000.0
+    a = lam * mean_ms
+    if a >= servers:
+        return 1.0, 0.0
+    c_prob = erlang_c(servers, a)
+    theta = 2.0 * (servers / mean_ms - lam) / max(ca2 + scv, 1e-12)
+    return c_prob, theta
+
+
+@lru_cache(maxsize=65536)
+def mgc_wait_quantile_ms(
+    rate_rps: float, service: ServiceTime, servers: int, q: float, *, ca2: float = 1.0
+) -> float:
+    """The ``q`` quantile of the waiting time (before service) in an M/G/c queue, ms.
+
+    Allen-Cunneen / Kingman: ``P(W > t) = C(c, a) exp(-theta t)`` (see module docstring).
+
+    Returns:
+        0.0 when fewer than ``1 - q`` of requests wait; ``math.inf`` when
+        ``rate_rps >= servers * 1000 / service.mean_ms``.
+    """
+    _check_q(q)
+    if rate_rps <= 0:
+        return 0.0
+    c_prob, theta = _wait_params(rate_rps, service.mean_ms, service.scv, servers, ca2)
+    if theta <= 0:
+        return math.inf
+    return _exp_wait_quantile(c_prob, theta, q)
+
+
+def _exp_wait_quantile(c_prob: float, theta: float, q: float) -> float:
+    if c_prob <= 1.0 - q:
+        return 0.0
+    return math.log(c_prob / (1.0 - q)) / theta
+
+
+@lru_cache(maxsize=65536)
+def latency_quantile_ms(
+    rate_rps: float, service: ServiceTime, servers: int, q: float, *, ca2: float = 1.0
+) -> float:
+    """The ``q`` quantile of end-to-end latency (wait + service) in an M/G/c queue, ms.
+
+    ``servers`` identical instances behind one FIFO queue. See the module docstring for
+    the approximation (Erlang C x Allen-Cunneen exponential wait, convolved with the
+    service-time distribution).
+
+    Returns:
+        ``math.inf`` when the load reaches capacity (``rate >= servers / E[S]``).
+    """
+    _check_q(q)
+    if servers < 1:
+        raise InputError(f"servers must be >= 1, got {servers}")
+    if rate_rps <= 0:
+        return service.quantile(q)
+    c_prob, theta = _wait_params(rate_rps, service.mean_ms, service.scv, servers, ca2)
+    if theta <= 0:
+        return math.inf
+    if service.kind == "deterministic":
+        return service.shift_ms + _exp_wait_quantile(c_prob, theta, q)
+    return _wait_plus_service_quantile(q, c_prob, theta, ((1.0, service),))
+
+
+def pooled_latency_quantile_ms(
+    rate_rps: float, services: Sequence[ServiceTime], q: float, *, ca2: float = 1.0
+) -> float:
+    """End-to-end latency quantile of one FIFO queue over heterogeneous servers, ms.
+
+    ``services[i]`` is server ``i``'s service time. Approximation: an M/G/c queue with
+    ``c = len(services)`` servers of the pooled capacity (mean ``c / sum(1 / E[S_i])``);
+    requests are served by server ``i`` with weight ``(1 - rho) / c + rho mu_i / sum mu``
+    (evenly at light load, in proportion to speed when busy), and the service part of the
+    latency is that mixture of the servers' distributions, whose ``cs2`` (heterogeneity
+    included) feeds the Allen-Cunneen wait.
+    """
+    _check_q(q)
+    if not services:
+        return math.inf
+    key = tuple(sorted(services, key=lambda s: (s.kind, s.shift_ms, s.scale_ms, s.sigma)))
+    if len(set(key)) == 1:
+        return latency_quantile_ms(rate_rps, key[0], len(key), q, ca2=ca2)
+    return _pooled(rate_rps, key, q, ca2)
+
+
+@lru_cache(maxsize=16384)
+def _pooled(rate_rps: float, services: tuple[ServiceTime, ...], q: float, ca2: float) -> float:
+    c = len(services)
+    mus = np.array([1.0 / s.mean_ms for s in services])
+    total_mu = float(mus.sum())
+    lam = max(rate_rps, 0.0) / 1000.0
+    rho = lam / total_mu
+    if rho >= 1.0:
+        return math.inf
+    weights = (1.0 - rho) / c + rho * mus / total_mu
+    means = np.array([s.mean_ms for s in services])
+    second = np.array([s.var_ms2 + s.mean_ms**2 for s in services])
+    mix_mean = float(weights @ means)
+    mix_scv = float(weights @ second) / mix_mean**2 - 1.0
+    if lam <= 0:
+        c_prob, theta = 0.0, 1.0
+    else:
+        c_prob = erlang_c(c, lam * c / total_mu)
+        theta = 2.0 * (total_mu - lam) / max(ca2 + mix_scv, 1e-12)
+    comps = tuple((float(w), s) for w, s in zip(weights, services, strict=True))
+    return _wait_plus_service_quantile(q, c_prob, theta, comps)
+
+
+def _wait_plus_service_quantile(
+    q: float, c_prob: float, theta: float, comps: tuple[tuple[float, ServiceTime], ...]
+) -> float:
+    """Quantile of W + S, W = 0 w.p. 1 - C else Exp(theta), S a mixture of ``comps``."""
+    nodes = [(w, s.nodes) for w, s in comps]
+
+    def tail(t: np.ndarray) -> np.ndarray:
+        out = np.zeros_like(t)
+        for (w, s), (_, nd) in zip(comps, nodes, strict=True):
+            part = (1.0 - c_prob) * s.sf(t)
+            if c_prob > 0:
+                gap = np.maximum(t[:, None] - nd[None, :], 0.0)
+                part = part + c_prob * np.exp(-theta * gap).mean(axis=1)
+            out += w * part
+        return out
+
+    lo = min(s.quantile(q) for _, s in comps)
+    hi = max(s.quantile(q) for _, s in comps) + _exp_wait_quantile(c_prob, theta, q)
+    return _grid_quantile(tail, q, lo, max(hi, lo * 1.001 + 1e-9))
+
+
+def _grid_quantile(
+    tail: Callable[[np.ndarray], np.ndarray], q: float, lo: float, hi: float
+) -> float:
+    """Smallest ``t`` in ``[lo, inf)`` with ``tail(t) <= 1 - q`` (``tail`` non-increasing)."""
+    target = 1.0 - q
+    for _ in range(64):
+        if tail(np.array([hi]))[0] <= target:
+            break
+        lo, hi = hi, hi + 2.0 * (hi - lo)
+    else:
+        return math.inf
+    for _ in range(_LEVELS):
+        ts = np.linspace(lo, hi, _GRID)
+        vals = tail(ts)
+        j = int(np.argmax(vals <= target))
+        if j == 0:
+            return float(ts[0])
+        lo, hi = float(ts[j - 1]), float(ts[j])
+        v_lo, v_hi = float(vals[j - 1]), float(vals[j])
+    if v_lo == v_hi:
+        return hi
+    return lo + (hi - lo) * (v_lo - target) / (v_lo - v_hi)
+
+
+@lru_cache(maxsize=16384)
+def capacity_at_slo(
+    service: ServiceTime,
+    *,
+    servers: int = 1,
+    slo_ms: float,
+    percentile: float = 0.95,
+    ca2: float = 1.0,
+) -> float:
+    """The largest rate (req/s) whose ``percentile`` latency stays within ``slo_ms``.
+
+    ``servers`` identical instances behind one FIFO queue (:func:`latency_quantile_ms`).
+    Bisection on the rate to 0.01 % of capacity; cached.
+
+    Returns:
+        0.0 when the service time alone exceeds the SLO at that percentile.
+    """
+    _check_q(percentile)
+    if service.quantile(percentile) > slo_ms:
+        return 0.0
+    cap = servers * 1000.0 / service.mean_ms
+    return _bisect_rate(
+        lambda r: latency_quantile_ms(r, service, servers, percentile, ca2=ca2) <= slo_ms, cap
+    )
+
+
+def _bisect_rate(ok: Callable[[float], bool], cap: float) -> float:
+    lo, hi = 0.0, cap
+    while hi - lo > 1e-4 * cap:
+        mid = 0.5 * (lo + hi)
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# -- batching -------------------------------------------------------------------------------
+def default_duty_cycle_ms(service: ServiceTime) -> float:
+    """The duty cycle used when none is planned: the batch's mean execution time."""
+    return service.mean_ms
+
+
+@lru_cache(maxsize=65536)
+def batch_latency_quantile_ms(
+    rate_rps: float,
+    service: ServiceTime,
+    batch: int,
+    q: float,
+    *,
+    duty_cycle_ms: float | None = None,
+) -> float:
+    """End-to-end latency quantile of one batching instance, ms (Nexus/gpulet model).
+
+    Args:
+        rate_rps: the rate this instance receives.
+        service: execution time of one batch of ``batch`` requests (the batch profile).
+        batch: the largest batch.
+        q: the quantile.
+        duty_cycle_ms: the longest a batch waits to fill after its first request
+            (default: ``service.mean_ms``).
+
+    Returns:
+        ``math.inf`` when ``rate >= batch / E[L(b)]``. ``batch == 1`` is M/G/1.
+    """
+    _check_q(q)
+    if batch < 1:
+        raise InputError(f"batch must be >= 1, got {batch}")
+    if batch == 1:
+        return latency_quantile_ms(rate_rps, service, 1, q)
+    if rate_rps <= 0:
+        return service.quantile(q)
+    d = default_duty_cycle_ms(service) if duty_cycle_ms is None else float(duty_cycle_ms)
+    if d < 0:
+        raise InputError(f"duty cycle must be >= 0 ms, got {d}")
+    lam = rate_rps / 1000.0
+    mean_l = service.mean_ms
+    if lam * mean_l >= batch:
+        return math.inf
+    fill = min(d, (batch - 1) / lam)  # longest wait for a batch to close
+    # Mean batch size: what arrives while the batch collects (a duty cycle) or while the
+    # previous batch runs, whichever is longer, capped at b; keeps rho_b < 1 when stable.
+    k = min(float(batch), 1.0 + lam * max(d, mean_l))
+    rho_b = lam * mean_l / k
+    theta = 2.0 * (1.0 / mean_l - lam / k) / max(1.0 / k + service.scv, 1e-12)
+    c_prob = rho_b
+    nodes = service.nodes
+
+    def tail(t: np.ndarray) -> np.ndarray:
+        v = t[:, None] - nodes[None, :]  # the pre-execution wait V = max(U, W_b) needed
+        vp = np.maximum(v, 0.0)
+        g_w = np.where(v >= 0, 1.0 - c_prob * np.exp(-theta * vp), 0.0)
+        g_u = np.clip(vp / fill, 0.0, 1.0) if fill > 0 else (v >= 0).astype(float)
+        return 1.0 - (g_w * g_u).mean(axis=1)
+
+    lo = service.quantile(q) * 0.5
+    hi = service.quantile(q) + fill + _exp_wait_quantile(c_prob, theta, q)
+    return _grid_quantile(tail, q, lo, max(hi, lo + 1e-6))
+
+
+@lru_cache(maxsize=16384)
+def batch_capacity_at_slo(
+    service: ServiceTime,
+    batch: int,
+    *,
+    slo_ms: float,
+    percentile: float = 0.95,
+    duty_cycle_ms: float | None = None,
+) -> float:
+    """The largest rate (req/s) one batching instance serves within ``slo_ms``; 0 if none."""
+    _check_q(percentile)
+    if service.quantile(percentile) > slo_ms:
+        return 0.0
+    cap = batch * 1000.0 / service.mean_ms
+    return _bisect_rate(
+        lambda r: (
+            batch_latency_quantile_ms(r, service, batch, percentile, duty_cycle_ms=duty_cycle_ms)
+            <= slo_ms
+        ),
+        cap,
+    )
