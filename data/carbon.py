@@ -1,0 +1,152 @@
+"""Carbon signal queries: a region's series, its value at a time, the latest value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from greenctl.data.carbon_io import normalise_time
+from greenctl.data.errors import InputError, NotFoundError
+
+COLUMNS = ("time", "region", "carbon_g_per_kwh", "kind", "source")
+
+
+def _time_arg(value: str | None, option: str) -> str | None:
+    if value is None:
+        return None
+    try:
+        return normalise_time(value)
+    except ValueError as exc:
+        raise InputError(
+            f"{option}: {exc}", hint="use ISO 8601, e.g. 2022-09-22T13:00:00Z"
+        ) from None
+
+
+def regions(store: Any) -> list[dict[str, Any]]:
+    """Regions with signals: ``region, kind, rows, first, last``."""
+    return list(
+        store.db.query(
+            "select region, kind, count(*) as rows, min(time) as first, max(time) as last "
+            "from carbon_signals group by region, kind order by region, kind"
+        )
+    )
+
+
+def _require_region(store: Any, region: str, kind: str | None) -> None:
+    where, params = "region = ?", [region]
+    if kind:
+        where += " and kind = ?"
+        params.append(kind)
+    if not store.db.table("carbon_signals").count_where(where, params):
+        known = sorted({r["region"] for r in regions(store)})
+        hint = (
+            f"regions with signals: {', '.join(known)}"
+            if known
+            else "import one with `greenctl carbon import FILE --region R`"
+        )
+        what = f"{kind} carbon signal" if kind else "carbon signal"
+        raise NotFoundError(f"no {what} for region '{region}'", hint=hint)
+
+
+def series(
+    store: Any,
+    region: str,
+    *,
+    start: str | None = None,
+    end: str | None = None,
+    kind: str | None = None,
+) -> list[dict[str, Any]]:
+    """Rows of one region in time order (``time, region, carbon_g_per_kwh, kind, source``).
+
+    Raises:
+        NotFoundError: the region has no signal.
+    """
+    _require_region(store, region, kind)
+    clauses, params = ["region = ?"], [region]
+    s, e = _time_arg(start, "--from"), _time_arg(end, "--to")
+    if s:
+        clauses.append("time >= ?")
+        params.append(s)
+    if e:
+        clauses.append("time <= ?")
+        params.append(e)
+    if kind:
+        clauses.append("kind = ?")
+        params.append(kind)
+    rows = store.db.table("carbon_signals").rows_where(
+        " and ".join(clauses), params, order_by="time, kind", select=", ".join(COLUMNS)
+    )
+    return [dict(r) for r in rows]
+
+
+def value_at(store: Any, region: str, at: str, *, kind: str | None = None) -> dict[str, Any]:
+    """The row in force at time ``at``: the latest with ``time <= at``.
+
+    Raises:
+        NotFoundError: no signal for the region, or ``at`` is before its first value.
+    """
+    _require_region(store, region, kind)
+    t = _time_arg(at, "--at")
+    clauses, params = ["region = ?", "time <= ?"], [region, t]
+    if kind:
+        clauses.append("kind = ?")
+        params.append(kind)
+    rows = list(
+        store.db.table("carbon_signals").rows_where(
+            " and ".join(clauses),
+            params,
+            order_by="time desc, kind",
+            limit=1,
+            select=", ".join(COLUMNS),
+        )
+    )
+    if not rows:
+        first = series(store, region, kind=kind)[0]["time"]
+        raise NotFoundError(
+            f"no carbon signal for region '{region}' at {t}", hint=f"its first value is at {first}"
+        )
+    return dict(rows[0])
+
+
+def latest(store: Any, region: str, *, kind: str | None = None) -> dict[str, Any]:
+    """The newest row of a region (the live 'now' when signals are kept current)."""
+    _require_region(store, region, kind)
+    where, params = "region = ?", [region]
+    if kind:
+        where += " and kind = ?"
+        params.append(kind)
+    row = next(
+        iter(
+            store.db.table("carbon_signals").rows_where(
+                where, params, order_by="time desc, kind", limit=1, select=", ".join(COLUMNS)
+            )
+        )
+    )
+    return dict(row)
+
+
+def now(
+    store: Any, region: str, *, at: str | None = None, kind: str | None = None
+) -> dict[str, Any]:
+    """The value in force now (or at ``at``); falls back to the latest stored value.
+
+    Stored traces often lie in the past; then "now" is the newest value, marked with
+    ``"stale": True`` so a user sees it is not current.
+    """
+    from greenctl.data.records import utcnow_iso
+
+    when = at or utcnow_iso()
+    try:
+        row = value_at(store, region, when, kind=kind)
+    except NotFoundError:
+        if at:
+            raise
+        row = latest(store, region, kind=kind)
+    out = dict(row)
+    if at is None:
+        from datetime import UTC, datetime
+
+        from greenctl.data.carbon_io import parse_time
+
+        age_s = (datetime.now(UTC) - parse_time(row["time"])).total_seconds()
+        out["stale"] = age_s > 2 * 3600
+    return out
