@@ -71,6 +71,7 @@ COMMAND_MODULES = [
     "greenctl.cli.plan",
     "greenctl.cli.profile",
     "greenctl.cli.profile_io",
+    "greenctl.cli.export",
     "greenctl.cli.carbon",
 ]
 

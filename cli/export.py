@@ -1,0 +1,72 @@
+"""``greenctl export k8s``: a plan as Kubernetes manifests (NVIDIA GPU operator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, store_for
+
+export_app = typer.Typer(no_args_is_help=True, help="Export plans for other engines (Kubernetes).")
+
+
+def _load_plan(plan: str, db: str | None):
+    from greenctl.data.plan import load_plan_file
+
+    with store_for(db) as store:
+        doc = (
+            store.get_plan(int(plan))
+            if plan.isdigit() and not Path(plan).exists()
+            else load_plan_file(plan)
+        )
+        memory: dict[str, float] = {}
+        for dep in doc.deployments:
+            for p in store.latest_profiles(variant=dep.variant, resource=dep.resource):
+                if p.memory_mb:
+                    memory[dep.variant] = max(memory.get(dep.variant, 0.0), p.memory_mb)
+    return doc, memory
+
+
+@export_app.command("k8s")
+def export_k8s(
+    plan: Annotated[str, typer.Argument(help="Plan JSON file, or a plan id from the store.")],
+    output: Annotated[
+        Path, typer.Option("-o", "--output", help="Directory to write the manifests to.")
+    ],
+    image: Annotated[
+        str, typer.Option(help="Executor image (build it from the Dockerfile).")
+    ] = "greenctl-executor:0.1.0",
+    namespace: Annotated[str, typer.Option(help="Namespace of the objects.")] = "greenctl",
+    name: Annotated[str | None, typer.Option(help="Base name of the objects.")] = None,
+    gpus_per_node: Annotated[
+        int, typer.Option(help="GPUs per node, to group a MIG plan into nodes.")
+    ] = 8,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write Deployments, Services, the dispatcher and (MIG plans) the mig-parted ConfigMap."""
+    from greenctl.executor.k8s_export import build_k8s_export, write_k8s_export
+
+    doc, memory = _load_plan(plan, db)
+    export = build_k8s_export(
+        doc,
+        name=name,
+        namespace=namespace,
+        image=image,
+        gpus_per_node=gpus_per_node,
+        memory_mb=memory,
+    )
+    written = write_k8s_export(export, output)
+    if json_out:
+        print_json({"files": written, "node_labels": export.node_labels})
+        return
+    for path in written:
+        console.print(f"wrote {path}")
+    for line in export.node_labels:
+        console.print(f"  {line}")
+    console.print(f"apply with: kubectl apply -k {output}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(export_app, name="export")

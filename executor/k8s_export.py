@@ -1,0 +1,385 @@
+"""Export a plan as Kubernetes manifests for clusters run with the NVIDIA GPU operator.
+
+One Deployment + Service per planned (variant, resource), replicas = the plan's count, each
+pod running one greenctl executor that serves the Open Inference Protocol on port 8080 with
+readiness/liveness probes on the protocol's health endpoints; one dispatcher Deployment +
+Service in front, its routes in a ConfigMap. MIG plans also get a ConfigMap holding NVIDIA
+mig-parted's v1 config and the ``nvidia.com/mig.config=<label>`` node labels that the GPU
+operator's MIG manager acts on (mixed strategy: pods request ``nvidia.com/mig-<profile>``).
+
+Pure: builds documents (plain dicts) and never talks to a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from greenctl.data.errors import InputError
+from greenctl.data.plan import Deployment, Plan
+from greenctl.data.resources import parse_resource
+
+PORT = 8080
+DEFAULT_IMAGE = "greenctl-executor:0.1.0"
+APP_LABEL = "app.kubernetes.io/part-of"
+
+
+@dataclass
+class K8sExport:
+    """The documents of one export, as (file name, list of documents) pairs."""
+
+    files: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    node_labels: list[str] = field(default_factory=list)  # kubectl commands for MIG nodes
+    notes: list[str] = field(default_factory=list)
+
+
+def dns_name(*parts: str) -> str:
+    """A DNS-1123 label (lowercase alphanumerics and '-', at most 63 characters)."""
+    text = "-".join(parts).lower()
+    text = re.sub(r"[^a-z0-9-]+", "-", text).strip("-")
+    text = re.sub(r"-{2,}", "-", text)
+    if len(text) > 63:
+        import hashlib
+
+        digest = hashlib.sha1(text.encode()).hexdigest()[:6]
+        text = text[:56].rstrip("-") + "-" + digest
+    return text or "x"
+
+
+def _resources(
+    dep: Deployment, *, memory_mb: float | None
+) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """Container resources and extra env for one deployment's resource label."""
+    res = parse_resource(dep.resource)
+    env: list[dict[str, str]] = []
+    mem = f"{int(max(memory_mb or 0, 256) * 1.5)}Mi"
+    if res.kind == "cpu":
+        cores = str(res.cpu_cores)
+        return {
+            "requests": {"cpu": cores, "memory": mem},
+            "limits": {"cpu": cores, "memory": mem},
+        }, env
+    if res.kind == "mig":
+        key = f"nvidia.com/mig-{res.size}"
+        return {"requests": {"cpu": "1", "memory": mem}, "limits": {key: "1", "memory": mem}}, env
+    if res.kind == "gpu":
+        return {
+            "requests": {"cpu": "1", "memory": mem},
+            "limits": {"nvidia.com/gpu": "1", "memory": mem},
+        }, env
+    if res.kind == "mps":
+        # The device plugin's MPS sharing hands out a GPU share; greenctl's executor caps
+        # its own threads with the active-thread percentage on top of it.
+        env.append({"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": res.size})
+        return {
+            "requests": {"cpu": "1", "memory": mem},
+            "limits": {"nvidia.com/gpu": "1", "memory": mem},
+        }, env
+    raise InputError(
+        f"resource '{dep.resource}' of {dep.variant} has no Kubernetes mapping",
+        hint="Kubernetes export handles cpu:N, gpu:MODEL, mig:PROFILE and mps:PCT",
+    )
+
+
+def _probe(path: str, *, initial_s: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": PORT},
+        "initialDelaySeconds": initial_s,
+        "periodSeconds": 5,
+        "failureThreshold": 6,
+    }
+
+
+def executor_command(dep: Deployment) -> list[str]:
+    """The executor's command line inside the container (listens on all pod addresses)."""
+    return [
+        "python",
+        "-m",
+        "greenctl.executor.daemon",
+        "--variant",
+        dep.variant,
+        "--resource",
+        dep.resource,
+        "--batch",
+        str(dep.batch),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(PORT),
+    ]
+
+
+def build_k8s_export(
+    plan: Plan,
+    *,
+    name: str | None = None,
+    namespace: str = "greenctl",
+    image: str = DEFAULT_IMAGE,
+    gpus_per_node: int = 8,
+    memory_mb: dict[str, float] | None = None,
+    mig_config: dict[str, Any] | None = None,
+) -> K8sExport:
+    """Build the manifests of a plan.
+
+    Args:
+        plan: a mix, mig or glet plan (geo plans allocate load across sites and have no
+            single-cluster mapping).
+        name: base name of the objects (default ``greenctl-plan-<id>`` or ``greenctl``).
+        namespace: namespace of every object.
+        image: the executor image (see the repository's Dockerfile).
+        gpus_per_node: GPUs per node, to group a MIG plan's GPUs into nodes.
+        memory_mb: peak memory per variant (from profiles), to size memory requests.
+        mig_config: a prebuilt mig-parted v1 document for MIG plans; when None one is
+            derived from ``plan.extra["gpus"]`` per node.
+
+    Raises:
+        InputError: a geo plan, an empty plan or an unmappable resource.
+    """
+    if plan.kind == "geo":
+        raise InputError(
+            "a geo plan allocates load across sites, not instances on one cluster",
+            hint="export the mix/mig/glet plan of each site; route with the geo plan's allocations",
+        )
+    if not plan.deployments:
+        raise InputError("the plan has no deployments to export")
+    if gpus_per_node < 1:
+        raise InputError("--gpus-per-node must be >= 1")
+    base = dns_name(name or (f"greenctl-plan-{plan.id}" if plan.id is not None else "greenctl"))
+    out = K8sExport()
+    labels_common = {APP_LABEL: base}
+    out.files["namespace.yaml"] = [
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": namespace, "labels": labels_common},
+        }
+    ]
+    routes: dict[str, list[dict[str, Any]]] = {}
+    seen: Counter[str] = Counter()
+    for dep in plan.deployments:
+        obj = dns_name(base, dep.variant, dep.resource.replace(":", "-"))
+        seen[obj] += 1
+        if seen[obj] > 1:
+            obj = dns_name(obj, str(seen[obj]))
+        labels = {
+            **labels_common,
+            "app.kubernetes.io/name": obj,
+            "greenctl.io/model": dns_name(dep.model),
+        }
+        resources, env = _resources(dep, memory_mb=(memory_mb or {}).get(dep.variant))
+        container: dict[str, Any] = {
+            "name": "executor",
+            "image": image,
+            "command": executor_command(dep),
+            "ports": [{"name": "http", "containerPort": PORT}],
+            "resources": resources,
+            "readinessProbe": _probe("/v2/health/ready", initial_s=5),
+            "livenessProbe": _probe("/v2/health/live", initial_s=10),
+        }
+        if env:
+            container["env"] = env
+        deployment = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": obj, "namespace": namespace, "labels": labels},
+            "spec": {
+                "replicas": dep.count,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": obj}},
+                "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+            },
+        }
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": obj, "namespace": namespace, "labels": labels},
+            "spec": {
+                "selector": {"app.kubernetes.io/name": obj},
+                "ports": [{"name": "http", "port": PORT, "targetPort": PORT}],
+            },
+        }
+        out.files[f"{obj}.yaml"] = [deployment, service]
+        routes.setdefault(dep.model, []).append(
+            {
+                "url": f"http://{obj}.{namespace}.svc:{PORT}",
+                "variant": dep.variant,
+                "replicas": dep.count,
+                "quota_rps": dep.quota_rps,
+                "batch": dep.batch,
+            }
+        )
+
+    dispatcher = dns_name(base, "dispatcher")
+    policy = str(
+        plan.request.get("policy")
+        or ("batch" if plan.kind == "glet" else "fifo" if plan.kind == "mig" else "wrr")
+    )
+    config_doc = {"policy": policy, "models": routes}
+    d_labels = {**labels_common, "app.kubernetes.io/name": dispatcher}
+    out.files["dispatcher.yaml"] = [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": f"{dispatcher}-routes",
+                "namespace": namespace,
+                "labels": d_labels,
+            },
+            "data": {"routes.json": json.dumps(config_doc, indent=2, sort_keys=True)},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": dispatcher, "namespace": namespace, "labels": d_labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": dispatcher}},
+                "template": {
+                    "metadata": {"labels": d_labels},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "dispatcher",
+                                "image": image,
+                                "command": [
+                                    "python",
+                                    "-m",
+                                    "greenctl.executor.dispatcher",
+                                    "--routes",
+                                    "/etc/greenctl/routes.json",
+                                    "--host",
+                                    "0.0.0.0",
+                                    "--port",
+                                    str(PORT),
+                                ],
+                                "ports": [{"name": "http", "containerPort": PORT}],
+                                "resources": {"requests": {"cpu": "1", "memory": "256Mi"}},
+                                "readinessProbe": _probe("/v2/health/ready", initial_s=2),
+                                "livenessProbe": _probe("/v2/health/live", initial_s=5),
+                                "volumeMounts": [{"name": "routes", "mountPath": "/etc/greenctl"}],
+                            }
+                        ],
+                        "volumes": [
+                            {"name": "routes", "configMap": {"name": f"{dispatcher}-routes"}}
+                        ],
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": dispatcher, "namespace": namespace, "labels": d_labels},
+            "spec": {
+                "selector": {"app.kubernetes.io/name": dispatcher},
+                "ports": [{"name": "http", "port": PORT, "targetPort": PORT}],
+            },
+        },
+    ]
+
+    if plan.kind == "mig":
+        config, node_labels = (
+            mig_nodes(plan, gpus_per_node=gpus_per_node, base=base)
+            if mig_config is None
+            else (mig_config, [])
+        )
+        import yaml
+
+        out.files["mig-config.yaml"] = [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": f"{base}-mig-parted-config",
+                    "namespace": "gpu-operator",
+                    "labels": labels_common,
+                },
+                "data": {"config.yaml": yaml.safe_dump(config, sort_keys=False)},
+            }
+        ]
+        out.node_labels = node_labels
+        out.notes.append(
+            "Point the GPU operator at the ConfigMap (helm value migManager.config.name="
+            f"{base}-mig-parted-config, mig.strategy=mixed), then label the nodes as listed."
+        )
+    out.files["kustomization.yaml"] = [
+        {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": sorted(f for f in out.files if f not in ("mig-config.yaml",)),
+        }
+    ]
+    return out
+
+
+def mig_nodes(plan: Plan, *, gpus_per_node: int, base: str) -> tuple[dict[str, Any], list[str]]:
+    """Group a MIG plan's GPUs into nodes; one mig-parted config label per distinct node layout.
+
+    Returns the mig-parted v1 document and the ``kubectl label`` commands, one per node.
+    """
+    gpus = plan.extra.get("gpus")
+    if not isinstance(gpus, list) or not gpus:
+        raise InputError(
+            "MIG plan has no 'gpus' list", hint="write MIG plans with `greenctl plan mig`"
+        )
+    gpus = sorted(gpus, key=lambda g: int(g.get("index", 0)))
+    configs: dict[str, list[dict[str, Any]]] = {}
+    keys: dict[str, str] = {}
+    commands = []
+    for node_no in range(0, len(gpus), gpus_per_node):
+        node = gpus[node_no : node_no + gpus_per_node]
+        # group the node's GPUs (re-indexed 0..k-1) by identical profile counts
+        groups: dict[tuple[tuple[str, int], ...], list[int]] = {}
+        for local, gpu in enumerate(node):
+            counts = Counter(str(inst["profile"]) for inst in gpu.get("layout") or [])
+            groups.setdefault(tuple(sorted(counts.items())), []).append(local)
+        entries = [
+            {"devices": devices, "mig-enabled": bool(key), "mig-devices": dict(key)}
+            for key, devices in sorted(groups.items(), key=lambda kv: kv[1][0])
+        ]
+        signature = json.dumps(entries, sort_keys=True)
+        if signature not in keys:
+            keys[signature] = dns_name(base, f"layout-{len(keys) + 1}")
+            configs[keys[signature]] = entries
+        commands.append(
+            f"kubectl label node <node-{node_no // gpus_per_node}> nvidia.com/mig.config={keys[signature]} --overwrite"
+        )
+    return {"version": "v1", "mig-configs": configs}, commands
+
+
+def write_k8s_export(export: K8sExport, out_dir: Any) -> list[str]:
+    """Write every file (multi-document YAML) plus a README with the node labels; returns paths."""
+    from pathlib import Path
+
+    import yaml
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for fname, docs in export.files.items():
+        path = out / fname
+        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        written.append(str(path))
+    lines = [
+        "# Applying these manifests",
+        "",
+        "From this directory:",
+        "",
+        "```",
+        "kubectl apply -k .",
+        "```",
+        "",
+    ]
+    if export.node_labels:
+        lines += [
+            "MIG nodes: apply mig-config.yaml to the gpu-operator namespace, then label:",
+            "",
+            "```",
+        ]
+        lines += [*export.node_labels, "```", ""]
+    lines += export.notes
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+    written.append(str(out / "README.md"))
+    return written

@@ -1,0 +1,161 @@
+"""Kubernetes export: every document validates against the official client's models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from greenctl.data.errors import InputError
+from greenctl.data.plan import Deployment, Plan
+from greenctl.executor.k8s_export import build_k8s_export, dns_name, write_k8s_export
+
+GOLDEN = Path(__file__).parent / "golden" / "k8s_mix"
+
+KINDS = {
+    ("v1", "Namespace"): "V1Namespace",
+    ("v1", "Service"): "V1Service",
+    ("v1", "ConfigMap"): "V1ConfigMap",
+    ("apps/v1", "Deployment"): "V1Deployment",
+}
+
+
+def _validate(doc: dict) -> None:
+    """Deserialise with the kubernetes client's models and require a lossless round trip.
+
+    The models ignore unknown keys, so a misspelt field shows up as a difference.
+    """
+    kubernetes = pytest.importorskip("kubernetes")
+    api = kubernetes.client.ApiClient()
+
+    model = api.deserialize(
+        json.dumps(doc), KINDS[(doc["apiVersion"], doc["kind"])], "application/json"
+    )
+    back = api.sanitize_for_serialization(model)
+
+    def norm(x):  # the models turn int-or-string quantities into strings
+        if isinstance(x, dict):
+            return {k: norm(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [norm(v) for v in x]
+        return str(x)
+
+    assert norm(back) == norm(doc)
+
+
+def mix_plan() -> Plan:
+    return Plan(
+        kind="mix",
+        request={"policy": "wrr"},
+        deployments=[
+            Deployment("resnet", "resnet18", "cpu:4", count=2, batch=1, quota_rps=40.0),
+            Deployment("resnet", "resnet50", "mig:1g.10gb", count=1, batch=4, quota_rps=35.0),
+            Deployment("bert", "bert-base", "mps:40", count=1, batch=8, quota_rps=10.0),
+        ],
+        predicted={"objective": 0.7},
+        created_at="2026-11-22T10:00:00Z",
+        id=7,
+    )
+
+
+def mig_plan() -> Plan:
+    layout_a = [
+        {"profile": "3g.40gb", "start": 0, "variant": "v1"},
+        {"profile": "4g.40gb", "start": 4, "variant": "v2"},
+    ]
+    layout_b = [{"profile": "7g.80gb", "start": 0, "variant": "v1"}]
+    gpus = [
+        {"index": i, "model": "NVIDIA H100 80GB HBM3", "layout": layout_a if i % 2 else layout_b}
+        for i in range(4)
+    ]
+    return Plan(
+        kind="mig",
+        deployments=[
+            Deployment("fam", "v1", "mig:3g.40gb", count=2),
+            Deployment("fam", "v2", "mig:4g.40gb", count=2),
+            Deployment("fam", "v1", "mig:7g.80gb", count=2),
+        ],
+        extra={"gpus": gpus},
+        created_at="2026-11-22T10:00:00Z",
+    )
+
+
+def test_every_document_validates_against_kubernetes_models():
+    export = build_k8s_export(mix_plan(), memory_mb={"resnet50": 900.0})
+    docs = [d for docs in export.files.values() for d in docs if d["kind"] != "Kustomization"]
+    assert len(docs) == 1 + 2 * 3 + 3
+    for doc in docs:
+        _validate(doc)
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    r18 = deployments["greenctl-plan-7-resnet18-cpu-4"]
+    assert r18["spec"]["replicas"] == 2
+    container = r18["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["cpu"] == "4"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    r50 = deployments["greenctl-plan-7-resnet50-mig-1g-10gb"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert r50["resources"]["limits"]["nvidia.com/mig-1g.10gb"] == "1"
+    assert r50["resources"]["limits"]["memory"] == "1350Mi"
+    mps = deployments["greenctl-plan-7-bert-base-mps-40"]["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    assert {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "40"} in mps["env"]
+    routes = json.loads(export.files["dispatcher.yaml"][0]["data"]["routes.json"])
+    assert routes["policy"] == "wrr"
+    assert [r["quota_rps"] for r in routes["models"]["resnet"]] == [40.0, 35.0]
+
+
+def test_mig_plan_gets_mig_parted_config_and_node_labels():
+    export = build_k8s_export(mig_plan(), gpus_per_node=2)
+    cm = export.files["mig-config.yaml"][0]
+    _validate(cm)
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    assert config["version"] == "v1"
+    ((label, entries),) = config["mig-configs"].items()  # both nodes share one layout
+    assert entries == [
+        {"devices": [0], "mig-enabled": True, "mig-devices": {"7g.80gb": 1}},
+        {"devices": [1], "mig-enabled": True, "mig-devices": {"3g.40gb": 1, "4g.40gb": 1}},
+    ]
+    assert export.node_labels == [
+        f"kubectl label node <node-0> nvidia.com/mig.config={label} --overwrite",
+        f"kubectl label node <node-1> nvidia.com/mig.config={label} --overwrite",
+    ]
+
+
+def test_golden_files(tmp_path):
+    written = write_k8s_export(build_k8s_export(mix_plan()), tmp_path)
+    names = sorted(Path(p).name for p in written)
+    assert names == sorted(p.name for p in GOLDEN.iterdir()), (
+        "regenerate golden files if the change is intended"
+    )
+    for name in names:
+        assert (tmp_path / name).read_text() == (GOLDEN / name).read_text(), name
+
+
+def test_geo_and_bad_resources_are_refused():
+    with pytest.raises(InputError, match="geo plan"):
+        build_k8s_export(Plan(kind="geo", deployments=[Deployment("m", "v", "cpu:1")]))
+    with pytest.raises(InputError, match="no Kubernetes mapping"):
+        build_k8s_export(Plan(kind="mix", deployments=[Deployment("m", "v", "tpu:v5e")]))
+
+
+def test_dns_names_are_valid():
+    long = dns_name("Greenctl_Plan", "x" * 80, "mig:1g.10gb")
+    assert len(long) <= 63 and long == long.lower() and not long.endswith("-")
+
+
+def test_cli_writes_manifests(cli, tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(mix_plan().to_json())
+    out = tmp_path / "k8s"
+    result = cli("export", "k8s", str(plan), "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert (out / "kustomization.yaml").is_file()
+    kust = yaml.safe_load((out / "kustomization.yaml").read_text())
+    for res in kust["resources"]:
+        assert (out / res).is_file()
+    bad = cli("export", "k8s", str(tmp_path / "missing.json"), "-o", str(out))
+    assert bad.exit_code == 2
