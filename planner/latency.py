@@ -44,6 +44,10 @@ _Z_OF = {"p50": Z50, "p95": Z95, "p99": Z99}
 
 # Equiprobable nodes used by the queueing module's numerical convolutions.
 N_NODES = 64
+# Gauss-Legendre points and weights mapped to (0, 1).
+_gl_x, _gl_w = np.polynomial.legendre.leggauss(24)
+_GL_X = (_gl_x + 1.0) / 2.0
+_GL_W = _gl_w / 2.0
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,36 @@ class ServiceTime:
         from scipy.special import ndtr  # lazy: scipy is a heavy import
 
         out[pos] = ndtr(-(np.log(x[pos] / self.scale_ms)) / self.sigma)
+        return out
+
+    def exp_smoothed_sf(self, t_ms: np.ndarray, theta: float) -> np.ndarray:
+        """``E[exp(-theta (t - S)^+)]`` for an array of ``t``: P(Exp(theta) + S > t).
+
+        Closed form for deterministic and exponential service; for the lognormal,
+        ``P(S > t)`` exactly plus a 24-point Gauss-Legendre integral over the probability
+        range ``(0, F(t))`` of the smooth part.
+        """
+        t = np.asarray(t_ms, dtype=float)
+        x = np.maximum(t - self.shift_ms, 0.0)
+        if self.kind == "deterministic":
+            return np.exp(-theta * x)
+        if self.kind == "exponential":
+            m = self.scale_ms
+            if abs(m * theta - 1.0) < 1e-9:
+                return (1.0 + x / m) * np.exp(-x / m)
+            return (m * theta * np.exp(-x / m) - np.exp(-theta * x)) / (m * theta - 1.0)
+        from scipy.special import ndtr, ndtri
+
+        pos = x > 0
+        out = np.ones_like(t)
+        if not pos.any():
+            return out
+        xp = x[pos]
+        cdf = ndtr(np.log(xp / self.scale_ms) / self.sigma)
+        u = cdf[:, None] * _GL_X[None, :]  # (n, 24) probability points in (0, F(t))
+        y = self.scale_ms * np.exp(self.sigma * ndtri(u))  # lognormal part at those points
+        integral = cdf * (np.exp(-theta * (xp[:, None] - y)) @ _GL_W)
+        out[pos] = (1.0 - cdf) + integral
         return out
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:

@@ -14,9 +14,9 @@ The model (M/G/c with the Allen-Cunneen correction, written out once here):
   ``P(W > t) = C exp(-theta t)``, ``theta = 2 (c / E[S] - rate) / (ca2 + cs2)``: Kingman's
   exponential heavy-traffic tail, exact for M/M/c.
 - End-to-end latency ``T = W + S`` with ``W`` and ``S`` independent; its distribution is
-  the convolution, computed on equiprobable service-time nodes:
-  ``P(T > t) = (1 - C) P(S > t) + C E_S[exp(-theta (t - S)^+)]`` (the first term exact, the
-  second a 64-node average of a continuous function), and the quantile is found by a
+  the convolution ``P(T > t) = (1 - C) P(S > t) + C E_S[exp(-theta (t - S)^+)]`` (closed
+  form for deterministic and exponential service, Gauss-Legendre quadrature over the
+  probability range for the lognormal), and the quantile is found by a
   vectorised three-level grid search. Deterministic service is closed form: ``T_q = W_q + D``.
 
 Batching (:func:`batch_latency_quantile_ms`, the Nexus/gpulet duty-cycle model): a batch
@@ -117,6 +117,140 @@ def _exp_wait_quantile(c_prob: float, theta: float, q: float) -> float:
     return math.log(c_prob / (1.0 - q)) / theta
 
 
+class LatencyModel:
+    """An end-to-end latency distribution of one queue: survival function and quantiles.
+
+    Built by :func:`mgc_model` or :func:`batch_model`; several combine with
+    :func:`mixture_quantile` (requests of different queues pooled into one distribution).
+    """
+
+    def __init__(
+        self,
+        tail: Callable[[np.ndarray], np.ndarray],
+        bracket: Callable[[float], tuple[float, float]],
+        exact: Callable[[float], float] | None = None,
+    ) -> None:
+        self._tail = tail
+        self._bracket = bracket
+        self._exact = exact
+
+    def sf(self, t_ms: np.ndarray | float) -> np.ndarray:
+        """P(T > t) for an array of times in ms."""
+        return self._tail(np.atleast_1d(np.asarray(t_ms, dtype=float)))
+
+    def bracket(self, q: float) -> tuple[float, float]:
+        """An interval that holds (or starts the search for) the ``q`` quantile."""
+        return self._bracket(q)
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile in ms."""
+        _check_q(q)
+        if self._exact is not None:
+            return self._exact(q)
+        lo, hi = self._bracket(q)
+        return _grid_quantile(self._tail, q, lo, hi)
+
+
+def mixture_quantile(parts: Sequence[tuple[float, LatencyModel]], q: float) -> float:
+    """The ``q`` quantile of a mixture of latency models with the given weights."""
+    _check_q(q)
+    parts = [(w, m) for w, m in parts if w > 0]
+    if not parts:
+        return math.nan
+    if len(parts) == 1:
+        return parts[0][1].quantile(q)
+    total = sum(w for w, _ in parts)
+    brackets = [m.bracket(q) for _, m in parts]
+
+    def tail(t: np.ndarray) -> np.ndarray:
+        out = np.zeros_like(t)
+        for w, m in parts:
+            out += (w / total) * m.sf(t)
+        return out
+
+    lo = min(b[0] for b in brackets)
+    hi = max(b[1] for b in brackets)
+    return _grid_quantile(tail, q, lo, max(hi, lo * 1.001 + 1e-9))
+
+
+def mgc_model(
+    rate_rps: float, services: Sequence[ServiceTime], *, ca2: float = 1.0
+) -> LatencyModel | None:
+    """Latency model of one FIFO queue over ``len(services)`` servers; None if overloaded.
+
+    Identical servers: M/G/c with Erlang C and the Allen-Cunneen wait (module docstring).
+    Heterogeneous servers: the pooled approximation of :func:`pooled_latency_quantile_ms`.
+    """
+    if not services:
+        return None
+    key = tuple(sorted(services, key=lambda s: (s.kind, s.shift_ms, s.scale_ms, s.sigma)))
+    return _mgc_model(float(rate_rps), key, float(ca2))
+
+
+@lru_cache(maxsize=16384)
+def _mgc_model(
+    rate_rps: float, services: tuple[ServiceTime, ...], ca2: float
+) -> LatencyModel | None:
+    c = len(services)
+    lam = max(rate_rps, 0.0) / 1000.0
+    if len(set(services)) == 1:
+        service = services[0]
+        if lam * service.mean_ms >= c:
+            return None
+        comps: tuple[tuple[float, ServiceTime], ...] = ((1.0, service),)
+        if lam > 0:
+            c_prob, theta = _wait_params(rate_rps, service.mean_ms, service.scv, c, ca2)
+        else:
+            c_prob, theta = 0.0, 1.0
+    else:
+        mus = np.array([1.0 / s.mean_ms for s in services])
+        total_mu = float(mus.sum())
+        rho = lam / total_mu
+        if rho >= 1.0:
+            return None
+        weights = (1.0 - rho) / c + rho * mus / total_mu
+        means = np.array([s.mean_ms for s in services])
+        second = np.array([s.var_ms2 + s.mean_ms**2 for s in services])
+        mix_mean = float(weights @ means)
+        mix_scv = max(float(weights @ second) / mix_mean**2 - 1.0, 0.0)
+        if lam > 0:
+            c_prob = erlang_c(c, lam * c / total_mu)
+            theta = 2.0 * (total_mu - lam) / max(ca2 + mix_scv, 1e-12)
+        else:
+            c_prob, theta = 0.0, 1.0
+        comps = tuple((float(w), s) for w, s in zip(weights, services, strict=True))
+    return _wait_plus_service_model(c_prob, theta, comps)
+
+
+def _wait_plus_service_model(
+    c_prob: float, theta: float, comps: tuple[tuple[float, ServiceTime], ...]
+) -> LatencyModel:
+    """W + S, W = 0 w.p. 1 - C else Exp(theta), S a mixture of ``comps``."""
+
+    def tail(t: np.ndarray) -> np.ndarray:
+        out = np.zeros_like(t)
+        for w, s in comps:
+            part = (1.0 - c_prob) * s.sf(t)
+            if c_prob > 0:
+                part = part + c_prob * s.exp_smoothed_sf(t, theta)
+            out += w * part
+        return out
+
+    def bracket(q: float) -> tuple[float, float]:
+        lo = min(s.quantile(q) for _, s in comps)
+        hi = max(s.quantile(q) for _, s in comps) + _exp_wait_quantile(c_prob, theta, q)
+        return lo, max(hi, lo * 1.001 + 1e-9)
+
+    exact = None
+    if len(comps) == 1 and comps[0][1].kind == "deterministic":
+        d = comps[0][1].shift_ms
+
+        def exact(q: float) -> float:
+            return d + _exp_wait_quantile(c_prob, theta, q)
+
+    return LatencyModel(tail, bracket, exact)
+
+
 @lru_cache(maxsize=65536)
 def latency_quantile_ms(
     rate_rps: float, service: ServiceTime, servers: int, q: float, *, ca2: float = 1.0
@@ -135,12 +269,8 @@ def latency_quantile_ms(
         raise InputError(f"servers must be >= 1, got {servers}")
     if rate_rps <= 0:
         return service.quantile(q)
-    c_prob, theta = _wait_params(rate_rps, service.mean_ms, service.scv, servers, ca2)
-    if theta <= 0:
-        return math.inf
-    if service.kind == "deterministic":
-        return service.shift_ms + _exp_wait_quantile(c_prob, theta, q)
-    return _wait_plus_service_quantile(q, c_prob, theta, ((1.0, service),))
+    model = _mgc_model(float(rate_rps), (service,) * servers, float(ca2))
+    return math.inf if model is None else model.quantile(q)
 
 
 def pooled_latency_quantile_ms(
@@ -149,63 +279,15 @@ def pooled_latency_quantile_ms(
     """End-to-end latency quantile of one FIFO queue over heterogeneous servers, ms.
 
     ``services[i]`` is server ``i``'s service time. Approximation: an M/G/c queue with
-    ``c = len(services)`` servers of the pooled capacity (mean ``c / sum(1 / E[S_i])``);
-    requests are served by server ``i`` with weight ``(1 - rho) / c + rho mu_i / sum mu``
-    (evenly at light load, in proportion to speed when busy), and the service part of the
-    latency is that mixture of the servers' distributions, whose ``cs2`` (heterogeneity
-    included) feeds the Allen-Cunneen wait.
+    ``c = len(services)`` servers of the pooled capacity (``sum mu_i``, Erlang C at
+    ``a = c rate / sum mu_i``); requests are served by server ``i`` with weight
+    ``(1 - rho) / c + rho mu_i / sum mu`` (evenly at light load, in proportion to speed
+    when busy), and the service part of the latency is that mixture of the servers'
+    distributions, whose ``cs2`` (heterogeneity included) feeds the Allen-Cunneen wait.
     """
     _check_q(q)
-    if not services:
-        return math.inf
-    key = tuple(sorted(services, key=lambda s: (s.kind, s.shift_ms, s.scale_ms, s.sigma)))
-    if len(set(key)) == 1:
-        return latency_quantile_ms(rate_rps, key[0], len(key), q, ca2=ca2)
-    return _pooled(rate_rps, key, q, ca2)
-
-
-@lru_cache(maxsize=16384)
-def _pooled(rate_rps: float, services: tuple[ServiceTime, ...], q: float, ca2: float) -> float:
-    c = len(services)
-    mus = np.array([1.0 / s.mean_ms for s in services])
-    total_mu = float(mus.sum())
-    lam = max(rate_rps, 0.0) / 1000.0
-    rho = lam / total_mu
-    if rho >= 1.0:
-        return math.inf
-    weights = (1.0 - rho) / c + rho * mus / total_mu
-    means = np.array([s.mean_ms for s in services])
-    second = np.array([s.var_ms2 + s.mean_ms**2 for s in services])
-    mix_mean = float(weights @ means)
-    mix_scv = float(weights @ second) / mix_mean**2 - 1.0
-    if lam <= 0:
-        c_prob, theta = 0.0, 1.0
-    else:
-        c_prob = erlang_c(c, lam * c / total_mu)
-        theta = 2.0 * (total_mu - lam) / max(ca2 + mix_scv, 1e-12)
-    comps = tuple((float(w), s) for w, s in zip(weights, services, strict=True))
-    return _wait_plus_service_quantile(q, c_prob, theta, comps)
-
-
-def _wait_plus_service_quantile(
-    q: float, c_prob: float, theta: float, comps: tuple[tuple[float, ServiceTime], ...]
-) -> float:
-    """Quantile of W + S, W = 0 w.p. 1 - C else Exp(theta), S a mixture of ``comps``."""
-    nodes = [(w, s.nodes) for w, s in comps]
-
-    def tail(t: np.ndarray) -> np.ndarray:
-        out = np.zeros_like(t)
-        for (w, s), (_, nd) in zip(comps, nodes, strict=True):
-            part = (1.0 - c_prob) * s.sf(t)
-            if c_prob > 0:
-                gap = np.maximum(t[:, None] - nd[None, :], 0.0)
-                part = part + c_prob * np.exp(-theta * gap).mean(axis=1)
-            out += w * part
-        return out
-
-    lo = min(s.quantile(q) for _, s in comps)
-    hi = max(s.quantile(q) for _, s in comps) + _exp_wait_quantile(c_prob, theta, q)
-    return _grid_quantile(tail, q, lo, max(hi, lo * 1.001 + 1e-9))
+    model = mgc_model(rate_rps, services, ca2=ca2)
+    return math.inf if model is None else model.quantile(q)
 
 
 def _grid_quantile(
@@ -298,19 +380,28 @@ def batch_latency_quantile_ms(
         ``math.inf`` when ``rate >= batch / E[L(b)]``. ``batch == 1`` is M/G/1.
     """
     _check_q(q)
+    model = batch_model(rate_rps, service, batch, duty_cycle_ms=duty_cycle_ms)
+    return math.inf if model is None else model.quantile(q)
+
+
+@lru_cache(maxsize=16384)
+def batch_model(
+    rate_rps: float, service: ServiceTime, batch: int, *, duty_cycle_ms: float | None = None
+) -> LatencyModel | None:
+    """Latency model of one batching instance (module docstring); None if overloaded."""
     if batch < 1:
         raise InputError(f"batch must be >= 1, got {batch}")
     if batch == 1:
-        return latency_quantile_ms(rate_rps, service, 1, q)
-    if rate_rps <= 0:
-        return service.quantile(q)
+        return _mgc_model(float(rate_rps), (service,), 1.0)
     d = default_duty_cycle_ms(service) if duty_cycle_ms is None else float(duty_cycle_ms)
     if d < 0:
         raise InputError(f"duty cycle must be >= 0 ms, got {d}")
-    lam = rate_rps / 1000.0
+    lam = max(rate_rps, 0.0) / 1000.0
     mean_l = service.mean_ms
     if lam * mean_l >= batch:
-        return math.inf
+        return None
+    if lam <= 0:
+        return _mgc_model(0.0, (service,), 1.0)
     fill = min(d, (batch - 1) / lam)  # longest wait for a batch to close
     # Mean batch size: what arrives while the batch collects (a duty cycle) or while the
     # previous batch runs, whichever is longer, capped at b; keeps rho_b < 1 when stable.
@@ -327,9 +418,12 @@ def batch_latency_quantile_ms(
         g_u = np.clip(vp / fill, 0.0, 1.0) if fill > 0 else (v >= 0).astype(float)
         return 1.0 - (g_w * g_u).mean(axis=1)
 
-    lo = service.quantile(q) * 0.5
-    hi = service.quantile(q) + fill + _exp_wait_quantile(c_prob, theta, q)
-    return _grid_quantile(tail, q, lo, max(hi, lo + 1e-6))
+    def bracket(q: float) -> tuple[float, float]:
+        lo = service.quantile(q) * 0.5
+        hi = service.quantile(q) + fill + _exp_wait_quantile(c_prob, theta, q)
+        return lo, max(hi, lo + 1e-6)
+
+    return LatencyModel(tail, bracket)
 
 
 @lru_cache(maxsize=16384)
