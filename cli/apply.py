@@ -1,0 +1,266 @@
+"""``greenctl apply``, ``status``, ``down`` and ``loadgen``: run plans and measure them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from greenctl.cli.common import (
+    DbOpt,
+    JsonOpt,
+    console,
+    err_console,
+    print_json,
+    render_table,
+    store_for,
+)
+
+
+def apply_cmd(
+    plan_file: Annotated[Path, typer.Argument(help="Plan JSON (from `greenctl plan ...`).")],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the actions; change nothing.")
+    ] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Afterwards, load it at the predicted rate and record measured vs predicted.",
+        ),
+    ] = False,
+    mig_parted: Annotated[
+        bool,
+        typer.Option(
+            "--mig-parted", help="Leave the MIG layout to NVIDIA mig-parted / the GPU operator."
+        ),
+    ] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Wait for a concurrent apply instead of failing.")
+    ] = False,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            "--policy", help="Dispatch policy: fifo, wrr or batch (default by plan kind)."
+        ),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", help="Dispatcher port (default: any free port).")
+    ] = None,
+    host: Annotated[
+        str, typer.Option("--host", help="Dispatcher address; loopback unless you say otherwise.")
+    ] = "127.0.0.1",
+    loader: Annotated[
+        str | None,
+        typer.Option(
+            "--loader", help="module:function loading variants (default: built-in catalog)."
+        ),
+    ] = None,
+    verify_duration: Annotated[
+        float, typer.Option("--verify-duration", help="Seconds of verification load.")
+    ] = 10.0,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Make a plan real: partitions, executor daemons and a dispatcher, with rollback."""
+    from greenctl.data.plan import load_plan_file
+    from greenctl.executor.apply import apply_plan
+
+    plan = load_plan_file(plan_file)
+    with store_for(db) as store:
+        result = apply_plan(
+            plan,
+            store=store,
+            dry_run=dry_run,
+            verify=verify,
+            mig_parted=mig_parted,
+            wait=wait,
+            policy=policy,
+            port=port,
+            host=host,
+            loader=loader,
+            verify_duration_s=verify_duration,
+        )
+    if json_out:
+        print_json(result.to_dict())
+        return
+    if not result.changed:
+        console.print("Nothing to do: the plan is already running.")
+    else:
+        title = "Planned actions (dry run)" if dry_run else "Actions taken"
+        render_table(
+            title, ["action", "details"], [[a["action"], _details(a)] for a in result.actions]
+        )
+    if result.dispatcher_url and not dry_run:
+        console.print(f"Dispatcher: {result.dispatcher_url}  (Open Inference Protocol v2)")
+    for w in result.warnings:
+        err_console.print(f"[yellow]warning:[/] {w}")
+    if result.verify:
+        _print_verify(result.verify)
+
+
+def _details(action: dict[str, object]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in action.items() if k != "action")
+
+
+def _print_verify(v: dict[str, object]) -> None:
+    pred = v.get("predicted") or {}
+    meas = v.get("measured") or {}
+    assert isinstance(pred, dict) and isinstance(meas, dict)
+    render_table(
+        "Predicted vs measured (verify run)",
+        ["figure", "predicted", "measured"],
+        [
+            ["rate req/s", pred.get("rate_rps"), meas.get("rate_rps")],
+            ["p95 ms", pred.get("p95_ms"), meas.get("p95_ms")],
+            ["p99 ms", pred.get("p99_ms"), meas.get("p99_ms")],
+            ["errors", None, meas.get("errors")],
+            ["503s", None, meas.get("rejected_503")],
+        ],
+        caption=f"run {v.get('run_id')} stored; see `greenctl report`",
+    )
+
+
+def status_cmd(db: DbOpt = None, json_out: JsonOpt = False) -> None:
+    """Show the dispatcher and every running instance (variant, resource, pid, port, p95)."""
+    from greenctl.executor.apply import status
+
+    with store_for(db) as store:
+        doc = status(store)
+    if json_out:
+        print_json(doc)
+        return
+    disp = doc["dispatcher"]
+    if disp is None and not doc["instances"]:
+        console.print("Nothing is running (apply a plan with `greenctl apply PLAN.json`).")
+        return
+    if disp is not None:
+        state = "ready" if disp["ready"] else ("alive, not ready" if disp["alive"] else "DOWN")
+        console.print(f"Dispatcher: {disp['url']}  pid {disp['pid']}  {state}")
+    render_table(
+        "Instances",
+        [
+            "id",
+            "model",
+            "variant",
+            "resource",
+            "pid",
+            "port",
+            "ready",
+            "requests",
+            "p95 ms",
+            "restarts",
+        ],
+        [
+            [
+                i["id"],
+                i["model"],
+                i["variant"],
+                i["resource"],
+                i["pid"],
+                i["port"],
+                i["ready"],
+                i["requests"],
+                i["p95_ms"],
+                i["restarts"],
+            ]
+            for i in doc["instances"]
+        ],
+        caption="p95 over each instance's last 4096 requests, measured inside the executor",
+    )
+
+
+def down_cmd(
+    restore_mig: Annotated[
+        bool,
+        typer.Option(
+            "--restore-mig", help="Put back the MIG layout checkpointed before the first apply."
+        ),
+    ] = False,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Stop the dispatcher and every executor greenctl started."""
+    from greenctl.executor.apply import down
+
+    with store_for(db) as store:
+        doc = down(store, restore_mig=restore_mig)
+    if json_out:
+        print_json(doc)
+        return
+    console.print(f"Stopped {len(doc['stopped'])} process(es).")
+    for r in doc["restored_mig"]:
+        console.print(f"Restored the MIG layout of GPU {r['gpu']}.")
+
+
+def loadgen_cmd(
+    endpoint: Annotated[
+        str, typer.Option("--endpoint", help="Base URL, e.g. http://127.0.0.1:8000.")
+    ],
+    model: Annotated[str, typer.Option("--model", help="Model name to infer.")],
+    duration: Annotated[float, typer.Option("--duration", help="Seconds to send load.")] = 10.0,
+    rate: Annotated[
+        float | None, typer.Option("--rate", help="Poisson rate, requests per second.")
+    ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option("--trace", help="Requests-per-second trace (whitespace-separated, .gz ok)."),
+    ] = None,
+    scale: Annotated[
+        float, typer.Option("--scale", help="Multiply the trace's rates by this.")
+    ] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the arrival process.")] = 0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Send an open-loop Poisson load (or replay a trace) and report latency and errors."""
+    from greenctl.data.errors import InputError
+    from greenctl.executor.loadgen import read_trace, run_load
+
+    if (rate is None) == (trace is None):
+        raise InputError("give exactly one of --rate RPS or --trace FILE")
+    res = run_load(
+        endpoint,
+        model,
+        duration_s=duration,
+        rate_rps=rate,
+        trace=read_trace(trace) if trace is not None else None,
+        scale=scale,
+        seed=seed,
+    )
+    if json_out:
+        print_json(res.to_dict())
+        return
+    render_table(
+        f"Load on {model} at {endpoint}",
+        [
+            "offered req/s",
+            "achieved req/s",
+            "sent",
+            "ok",
+            "errors",
+            "503s",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+        ],
+        [
+            [
+                res.offered_rps,
+                res.achieved_rps,
+                res.sent,
+                res.ok,
+                res.errors,
+                res.rejected_503,
+                res.p50_ms,
+                res.p95_ms,
+                res.p99_ms,
+            ]
+        ],
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("apply")(apply_cmd)
+    app.command("status")(status_cmd)
+    app.command("down")(down_cmd)
+    app.command("loadgen")(loadgen_cmd)

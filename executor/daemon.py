@@ -1,0 +1,645 @@
+"""The executor daemon: one planned instance of one variant on one resource.
+
+Run as ``python -m greenctl.executor.daemon --model M --variant V --resource cpu:1 --port 0
+--state-file PATH`` (``greenctl apply`` starts it detached). It pins itself to its CPU cores
+(affinity + torch threads) or runs with the CUDA environment its spawner set
+(``CUDA_VISIBLE_DEVICES=MIG-<uuid>``, ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``), loads and warms up
+the variant, then serves the Open Inference Protocol (KServe v2 REST) on loopback:
+
+- ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}`` (metadata),
+  ``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer`` (JSON tensors, and Triton's
+  binary tensor extension), optionally under ``/versions/{v}``;
+- ``GET /metrics``: Prometheus text (requests, latency histogram, batch sizes, busy time).
+
+Requests are batched dynamically up to ``--batch`` rows, waiting at most ``--max-wait-ms``
+for a batch to fill; inference runs in one worker thread. When ready it writes its pid and
+port to ``--state-file`` (``{"error": ...}`` instead when loading or binding fails).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import importlib
+import importlib.util
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from greenctl.data.errors import InputError
+from greenctl.executor import oip
+from greenctl.executor.procs import proc_start_ticks, write_json_atomic
+
+DEFAULT_LOADER = "greenctl.profiler.models:load_model"
+NOOP_LOADER = "greenctl.executor.daemon:noop_loader"
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+INPUT_NAME = "input"
+OUTPUT_NAME = "output"
+
+
+# -- models ------------------------------------------------------------------------------
+class NoopModel:
+    """A model that returns its input: measures serving overhead, not inference.
+
+    ``GREENCTL_NOOP_SERVICE_MS`` adds a fixed sleep per batch (a stand-in service time).
+    """
+
+    numpy_native = True
+
+    def __init__(self, input_shape: tuple[int, ...], service_ms: float = 0.0) -> None:
+        self.input_shape = input_shape
+        self.module = None
+        self.service_s = service_ms / 1000.0
+
+    def example(self, batch: int) -> np.ndarray:
+        return np.zeros((batch, *self.input_shape), dtype=np.float32)
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        if self.service_s:
+            time.sleep(self.service_s)
+        return x
+
+
+def noop_loader(variant: Any, *, device: str = "cpu") -> NoopModel:
+    """Loader of :class:`NoopModel` (same signature as ``profiler.models.load_model``)."""
+    del device
+    shape_text = getattr(variant, "input_shape", None) or "4"
+    shape = tuple(int(s) for s in str(shape_text).split(",") if s.strip())
+    return NoopModel(shape, float(os.environ.get("GREENCTL_NOOP_SERVICE_MS", "0") or 0))
+
+
+def resolve_loader(spec: str) -> Callable[..., Any]:
+    """``package.module:function`` or ``/path/file.py:function`` -> the function.
+
+    Raises:
+        InputError: the module or function cannot be found.
+    """
+    mod_name, sep, func = spec.rpartition(":")
+    if not sep or not mod_name or not func:
+        raise InputError(f"loader '{spec}' must look like module:function or file.py:function")
+    try:
+        if mod_name.endswith(".py"):
+            path = Path(mod_name)
+            module_spec = importlib.util.spec_from_file_location(
+                f"_greenctl_loader_{path.stem}", path
+            )
+            if module_spec is None or module_spec.loader is None:
+                raise ImportError(f"cannot load {path}")
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(mod_name)
+    except (ImportError, OSError) as exc:
+        raise InputError(f"cannot import loader module '{mod_name}': {exc}") from None
+    fn = getattr(module, func, None)
+    if not callable(fn):
+        raise InputError(f"loader module '{mod_name}' has no function '{func}'")
+    return fn  # type: ignore[no-any-return]
+
+
+# -- metrics -----------------------------------------------------------------------------
+class Metrics:
+    """Counters and histograms rendered in Prometheus text format."""
+
+    def __init__(self) -> None:
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.latency_counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self.latency_sum_s = 0.0
+        self.batch_counts = [0] * (len(BATCH_BUCKETS) + 1)
+        self.batch_sum = 0
+        self.busy_s = 0.0
+        self.window: collections.deque[float] = collections.deque(maxlen=4096)
+        self.lock = threading.Lock()
+
+    def observe(self, code: str, latency_s: float) -> None:
+        self.requests[code] += 1
+        if code == "200":
+            self.latency_counts[_bucket(LATENCY_BUCKETS_S, latency_s)] += 1
+            self.latency_sum_s += latency_s
+            self.window.append(latency_s)
+
+    def observe_batch(self, rows: int, busy_s: float) -> None:
+        with self.lock:
+            self.batch_counts[_bucket(BATCH_BUCKETS, rows)] += 1
+            self.batch_sum += rows
+            self.busy_s += busy_s
+
+    def quantile_ms(self, q: float) -> float | None:
+        if not self.window:
+            return None
+        return float(np.quantile(np.fromiter(self.window, float), q) * 1000.0)
+
+    def render(self, labels: str) -> str:
+        lines = [
+            "# HELP greenctl_requests_total Inference requests by HTTP status code.",
+            "# TYPE greenctl_requests_total counter",
+        ]
+        for code, n in sorted(self.requests.items()):
+            lines.append(f'greenctl_requests_total{{{labels},code="{code}"}} {n}')
+        lines += _histogram(
+            "greenctl_request_latency_seconds",
+            "Latency of successful requests inside the executor.",
+            labels,
+            LATENCY_BUCKETS_S,
+            self.latency_counts,
+            self.latency_sum_s,
+        )
+        with self.lock:
+            lines += _histogram(
+                "greenctl_batch_size",
+                "Rows per executed batch.",
+                labels,
+                BATCH_BUCKETS,
+                self.batch_counts,
+                float(self.batch_sum),
+            )
+            busy = self.busy_s
+        lines += [
+            "# HELP greenctl_busy_seconds_total Seconds the worker spent running batches.",
+            "# TYPE greenctl_busy_seconds_total counter",
+            f"greenctl_busy_seconds_total{{{labels}}} {busy:.6f}",
+            "# HELP greenctl_request_latency_window_ms Latency quantiles of the last 4096 requests.",
+            "# TYPE greenctl_request_latency_window_ms gauge",
+        ]
+        for q in (0.5, 0.95, 0.99):
+            value = self.quantile_ms(q)
+            if value is not None:
+                lines.append(
+                    f'greenctl_request_latency_window_ms{{{labels},quantile="{q}"}} {value:.4f}'
+                )
+        return "\n".join(lines) + "\n"
+
+
+def _bucket(bounds: tuple[float, ...], value: float) -> int:
+    for i, b in enumerate(bounds):
+        if value <= b:
+            return i
+    return len(bounds)
+
+
+def _histogram(
+    name: str,
+    help_text: str,
+    labels: str,
+    bounds: tuple[float, ...],
+    counts: list[int],
+    total: float,
+) -> list[str]:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+    acc = 0
+    for b, c in zip(bounds, counts, strict=False):
+        acc += c
+        lines.append(f'{name}_bucket{{{labels},le="{b:g}"}} {acc}')
+    acc += counts[-1]
+    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {acc}')
+    lines.append(f"{name}_sum{{{labels}}} {total:.6f}")
+    lines.append(f"{name}_count{{{labels}}} {acc}")
+    return lines
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Flatten Prometheus text into ``{"name{labels}": value}`` (used by ``greenctl status``)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        with contextlib.suppress(ValueError):
+            out[key] = float(value)
+    return out
+
+
+# -- batching ----------------------------------------------------------------------------
+class _Item:
+    __slots__ = ("arr", "future", "rows")
+
+    def __init__(self, arr: np.ndarray, future: asyncio.Future[np.ndarray]) -> None:
+        self.arr = arr
+        self.future = future
+        self.rows = int(arr.shape[0])
+
+
+class Batcher:
+    """Dynamic batching: gather requests up to ``max_batch`` rows or ``max_wait_s``."""
+
+    def __init__(self, loaded: Any, *, max_batch: int, max_wait_s: float, metrics: Metrics) -> None:
+        self.loaded = loaded
+        self.max_batch = max(1, max_batch)
+        self.max_wait_s = max(0.0, max_wait_s)
+        self.metrics = metrics
+        self.queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer")
+        self.numpy_native = bool(getattr(loaded, "numpy_native", False))
+
+    async def submit(self, arr: np.ndarray) -> np.ndarray:
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self.queue.put_nowait(_Item(arr, future))
+        return await future
+
+    async def run_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        pending: _Item | None = None
+        while True:
+            first = pending or await self.queue.get()
+            pending = None
+            items = [first]
+            rows = first.rows
+            tail = first.arr.shape[1:]
+            deadline = loop.time() + self.max_wait_s
+            while rows < self.max_batch:
+                try:
+                    item = self.queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    timeout = deadline - loop.time()
+                    if timeout <= 0:
+                        break
+                    try:
+                        item = await asyncio.wait_for(self.queue.get(), timeout)
+                    except TimeoutError:
+                        break
+                if item.arr.shape[1:] != tail or rows + item.rows > self.max_batch:
+                    pending = item  # starts the next batch
+                    break
+                items.append(item)
+                rows += item.rows
+            arr = items[0].arr if len(items) == 1 else np.concatenate([i.arr for i in items])
+            try:
+                out = await loop.run_in_executor(self.pool, self._run, arr)
+            except Exception as exc:  # a failing batch fails its requests, not the daemon
+                for i in items:
+                    if not i.future.done():
+                        i.future.set_exception(exc)
+                continue
+            start = 0
+            for i in items:
+                if not i.future.done():
+                    i.future.set_result(out[start : start + i.rows])
+                start += i.rows
+
+    def _run(self, arr: np.ndarray) -> np.ndarray:
+        t0 = time.perf_counter()
+        out = run_model(self.loaded, arr, numpy_native=self.numpy_native)
+        self.metrics.observe_batch(int(arr.shape[0]), time.perf_counter() - t0)
+        return out
+
+
+def run_model(loaded: Any, arr: np.ndarray, *, numpy_native: bool) -> np.ndarray:
+    """Run one batch through a LoadedModel (torch tensors in and out unless numpy-native)."""
+    if numpy_native:
+        return np.asarray(loaded.run(arr))
+    import torch
+
+    with torch.inference_mode():
+        out = loaded.run(torch.from_numpy(np.ascontiguousarray(arr)))
+    if isinstance(out, list | tuple):
+        out = out[0]
+    if hasattr(out, "logits"):
+        out = out.logits
+    return np.asarray(out.detach().to("cpu").numpy())
+
+
+# -- the server --------------------------------------------------------------------------
+class ExecutorServer:
+    """The OIP REST app of one loaded model."""
+
+    def __init__(
+        self,
+        loaded: Any,
+        *,
+        model: str,
+        variant: str,
+        resource: str,
+        max_batch: int,
+        max_wait_s: float,
+    ) -> None:
+        self.loaded = loaded
+        self.model = model
+        self.variant = variant
+        self.resource = resource
+        self.names = {model, variant}
+        self.metrics = Metrics()
+        self.batcher = Batcher(
+            loaded, max_batch=max_batch, max_wait_s=max_wait_s, metrics=self.metrics
+        )
+        self.input_shape = tuple(int(d) for d in loaded.input_shape)
+        example = np.asarray(_to_numpy(loaded.example(1)))
+        self.input_dtype = example.dtype
+        self.output_shape: tuple[int, ...] = ()
+        self.output_dtype = "FP32"
+        self.ready = False
+
+    def warm_up(self, rounds: int = 3) -> None:
+        """Run the model a few times at full batch so the first requests are not slow."""
+        numpy_native = self.batcher.numpy_native
+        for batch in (self.batcher.max_batch, 1):
+            x = np.asarray(_to_numpy(self.loaded.example(batch)))
+            for _ in range(rounds):
+                out = run_model(self.loaded, x, numpy_native=numpy_native)
+        self.output_shape = tuple(int(d) for d in out.shape[1:])
+        self.output_dtype = oip.oip_datatype(out)
+
+    def app(self) -> Any:
+        from aiohttp import web
+
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        r = app.router
+        r.add_get("/v2", self.server_meta)
+        r.add_get("/v2/health/live", self.live)
+        r.add_get("/v2/health/ready", self.health_ready)
+        for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+            r.add_get(base, self.model_meta)
+            r.add_get(base + "/ready", self.model_ready)
+            r.add_post(base + "/infer", self.infer)
+        r.add_get("/metrics", self.metrics_page)
+        app.on_startup.append(self._start_batcher)
+        app.on_cleanup.append(self._stop_batcher)
+        return app
+
+    async def _stop_batcher(self, app: Any) -> None:
+        task = app.get("batcher_task")
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _start_batcher(self, app: Any) -> None:
+        app["batcher_task"] = asyncio.get_running_loop().create_task(self.batcher.run_forever())
+
+    async def server_meta(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response(
+            {"name": "greenctl-executor", "version": "1", "extensions": ["binary_tensor_data"]}
+        )
+
+    async def live(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response({"live": True})
+
+    async def health_ready(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response({"ready": self.ready}, status=200 if self.ready else 503)
+
+    def _check_name(self, request: Any) -> Any:
+        from aiohttp import web
+
+        name = request.match_info["name"]
+        if name not in self.names:
+            return web.json_response(
+                {"error": f"unknown model '{name}'; this executor serves '{self.model}'"},
+                status=404,
+            )
+        return None
+
+    async def model_meta(self, request: Any) -> Any:
+        from aiohttp import web
+
+        if (bad := self._check_name(request)) is not None:
+            return bad
+        return web.json_response(
+            {
+                "name": self.model,
+                "versions": ["1"],
+                "platform": "pytorch_torchscript" if not self.batcher.numpy_native else "python",
+                "inputs": [
+                    {
+                        "name": INPUT_NAME,
+                        "datatype": oip.oip_datatype(np.zeros(0, self.input_dtype)),
+                        "shape": [-1, *self.input_shape],
+                    }
+                ],
+                "outputs": [
+                    {
+                        "name": OUTPUT_NAME,
+                        "datatype": self.output_dtype,
+                        "shape": [-1, *self.output_shape],
+                    }
+                ],
+                "parameters": {
+                    "variant": self.variant,
+                    "resource": self.resource,
+                    "max_batch_size": self.batcher.max_batch,
+                },
+            }
+        )
+
+    async def model_ready(self, request: Any) -> Any:
+        from aiohttp import web
+
+        if (bad := self._check_name(request)) is not None:
+            return bad
+        return web.json_response(
+            {"name": self.model, "ready": self.ready}, status=200 if self.ready else 503
+        )
+
+    async def infer(self, request: Any) -> Any:
+        from aiohttp import web
+
+        t0 = time.perf_counter()
+        if (bad := self._check_name(request)) is not None:
+            self.metrics.observe("404", 0.0)
+            return bad
+        body = await request.read()
+        try:
+            header = request.headers.get(oip.HEADER_LENGTH)
+            doc, tensors = oip.decode_request(body, int(header) if header else None)
+            arr = tensors[0][1]
+            squeeze = False
+            if arr.ndim == len(self.input_shape):
+                arr, squeeze = arr[None, ...], True
+            if tuple(arr.shape[1:]) != self.input_shape:
+                raise InputError(
+                    f"input shape {list(arr.shape)} does not match the model's "
+                    f"[-1, {', '.join(map(str, self.input_shape))}]"
+                )
+            if arr.dtype != self.input_dtype:
+                arr = arr.astype(self.input_dtype)
+        except (InputError, ValueError) as exc:
+            self.metrics.observe("400", time.perf_counter() - t0)
+            return web.json_response({"error": str(exc)}, status=400)
+        try:
+            out = await self.batcher.submit(arr)
+        except Exception as exc:
+            self.metrics.observe("500", time.perf_counter() - t0)
+            return web.json_response({"error": f"inference failed: {exc}"}, status=500)
+        if squeeze:
+            out = out[0]
+        payload, headers = oip.encode_response(
+            self.model, [(OUTPUT_NAME, out)], request=doc, model_version="1"
+        )
+        self.metrics.observe("200", time.perf_counter() - t0)
+        return web.Response(body=payload, headers=headers)
+
+    async def metrics_page(self, request: Any) -> Any:
+        from aiohttp import web
+
+        labels = f'model="{self.model}",variant="{self.variant}",resource="{self.resource}"'
+        return web.Response(text=self.metrics.render(labels), content_type="text/plain")
+
+
+def _to_numpy(x: Any) -> Any:
+    if hasattr(x, "detach"):
+        return x.detach().to("cpu").numpy()
+    return x
+
+
+# -- process setup -----------------------------------------------------------------------
+def pin_cores(cores: list[int]) -> None:
+    """Pin this process to ``cores`` and size torch's thread pool to match."""
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(cores))
+
+
+def _set_torch_threads(n: int) -> None:
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(max(1, n))
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(1)
+
+
+def _load_variant(args: argparse.Namespace) -> Any:
+    """The Variant record: from the store when it knows it, else a minimal one."""
+    from greenctl.data.errors import NotFoundError
+    from greenctl.data.records import Variant
+
+    if args.db:
+        from greenctl.data.store import open_store
+
+        with open_store(args.db) as store:
+            try:
+                return store.get_variant(args.variant)
+            except NotFoundError:
+                if args.loader != DEFAULT_LOADER:
+                    pass
+                else:
+                    from greenctl.profiler.models import ensure_builtin_variant
+
+                    ensure_builtin_variant(store, args.variant)
+                    return store.get_variant(args.variant)
+    return Variant(name=args.variant, family=args.model, input_shape=args.input_shape)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m greenctl.executor.daemon", description=__doc__)
+    p.add_argument("--model", required=True, help="model (family) name served")
+    p.add_argument("--variant", required=True, help="variant to load")
+    p.add_argument("--resource", default="cpu:1", help="resource label, e.g. cpu:2, mig:1g.10gb")
+    p.add_argument("--cores", default="", help="CPU cores to pin to, comma separated")
+    p.add_argument("--batch", type=int, default=1, help="largest batch (rows)")
+    p.add_argument("--max-wait-ms", type=float, default=2.0, help="longest wait for a batch")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    p.add_argument("--port", type=int, default=0, help="port (0: any free port)")
+    p.add_argument("--state-file", default=None, help="where to write pid/port when ready")
+    p.add_argument("--db", default=None, help="greenctl store (for the variant record)")
+    p.add_argument("--loader", default=DEFAULT_LOADER, help="module:function loading a variant")
+    p.add_argument("--input-shape", default=None, help="input shape when the store lacks it")
+    p.add_argument("--instance-id", default=None, help="id recorded in the state file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    state_file = Path(args.state_file) if args.state_file else None
+
+    def report(doc: dict[str, Any]) -> None:
+        doc.update(
+            pid=os.getpid(), pid_start=proc_start_ticks(os.getpid()), instance_id=args.instance_id
+        )
+        if state_file is not None:
+            write_json_atomic(state_file, doc)
+
+    cores = [int(c) for c in args.cores.split(",") if c.strip()]
+    try:
+        pin_cores(cores)
+    except OSError as exc:
+        report({"error": f"cannot pin to cores {cores}: {exc.strerror}"})
+        return 3
+    kind = args.resource.split(":", 1)[0]
+    device = "cuda" if kind in ("gpu", "mig", "mps") else "cpu"
+    try:
+        if args.loader != NOOP_LOADER:
+            _set_torch_threads(len(cores) or os.cpu_count() or 1)
+        variant = _load_variant(args)
+        loaded = resolve_loader(args.loader)(variant, device=device)
+        server = ExecutorServer(
+            loaded,
+            model=args.model,
+            variant=args.variant,
+            resource=args.resource,
+            max_batch=args.batch,
+            max_wait_s=args.max_wait_ms / 1000.0,
+        )
+        server.warm_up()
+    except Exception as exc:
+        traceback.print_exc()
+        report({"error": f"loading variant '{args.variant}' failed: {type(exc).__name__}: {exc}"})
+        return 3
+    return asyncio.run(_serve(server, args, report))
+
+
+async def _serve(
+    server: ExecutorServer, args: argparse.Namespace, report: Callable[[dict[str, Any]], None]
+) -> int:
+    from aiohttp import web
+
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    try:
+        await site.start()
+    except OSError as exc:
+        report({"error": f"cannot bind {args.host}:{args.port}: {exc.strerror or exc}"})
+        await runner.cleanup()
+        return 4
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    server.ready = True
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    report(
+        {
+            "ready": True,
+            "host": args.host,
+            "port": port,
+            "url": f"http://{args.host}:{port}",
+            "model": args.model,
+            "variant": args.variant,
+            "resource": args.resource,
+            "env": {
+                k: os.environ[k]
+                for k in ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+                if k in os.environ
+            },
+            "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        }
+    )
+    print(
+        f"executor {args.model}/{args.variant} on {args.resource} ready at {args.host}:{port}",
+        flush=True,
+    )
+    await stop.wait()
+    server.ready = False
+    await runner.cleanup()
+    server.batcher.pool.shutdown(wait=False, cancel_futures=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

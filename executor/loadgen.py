@@ -1,0 +1,257 @@
+"""Open-loop load generator for Open Inference Protocol endpoints.
+
+Requests are sent at Poisson arrival times (or at a requests-per-second trace's rate, one
+Poisson second at a time) regardless of how fast answers come back (open loop), so a slow
+server shows up as latency and errors rather than as a lower offered rate. Latency is measured
+from each request's scheduled send time, which avoids coordinated omission.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import random
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from greenctl.data.errors import FileFormatError, InputError
+
+
+@dataclass
+class LoadResult:
+    """What a load run achieved. Latencies in milliseconds (successful requests only)."""
+
+    endpoint: str
+    model: str
+    duration_s: float
+    offered_rps: float
+    sent: int
+    ok: int
+    errors: int
+    rejected_503: int
+    achieved_rps: float
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    mean_ms: float | None
+    max_ms: float | None
+    status_counts: dict[str, int] = field(default_factory=dict)
+    latencies_ms: list[float] = field(default_factory=list, repr=False)
+
+    def to_dict(self, *, with_latencies: bool = False) -> dict[str, Any]:
+        doc = asdict(self)
+        if not with_latencies:
+            doc.pop("latencies_ms")
+        return doc
+
+
+def read_trace(path: str | Path) -> list[float]:
+    """A requests-per-second trace: whitespace-separated numbers, optionally gzip'd.
+
+    Raises:
+        InputError / FileFormatError: missing file or a value that is not a number >= 0.
+    """
+    p = Path(path)
+    try:
+        raw = gzip.open(p, "rt") if p.suffix == ".gz" else open(p)  # noqa: SIM115
+        with raw as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise InputError(f"trace file {p} does not exist") from None
+    except (OSError, EOFError) as exc:
+        raise InputError(f"cannot read trace file {p}: {exc}") from None
+    values = []
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        for token in line.split():
+            try:
+                v = float(token)
+            except ValueError:
+                raise FileFormatError(
+                    str(p),
+                    f"'{token}' is not a number",
+                    line=line_no,
+                    hint="a trace holds requests per second, whitespace separated",
+                ) from None
+            if v < 0:
+                raise FileFormatError(str(p), f"negative rate {v}", line=line_no)
+            values.append(v)
+    if not values:
+        raise FileFormatError(str(p), "the trace is empty")
+    return values
+
+
+def arrival_times(
+    *,
+    duration_s: float,
+    rate_rps: float | None = None,
+    trace: list[float] | None = None,
+    scale: float = 1.0,
+    seed: int = 0,
+) -> list[float]:
+    """Poisson send times (seconds from start) for a fixed rate or a per-second trace."""
+    rng = random.Random(seed)
+    times: list[float] = []
+    if trace is not None:
+        seconds = min(len(trace), int(np.ceil(duration_s)))
+        for s in range(seconds):
+            rate = trace[s] * scale
+            if rate <= 0:
+                continue
+            t = float(s)
+            end = min(s + 1.0, duration_s)
+            while True:
+                t += rng.expovariate(rate)
+                if t >= end:
+                    break
+                times.append(t)
+        return times
+    if rate_rps is None or rate_rps <= 0:
+        raise InputError("the load needs --rate > 0 or a --trace")
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate_rps)
+        if t >= duration_s:
+            return times
+        times.append(t)
+
+
+def model_input(
+    endpoint: str, model: str, *, timeout_s: float = 5.0
+) -> tuple[bytes, dict[str, str]]:
+    """A one-row request body for ``model``, shaped from the endpoint's model metadata.
+
+    Raises:
+        InputError: the endpoint does not answer or does not serve ``model``.
+    """
+    from greenctl.executor import oip
+
+    url = f"{endpoint.rstrip('/')}/v2/models/{model}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            meta = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise InputError(f"{url} answered {exc.code}: is '{model}' served there?") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise InputError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
+    spec = meta["inputs"][0]
+    shape = [1 if d < 0 else d for d in spec["shape"]]
+    dtype = oip.DTYPES.get(spec["datatype"], "float32")
+    arr = np.random.default_rng(0).random(shape).astype(dtype)
+    return oip.encode_request([(spec["name"], arr)])
+
+
+async def _run(
+    endpoint: str,
+    model: str,
+    times: list[float],
+    body: bytes,
+    headers: dict[str, str],
+    timeout_s: float,
+    connections: int,
+) -> tuple[list[float], dict[str, int], float]:
+    import aiohttp
+
+    url = f"{endpoint.rstrip('/')}/v2/models/{model}/infer"
+    latencies: list[float] = []
+    codes: dict[str, int] = {}
+    connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=30)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)
+    ) as session:
+        loop = asyncio.get_running_loop()
+        start = loop.time() + 0.05
+
+        async def one(at: float) -> None:
+            try:
+                async with session.post(url, data=body, headers=headers) as resp:
+                    await resp.read()
+                    code = str(resp.status)
+            except TimeoutError:
+                code = "timeout"
+            except aiohttp.ClientError as exc:
+                code = type(exc).__name__
+            codes[code] = codes.get(code, 0) + 1
+            if code == "200":
+                latencies.append((loop.time() - at) * 1000.0)
+
+        tasks = []
+        for t in times:
+            at = start + t
+            delay = at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(loop.create_task(one(at)))
+        if tasks:
+            await asyncio.gather(*tasks)
+        elapsed = loop.time() - start
+    return latencies, codes, elapsed
+
+
+def run_load(
+    endpoint: str,
+    model: str,
+    *,
+    duration_s: float,
+    rate_rps: float | None = None,
+    trace: list[float] | None = None,
+    scale: float = 1.0,
+    seed: int = 0,
+    timeout_s: float = 30.0,
+    connections: int = 256,
+) -> LoadResult:
+    """Send an open-loop load to ``endpoint`` for ``model`` and measure it.
+
+    Args:
+        endpoint: base URL of an OIP server (the dispatcher or one executor).
+        model: model name to infer.
+        duration_s: how long to send.
+        rate_rps: Poisson rate; or ``trace`` (requests per second, one value a second)
+            multiplied by ``scale``.
+        seed: seeds the arrival process so runs are comparable.
+        timeout_s: per-request timeout.
+        connections: most concurrent keep-alive connections.
+
+    Raises:
+        InputError: bad rate/trace, or the endpoint does not serve the model.
+    """
+    if duration_s <= 0:
+        raise InputError("--duration must be > 0 seconds")
+    if scale <= 0:
+        raise InputError("--scale must be > 0")
+    times = arrival_times(
+        duration_s=duration_s, rate_rps=rate_rps, trace=trace, scale=scale, seed=seed
+    )
+    body, headers = model_input(endpoint, model)
+    t0 = time.monotonic()
+    latencies, codes, elapsed = asyncio.run(
+        _run(endpoint, model, times, body, headers, timeout_s, connections)
+    )
+    del t0
+    lat = np.asarray(latencies) if latencies else None
+    ok = codes.get("200", 0)
+    sent = len(times)
+    span = max(duration_s, 1e-9)
+    return LoadResult(
+        endpoint=endpoint,
+        model=model,
+        duration_s=round(elapsed, 3),
+        offered_rps=round(sent / span, 3),
+        sent=sent,
+        ok=ok,
+        errors=sent - ok - codes.get("503", 0),
+        rejected_503=codes.get("503", 0),
+        achieved_rps=round(ok / max(elapsed, 1e-9), 3),
+        p50_ms=None if lat is None else float(np.percentile(lat, 50)),
+        p95_ms=None if lat is None else float(np.percentile(lat, 95)),
+        p99_ms=None if lat is None else float(np.percentile(lat, 99)),
+        mean_ms=None if lat is None else float(lat.mean()),
+        max_ms=None if lat is None else float(lat.max()),
+        status_counts=codes,
+        latencies_ms=latencies,
+    )

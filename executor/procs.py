@@ -1,0 +1,232 @@
+"""Process and file plumbing shared by apply, the dispatcher and the daemons.
+
+Detached daemons, liveness checks that survive pid reuse and zombies, atomic state files,
+the per-store state directory and the apply lock. No greenctl imports beyond ``data``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from greenctl.data.errors import ExecutorError, LockedError
+
+STATE_DIR_ENV = "GREENCTL_STATE_DIR"
+
+
+def state_dir_for(db_path: str | os.PathLike[str]) -> Path:
+    """The folder for daemon state files, logs and the apply lock of one store.
+
+    ``$GREENCTL_STATE_DIR`` when set, else ``<store>.run`` beside the store file, so every
+    store (and every test) gets its own.
+    """
+    env = os.environ.get(STATE_DIR_ENV)
+    path = Path(env) if env else Path(str(db_path) + ".run")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def proc_start_ticks(pid: int) -> str | None:
+    """The start time of ``pid`` in clock ticks since boot (Linux), or None if unknown."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) may contain spaces: split after its closing parenthesis
+    rest = text.rsplit(")", 1)[-1].split()
+    return rest[19] if len(rest) > 19 else None
+
+
+def is_alive(pid: int | None, start_ticks: str | None = None) -> bool:
+    """True when ``pid`` runs (not a zombie) and, if given, started at ``start_ticks``."""
+    if not pid or pid <= 0:
+        return False
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    rest = text.rsplit(")", 1)[-1].split()
+    if rest and rest[0] in ("Z", "X"):
+        return False
+    return not (start_ticks and len(rest) > 19 and rest[19] != start_ticks)
+
+
+def spawn_detached(
+    argv: Sequence[str], *, env: Mapping[str, str], log_file: str | os.PathLike[str]
+) -> subprocess.Popen[bytes]:
+    """Start a daemon in its own session (it outlives the caller), output to ``log_file``."""
+    full_env = dict(os.environ)
+    full_env.update(env)
+    with open(log_file, "ab") as log:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def python_module_argv(module: str, *args: str) -> list[str]:
+    """``python -m module args...`` with this interpreter."""
+    return [sys.executable, "-m", module, *args]
+
+
+def terminate(pid: int | None, start_ticks: str | None = None, *, timeout_s: float = 5.0) -> bool:
+    """SIGTERM ``pid`` (if it is still the same process), SIGKILL after ``timeout_s``.
+
+    Returns True when the process is gone (or was never there).
+    """
+    if not is_alive(pid, start_ticks):
+        return True
+    assert pid is not None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    if wait_dead(pid, timeout_s):
+        return True
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return wait_dead(pid, 2.0)
+
+
+def wait_dead(pid: int, timeout_s: float) -> bool:
+    """Wait for ``pid`` to exit (reaping it when it is our child)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+        if not is_alive(pid):
+            return True
+        time.sleep(0.02)
+    return not is_alive(pid)
+
+
+def write_json_atomic(path: str | os.PathLike[str], doc: Any, *, mode: int = 0o600) -> None:
+    """Write JSON so readers never see half a file."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(doc, fh)
+    os.replace(tmp, p)
+
+
+def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """A JSON state file, or None when it is missing or half written."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True when nothing listens on ``host:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) != 0
+
+
+def log_tail(path: str | os.PathLike[str], lines: int = 8) -> str:
+    """The last lines of a daemon log, for error messages."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def apply_lock(
+    state_dir: Path, *, wait: bool = False, timeout_s: float | None = None
+) -> Iterator[None]:
+    """Serialise applies (and downs) of one store with ``fcntl.flock``.
+
+    Raises:
+        LockedError: another apply holds the lock and ``wait`` is False (or the wait timed
+            out); the message names the holder's pid.
+    """
+    path = state_dir / "apply.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not wait or (deadline is not None and time.monotonic() > deadline):
+                    holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                    raise LockedError(
+                        f"another greenctl apply is running (pid {holder}; lock {path})",
+                        hint="wait for it to finish, or pass --wait to queue behind it",
+                    ) from None
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def wait_for_state_file(
+    path: Path,
+    *,
+    proc: subprocess.Popen[bytes] | None,
+    pid: int | None = None,
+    timeout_s: float,
+    what: str,
+    log_file: Path | None = None,
+) -> dict[str, Any]:
+    """Wait until a daemon writes its state file with ``ready`` (or an ``error``).
+
+    Raises:
+        ExecutorError: the daemon exited, reported an error, or was not ready in time; the
+            message carries the tail of its log.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        doc = read_json(path)
+        if doc is not None and doc.get("error"):
+            raise ExecutorError(f"{what} failed: {doc['error']}", hint=_log_hint(log_file))
+        if doc is not None and doc.get("ready"):
+            return doc
+        exited = proc.poll() if proc is not None else None
+        if exited is not None or (proc is None and pid is not None and not is_alive(pid)):
+            doc = read_json(path)
+            reason = (doc or {}).get("error") or f"exited with status {exited}"
+            raise ExecutorError(f"{what} failed: {reason}", hint=_log_hint(log_file))
+        if time.monotonic() > deadline:
+            raise ExecutorError(
+                f"{what} was not ready after {timeout_s:.0f} s", hint=_log_hint(log_file)
+            )
+        time.sleep(0.03)
+
+
+def _log_hint(log_file: Path | None) -> str | None:
+    if log_file is None:
+        return None
+    tail = log_tail(log_file, 6)
+    return f"log {log_file}:\n{tail}" if tail else f"see the log {log_file}"
