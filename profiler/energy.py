@@ -1,0 +1,255 @@
+"""Energy meters: NVML counters on GPUs, RAPL on CPUs, and a documented CPU power model.
+
+Every meter is used as ``meter.start()`` ... work ... ``reading = meter.stop(requests=n)``
+and reports busy power (W), idle power (W), energy per request (J) and its method, one of
+``nvml``, ``nvml-attributed``, ``rapl``, ``modeled`` (see ``greenctl.data.records``).
+
+GPU (``nvml``): NVML's total-energy counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ,
+Volta and newer) read before and after the measured window. Idle power is one power reading
+before the work starts.
+
+MIG and MPS (``nvml-attributed``): the counter belongs to the whole GPU, so the instance is
+charged ``share`` of it: its compute slices over the GPU's compute slices (a 3g instance of a
+7-slice A100 gets 3/7), or the MPS active-thread percentage over 100.
+
+CPU with readable RAPL (``rapl``): the package counters
+``/sys/class/powercap/intel-rapl:N/energy_uj`` (microjoules) summed over packages, with
+wrap-around handled through ``max_energy_range_uj``; the package draws power for every core,
+so a ``cpu:N`` run is charged ``N / total_cores`` of it.
+
+CPU without RAPL (``modeled``; shown as *modeled* wherever a user sees it)::
+
+    idle_w  = IDLE_W_PER_CORE * N
+    power_w = idle_w + (TDP_W_PER_CORE - IDLE_W_PER_CORE) * N * utilisation
+    utilisation = process CPU time / (wall time * N), clamped to [0, 1]
+
+with ``TDP_W_PER_CORE = 10 W`` and ``IDLE_W_PER_CORE = 3 W`` by default: a 32-core, 300 W
+server CPU idling near 100 W, per core. Override with ``GREENCTL_CPU_TDP_W_PER_CORE`` and
+``GREENCTL_CPU_IDLE_W_PER_CORE``. Energy per request = power_w * wall time / requests.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from greenctl.data.errors import HardwareError
+from greenctl.profiler.device import GpuBackend
+
+TDP_W_PER_CORE = 10.0
+IDLE_W_PER_CORE = 3.0
+MODEL_CAPTION = (
+    "energy 'modeled' = CPU power model (idle 3 W + up to 7 W more per busy core, "
+    "see greenctl.profiler.energy), not measured"
+)
+
+
+@dataclass
+class EnergyReading:
+    """What a meter saw over one measured window."""
+
+    method: str
+    power_w: float  # average power while busy (attributed share)
+    idle_power_w: float | None
+    energy_j: float  # total over the window (attributed share)
+    duration_s: float
+    energy_j_per_request: float | None = None
+
+
+class EnergyMeter(Protocol):
+    method: str
+
+    def start(self) -> None: ...
+
+    def stop(self, *, requests: int) -> EnergyReading: ...
+
+
+def _per_request(energy_j: float, requests: int) -> float | None:
+    return energy_j / requests if requests > 0 else None
+
+
+class NvmlEnergyMeter:
+    """Whole-GPU energy from NVML, optionally attributed to a share of the GPU."""
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        gpu_index: int,
+        *,
+        share: float = 1.0,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share}")
+        self.backend = backend
+        self.gpu_index = gpu_index
+        self.share = share
+        self.method = "nvml" if share >= 1.0 else "nvml-attributed"
+        self._clock = clock
+        self._t0 = 0.0
+        self._e0 = 0
+        self._idle_w: float | None = None
+
+    def start(self) -> None:
+        try:
+            self._idle_w = self.backend.power_w(self.gpu_index)
+        except HardwareError:
+            self._idle_w = None  # power readings are optional; the counter is not
+        self._e0 = self.backend.energy_mj(self.gpu_index)
+        self._t0 = self._clock()
+
+    def stop(self, *, requests: int) -> EnergyReading:
+        e1 = self.backend.energy_mj(self.gpu_index)
+        dt = max(self._clock() - self._t0, 1e-9)
+        energy_j = max(e1 - self._e0, 0) / 1000.0 * self.share
+        return EnergyReading(
+            method=self.method,
+            power_w=energy_j / dt,
+            idle_power_w=None if self._idle_w is None else self._idle_w * self.share,
+            energy_j=energy_j,
+            duration_s=dt,
+            energy_j_per_request=_per_request(energy_j, requests),
+        )
+
+
+class RaplMeter:
+    """CPU package energy from RAPL (``energy_uj``), attributed by core share."""
+
+    method = "rapl"
+
+    def __init__(
+        self,
+        files: list[str],
+        *,
+        share: float = 1.0,
+        idle_window_s: float = 0.2,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not files:
+            raise HardwareError("no readable RAPL counters")
+        self.files = files
+        self.share = share
+        self.idle_window_s = idle_window_s
+        self._clock = clock
+        self._sleep = sleep
+        self._ranges = [self._max_range(f) for f in files]
+        self._e0: list[int] = []
+        self._t0 = 0.0
+        self._idle_w: float | None = None
+
+    @staticmethod
+    def _max_range(path: str) -> int | None:
+        try:
+            return int(Path(path).with_name("max_energy_range_uj").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _read(self) -> list[int]:
+        try:
+            return [int(Path(f).read_text().strip()) for f in self.files]
+        except (OSError, ValueError) as exc:
+            raise HardwareError(f"cannot read RAPL counter: {exc}") from None
+
+    def _delta_j(self, before: list[int], after: list[int]) -> float:
+        total = 0
+        for b, a, rng in zip(before, after, self._ranges, strict=True):
+            d = a - b
+            if d < 0:  # the counter wrapped around
+                d += (rng if rng else 2**32) + 1
+            total += d
+        return total / 1e6
+
+    def start(self) -> None:
+        if self.idle_window_s > 0:
+            e, t = self._read(), self._clock()
+            self._sleep(self.idle_window_s)
+            dt = max(self._clock() - t, 1e-9)
+            self._idle_w = self._delta_j(e, self._read()) / dt * self.share
+        self._e0 = self._read()
+        self._t0 = self._clock()
+
+    def stop(self, *, requests: int) -> EnergyReading:
+        after = self._read()
+        dt = max(self._clock() - self._t0, 1e-9)
+        energy_j = self._delta_j(self._e0, after) * self.share
+        return EnergyReading(
+            method=self.method,
+            power_w=energy_j / dt,
+            idle_power_w=self._idle_w,
+            energy_j=energy_j,
+            duration_s=dt,
+            energy_j_per_request=_per_request(energy_j, requests),
+        )
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+class ModeledCpuMeter:
+    """The CPU power model of the module docstring (method ``modeled``)."""
+
+    method = "modeled"
+
+    def __init__(
+        self,
+        cores: int,
+        *,
+        tdp_w_per_core: float | None = None,
+        idle_w_per_core: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        cpu_clock: Callable[[], float] = time.process_time,
+    ) -> None:
+        self.cores = cores
+        self.tdp_w_per_core = (
+            tdp_w_per_core
+            if tdp_w_per_core is not None
+            else _env_float("GREENCTL_CPU_TDP_W_PER_CORE", TDP_W_PER_CORE)
+        )
+        self.idle_w_per_core = (
+            idle_w_per_core
+            if idle_w_per_core is not None
+            else _env_float("GREENCTL_CPU_IDLE_W_PER_CORE", IDLE_W_PER_CORE)
+        )
+        self._clock = clock
+        self._cpu_clock = cpu_clock
+        self._t0 = self._c0 = 0.0
+
+    def power_at(self, utilisation: float) -> float:
+        """Modeled power (W) of ``cores`` cores at ``utilisation`` in [0, 1]."""
+        u = min(max(utilisation, 0.0), 1.0)
+        return self.cores * (
+            self.idle_w_per_core + (self.tdp_w_per_core - self.idle_w_per_core) * u
+        )
+
+    def start(self) -> None:
+        self._t0, self._c0 = self._clock(), self._cpu_clock()
+
+    def stop(self, *, requests: int) -> EnergyReading:
+        dt = max(self._clock() - self._t0, 1e-9)
+        util = (self._cpu_clock() - self._c0) / (dt * self.cores)
+        power = self.power_at(util)
+        energy_j = power * dt
+        return EnergyReading(
+            method=self.method,
+            power_w=power,
+            idle_power_w=self.power_at(0.0),
+            energy_j=energy_j,
+            duration_s=dt,
+            energy_j_per_request=_per_request(energy_j, requests),
+        )
+
+
+def cpu_meter(cores: int, *, total_cores: int, rapl: list[str] | None = None) -> EnergyMeter:
+    """RAPL when counters are readable, else the modeled meter, for a ``cpu:N`` run."""
+    if rapl:
+        return RaplMeter(rapl, share=min(cores / max(total_cores, 1), 1.0))
+    return ModeledCpuMeter(cores)

@@ -1,0 +1,711 @@
+"""The measurement harness: plan the points, measure them, store them in one transaction.
+
+A *point* is (variant, resource, batch). :func:`plan_runs` turns the discovered hardware and
+the user's choices into :class:`RunItem` s, one per (resource, variant):
+
+- ``cpu:N`` runs in this process with N torch threads and every thread of the process pinned
+  to N cores (``os.sched_setaffinity``), both restored afterwards;
+- ``gpu:MODEL`` (a whole GPU, MIG mode off), ``mig:PROFILE`` (one item per distinct MIG
+  profile, ``CUDA_VISIBLE_DEVICES=MIG-<uuid>``) and ``mps:PCT`` (when an MPS daemon runs;
+  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=PCT``) run in a child process,
+  ``python -m greenctl.profiler.child``, that sees exactly that device as ``cuda:0`` and reads
+  the parent GPU's NVML energy counter itself (attributed by its share for MIG/MPS).
+
+:func:`measure` warms up, then runs batches for a fixed duration or request count, timing
+each batch with device synchronisation; per-request latency is the latency of its batch.
+Throughput is the saturation throughput of one stream: requests / busy time.
+Peak memory: on CPU the growth of the resident set (``/proc/self/statm``) over the RSS
+before the model was built; on GPU ``torch.cuda.max_memory_allocated``.
+
+Library functions take ``progress(message, fraction)``; they never print.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource as _resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from greenctl.data.errors import HardwareError, InputError
+from greenctl.data.records import Hardware, Profile, Variant
+from greenctl.profiler.energy import EnergyMeter, EnergyReading, NvmlEnergyMeter, cpu_meter
+
+if TYPE_CHECKING:
+    from greenctl.data.store import Store
+    from greenctl.profiler.hw import Inventory
+    from greenctl.profiler.models import LoadedModel
+
+Progress = Callable[[str, float], None]
+
+MIN_BATCHES = 3
+DEFAULT_WARMUP = 3
+DEFAULT_DURATION_S = 1.0
+DEFAULT_MPS = (25, 50, 100)
+CHILD_TIMEOUT_S = 3600
+
+
+def _noop(_msg: str, _frac: float) -> None:
+    return None
+
+
+# -- CPU slices -------------------------------------------------------------------------------
+def _thread_ids() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
+
+
+@contextmanager
+def cpu_slice(cores: int) -> Iterator[list[int]]:
+    """Run the body on ``cores`` cores: torch threads = cores, every thread pinned to them.
+
+    Yields the CPU ids used. Restores the thread count and affinity afterwards.
+
+    Raises:
+        InputError: more cores were asked for than this process may use.
+    """
+    import torch
+    from greenctl.profiler.hw import usable_cores
+
+    avail = usable_cores()
+    if cores > len(avail):
+        raise InputError(
+            f"cpu:{cores} asks for {cores} cores but this process may use {len(avail)}",
+            hint=f"use --cpus with values up to {len(avail)}",
+        )
+    chosen = avail[:cores]
+    old_threads = torch.get_num_threads()
+    can_pin = hasattr(os, "sched_setaffinity")
+    old_masks: dict[int, set[int]] = {}
+    if can_pin:
+        for tid in _thread_ids():
+            try:
+                old_masks[tid] = os.sched_getaffinity(tid)
+                os.sched_setaffinity(tid, chosen)
+            except OSError:
+                continue  # the thread ended meanwhile
+    torch.set_num_threads(cores)
+    try:
+        yield chosen
+    finally:
+        torch.set_num_threads(old_threads)
+        if can_pin:
+            full = set(avail)
+            for tid in _thread_ids():
+                try:
+                    os.sched_setaffinity(tid, old_masks.get(tid, full))
+                except OSError:
+                    continue
+
+
+# -- memory -----------------------------------------------------------------------------------
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process in MB (falls back to peak RSS)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE / 2**20
+    except (OSError, ValueError, IndexError):
+        return _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# -- one point --------------------------------------------------------------------------------
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (``q`` in [0, 100]) of a non-empty sequence."""
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("percentile of an empty sequence")
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass
+class Measurement:
+    """The raw result of one (variant, resource, batch) point."""
+
+    batch: int
+    latencies_ms: list[float]
+    duration_s: float
+    memory_mb: float | None
+    energy: EnergyReading | None = None
+
+    @property
+    def requests(self) -> int:
+        return self.batch * len(self.latencies_ms)
+
+    def to_profile(self, variant: str, resource: str, hardware: Hardware | None) -> Profile:
+        """Summarise into a :class:`Profile` record."""
+        import torch
+
+        lat = self.latencies_ms
+        busy_s = sum(lat) / 1000.0
+        e = self.energy
+        return Profile(
+            variant=variant,
+            resource=resource,
+            batch=self.batch,
+            throughput_rps=self.requests / busy_s if busy_s > 0 else 0.0,
+            latency_p50_ms=percentile(lat, 50),
+            latency_p95_ms=percentile(lat, 95),
+            latency_p99_ms=percentile(lat, 99),
+            hardware=hardware.model_name if hardware else None,
+            power_w=e.power_w if e else None,
+            idle_power_w=e.idle_power_w if e else None,
+            energy_j=e.energy_j_per_request if e else None,
+            energy_method=e.method if e else "modeled",
+            memory_mb=self.memory_mb,
+            samples=len(lat),
+            duration_s=self.duration_s,
+            torch_version=str(torch.__version__),
+            source="measured",
+        )
+
+
+def measure(
+    loaded: LoadedModel,
+    *,
+    batch: int,
+    duration_s: float | None = DEFAULT_DURATION_S,
+    requests: int | None = None,
+    warmup: int = DEFAULT_WARMUP,
+    meter: EnergyMeter | None = None,
+    baseline_rss_mb: float | None = None,
+    progress: Progress = _noop,
+) -> Measurement:
+    """Measure one batch size of a loaded model on its current device and CPU slice.
+
+    Args:
+        loaded: the model (see :func:`greenctl.profiler.models.load_model`).
+        batch: requests per batch.
+        duration_s: measure for this long (at least ``MIN_BATCHES`` batches) ...
+        requests: ... or for this many requests (``ceil(requests / batch)`` batches, at least
+            ``MIN_BATCHES``); wins over ``duration_s``.
+        warmup: un-timed batches first.
+        meter: an energy meter started after warm-up and stopped at the end.
+        baseline_rss_mb: RSS before the model was built (CPU peak memory is the growth).
+        progress: called with (message, fraction of this point done).
+    """
+    if batch < 1:
+        raise InputError(f"batch must be >= 1, got {batch}")
+    if requests is None and (duration_s is None or duration_s <= 0):
+        raise InputError("give a positive --duration or --requests")
+    x = loaded.example(batch)
+    on_gpu = loaded.device.startswith("cuda")
+    for _ in range(max(warmup, 0)):
+        loaded.run(x)
+    if on_gpu:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(loaded.device)
+    target_batches = max(MIN_BATCHES, math.ceil(requests / batch)) if requests else None
+    base = rss_mb() if baseline_rss_mb is None else baseline_rss_mb
+    peak = rss_mb()
+    lat: list[float] = []
+    if meter is not None:
+        meter.start()
+    start = time.perf_counter()
+    last_report = start
+    while True:
+        t0 = time.perf_counter()
+        loaded.run(x)
+        t1 = time.perf_counter()
+        lat.append((t1 - t0) * 1000.0)
+        if not on_gpu:
+            peak = max(peak, rss_mb())
+        elapsed = t1 - start
+        if target_batches is not None:
+            frac = len(lat) / target_batches
+            done = len(lat) >= target_batches
+        else:
+            assert duration_s is not None
+            frac = min(elapsed / duration_s, 1.0)
+            done = elapsed >= duration_s and len(lat) >= MIN_BATCHES
+        if done:
+            break
+        if t1 - last_report > 0.1:
+            progress(f"batch {batch}", min(frac, 0.99))
+            last_report = t1
+    duration = time.perf_counter() - start
+    energy = meter.stop(requests=batch * len(lat)) if meter is not None else None
+    if on_gpu:
+        import torch
+
+        memory: float | None = torch.cuda.max_memory_allocated(loaded.device) / 2**20
+    else:
+        memory = max(peak - base, 0.0)
+    progress(f"batch {batch}", 1.0)
+    return Measurement(
+        batch, lat, duration, round(memory, 2) if memory is not None else None, energy
+    )
+
+
+# -- planning ---------------------------------------------------------------------------------
+@dataclass
+class RunItem:
+    """One (resource, variant) unit of work: all batch sizes of a variant on one resource."""
+
+    resource: str
+    variant: Variant
+    hardware: Hardware
+    batches: list[int]
+    device: str = "cpu"
+    cores: int | None = None  # cpu:N
+    env: dict[str, str] | None = None  # set: run in a child process with this environment
+    meter: dict[str, Any] = field(default_factory=dict)  # {"kind": "cpu"|"nvml", ...}
+
+    @property
+    def in_child(self) -> bool:
+        return self.env is not None
+
+    def to_spec(self, *, duration_s: float | None, requests: int | None, warmup: int) -> dict:
+        """The JSON document a child process takes on stdin."""
+        return {
+            "variant": asdict(self.variant),
+            "resource": self.resource,
+            "device": self.device,
+            "cores": self.cores,
+            "batches": self.batches,
+            "duration_s": duration_s,
+            "requests": requests,
+            "warmup": warmup,
+            "meter": self.meter,
+        }
+
+
+def plan_runs(
+    inventory: Inventory,
+    variants: Sequence[Variant],
+    *,
+    cpus: Sequence[int] = (1,),
+    gpus: bool = False,
+    batches: Sequence[int] = (1,),
+    mps: Sequence[int] = DEFAULT_MPS,
+) -> list[RunItem]:
+    """Turn hardware and choices into run items (see the module docstring).
+
+    Raises:
+        InputError: a ``cpu:N`` needs more cores than this process may use, or ``gpus`` was
+            asked for and there is no NVIDIA GPU.
+    """
+    avail = len(inventory.cpu_info.usable_cores)
+    for n in cpus:
+        if n > avail:
+            raise InputError(
+                f"--cpus {n}: this process may use {avail} core(s)",
+                hint=f"use --cpus values between 1 and {avail}",
+            )
+    if gpus and not inventory.gpus:
+        raise InputError(
+            "--gpus: no NVIDIA GPU found on this machine" + _notes(inventory),
+            hint="drop --gpus to profile CPUs only",
+        )
+    items: list[RunItem] = []
+    total_cores = inventory.cpu_info.logical_cores or avail
+    for v in variants:
+        for n in cpus:
+            items.append(
+                RunItem(
+                    resource=f"cpu:{n}",
+                    variant=v,
+                    hardware=inventory.cpu,
+                    batches=list(batches),
+                    device="cpu",
+                    cores=n,
+                    meter={
+                        "kind": "cpu",
+                        "cores": n,
+                        "total_cores": total_cores,
+                        "rapl": inventory.cpu_info.rapl_files,
+                    },
+                )
+            )
+    if gpus:
+        items += _gpu_items(inventory, variants, list(batches), list(mps))
+    return items
+
+
+def _notes(inv: Inventory) -> str:
+    return f" ({'; '.join(inv.notes)})" if inv.notes else ""
+
+
+def _gpu_items(
+    inv: Inventory, variants: Sequence[Variant], batches: list[int], mps: list[int]
+) -> list[RunItem]:
+    from greenctl.profiler.device import GpuInfo
+
+    items: list[RunItem] = []
+    seen: set[tuple[str, str]] = set()
+    mig_gpus = {m.device_index for m in inv.mig} | {m.gpu_index for m in inv.mig_instances}
+    base_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    for gpu in inv.gpus:
+        if gpu.device_index in mig_gpus:
+            continue  # in MIG mode CUDA sees only the instances
+        label = GpuInfo(0, "", gpu.model_name, 0.0, None).label
+        key = (f"gpu:{label}", gpu.model_name)
+        if key in seen:
+            continue
+        seen.add(key)
+        env = {**base_env, "CUDA_VISIBLE_DEVICES": str(gpu.uuid)}
+        for v in variants:
+            items.append(
+                RunItem(
+                    resource=f"gpu:{label}",
+                    variant=v,
+                    hardware=gpu,
+                    batches=batches,
+                    device="cuda:0",
+                    env=env,
+                    meter={"kind": "nvml", "gpu_index": gpu.device_index, "share": 1.0},
+                )
+            )
+        if inv.mps_pipe:
+            for pct in mps:
+                share = Hardware(
+                    host=gpu.host,
+                    kind="mps",
+                    model_name=gpu.model_name,
+                    device_index=gpu.device_index,
+                    memory_mb=gpu.memory_mb,
+                    compute_share=pct / 100.0,
+                    uuid=gpu.uuid,
+                    parent_uuid=gpu.uuid,
+                    driver_version=gpu.driver_version,
+                    cuda_version=gpu.cuda_version,
+                )
+                penv = {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct)}
+                pipe_dir = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+                if pipe_dir:
+                    penv["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
+                for v in variants:
+                    items.append(
+                        RunItem(
+                            resource=f"mps:{pct}",
+                            variant=v,
+                            hardware=share,
+                            batches=batches,
+                            device="cuda:0",
+                            env=penv,
+                            meter={
+                                "kind": "nvml",
+                                "gpu_index": gpu.device_index,
+                                "share": pct / 100.0,
+                            },
+                        )
+                    )
+    for mig in inv.mig:
+        key = (f"mig:{mig.mig_profile}", mig.model_name)
+        if key in seen or not mig.uuid:
+            continue
+        seen.add(key)
+        env = {**base_env, "CUDA_VISIBLE_DEVICES": str(mig.uuid)}
+        for v in variants:
+            items.append(
+                RunItem(
+                    resource=f"mig:{mig.mig_profile}",
+                    variant=v,
+                    hardware=mig,
+                    batches=batches,
+                    device="cuda:0",
+                    env=env,
+                    meter={
+                        "kind": "nvml",
+                        "gpu_index": mig.device_index,
+                        "share": mig.compute_share,
+                    },
+                )
+            )
+    return items
+
+
+# -- running ----------------------------------------------------------------------------------
+def make_meter(spec: dict[str, Any]) -> tuple[EnergyMeter | None, Callable[[], None]]:
+    """Build the energy meter a run item names; returns (meter, close)."""
+    kind = spec.get("kind")
+    if kind == "cpu":
+        meter = cpu_meter(
+            int(spec["cores"]), total_cores=int(spec["total_cores"]), rapl=spec.get("rapl")
+        )
+        return meter, lambda: None
+    if kind == "nvml":
+        from greenctl.profiler.device import get_backend
+
+        backend = get_backend()
+        if backend is None:
+            raise HardwareError("NVML is not available to read the GPU energy counter")
+        return (
+            NvmlEnergyMeter(backend, int(spec["gpu_index"]), share=float(spec.get("share", 1.0))),
+            backend.close,
+        )
+    return None, lambda: None
+
+
+def measure_variant(
+    spec: dict[str, Any], *, progress: Progress = _noop
+) -> tuple[list[Measurement], float | None, dict[str, Any]]:
+    """Measure every batch of one run item *in this process* (used directly for CPUs and by
+    the child for GPUs). Returns (measurements, load_time_s, variant facts)."""
+    from contextlib import nullcontext
+
+    from greenctl.profiler.models import load_model
+
+    variant = Variant(**spec["variant"])
+    cores = spec.get("cores")
+    slice_ctx = cpu_slice(int(cores)) if cores else nullcontext()
+    batches = list(spec["batches"])
+    out: list[Measurement] = []
+    meter, close = make_meter(spec.get("meter") or {})
+    try:
+        with slice_ctx:
+            base = rss_mb()
+            loaded = load_model(variant, device=spec.get("device") or "cpu")
+            params = sum(int(p.numel()) for p in loaded.module.parameters())
+            for i, b in enumerate(batches):
+
+                def inner(msg: str, frac: float, i: int = i) -> None:
+                    progress(msg, (i + frac) / len(batches))
+
+                out.append(
+                    measure(
+                        loaded,
+                        batch=b,
+                        duration_s=spec.get("duration_s"),
+                        requests=spec.get("requests"),
+                        warmup=int(spec.get("warmup", DEFAULT_WARMUP)),
+                        meter=meter,
+                        baseline_rss_mb=base,
+                        progress=inner,
+                    )
+                )
+    finally:
+        close()
+    facts = {"params": params, "memory_mb": round(params * 4 / 2**20, 2)}
+    return out, loaded.load_time_s, facts
+
+
+def run_child(
+    item: RunItem, spec: dict[str, Any], *, timeout_s: float = CHILD_TIMEOUT_S
+) -> list[Measurement]:
+    """Run one item in ``python -m greenctl.profiler.child`` with the item's environment."""
+    env = {**os.environ, **(item.env or {})}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "greenctl.profiler.child"],
+            input=json.dumps(spec),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise HardwareError(f"profiling {item.variant.name} on {item.resource} timed out") from None
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise HardwareError(
+            f"profiling {item.variant.name} on {item.resource} failed in its child process: "
+            + " | ".join(tail),
+            hint=f"the child ran with {', '.join(f'{k}={v}' for k, v in (item.env or {}).items())}",
+        )
+    try:
+        doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        raise HardwareError(f"the child for {item.resource} printed no result") from None
+    return [measurement_from_dict(m) for m in doc["measurements"]]
+
+
+def measurement_to_dict(m: Measurement) -> dict[str, Any]:
+    return asdict(m)
+
+
+def measurement_from_dict(d: dict[str, Any]) -> Measurement:
+    energy = d.get("energy")
+    return Measurement(
+        batch=int(d["batch"]),
+        latencies_ms=[float(x) for x in d["latencies_ms"]],
+        duration_s=float(d["duration_s"]),
+        memory_mb=d.get("memory_mb"),
+        energy=EnergyReading(**energy) if energy else None,
+    )
+
+
+@dataclass
+class ProfileResult:
+    """What one ``greenctl profile`` measured, ready to store."""
+
+    variants: list[Variant]
+    profiles: list[tuple[Profile, Hardware]]
+    items: list[RunItem]
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def run_items(
+    items: Sequence[RunItem],
+    *,
+    duration_s: float | None = DEFAULT_DURATION_S,
+    requests: int | None = None,
+    warmup: int = DEFAULT_WARMUP,
+    progress: Progress = _noop,
+) -> ProfileResult:
+    """Measure every item (CPU in-process, GPU/MIG/MPS in child processes)."""
+    t0 = time.perf_counter()
+    profiles: list[tuple[Profile, Hardware]] = []
+    variants: dict[str, Variant] = {}
+    for k, item in enumerate(items):
+        label = f"{item.variant.name} on {item.resource}"
+        progress(label, k / max(len(items), 1))
+        spec = item.to_spec(duration_s=duration_s, requests=requests, warmup=warmup)
+
+        def inner(msg: str, frac: float, k: int = k, label: str = label) -> None:
+            progress(f"{label}: {msg}", (k + frac) / len(items))
+
+        if item.in_child:
+            measurements = run_child(item, spec)
+            facts: dict[str, Any] = {}
+        else:
+            measurements, _load_s, facts = measure_variant(spec, progress=inner)
+        v = variants.setdefault(item.variant.name, item.variant)
+        if v.params is None and facts:
+            variants[v.name] = replace(v, params=facts["params"], memory_mb=facts["memory_mb"])
+        for m in measurements:
+            profiles.append(
+                (m.to_profile(item.variant.name, item.resource, item.hardware), item.hardware)
+            )
+    progress("done", 1.0)
+    return ProfileResult(list(variants.values()), profiles, list(items), time.perf_counter() - t0)
+
+
+def save_result(store: Store, result: ProfileResult) -> list[int]:
+    """Store hardware, variants and profiles in one transaction; returns the profile ids."""
+    with store.transaction():
+        ids: dict[int, int] = {}
+        for v in result.variants:
+            store.upsert_variant(v)
+        rows = []
+        for p, hw in result.profiles:
+            key = id(hw)
+            if key not in ids:
+                ids[key] = store.add_hardware(hw)
+            rows.append(replace(p, hardware_id=ids[key]))
+        return store.add_profiles(rows)
+
+
+def resolve_variants(
+    store: Store,
+    *,
+    names: Sequence[str] = (),
+    family: str | None = None,
+    user: Variant | None = None,
+) -> list[Variant]:
+    """The variants to profile: named ones, a family, a user model; default the tiny family.
+
+    Built-in names come from the catalog; other names must be loadable variants in the store.
+    """
+    from greenctl.profiler.models import builtin_families, builtin_variant, builtin_variants
+
+    out: list[Variant] = []
+    if user is not None:
+        out.append(user)
+    builtin = {v.name for v in builtin_variants()}
+    for name in names:
+        out.append(builtin_variant(name) if name in builtin else store.get_variant(name))
+    if family is not None:
+        if family in builtin_families():
+            out += builtin_variants(family)
+        else:
+            stored = [v for v in store.variants(family) if v.source not in ("builtin", "imported")]
+            if not stored:
+                raise InputError(
+                    f"--model {family}: no such family to profile",
+                    hint=f"built-in families: {', '.join(builtin_families())}",
+                )
+            out += stored
+    if not out:
+        out = builtin_variants("tiny")
+    seen: set[str] = set()
+    unique = []
+    for v in out:
+        if v.name not in seen:
+            seen.add(v.name)
+            unique.append(v)
+    for v in unique:
+        if v.source in ("imported", "synthetic") or not v.input_shape:
+            raise InputError(
+                f"variant '{v.name}' was imported and has no model to run",
+                hint="profile a built-in variant or give --model-path",
+            )
+    return unique
+
+
+def profile(
+    store: Store,
+    *,
+    variants: Sequence[str] = (),
+    family: str | None = None,
+    user: Variant | None = None,
+    cpus: Sequence[int] = (1,),
+    gpus: bool = False,
+    batches: Sequence[int] = (1, 2, 4, 8),
+    duration_s: float | None = DEFAULT_DURATION_S,
+    requests: int | None = None,
+    warmup: int = DEFAULT_WARMUP,
+    mps: Sequence[int] = DEFAULT_MPS,
+    inventory: Inventory | None = None,
+    progress: Progress = _noop,
+) -> ProfileResult:
+    """Discover, plan, measure and store (one transaction at the end; nothing on failure).
+
+    Raises:
+        InputError: bad choices (unknown variant, too many cores, --gpus without a GPU).
+        HardwareError: the hardware or a child run failed.
+    """
+    from greenctl.profiler.hw import discover
+
+    for b in batches:
+        if int(b) < 1:
+            raise InputError(
+                f"--batch {b}: batch sizes must be >= 1", hint="for example --batch 1,2,4,8"
+            )
+    if requests is not None and requests < 1:
+        raise InputError(f"--requests {requests}: must be >= 1")
+    if requests is None and (duration_s is None or duration_s <= 0):
+        raise InputError(
+            "--duration must be a positive number of seconds", hint="e.g. --duration 2"
+        )
+    chosen = resolve_variants(store, names=variants, family=family, user=user)
+    inv = inventory if inventory is not None else discover(backend=True if gpus else None)
+    items = plan_runs(inv, chosen, cpus=cpus, gpus=gpus, batches=batches, mps=mps)
+    result = run_items(
+        items, duration_s=duration_s, requests=requests, warmup=warmup, progress=progress
+    )
+    result.notes = list(inv.notes)
+    save_result(store, result)
+    return result
+
+
+def child_main(stdin_text: str) -> str:
+    """The child-process entry: JSON spec in, JSON measurements out."""
+    spec = json.loads(stdin_text)
+    measurements, load_s, facts = measure_variant(spec)
+    return json.dumps(
+        {
+            "measurements": [measurement_to_dict(m) for m in measurements],
+            "load_time_s": load_s,
+            "facts": facts,
+            "pid": os.getpid(),
+            "cwd": str(Path.cwd()),
+        }
+    )

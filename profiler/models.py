@@ -1,0 +1,373 @@
+"""The built-in model catalog and loading of user models.
+
+Built-in families (metadata in ``data/datasets/catalog.json``):
+
+- ``resnet``: ResNet-18/34/50/101/152 written here in plain torch (BasicBlock/Bottleneck,
+  the torchvision layout, same parameter counts), random weights, carrying the published
+  ImageNet top-1 accuracy of trained weights.
+- ``tiny``: three small fast classifiers (``tiny-s`` MLP, ``tiny-m`` and ``tiny-l`` CNNs) on
+  3x32x32 inputs for tests and demos; their accuracies are illustrative, not measured.
+
+User models (``Variant.source``):
+
+- ``module:pkg.mod:callable`` - a callable returning an ``nn.Module``; optional
+  ``;weights=PATH`` loads a state dict with ``torch.load(..., weights_only=True)``.
+- ``torchscript:PATH`` - a TorchScript file (``torch.jit.load``; no pickle).
+
+torch is imported lazily, inside functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from greenctl.data.errors import InputError, NotFoundError
+from greenctl.data.records import Variant
+
+if TYPE_CHECKING:
+    import torch
+    from greenctl.data.store import Store
+
+
+@cache
+def catalog() -> dict[str, Any]:
+    """The catalog document (``data/datasets/catalog.json``)."""
+    text = (resources.files("greenctl.data") / "datasets" / "catalog.json").read_text()
+    doc: dict[str, Any] = json.loads(text)
+    return doc
+
+
+def _entries() -> dict[str, tuple[str, dict[str, Any], dict[str, Any]]]:
+    out = {}
+    for family, fam in catalog()["families"].items():
+        for v in fam["variants"]:
+            out[v["name"]] = (family, fam, v)
+    return out
+
+
+def builtin_families() -> list[str]:
+    """Names of the built-in families (``resnet``, ``tiny``)."""
+    return list(catalog()["families"])
+
+
+def builtin_variants(family: str | None = None) -> list[Variant]:
+    """The built-in variants as records (optionally one family)."""
+    out = []
+    for name, (fam_name, fam, v) in _entries().items():
+        if family is not None and fam_name != family:
+            continue
+        out.append(
+            Variant(
+                name=name,
+                family=fam_name,
+                accuracy=v["accuracy"],
+                accuracy_metric=fam["accuracy_metric"],
+                accuracy_source=fam["accuracy_source"],
+                params=v["params"],
+                memory_mb=round(v["params"] * 4 / 2**20, 2),
+                load_time_s=v["load_time_s"],
+                source="builtin",
+                input_shape=",".join(str(d) for d in fam["input_shape"]),
+            )
+        )
+    return out
+
+
+def builtin_variant(name: str) -> Variant:
+    """One built-in variant; NotFoundError lists the known names."""
+    for v in builtin_variants():
+        if v.name == name:
+            return v
+    raise NotFoundError(
+        f"'{name}' is not a built-in variant",
+        hint=f"built-in variants: {', '.join(_entries())}; or give --model-path module:callable",
+    )
+
+
+def ensure_builtin_variant(store: Store, name: str) -> Variant:
+    """Upsert the catalog record of a built-in variant into ``store``; returns it."""
+    variant = builtin_variant(name)
+    store.upsert_variant(variant)
+    return variant
+
+
+# -- architectures ----------------------------------------------------------------------------
+def _resnet(block: str, layers: list[int], num_classes: int = 1000) -> torch.nn.Module:
+    from torch import nn
+
+    def conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
+        return nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+
+    class BasicBlock(nn.Module):
+        expansion = 1
+
+        def __init__(self, cin: int, planes: int, stride: int, down: nn.Module | None) -> None:
+            super().__init__()
+            self.conv1 = conv3x3(cin, planes, stride)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.conv2 = conv3x3(planes, planes)
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.relu = nn.ReLU(inplace=True)
+            self.downsample = down
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            idt = x if self.downsample is None else self.downsample(x)
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            return self.relu(out + idt)
+
+    class Bottleneck(nn.Module):
+        expansion = 4
+
+        def __init__(self, cin: int, planes: int, stride: int, down: nn.Module | None) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, planes, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.conv2 = conv3x3(planes, planes, stride)
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+            self.bn3 = nn.BatchNorm2d(planes * 4)
+            self.relu = nn.ReLU(inplace=True)
+            self.downsample = down
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            idt = x if self.downsample is None else self.downsample(x)
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.relu(self.bn2(self.conv2(out)))
+            out = self.bn3(self.conv3(out))
+            return self.relu(out + idt)
+
+    blk: Any = BasicBlock if block == "basic" else Bottleneck
+
+    class ResNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inplanes = 64
+            self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
+            self.bn1 = nn.BatchNorm2d(64)
+            self.relu = nn.ReLU(inplace=True)
+            self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+            self.layer1 = self._layer(64, layers[0], 1)
+            self.layer2 = self._layer(128, layers[1], 2)
+            self.layer3 = self._layer(256, layers[2], 2)
+            self.layer4 = self._layer(512, layers[3], 2)
+            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+            self.fc = nn.Linear(512 * blk.expansion, num_classes)
+
+        def _layer(self, planes: int, n: int, stride: int) -> nn.Sequential:
+            down = None
+            if stride != 1 or self.inplanes != planes * blk.expansion:
+                down = nn.Sequential(
+                    nn.Conv2d(self.inplanes, planes * blk.expansion, 1, stride=stride, bias=False),
+                    nn.BatchNorm2d(planes * blk.expansion),
+                )
+            mods = [blk(self.inplanes, planes, stride, down)]
+            self.inplanes = planes * blk.expansion
+            mods += [blk(self.inplanes, planes, 1, None) for _ in range(1, n)]
+            return nn.Sequential(*mods)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+            x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+            return self.fc(self.avgpool(x).flatten(1))
+
+    return ResNet()
+
+
+def _tiny(arch: dict[str, Any], shape: tuple[int, ...], num_classes: int = 10) -> torch.nn.Module:
+    from torch import nn
+
+    c, h, w = shape
+    mods: list[nn.Module] = []
+    if arch["kind"] == "mlp":
+        width = c * h * w
+        mods.append(nn.Flatten())
+        for hidden in arch["hidden"]:
+            mods += [nn.Linear(width, hidden), nn.ReLU()]
+            width = hidden
+        mods.append(nn.Linear(width, num_classes))
+        return nn.Sequential(*mods)
+    cin = c
+    for cout in arch["channels"]:
+        mods += [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+        cin, h, w = cout, h // 2, w // 2
+    mods += [
+        nn.Flatten(),
+        nn.Linear(cin * h * w, arch["hidden"]),
+        nn.ReLU(),
+        nn.Linear(arch["hidden"], num_classes),
+    ]
+    return nn.Sequential(*mods)
+
+
+def build_builtin(name: str) -> torch.nn.Module:
+    """A freshly initialised (random-weight) module of a built-in variant."""
+    entries = _entries()
+    if name not in entries:
+        builtin_variant(name)  # raises NotFoundError with the known names
+    family, fam, v = entries[name]
+    if family == "resnet":
+        return _resnet(v["arch"]["block"], v["arch"]["layers"])
+    return _tiny(v["arch"], tuple(fam["input_shape"]))
+
+
+# -- loading ----------------------------------------------------------------------------------
+def parse_input_shape(text: str | None, *, option: str = "--input-shape") -> tuple[int, ...]:
+    """``"3,224,224"`` -> ``(3, 224, 224)`` (per request, without the batch dimension)."""
+    if not text:
+        raise InputError(
+            f"{option} is required for this model", hint=f"for example {option} 3,224,224"
+        )
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise InputError(
+            f"{option}: '{text}' is not a list of positive whole numbers",
+            hint=f"for example {option} 3,224,224",
+        )
+    return tuple(int(p) for p in parts)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run: eval mode, on its device, with an example-input factory."""
+
+    variant: Variant
+    module: Any  # torch.nn.Module or torch.jit.ScriptModule
+    input_shape: tuple[int, ...]
+    device: str = "cpu"
+    load_time_s: float | None = None
+
+    def example(self, batch: int) -> torch.Tensor:
+        """A random input batch of ``batch`` requests on the model's device."""
+        import torch
+
+        gen = torch.Generator().manual_seed(0)
+        return torch.rand((batch, *self.input_shape), generator=gen).to(self.device)
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """One forward pass under ``torch.inference_mode``; waits for the GPU to finish."""
+        import torch
+
+        with torch.inference_mode():
+            out = self.module(x)
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize(self.device)
+        return out  # type: ignore[no-any-return]
+
+
+def _import_callable(spec: str) -> Any:
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise InputError(
+            f"'{spec}' is not module:callable", hint="for example --model-path mypkg.models:build"
+        )
+    added = False
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # let users point at a module in the current folder
+        added = True
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise InputError(
+            f"cannot import module '{mod_name}': {exc}",
+            hint="run greenctl from the folder holding the module, or install it",
+        ) from None
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+    obj = mod
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise InputError(f"module '{mod_name}' has no attribute '{attr}'")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise InputError(f"'{spec}' is not callable")
+    return obj
+
+
+def user_model_source(path: str, *, weights: str | None = None) -> str:
+    """The ``Variant.source`` for a ``--model-path`` value (TorchScript file or module:callable)."""
+    p = Path(path)
+    if p.suffix in (".pt", ".pts", ".ts", ".torchscript", ".jit") or p.is_file():
+        if not p.is_file():
+            raise InputError(f"TorchScript file '{path}' does not exist")
+        if weights:
+            raise InputError("--weights applies to module:callable models, not TorchScript files")
+        return f"torchscript:{p.resolve()}"
+    _import_callable(path)  # fail early with a clear message
+    if weights:
+        if not Path(weights).is_file():
+            raise InputError(f"weights file '{weights}' does not exist")
+        return f"module:{path};weights={Path(weights).resolve()}"
+    return f"module:{path}"
+
+
+def _build(variant: Variant) -> Any:
+    import torch
+
+    src = variant.source or "builtin"
+    if src == "builtin":
+        return build_builtin(variant.name)
+    if src.startswith("torchscript:"):
+        path = src.removeprefix("torchscript:")
+        try:
+            return torch.jit.load(path, map_location="cpu")
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise InputError(
+                f"cannot load TorchScript file '{path}': {str(exc).splitlines()[0]}",
+                hint="save it with torch.jit.script(model).save(PATH) or torch.jit.trace",
+            ) from None
+    if src.startswith("module:"):
+        spec, _, opts = src.removeprefix("module:").partition(";")
+        module = _import_callable(spec)()
+        if not isinstance(module, torch.nn.Module):
+            raise InputError(f"'{spec}' returned {type(module).__name__}, not a torch nn.Module")
+        if opts.startswith("weights="):
+            path = opts.removeprefix("weights=")
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True)
+                module.load_state_dict(state)
+            except (RuntimeError, OSError, ValueError) as exc:
+                raise InputError(
+                    f"cannot load weights '{path}': {str(exc).splitlines()[0]}",
+                    hint="save a state dict with torch.save(model.state_dict(), PATH)",
+                ) from None
+        return module
+    raise InputError(
+        f"variant '{variant.name}' has source '{src}', which greenctl cannot load",
+        hint="imported variants have no model; profile a built-in or --model-path model",
+    )
+
+
+def load_model(variant: Variant, *, device: str = "cpu") -> LoadedModel:
+    """Build or load ``variant``'s model in eval mode on ``device``.
+
+    Raises:
+        InputError: the model cannot be built/loaded (message says which and why).
+        HardwareError: ``device`` is a CUDA device but torch has no CUDA.
+    """
+    import time
+
+    import torch
+    from greenctl.data.errors import HardwareError
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise HardwareError(
+            f"cannot use {device}: this torch build has no CUDA or no GPU is visible",
+            hint="install a CUDA build of torch (pip install torch --index-url "
+            "https://download.pytorch.org/whl/cu124)",
+        )
+    t0 = time.perf_counter()
+    module = _build(variant).eval().to(device)
+    shape = parse_input_shape(variant.input_shape, option="input_shape")
+    loaded = LoadedModel(variant, module, shape, device)
+    loaded.load_time_s = time.perf_counter() - t0
+    return loaded
