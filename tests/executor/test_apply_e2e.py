@@ -1,0 +1,138 @@
+"""End to end on CPU: apply a plan, infer through the dispatcher, load it, status, down."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+
+import numpy as np
+import pytest
+from greenctl.data.plan import Deployment, Plan
+
+
+def _plan(
+    model: str, variants: list[tuple[str, int]], *, batch: int = 2, quota: float = 20.0
+) -> Plan:
+    return Plan(
+        kind="mix",
+        deployments=[
+            Deployment(
+                model=model, variant=v, resource="cpu:1", count=n, batch=batch, quota_rps=quota
+            )
+            for v, n in variants
+        ],
+        predicted={"rate_rps": quota * len(variants), "p95_ms": 20.0},
+    )
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, dict[str, str]]:
+    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return resp.status, resp.read(), dict(resp.headers)
+
+
+def _bound(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_apply_infer_load_status_down(run_store, loaders, leftovers):
+    """Two tiny-MLP executors behind the dispatcher answer OIP JSON and binary requests."""
+    import torch
+    from greenctl.executor import oip
+    from greenctl.executor.apply import apply_plan, down, status
+    from greenctl.executor.loadgen import run_load
+
+    plan = _plan("tiny", [("tiny-small", 1), ("tiny-large", 1)])
+    result = apply_plan(plan, store=run_store, loader=loaders["tiny"], policy="fifo")
+    assert result.changed and result.dispatcher_url
+    started = [a for a in result.actions if a["action"] == "start-executor"]
+    assert len(started) == 2
+    url = result.dispatcher_url
+
+    # an OIP JSON request through the dispatcher; the answer is one of the two MLPs
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
+    body, headers = oip.encode_request([("input", x)], request_id="r1")
+    code, raw, _ = _post(f"{url}/v2/models/tiny/infer", body, headers)
+    assert code == 200
+    doc = json.loads(raw)
+    assert doc["model_name"] == "tiny" and doc["id"] == "r1"
+    out = np.asarray(doc["outputs"][0]["data"], dtype=np.float32).reshape(
+        doc["outputs"][0]["shape"]
+    )
+    expected = []
+    for width in (8, 16):
+        torch.manual_seed(0)
+        mlp = torch.nn.Sequential(
+            torch.nn.Linear(4, width), torch.nn.ReLU(), torch.nn.Linear(width, 3)
+        ).eval()
+        with torch.no_grad():
+            expected.append(mlp(torch.from_numpy(x)).numpy())
+    assert out.shape == (2, 3)
+    assert any(np.allclose(out, e, atol=1e-5) for e in expected)
+
+    # the binary tensor extension (what tritonclient sends by default) gives the same numbers
+    body, headers = oip.encode_request([("input", x)], binary=True, binary_outputs=True)
+    code, raw, resp_headers = _post(f"{url}/v2/models/tiny/infer", body, headers)
+    length = int(resp_headers[oip.HEADER_LENGTH])
+    out_bin = oip.decode_response(raw, length)["output"]
+    assert any(np.allclose(out_bin, e, atol=1e-5) for e in expected)
+
+    # metadata and health through the dispatcher
+    with urllib.request.urlopen(f"{url}/v2/models/tiny", timeout=5) as resp:
+        meta = json.loads(resp.read())
+    assert meta["inputs"][0]["shape"] == [-1, 4] and meta["outputs"][0]["shape"] == [-1, 3]
+    with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5) as resp:
+        assert resp.status == 200
+
+    load = run_load(url, "tiny", duration_s=1.5, rate_rps=40, seed=1)
+    assert load.sent > 20 and load.ok == load.sent and load.errors == 0
+    assert load.p50_ms is not None and load.p95_ms is not None and load.p95_ms >= load.p50_ms
+
+    st = status(run_store)
+    assert st["dispatcher"]["url"] == url and st["dispatcher"]["ready"]
+    assert len(st["instances"]) == 2
+    assert {i["variant"] for i in st["instances"]} == {"tiny-small", "tiny-large"}
+    assert all(i["ready"] and i["pid"] and i["port"] for i in st["instances"])
+    assert sum(i["requests"] for i in st["instances"]) >= load.ok
+    assert all(i["p95_ms"] is not None for i in st["instances"])
+
+    # applying the running plan again does nothing
+    again = apply_plan(plan, store=run_store, loader=loaders["tiny"], policy="fifo")
+    assert not again.changed and again.actions == []
+
+    ports = [i["port"] for i in st["instances"]] + [int(url.rsplit(":", 1)[1])]
+    down(run_store)
+    assert leftovers() == []
+    assert not any(_bound(p) for p in ports)
+    assert status(run_store)["instances"] == []
+
+
+def test_replace_variant_keeps_serving(run_store, loaders, leftovers):
+    """A new plan starts its executors before the old ones stop, then routes switch."""
+    from greenctl.executor.apply import apply_plan, status
+
+    first = apply_plan(_plan("m", [("v1", 1)]), store=run_store, loader=loaders["noop"])
+    old = status(run_store)["instances"][0]
+    second = apply_plan(_plan("m", [("v2", 1)]), store=run_store, loader=loaders["noop"])
+    kinds = [a["action"] for a in second.actions]
+    assert (
+        kinds.index("start-executor") < kinds.index("switch-routes") < kinds.index("stop-executor")
+    )
+    assert second.dispatcher_url == first.dispatcher_url  # the front endpoint stays
+    now = status(run_store)["instances"]
+    assert [i["variant"] for i in now] == ["v2"] and now[0]["pid"] != old["pid"]
+    assert len(leftovers()) == 2  # one dispatcher, one executor
+
+
+@pytest.mark.parametrize("policy", ["wrr", "batch"])
+def test_policies_serve(run_store, loaders, policy):
+    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.loadgen import run_load
+
+    result = apply_plan(
+        _plan("m", [("v1", 2)]), store=run_store, loader=loaders["noop"], policy=policy
+    )
+    load = run_load(result.dispatcher_url or "", "m", duration_s=1.0, rate_rps=60, seed=2)
+    assert load.ok == load.sent > 0
