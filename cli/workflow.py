@@ -1,0 +1,200 @@
+"""Orchestration library: store + planners + executor, without typer or rich.
+
+``cli/`` is the one package allowed to import planner and executor together; the commands
+in ``cli/forecast.py``, ``cli/replan.py`` and ``cli/demo.py`` are thin wrappers over the
+functions here, which take keyword-only options and return plain data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from greenctl.data.errors import InputError, NotFoundError
+from greenctl.data.records import utcnow_iso
+
+
+# -- load history and forecasters -------------------------------------------------------------
+@dataclass
+class LoadSample:
+    """A measured request rate over an interval starting at ``time``."""
+
+    time: str
+    rate_rps: float
+    interval_s: float = 60.0
+    model: str = ""
+    source: str = "measured"
+
+
+def record_load(store: Any, samples: Iterable[LoadSample]) -> int:
+    """Append measured load samples to ``load_history`` (one transaction)."""
+    rows = [
+        {
+            "time": s.time,
+            "model": s.model,
+            "rate_rps": float(s.rate_rps),
+            "interval_s": float(s.interval_s),
+            "source": s.source,
+        }
+        for s in samples
+    ]
+    with store.transaction():
+        store.db.table("load_history").insert_all(rows)
+    return len(rows)
+
+
+def load_history_minutes(store: Any, *, model: str | None = None) -> Any:
+    """The store's measured load as per-minute maxima (numpy array, oldest first)."""
+    import numpy as np
+
+    where, params = ("model = ?", [model]) if model is not None else ("1 = 1", [])
+    rows = list(
+        store.db.query(
+            f"select substr(time, 1, 16) as minute, max(rate_rps) as peak from load_history "
+            f"where {where} group by minute order by minute",
+            params,
+        )
+    )
+    return np.asarray([r["peak"] for r in rows], dtype=float)
+
+
+def _history(store: Any, *, trace: str | None, model: str | None) -> tuple[Any, str]:
+    from greenctl.planner import forecast as fc
+
+    if trace:
+        return fc.minute_maxima(fc.load_rps_trace(trace)), f"trace:{Path(trace).name}"
+    minutes = load_history_minutes(store, model=model)
+    if minutes.size == 0:
+        raise InputError(
+            "the store holds no measured load" + (f" for model '{model}'" if model else ""),
+            hint="pass --trace FILE (requests per second), or run load through `greenctl apply`",
+        )
+    return minutes, "store" + (f":{model}" if model else "")
+
+
+def fit_forecaster(
+    store: Any,
+    *,
+    kind: str = "lstm",
+    name: str | None = None,
+    trace: str | None = None,
+    model: str | None = None,
+    train_days: float | None = None,
+    params: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Fit a forecaster on a trace or the store's load, score it on the rest, save it.
+
+    With ``train_days`` the first days train and the remainder is scored; otherwise the
+    first 80 % trains and the last 20 % is scored.
+
+    Returns:
+        ``{"name", "kind", "trained_on", "train_minutes", "test_minutes", "metrics"}``.
+    """
+    from greenctl.planner import forecast as fc
+
+    minutes, source = _history(store, trace=trace, model=model)
+    f = fc.make_forecaster(kind, **(params or {}))
+    n = minutes.size
+    train = int(train_days * 1440) if train_days else max(int(n * 0.8), 1)
+    if train_days and not 1 <= train < n:
+        raise InputError(
+            f"--train-days {train_days:g} leaves no test minutes ({n} minutes of history)"
+        )
+    train = min(train, n)
+    f.fit(minutes[:train])
+    metrics = fc.evaluate(f, minutes, train=train).to_dict() if train < n else {}
+    name = name or kind
+    p, state = f.to_state()
+    with store.transaction():
+        store.db.table("forecasters").insert(
+            {
+                "name": name,
+                "kind": kind,
+                "params": json.dumps(p),
+                "state": state,
+                "trained_on": source,
+                "metrics": json.dumps(metrics),
+                "created_at": utcnow_iso(),
+            },
+            replace=True,
+        )
+    return {
+        "name": name,
+        "kind": kind,
+        "trained_on": source,
+        "train_minutes": train,
+        "test_minutes": n - train,
+        "metrics": metrics,
+    }
+
+
+def get_forecaster(store: Any, name: str) -> Any:
+    """A saved forecaster by name; the rule-based kinds work unsaved under their own name.
+
+    Raises:
+        NotFoundError: neither a saved forecaster nor a rule-based kind.
+    """
+    from greenctl.planner import forecast as fc
+
+    rows = list(store.db.table("forecasters").rows_where("name = ?", [name], limit=1))
+    if rows:
+        r = rows[0]
+        return fc.restore_forecaster(r["kind"], json.loads(r["params"]), r["state"])
+    if name in ("last", "moving-max", "seasonal-naive"):
+        return fc.make_forecaster(name)
+    known = [r["name"] for r in store.db.table("forecasters").rows_where(select="name")]
+    raise NotFoundError(
+        f"no forecaster named '{name}'",
+        hint=(f"saved: {', '.join(known)}; " if known else "")
+        + "fit one with `greenctl forecast fit`, or use last, moving-max, seasonal-naive",
+    )
+
+
+def list_forecasters(store: Any) -> list[dict[str, Any]]:
+    """Saved forecasters (without their binary state)."""
+    out = []
+    for r in store.db.table("forecasters").rows_where(order_by="name"):
+        out.append(
+            {
+                "name": r["name"],
+                "kind": r["kind"],
+                "trained_on": r["trained_on"],
+                "created_at": r["created_at"],
+                "params": json.loads(r["params"]),
+                "metrics": json.loads(r["metrics"] or "{}"),
+            }
+        )
+    return out
+
+
+def predict_load(
+    store: Any,
+    *,
+    forecaster: str = "last",
+    trace: str | None = None,
+    model: str | None = None,
+    upto_minute: int | None = None,
+) -> dict[str, Any]:
+    """Predict the next minute's peak request rate after the history (or its first
+    ``upto_minute`` minutes).
+
+    Returns:
+        ``{"forecaster", "source", "history_minutes", "last_peak_rps", "predicted_peak_rps"}``.
+    """
+    minutes, source = _history(store, trace=trace, model=model)
+    if upto_minute is not None:
+        if not 1 <= upto_minute <= minutes.size:
+            raise InputError(f"--upto-minute must be between 1 and {minutes.size}")
+        minutes = minutes[:upto_minute]
+    f = get_forecaster(store, forecaster)
+    return {
+        "forecaster": forecaster,
+        "kind": f.name,
+        "source": source,
+        "history_minutes": int(minutes.size),
+        "last_peak_rps": float(minutes[-1]),
+        "predicted_peak_rps": float(f.predict_next(minutes)),
+    }
