@@ -68,10 +68,13 @@ def root(
 # Command modules, each registering its commands on `app` (or a sub-app) through
 # `register(app)`. One line per module; modules import their heavy dependencies lazily.
 COMMAND_MODULES = [
+    "greenctl.cli.apply",
     "greenctl.cli.plan",
     "greenctl.cli.profile",
     "greenctl.cli.profile_io",
+    "greenctl.cli.export",
     "greenctl.cli.carbon",
+    "greenctl.cli.forecast",
 ]
 
 
