@@ -1,0 +1,205 @@
+"""The exact ``plan mig`` solver: an ILP over counts whose size does not depend on ``N``.
+
+Variables (see :mod:`greenctl.planner.mig` for the serving model):
+
+* ``y_m`` (integer): GPUs using slice multiset ``m``; ``sum_m y_m = N``.
+* ``n_k`` (integer): instances of pair ``k = (variant, profile)``; for every profile ``p``,
+  ``sum_{k on p} n_k = sum_m cnt(m, p) y_m`` (every slice holds one instance).
+* ``x_k`` (continuous): the rate routed to pair ``k``; ``sum_k x_k = rate``.
+* Capacity ``x_k <= n_k r_k`` with ``r_k`` one instance's capacity at the SLA (the
+  linearised p95 constraint, see :mod:`greenctl.planner.mig`).
+* Optional accuracy floor ``sum_k a_k x_k >= floor * rate``.
+* Objective: ``max const + sum_k coef_k x_k`` (linear: energy and accuracy are
+  load-weighted sums over instances, idle power is fixed by ``N``).
+
+The size is ``|multisets| + 2 |pairs|`` variables and ``|profiles| + |pairs| + 2``
+constraints whatever ``N`` is; only the bounds grow. Solved with HiGHS through PuLP,
+relative gap 0.
+
+Verification: the winner is re-evaluated with the evaluation core (per-instance M/G/1 p95
+and their mixture) and, when a discrete-event simulator is available
+(``greenctl.planner.simulator``), simulated; if either puts the p95 above the SLA, the
+capacity SLA is tightened by 10 % and the ILP re-solved (at most 4 times).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from greenctl.data.errors import InfeasiblePlan
+from greenctl.planner.mig import Config, MigModel, MigProblem, SolveResult, tidy
+
+MAX_TIGHTEN = 4
+
+
+def solve_exact(model: MigModel, *, time_limit_s: float | None = None) -> SolveResult:
+    """Solve the ILP for ``model``; ``config`` is None when it is infeasible."""
+    import pulp
+
+    prob = model.problem
+    n_gpus = prob.gpus
+    rate = prob.rate_rps
+    lp = pulp.LpProblem("greenctl_mig", pulp.LpMaximize)
+    y = [
+        pulp.LpVariable(f"y{i}", lowBound=0, upBound=n_gpus, cat="Integer")
+        for i in range(len(model.multisets))
+    ]
+    n_vars = []
+    x_vars = []
+    for k, _o in enumerate(model.pairs):
+        upper = model.max_instances(model.pairs[k].profile)
+        nk = pulp.LpVariable(f"n{k}", lowBound=0, upBound=upper, cat="Integer")
+        xk = pulp.LpVariable(f"x{k}", lowBound=0, upBound=rate)
+        n_vars.append(nk)
+        x_vars.append(xk)
+        lp += xk <= model.rate_capacity(k) * nk, f"cap{k}"
+    lp += pulp.lpSum(y) == n_gpus, "gpus"
+    for p in model.profiles:
+        lp += (
+            pulp.lpSum(n_vars[k] for k in model.pairs_of[p])
+            == pulp.lpSum(
+                model.cnt[i].get(p, 0) * y[i] for i in range(len(y)) if model.cnt[i].get(p)
+            ),
+            f"slices_{p.replace('.', '_').replace('+', 'p')}",
+        )
+    lp += pulp.lpSum(x_vars) == rate, "rate"
+    if model.floor is not None:
+        lp += (
+            pulp.lpSum(model.pairs[k].accuracy * x_vars[k] for k in range(len(x_vars)))
+            >= model.floor * rate,
+            "accuracy_floor",
+        )
+    lp += pulp.lpSum(model.coef[k] * x_vars[k] for k in range(len(x_vars)))
+    solver = pulp.HiGHS(msg=False, gapRel=0.0, timeLimit=time_limit_s)
+    t0 = time.perf_counter()
+    lp.solve(solver)
+    solve_s = time.perf_counter() - t0
+    status = pulp.LpStatus[lp.status]
+    info: dict[str, Any] = {
+        "name": "exact",
+        "backend": "HiGHS via PuLP",
+        "status": status,
+        "solve_s": solve_s,
+        "variables": len(lp.variables()),
+        "constraints": len(lp.constraints),
+        "capacity_slo_ms": model.cap_slo_ms,
+    }
+    if status != "Optimal" or any(v.varValue is None for v in y):
+        if time_limit_s is not None and solve_s >= time_limit_s * 0.95:
+            info["reason"] = f"time limit of {time_limit_s:g} s reached without a solution"
+        return SolveResult(None, info)
+    yv = tuple(round(v.varValue or 0) for v in y)
+    nv = tuple(round(v.varValue or 0) for v in n_vars)
+    cfg = Config(yv, nv)
+    model.check(cfg)
+    cfg = tidy(model, cfg)
+    info["ilp_objective"] = model.const + float(pulp.value(lp.objective) or 0.0)
+    return SolveResult(cfg, info)
+
+
+def verify_config(model: MigModel, config: Config) -> dict[str, Any]:
+    """Check a configuration's p95 against the SLA with the evaluation core.
+
+    Returns ``{"analytic_p95_ms", "analytic_ok", "class_p95_ms", "simulated_p95_ms",
+    "simulated_ok"}`` (simulated fields None when no simulator is available).
+    """
+    from greenctl.planner.queueing import latency_quantile_ms
+
+    ev = model.evaluate(config)
+    q = model.problem.percentile
+    per_class = {}
+    for k, c in enumerate(config.n):
+        if c and ev.split[k] > 0:
+            o = model.pairs[k]
+            per_class[f"{o.variant}@{o.profile}"] = latency_quantile_ms(
+                ev.split[k], o.service, c, q
+            )
+    tol = 1 + 1e-6
+    out: dict[str, Any] = {
+        "analytic_p95_ms": ev.p95_ms,
+        "class_p95_ms": per_class,
+        "analytic_ok": bool(
+            ev.p95_ms <= model.sla_ms * tol
+            and all(v <= model.sla_ms * tol for v in per_class.values())
+        ),
+        "simulated_p95_ms": None,
+        "simulated_ok": None,
+    }
+    sim = _simulate(model, config, ev.split)
+    if sim is not None:
+        out["simulated_p95_ms"] = sim
+        # the simulator samples: allow its statistical noise (2 %)
+        out["simulated_ok"] = bool(sim <= model.sla_ms * 1.02)
+    return out
+
+
+def _simulate(model: MigModel, config: Config, split: tuple[float, ...]) -> float | None:
+    """The simulated p95 of the plan, or None when the simulator is not available."""
+    try:
+        from greenctl.planner import mig_sim
+    except ImportError:  # pragma: no cover - the module is part of greenctl
+        return None
+    return mig_sim.simulate_p95(model, config, split)
+
+
+def solve_exact_verified(
+    problem: MigProblem,
+    model: MigModel,
+    *,
+    time_limit_s: float | None = None,
+    verify: bool = True,
+) -> SolveResult:
+    """Solve, verify the winner, tighten the capacity SLA and re-solve if it disagrees."""
+    t_start = time.perf_counter()
+    history = []
+    current = model
+    scale = 1.0
+    for attempt in range(MAX_TIGHTEN + 1):
+        left = None
+        if time_limit_s is not None:
+            left = max(time_limit_s - (time.perf_counter() - t_start), 0.05)
+        res = solve_exact(current, time_limit_s=left)
+        if res.config is None:
+            if attempt == 0:
+                raise InfeasiblePlan(
+                    f"no MIG configuration of {problem.gpus} x {problem.geo.name} serves "
+                    f"{problem.rate_rps:g} req/s within the p{round(problem.percentile * 100)} "
+                    f"SLA of {model.sla_ms:.4g} ms"
+                    + (f" at accuracy >= {model.floor:.4g}" if model.floor is not None else "")
+                    + (f" ({res.info['reason']})" if res.info.get("reason") else ""),
+                    hint="add GPUs, lower --rate, relax --sla-ms or --max-accuracy-loss",
+                )
+            break
+        if not verify:
+            res.info["_model"] = current
+            return res
+        check = verify_config(current, res.config)
+        history.append({"capacity_slo_ms": current.cap_slo_ms, **check})
+        ok = check["analytic_ok"] and check["simulated_ok"] is not False
+        if ok:
+            res.info["verification"] = history
+            res.info["tightenings"] = attempt
+            res.info["_model"] = current
+            return res
+        scale *= 0.9
+        current = MigModel(problem, sla_scale=scale)
+        current.sla_ms = model.sla_ms
+    raise InfeasiblePlan(
+        "the exact plan's p95 kept exceeding the SLA in verification after "
+        f"{MAX_TIGHTEN} tightenings",
+        hint="relax --sla-ms or add GPUs; verification: "
+        + "; ".join(
+            f"cap SLO {h['capacity_slo_ms']:.4g} ms -> p95 {h['analytic_p95_ms']:.4g} ms"
+            for h in history
+        ),
+    )
+
+
+def ilp_size(model: MigModel) -> dict[str, int]:
+    """Variables of the ILP (no solve): independent of the number of GPUs."""
+    return {
+        "multisets": len(model.multisets),
+        "pairs": len(model.pairs),
+        "variables": len(model.multisets) + 2 * len(model.pairs),
+    }
