@@ -504,10 +504,13 @@ def pin_cores(cores: list[int]) -> None:
 
 
 def _set_torch_threads(n: int) -> None:
+    """Size torch's pool to the pinned cores; seed it so replicas of a randomly initialised
+    built-in variant hold the same weights (and answer alike)."""
     try:
         import torch
     except ImportError:
         return
+    torch.manual_seed(0)
     torch.set_num_threads(max(1, n))
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)

@@ -191,7 +191,12 @@ def start_mps(state_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(mps_dirs(state_dir))
     proc = subprocess.run(
-        [mps_control_command(), "-d"], env=env, capture_output=True, text=True, timeout=30
+        [mps_control_command(), "-d"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     if proc.returncode != 0:
         raise HardwareError(

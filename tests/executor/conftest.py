@@ -11,7 +11,6 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 NOOP = "greenctl.executor.daemon:noop_loader"
-TINY = f"{HERE / 'exec_loaders.py'}:tiny_loader"
 BROKEN = f"{HERE / 'exec_loaders.py'}:broken_loader"
 
 
@@ -59,5 +58,5 @@ def leftovers(tmp_path: Path):
 
 @pytest.fixture
 def loaders() -> dict[str, str]:
-    """Loader specs for the daemons: a no-op model, a tiny torch MLP, one that fails."""
-    return {"noop": NOOP, "tiny": TINY, "broken": BROKEN}
+    """Loader specs for the daemons: a no-op model and one that fails for ``broken*``."""
+    return {"noop": NOOP, "broken": BROKEN}

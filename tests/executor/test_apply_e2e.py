@@ -37,22 +37,23 @@ def _bound(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_apply_infer_load_status_down(run_store, loaders, leftovers):
-    """Two tiny-MLP executors behind the dispatcher answer OIP JSON and binary requests."""
+def test_apply_infer_load_status_down(run_store, leftovers):
+    """Two built-in tiny executors behind the dispatcher answer OIP JSON and binary requests."""
     import torch
     from greenctl.executor import oip
     from greenctl.executor.apply import apply_plan, down, status
     from greenctl.executor.loadgen import run_load
+    from greenctl.profiler.models import build_builtin
 
-    plan = _plan("tiny", [("tiny-small", 1), ("tiny-large", 1)])
-    result = apply_plan(plan, store=run_store, loader=loaders["tiny"], policy="fifo")
+    plan = _plan("tiny", [("tiny-s", 1), ("tiny-m", 1)])
+    result = apply_plan(plan, store=run_store, policy="fifo")
     assert result.changed and result.dispatcher_url
     started = [a for a in result.actions if a["action"] == "start-executor"]
     assert len(started) == 2
     url = result.dispatcher_url
 
     # an OIP JSON request through the dispatcher; the answer is one of the two MLPs
-    x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
+    x = (np.arange(2 * 3 * 32 * 32, dtype=np.float32) % 17).reshape(2, 3, 32, 32) / 17
     body, headers = oip.encode_request([("input", x)], request_id="r1")
     code, raw, _ = _post(f"{url}/v2/models/tiny/infer", body, headers)
     assert code == 200
@@ -62,14 +63,11 @@ def test_apply_infer_load_status_down(run_store, loaders, leftovers):
         doc["outputs"][0]["shape"]
     )
     expected = []
-    for width in (8, 16):
-        torch.manual_seed(0)
-        mlp = torch.nn.Sequential(
-            torch.nn.Linear(4, width), torch.nn.ReLU(), torch.nn.Linear(width, 3)
-        ).eval()
+    for name in ("tiny-s", "tiny-m"):
+        torch.manual_seed(0)  # the daemon seeds the same way before building
         with torch.no_grad():
-            expected.append(mlp(torch.from_numpy(x)).numpy())
-    assert out.shape == (2, 3)
+            expected.append(build_builtin(name).eval()(torch.from_numpy(x)).numpy())
+    assert out.shape == (2, 10)
     assert any(np.allclose(out, e, atol=1e-5) for e in expected)
 
     # the binary tensor extension (what tritonclient sends by default) gives the same numbers
@@ -82,7 +80,8 @@ def test_apply_infer_load_status_down(run_store, loaders, leftovers):
     # metadata and health through the dispatcher
     with urllib.request.urlopen(f"{url}/v2/models/tiny", timeout=5) as resp:
         meta = json.loads(resp.read())
-    assert meta["inputs"][0]["shape"] == [-1, 4] and meta["outputs"][0]["shape"] == [-1, 3]
+    assert meta["inputs"][0]["shape"] == [-1, 3, 32, 32]
+    assert meta["outputs"][0]["shape"] == [-1, 10]
     with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5) as resp:
         assert resp.status == 200
 
@@ -93,13 +92,13 @@ def test_apply_infer_load_status_down(run_store, loaders, leftovers):
     st = status(run_store)
     assert st["dispatcher"]["url"] == url and st["dispatcher"]["ready"]
     assert len(st["instances"]) == 2
-    assert {i["variant"] for i in st["instances"]} == {"tiny-small", "tiny-large"}
+    assert {i["variant"] for i in st["instances"]} == {"tiny-s", "tiny-m"}
     assert all(i["ready"] and i["pid"] and i["port"] for i in st["instances"])
     assert sum(i["requests"] for i in st["instances"]) >= load.ok
     assert all(i["p95_ms"] is not None for i in st["instances"])
 
     # applying the running plan again does nothing
-    again = apply_plan(plan, store=run_store, loader=loaders["tiny"], policy="fifo")
+    again = apply_plan(plan, store=run_store, policy="fifo")
     assert not again.changed and again.actions == []
 
     ports = [i["port"] for i in st["instances"]] + [int(url.rsplit(":", 1)[1])]

@@ -1,0 +1,497 @@
+"""Apply plans on a Ray cluster with Ray Serve (``greenctl apply --backend ray``).
+
+Layout on the cluster (namespace ``greenctl``):
+
+- one Serve *application per applied plan version* (``greenctl-p<plan id>-<digest>``): a
+  deployment per planned (variant, resource) whose replicas are the plan's instances, pinned
+  by ``ray_actor_options`` (``num_cpus`` for ``cpu:N``, ``num_gpus`` for a whole GPU or an MPS
+  share, a custom resource ``mig-<profile>`` for a MIG instance), plus a small per-version
+  group deployment that routes by model name with the plan's policy;
+- one stable *router* application on the HTTP route ``/`` speaking the Open Inference
+  Protocol (KServe v2 REST), which forwards to the active plan version.
+
+Applying deploys the new version beside the old one, waits until it is RUNNING, then
+switches the router and deletes the old version; a version that fails to deploy is deleted
+and the router keeps serving the previous one (the same rollback promise as local apply).
+
+Declaring MIG instances to Ray: start each node with one custom resource per MIG profile and
+make the node's MIG UUIDs visible to its workers, for example::
+
+    CUDA_VISIBLE_DEVICES=MIG-<uuid1>,MIG-<uuid2> ray start --address HEAD:6379 \\
+        --resources '{"mig-3g.40gb": 1, "mig-1g.10gb": 1}'
+
+Ray is an optional extra: ``pip install 'greenctl[ray]'``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from greenctl.data.errors import ExecutorError, InputError
+from greenctl.data.plan import Deployment, Plan
+from greenctl.data.records import Variant, utcnow_iso
+from greenctl.data.resources import parse_resource
+from greenctl.data.store import Store
+
+NAMESPACE = "greenctl"
+ROUTER_APP = "greenctl-router"
+INSTALL_HINT = "install the Ray extra: pip install 'greenctl[ray]'"
+
+
+def _ray() -> Any:
+    try:
+        import ray
+        from ray import serve  # noqa: F401
+    except ImportError:
+        raise InputError(
+            "the ray backend needs Ray Serve, which is not installed", hint=INSTALL_HINT
+        ) from None
+    return ray
+
+
+def actor_options(resource: str) -> dict[str, Any]:
+    """``ray_actor_options`` that pin one replica to the resource a plan names."""
+    res = parse_resource(resource)
+    if res.kind == "cpu":
+        return {"num_cpus": float(res.size)}
+    if res.kind == "gpu":
+        return {"num_cpus": 1.0, "num_gpus": 1.0}
+    if res.kind == "mps":
+        return {"num_cpus": 1.0, "num_gpus": int(res.size) / 100.0}
+    if res.kind == "mig":
+        return {"num_cpus": 1.0, "resources": {f"mig-{res.size}": 1.0}}
+    return {"num_cpus": 1.0, "resources": {f"{res.kind}-{res.size}": 1.0}}
+
+
+def deployment_name(dep: Deployment) -> str:
+    return f"{dep.variant}--{dep.resource.replace(':', '-')}"
+
+
+@dataclass
+class RayApplyResult:
+    """What a Ray apply did."""
+
+    address: str
+    app: str
+    url: str
+    plan_id: int | None
+    actions: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    changed: bool = True
+
+
+# --------------------------------------------------------------------------------------
+# Serve deployments (defined lazily so importing this module never needs Ray)
+
+
+def _serve_classes() -> tuple[Any, Any, Any]:
+    from ray import serve
+
+    @serve.deployment
+    class Replica:
+        """One planned instance: loads the variant and runs dynamically batched inference."""
+
+        def __init__(self, variant: dict[str, Any], batch: int, max_wait_ms: float) -> None:
+            from greenctl.profiler.models import load_model
+
+            self.loaded = load_model(Variant(**variant))
+            self.variant = variant["name"]
+            self.infer_batch.set_max_batch_size(max(1, batch))  # type: ignore[attr-defined]
+            self.infer_batch.set_batch_wait_timeout_s(max_wait_ms / 1000.0)  # type: ignore[attr-defined]
+            self.loaded.run(self.loaded.example(1))  # warm-up
+
+        @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.002)
+        async def infer_batch(self, inputs: list[Any]) -> list[Any]:
+            import numpy as np
+            import torch
+
+            counts = [len(x) for x in inputs]
+            x = torch.from_numpy(np.concatenate(inputs).astype(np.float32))
+            out = self.loaded.run(x).cpu().numpy()
+            parts, start = [], 0
+            for n in counts:
+                parts.append(out[start : start + n])
+                start += n
+            return parts
+
+        async def infer(self, rows: Any) -> tuple[str, Any]:
+            return self.variant, await self.infer_batch(rows)
+
+        def input_shape(self) -> list[int]:
+            return list(self.loaded.input_shape)
+
+    @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+    class Group:
+        """Routes one plan version's requests by model name with the plan's policy."""
+
+        def __init__(
+            self, routes: dict[str, list[dict[str, Any]]], policy: str, *handles: Any
+        ) -> None:
+            self.policy = policy
+            self.routes: dict[str, list[dict[str, Any]]] = {}
+            for model, entries in routes.items():
+                self.routes[model] = [
+                    {**e, "handle": handles[e["handle_index"]], "inflight": 0, "credit": 0.0}
+                    for e in entries
+                ]
+
+        def models(self) -> dict[str, Any]:
+            return {
+                m: [{"variant": e["variant"], "weight": e["weight"]} for e in es]
+                for m, es in self.routes.items()
+            }
+
+        def _pick(self, model: str) -> dict[str, Any]:
+            entries = self.routes[model]
+            if self.policy == "wrr":  # smooth weighted round robin by quota (InfAdapter)
+                total = sum(e["weight"] for e in entries)
+                for e in entries:
+                    e["credit"] += e["weight"]
+                best = max(entries, key=lambda e: e["credit"])
+                best["credit"] -= total
+                return best
+            # fifo / batch: the entry with the fewest requests in flight per replica
+            return min(entries, key=lambda e: e["inflight"] / max(e["replicas"], 1))
+
+        async def infer(self, model: str, rows: Any) -> tuple[str, Any]:
+            if model not in self.routes:
+                raise KeyError(model)
+            entry = self._pick(model)
+            entry["inflight"] += 1
+            try:
+                result = await entry["handle"].infer.remote(rows)
+            finally:
+                entry["inflight"] -= 1
+            return result  # type: ignore[no-any-return]
+
+    @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+    class Router:
+        """The stable Open Inference Protocol endpoint; forwards to the active plan version."""
+
+        def __init__(self) -> None:
+            self.app: str | None = None
+            self.models: dict[str, Any] = {}
+
+        async def switch(self, app: str) -> dict[str, Any]:
+            from ray import serve as _serve
+
+            handle = _serve.get_app_handle(app)
+            self.models = await handle.models.remote()
+            self.app = app
+            return self.models
+
+        def active(self) -> str | None:
+            return self.app
+
+        async def __call__(self, request: Any) -> Any:
+            from starlette.responses import JSONResponse
+
+            path = request.url.path.rstrip("/")
+            parts = path.split("/")
+            if path in ("/v2/health/live",):
+                return JSONResponse({"live": True})
+            if path == "/v2/health/ready":
+                return JSONResponse(
+                    {"ready": self.app is not None}, status_code=200 if self.app else 503
+                )
+            if path == "/v2":
+                return JSONResponse({"name": "greenctl", "version": "1", "extensions": []})
+            if len(parts) >= 4 and parts[1] == "v2" and parts[2] == "models":
+                model = parts[3]
+                if model not in self.models:
+                    return JSONResponse({"error": f"unknown model '{model}'"}, status_code=404)
+                if len(parts) == 4 and request.method == "GET":
+                    return JSONResponse(
+                        {
+                            "name": model,
+                            "versions": ["1"],
+                            "platform": "greenctl-ray",
+                            "variants": self.models[model],
+                        }
+                    )
+                if len(parts) == 5 and parts[4] == "ready":
+                    return JSONResponse({"name": model, "ready": True})
+                if len(parts) == 5 and parts[4] == "infer" and request.method == "POST":
+                    return await self._infer(model, request)
+            return JSONResponse({"error": f"no route {request.method} {path}"}, status_code=404)
+
+        async def _infer(self, model: str, request: Any) -> Any:
+            import numpy as np
+            from ray import serve as _serve
+            from starlette.responses import JSONResponse
+
+            try:
+                body = await request.json()
+                tensor = body["inputs"][0]
+                rows = np.asarray(tensor["data"], dtype=np.float32).reshape(tensor["shape"])
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                return JSONResponse({"error": f"bad inference request: {exc}"}, status_code=400)
+            assert self.app is not None
+            variant, out = await _serve.get_app_handle(self.app).infer.remote(model, rows)
+            return JSONResponse(
+                {
+                    "model_name": model,
+                    "model_version": variant,
+                    "id": body.get("id", ""),
+                    "outputs": [
+                        {
+                            "name": "output0",
+                            "shape": list(out.shape),
+                            "datatype": "FP32",
+                            "data": out.reshape(-1).tolist(),
+                        }
+                    ],
+                }
+            )
+
+    return Replica, Group, Router
+
+
+# --------------------------------------------------------------------------------------
+# apply / status / down
+
+
+def _connect(address: str) -> Any:
+    ray = _ray()
+    if not ray.is_initialized():
+        try:
+            ray.init(
+                address=address, namespace=NAMESPACE, log_to_driver=False, include_dashboard=False
+            )
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ExecutorError(
+                f"cannot connect to the Ray cluster at {address}: {exc}",
+                hint="start one with `ray start --head` and pass its address (host:6379)",
+            ) from None
+    return ray
+
+
+def _app_name(plan: Plan) -> str:
+    digest = hashlib.sha1(
+        json.dumps([d.to_dict() for d in plan.deployments], sort_keys=True).encode()
+    ).hexdigest()[:8]
+    return f"greenctl-p{plan.id if plan.id is not None else 0}-{digest}"
+
+
+def _variants(store: Store, plan: Plan) -> dict[str, dict[str, Any]]:
+    from greenctl.profiler.models import builtin_variant
+
+    out = {}
+    for dep in plan.deployments:
+        if dep.variant in out:
+            continue
+        try:
+            v = store.get_variant(dep.variant)
+        except InputError:
+            v = builtin_variant(dep.variant)
+        out[dep.variant] = asdict(v)
+    return out
+
+
+def _check_cluster(ray: Any, plan: Plan) -> None:
+    total = ray.cluster_resources()
+    need: dict[str, float] = {}
+    for dep in plan.deployments:
+        opts = actor_options(dep.resource)
+        for key in ("num_cpus", "num_gpus"):
+            if key in opts:
+                name = "CPU" if key == "num_cpus" else "GPU"
+                need[name] = need.get(name, 0.0) + opts[key] * dep.count
+        for key, amount in opts.get("resources", {}).items():
+            need[key] = need.get(key, 0.0) + amount * dep.count
+    missing = [
+        f"{k}: needs {v:g}, cluster has {total.get(k, 0):g}"
+        for k, v in need.items()
+        if v > total.get(k, 0) + 1e-9
+    ]
+    if missing:
+        raise InputError(
+            "the Ray cluster lacks resources for this plan: " + "; ".join(missing),
+            hint="add nodes, or declare MIG instances with `ray start --resources '{\"mig-<profile>\": N}'`",
+        )
+
+
+def apply_ray(
+    plan: Plan,
+    *,
+    store: Store,
+    address: str,
+    http_port: int = 8000,
+    max_wait_ms: float = 2.0,
+    dry_run: bool = False,
+    timeout_s: float = 300.0,
+) -> RayApplyResult:
+    """Deploy ``plan`` on the Ray cluster at ``address``; roll back on failure.
+
+    Raises:
+        InputError: Ray missing, a geo plan, or the cluster lacks the plan's resources.
+        ExecutorError: the deploy failed (the previous version keeps serving).
+    """
+    if plan.kind == "geo":
+        raise InputError(
+            "a geo plan allocates load across sites; apply each site's plan on its cluster"
+        )
+    if not plan.deployments:
+        raise InputError("the plan has no deployments")
+    t0 = time.perf_counter()
+    app = _app_name(plan)
+    url = f"http://127.0.0.1:{http_port}"
+    result = RayApplyResult(address=address, app=app, url=url, plan_id=plan.id)
+    for dep in plan.deployments:
+        result.actions.append(
+            f"deploy {deployment_name(dep)}: {dep.count} replica(s) with {actor_options(dep.resource)}"
+        )
+    ray = _connect(address)
+    from ray import serve
+
+    _check_cluster(ray, plan)
+    serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+    previous = _active_app(serve)
+    if previous == app:
+        result.changed = False
+        result.actions = ["the running plan version is this plan: nothing to do"]
+        return result
+    if dry_run:
+        return result
+    replica_cls, group_cls, router_cls = _serve_classes()
+    variants = _variants(store, plan)
+    handles: list[Any] = []
+    routes: dict[str, list[dict[str, Any]]] = {}
+    policy = str(plan.request.get("policy") or ("wrr" if plan.kind == "mix" else "fifo"))
+    for i, dep in enumerate(plan.deployments):
+        handles.append(
+            replica_cls.options(
+                name=deployment_name(dep),
+                num_replicas=dep.count,
+                ray_actor_options=actor_options(dep.resource),
+            ).bind(variants[dep.variant], dep.batch, max_wait_ms)
+        )
+        routes.setdefault(dep.model, []).append(
+            {
+                "handle_index": i,
+                "variant": dep.variant,
+                "replicas": dep.count,
+                "weight": float(dep.quota_rps if dep.quota_rps is not None else dep.count),
+            }
+        )
+    try:
+        serve.run(
+            group_cls.bind(routes, policy, *handles), name=app, route_prefix=None, blocking=False
+        )
+        _wait_running(serve, app, timeout_s=timeout_s)
+    except Exception as exc:
+        try:
+            serve.delete(app)
+        finally:
+            result.actions.append(
+                f"rolled back: deleted {app}; {previous or 'nothing'} keeps serving"
+            )
+        raise ExecutorError(
+            f"deploying the plan on Ray failed: {exc}",
+            hint=f"the previous version ({previous or 'none'}) keeps serving; see `ray status` and the Serve logs",
+        ) from None
+    if ROUTER_APP not in serve.status().applications:
+        serve.run(router_cls.bind(), name=ROUTER_APP, route_prefix="/", blocking=False)
+        _wait_running(serve, ROUTER_APP, timeout_s=timeout_s)
+    serve.get_app_handle(ROUTER_APP).switch.remote(app).result(timeout_s=timeout_s)
+    if previous:
+        serve.delete(previous)
+        result.actions.append(f"deleted previous version {previous}")
+    _record(store, plan, address=address, app=app, url=url)
+    result.elapsed_s = time.perf_counter() - t0
+    return result
+
+
+def _wait_running(serve: Any, app: str, *, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = serve.status().applications.get(app)
+        state = str(getattr(status, "status", ""))
+        if state.endswith("RUNNING"):
+            return
+        if state.endswith("DEPLOY_FAILED") or state.endswith("UNHEALTHY"):
+            raise ExecutorError(
+                f"application {app} is {state.rsplit('.', 1)[-1]}: {getattr(status, 'message', '')}"
+            )
+        time.sleep(0.5)
+    raise ExecutorError(f"application {app} was not running after {timeout_s:.0f} s")
+
+
+def _active_app(serve: Any) -> str | None:
+    if ROUTER_APP not in serve.status().applications:
+        return None
+    return serve.get_app_handle(ROUTER_APP).active.remote().result(timeout_s=30)  # type: ignore[no-any-return]
+
+
+def _record(store: Store, plan: Plan, *, address: str, app: str, url: str) -> None:
+    with store.transaction():
+        store.db.execute("update ray_apps set active = 0 where active = 1")
+        store.db.table("ray_apps").insert(
+            {
+                "plan_id": plan.id,
+                "address": address,
+                "app": app,
+                "url": url,
+                "applied_at": utcnow_iso(),
+                "active": 1,
+            }
+        )
+
+
+def status_ray(*, store: Store, address: str | None = None) -> dict[str, Any]:
+    """The active Ray deployment: router URL and each deployment's replica states."""
+    rows = list(store.db.table("ray_apps").rows_where("active = 1", limit=1))
+    if not rows:
+        return {"backend": "ray", "dispatcher": None, "instances": []}
+    row = rows[0]
+    _connect(address or row["address"])
+    from ray import serve
+
+    status = serve.status().applications.get(row["app"])
+    instances = []
+    if status is not None:
+        for name, dep in status.deployments.items():
+            if "--" not in name:
+                continue
+            variant, resource = name.split("--", 1)
+            counts = {str(k).rsplit(".", 1)[-1]: v for k, v in (dep.replica_states or {}).items()}
+            instances.append(
+                {
+                    "variant": variant,
+                    "resource": resource.replace("-", ":", 1),
+                    "replicas": counts,
+                    "ready": counts.get("RUNNING", 0) > 0,
+                    "status": str(dep.status).rsplit(".", 1)[-1],
+                }
+            )
+    return {
+        "backend": "ray",
+        "address": row["address"],
+        "plan_id": row["plan_id"],
+        "app": row["app"],
+        "dispatcher": {"url": row["url"]},
+        "instances": instances,
+    }
+
+
+def down_ray(*, store: Store, address: str | None = None) -> list[str]:
+    """Delete every greenctl Serve application on the cluster; returns what was deleted."""
+    rows = list(store.db.table("ray_apps").rows_where(order_by="id desc", limit=1))
+    addr = address or (rows[0]["address"] if rows else None)
+    if addr is None:
+        return []
+    _connect(addr)
+    from ray import serve
+
+    deleted = []
+    for app in list(serve.status().applications):
+        if app.startswith("greenctl-"):
+            serve.delete(app)
+            deleted.append(app)
+    with store.transaction():
+        store.db.execute("update ray_apps set active = 0")
+    return deleted
