@@ -8,24 +8,32 @@ The model (M/G/c with the Allen-Cunneen correction, written out once here):
 
 - The probability that a request waits is Erlang C, ``C(c, a)`` with ``a = rate * E[S]``
   (exact for M/M/c; the usual approximation for M/G/c).
-- Given that it waits, the wait is exponential with the Allen-Cunneen mean
+- Given that it waits, the wait has the Allen-Cunneen mean
   ``E[W | W > 0] = (ca2 + cs2) / 2 / (c / E[S] - rate)``, ``ca2`` the arrivals' squared
-  coefficient of variation (1 for Poisson) and ``cs2`` the service time's. So
-  ``P(W > t) = C exp(-theta t)``, ``theta = 2 (c / E[S] - rate) / (ca2 + cs2)``: Kingman's
-  exponential heavy-traffic tail, exact for M/M/c.
+  coefficient of variation (1 for Poisson) and ``cs2`` the service time's, and a gamma
+  shape taken from the exact M/G/1 moments of the wait (Pollaczek-Khinchine and Takacs) at
+  the same utilisation: shape 1 (exponential, Kingman's heavy-traffic tail, exact for
+  M/M/c) for exponential service, up to 3 for deterministic service at light load, where
+  a queued request waits for a residual service rather than an exponential time.
 - End-to-end latency ``T = W + S`` with ``W`` and ``S`` independent; its distribution is
-  the convolution ``P(T > t) = (1 - C) P(S > t) + C E_S[exp(-theta (t - S)^+)]`` (closed
-  form for deterministic and exponential service, Gauss-Legendre quadrature over the
-  probability range for the lognormal), and the quantile is found by a
+  the convolution ``P(T > t) = (1 - C) P(S > t) + C E_S[P(W > (t - S)^+ | W > 0)]``
+  (closed form for exponential waits behind deterministic or exponential service,
+  otherwise Gauss-Legendre quadrature over the service time's probability range), and
+  the quantile is found by a
   vectorised three-level grid search. Deterministic service is closed form: ``T_q = W_q + D``.
 
 Batching (:func:`batch_latency_quantile_ms`, the Nexus/gpulet duty-cycle model): a batch
 closes when ``b`` requests are queued or one duty cycle after its first request arrived, and
 then runs for ``L(b)`` (the batch-``b`` profile; partial batches are charged ``L(b)``, which
-is conservative). A request's latency is ``max(U, W_b) + L`` where ``U ~ Uniform(0, F)`` is
-its wait for the batch to close (``F = min(duty, (b - 1) / rate)``) and ``W_b`` is the
-batch's wait for the instance (G/G/1 with Kingman's tail, batch arrivals' ``ca2 = 1 / k``
-for mean batch size ``k``); the two overlap in time, hence the max.
+is conservative). A request's latency is ``max(U, B) + L`` where ``U`` is its wait for the
+batch to close: ``F = min(duty, (b - 1) / rate)`` for the request that opens a batch (a
+share ``1 / min(b, 1 + rate duty)`` of them), ``Uniform(0, F)`` for the others; ``B`` its wait for
+the instance: 0 when idle (probability ``1 - rho_b``, ``rho_b = rate E[L] / k`` for the mean
+batch size ``k = min(b, 1 + rate max(duty, E[L]))``), else the running batch's residual
+``U(0, E[L])`` plus, with probability ``rho_f = rate E[L] / b``, a Kingman exponential wait
+for full batches queued ahead (batch arrivals' ``ca2 = 1 / b``). Requests that arrive while
+the instance is busy join the next batch, so batches do not queue until they are full;
+the two waits overlap in time, hence the max.
 
 Results are cached (``functools.lru_cache``): planners evaluate the same configuration
 many times.
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -77,17 +86,73 @@ def erlang_c(servers: int, offered_load: float) -> float:
     return servers * b / (servers - a * (1.0 - b))
 
 
-def _wait_params(
-    rate_rps: float, mean_ms: float, scv: float, servers: int, ca2: float
-) -> tuple[float, float]:
-    """(P(wait > 0), theta per ms) of the Allen-Cunneen M/G/c model; theta 0 if unstable."""
+@dataclass(frozen=True)
+class WaitTime:
+    """The waiting time before service: 0 with probability ``1 - c_prob``, else a gamma
+    variable of mean ``cond_mean_ms`` and shape ``shape`` (1 = exponential)."""
+
+    c_prob: float
+    cond_mean_ms: float
+    shape: float = 1.0
+
+    def sf(self, x: np.ndarray) -> np.ndarray:
+        """P(W > x | W > 0) for x >= 0."""
+        if self.shape == 1.0:
+            return np.exp(-np.asarray(x) / self.cond_mean_ms)
+        from scipy.special import gammaincc
+
+        return gammaincc(self.shape, np.asarray(x) * (self.shape / self.cond_mean_ms))
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile of W (0 when fewer than ``1 - q`` wait)."""
+        if self.c_prob <= 1.0 - q:
+            return 0.0
+        tail = (1.0 - q) / self.c_prob
+        if self.shape == 1.0:
+            return -math.log(tail) * self.cond_mean_ms
+        from scipy.special import gammainccinv
+
+        return float(gammainccinv(self.shape, tail)) * self.cond_mean_ms / self.shape
+
+
+def _cond_wait_shape(mean: float, m2: float, m3: float, rho: float) -> float:
+    """Gamma shape of the conditional wait: 1 / its scv in an M/G/1 queue at ``rho``.
+
+    From the Pollaczek-Khinchine and Takacs moments of W; exact 1 for exponential
+    service, 3 .. 1 for deterministic service as the load rises (the wait of a request
+    that queues behind one job is that job's residual, far from exponential at low load).
+    Simulated M/D/c queues show about the same value for every c, so it is used for all.
+    """
+    rho = min(max(rho, 1e-9), 1.0 - 1e-9)
+    m1_1 = m2 / (2.0 * mean * (1.0 - rho))  # E[W | W > 0]
+    ew = rho * m1_1
+    m2_1 = 2.0 * ew * ew / rho + m3 / (3.0 * mean * (1.0 - rho))
+    scv = m2_1 / (m1_1 * m1_1) - 1.0
+    if not math.isfinite(scv) or scv <= 0:
+        return 1.0
+    shape = min(max(1.0 / scv, 0.25), 50.0)
+    return 1.0 if abs(shape - 1.0) < 1e-6 else shape
+
+
+def _wait_time(
+    rate_rps: float, moments: tuple[float, float, float], servers: int, ca2: float
+) -> WaitTime | None:
+    """The M/G/c wait: Erlang C, Allen-Cunneen conditional mean, M/G/1 shape; None if
+    unstable. ``moments`` are E[S], E[S^2], E[S^3] (ms)."""
+    mean, m2, m3 = moments
     lam = rate_rps / 1000.0
-    a = lam * mean_ms
+    a = lam * mean
     if a >= servers:
-        return 1.0, 0.0
-    c_prob = erlang_c(servers, a)
-    theta = 2.0 * (servers / mean_ms - lam) / max(ca2 + scv, 1e-12)
-    return c_prob, theta
+        return None
+    if lam <= 0:
+        return WaitTime(0.0, mean, 1.0)
+    scv = max(m2 / (mean * mean) - 1.0, 0.0)
+    cond_mean = max(ca2 + scv, 1e-12) / 2.0 / (servers / mean - lam)
+    return WaitTime(erlang_c(servers, a), cond_mean, _cond_wait_shape(mean, m2, m3, a / servers))
+
+
+def _moments(service: ServiceTime) -> tuple[float, float, float]:
+    return service.mean_ms, service.moment(2), service.moment(3)
 
 
 @lru_cache(maxsize=65536)
@@ -96,7 +161,8 @@ def mgc_wait_quantile_ms(
 ) -> float:
     """The ``q`` quantile of the waiting time (before service) in an M/G/c queue, ms.
 
-    Allen-Cunneen / Kingman: ``P(W > t) = C(c, a) exp(-theta t)`` (see module docstring).
+    ``P(W > 0)`` is Erlang C, ``E[W | W > 0]`` Allen-Cunneen, and the conditional wait a
+    gamma with the M/G/1 shape (exponential for exponential service; see module docstring).
 
     Returns:
         0.0 when fewer than ``1 - q`` of requests wait; ``math.inf`` when
@@ -105,10 +171,8 @@ def mgc_wait_quantile_ms(
     _check_q(q)
     if rate_rps <= 0:
         return 0.0
-    c_prob, theta = _wait_params(rate_rps, service.mean_ms, service.scv, servers, ca2)
-    if theta <= 0:
-        return math.inf
-    return _exp_wait_quantile(c_prob, theta, q)
+    wait = _wait_time(rate_rps, _moments(service), servers, ca2)
+    return math.inf if wait is None else wait.quantile(q)
 
 
 def _exp_wait_quantile(c_prob: float, theta: float, q: float) -> float:
@@ -195,50 +259,49 @@ def _mgc_model(
     lam = max(rate_rps, 0.0) / 1000.0
     if len(set(services)) == 1:
         service = services[0]
-        if lam * service.mean_ms >= c:
+        wait = _wait_time(lam * 1000.0, _moments(service), c, ca2)
+        if wait is None:
             return None
-        comps: tuple[tuple[float, ServiceTime], ...] = ((1.0, service),)
-        if lam > 0:
-            c_prob, theta = _wait_params(rate_rps, service.mean_ms, service.scv, c, ca2)
-        else:
-            c_prob, theta = 0.0, 1.0
-    else:
-        mus = np.array([1.0 / s.mean_ms for s in services])
-        total_mu = float(mus.sum())
-        rho = lam / total_mu
-        if rho >= 1.0:
-            return None
-        weights = (1.0 - rho) / c + rho * mus / total_mu
-        means = np.array([s.mean_ms for s in services])
-        second = np.array([s.var_ms2 + s.mean_ms**2 for s in services])
-        mix_mean = float(weights @ means)
-        mix_scv = max(float(weights @ second) / mix_mean**2 - 1.0, 0.0)
-        if lam > 0:
-            c_prob = erlang_c(c, lam * c / total_mu)
-            theta = 2.0 * (total_mu - lam) / max(ca2 + mix_scv, 1e-12)
-        else:
-            c_prob, theta = 0.0, 1.0
-        comps = tuple((float(w), s) for w, s in zip(weights, services, strict=True))
-    return _wait_plus_service_model(c_prob, theta, comps)
+        return _wait_plus_service_model(wait, ((1.0, service),))
+    mus = np.array([1.0 / s.mean_ms for s in services])
+    total_mu = float(mus.sum())
+    rho = lam / total_mu
+    if rho >= 1.0:
+        return None
+    weights = (1.0 - rho) / c + rho * mus / total_mu
+    mix = tuple(float(weights @ np.array([s.moment(k) for s in services])) for k in (1, 2, 3))
+    # Pooled servers: the mixture's moments, at the pooled capacity's utilisation.
+    pooled_mean = c / total_mu
+    scale = pooled_mean / mix[0]  # keep the mixture's shape, match the pooled capacity
+    moments = (pooled_mean, mix[1] * scale**2, mix[2] * scale**3)
+    wait = _wait_time(lam * 1000.0, moments, c, ca2)
+    if wait is None:
+        return None
+    comps = tuple((float(w), s) for w, s in zip(weights, services, strict=True))
+    return _wait_plus_service_model(wait, comps)
 
 
 def _wait_plus_service_model(
-    c_prob: float, theta: float, comps: tuple[tuple[float, ServiceTime], ...]
+    wait: WaitTime, comps: tuple[tuple[float, ServiceTime], ...]
 ) -> LatencyModel:
-    """W + S, W = 0 w.p. 1 - C else Exp(theta), S a mixture of ``comps``."""
+    """W + S, W independent of S, S a mixture of ``comps``."""
+    c_prob = wait.c_prob
 
     def tail(t: np.ndarray) -> np.ndarray:
         out = np.zeros_like(t)
         for w, s in comps:
             part = (1.0 - c_prob) * s.sf(t)
             if c_prob > 0:
-                part = part + c_prob * s.exp_smoothed_sf(t, theta)
+                if wait.shape == 1.0:
+                    part = part + c_prob * s.exp_smoothed_sf(t, 1.0 / wait.cond_mean_ms)
+                else:
+                    part = part + c_prob * s.smoothed_sf(t, wait.sf)
             out += w * part
         return out
 
     def bracket(q: float) -> tuple[float, float]:
         lo = min(s.quantile(q) for _, s in comps)
-        hi = max(s.quantile(q) for _, s in comps) + _exp_wait_quantile(c_prob, theta, q)
+        hi = max(s.quantile(q) for _, s in comps) + wait.quantile(q)
         return lo, max(hi, lo * 1.001 + 1e-9)
 
     exact = None
@@ -246,7 +309,7 @@ def _wait_plus_service_model(
         d = comps[0][1].shift_ms
 
         def exact(q: float) -> float:
-            return d + _exp_wait_quantile(c_prob, theta, q)
+            return d + wait.quantile(q)
 
     return LatencyModel(tail, bracket, exact)
 
@@ -406,21 +469,32 @@ def batch_model(
     # Mean batch size: what arrives while the batch collects (a duty cycle) or while the
     # previous batch runs, whichever is longer, capped at b; keeps rho_b < 1 when stable.
     k = min(float(batch), 1.0 + lam * max(d, mean_l))
-    rho_b = lam * mean_l / k
-    theta = 2.0 * (1.0 / mean_l - lam / k) / max(1.0 / k + service.scv, 1e-12)
-    c_prob = rho_b
+    rho_b = lam * mean_l / k  # P(the instance is busy when a request arrives)
+    rho_f = lam * mean_l / batch  # load in full batches: when queued batches pile up
+    theta = 2.0 * (1.0 / mean_l - lam / batch) / max(1.0 / batch + service.scv, 1e-12)
+    head = 1.0 / min(float(batch), 1.0 + lam * d)  # share of requests that open a batch
     nodes = service.nodes
 
+    def g_server(v: np.ndarray) -> np.ndarray:
+        # P(B <= v), B = 0 w.p. 1 - rho_b, else R + Q: R ~ U(0, E[L]) the running batch's
+        # residual, Q = 0 w.p. 1 - rho_f else Exp(theta) (full batches queued ahead).
+        m = np.minimum(v, mean_l)
+        busy = (m - rho_f * np.exp(-theta * v) * np.expm1(theta * m) / theta) / mean_l
+        return (1.0 - rho_b) + rho_b * busy
+
     def tail(t: np.ndarray) -> np.ndarray:
-        v = t[:, None] - nodes[None, :]  # the pre-execution wait V = max(U, W_b) needed
+        v = t[:, None] - nodes[None, :]  # the pre-execution wait V = max(U, B) needed
         vp = np.maximum(v, 0.0)
-        g_w = np.where(v >= 0, 1.0 - c_prob * np.exp(-theta * vp), 0.0)
-        g_u = np.clip(vp / fill, 0.0, 1.0) if fill > 0 else (v >= 0).astype(float)
-        return 1.0 - (g_w * g_u).mean(axis=1)
+        g_b = np.where(v >= 0, g_server(vp), 0.0)
+        if fill > 0:  # the batch's first request waits the whole fill, the others less
+            g_u = (1.0 - head) * np.clip(vp / fill, 0.0, 1.0) + head * (vp >= fill)
+        else:
+            g_u = (v >= 0).astype(float)
+        return 1.0 - (g_b * g_u).mean(axis=1)
 
     def bracket(q: float) -> tuple[float, float]:
         lo = service.quantile(q) * 0.5
-        hi = service.quantile(q) + fill + _exp_wait_quantile(c_prob, theta, q)
+        hi = service.quantile(q) + fill + mean_l + _exp_wait_quantile(rho_f, theta, q)
         return lo, max(hi, lo + 1e-6)
 
     return LatencyModel(tail, bracket)

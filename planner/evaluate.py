@@ -1,0 +1,438 @@
+"""Predict what a serving configuration does under a load: the plan's ``predicted`` block.
+
+:func:`predict` is the analytic twin of :func:`greenctl.planner.simulator.simulate`; both
+return the same keys (:data:`PREDICTED_KEYS`). The shared pieces (instances, load split,
+energy/carbon/water/cost accounting) live here so the two agree on everything but latency.
+
+Dispatch policies:
+
+- ``fifo``: one central FIFO queue per model over all its instances (Clover's
+  producer/consumer). Heterogeneous instances use the pooled M/G/c approximation of
+  :func:`greenctl.planner.queueing.pooled_latency_quantile_ms`.
+- ``wrr``: weighted round-robin over deployments by ``quota_rps`` (InfAdapter), round-robin
+  over a deployment's instances; each instance is a G/G/1 queue whose arrivals are a
+  fraction ``p`` of one Poisson stream spread evenly (stride scheduling), so ``ca2 = p``.
+- ``batch``: the same split, each instance batching up to its deployment's ``batch`` with
+  a duty cycle (Nexus/gpulet; :func:`greenctl.planner.queueing.batch_model`).
+
+Load split: over models by ``rate_rps`` when it is a dict, else in proportion to their
+quotas when every deployment has one, else to their capacity. Over deployments of a model
+(``wrr``/``batch``) likewise by quota, else by capacity.
+
+Energy: an instance draws its profile's busy ``power_w`` while serving and its
+``idle_power_w`` otherwise (busy power falls back to ``energy_j x throughput``); each
+device additionally draws ``device_idle_power_w`` all the time (instances with the same
+``device`` share one; an instance without ``device`` is a device of its own). Energy per
+request = total power / served rate. Carbon (g) = energy (J) / 3.6e6 (kWh) x PUE x carbon
+intensity (g/kWh). Water (L) = energy (kWh) x (PUE x indirect EWIF + direct WUE).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from greenctl.data.errors import InputError
+from greenctl.data.plan import Deployment
+from greenctl.data.records import Profile, Variant
+from greenctl.planner.latency import ServiceTime
+from greenctl.planner.queueing import (
+    LatencyModel,
+    batch_model,
+    default_duty_cycle_ms,
+    mgc_model,
+    mixture_quantile,
+)
+
+POLICIES = ("fifo", "wrr", "batch")
+PREDICTED_KEYS = (
+    "rate_rps",
+    "served_rps",
+    "dropped_rps",
+    "p50_ms",
+    "p95_ms",
+    "p99_ms",
+    "slo_violation_frac",
+    "accuracy",
+    "power_w",
+    "energy_j_per_request",
+    "carbon_g_per_request",
+    "water_l_per_request",
+    "cost_per_hour",
+    "utilisation",
+    "overloaded",
+)
+
+ProfileKey = tuple[str, str, int]
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One running copy of a deployment."""
+
+    index: int
+    deployment: int  # index into the deployments list
+    model: str
+    variant: str
+    resource: str
+    batch: int
+    service: ServiceTime  # execution time of one batch of ``batch``
+    profile: Profile
+    device: str
+    duty_cycle_ms: float | None = None
+
+    @property
+    def capacity_rps(self) -> float:
+        """Requests per second this instance completes when always busy."""
+        return 1000.0 * self.batch / self.service.mean_ms
+
+
+def build_instances(
+    deployments: Sequence[Deployment],
+    profiles: Mapping[ProfileKey, Profile],
+    *,
+    duty_cycle_ms: float | None = None,
+) -> list[Instance]:
+    """Expand deployments into instances with their service-time distributions.
+
+    Raises:
+        InputError: a deployment without a profile (names variant, resource and batch).
+    """
+    if not deployments:
+        raise InputError("the plan has no deployments", hint="plan with `greenctl plan ...`")
+    out: list[Instance] = []
+    fitted: dict[ProfileKey, ServiceTime] = {}
+    for di, dep in enumerate(deployments):
+        key = (dep.variant, dep.resource, dep.batch)
+        profile = profiles.get(key)
+        if profile is None:
+            raise InputError(
+                f"no profile for variant '{dep.variant}' on '{dep.resource}' at batch "
+                f"{dep.batch} (deployments[{di}])",
+                hint=f"measure it with `greenctl profile {dep.variant} --resource "
+                f"{dep.resource} --batch {dep.batch}` or load figures with "
+                "`greenctl profile import`",
+            )
+        if key not in fitted:
+            fitted[key] = ServiceTime.from_profile(profile)
+        duty = duty_cycle_ms
+        if isinstance(dep.placement, dict) and dep.placement.get("duty_cycle_ms") is not None:
+            duty = float(dep.placement["duty_cycle_ms"])
+        for _ in range(dep.count):
+            idx = len(out)
+            device = str(dep.device) if dep.device is not None else f"instance-{idx}"
+            out.append(
+                Instance(
+                    index=idx,
+                    deployment=di,
+                    model=dep.model,
+                    variant=dep.variant,
+                    resource=dep.resource,
+                    batch=dep.batch,
+                    service=fitted[key],
+                    profile=profile,
+                    device=device,
+                    duty_cycle_ms=duty,
+                )
+            )
+    return out
+
+
+def profiles_by_key(profiles: Sequence[Profile]) -> dict[ProfileKey, Profile]:
+    """Index profiles by (variant, resource, batch); the last one of a key wins."""
+    return {(p.variant, p.resource, p.batch): p for p in profiles}
+
+
+def check_policy(policy: str, instances: Sequence[Instance]) -> None:
+    """Raises InputError for an unknown policy or batched deployments under fifo/wrr."""
+    if policy not in POLICIES:
+        raise InputError(f"unknown policy '{policy}'", hint=f"use one of {', '.join(POLICIES)}")
+    if policy != "batch":
+        batched = sorted({(i.variant, i.resource, i.batch) for i in instances if i.batch > 1})
+        if batched:
+            v, r, b = batched[0]
+            raise InputError(
+                f"policy '{policy}' serves one request at a time, but {v} on {r} has batch {b}",
+                hint="use --policy batch for batched deployments",
+            )
+
+
+def split_load(
+    instances: Sequence[Instance],
+    deployments: Sequence[Deployment],
+    rate_rps: float | Mapping[str, float],
+) -> tuple[dict[str, float], list[float]]:
+    """The rate of each model, and each instance's share (0..1) of its model's rate.
+
+    The per-instance shares are what ``wrr`` and ``batch`` dispatch by (quota, else
+    capacity, split evenly over a deployment's instances); ``fifo`` ignores them.
+    """
+    models = list(dict.fromkeys(i.model for i in instances))
+    cap_of_dep: dict[int, float] = {}
+    for inst in instances:
+        cap_of_dep[inst.deployment] = cap_of_dep.get(inst.deployment, 0.0) + inst.capacity_rps
+    all_quota = all(d.quota_rps is not None for d in deployments)
+    if isinstance(rate_rps, Mapping):
+        unknown = sorted(set(rate_rps) - set(models))
+        if unknown:
+            raise InputError(f"rate given for models not in the plan: {', '.join(unknown)}")
+        model_rate = {m: float(rate_rps.get(m, 0.0)) for m in models}
+    else:
+        weights = {}
+        for m in models:
+            deps = {i.deployment for i in instances if i.model == m}
+            if all_quota:
+                weights[m] = sum(float(deployments[d].quota_rps or 0.0) for d in deps)
+            else:
+                weights[m] = sum(cap_of_dep[d] for d in deps)
+        total = sum(weights.values())
+        if total <= 0:
+            weights = {m: 1.0 for m in models}
+            total = float(len(models))
+        model_rate = {m: float(rate_rps) * weights[m] / total for m in models}
+    for m, r in model_rate.items():
+        if not math.isfinite(r) or r < 0:
+            raise InputError(f"rate for model '{m}' must be a finite number >= 0, got {r}")
+    shares = [0.0] * len(instances)
+    for m in models:
+        dep_ids = sorted({i.deployment for i in instances if i.model == m})
+        model_quota = all(deployments[d].quota_rps is not None for d in dep_ids)
+        dep_w = {
+            d: (float(deployments[d].quota_rps or 0.0) if model_quota else cap_of_dep[d])
+            for d in dep_ids
+        }
+        total = sum(dep_w.values())
+        if total <= 0:
+            dep_w = {d: cap_of_dep[d] for d in dep_ids}
+            total = sum(dep_w.values())
+        for inst in instances:
+            if inst.model == m:
+                shares[inst.index] = (
+                    dep_w[inst.deployment] / total / deployments[inst.deployment].count
+                )
+    return model_rate, shares
+
+
+def account(
+    instances: Sequence[Instance],
+    variants: Mapping[str, Variant],
+    *,
+    rate_rps: float,
+    served_rps: Sequence[float],
+    busy_frac: Sequence[float],
+    carbon_g_per_kwh: float | None = None,
+    pue: float = 1.0,
+    wue_l_per_kwh: float | None = None,
+    ewif_l_per_kwh: float | None = None,
+    device_idle_power_w: float | None = None,
+) -> dict[str, Any]:
+    """Throughput, accuracy, power, energy, carbon, water and cost of a configuration.
+
+    Args:
+        served_rps: per instance, the rate it completes.
+        busy_frac: per instance, the fraction of time it executes (0..1).
+    """
+    if pue < 1.0 or not math.isfinite(pue):
+        raise InputError(f"PUE must be a number >= 1, got {pue}")
+    for name, value in (
+        ("carbon intensity", carbon_g_per_kwh),
+        ("WUE", wue_l_per_kwh),
+        ("EWIF", ewif_l_per_kwh),
+        ("device idle power", device_idle_power_w),
+    ):
+        if value is not None and (not math.isfinite(value) or value < 0):
+            raise InputError(f"{name} must be a number >= 0, got {value}")
+    served = float(sum(served_rps))
+    out: dict[str, Any] = {
+        "rate_rps": float(rate_rps),
+        "served_rps": served,
+        "dropped_rps": _clean(max(float(rate_rps) - served, 0.0), float(rate_rps)),
+    }
+    # accuracy, request-weighted
+    acc_num, acc_known = 0.0, True
+    for inst, s in zip(instances, served_rps, strict=True):
+        if s <= 0:
+            continue
+        variant = variants.get(inst.variant)
+        if variant is None or variant.accuracy is None:
+            acc_known = False
+            continue
+        acc_num += s * float(variant.accuracy)
+    out["accuracy"] = acc_num / served if acc_known and served > 0 else None
+    # power
+    power, power_known = 0.0, True
+    for inst, u in zip(instances, busy_frac, strict=True):
+        busy_w = inst.profile.power_w
+        if busy_w is None and inst.profile.energy_j is not None:
+            busy_w = inst.profile.energy_j * inst.capacity_rps
+        if busy_w is None:
+            power_known = False
+            continue
+        idle_w = inst.profile.idle_power_w or 0.0
+        u = min(max(u, 0.0), 1.0)
+        power += u * busy_w + (1.0 - u) * idle_w
+    if device_idle_power_w:
+        power += device_idle_power_w * len({inst.device for inst in instances})
+    out["power_w"] = power if power_known else None
+    energy = power / served if power_known and served > 0 else None
+    out["energy_j_per_request"] = energy
+    kwh = energy / 3.6e6 if energy is not None else None
+    out["carbon_g_per_request"] = (
+        kwh * pue * carbon_g_per_kwh if kwh is not None and carbon_g_per_kwh is not None else None
+    )
+    if kwh is not None and (wue_l_per_kwh is not None or ewif_l_per_kwh is not None):
+        out["water_l_per_request"] = kwh * (pue * (ewif_l_per_kwh or 0.0) + (wue_l_per_kwh or 0.0))
+    else:
+        out["water_l_per_request"] = None
+    costs = [i.profile.cost_per_hour for i in instances if i.profile.cost_per_hour is not None]
+    out["cost_per_hour"] = float(sum(costs)) if costs else None
+    out["utilisation"] = (
+        float(sum(min(max(u, 0.0), 1.0) for u in busy_frac) / len(instances)) if instances else 0.0
+    )
+    return out
+
+
+def _clean(value: float, scale: float) -> float:
+    """Round float noise (relative to ``scale``) to zero."""
+    return 0.0 if abs(value) <= 1e-9 * max(abs(scale), 1.0) else value
+
+
+def _order(result: dict[str, Any], slo: bool) -> dict[str, Any]:
+    return {k: result.get(k) for k in PREDICTED_KEYS if slo or k != "slo_violation_frac"}
+
+
+def predict(
+    deployments: Sequence[Deployment],
+    profiles: Mapping[ProfileKey, Profile],
+    variants: Mapping[str, Variant],
+    *,
+    rate_rps: float | Mapping[str, float],
+    policy: str = "fifo",
+    percentile_slo_ms: float | None = None,
+    carbon_g_per_kwh: float | None = None,
+    pue: float = 1.0,
+    wue_l_per_kwh: float | None = None,
+    ewif_l_per_kwh: float | None = None,
+    device_idle_power_w: float | None = None,
+    duty_cycle_ms: float | None = None,
+) -> dict[str, Any]:
+    """Analytic prediction of a configuration's latency, accuracy, energy, carbon and cost.
+
+    Args:
+        deployments: the plan's deployments.
+        profiles: ``{(variant, resource, batch): Profile}`` (see :func:`profiles_by_key`).
+        variants: ``{name: Variant}`` for accuracy.
+        rate_rps: the total arrival rate (Poisson), or ``{model: rate}``.
+        policy: ``fifo``, ``wrr`` or ``batch`` (module docstring).
+        percentile_slo_ms: an SLO in ms; adds ``slo_violation_frac``.
+        carbon_g_per_kwh: grid carbon intensity (g CO2 / kWh).
+        pue: power usage effectiveness (>= 1).
+        wue_l_per_kwh: direct (on-site) water usage effectiveness, L/kWh.
+        ewif_l_per_kwh: indirect (electricity generation) water intensity, L/kWh.
+        device_idle_power_w: idle power of each whole device, shared by its instances.
+        duty_cycle_ms: duty cycle of the batch policy (default: each batch's mean time;
+            a deployment's ``placement["duty_cycle_ms"]`` wins).
+
+    Returns:
+        A dict with :data:`PREDICTED_KEYS` (``slo_violation_frac`` only with an SLO).
+        An overloaded configuration (load at or above capacity of any queue) has
+        ``overloaded`` True, ``p50/p95/p99_ms`` = ``math.inf``, the excess as
+        ``dropped_rps`` and every request of an overloaded queue counted as violating.
+
+    Raises:
+        InputError: a missing profile, an unknown policy, a bad number.
+    """
+    instances = build_instances(deployments, profiles, duty_cycle_ms=duty_cycle_ms)
+    check_policy(policy, instances)
+    model_rate, shares = split_load(instances, deployments, rate_rps)
+    total_rate = sum(model_rate.values())
+
+    served = [0.0] * len(instances)
+    busy = [0.0] * len(instances)
+    parts: list[tuple[float, LatencyModel]] = []
+    violation = 0.0
+    overloaded = False
+
+    def queue(rate: float, members: list[Instance], model: LatencyModel | None) -> None:
+        nonlocal violation, overloaded
+        cap = sum(i.capacity_rps for i in members)
+        if rate <= 0:
+            return
+        if model is None:
+            overloaded = True
+            violation += rate
+            for i in members:  # saturated: everyone busy, serving at capacity
+                served[i.index] = i.capacity_rps
+                busy[i.index] = 1.0
+            return
+        parts.append((rate, model))
+        if percentile_slo_ms is not None:
+            violation += rate * float(model.sf(percentile_slo_ms)[0])
+        if policy == "fifo" and len(members) > 1:
+            # Pooled queue: instance i serves (1 - rho)/c + rho mu_i / sum mu of requests.
+            rho = rate / cap
+            c = len(members)
+            for i in members:
+                share = (1.0 - rho) / c + rho * i.capacity_rps / cap
+                served[i.index] = rate * share
+                busy[i.index] = served[i.index] / i.capacity_rps
+        else:
+            (i,) = members
+            served[i.index] = rate
+            busy[i.index] = _busy_fraction(i, rate, policy)
+
+    for m, rate in model_rate.items():
+        members = [i for i in instances if i.model == m]
+        if policy == "fifo":
+            model = mgc_model(rate, [i.service for i in members]) if rate > 0 else None
+            queue(rate, members, model)
+        else:
+            for i in members:
+                r = rate * shares[i.index]
+                if policy == "wrr":
+                    # stride-scheduled share p of a Poisson stream: interarrival ca2 ~ p
+                    lm = mgc_model(r, [i.service], ca2=max(min(shares[i.index], 1.0), 0.05))
+                else:
+                    lm = batch_model(r, i.service, i.batch, duty_cycle_ms=i.duty_cycle_ms)
+                queue(r, [i], lm)
+
+    result = account(
+        instances,
+        variants,
+        rate_rps=total_rate,
+        served_rps=served,
+        busy_frac=busy,
+        carbon_g_per_kwh=carbon_g_per_kwh,
+        pue=pue,
+        wue_l_per_kwh=wue_l_per_kwh,
+        ewif_l_per_kwh=ewif_l_per_kwh,
+        device_idle_power_w=device_idle_power_w,
+    )
+    if overloaded:
+        result.update(p50_ms=math.inf, p95_ms=math.inf, p99_ms=math.inf)
+    elif parts:
+        for key, q in (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99)):
+            result[key] = mixture_quantile(parts, q)
+    else:
+        result.update(p50_ms=None, p95_ms=None, p99_ms=None)
+    if percentile_slo_ms is not None:
+        result["slo_violation_frac"] = violation / total_rate if total_rate > 0 else 0.0
+    result["overloaded"] = overloaded
+    return _order(result, percentile_slo_ms is not None)
+
+
+def _busy_fraction(inst: Instance, rate: float, policy: str) -> float:
+    """Fraction of time an instance executes at ``rate`` (batching: partial batches)."""
+    if policy != "batch" or inst.batch == 1:
+        return min(rate / inst.capacity_rps, 1.0)
+    lam = rate / 1000.0
+    mean_l = inst.service.mean_ms
+    d = (
+        inst.duty_cycle_ms
+        if inst.duty_cycle_ms is not None
+        else default_duty_cycle_ms(inst.service)
+    )
+    k = min(float(inst.batch), 1.0 + lam * max(d, mean_l))
+    return min(lam * mean_l / k, 1.0)

@@ -1,0 +1,121 @@
+"""Arrival processes for the simulator: Poisson at a rate, or a requests-per-second trace.
+
+Arrival times are in seconds from 0, sorted, as a float64 numpy array. Everything is
+deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+from pathlib import Path
+
+import numpy as np
+from greenctl.data.errors import FileFormatError, InputError
+
+DEFAULT_REQUESTS = 100_000
+
+
+def poisson_arrivals(
+    rate: float, *, duration_s: float | None = None, n: int | None = None, seed: int = 0
+) -> np.ndarray:
+    """Arrival times (s) of a Poisson process of ``rate`` requests per second.
+
+    Give either ``duration_s`` (all arrivals in ``[0, duration_s)``; their number is
+    Poisson) or ``n`` (exactly ``n`` arrivals); neither means ``n = 100000``.
+
+    Raises:
+        InputError: a rate <= 0, or both/invalid duration and count.
+    """
+    if not math.isfinite(rate) or rate <= 0:
+        raise InputError(f"arrival rate must be a number > 0 req/s, got {rate}")
+    if duration_s is not None and n is not None:
+        raise InputError("give a duration or a number of requests, not both")
+    rng = np.random.default_rng(seed)
+    if duration_s is not None:
+        if not math.isfinite(duration_s) or duration_s <= 0:
+            raise InputError(f"duration must be > 0 s, got {duration_s}")
+        count = int(rng.poisson(rate * duration_s))
+        return np.sort(rng.uniform(0.0, duration_s, count))
+    count = DEFAULT_REQUESTS if n is None else int(n)
+    if count < 1:
+        raise InputError(f"number of requests must be >= 1, got {count}")
+    return np.cumsum(rng.exponential(1.0 / rate, count))
+
+
+def trace_arrivals(
+    rps_series: np.ndarray | list[float],
+    *,
+    seed: int = 0,
+    scale: float = 1.0,
+) -> np.ndarray:
+    """Arrival times (s) replaying a requests-per-second series.
+
+    Second ``i`` gets ``Poisson(scale * rps_series[i])`` arrivals placed uniformly (a
+    Poisson process of that second's rate).
+
+    Raises:
+        InputError: a negative or non-finite rate, or a scale <= 0.
+    """
+    series = np.asarray(rps_series, dtype=float)
+    if series.ndim != 1 or series.size == 0:
+        raise InputError("a trace needs at least one requests-per-second value")
+    if not np.isfinite(series).all() or (series < 0).any():
+        bad = int(np.flatnonzero(~np.isfinite(series) | (series < 0))[0])
+        raise InputError(f"trace value {bad + 1} is {series[bad]}: rates must be >= 0")
+    if not math.isfinite(scale) or scale <= 0:
+        raise InputError(f"trace scale must be > 0, got {scale}")
+    rng = np.random.default_rng(seed)
+    counts = rng.poisson(series * scale)
+    seconds = np.repeat(np.arange(series.size, dtype=float), counts)
+    return np.sort(seconds + rng.uniform(0.0, 1.0, seconds.size))
+
+
+def read_trace(path: str | Path) -> np.ndarray:
+    """Read a requests-per-second trace: numbers separated by whitespace or commas.
+
+    ``.gz`` files are decompressed; lines starting with ``#`` are comments.
+
+    Raises:
+        InputError / FileFormatError: a missing file, or a value that is not a number >= 0
+        (naming the line).
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"trace file {p} does not exist") from None
+    except OSError as exc:
+        raise InputError(f"cannot read trace file {p}: {exc.strerror}") from None
+    if p.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise FileFormatError(str(p), f"not a valid gzip file ({exc})") from None
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise FileFormatError(str(p), "not a text file of numbers") from None
+    if "#" in text:
+        text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    try:
+        values = np.array(text.replace(",", " ").split(), dtype=float)
+    except ValueError:
+        for lineno, line in enumerate(text.splitlines(), 1):
+            for token in line.replace(",", " ").split():
+                try:
+                    float(token)
+                except ValueError:
+                    raise FileFormatError(
+                        str(p),
+                        f"'{token}' is not a number",
+                        line=lineno,
+                        hint="a trace is requests per second, one number per second",
+                    ) from None
+        raise  # pragma: no cover - numpy and float() disagree
+    if values.size == 0:
+        raise FileFormatError(str(p), "the trace has no values")
+    if not np.isfinite(values).all() or (values < 0).any():
+        bad = int(np.flatnonzero(~np.isfinite(values) | (values < 0))[0])
+        raise FileFormatError(str(p), f"value {bad + 1} is {values[bad]}: rates must be >= 0")
+    return values

@@ -1,0 +1,445 @@
+"""Discrete-event simulation of a serving configuration: the check on the analytic path.
+
+Requests arrive (Poisson or a trace, :mod:`greenctl.planner.loads`), are split over models
+in proportion to their rates (independent thinning, so each model sees a Poisson stream),
+and are dispatched by a policy:
+
+- ``fifo``: one central FIFO queue per model; the head request goes to whichever instance
+  is free first (the one idle longest when several are idle). A heap over the instances'
+  free times; the loop is plain Python, ~1 us per request.
+- ``wrr``: stride scheduling over instances by their shares (quota, else capacity, split
+  evenly over a deployment's instances): instance ``i``'s ``k``-th request is the one with
+  the ``k``-th smallest virtual time ``(k + 1/2) / p_i``. Each instance is then a FIFO
+  queue solved by Lindley's recursion in closed form,
+  ``W = X - cummin(X)`` with ``X`` the running sum of (service - interarrival): numpy only.
+- ``batch``: the same split; each instance collects up to ``batch`` requests and starts
+  when the batch is full or one duty cycle after its first request arrived (or when it
+  becomes free, if later); a batch of any size runs ``L(b)`` drawn from the batch profile.
+
+Service times are drawn from each instance's :class:`~greenctl.planner.latency.ServiceTime`.
+The first ``warmup_frac`` of requests are left out of the latency statistics. A bounded
+queue (``queue_limit`` waiting requests per queue) drops arrivals that find it full
+(``fifo`` and ``wrr``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from greenctl.data.errors import InputError
+from greenctl.data.plan import Deployment
+from greenctl.data.records import Profile, Variant
+from greenctl.planner.evaluate import (
+    PREDICTED_KEYS,
+    Instance,
+    account,
+    build_instances,
+    check_policy,
+    split_load,
+)
+from greenctl.planner.latency import ServiceTime
+from greenctl.planner.loads import poisson_arrivals
+from greenctl.planner.queueing import default_duty_cycle_ms
+
+
+@dataclass
+class QueueRun:
+    """What happened to each request offered to one queue (times in ms)."""
+
+    arrival_ms: np.ndarray
+    wait_ms: np.ndarray  # before service starts (NaN when dropped)
+    service_ms: np.ndarray  # execution time (NaN when dropped)
+    server: np.ndarray  # index of the server that served it (-1 when dropped)
+
+    @property
+    def latency_ms(self) -> np.ndarray:
+        return self.wait_ms + self.service_ms
+
+    @property
+    def dropped(self) -> np.ndarray:
+        return self.server < 0
+
+
+# -- fifo -----------------------------------------------------------------------------------
+def fifo_queue(
+    arrival_ms: np.ndarray,
+    services: Sequence[ServiceTime],
+    rng: np.random.Generator,
+    *,
+    queue_limit: int | None = None,
+) -> QueueRun:
+    """One FIFO queue over ``len(services)`` servers (server ``i`` draws from ``services[i]``).
+
+    Args:
+        arrival_ms: sorted arrival times in ms.
+        services: one service-time distribution per server.
+        rng: the random generator (service draws).
+        queue_limit: the most requests that may wait; arrivals beyond it are dropped.
+    """
+    n = int(arrival_ms.size)
+    c = len(services)
+    if c < 1:
+        raise InputError("a queue needs at least one server")
+    arr = arrival_ms.tolist()
+    if len(set(services)) == 1 and queue_limit is None:
+        # Identical servers: service times can be drawn up front, in arrival order.
+        svc = services[0].sample(rng, n).tolist()
+        heap = [(0.0, i) for i in range(c)]
+        starts = [0.0] * n
+        who = [0] * n
+        replace = heapq.heapreplace
+        for k in range(n):
+            free, i = heap[0]
+            a = arr[k]
+            st = a if a > free else free
+            starts[k] = st
+            who[k] = i
+            replace(heap, (st + svc[k], i))
+        start = np.array(starts)
+        return QueueRun(arrival_ms, start - arrival_ms, np.array(svc), np.array(who))
+    # Heterogeneous servers: each request's draw becomes a time of the server it lands on.
+    z = rng.standard_normal(n).tolist()
+    e = rng.standard_exponential(n).tolist()
+    kind = [{"deterministic": 0, "lognormal": 1, "exponential": 2}[s.kind] for s in services]
+    shift = [s.shift_ms for s in services]
+    scale = [s.scale_ms for s in services]
+    sigma = [s.sigma for s in services]
+    heap = [(0.0, i) for i in range(c)]
+    starts = [math.nan] * n
+    svc_out = [math.nan] * n
+    who = [-1] * n
+    exp = math.exp
+    replace = heapq.heapreplace
+    waiting: deque[float] = deque()
+    limit = -1 if queue_limit is None else int(queue_limit)
+    for k in range(n):
+        a = arr[k]
+        if limit >= 0:
+            while waiting and waiting[0] <= a:
+                waiting.popleft()
+            if len(waiting) >= limit and heap[0][0] > a:
+                continue
+        free, i = heap[0]
+        st = a if a > free else free
+        kd = kind[i]
+        if kd == 1:
+            s = shift[i] + scale[i] * exp(sigma[i] * z[k])
+        elif kd == 2:
+            s = shift[i] + scale[i] * e[k]
+        else:
+            s = shift[i]
+        starts[k] = st
+        svc_out[k] = s
+        who[k] = i
+        replace(heap, (st + s, i))
+        if limit >= 0 and st > a:
+            waiting.append(st)
+    start = np.array(starts)
+    return QueueRun(arrival_ms, start - arrival_ms, np.array(svc_out), np.array(who))
+
+
+# -- wrr: stride dispatch + Lindley ---------------------------------------------------------
+def stride_assign(shares: Sequence[float], n: int) -> np.ndarray:
+    """Server index of each of ``n`` requests under stride (smooth weighted RR) scheduling."""
+    p = np.asarray(shares, dtype=float)
+    if (p < 0).any() or p.sum() <= 0:
+        raise InputError("dispatch shares must be >= 0 with a positive sum")
+    p = p / p.sum()
+    ids, times = [], []
+    for i, pi in enumerate(p):
+        if pi <= 0:
+            continue
+        count = math.ceil(n * pi) + 1
+        times.append((np.arange(count) + 0.5) / pi)
+        ids.append(np.full(count, i))
+    v = np.concatenate(times)
+    order = np.argsort(v, kind="stable")[:n]
+    return np.concatenate(ids)[order]
+
+
+def lindley_queue(arrival_ms: np.ndarray, service_ms: np.ndarray) -> np.ndarray:
+    """Waiting times of a single FIFO server, vectorised Lindley recursion.
+
+    ``W_0 = 0``, ``W_k = max(0, W_{k-1} + S_{k-1} - (A_k - A_{k-1}))`` equals
+    ``X_k - min_{j<=k} X_j`` for ``X`` the running sum of ``S_{k-1} - (A_k - A_{k-1})``.
+    """
+    if arrival_ms.size == 0:
+        return np.zeros(0)
+    u = service_ms[:-1] - np.diff(arrival_ms)
+    x = np.concatenate(([0.0], np.cumsum(u)))
+    return x - np.minimum.accumulate(x)
+
+
+def _single_bounded(arr: np.ndarray, svc: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """One server with at most ``limit`` waiting: (wait, accepted mask)."""
+    n = arr.size
+    wait = np.full(n, np.nan)
+    ok = np.zeros(n, dtype=bool)
+    free = 0.0
+    waiting: deque[float] = deque()
+    a_list, s_list = arr.tolist(), svc.tolist()
+    for k in range(n):
+        a = a_list[k]
+        while waiting and waiting[0] <= a:
+            waiting.popleft()
+        if free > a and len(waiting) >= limit:
+            continue
+        st = a if a > free else free
+        wait[k] = st - a
+        ok[k] = True
+        free = st + s_list[k]
+        if st > a:
+            waiting.append(st)
+    return wait, ok
+
+
+def wrr_queues(
+    arrival_ms: np.ndarray,
+    services: Sequence[ServiceTime],
+    shares: Sequence[float],
+    rng: np.random.Generator,
+    *,
+    queue_limit: int | None = None,
+) -> QueueRun:
+    """Stride-dispatched per-server FIFO queues (``shares`` sum to the fraction each gets)."""
+    n = arrival_ms.size
+    assign = stride_assign(shares, n)
+    wait = np.full(n, np.nan)
+    svc = np.full(n, np.nan)
+    server = np.full(n, -1)
+    for i, service in enumerate(services):
+        idx = np.flatnonzero(assign == i)
+        if idx.size == 0:
+            continue
+        a = arrival_ms[idx]
+        s = service.sample(rng, idx.size)
+        if queue_limit is None:
+            wait[idx] = lindley_queue(a, s)
+            svc[idx] = s
+            server[idx] = i
+        else:
+            w, ok = _single_bounded(a, s, int(queue_limit))
+            wait[idx[ok]] = w[ok]
+            svc[idx[ok]] = s[ok]
+            server[idx[ok]] = i
+    return QueueRun(arrival_ms, wait, svc, server)
+
+
+# -- batch ----------------------------------------------------------------------------------
+def batch_queue(
+    arrival_ms: np.ndarray,
+    service: ServiceTime,
+    batch: int,
+    rng: np.random.Generator,
+    *,
+    duty_cycle_ms: float | None = None,
+) -> QueueRun:
+    """One batching server: a batch starts when full, or one duty cycle after its first
+    request arrived, or when the server frees up, whichever is latest of (server free) and
+    earliest of (full, duty cycle); every batch runs a draw of ``L(batch)``."""
+    n = int(arrival_ms.size)
+    d = default_duty_cycle_ms(service) if duty_cycle_ms is None else float(duty_cycle_ms)
+    arr = arrival_ms.tolist()
+    n_batches_max = n
+    draws = service.sample(rng, n_batches_max).tolist()
+    start_of = np.empty(n)
+    svc_of = np.empty(n)
+    i = 0
+    free = 0.0
+    nb = 0
+    while i < n:
+        head = arr[i]
+        full_at = arr[i + batch - 1] if i + batch - 1 < n else math.inf
+        close = min(head + d, full_at)
+        st = close if close > free else free
+        # everyone who has arrived by the start joins, up to the batch size
+        j = min(bisect_right(arr, st, i), i + batch)
+        s = draws[nb]
+        nb += 1
+        start_of[i:j] = st
+        svc_of[i:j] = s
+        free = st + s
+        i = j
+    return QueueRun(arrival_ms, start_of - arrival_ms, svc_of, np.zeros(n, dtype=int))
+
+
+# -- whole configuration --------------------------------------------------------------------
+def simulate(
+    deployments: Sequence[Deployment],
+    profiles: Mapping[tuple[str, str, int], Profile],
+    variants: Mapping[str, Variant],
+    *,
+    rate_rps: float | None = None,
+    arrivals_s: np.ndarray | None = None,
+    duration_s: float | None = None,
+    n_requests: int | None = None,
+    policy: str = "fifo",
+    seed: int = 0,
+    queue_limit: int | None = None,
+    percentile_slo_ms: float | None = None,
+    carbon_g_per_kwh: float | None = None,
+    pue: float = 1.0,
+    wue_l_per_kwh: float | None = None,
+    ewif_l_per_kwh: float | None = None,
+    device_idle_power_w: float | None = None,
+    duty_cycle_ms: float | None = None,
+    warmup_frac: float = 0.01,
+) -> dict[str, Any]:
+    """Simulate a configuration; returns the same keys as :func:`~greenctl.planner.evaluate.predict`.
+
+    Args:
+        rate_rps: Poisson rate, used when ``arrivals_s`` is not given.
+        arrivals_s: sorted arrival times in seconds (e.g. from a trace).
+        duration_s / n_requests: the length of a Poisson run (default 100,000 requests).
+        seed: makes the run reproducible.
+        queue_limit: waiting requests per queue beyond which arrivals are dropped.
+        warmup_frac: leading fraction of requests left out of latency statistics.
+        Others: as in :func:`~greenctl.planner.evaluate.predict`.
+
+    The run is ``overloaded`` when the offered rate reaches a queue's capacity, or when
+    more than 2 % of the requests (and at least 100) are still queued when arrivals stop;
+    then ``p50/p95/p99_ms`` are ``math.inf``. ``dropped_rps`` counts drops by a bounded
+    queue plus, when overloaded, the backlog left at the end.
+    """
+    instances = build_instances(deployments, profiles, duty_cycle_ms=duty_cycle_ms)
+    check_policy(policy, instances)
+    if queue_limit is not None and queue_limit < 0:
+        raise InputError(f"queue limit must be >= 0, got {queue_limit}")
+    if queue_limit is not None and policy == "batch":
+        raise InputError("a bounded queue is simulated for the fifo and wrr policies only")
+    if not 0 <= warmup_frac < 1:
+        raise InputError(f"warm-up fraction must be in [0, 1), got {warmup_frac}")
+    given_arrivals = arrivals_s is not None
+    if arrivals_s is None:
+        if rate_rps is None:
+            raise InputError("give a rate or arrival times")
+        arrivals_s = poisson_arrivals(rate_rps, duration_s=duration_s, n=n_requests, seed=seed)
+    arrivals = np.asarray(arrivals_s, dtype=float)
+    n = int(arrivals.size)
+    if n == 0:
+        raise InputError("the load has no requests", hint="raise the rate, duration or scale")
+    if duration_s is not None:
+        horizon_s = float(duration_s)
+    elif given_arrivals:  # a trace: whole seconds
+        horizon_s = float(max(math.ceil(arrivals[-1]), 1.0))
+    else:
+        horizon_s = float(max(arrivals[-1], 1e-9))
+    offered = n / horizon_s
+    model_rate, shares = split_load(instances, deployments, offered)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 7919]))
+    models = list(model_rate)
+    total = sum(model_rate.values())
+    if len(models) > 1 and total > 0:
+        probs = np.array([model_rate[m] / total for m in models])
+        which = rng.choice(len(models), size=n, p=probs)
+    else:
+        which = np.zeros(n, dtype=int)
+    arrival_ms = arrivals * 1000.0
+    horizon_ms = horizon_s * 1000.0
+
+    latency = np.full(n, np.nan)
+    served_count = np.zeros(len(instances))
+    busy_ms = np.zeros(len(instances))
+    backlog = 0
+    saturated = False
+    for mi, m in enumerate(models):
+        members = [i for i in instances if i.model == m]
+        idx = np.flatnonzero(which == mi)
+        if idx.size == 0:
+            continue
+        a = arrival_ms[idx]
+        rate = model_rate[m]
+        if policy == "fifo":
+            saturated |= rate >= sum(i.capacity_rps for i in members)
+            run = fifo_queue(a, [i.service for i in members], rng, queue_limit=queue_limit)
+            runs = [(run, members)]
+        else:
+            sh = [shares[i.index] for i in members]
+            saturated |= any(rate * s >= i.capacity_rps for s, i in zip(sh, members, strict=True))
+            if policy == "wrr":
+                run = wrr_queues(a, [i.service for i in members], sh, rng, queue_limit=queue_limit)
+                runs = [(run, members)]
+            else:
+                assign = stride_assign(sh, idx.size)
+                runs = []
+                for k, inst in enumerate(members):
+                    sub = np.flatnonzero(assign == k)
+                    if sub.size == 0:
+                        continue
+                    b = batch_queue(
+                        a[sub], inst.service, inst.batch, rng, duty_cycle_ms=inst.duty_cycle_ms
+                    )
+                    run_full = QueueRun(
+                        a, np.full(a.size, np.nan), np.full(a.size, np.nan), np.full(a.size, -1)
+                    )
+                    run_full.wait_ms[sub] = b.wait_ms
+                    run_full.service_ms[sub] = b.service_ms
+                    run_full.server[sub] = k
+                    runs.append((run_full, members))
+        for run, mem in runs:
+            ok = ~run.dropped
+            lat = run.latency_ms
+            latency[idx[ok]] = lat[ok]
+            finish = run.arrival_ms + lat
+            for k, inst in enumerate(mem):
+                sel = ok & (run.server == k)
+                if not sel.any():
+                    continue
+                served_count[inst.index] += int(sel.sum())
+                backlog += int((finish[sel] > horizon_ms).sum())
+                busy_ms[inst.index] += _busy_time(run, sel, inst, policy)
+    overloaded = saturated or backlog > max(100, 0.02 * n)
+    served_rps = served_count / horizon_s
+    if overloaded:
+        # the backlog never clears: count it as not served
+        scale = max(served_count.sum() - backlog, 0.0) / max(served_count.sum(), 1.0)
+        served_rps = served_rps * scale
+    busy = np.minimum(busy_ms / horizon_ms, 1.0)
+    result = account(
+        instances,
+        variants,
+        rate_rps=offered,
+        served_rps=served_rps.tolist(),
+        busy_frac=busy.tolist(),
+        carbon_g_per_kwh=carbon_g_per_kwh,
+        pue=pue,
+        wue_l_per_kwh=wue_l_per_kwh,
+        ewif_l_per_kwh=ewif_l_per_kwh,
+        device_idle_power_w=device_idle_power_w,
+    )
+    start = int(n * warmup_frac)
+    steady = latency[start:]
+    measured = steady[~np.isnan(steady)]
+    if overloaded:
+        result.update(p50_ms=math.inf, p95_ms=math.inf, p99_ms=math.inf)
+    elif measured.size:
+        p50, p95, p99 = np.percentile(measured, [50, 95, 99])
+        result.update(p50_ms=float(p50), p95_ms=float(p95), p99_ms=float(p99))
+    else:
+        result.update(p50_ms=None, p95_ms=None, p99_ms=None)
+    if percentile_slo_ms is not None:
+        late = int((measured > percentile_slo_ms).sum())
+        lost = int(np.isnan(steady).sum())
+        frac = (late + lost) / max(steady.size, 1)
+        result["slo_violation_frac"] = 1.0 if saturated else frac
+    result["overloaded"] = bool(overloaded)
+    with_slo = percentile_slo_ms is not None
+    return {k: result.get(k) for k in PREDICTED_KEYS if with_slo or k != "slo_violation_frac"}
+
+
+def _busy_time(run: QueueRun, sel: np.ndarray, inst: Instance, policy: str) -> float:
+    """Execution time (ms) an instance spent on the selected requests."""
+    if policy != "batch":
+        return float(run.service_ms[sel].sum())
+    # a batch's members share one start; count each batch's execution once
+    starts = run.arrival_ms[sel] + run.wait_ms[sel]
+    svc = run.service_ms[sel]
+    _, first = np.unique(starts, return_index=True)
+    return float(svc[first].sum())
