@@ -138,7 +138,7 @@ def test_mig_mode_off_and_no_gpu_say_so(run_store, loaders, tmp_path, monkeypatc
         apply_plan(_mig_plan([("3g.20gb", 0, "a")]), store=run_store, loader=loaders["noop"])
     assert "nvidia-smi -i 0 -mig 1" in str(err.value)
     # --mig-parted: the layout is someone else's; greenctl only looks for the instances
-    with pytest.raises(ExecutorError, match="no MIG instance 3g.20gb at slot 0"):
+    with pytest.raises(ExecutorError, match=r"no MIG instance 3g\.20gb at slot 0"):
         apply_plan(
             _mig_plan([("3g.20gb", 0, "a")]),
             store=run_store,

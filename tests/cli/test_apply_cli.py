@@ -1,0 +1,114 @@
+"""CLI of apply/status/down/loadgen: JSON contracts, errors, and one real run with a no-op model."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from greenctl.data.plan import Deployment, Plan, write_plan_file
+
+NOOP = "greenctl.executor.daemon:noop_loader"
+
+
+@pytest.fixture
+def plan_file(tmp_path: Path) -> Path:
+    plan = Plan(
+        kind="mix",
+        deployments=[
+            Deployment(model="m", variant="v1", resource="cpu:1", count=1, batch=2, quota_rps=20.0)
+        ],
+        predicted={"rate_rps": 20.0, "p95_ms": 10.0},
+    )
+    path = tmp_path / "plan.json"
+    write_plan_file(plan, path)
+    return path
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_path: Path):
+    """A private state dir; any daemon that survives the test is killed."""
+    d = tmp_path / "state"
+    monkeypatch.setenv("GREENCTL_STATE_DIR", str(d))
+    yield d
+    from greenctl.data.store import open_store
+    from greenctl.executor.apply import down
+
+    with contextlib.suppress(Exception), open_store(db_path) as store:
+        down(store)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if str(d) in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    os.kill(int(entry.name), signal.SIGKILL)
+
+
+def test_dry_run_json(cli, plan_file, state_dir):
+    r = cli("apply", plan_file, "--dry-run", "--json", "--loader", NOOP)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["dry_run"] and doc["changed"]
+    assert [a["action"] for a in doc["actions"]] == [
+        "start-dispatcher",
+        "start-executor",
+        "switch-routes",
+    ]
+    r = cli("status", "--json")
+    assert json.loads(r.stdout) == {
+        "dispatcher": None,
+        "instances": [],
+        "restarts": 0,
+        "last_apply": None,
+    }
+
+
+def test_bad_inputs_exit_2(cli, tmp_path, state_dir):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "greenctl.plan/v1", "kind": "mix", "deployments": [{"model": "m"}]}')
+    r = cli("apply", bad)
+    assert r.exit_code == 2 and "deployments[0].variant" in r.output
+    r = cli("loadgen", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--duration", "1")
+    assert r.exit_code == 2 and "--rate" in r.output
+    r = cli(
+        "loadgen", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--rate", "5", "--trace", bad
+    )
+    assert r.exit_code == 2
+
+
+def test_apply_status_loadgen_verify_down(cli, plan_file, state_dir, store):
+    from greenctl.executor.procs import is_alive
+
+    r = cli("apply", plan_file, "--loader", NOOP, "--verify", "--verify-duration", "1", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["verify"]["measured"]["sent"] > 5 and doc["verify"]["measured"]["errors"] == 0
+    runs = list(store.db.table("runs").rows_where("kind = ?", ["verify"]))
+    assert len(runs) == 1 and json.loads(runs[0]["predicted"])["p95_ms"] == 10.0
+    assert json.loads(runs[0]["measured"])["p95_ms"] is not None
+
+    r = cli("status", "--json")
+    st = json.loads(r.stdout)
+    url = st["dispatcher"]["url"]
+    assert url.startswith("http://127.0.0.1:")
+    (inst,) = st["instances"]
+    assert {"variant", "resource", "pid", "port", "ready", "requests", "p95_ms"} <= set(inst)
+    assert inst["ready"] and inst["requests"] >= 5
+
+    r = cli(
+        "loadgen", "--endpoint", url, "--model", "m", "--rate", "30", "--duration", "1", "--json"
+    )
+    assert r.exit_code == 0, r.output
+    load = json.loads(r.stdout)
+    assert load["ok"] == load["sent"] > 0 and load["rejected_503"] == 0
+
+    r = cli("apply", plan_file, "--loader", NOOP)
+    assert r.exit_code == 0 and "already running" in r.output
+
+    r = cli("status")
+    assert r.exit_code == 0 and url in r.output
+    r = cli("down")
+    assert r.exit_code == 0 and "Stopped 2" in r.output
+    assert not is_alive(inst["pid"]) and not is_alive(st["dispatcher"]["pid"])

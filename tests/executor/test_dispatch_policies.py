@@ -1,0 +1,118 @@
+"""Routing policies and the bounded queue of the dispatcher, in-process (no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import pytest
+from greenctl.executor.dispatcher import Dispatcher, ModelRoute, QueueFull
+
+
+def _route(
+    policy: str, slots: list[int], weights: list[float] | None = None, max_queue: int = 2
+) -> ModelRoute:
+    weights = weights or [1.0] * len(slots)
+    return ModelRoute(
+        "m",
+        {
+            "policy": policy,
+            "instances": [
+                {"id": f"i{k}", "url": f"http://127.0.0.1:{9000 + k}", "slots": s, "weight": w}
+                for k, (s, w) in enumerate(zip(slots, weights, strict=True))
+            ],
+        },
+        max_queue=max_queue,
+    )
+
+
+def test_fifo_queue_is_bounded_and_first_come_first_served():
+    async def scenario() -> list[str]:
+        route = _route("fifo", [1, 1], max_queue=2)
+        a = await route.acquire(set())
+        b = await route.acquire(set())
+        assert {a.id, b.id} == {"i0", "i1"}  # next free instance
+        order: list[str] = []
+
+        async def waiter(tag: str) -> None:
+            got = await route.acquire(set())
+            order.append(f"{tag}->{got.id}")
+
+        w1 = asyncio.ensure_future(waiter("w1"))
+        await asyncio.sleep(0)
+        w2 = asyncio.ensure_future(waiter("w2"))
+        await asyncio.sleep(0)
+        with pytest.raises(QueueFull):  # two queued already: the third is refused (503)
+            await route.acquire(set())
+        route.release(b)
+        await asyncio.sleep(0)
+        route.release(a)
+        await asyncio.gather(w1, w2)
+        return order
+
+    assert asyncio.run(scenario()) == ["w1->i1", "w2->i0"]
+
+
+def test_wrr_follows_quotas():
+    async def scenario() -> collections.Counter[str]:
+        route = _route("wrr", [100, 100], weights=[30.0, 10.0])
+        seen: collections.Counter[str] = collections.Counter()
+        for _ in range(400):
+            b = await route.acquire(set())
+            seen[b.id] += 1
+            route.release(b)
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen == {"i0": 300, "i1": 100}
+
+
+def test_batch_policy_fills_one_instance_first():
+    async def scenario() -> list[str]:
+        route = _route("batch", [4, 4])
+        got = [await route.acquire(set()) for _ in range(6)]
+        return [b.id for b in got]
+
+    ids = asyncio.run(scenario())
+    assert ids[:4] == [ids[0]] * 4 and set(ids[4:]) == {"i1" if ids[0] == "i0" else "i0"}
+
+
+def test_retry_skips_the_failed_instance_and_dead_instances_fail_queue():
+    async def scenario() -> None:
+        route = _route("fifo", [1, 1])
+        b = await route.acquire({"i0"})
+        assert b.id == "i1"
+        route.release(b)
+        for inst in route.backends:
+            inst.up = False
+        with pytest.raises(QueueFull):
+            await route.acquire(set())
+
+    asyncio.run(scenario())
+
+
+def test_route_switch_moves_queued_requests():
+    async def scenario() -> str:
+        d = Dispatcher(token="t", db=None, max_queue=4, state_dir=None)  # type: ignore[arg-type]
+        d.set_routes(
+            {
+                "models": {
+                    "m": {"policy": "fifo", "instances": [{"id": "old", "url": "u", "slots": 1}]}
+                }
+            }
+        )
+        held = await d.routes["m"].acquire(set())
+        assert held.id == "old"
+        waiter = asyncio.ensure_future(d.routes["m"].acquire(set()))
+        await asyncio.sleep(0)
+        d.set_routes(
+            {
+                "models": {
+                    "m": {"policy": "fifo", "instances": [{"id": "new", "url": "u2", "slots": 1}]}
+                }
+            }
+        )
+        got = await asyncio.wait_for(waiter, 1.0)
+        return got.id
+
+    assert asyncio.run(scenario()) == "new"
