@@ -68,13 +68,21 @@ def root(
 # Command modules, each registering its commands on `app` (or a sub-app) through
 # `register(app)`. One line per module; modules import their heavy dependencies lazily.
 COMMAND_MODULES = [
+    "greenctl.cli.plan_geo",
     "greenctl.cli.apply",
     "greenctl.cli.plan",
     "greenctl.cli.profile",
+    "greenctl.cli.plan_glet",
+    "greenctl.cli.interference",
+    "greenctl.cli.gpulet",
+    "greenctl.cli.hw",
     "greenctl.cli.profile_io",
     "greenctl.cli.export",
     "greenctl.cli.carbon",
     "greenctl.cli.forecast",
+    "greenctl.cli.report",
+    "greenctl.cli.mig",
+    "greenctl.cli.plan_mig",
 ]
 
 

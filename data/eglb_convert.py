@@ -1,0 +1,213 @@
+"""Convert the eGLB authors' data layout into greenctl's geo CSVs.
+
+The source layout (Ren-Research/Environmentally-Equitable-AI, ``data/``; a copy ships in
+``greenctl/data/datasets/eglb``) holds per-site hourly files ``carbon/<site>_carbon.csv``
+(kg/kWh), ``price/<site>_Price.csv`` (USD/MWh), ``water/<site>_water.csv`` (`` WUE (L/kWh)``,
+direct + indirect water) and ``AI_workload.csv`` (``Power (Watt)`` of a BLOOM cluster).
+
+Normalisation, as the authors do it: the workload ``W`` (watts) becomes ``W / 2708 x 10``
+units in total, split evenly over ten gateways named like the sites (``W / 2708`` each),
+and every site has capacity 1 unit. greenctl reads one unit as **1 MW** of IT load, so a
+step of one hour turns ``x`` units into ``x`` MWh; prices stay USD/MWh, carbon becomes
+g/kWh (x1000), WUE stays L/kWh with ``ewif_l_per_kwh = 0`` and ``pue = 1`` (the authors'
+WUE already holds the indirect part). With that reading the authors' weights
+``l_2 = 1500`` (per tonne) and ``l_1 = 60`` (per kL) are ``--mu-carbon 1.5`` USD/kg and
+``--mu-water 0.06`` USD/L, and greenctl's objective equals theirs number for number.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from datetime import datetime
+from importlib.resources import files
+from pathlib import Path
+
+from greenctl.data.errors import FileFormatError, InputError
+
+# The authors' site order (their `country_list`); "Belguim" is their spelling.
+EGLB_SITES = (
+    "Texas",
+    "Virginia",
+    "Georgia",
+    "Nevada",
+    "Germany",
+    "Belguim",
+    "Netherlands",
+    "Denmark",
+    "Japan",
+    "Singapore",
+)
+PEAK_W = 2708.0  # the authors' normaliser: the trace's peak power
+N_GATEWAYS = 10
+ROUTE_CHOICES = ("all", "partial")
+
+
+def bundled_eglb_dir() -> Path:
+    """The copy of the authors' ``data/`` folder shipped with greenctl."""
+    return Path(str(files("greenctl.data") / "datasets" / "eglb"))
+
+
+def _read_column(path: Path, column: str, *, signed: bool = False) -> tuple[list[str], list[float]]:
+    try:
+        fh = path.open(newline="", encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise InputError(
+            f"{path} does not exist",
+            hint="SRC_DIR needs carbon/, price/, water/ and AI_workload.csv (the eGLB layout)",
+        ) from None
+    with fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            raise FileFormatError(str(path), "the file is empty", line=1)
+        # the water files name their column ' WUE (L/kWh)' with a leading space
+        names = [h.strip() for h in header]
+        if column not in names or "Time (UTC)" not in names:
+            raise FileFormatError(str(path), f"missing column '{column}' or 'Time (UTC)'", line=1)
+        it, iv = names.index("Time (UTC)"), names.index(column)
+        times, values = [], []
+        for row in reader:
+            if not row:
+                continue
+            try:
+                value = float(row[iv])
+            except (ValueError, IndexError):
+                raise FileFormatError(
+                    str(path),
+                    f"'{row[iv] if iv < len(row) else ''}' is not a number",
+                    line=reader.line_num,
+                    column=column,
+                ) from None
+            if not math.isfinite(value) or (value < 0 and not signed):
+                raise FileFormatError(
+                    str(path),
+                    f"{value} is not a finite number >= 0",
+                    line=reader.line_num,
+                    column=column,
+                )
+            times.append(row[it].strip())
+            values.append(value)
+    return times, values
+
+
+def _iso(text: str, path: Path) -> str:
+    try:
+        return datetime.strptime(text, "%Y-%m-%d %H").strftime("%Y-%m-%dT%H:00:00Z")
+    except ValueError:
+        raise FileFormatError(str(path), f"time '{text}' is not like 2022-09-22 00") from None
+
+
+def convert_eglb(
+    src_dir: str | Path | None,
+    out_dir: str | Path,
+    *,
+    steps: int | None = None,
+    routes: str = "all",
+    sites: tuple[str, ...] | None = None,
+) -> dict[str, Path]:
+    """Write ``sites.csv``, ``demand.csv`` (and ``routes.csv``) from the eGLB layout.
+
+    Args:
+        src_dir: the authors' ``data/`` folder; None for the bundled copy.
+        out_dir: where to write the CSVs (created if needed).
+        steps: keep the first ``steps`` hours (default: the workload's length, 457).
+        routes: ``all`` (no routes file: every gateway may use every site) or ``partial``
+            (the authors' partial-connection mask).
+        sites: a subset of the ten sites (gateways follow the sites; default all ten).
+
+    Returns:
+        The written paths keyed ``sites``, ``demand`` (and ``routes``).
+
+    Raises:
+        InputError / FileFormatError: missing files, bad values, misaligned times.
+    """
+    src = Path(src_dir) if src_dir is not None else bundled_eglb_dir()
+    if routes not in ROUTE_CHOICES:
+        raise InputError(f"routes must be one of {', '.join(ROUTE_CHOICES)}, got '{routes}'")
+    chosen = tuple(sites) if sites else EGLB_SITES
+    unknown = [s for s in chosen if s not in EGLB_SITES]
+    if unknown:
+        raise InputError(
+            f"unknown eGLB site(s): {', '.join(unknown)}", hint=f"sites: {', '.join(EGLB_SITES)}"
+        )
+    wpath = src / "AI_workload.csv"
+    wtimes, power_w = _read_column(wpath, "Power (Watt)")
+    n = len(wtimes) if steps is None else int(steps)
+    if n < 1 or n > len(wtimes):
+        raise InputError(f"steps must be between 1 and {len(wtimes)}, got {steps}")
+    traces: dict[str, dict[str, list[float]]] = {}
+    for site in chosen:
+        traces[site] = {}
+        for key, rel, column in (
+            ("price", f"price/{site}_Price.csv", "Price (USD/MWh)"),
+            ("carbon", f"carbon/{site}_carbon.csv", "Carbon (kg/kWh)"),
+            ("water", f"water/{site}_water.csv", "WUE (L/kWh)"),
+        ):
+            path = src / rel
+            # market prices go negative at times (Belgium, Germany): keep them
+            times, values = _read_column(path, column, signed=key == "price")
+            if len(values) < n:
+                raise FileFormatError(
+                    str(path), f"{len(values)} rows, {n} needed (the workload's length)"
+                )
+            if times[:n] != wtimes[:n]:
+                k = next(i for i in range(n) if times[i] != wtimes[i])
+                raise FileFormatError(
+                    str(path),
+                    f"time '{times[k]}' does not match the workload's '{wtimes[k]}'",
+                    line=k + 2,
+                )
+            traces[site][key] = values[:n]  # Japan & co. have 481 price rows: keep n
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    iso = [_iso(t, wpath) for t in wtimes[:n]]
+    paths = {"sites": out / "sites.csv", "demand": out / "demand.csv"}
+    with paths["sites"].open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(
+            [
+                "time",
+                "site",
+                "price_usd_per_mwh",
+                "carbon_g_per_kwh",
+                "wue_l_per_kwh",
+                "capacity_mw",
+                "ewif_l_per_kwh",
+                "pue",
+            ]
+        )
+        for i, t in enumerate(iso):
+            for site in chosen:
+                tr = traces[site]
+                w.writerow(
+                    [
+                        t,
+                        site,
+                        repr(tr["price"][i]),
+                        repr(tr["carbon"][i] * 1000.0),
+                        repr(tr["water"][i]),
+                        "1.0",
+                        "0.0",
+                        "1.0",
+                    ]
+                )
+    # The authors split the load over ten gateways; with a site subset we keep one gateway
+    # per chosen site and scale the total by len(chosen)/10 so each site stays at capacity 1.
+    with paths["demand"].open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["time", "gateway", "load_mw"])
+        for i, t in enumerate(iso):
+            per_gateway = power_w[i] / PEAK_W * N_GATEWAYS / N_GATEWAYS
+            for site in chosen:
+                w.writerow([t, site, repr(per_gateway)])
+    if routes == "partial":
+        mask_path = bundled_eglb_dir() / "routes_partial.csv"
+        paths["routes"] = out / "routes.csv"
+        with mask_path.open(newline="") as fin, paths["routes"].open("w", newline="") as fout:
+            w = csv.writer(fout)
+            w.writerow(["gateway", "site"])
+            for row in csv.DictReader(fin):
+                if row["gateway"] in chosen and row["site"] in chosen:
+                    w.writerow([row["gateway"], row["site"]])
+    return paths

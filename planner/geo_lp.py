@@ -1,0 +1,322 @@
+"""Linear programs of geographical load balancing, built straight into HiGHS (highspy).
+
+Why highspy and not pulp: the offline problem has tens of thousands of variables with at
+most four matrix entries each; pulp builds it as Python expression objects (seconds of
+model building for about 0.03 s of HiGHS time on the reference case), while the arrays
+below build the column-wise matrix with a few numpy operations. scipy's
+``linprog(method="highs")`` calls the same solver but copies and converts the model on
+every call and cannot warm-start, which the online per-step problem with routes needs.
+
+The structure that keeps the problems small:
+
+- flows are per *gateway class* (gateways with the same allowed sites are interchangeable:
+  their summed demand is served by one set of flow variables and split back in proportion
+  to demand); with every route allowed there is one class, the flow of an edge is the
+  site's load, capacity becomes a variable bound and no capacity row is needed;
+- the minimax terms ``max_s sum_t carbon[t,s]`` use one epigraph variable per resource
+  (``Z >= sum_t b[t,s] x[t,s]`` for every site), not a max per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+INF = float("inf")
+
+
+@dataclass
+class Network:
+    """Gateway classes and the (class, site) edges that carry flow.
+
+    ``demand`` is ``[T, K]``: the summed load of each class. ``full`` is True when there is
+    one class that may use every site (no routes, or routes allowing every pair).
+    """
+
+    gateway_class: np.ndarray  # [G] class index of each gateway
+    class_sites: list[np.ndarray]  # allowed site indices of each class
+    edge_class: np.ndarray  # [E]
+    edge_site: np.ndarray  # [E]
+    demand: np.ndarray  # [T, K]
+    n_sites: int
+    full: bool
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.class_sites)
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.edge_site.size)
+
+    def site_load(self, flow: np.ndarray) -> np.ndarray:
+        """``[T, S]`` site loads of ``[T, E]`` edge flows."""
+        if self.full:
+            return flow
+        y = np.zeros((flow.shape[0], self.n_sites))
+        for s in range(self.n_sites):
+            cols = np.flatnonzero(self.edge_site == s)
+            if cols.size:
+                y[:, s] = flow[:, cols].sum(axis=1)
+        return y
+
+
+def build_network(
+    load_mw: np.ndarray, n_sites: int, routes: np.ndarray | None, *, aggregate: bool = True
+) -> Network:
+    """Group gateways by their allowed site set (``aggregate``) and list the edges."""
+    G = load_mw.shape[1]
+    if routes is None:
+        routes = np.ones((G, n_sites), dtype=bool)
+    keys: dict[bytes, int] = {}
+    gateway_class = np.empty(G, dtype=np.int64)
+    class_sites: list[np.ndarray] = []
+    for g in range(G):
+        key = routes[g].tobytes() if aggregate else bytes(str(g), "ascii")
+        k = keys.get(key)
+        if k is None:
+            k = keys[key] = len(class_sites)
+            class_sites.append(np.flatnonzero(routes[g]))
+        gateway_class[g] = k
+    K = len(class_sites)
+    demand = np.zeros((load_mw.shape[0], K))
+    for k in range(K):
+        demand[:, k] = load_mw[:, gateway_class == k].sum(axis=1)
+    edge_class = np.concatenate([np.full(s.size, k) for k, s in enumerate(class_sites)])
+    edge_site = np.concatenate(class_sites)
+    full = K == 1 and class_sites[0].size == n_sites
+    return Network(gateway_class, class_sites, edge_class, edge_site, demand, n_sites, full)
+
+
+@dataclass
+class LPResult:
+    flow: np.ndarray  # [H, E]
+    objective: float
+    status: str
+    solve_s: float
+
+
+def _highs(threads: int | None = None):  # -> highspy.Highs
+    import highspy
+
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    if threads:
+        h.setOptionValue("threads", threads)
+    return h
+
+
+# Small LPs (one MPC window): presolve and extra threads cost more than they save.
+SMALL_LP_OPTIONS: dict[str, object] = {"presolve": "off", "threads": 1}
+
+
+def solve_flow_lp(
+    net: Network,
+    cost: np.ndarray,
+    cap: np.ndarray,
+    demand: np.ndarray,
+    *,
+    carbon: np.ndarray | None = None,
+    water: np.ndarray | None = None,
+    mu_carbon: float = 0.0,
+    mu_water: float = 0.0,
+    past_carbon: np.ndarray | None = None,
+    past_water: np.ndarray | None = None,
+    options: dict[str, object] | None = None,
+    edge_cost: np.ndarray | None = None,
+) -> LPResult:
+    """Minimise sum cost x + mu_c max_s(past_c + sum b x) + mu_w max_s(past_w + sum q x).
+
+    Args:
+        net: the gateway classes and edges.
+        cost, cap, carbon, water: ``[H, S]`` per-MW cost (USD), capacity (MW), carbon (kg)
+            and water (L) of each step and site.
+        demand: ``[H, K]`` class loads (MW).
+        mu_carbon, mu_water: prices of the largest site's carbon (USD/kg) and water (USD/L);
+            0 drops the term.
+        past_carbon, past_water: ``[S]`` footprints already spent (receding horizon).
+        options: HiGHS options for this solve.
+        edge_cost: ``[H, E]`` costs per edge instead of ``cost`` per site (nearest).
+
+    Returns:
+        The optimal edge flows; ``status`` is HiGHS's model status (``Optimal``,
+        ``Infeasible``, ...). The flows are meaningless unless the status is ``Optimal``.
+    """
+    import time
+
+    import highspy
+
+    H, S = cost.shape
+    E, K = net.n_edges, net.n_classes
+    es, ec = net.edge_site, net.edge_class
+    use_c = mu_carbon > 0 and carbon is not None
+    use_w = mu_water > 0 and water is not None
+    # capacity rows only for sites reached by two or more edges; else the bound suffices
+    indeg = np.bincount(es, minlength=S)
+    cap_sites = np.flatnonzero(indeg >= 2)
+    Sc = cap_sites.size
+    cidx = np.full(S, -1)
+    cidx[cap_sites] = np.arange(Sc)
+    n = H * E
+    t = np.repeat(np.arange(H), E)
+    e = np.tile(np.arange(E), H)
+    s = es[e]
+    r_dem = t * K + ec[e]
+    r_cap0 = H * K
+    r_c0 = r_cap0 + H * Sc
+    r_w0 = r_c0 + (S if use_c else 0)
+    n_rows = r_w0 + (S if use_w else 0)
+    slots_r = [r_dem]
+    slots_v = [np.ones(n)]
+    masks = [np.ones(n, dtype=bool)]
+    has_cap = cidx[s] >= 0
+    slots_r.append(np.where(has_cap, r_cap0 + t * Sc + cidx[s], 0))
+    slots_v.append(np.ones(n))
+    masks.append(has_cap)
+    if use_c:
+        assert carbon is not None
+        slots_r.append(r_c0 + s)
+        slots_v.append(carbon[t, s])
+        masks.append(np.ones(n, dtype=bool))
+    if use_w:
+        assert water is not None
+        slots_r.append(r_w0 + s)
+        slots_v.append(water[t, s])
+        masks.append(np.ones(n, dtype=bool))
+    R = np.stack(slots_r, axis=1)
+    V = np.stack(slots_v, axis=1)
+    M = np.stack(masks, axis=1)
+    counts = M.sum(axis=1)
+    index = [R[M]]
+    value = [V[M]]
+    start = [np.concatenate([[0], np.cumsum(counts)])]
+    n_cols = n
+    col_cost = [cost[t, s] if edge_cost is None else edge_cost.reshape(-1)]
+    col_upper = [cap[t, s]]
+    nnz = int(start[0][-1])
+    for used, r0, mu in ((use_c, r_c0, mu_carbon), (use_w, r_w0, mu_water)):
+        if used:
+            index.append(r0 + np.arange(S))
+            value.append(-np.ones(S))
+            nnz += S
+            start.append(np.array([nnz]))
+            col_cost.append(np.array([mu]))
+            col_upper.append(np.array([INF]))
+            n_cols += 1
+    row_lower = np.empty(n_rows)
+    row_upper = np.empty(n_rows)
+    row_lower[:r_cap0] = row_upper[:r_cap0] = demand.reshape(-1)
+    row_lower[r_cap0:r_c0] = -INF
+    row_upper[r_cap0:r_c0] = cap[:, cap_sites].reshape(-1)
+    if use_c:
+        row_lower[r_c0:r_w0] = -INF
+        row_upper[r_c0:r_w0] = -(past_carbon if past_carbon is not None else np.zeros(S))
+    if use_w:
+        row_lower[r_w0:] = -INF
+        row_upper[r_w0:] = -(past_water if past_water is not None else np.zeros(S))
+
+    lp = highspy.HighsLp()
+    lp.num_col_ = n_cols
+    lp.num_row_ = n_rows
+    lp.col_cost_ = np.concatenate(col_cost)
+    lp.col_lower_ = np.zeros(n_cols)
+    lp.col_upper_ = np.concatenate(col_upper)
+    lp.row_lower_ = row_lower
+    lp.row_upper_ = row_upper
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.num_col_ = n_cols
+    lp.a_matrix_.num_row_ = n_rows
+    lp.a_matrix_.start_ = np.concatenate(start).astype(np.int32)
+    lp.a_matrix_.index_ = np.concatenate(index).astype(np.int32)
+    lp.a_matrix_.value_ = np.concatenate(value)
+    h = _highs()
+    for key, opt in (options or {}).items():
+        h.setOptionValue(key, opt)
+    h.passModel(lp)
+    t0 = time.perf_counter()
+    h.run()
+    solve_s = time.perf_counter() - t0
+    status = h.modelStatusToString(h.getModelStatus())
+    if status != "Optimal":
+        return LPResult(np.zeros((H, E)), float("nan"), status, solve_s)
+    x = np.asarray(h.getSolution().col_value)[:n]
+    flow = np.clip(x, 0.0, None).reshape(H, E)
+    return LPResult(flow, float(h.getInfo().objective_function_value), status, solve_s)
+
+
+class StepLP:
+    """One step's min-cost allocation with routes, kept warm in HiGHS between steps.
+
+    Only costs, bounds and right-hand sides change from step to step, so HiGHS restarts
+    from the previous optimal basis and needs a handful of simplex iterations.
+    """
+
+    def __init__(self, net: Network) -> None:
+        import highspy
+
+        self.net = net
+        S, E, K = net.n_sites, net.n_edges, net.n_classes
+        es, ec = net.edge_site, net.edge_class
+        indeg = np.bincount(es, minlength=S)
+        self.cap_sites = np.flatnonzero(indeg >= 2)
+        cidx = np.full(S, -1)
+        cidx[self.cap_sites] = np.arange(self.cap_sites.size)
+        starts, idx = [0], []
+        for e in range(E):
+            rows = [int(ec[e])]
+            if cidx[es[e]] >= 0:
+                rows.append(K + int(cidx[es[e]]))
+            idx.extend(rows)
+            starts.append(len(idx))
+        n_rows = K + self.cap_sites.size
+        lp = highspy.HighsLp()
+        lp.num_col_ = E
+        lp.num_row_ = n_rows
+        lp.col_cost_ = np.zeros(E)
+        lp.col_lower_ = np.zeros(E)
+        lp.col_upper_ = np.full(E, INF)
+        lp.row_lower_ = np.zeros(n_rows)
+        lp.row_upper_ = np.zeros(n_rows)
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.num_col_ = E
+        lp.a_matrix_.num_row_ = n_rows
+        lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+        lp.a_matrix_.index_ = np.array(idx, dtype=np.int32)
+        lp.a_matrix_.value_ = np.ones(len(idx))
+        self.h = _highs(threads=1)
+        self.h.passModel(lp)
+        self.cols = np.arange(E, dtype=np.int32)
+        self.rows = np.arange(n_rows, dtype=np.int32)
+        self.E, self.K = E, K
+
+    def solve(
+        self, cost_s: np.ndarray, cap_s: np.ndarray, demand_k: np.ndarray
+    ) -> np.ndarray | None:
+        """Edge flows of one step, or None when the step is infeasible."""
+        es = self.net.edge_site
+        h = self.h
+        h.changeColsCost(self.E, self.cols, cost_s[es])
+        h.changeColsBounds(self.E, self.cols, np.zeros(self.E), cap_s[es])
+        lower = np.concatenate([demand_k, np.full(self.cap_sites.size, -INF)])
+        upper = np.concatenate([demand_k, cap_s[self.cap_sites]])
+        h.changeRowsBounds(self.rows.size, self.rows, lower, upper)
+        h.run()
+        if h.modelStatusToString(h.getModelStatus()) != "Optimal":
+            return None
+        return np.clip(np.asarray(h.getSolution().col_value), 0.0, None)
+
+
+def greedy_full(cost: np.ndarray, cap: np.ndarray, demand: np.ndarray) -> np.ndarray:
+    """Min-cost loads with every route allowed: fill the cheapest sites first.
+
+    Vectorised over steps: ``cost`` and ``cap`` are ``[T, S]``, ``demand`` ``[T]``; returns
+    ``[T, S]`` site loads. Exact: with one class the LP is a fractional knapsack per step.
+    """
+    order = np.argsort(cost, axis=1, kind="stable")
+    cap_o = np.take_along_axis(cap, order, axis=1)
+    before = np.cumsum(cap_o, axis=1) - cap_o
+    y_o = np.clip(demand[:, None] - before, 0.0, cap_o)
+    y = np.empty_like(y_o)
+    np.put_along_axis(y, order, y_o, axis=1)
+    return y

@@ -1,0 +1,194 @@
+"""Geo CSV readers: validation errors name file, line and reason; the eGLB converter."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+from greenctl.data.eglb_convert import EGLB_SITES, bundled_eglb_dir, convert_eglb
+from greenctl.data.errors import FileFormatError, InputError
+from greenctl.data.geo_io import load_geo_problem, problem_to_csv, write_allocations
+
+SITES_HEADER = "time,site,price_usd_per_mwh,carbon_g_per_kwh,wue_l_per_kwh,capacity_mw"
+
+
+def write(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    sites = write(
+        tmp_path / "sites.csv",
+        [
+            SITES_HEADER + ",ewif_l_per_kwh,pue",
+            "2024-01-01T00:00:00Z,a,50,400,2.0,1.0,1.5,1.2",
+            "2024-01-01T00:00:00Z,b,80,100,1.0,1.0,,",
+            "2024-01-01T01:00:00Z,a,-5,380,2.1,1.0,1.5,1.2",
+            "2024-01-01T01:00:00Z,b,90,120,1.1,0.5,,",
+        ],
+    )
+    demand = write(
+        tmp_path / "demand.csv",
+        [
+            "time,gateway,load_mw",
+            "2024-01-01T00:00:00Z,a,0.4",
+            "2024-01-01T00:00:00Z,b,0.3",
+            "2024-01-01T01:00:00+00:00,a,0.5",
+        ],
+    )
+    routes = write(tmp_path / "routes.csv", ["gateway,site,latency_ms", "a,a,5", "a,b,20", "b,b,"])
+    return {"sites": sites, "demand": demand, "routes": routes}
+
+
+def test_reads_a_valid_problem(files: dict[str, Path]) -> None:
+    p = load_geo_problem(files["sites"], files["demand"], files["routes"])
+    assert p.sites == ["a", "b"] and p.gateways == ["a", "b"]
+    assert p.step_h == 1.0 and p.n_steps == 2
+    assert p.price_usd_per_mwh[1, 0] == -5  # negative market prices are allowed
+    assert p.pue[0, 1] == 1.0 and p.ewif_l_per_kwh[0, 1] == 0.0  # defaults
+    assert p.load_mw[1].tolist() == [0.5, 0.0]  # missing row = no load
+    assert p.routes is not None and p.routes.tolist() == [[True, True], [False, True]]
+    assert p.latency_ms is not None and np.isnan(p.latency_ms[1, 1])
+    # per-MW coefficients: water = 1000 h (wue + pue ewif); carbon = h pue g/kWh (kg/MWh)
+    assert p.water_l_per_mw[0, 0] == pytest.approx(1000 * (2.0 + 1.2 * 1.5))
+    assert p.carbon_kg_per_mw[0, 0] == pytest.approx(1.2 * 400)
+    assert p.cost_usd_per_mw[0, 1] == pytest.approx(80)
+
+
+def test_round_trip(files: dict[str, Path], tmp_path: Path) -> None:
+    p = load_geo_problem(files["sites"], files["demand"], files["routes"])
+    out = problem_to_csv(p, tmp_path / "rt")
+    q = load_geo_problem(out["sites"], out["demand"], out["routes"])
+    for name in ("price_usd_per_mwh", "carbon_g_per_kwh", "pue", "capacity_mw", "load_mw"):
+        np.testing.assert_array_equal(getattr(p, name), getattr(q, name))
+    assert q.routes is not None and (q.routes == p.routes).all()
+
+
+def _edit(path: Path, line: int, text: str | None) -> None:
+    lines = path.read_text().splitlines()
+    if text is None:
+        del lines[line - 1]
+    else:
+        lines[line - 1] = text
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("which", "line", "text", "match"),
+    [
+        (
+            "sites",
+            1,
+            "time,site,price_usd_per_mwh,carbon_g_per_kwh,capacity_mw",
+            r"line 1: .*'wue_l_per_kwh'",
+        ),
+        (
+            "sites",
+            3,
+            "2024-01-01T00:00:00Z,b,80,-100,1.0,1.0,,",
+            r"line 3, column 'carbon_g_per_kwh'.*negative",
+        ),
+        ("sites", 3, "2024-01-01T00:00:00Z,b,80,abc,1.0,1.0,,", r"line 3, .*'abc' is not a number"),
+        ("sites", 3, "2024-01-01T00:00:00Z,b,80,100,1.0,nan,,", r"line 3, .*not a finite"),
+        ("sites", 3, "2024-01-01T00:00:00Z,b,80,100,1.0,1.0,,0.8", r"line 3, column 'pue'"),
+        ("sites", 3, "yesterday,b,80,100,1.0,1.0,,", r"line 3, column 'time'.*ISO 8601"),
+        ("sites", 3, "2024-01-01T00:00:00Z,a,80,100,1.0,1.0,,", r"line 3: .*second row.*line 2"),
+        ("sites", 5, None, r"site 'b' has no row for time 2024-01-01T01:00:00Z"),
+        ("sites", 3, "2024-01-01T00:00:00Z,b,80,100,1.0", r"line 3: 5 fields, the header has 8"),
+        (
+            "demand",
+            4,
+            "2024-01-01T05:00:00Z,a,0.5",
+            r"demand.csv, line 4, column 'time'.*not a time",
+        ),
+        ("demand", 3, "2024-01-01T00:00:00Z,b,-0.3", r"demand.csv, line 3, column 'load_mw'"),
+        (
+            "demand",
+            3,
+            "2024-01-01T00:00:00Z,b,1.7",
+            r"demand.csv, line 2: at time 2024-01-01T00:00:00Z.*exceeds",
+        ),
+        ("routes", 3, "a,c,20", r"routes.csv, line 3, column 'site': unknown site 'c'"),
+        ("routes", 4, "x,b,", r"routes.csv, line 4, column 'gateway': unknown gateway 'x'"),
+        ("routes", 4, None, r"routes.csv: gateway 'b' .* has no allowed site"),
+        ("routes", 3, "a,a,1", r"routes.csv, line 3: route a -> a listed twice"),
+    ],
+)
+def test_validation_errors(
+    files: dict[str, Path], which: str, line: int, text: str | None, match: str
+) -> None:
+    _edit(files[which], line, text)
+    with pytest.raises(FileFormatError, match=match) as err:
+        load_geo_problem(files["sites"], files["demand"], files["routes"])
+    assert err.value.exit_code == 2
+    assert Path(err.value.path).name == f"{which}.csv"
+
+
+def test_uneven_steps(tmp_path: Path) -> None:
+    sites = write(
+        tmp_path / "s.csv",
+        [
+            SITES_HEADER,
+            "2024-01-01T00:00:00Z,a,1,1,1,1",
+            "2024-01-01T01:00:00Z,a,1,1,1,1",
+            "2024-01-01T03:00:00Z,a,1,1,1,1",
+        ],
+    )
+    demand = write(tmp_path / "d.csv", ["time,gateway,load_mw", "2024-01-01T00:00:00Z,a,1"])
+    with pytest.raises(FileFormatError, match=r"line 4, column 'time': uneven time steps"):
+        load_geo_problem(sites, demand)
+
+
+def test_missing_and_empty_files(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="does not exist"):
+        load_geo_problem(tmp_path / "nope.csv", tmp_path / "d.csv")
+    empty = write(tmp_path / "e.csv", [])
+    empty.write_text("")
+    with pytest.raises(FileFormatError, match="empty"):
+        load_geo_problem(empty, empty)
+
+
+def test_write_allocations(tmp_path: Path) -> None:
+    n = write_allocations(tmp_path / "a.csv", [("t0", "g", "s", 0.25)])
+    rows = list(csv.reader((tmp_path / "a.csv").open()))
+    assert n == 1 and rows == [["time", "gateway", "site", "load_mw"], ["t0", "g", "s", "0.25"]]
+
+
+def test_convert_bundled_eglb(tmp_path: Path) -> None:
+    paths = convert_eglb(None, tmp_path, steps=48, routes="partial")
+    p = load_geo_problem(paths["sites"], paths["demand"], paths["routes"])
+    assert p.sites == list(EGLB_SITES) and p.gateways == list(EGLB_SITES)
+    assert p.n_steps == 48 and p.step_h == 1.0 and p.times[0] == "2022-09-22T00:00:00Z"
+    assert (p.capacity_mw == 1.0).all()
+    # Texas, 2022-09-22 00: 0.4494737760460783 kg/kWh, 38.35 USD/MWh, WUE 6.100516801435519
+    assert p.carbon_g_per_kwh[0, 0] == pytest.approx(449.4737760460783)
+    assert p.price_usd_per_mwh[0, 0] == 38.35
+    assert p.wue_l_per_kwh[0, 0] == pytest.approx(6.100516801435519)
+    # workload 2700 W at hour 0: 2700 / 2708 per gateway
+    assert p.load_mw[0] == pytest.approx(np.full(10, 2700 / 2708))
+    assert p.routes is not None and p.routes.sum() == 56
+    assert p.routes[EGLB_SITES.index("Japan")].tolist() == [
+        s in ("Nevada", "Japan", "Singapore") for s in EGLB_SITES
+    ]
+
+
+def test_convert_reference_matches_bundled(reference: Path, tmp_path: Path) -> None:
+    a = convert_eglb(reference / "eglb" / "data", tmp_path / "ref")
+    b = convert_eglb(bundled_eglb_dir(), tmp_path / "bundled")
+    assert a["sites"].read_text() == b["sites"].read_text()
+    assert a["demand"].read_text() == b["demand"].read_text()
+    p = load_geo_problem(a["sites"], a["demand"])
+    assert p.n_steps == 457  # Japan & co. have 481 price rows: the first 457 are kept
+
+
+def test_convert_errors(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="does not exist"):
+        convert_eglb(tmp_path, tmp_path / "out")
+    with pytest.raises(InputError, match="routes"):
+        convert_eglb(None, tmp_path / "out", routes="some")
+    with pytest.raises(InputError, match="steps"):
+        convert_eglb(None, tmp_path / "out", steps=10_000)

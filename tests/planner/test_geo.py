@@ -1,0 +1,281 @@
+"""Planner tests for `plan geo`: feasibility, optimality orderings, closed forms, regret."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from greenctl.data.errors import InfeasiblePlan, InputError
+from greenctl.data.geo_io import GeoProblem
+from greenctl.data.resources import parse_resource
+from greenctl.planner.geo import (
+    ALGORITHMS,
+    GeoOptions,
+    _aux_target,
+    allocation_violations,
+    evaluate,
+    run_geo,
+    site_resource,
+    solve,
+)
+from greenctl.planner.geo_lp import build_network, greedy_full, solve_flow_lp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+MU_C, MU_W = 1.5, 0.06
+
+
+def make_problem(
+    T: int = 24,
+    S: int = 4,
+    G: int = 3,
+    *,
+    seed: int = 0,
+    routes: np.ndarray | None = None,
+    load_frac: float = 0.6,
+    periodic: int | None = None,
+) -> GeoProblem:
+    """A random but realistic problem: prices 20-300 USD/MWh, 50-600 g/kWh, 1-8 L/kWh."""
+    rng = np.random.default_rng(seed)
+    P = periodic or T
+
+    def trace(lo: float, hi: float, cols: int) -> np.ndarray:
+        base = rng.uniform(lo, hi, size=(P, cols))
+        reps = -(-T // P)
+        return np.tile(base, (reps, 1))[:T]
+
+    cap = np.ones((T, S))
+    load = trace(0.1, 1.0, G)
+    load *= load_frac * S / load.sum(axis=1, keepdims=True)  # total = load_frac x capacity
+    sites = [f"s{j}" for j in range(S)]
+    gateways = [f"s{g}" if g < S else f"g{g}" for g in range(G)]
+    return GeoProblem(
+        times=[f"2024-01-01T00:00:00Z+{t}h" for t in range(T)],
+        step_h=1.0,
+        sites=sites,
+        gateways=gateways,
+        price_usd_per_mwh=trace(20, 300, S),
+        carbon_g_per_kwh=trace(50, 600, S),
+        wue_l_per_kwh=trace(1, 8, S),
+        ewif_l_per_kwh=np.zeros((T, S)),
+        pue=np.full((T, S), 1.1),
+        capacity_mw=cap,
+        load_mw=load,
+        routes=routes,
+    )
+
+
+PARTIAL = np.array(
+    [
+        [1, 1, 0, 0],
+        [0, 1, 1, 1],
+        [1, 0, 0, 1],
+    ],
+    dtype=bool,
+)
+
+
+@pytest.fixture(params=["all-routes", "partial-routes"])
+def problem(request: pytest.FixtureRequest) -> GeoProblem:
+    if request.param == "all-routes":
+        return make_problem(seed=3)
+    p = make_problem(routes=PARTIAL, seed=3)
+    p.latency_ms = np.where(PARTIAL, np.arange(12.0).reshape(3, 4) % 5 + 1, np.nan)
+    return p
+
+
+def _summaries(problem: GeoProblem, opts: GeoOptions | None = None) -> dict[str, dict]:
+    out = {}
+    for name in ALGORITHMS:
+        sol = solve(problem, name, opts or GeoOptions(horizon=6))
+        assert allocation_violations(problem, sol) == [], name
+        out[name] = evaluate(problem, sol.site_load_mw, mu_carbon=MU_C, mu_water=MU_W)[1]
+    return out
+
+
+def test_every_algorithm_feasible_and_eglb_off_lowest(problem: GeoProblem) -> None:
+    sm = _summaries(problem)
+    best = sm["eglb-off"]["objective"]
+    for name, s in sm.items():
+        assert s["objective"] >= best * (1 - 1e-7), name
+    # each single-metric baseline is the lowest in its own total
+    for name, key in (
+        ("glb-energy", "energy_cost_usd_total"),
+        ("glb-carbon", "carbon_kg_total"),
+        ("glb-water", "water_l_total"),
+    ):
+        for other, s in sm.items():
+            assert sm[name][key] <= s[key] * (1 + 1e-7) + 1e-9, (name, other)
+    # the summary fields are consistent
+    s = sm["eglb-off"]
+    assert s["carbon_kg_avg"] == pytest.approx(s["carbon_kg_total"] / 4)
+    assert s["carbon_max_over_avg"] == pytest.approx(s["carbon_kg_max"] / s["carbon_kg_avg"])
+
+
+def test_gateway_flows_meet_demand_and_routes(problem: GeoProblem) -> None:
+    for name in ("eglb-off", "eglb", "nearest"):
+        sol = solve(problem, name, GeoOptions())
+        served = np.zeros_like(problem.load_mw)
+        site = np.zeros_like(problem.capacity_mw)
+        t_index = {t: i for i, t in enumerate(problem.times)}
+        for t, gw, s, v in sol.gateway_flows(problem):
+            g, j = problem.gateways.index(gw), problem.sites.index(s)
+            if problem.routes is not None:
+                assert problem.routes[g, j]
+            served[t_index[t], g] += v
+            site[t_index[t], j] += v
+        np.testing.assert_allclose(served, problem.load_mw, atol=1e-7)
+        assert (site <= problem.capacity_mw + 1e-7).all()
+
+
+def test_offline_matches_plain_per_gateway_formulation() -> None:
+    p = make_problem(routes=PARTIAL, seed=5, T=12)
+    kw = dict(carbon=p.carbon_kg_per_mw, water=p.water_l_per_mw, mu_carbon=MU_C, mu_water=MU_W)
+    agg = build_network(p.load_mw, 4, p.routes)
+    plain = build_network(p.load_mw, 4, p.routes, aggregate=False)
+    assert agg.n_edges < plain.n_edges or agg.n_classes == plain.n_classes
+    a = solve_flow_lp(agg, p.cost_usd_per_mw, p.capacity_mw, agg.demand, **kw)
+    b = solve_flow_lp(plain, p.cost_usd_per_mw, p.capacity_mw, plain.demand, **kw)
+    assert a.status == b.status == "Optimal"
+    assert a.objective == pytest.approx(b.objective, rel=1e-8)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    cost=st.lists(st.floats(-50, 500), min_size=5, max_size=5),
+    cap=st.lists(st.floats(0.0, 2.0), min_size=5, max_size=5),
+    frac=st.floats(0.0, 1.0),
+)
+def test_greedy_full_is_the_lp_optimum(cost: list[float], cap: list[float], frac: float) -> None:
+    from scipy.optimize import linprog
+
+    c, u = np.array([cost]), np.array([cap])
+    demand = np.array([frac * u.sum()])
+    y = greedy_full(c, u, demand)
+    assert y.sum() == pytest.approx(demand[0], abs=1e-9)
+    assert (y <= u + 1e-12).all() and (y >= 0).all()
+    ref = linprog(c[0], A_eq=np.ones((1, 5)), b_eq=demand, bounds=[(0, v) for v in cap])
+    assert ref.status == 0
+    assert float(c[0] @ y[0]) == pytest.approx(ref.fun, rel=1e-9, abs=1e-7)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    gamma=st.lists(st.floats(0.0, 1.0), min_size=4, max_size=4),
+    zmax=st.lists(st.floats(0.0, 10.0), min_size=4, max_size=4),
+)
+def test_aux_target_closed_form_is_optimal(gamma: list[float], zmax: list[float]) -> None:
+    from scipy.optimize import linprog
+
+    g, zm = np.array(gamma), np.array(zmax)
+    z = _aux_target(g, zm)
+    assert (z >= 0).all() and (z <= zm + 1e-12).all()
+    value = z.max() - g @ z
+    # LP: min m - g.z, z_i <= m, 0 <= z <= zmax
+    c = np.concatenate([-g, [1.0]])
+    A = np.hstack([np.eye(4), -np.ones((4, 1))])
+    ref = linprog(c, A_ub=A, b_ub=np.zeros(4), bounds=[*((0, v) for v in zmax), (0, None)])
+    assert value == pytest.approx(ref.fun, abs=1e-7)
+
+
+def test_nearest_is_its_closed_form() -> None:
+    p = make_problem(S=4, G=4, seed=1, load_frac=0.5)
+    # every gateway's load fits its own site: all of it goes there
+    p.load_mw = np.minimum(p.load_mw, 0.9)
+    sol = solve(p, "nearest")
+    np.testing.assert_allclose(sol.site_load_mw, p.load_mw, atol=1e-12)
+    # with latencies, the smallest allowed latency wins
+    lat = np.array([[5, 1, 9, 9], [3, 3, 1, 8], [2, 9, 9, 9], [9, 9, 4, 1]], dtype=float)
+    p.latency_ms = lat
+    sol = solve(p, "nearest")
+    expect = np.zeros_like(p.capacity_mw)
+    for g in range(4):
+        expect[:, int(np.argmin(lat[g]))] += p.load_mw[:, g]
+    np.testing.assert_allclose(sol.site_load_mw, expect, atol=1e-12)
+
+
+def test_nearest_spills_when_full_and_needs_a_nearest_site() -> None:
+    p = make_problem(S=3, G=3, seed=2, load_frac=0.9)
+    p.load_mw[:] = [1.2, 0.5, 0.6]  # gateway s0 overflows its own site by 0.2
+    sol = solve(p, "nearest")
+    assert allocation_violations(p, sol) == []
+    np.testing.assert_allclose(sol.site_load_mw[:, 0], 1.0)
+    q = make_problem(S=3, G=4, seed=2)  # gateway g3 has no site of its name, no latency
+    with pytest.raises(InputError, match="nearest"):
+        solve(q, "nearest")
+    run = run_geo(q, algorithm="all", horizon=4)
+    assert "nearest" not in run.plan.extra["algorithms"]
+    assert any("nearest" in n for n in run.plan.extra["notes"])
+
+
+def test_online_regret_shrinks_as_data_repeats() -> None:
+    """eglb approaches eglb-off on a periodic input: average regret falls with T."""
+    gaps = []
+    for reps in (1, 4, 16):
+        p = make_problem(T=24 * reps, S=4, G=3, seed=11, periodic=24, load_frac=0.7)
+        off = evaluate(p, solve(p, "eglb-off").site_load_mw, mu_carbon=MU_C, mu_water=MU_W)
+        on = evaluate(p, solve(p, "eglb").site_load_mw, mu_carbon=MU_C, mu_water=MU_W)
+        gaps.append(on[1]["objective"] / off[1]["objective"] - 1)
+    assert all(g >= -1e-9 for g in gaps)
+    assert gaps[2] < gaps[0]
+    assert gaps[2] < 0.05
+
+
+@pytest.mark.parametrize("forecast", ["oracle", "persistence", "seasonal"])
+def test_mpc_forecasts(forecast: str) -> None:
+    p = make_problem(T=30, seed=4, routes=PARTIAL)
+    sol = solve(p, "eglb-mpc", GeoOptions(horizon=5, forecast=forecast))
+    assert allocation_violations(p, sol) == []
+    # a full-horizon oracle MPC at step 0 solves the offline problem; it cannot beat it
+    off = evaluate(p, solve(p, "eglb-off").site_load_mw, mu_carbon=MU_C, mu_water=MU_W)[1]
+    mpc = evaluate(p, sol.site_load_mw, mu_carbon=MU_C, mu_water=MU_W)[1]
+    assert mpc["objective"] >= off["objective"] * (1 - 1e-7)
+
+
+def test_mpc_with_full_horizon_oracle_is_offline() -> None:
+    p = make_problem(T=10, seed=6)
+    off = evaluate(p, solve(p, "eglb-off").site_load_mw, mu_carbon=MU_C, mu_water=MU_W)[1]
+    sol = solve(p, "eglb-mpc", GeoOptions(horizon=10, forecast="oracle"))
+    mpc = evaluate(p, sol.site_load_mw, mu_carbon=MU_C, mu_water=MU_W)[1]
+    assert mpc["objective"] == pytest.approx(off["objective"], rel=1e-6)
+
+
+def test_infeasible_routes_name_the_first_step() -> None:
+    routes = np.array([[1, 0, 0, 0], [1, 0, 0, 0], [0, 1, 1, 1]], dtype=bool)
+    p = make_problem(routes=routes, seed=7)
+    p.load_mw[:, :2] = 0.3
+    p.load_mw[5, 0] = 0.8  # gateways s0 and s1 share site s0 (capacity 1): step 5 overflows
+    for name in ("eglb-off", "eglb", "glb-energy"):
+        with pytest.raises(InfeasiblePlan, match=r"step 5 .*s0"):
+            solve(p, name)
+
+
+def test_bad_options_and_algorithm() -> None:
+    p = make_problem()
+    with pytest.raises(InputError, match="unknown algorithm"):
+        run_geo(p, algorithm="fastest")
+    with pytest.raises(InputError, match="--mu-carbon"):
+        run_geo(p, mu_carbon=-1)
+    with pytest.raises(InputError, match="forecast"):
+        run_geo(p, algorithm="eglb-mpc", forecast="psychic")
+
+
+def test_plan_document() -> None:
+    p = make_problem(routes=PARTIAL)
+    p.latency_ms = np.where(PARTIAL, 10.0, np.nan)
+    run = run_geo(p, algorithm="all", horizon=4)
+    doc = run.plan.to_dict()
+    assert doc["kind"] == "geo"
+    assert set(doc["algorithms"]) == set(ALGORITHMS)
+    assert doc["summary"] == doc["algorithms"]["eglb-off"]["summary"]
+    assert [s["site"] for s in doc["sites"]] == p.sites
+    assert set(doc["sites"][0]) == {"site", "load_mwh", "energy_cost_usd", "carbon_kg", "water_l"}
+    assert len(doc["deployments"]) == len(p.sites)
+    for d in doc["deployments"]:
+        parse_resource(d["resource"])
+        assert d["placement"]["site"] in p.sites
+    assert doc["predicted"]["objective"] == doc["summary"]["objective"]
+
+
+@pytest.mark.parametrize("name", ["Texas", "São Paulo", "us-east/1", "_x", "a b"])
+def test_site_resource_labels_parse(name: str) -> None:
+    assert parse_resource(site_resource(name)).kind == "site"
