@@ -1,0 +1,179 @@
+"""``greenctl report``: CSV/JSON exports, savings against a baseline, PNG charts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, store_for
+
+report_app = typer.Typer(
+    no_args_is_help=True,
+    help="Export profiles, plans, runs, decisions and carbon signals (CSV/JSON, stable "
+    "columns), savings against a baseline plan, and PNG charts.",
+)
+
+FormatOpt = Annotated[str, typer.Option("--format", help="csv or json.")]
+OutOpt = Annotated[
+    str | None, typer.Option("--output", "-o", help="Write to this file (default: stdout).")
+]
+RegionOpt = Annotated[str | None, typer.Option("--region", "-r", help="Only this region.")]
+FromOpt = Annotated[str | None, typer.Option("--from", help="First time (ISO UTC).")]
+ToOpt = Annotated[str | None, typer.Option("--to", help="Last time (ISO UTC).")]
+
+_HELP = {
+    "profiles": "Export every stored profile (one row per measurement).",
+    "plans": "Export saved plans with their predicted figures.",
+    "runs": "Export measured runs beside their predictions (predicted vs measured).",
+    "decisions": "Export replanning decision records.",
+    "carbon": "Export stored carbon-intensity signals.",
+}
+
+
+def _export_command(what: str) -> Any:
+    def command(
+        fmt: FormatOpt = "csv",
+        output: OutOpt = None,
+        region: RegionOpt = None,
+        start: FromOpt = None,
+        end: ToOpt = None,
+        plan: Annotated[
+            int | None, typer.Option("--plan", help="Only this plan (plans, runs).")
+        ] = None,
+        db: DbOpt = None,
+    ) -> None:
+        from greenctl.cli import reporting
+
+        filters: dict[str, Any] = {}
+        if what in ("carbon", "decisions"):
+            filters.update(region=region, start=start, end=end)
+        if what in ("plans", "runs"):
+            filters["plan_id"] = plan
+        with store_for(db) as store:
+            res = reporting.export(store, what, fmt=fmt, path=output, **filters)
+        if output:
+            console.print(f"Wrote {res['rows']} {what} rows ({fmt}) to {output}", highlight=False)
+        else:
+            sys.stdout.write(res["text"])
+
+    command.__doc__ = _HELP[what]
+    command.__name__ = f"report_{what}"
+    return command
+
+
+for _what in _HELP:
+    report_app.command(_what)(_export_command(_what))
+
+
+@report_app.command("savings")
+def report_savings(
+    plan: Annotated[
+        int,
+        typer.Option(
+            "--plan", help="greenctl's plan (with the plans replanning applied after it)."
+        ),
+    ],
+    baseline: Annotated[int, typer.Option("--baseline", help="The baseline plan id (BASE).")],
+    region: Annotated[str, typer.Option("--region", "-r", help="Carbon signal region.")],
+    start: FromOpt = None,
+    end: ToOpt = None,
+    rate: Annotated[
+        float | None,
+        typer.Option("--rate", help="Load both serve, req/s (default: the plans' rate)."),
+    ] = None,
+    wue: Annotated[
+        float | None,
+        typer.Option("--wue", help="Water per kWh (L/kWh) where plans predict no water."),
+    ] = None,
+    output: OutOpt = None,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Energy, carbon, water, cost, accuracy and SLO compliance against a baseline plan."""
+    import json
+
+    from greenctl.cli import reporting
+
+    with store_for(db) as store:
+        s = reporting.savings(
+            store,
+            plan_id=plan,
+            baseline_id=baseline,
+            region=region,
+            start=start,
+            end=end,
+            rate_rps=rate,
+            wue_l_per_kwh=wue,
+        )
+    if output:
+        Path(output).write_text(json.dumps(s, indent=2) + "\n")
+    if json_out:
+        print_json(s)
+        return
+    render_table(
+        f"Savings of plan {plan} (+{s['changes']} replans) vs baseline {baseline}, {region}, "
+        f"{s['period']['from']} .. {s['period']['to']} ({s['period']['hours']:.0f} h)",
+        ["metric", "greenctl", "baseline", "saved", "saved %"],
+        reporting.savings_table(s),
+        caption="modeled from the plans' predictions and the carbon signal; '-' = not "
+        "predicted by the plans",
+    )
+
+
+@report_app.command("charts")
+def report_charts(
+    plan: Annotated[int, typer.Option("--plan", help="greenctl's plan (and its replans).")],
+    region: Annotated[str, typer.Option("--region", "-r", help="Carbon signal region.")],
+    baseline: Annotated[
+        int | None, typer.Option("--baseline", help="Baseline plan to draw beside it.")
+    ] = None,
+    geo_plan: Annotated[
+        int | None, typer.Option("--geo-plan", help="A geo plan for the per-site chart.")
+    ] = None,
+    out: Annotated[
+        str, typer.Option("--out", help="Folder for the PNG files.")
+    ] = "greenctl-report",
+    start: FromOpt = None,
+    end: ToOpt = None,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write PNG charts: carbon.png, latency.png (if runs were measured), sites.png (geo)."""
+    from greenctl.cli import reporting
+    from greenctl.data.errors import NotFoundError
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    skipped = []
+    with store_for(db) as store:
+        written.append(
+            reporting.chart_carbon(
+                store,
+                folder / "carbon.png",
+                plan_id=plan,
+                region=region,
+                baseline_id=baseline,
+                start=start,
+                end=end,
+            )
+        )
+        try:
+            written.append(reporting.chart_latency(store, folder / "latency.png"))
+        except NotFoundError as exc:
+            skipped.append({"chart": "latency", "reason": exc.message})
+        if geo_plan is not None:
+            written.append(reporting.chart_sites(store, folder / "sites.png", plan_id=geo_plan))
+    if json_out:
+        print_json({"written": written, "skipped": skipped})
+        return
+    for w in written:
+        console.print(f"wrote {w['path']}", highlight=False)
+    for s in skipped:
+        console.print(f"[yellow]skipped {s['chart']}[/]: {s['reason']}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(report_app, name="report")
