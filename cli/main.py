@@ -72,17 +72,10 @@ COMMAND_MODULES = [
     "greenctl.cli.apply",
     "greenctl.cli.plan",
     "greenctl.cli.profile",
-    "greenctl.cli.plan_glet",
-    "greenctl.cli.interference",
-    "greenctl.cli.gpulet",
-    "greenctl.cli.hw",
     "greenctl.cli.profile_io",
     "greenctl.cli.export",
     "greenctl.cli.carbon",
     "greenctl.cli.forecast",
-    "greenctl.cli.report",
-    "greenctl.cli.mig",
-    "greenctl.cli.plan_mig",
 ]
 
 
