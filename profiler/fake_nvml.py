@@ -202,7 +202,10 @@ class FakeNvml:
             )
         size = next((s for st, s in prof.placements if st == start), None)
         if size is None:
-            raise dev.nvml_error(dev.NVML_ERROR_INVALID_ARGUMENT, action)
+            err = dev.nvml_error(dev.NVML_ERROR_INVALID_ARGUMENT, action)
+            starts = ", ".join(str(st) for st, _ in prof.placements)
+            err.hint = f"{profile} can start at memory slot {starts}"
+            raise err
         used = set()
         for gi in gpu.gis.values():
             used |= set(range(gi["start"], gi["start"] + gi["size"]))

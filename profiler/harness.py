@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from greenctl.data.errors import HardwareError, InputError
+from greenctl.data.errors import HardwareError, InputError, NotFoundError
 from greenctl.data.records import Hardware, Profile, Variant
 from greenctl.profiler.energy import EnergyMeter, EnergyReading, NvmlEnergyMeter, cpu_meter
 
@@ -497,7 +497,7 @@ def measure_variant(
 
 def run_child(
     item: RunItem, spec: dict[str, Any], *, timeout_s: float = CHILD_TIMEOUT_S
-) -> list[Measurement]:
+) -> tuple[list[Measurement], dict[str, Any]]:
     """Run one item in ``python -m greenctl.profiler.child`` with the item's environment."""
     env = {**os.environ, **(item.env or {})}
     try:
@@ -523,7 +523,7 @@ def run_child(
         doc = json.loads(proc.stdout.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
         raise HardwareError(f"the child for {item.resource} printed no result") from None
-    return [measurement_from_dict(m) for m in doc["measurements"]]
+    return [measurement_from_dict(m) for m in doc["measurements"]], doc
 
 
 def measurement_to_dict(m: Measurement) -> dict[str, Any]:
@@ -573,7 +573,7 @@ def run_items(
             progress(f"{label}: {msg}", (k + frac) / len(items))
 
         if item.in_child:
-            measurements = run_child(item, spec)
+            measurements, _doc = run_child(item, spec)
             facts: dict[str, Any] = {}
         else:
             measurements, _load_s, facts = measure_variant(spec, progress=inner)
@@ -621,7 +621,17 @@ def resolve_variants(
         out.append(user)
     builtin = {v.name for v in builtin_variants()}
     for name in names:
-        out.append(builtin_variant(name) if name in builtin else store.get_variant(name))
+        if name in builtin:
+            out.append(builtin_variant(name))
+            continue
+        try:
+            out.append(store.get_variant(name))
+        except NotFoundError:
+            raise NotFoundError(
+                f"unknown variant '{name}'",
+                hint=f"built-in variants: {', '.join(sorted(builtin))}; or profile your own "
+                "model with --model-path module:callable --input-shape 3,224,224",
+            ) from None
     if family is not None:
         if family in builtin_families():
             out += builtin_variants(family)
@@ -707,5 +717,10 @@ def child_main(stdin_text: str) -> str:
             "facts": facts,
             "pid": os.getpid(),
             "cwd": str(Path.cwd()),
+            "env": {
+                k: v
+                for k, v in os.environ.items()
+                if k.startswith(("CUDA_VISIBLE", "CUDA_MPS", "CUDA_DEVICE"))
+            },
         }
     )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import pickle
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -335,7 +336,7 @@ def _build(variant: Variant) -> Any:
             try:
                 state = torch.load(path, map_location="cpu", weights_only=True)
                 module.load_state_dict(state)
-            except (RuntimeError, OSError, ValueError) as exc:
+            except (RuntimeError, OSError, ValueError, pickle.UnpicklingError) as exc:
                 raise InputError(
                     f"cannot load weights '{path}': {str(exc).splitlines()[0]}",
                     hint="save a state dict with torch.save(model.state_dict(), PATH)",
@@ -371,3 +372,46 @@ def load_model(variant: Variant, *, device: str = "cpu") -> LoadedModel:
     loaded = LoadedModel(variant, module, shape, device)
     loaded.load_time_s = time.perf_counter() - t0
     return loaded
+
+
+def user_variant(
+    model_path: str,
+    *,
+    input_shape: str | None,
+    accuracy: float | None = None,
+    name: str | None = None,
+    family: str | None = None,
+    weights: str | None = None,
+    accuracy_metric: str | None = None,
+) -> Variant:
+    """A variant record for the user's model (``--model-path``), validated before measuring.
+
+    Raises:
+        InputError: missing/invalid input shape or accuracy, unimportable module, missing file.
+    """
+    shape = parse_input_shape(input_shape)
+    if accuracy is not None and not 0.0 <= accuracy <= 1.0:
+        raise InputError(
+            f"--accuracy {accuracy}: give a fraction between 0 and 1",
+            hint="for example --accuracy 0.76 for 76 %",
+        )
+    source = user_model_source(model_path, weights=weights)
+    if not name:
+        if source.startswith("torchscript:"):
+            name = Path(model_path).stem
+        else:
+            name = model_path.partition(":")[2].rsplit(".", 1)[-1]
+    builtin = {v.name for v in builtin_variants()}
+    if name in builtin:
+        raise InputError(
+            f"--name {name} is a built-in variant", hint="choose another --name for your model"
+        )
+    return Variant(
+        name=name,
+        family=family or "custom",
+        accuracy=accuracy,
+        accuracy_metric=accuracy_metric if accuracy is not None else None,
+        accuracy_source="given by the user (--accuracy)" if accuracy is not None else None,
+        source=source,
+        input_shape=",".join(map(str, shape)),
+    )

@@ -1,0 +1,144 @@
+"""Energy meters: NVML (whole GPU and attributed), RAPL with wrap-around, the CPU model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from greenctl.data.errors import HardwareError
+from greenctl.profiler.energy import (
+    IDLE_W_PER_CORE,
+    TDP_W_PER_CORE,
+    ModeledCpuMeter,
+    NvmlEnergyMeter,
+    RaplMeter,
+    cpu_meter,
+)
+from greenctl.profiler.fake_nvml import FakeNvml
+
+FAKE = Path(__file__).with_name("fake_a100.json")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_nvml_whole_gpu_energy_per_request():
+    clock = Clock()
+    fake = FakeNvml(json.loads(FAKE.read_text()), clock=clock)
+    fake.set_power(1, 50.0)  # idle reading before the run
+    meter = NvmlEnergyMeter(fake, 1, clock=clock)
+    meter.start()
+    fake.set_power(1, 300.0)
+    clock.t += 4.0
+    r = meter.stop(requests=200)
+    assert r.method == "nvml"
+    assert r.energy_j == pytest.approx(1200.0)
+    assert r.power_w == pytest.approx(300.0)
+    assert r.idle_power_w == pytest.approx(50.0)
+    assert r.energy_j_per_request == pytest.approx(6.0)
+
+
+def test_mig_instance_is_charged_its_share_of_compute_slices():
+    clock = Clock()
+    fake = FakeNvml(json.loads(FAKE.read_text()), clock=clock)
+    three = next(m for m in fake.mig_instances(0) if m.profile == "3g.20gb")
+    share = three.slices / fake.total_compute_slices(0)
+    meter = NvmlEnergyMeter(fake, three.gpu_index, share=share, clock=clock)
+    meter.start()
+    clock.t += 7.0
+    r = meter.stop(requests=30)
+    whole = 280.0 * 7.0
+    assert r.method == "nvml-attributed"
+    assert r.energy_j == pytest.approx(whole * 3 / 7)
+    assert r.power_w == pytest.approx(280.0 * 3 / 7)
+    assert r.idle_power_w == pytest.approx(280.0 * 3 / 7)
+    assert r.energy_j_per_request == pytest.approx(whole * 3 / 7 / 30)
+
+
+def test_nvml_meter_needs_the_counter_but_not_the_power_reading():
+    clock = Clock()
+    fake = FakeNvml(json.loads(FAKE.read_text()), clock=clock)
+    fake.fail("power", "not_supported")
+    meter = NvmlEnergyMeter(fake, 0, clock=clock)
+    meter.start()
+    clock.t += 1.0
+    assert meter.stop(requests=1).idle_power_w is None
+    fake.fail("energy", "not_supported")
+    with pytest.raises(HardwareError, match="energy counter"):
+        meter.start()
+    with pytest.raises(ValueError):
+        NvmlEnergyMeter(fake, 0, share=0.0)
+
+
+def _rapl(tmp_path: Path, value: int, max_range: int) -> Path:
+    d = tmp_path / "intel-rapl:0"
+    d.mkdir(exist_ok=True)
+    (d / "energy_uj").write_text(f"{value}\n")
+    (d / "max_energy_range_uj").write_text(f"{max_range}\n")
+    return d / "energy_uj"
+
+
+def test_rapl_energy_with_counter_wrap_and_core_share(tmp_path):
+    clock = Clock()
+    f = _rapl(tmp_path, 999_000_000, 999_999_999)
+    meter = RaplMeter([str(f)], share=0.5, idle_window_s=0, clock=clock)
+    meter.start()
+    f.write_text("4_000_000".replace("_", ""))  # wrapped: 999_999_999 - 999_000_000 + 1 + 4e6
+    clock.t += 2.0
+    r = meter.stop(requests=10)
+    expected_j = (999_999_999 - 999_000_000 + 1 + 4_000_000) / 1e6 * 0.5
+    assert r.method == "rapl"
+    assert r.energy_j == pytest.approx(expected_j)
+    assert r.power_w == pytest.approx(expected_j / 2.0)
+    assert r.energy_j_per_request == pytest.approx(expected_j / 10)
+
+
+def test_rapl_idle_window_measures_idle_power(tmp_path):
+    clock = Clock()
+    f = _rapl(tmp_path, 1_000_000, 2**32)
+
+    def sleep(s: float) -> None:
+        f.write_text(str(int(f.read_text()) + 20_000_000))  # 20 J while "idle"
+        clock.t += s
+
+    meter = RaplMeter([str(f)], idle_window_s=0.5, clock=clock, sleep=sleep)
+    meter.start()
+    clock.t += 1.0
+    r = meter.stop(requests=1)
+    assert r.idle_power_w == pytest.approx(40.0)
+    assert r.energy_j == pytest.approx(0.0)
+
+
+def test_modeled_cpu_meter_follows_the_documented_formula():
+    clock, cpu = Clock(), [0.0]
+    meter = ModeledCpuMeter(2, clock=clock, cpu_clock=lambda: cpu[0])
+    meter.start()
+    clock.t += 10.0
+    cpu[0] += 15.0  # 15 CPU-seconds in 10 s on 2 cores: 75 % busy
+    r = meter.stop(requests=100)
+    power = 2 * (IDLE_W_PER_CORE + (TDP_W_PER_CORE - IDLE_W_PER_CORE) * 0.75)
+    assert r.method == "modeled"
+    assert r.power_w == pytest.approx(power)
+    assert r.idle_power_w == pytest.approx(2 * IDLE_W_PER_CORE)
+    assert r.energy_j_per_request == pytest.approx(power * 10 / 100)
+    assert meter.power_at(5.0) == pytest.approx(2 * TDP_W_PER_CORE)  # clamped
+
+
+def test_modeled_defaults_can_be_overridden(monkeypatch):
+    monkeypatch.setenv("GREENCTL_CPU_TDP_W_PER_CORE", "20")
+    monkeypatch.setenv("GREENCTL_CPU_IDLE_W_PER_CORE", "5")
+    assert ModeledCpuMeter(1).power_at(1.0) == 20.0
+    assert ModeledCpuMeter(1).power_at(0.0) == 5.0
+
+
+def test_cpu_meter_picks_rapl_only_when_readable(tmp_path):
+    assert cpu_meter(1, total_cores=2, rapl=[]).method == "modeled"
+    f = _rapl(tmp_path, 5, 2**32)
+    m = cpu_meter(1, total_cores=4, rapl=[str(f)])
+    assert m.method == "rapl" and isinstance(m, RaplMeter) and m.share == 0.25
