@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, store_for
@@ -11,6 +11,159 @@ profile_app = typer.Typer(
     help="Measure variants on this machine's CPUs/GPUs/MIG/MPS; list, import, export profiles.",
     invoke_without_command=True,
 )
+
+
+@profile_app.callback(invoke_without_command=True)
+def profile_measure(
+    ctx: typer.Context,
+    variant: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--variant",
+            help="Variant(s) to measure (repeat or comma-separate), e.g. resnet18.",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="Measure a whole family (resnet, tiny, or a stored one)."),
+    ] = None,
+    cpus: Annotated[
+        str, typer.Option("--cpus", help="CPU core counts, each a cpu:N resource.")
+    ] = "1",
+    gpus: Annotated[
+        bool, typer.Option("--gpus", help="Also every GPU, MIG instance and MPS share (NVML).")
+    ] = False,
+    batch: Annotated[str, typer.Option("--batch", help="Batch sizes.")] = "1,2,4,8",
+    duration: Annotated[
+        float | None,
+        typer.Option("--duration", help="Seconds to measure each point (default 1).", min=0.0),
+    ] = None,
+    requests: Annotated[
+        int | None, typer.Option("--requests", help="Requests to measure each point instead.")
+    ] = None,
+    warmup: Annotated[
+        int, typer.Option("--warmup", help="Un-timed warm-up batches per point.", min=0)
+    ] = 3,
+    mps: Annotated[
+        str, typer.Option("--mps", help="MPS active-thread percentages (when a daemon runs).")
+    ] = "25,50,100",
+    model_path: Annotated[
+        str | None,
+        typer.Option(
+            "--model-path",
+            help="Your model: module:callable returning an nn.Module, or a TorchScript file.",
+        ),
+    ] = None,
+    input_shape: Annotated[
+        str | None,
+        typer.Option(
+            "--input-shape", help="Input of one request for --model-path, e.g. 3,224,224."
+        ),
+    ] = None,
+    accuracy: Annotated[
+        float | None, typer.Option("--accuracy", help="Accuracy of --model-path (0..1).")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Variant name for --model-path.")
+    ] = None,
+    weights: Annotated[
+        str | None,
+        typer.Option("--weights", help="State dict for a module:callable model (weights only)."),
+    ] = None,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Measure variants on this machine (default: the tiny family on cpu:1), store, list."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from greenctl.cli.common import err_console, parse_int_list
+    from greenctl.data.errors import InputError
+
+    names = [n.strip() for v in variant or [] for n in v.split(",") if n.strip()]
+    if duration is not None and requests is not None:
+        raise InputError("give either --duration or --requests, not both")
+    if requests is not None and requests < 1:
+        raise InputError(f"--requests {requests}: must be >= 1", hint="for example --requests 50")
+    if duration is not None and duration <= 0:
+        raise InputError(f"--duration {duration}: must be > 0 seconds", hint="e.g. --duration 2")
+    for flag, value in (
+        ("--input-shape", input_shape),
+        ("--accuracy", accuracy),
+        ("--name", name),
+        ("--weights", weights),
+    ):
+        if value is not None and model_path is None:
+            raise InputError(f"{flag} only applies to --model-path", hint="add --model-path")
+    cpu_list = parse_int_list(cpus, option="--cpus")
+    batches = parse_int_list(batch, option="--batch")
+    mps_list = parse_int_list(mps, option="--mps")
+    if any(p > 100 for p in mps_list):
+        raise InputError("--mps: percentages must be between 1 and 100", hint="e.g. --mps 25,50")
+
+    from greenctl.profiler.harness import DEFAULT_DURATION_S, profile
+    from greenctl.profiler.models import user_variant
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    user = None
+    family = model
+    if model_path is not None:
+        user = user_variant(
+            model_path,
+            input_shape=input_shape,
+            accuracy=accuracy,
+            name=name,
+            family=model,
+            weights=weights,
+        )
+        family = None
+    with (
+        store_for(db) as store,
+        Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+        ) as bar,
+    ):
+        task = bar.add_task("profiling", total=1.0)
+
+        def progress(message: str, fraction: float) -> None:
+            bar.update(task, completed=fraction, description=message)
+
+        result = profile(
+            store,
+            variants=names,
+            family=family,
+            user=user,
+            cpus=cpu_list,
+            gpus=gpus,
+            batches=batches,
+            duration_s=None if requests is not None else (duration or DEFAULT_DURATION_S),
+            requests=requests,
+            warmup=warmup,
+            mps=mps_list,
+            progress=progress,
+        )
+    profiles = [p for p, _hw in result.profiles]
+    if json_out:
+        from dataclasses import asdict
+
+        print_json(
+            {
+                "variants": [asdict(v) for v in result.variants],
+                "profiles": [asdict(p) for p in profiles],
+                "wall_s": result.wall_s,
+                "notes": result.notes,
+            }
+        )
+        return
+    render_profiles(
+        profiles, f"Measured {len(profiles)} point(s) in {result.wall_s:.1f} s (stored)"
+    )
+    for note in result.notes:
+        err_console.print(note)
 
 
 @profile_app.command("list")
@@ -31,8 +184,13 @@ def profile_list(
 
         print_json([asdict(p) for p in profiles])
         return
+    render_profiles(profiles, "Profiles (latest of each point)")
+
+
+def render_profiles(profiles: list[Any], title: str) -> None:
+    """The profile table of `profile list` (also shown after measuring)."""
     render_table(
-        "Profiles (latest of each point)",
+        title,
         [
             "variant",
             "resource",
