@@ -77,6 +77,8 @@ COMMAND_MODULES = [
     "greenctl.cli.export",
     "greenctl.cli.carbon",
     "greenctl.cli.forecast",
+    "greenctl.cli.mig",
+    "greenctl.cli.plan_mig",
 ]
 
 

@@ -64,6 +64,8 @@ from greenctl.planner.latency import ServiceTime
 from greenctl.planner.queueing import latency_quantile_ms, mgc_model, mixture_quantile
 
 J_PER_KWH = 3.6e6
+# Relative shortfall of capacity treated as the capacity bisection's rounding, not overload.
+CAPACITY_TOL = 1e-3
 SOLVERS = ("exact", "anneal", "random")
 BASELINES = ("base", "co2opt")
 
@@ -417,10 +419,12 @@ class MigModel:
         rate = self.problem.rate_rps
         caps = [self.capacity(k, c) for k, c in enumerate(n)]
         total = sum(caps)
-        if total < rate * (1 - 1e-9):
+        if total < rate * (1 - CAPACITY_TOL):
             if total <= 0:
                 return tuple(0.0 for _ in n), 0.0, False
             return tuple(rate * c / total for c in caps), total, False
+        # within the bisection's precision (BASE sits exactly at the SLA): stretch capacity
+        caps = [c * (1 + CAPACITY_TOL) for c in caps]
         if self.floor is not None:
             return self._split_lp(caps, total)
         x = [0.0] * len(n)
@@ -496,7 +500,7 @@ class MigModel:
         if not feasible:
             reason = (
                 f"capacity {cap:.4g} req/s within the SLA is below the rate {rate:g}"
-                if cap < rate * (1 - 1e-9)
+                if cap < rate * (1 - CAPACITY_TOL)
                 else "the accuracy floor (--max-accuracy-loss) cannot be met"
             )
         pen = 0.0 if not math.isfinite(p95) else min(1.0, self.sla_ms / p95) if p95 > 0 else 1.0
@@ -764,7 +768,7 @@ def _predicted(model: MigModel, ev: Evaluation) -> dict[str, Any]:
         "rate_rps": model.problem.rate_rps,
         "sla_ms": model.sla_ms,
         "p95_ms": ev.p95_ms,
-        "sla_met": bool(ev.feasible and ev.p95_ms <= model.sla_ms * (1 + 1e-6)),
+        "sla_met": bool(ev.feasible and ev.p95_ms <= model.sla_ms * (1 + CAPACITY_TOL)),
         "capacity_rps": ev.capacity_rps,
         "accuracy": ev.accuracy,
         "energy_j_per_request": ev.energy_j_per_request,
@@ -846,7 +850,7 @@ def plan_mig(
             **_predicted(model, base_ev),
             # BASE defines the default SLA through the pooled M/G/N queue of its N GPUs
             "p95_ms": model.base_p95_ms,
-            "sla_met": model.base_p95_ms <= model.sla_ms * (1 + 1e-6),
+            "sla_met": model.base_p95_ms <= model.sla_ms * (1 + CAPACITY_TOL),
             "description": f"{model.pairs[model.base_pair].variant} on every whole GPU",
             **describe_config(model, model.base_config),
         }

@@ -28,7 +28,14 @@ import time
 from typing import Any
 
 from greenctl.data.errors import InfeasiblePlan
-from greenctl.planner.mig import Config, MigModel, MigProblem, SolveResult, tidy
+from greenctl.planner.mig import (
+    CAPACITY_TOL,
+    Config,
+    MigModel,
+    MigProblem,
+    SolveResult,
+    tidy,
+)
 
 MAX_TIGHTEN = 4
 
@@ -53,7 +60,8 @@ def solve_exact(model: MigModel, *, time_limit_s: float | None = None) -> SolveR
         xk = pulp.LpVariable(f"x{k}", lowBound=0, upBound=rate)
         n_vars.append(nk)
         x_vars.append(xk)
-        lp += xk <= model.rate_capacity(k) * nk, f"cap{k}"
+        # the evaluator accepts the capacity bisection's rounding (CAPACITY_TOL) too
+        lp += xk <= model.rate_capacity(k) * (1 + CAPACITY_TOL) * nk, f"cap{k}"
     lp += pulp.lpSum(y) == n_gpus, "gpus"
     for p in model.profiles:
         lp += (
@@ -115,7 +123,7 @@ def verify_config(model: MigModel, config: Config) -> dict[str, Any]:
             per_class[f"{o.variant}@{o.profile}"] = latency_quantile_ms(
                 ev.split[k], o.service, c, q
             )
-    tol = 1 + 1e-6
+    tol = 1 + CAPACITY_TOL
     out: dict[str, Any] = {
         "analytic_p95_ms": ev.p95_ms,
         "class_p95_ms": per_class,

@@ -1,0 +1,187 @@
+"""``greenctl plan mig``: carbon-aware MIG layouts with mixed-quality variants (Clover)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, store_for
+
+
+def plan_mig_cmd(
+    gpu: Annotated[
+        str,
+        typer.Option("--gpu", help="GPU model: NVML name or alias (A100-40GB, H100-80GB, A30)."),
+    ],
+    gpus: Annotated[int, typer.Option("--gpus", help="Number of GPUs of that model.")],
+    model: Annotated[str, typer.Option("--model", help="Model family to serve.")],
+    rate: Annotated[float, typer.Option("--rate", help="Poisson request rate, req/s.")],
+    carbon_intensity: Annotated[
+        float, typer.Option("--carbon-intensity", help="Current grid carbon intensity, gCO2/kWh.")
+    ],
+    sla_ms: Annotated[
+        float | None,
+        typer.Option("--sla-ms", help="p95 latency SLA in ms (default: BASE's p95 at --rate)."),
+    ] = None,
+    lam: Annotated[
+        float,
+        typer.Option("--lambda", help="Weight of dCarbon vs dAccuracy in the objective (0..1)."),
+    ] = 0.5,
+    base_carbon_intensity: Annotated[
+        float | None,
+        typer.Option(
+            "--base-carbon-intensity",
+            help="Carbon intensity BASE is measured at, gCO2/kWh (default: --carbon-intensity).",
+        ),
+    ] = None,
+    max_accuracy_loss: Annotated[
+        float | None,
+        typer.Option(
+            "--max-accuracy-loss",
+            help="Hard floor: accuracy at most this many percent below BASE's.",
+        ),
+    ] = None,
+    solver: Annotated[
+        str,
+        typer.Option(
+            "--solver", help="exact (ILP), anneal (Clover's graph annealing) or random (BLOVER)."
+        ),
+    ] = "exact",
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline", help="Emit a baseline instead: base (7g, best variant) or co2opt."
+        ),
+    ] = None,
+    current: Annotated[
+        Path | None,
+        typer.Option(
+            "--current", help="Previous MIG plan JSON: warm start, and GPUs keep their layout."
+        ),
+    ] = None,
+    time_limit: Annotated[
+        float | None, typer.Option("--time-limit", help="Solver time limit, seconds.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of anneal/random.")] = None,
+    export: Annotated[
+        tuple[str, Path] | None,
+        typer.Option(
+            "--export",
+            help="Also write the layouts in another format: `--export mig-parted FILE` "
+            "(NVIDIA mig-parted v1 YAML).",
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the plan JSON here.")
+    ] = None,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Choose MIG layouts and a variant per slice that maximise
+    lambda*dCarbon + (1-lambda)*dAccuracy under a p95 SLA (Clover).
+
+    Profiles come from the store: batch-1 rows on mig:<profile> resources whose hardware
+    names the GPU model. The plan is saved in the store and printed.
+    """
+    from greenctl.data.errors import InputError
+    from greenctl.data.mig_geometry import resolve_gpu
+    from greenctl.data.plan import load_plan_file, write_plan_file
+    from greenctl.planner.mig import build_problem, plan_mig
+
+    if export is not None and export[0] != "mig-parted":
+        raise InputError(
+            f"--export format '{export[0]}' is not supported", hint="use --export mig-parted FILE"
+        )
+    geo = resolve_gpu(gpu)
+    current_plan = load_plan_file(current) if current is not None else None
+    with store_for(db) as store:
+        profiles = store.latest_profiles(family=model)
+        variants = store.variants(model)
+        problem = build_problem(
+            geo,
+            profiles,
+            variants,
+            family=model,
+            gpus=gpus,
+            rate_rps=rate,
+            carbon_intensity=carbon_intensity,
+            sla_ms=sla_ms,
+            lam=lam,
+            base_carbon_intensity=base_carbon_intensity,
+            max_accuracy_loss_pct=max_accuracy_loss,
+        )
+        plan = plan_mig(
+            problem,
+            solver=solver,
+            baseline=baseline,
+            current=current_plan,
+            time_limit_s=time_limit,
+            seed=seed,
+        )
+        if export is not None:
+            from greenctl.data.mig_parted import write_mig_parted
+
+            order = [p.name for p in sorted(geo.profiles, key=lambda p: -p.compute_slices)]
+            write_mig_parted(
+                export[1],
+                [(g["index"], [i["profile"] for i in g["layout"]]) for g in plan.extra["gpus"]],
+                label="greenctl-mig",
+                order=order,
+            )
+        store.save_plan(plan)
+    if output is not None:
+        try:
+            write_plan_file(plan, output)
+        except OSError as exc:
+            raise InputError(f"cannot write plan file {output}: {exc.strerror}") from None
+    if json_out:
+        print_json(plan.to_dict())
+        return
+    _render(plan)
+    if export is not None:
+        console.print(f"mig-parted config written to {export[1]}", highlight=False)
+    if output is not None:
+        console.print(f"plan written to {output}", highlight=False)
+
+
+def _render(plan: Any) -> None:
+    pred = plan.predicted
+    rows = [["plan", pred]]
+    for name, b in plan.extra["baselines"].items():
+        rows.append([name.upper(), b])
+    label = " (SYNTHETIC profiles)" if plan.extra["model"].get("label") else ""
+    render_table(
+        f"plan mig #{plan.id}: {plan.request['gpus']} x {plan.request['gpu']}, "
+        f"{plan.request['model']} at {plan.request['rate_rps']:g} req/s, SLA p95 "
+        f"{plan.extra['model']['sla_ms']:.4g} ms{label}",
+        ["", "p95 ms", "accuracy", "J/req", "gCO2/req", "dCarbon %", "dAcc %", "objective"],
+        [
+            [
+                n,
+                b.get("p95_ms"),
+                b.get("accuracy"),
+                b.get("energy_j_per_request"),
+                b.get("carbon_g_per_request"),
+                b.get("delta_carbon_pct"),
+                b.get("delta_accuracy_pct"),
+                b.get("objective"),
+            ]
+            for n, b in rows
+        ],
+        caption=f"energy: {pred.get('energy_method')}; solver {plan.extra['solver'].get('name')} "
+        f"in {plan.extra['solver'].get('wall_s', 0):.2f} s",
+    )
+    render_table(
+        "Deployments",
+        ["variant", "resource", "instances", "quota req/s"],
+        [[d.variant, d.resource, d.count, d.quota_rps] for d in plan.deployments],
+    )
+    layouts = plan.extra["configuration"]["layouts"]
+    render_table("Layouts", ["slice multiset", "GPUs"], [[k, v] for k, v in layouts.items()])
+
+
+def register(app: typer.Typer) -> None:
+    from greenctl.cli.plan import plan_app
+
+    plan_app.command("mig")(plan_mig_cmd)

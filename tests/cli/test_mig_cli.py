@@ -1,0 +1,84 @@
+"""greenctl mig layouts / mig synth / plan mig through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+from greenctl.data.mig_parted import parse_mig_parted
+
+
+def test_mig_layouts_json_for_an_nvml_name(cli):
+    r = cli("mig", "layouts", "--gpu", "NVIDIA A100-SXM4-40GB", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert list(doc) == ["gpu", "layouts", "multisets"]
+    assert doc["gpu"] == "A100-40GB"
+    assert len(doc["layouts"]) == 78 and len(doc["multisets"]) == 38
+    assert {"instances": [{"profile": "3g.20gb", "start": 0}, {"profile": "3g.20gb", "start": 4}]} in doc["layouts"]  # fmt: skip
+    r = cli("mig", "layouts", "--gpu", "A30")
+    assert r.exit_code == 0 and "2g.12gb@0" in r.output
+    r = cli("mig", "layouts", "--gpu", "A30", "--me", "--json")
+    assert any("+me" in i["profile"] for lay in json.loads(r.stdout)["layouts"] for i in lay["instances"])  # fmt: skip
+
+
+def test_unknown_gpu_model_exits_2_listing_known_models(cli):
+    r = cli("mig", "layouts", "--gpu", "RTX 4090")
+    assert r.exit_code == 2
+    assert "unknown MIG-capable GPU model" in r.output and "H100-80GB" in r.output
+    r = cli("plan", "mig", "--gpu", "V100", "--gpus", "1", "--model", "x", "--rate", "1",
+            "--carbon-intensity", "100")  # fmt: skip
+    assert r.exit_code == 2 and "A100-40GB" in r.output
+
+
+def test_synth_then_plan_mig_with_export_and_output(cli, tmp_path, store):
+    r = cli("mig", "synth", "--gpu", "A100-40GB", "--family", "efficientnet")
+    assert r.exit_code == 0, r.output
+    assert "SYNTHETIC" in r.output
+    parted = tmp_path / "mig.yaml"
+    out = tmp_path / "plan.json"
+    r = cli(
+        "plan", "mig", "--gpu", "NVIDIA A100-SXM4-40GB", "--gpus", "4", "--model",
+        "efficientnet", "--rate", "120", "--carbon-intensity", "250", "--lambda", "0.5",
+        "--export", "mig-parted", str(parted), "-o", str(out), "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    assert plan["kind"] == "mig" and plan["schema"] == "greenctl.plan/v1"
+    assert len(plan["gpus"]) == 4
+    assert set(plan["baselines"]) == {"base", "co2opt"}
+    assert plan["predicted"]["sla_met"] and plan["predicted"]["source"] == "synthetic"
+    assert all(d["resource"].startswith("mig:") for d in plan["deployments"])
+    assert json.loads(out.read_text())["gpus"] == plan["gpus"]
+    doc = parse_mig_parted(parted.read_text())
+    devices = sorted(d for e in doc["mig-configs"]["greenctl-mig"] for d in e["devices"])
+    assert devices == [0, 1, 2, 3]
+    for entry in doc["mig-configs"]["greenctl-mig"]:
+        for dev in entry["devices"]:
+            profiles = [i["profile"] for i in plan["gpus"][dev]["layout"]]
+            assert entry["mig-devices"] == {p: profiles.count(p) for p in set(profiles)}
+    assert store.plans("mig")[0]["id"] == plan["id"]
+    # a table for people, then an annealed re-plan warm-started from this one
+    r = cli("plan", "mig", "--gpu", "A100-40GB", "--gpus", "4", "--model", "efficientnet",
+            "--rate", "120", "--carbon-intensity", "100", "--solver", "anneal",
+            "--current", str(out), "--seed", "1")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "BASE" in r.output and "CO2OPT" in r.output and "SYNTHETIC" in r.output
+
+
+def test_plan_mig_errors(cli, tmp_path):
+    assert cli("mig", "synth", "--gpu", "A30", "--family", "albert").exit_code == 0
+    base = ["plan", "mig", "--gpu", "A30", "--gpus", "1", "--model", "albert",
+            "--carbon-intensity", "100"]  # fmt: skip
+    r = cli(*base, "--rate", "5", "--sla-ms", "1")
+    assert r.exit_code == 3 and "SLA" in r.output
+    r = cli(*base, "--rate", "5", "--solver", "magic")
+    assert r.exit_code == 2 and "unknown solver" in r.output
+    r = cli("plan", "mig", "--gpu", "A30", "--gpus", "1", "--model", "gpt",
+            "--carbon-intensity", "100", "--rate", "5")  # fmt: skip
+    assert r.exit_code == 2 and "no variants" in r.output
+    r = cli(*base, "--rate", "5", "--export", "k8s", str(tmp_path / "x"))
+    assert r.exit_code == 2 and "mig-parted" in r.output
+    r = cli(*base, "--rate", "5", "--current", str(tmp_path / "missing.json"))
+    assert r.exit_code == 2 and "does not exist" in r.output
+    r = cli("mig", "synth", "--gpu", "A30", "--family", "resnet")
+    assert r.exit_code == 2 and "known families" in r.output
