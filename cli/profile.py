@@ -187,6 +187,12 @@ def profile_list(
     render_profiles(profiles, "Profiles (latest of each point)")
 
 
+def _modeled_caption() -> str:
+    from greenctl.profiler.energy import model_caption
+
+    return model_caption()
+
+
 def render_profiles(profiles: list[Any], title: str) -> None:
     """The profile table of `profile list` (also shown after measuring)."""
     render_table(
@@ -220,9 +226,7 @@ def render_profiles(profiles: list[Any], title: str) -> None:
             ]
             for p in profiles
         ],
-        caption="energy 'modeled' = estimated from a CPU power model, not measured"
-        if any(p.energy_method == "modeled" for p in profiles)
-        else None,
+        caption=_modeled_caption() if any(p.energy_method == "modeled" for p in profiles) else None,
     )
 
 

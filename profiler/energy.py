@@ -42,10 +42,6 @@ from greenctl.profiler.device import GpuBackend
 
 TDP_W_PER_CORE = 10.0
 IDLE_W_PER_CORE = 3.0
-MODEL_CAPTION = (
-    "energy 'modeled' = CPU power model (idle 3 W + up to 7 W more per busy core, "
-    "see greenctl.profiler.energy), not measured"
-)
 
 
 @dataclass
@@ -246,6 +242,16 @@ class ModeledCpuMeter:
             duration_s=dt,
             energy_j_per_request=_per_request(energy_j, requests),
         )
+
+
+def model_caption() -> str:
+    """The line shown under tables holding ``modeled`` energy."""
+    tdp = _env_float("GREENCTL_CPU_TDP_W_PER_CORE", TDP_W_PER_CORE)
+    idle = _env_float("GREENCTL_CPU_IDLE_W_PER_CORE", IDLE_W_PER_CORE)
+    return (
+        f"energy 'modeled' = CPU power model, not measured: per core {idle:g} W idle + up to "
+        f"{tdp - idle:g} W when busy (greenctl.profiler.energy)"
+    )
 
 
 def cpu_meter(cores: int, *, total_cores: int, rapl: list[str] | None = None) -> EnergyMeter:
