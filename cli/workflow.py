@@ -8,7 +8,8 @@ functions here, which take keyword-only options and return plain data.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -198,3 +199,507 @@ def predict_load(
         "last_peak_rps": float(minutes[-1]),
         "predicted_peak_rps": float(f.predict_next(minutes)),
     }
+
+
+# -- replanning -------------------------------------------------------------------------------
+DECISION_ACTIONS = ("apply", "propose", "keep", "hold", "failed")
+
+
+def parse_duration(text: str | float | int, *, option: str = "--min-dwell") -> float:
+    """``90s``, ``15m``, ``1h``, ``2d`` or plain seconds -> seconds.
+
+    Raises:
+        InputError: not a duration.
+    """
+    if isinstance(text, int | float):
+        value = float(text)
+    else:
+        s = str(text).strip().lower()
+        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+        mult = 1.0
+        if s and s[-1] in units:
+            mult, s = units[s[-1]], s[:-1]
+        try:
+            value = float(s) * mult
+        except ValueError:
+            raise InputError(
+                f"{option}: '{text}' is not a duration", hint="use e.g. 90s, 15m, 1h or 2d"
+            ) from None
+    if value < 0 or value != value:
+        raise InputError(f"{option}: a duration must be >= 0, got {text}")
+    return value
+
+
+def _resolve_plan(store: Any, plan: str | int) -> tuple[str, Any]:
+    """(lineage key, base plan) for a plan id or a plan file (saved once, source 'file')."""
+    from greenctl.data.plan import load_plan_file
+
+    text = str(plan).strip()
+    if text.isdigit():
+        return f"plan:{int(text)}", store.get_plan(int(text))
+    path = Path(text).resolve()
+    lineage = f"file:{path}"
+    first = list(
+        store.db.table("decisions").rows_where("lineage = ?", [lineage], order_by="id", limit=1)
+    )
+    if first and first[0].get("running_plan_id"):
+        return lineage, store.get_plan(int(first[0]["running_plan_id"]))
+    base = load_plan_file(path)
+    store.save_plan(base, source="file")
+    return lineage, base
+
+
+def _last_change(store: Any, lineage: str) -> dict[str, Any] | None:
+    rows = list(
+        store.db.table("decisions").rows_where(
+            "lineage = ? and action = 'apply' and applied = 1",
+            [lineage],
+            order_by="id desc",
+            limit=1,
+        )
+    )
+    return rows[0] if rows else None
+
+
+def _same_config(a: Any, b: Any) -> bool:
+    def key(plan: Any) -> list[tuple[str, str, str, int, int]]:
+        return sorted((d.model, d.variant, d.resource, d.batch, d.count) for d in plan.deployments)
+
+    return key(a) == key(b)
+
+
+def _mix_replan(
+    store: Any, running: Any, *, intensity: float, rate: float | None
+) -> tuple[Any, float | None, str | None]:
+    """Replan a mix plan at ``intensity`` (and ``rate``); returns (new plan, the running
+    plan's objective in the same problem or None, a note)."""
+    from greenctl.planner import mix
+
+    request = {k: v for k, v in running.request.items() if k != "carbon_region"}
+    request["carbon_intensity"] = intensity
+    if rate is not None:
+        fams = request.get("families")
+        if fams and len(fams) == 1:
+            request["families"] = [{**fams[0], "rate_rps": rate}]
+        elif request.get("model") is not None:
+            request["rate_rps"] = rate
+    request["current"] = [d.to_dict() for d in running.deployments]
+    families = [f["model"] for f in mix.normalize_request(request)["families"]]
+    variants = [v for f in families for v in store.variants(f)]
+    profiles = [p for f in families for p in store.latest_profiles(family=f)]
+    problem = mix.build_mix_problem(request, variants, profiles)
+    new = mix.plan_mix(
+        problem,
+        strategy=request.get("strategy") or "ilp",
+        solver=request.get("solver") or "highs",
+        time_limit_s=request.get("time_limit_s"),
+    )
+    # The running plan's objective in the same problem (same signal, load and weights).
+    alloc: dict[int, dict[int, tuple[int, float]]] = {}
+    note = None
+    for fi, fam in enumerate(problem.families):
+        deps = [d for d in running.deployments if d.model == fam.name]
+        old_quota = sum(float(d.quota_rps or 0.0) for d in deps) or 1.0
+        load = fam.load_rps(problem.headroom)
+        for d in deps:
+            idx = next(
+                (
+                    i
+                    for i, o in enumerate(fam.options)
+                    if (o.variant, o.resource, o.batch) == (d.variant, d.resource, d.batch)
+                ),
+                None,
+            )
+            if idx is None:
+                return new, None, f"running option {d.variant}@{d.resource} is no longer eligible"
+            q = float(d.quota_rps or 0.0) / old_quota * load
+            if q > fam.options[idx].capacity_rps * d.count * (1 + 1e-6):
+                return (
+                    new,
+                    None,
+                    (
+                        f"running {d.variant}@{d.resource} x{d.count} cannot carry "
+                        f"{q:.1f} req/s of the forecast load"
+                    ),
+                )
+            prev_n, prev_q = alloc.setdefault(fi, {}).get(idx, (0, 0.0))
+            alloc[fi][idx] = (prev_n + d.count, prev_q + q)
+    old_obj = float(mix.evaluate_allocation(problem, alloc)["objective"])
+    return new, old_obj, note
+
+
+def _improvement(objective: str, old: float | None, new: float | None) -> float | None:
+    if old is None or new is None:
+        return None
+    from greenctl.planner.mix import is_maximise
+
+    gain = (new - old) if is_maximise(objective) else (old - new)
+    return gain / max(abs(old), 1e-12)
+
+
+@contextmanager
+def replan_lock(store: Any) -> Iterator[None]:
+    """Keep two replans of one store from overlapping (``fcntl.flock``, non-blocking).
+
+    Raises:
+        LockedError: another replan holds the lock.
+    """
+    import fcntl
+    import os
+
+    from greenctl.data.errors import LockedError
+
+    path = Path(str(store.path) + ".replan.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise LockedError(
+                f"another greenctl replan is running (pid {holder}; lock {path})",
+                hint="cron runs overlap: widen --every, or wait for the running one",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+ApplyFn = Callable[..., Any]
+
+
+def replan_once(
+    store: Any,
+    *,
+    plan: str | int,
+    apply: bool = False,
+    threshold: float = 0.05,
+    margin: float = 0.02,
+    min_dwell_s: float = 3600.0,
+    region: str | None = None,
+    forecaster: str | None = None,
+    load_model: str | None = None,
+    at: str | None = None,
+    apply_fn: ApplyFn | None = None,
+    apply_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One replanning round (the cron entry point's library twin).
+
+    Redo the running plan of ``plan``'s lineage with the carbon signal in force at ``at``
+    (default now) and, with ``forecaster``, the forecast peak load; compare the new plan's
+    objective with the running plan's in the same problem; act when the signal moved by
+    more than ``threshold`` since the running plan was chosen, or the objective improves by
+    more than ``margin``, and not sooner than ``min_dwell_s`` after the last change. With
+    ``apply`` the new plan is applied (``apply_fn``, default ``executor.apply.apply_plan``);
+    otherwise it is saved and proposed. Every round appends a decision record.
+
+    Returns:
+        The decision record (``action`` one of apply | propose | keep | hold).
+
+    Raises:
+        LockedError: another replan runs. Any error of planning or applying, after a
+        ``failed`` decision is recorded; the running plan is left as it was.
+    """
+    from greenctl.data import carbon
+    from greenctl.data.carbon_io import normalise_time, parse_time
+
+    if threshold < 0 or margin < 0:
+        raise InputError("--threshold and --margin must be >= 0")
+    with replan_lock(store):
+        lineage, base = _resolve_plan(store, plan)
+        last = _last_change(store, lineage)
+        running = store.get_plan(int(last["new_plan_id"])) if last else base
+        if running.kind != "mix":
+            raise InputError(
+                f"replan supports mix plans; plan {running.id} is a {running.kind} plan",
+                hint="re-run its planner with the new signal (`greenctl plan ...`)",
+            )
+        reg = region or running.extra.get("carbon_region") or running.request.get("carbon_region")
+        if not reg:
+            raise InputError(
+                "no carbon region to replan for", hint="pass --region R (see `carbon regions`)"
+            )
+        if at is not None:
+            try:
+                at = normalise_time(at)
+            except ValueError as exc:
+                raise InputError(f"--at: {exc}") from None
+            sig = carbon.value_at(store, reg, at)
+        else:
+            sig = carbon.now(store, reg)
+        when = at or utcnow_iso()
+        signal = float(sig["carbon_g_per_kwh"])
+        ref = None
+        if last is not None and last.get("signal_g_per_kwh") is not None:
+            ref = float(last["signal_g_per_kwh"])
+        elif running.request.get("carbon_intensity") is not None:
+            ref = float(running.request["carbon_intensity"])
+        change = None if ref is None else abs(signal - ref) / max(ref, 1e-9)
+        record: dict[str, Any] = {
+            "time": utcnow_iso(),
+            "at": when,
+            "lineage": lineage,
+            "region": reg,
+            "signal_g_per_kwh": signal,
+            "reference_g_per_kwh": ref,
+            "signal_change": change,
+            "forecaster": forecaster,
+            "forecast_rps": None,
+            "running_plan_id": running.id,
+            "new_plan_id": None,
+            "old_objective": running.predicted.get("objective"),
+            "new_objective": None,
+            "improvement": None,
+            "action": "hold",
+            "applied": 0,
+            "reason": "",
+        }
+        try:
+            if last is not None and min_dwell_s > 0:
+                since = (parse_time(when) - parse_time(last["at"] or last["time"])).total_seconds()
+                if since < min_dwell_s:
+                    record["reason"] = (
+                        f"min dwell: last change at {last['at']} was {since / 60:.0f} min ago "
+                        f"(< {min_dwell_s / 60:.0f} min)"
+                    )
+                    return _record(store, record)
+            rate = None
+            notes = []
+            if forecaster:
+                fam = load_model or _single_family(running)
+                try:
+                    pred = predict_load(store, forecaster=forecaster, model=fam)
+                    rate = pred["predicted_peak_rps"]
+                    record["forecast_rps"] = rate
+                except InputError as exc:
+                    if "no measured load" not in exc.message:
+                        raise
+                    notes.append("no measured load yet: planned rate kept")
+            new, old_obj, note = _mix_replan(store, running, intensity=signal, rate=rate)
+            new.extra["carbon_region"] = reg
+            if note:
+                notes.append(note)
+            objective = str(new.predicted.get("objective_name") or "balanced")
+            record["old_objective"] = old_obj
+            record["new_objective"] = new.predicted.get("objective")
+            imp = _improvement(objective, old_obj, record["new_objective"])
+            record["improvement"] = imp
+            sig_txt = f"carbon intensity {signal:.1f} g/kWh" + (
+                "" if change is None else f" moved {change * 100:.1f} % from {ref:.1f}"
+            )
+            if _same_config(new, running):
+                record["action"] = "keep"
+                record["reason"] = f"{sig_txt}; the best plan is the running configuration"
+            else:
+                triggers = []
+                if change is None or change > threshold:
+                    triggers.append(
+                        "no reference signal"
+                        if change is None
+                        else f"signal moved {change * 100:.1f} % > {threshold * 100:g} %"
+                    )
+                if old_obj is None:
+                    triggers.append(notes[-1] if notes else "running plan not comparable")
+                elif imp is not None and imp > margin:
+                    triggers.append(
+                        f"{objective} objective improves {imp * 100:.1f} % > {margin * 100:g} %"
+                    )
+                if not triggers:
+                    record["reason"] = (
+                        f"{sig_txt} (<= {threshold * 100:g} %) and the {objective} objective "
+                        f"improves {0.0 if imp is None else imp * 100:.2f} % "
+                        f"(<= {margin * 100:g} %): not worth a change"
+                    )
+                else:
+                    store.save_plan(new, source="replan")
+                    record["new_plan_id"] = new.id
+                    record["reason"] = "; ".join(triggers)
+                    if apply:
+                        fn = apply_fn or _default_apply
+                        fn(new, store=store, **(apply_options or {}))
+                        record["action"] = "apply"
+                        record["applied"] = 1
+                    else:
+                        record["action"] = "propose"
+                        record["reason"] += f"; apply with `greenctl apply` plan {new.id}"
+            if notes:
+                record["reason"] += " (" + "; ".join(notes) + ")"
+            return _record(store, record)
+        except BaseException as exc:
+            record["action"] = "failed"
+            record["applied"] = 0
+            msg = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+            record["reason"] = f"{type(exc).__name__}: {msg}; the running plan is unchanged"
+            _record(store, record)
+            raise
+
+
+def _single_family(plan: Any) -> str | None:
+    fams = plan.request.get("families") or []
+    if len(fams) == 1:
+        return str(fams[0]["model"])
+    return plan.request.get("model")
+
+
+def _default_apply(plan: Any, *, store: Any, **options: Any) -> Any:
+    from greenctl.executor.apply import apply_plan
+
+    return apply_plan(plan, store=store, **options)
+
+
+def _record(store: Any, record: dict[str, Any]) -> dict[str, Any]:
+    with store.transaction():
+        record["id"] = store.db.table("decisions").insert(record).last_pk
+    out = dict(record)
+    out["applied"] = bool(out["applied"])
+    return out
+
+
+def simulate_replans(
+    store: Any,
+    *,
+    plan: str | int,
+    region: str,
+    start: str,
+    hours: float,
+    step_h: float = 1.0,
+    progress: Callable[[int, int, dict[str, Any]], None] | None = None,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """Run :func:`replan_once` at signal times ``start``, ``start + step_h``, ... (a replay
+    of a carbon trace, as the demo does). Options are passed to ``replan_once``."""
+    from datetime import timedelta
+
+    from greenctl.data.carbon_io import iso, parse_time
+
+    t0 = parse_time(start)
+    n = int(hours / step_h) + 1
+    out = []
+    for k in range(n):
+        at = iso(t0 + timedelta(hours=k * step_h))
+        d = replan_once(store, plan=plan, region=region, at=at, **options)
+        out.append(d)
+        if progress:
+            progress(k + 1, n, d)
+    return out
+
+
+# -- cron -------------------------------------------------------------------------------------
+CRON_TAG = "# greenctl:"
+
+
+def cron_schedule(every: str) -> str:
+    """The crontab schedule of ``--every``: ``Nm`` (1..59), ``Nh`` (1..23) or ``1d``.
+
+    Raises:
+        InputError: an interval cron cannot express evenly.
+    """
+    s = every.strip().lower()
+    hint = "use 5m, 15m, 30m, 1h, 6h or 1d"
+    if len(s) >= 2 and s[:-1].isdigit():
+        n, unit = int(s[:-1]), s[-1]
+        if unit == "m" and 1 <= n <= 59:
+            return "* * * * *" if n == 1 else f"*/{n} * * * *"
+        if unit == "h" and 1 <= n <= 23:
+            return "0 * * * *" if n == 1 else f"0 */{n} * * *"
+        if unit == "d" and n == 1:
+            return "0 0 * * *"
+    raise InputError(f"--every '{every}' is not an interval cron can run", hint=hint)
+
+
+def greenctl_executable() -> list[str]:
+    """Absolute command line that starts this greenctl (the console script next to this
+    Python, else ``python -c``)."""
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).parent / "greenctl"
+    if beside.exists():
+        return [str(beside.absolute())]
+    found = shutil.which("greenctl")
+    if found:
+        return [str(Path(found).absolute())]
+    return [sys.executable, "-c", "from greenctl.cli.main import main; main()"]
+
+
+def cron_line(
+    args: list[str], *, every: str, db_path: Path, log: str | None = None, name: str = "replan"
+) -> str:
+    """A crontab line running ``greenctl ARGS`` with absolute paths and the store location.
+
+    Raises:
+        InputError: no command given, or a bad interval or name.
+    """
+    import shlex
+
+    if not args:
+        raise InputError(
+            "no greenctl command to schedule",
+            hint="write it after --, e.g. `greenctl cron install --every 15m -- replan "
+            "--plan 3 --apply`",
+        )
+    if args[0] == "greenctl":
+        args = args[1:]
+    if not name.replace("-", "").replace("_", "").isalnum():
+        raise InputError(f"--name '{name}' must be letters, digits, - or _")
+    schedule = cron_schedule(every)
+    log_path = Path(log).absolute() if log else db_path.parent / f"greenctl-{name}.log"
+    cmd = " ".join(shlex.quote(a) for a in [*greenctl_executable(), *args])
+    return (
+        f"{schedule} GREENCTL_DB={shlex.quote(str(db_path))} {cmd} "
+        f">> {shlex.quote(str(log_path))} 2>&1 {CRON_TAG}{name}"
+    )
+
+
+def _read_crontab(crontab_file: str | None) -> str:
+    import subprocess
+
+    if crontab_file:
+        p = Path(crontab_file)
+        return p.read_text() if p.exists() else ""
+    try:
+        res = subprocess.run(["crontab", "-l"], capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        raise InputError(
+            "the crontab command is not installed",
+            hint="install cron, or use --print and add the line yourself",
+        ) from None
+    if res.returncode != 0:
+        if "no crontab" in res.stderr.lower():
+            return ""
+        raise InputError(f"crontab -l failed: {res.stderr.strip()}")
+    return res.stdout
+
+
+def _write_crontab(text: str, crontab_file: str | None) -> str:
+    import subprocess
+
+    if crontab_file:
+        Path(crontab_file).write_text(text)
+        return str(Path(crontab_file).absolute())
+    res = subprocess.run(["crontab", "-"], input=text, capture_output=True, text=True, timeout=30)
+    if res.returncode != 0:
+        raise InputError(f"crontab - failed: {res.stderr.strip()}")
+    return "the user's crontab"
+
+
+def cron_install(line: str, *, name: str = "replan", crontab_file: str | None = None) -> str:
+    """Install ``line``, replacing any line with the same tag; returns where."""
+    kept = [
+        ln for ln in _read_crontab(crontab_file).splitlines() if not ln.endswith(CRON_TAG + name)
+    ]
+    return _write_crontab("\n".join([*kept, line]) + "\n", crontab_file)
+
+
+def cron_remove(*, name: str = "replan", crontab_file: str | None = None) -> int:
+    """Remove the lines tagged ``name``; returns how many."""
+    lines = _read_crontab(crontab_file).splitlines()
+    kept = [ln for ln in lines if not ln.endswith(CRON_TAG + name)]
+    if len(kept) != len(lines):
+        _write_crontab("\n".join(kept) + ("\n" if kept else ""), crontab_file)
+    return len(lines) - len(kept)

@@ -1,0 +1,191 @@
+"""``greenctl replan`` (the cron entry point) and ``greenctl cron install/remove``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from greenctl.cli.common import (
+    DbOpt,
+    JsonOpt,
+    console,
+    err_console,
+    print_json,
+    render_table,
+    store_for,
+)
+
+cron_app = typer.Typer(
+    no_args_is_help=True,
+    help="Install or remove the crontab line that runs a greenctl command on a schedule.",
+)
+
+
+def replan_cmd(
+    plan: Annotated[
+        str | None,
+        typer.Option("--plan", help="Plan id in the store, or a plan JSON file, to keep current."),
+    ] = None,
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Apply the new plan when it is worth it.")
+    ] = False,
+    threshold: Annotated[
+        float,
+        typer.Option(
+            "--threshold",
+            help="Act when the carbon intensity moved by more than this "
+            "fraction since the running plan was chosen (Clover's trigger).",
+        ),
+    ] = 0.05,
+    margin: Annotated[
+        float,
+        typer.Option(
+            "--margin", help="...or when the objective improves by more than this fraction."
+        ),
+    ] = 0.02,
+    min_dwell: Annotated[
+        str,
+        typer.Option(
+            "--min-dwell", help="No change sooner than this after the last one (e.g. 30m, 1h)."
+        ),
+    ] = "1h",
+    region: Annotated[
+        str | None, typer.Option("--region", "-r", help="Carbon signal region.")
+    ] = None,
+    forecaster: Annotated[
+        str | None,
+        typer.Option(
+            "--forecaster",
+            "-f",
+            help="Forecast the load with this forecaster "
+            "(a saved name, or last | moving-max | seasonal-naive).",
+        ),
+    ] = None,
+    at: Annotated[
+        str | None,
+        typer.Option("--at", help="Decide for the signal at this time (ISO; default now)."),
+    ] = None,
+    history: Annotated[
+        bool, typer.Option("--history", help="List the decision records instead of replanning.")
+    ] = False,
+    limit: Annotated[int, typer.Option("--limit", help="With --history: the last N.")] = 50,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Replan with the latest carbon signal and load forecast; apply if worth it."""
+    from greenctl.cli import reporting, workflow
+    from greenctl.data.errors import InputError
+
+    if history:
+        with store_for(db) as store:
+            lineage = None
+            if plan is not None:
+                lineage = f"plan:{int(plan)}" if plan.isdigit() else None
+                if lineage is None:
+                    from pathlib import Path
+
+                    lineage = f"file:{Path(plan).resolve()}"
+            rows = reporting.decisions(store, lineage=lineage, region=region, limit=limit)
+        if json_out:
+            print_json(rows)
+            return
+        render_table(
+            "Replanning decisions",
+            ["id", "at", "g/kWh", "moved", "objective old -> new", "action", "plan", "reason"],
+            [
+                [
+                    r["id"], r["at"], r["signal_g_per_kwh"],
+                    None if r["signal_change"] is None else f"{r['signal_change'] * 100:.1f}%",
+                    _objectives(r), r["action"], r["new_plan_id"] or r["running_plan_id"],
+                    r["reason"],
+                ]
+                for r in rows
+            ],
+        )  # fmt: skip
+        return
+    if plan is None:
+        raise InputError("--plan ID|FILE is required", hint="or pass --history to list decisions")
+    dwell = workflow.parse_duration(min_dwell)
+    with store_for(db) as store:
+        d = workflow.replan_once(
+            store, plan=plan, apply=apply, threshold=threshold, margin=margin,
+            min_dwell_s=dwell, region=region, forecaster=forecaster, at=at,
+        )  # fmt: skip
+    if json_out:
+        print_json(d)
+        return
+    colour = {"apply": "green", "propose": "yellow", "keep": "cyan", "hold": "cyan"}.get(
+        d["action"], "red"
+    )
+    console.print(
+        f"[bold {colour}]{d['action']}[/] (decision {d['id']}): {d['reason']}", highlight=False
+    )
+
+
+def _objectives(r: dict[str, object]) -> str:
+    def f(v: object) -> str:
+        return "-" if not isinstance(v, int | float) else f"{v:.4g}"
+
+    return f"{f(r['old_objective'])} -> {f(r['new_objective'])}"
+
+
+def cron_install_cmd(
+    ctx: typer.Context,
+    every: Annotated[
+        str, typer.Option("--every", help="Interval: 5m..59m, 1h..23h or 1d.")
+    ] = "15m",
+    name: Annotated[
+        str, typer.Option("--name", help="Tag of the line (one line per tag).")
+    ] = "replan",
+    log: Annotated[
+        str | None, typer.Option("--log", help="Append the output here (default beside the db).")
+    ] = None,
+    print_only: Annotated[
+        bool, typer.Option("--print", help="Print the crontab line; install nothing.")
+    ] = False,
+    crontab_file: Annotated[
+        str | None,
+        typer.Option("--crontab-file", help="Edit this file instead of the user's crontab."),
+    ] = None,
+    db: DbOpt = None,
+) -> None:
+    """Install a crontab line running `greenctl ARGS...` (write the command after `--`)."""
+    from greenctl.cli import workflow
+    from greenctl.cli.common import ROOT_DB
+    from greenctl.data.store import resolve_db_path
+
+    args = list(ctx.args)
+    db_path = resolve_db_path(db or ROOT_DB.get()).resolve()
+    line = workflow.cron_line(args, every=every, db_path=db_path, log=log, name=name)
+    if print_only:
+        typer.echo(line)
+        return
+    where = workflow.cron_install(line, name=name, crontab_file=crontab_file)
+    console.print(f"installed in {where}:\n{line}", highlight=False, soft_wrap=True)
+
+
+def cron_remove_cmd(
+    name: Annotated[str, typer.Option("--name", help="Tag of the line to remove.")] = "replan",
+    crontab_file: Annotated[
+        str | None,
+        typer.Option("--crontab-file", help="Edit this file instead of the user's crontab."),
+    ] = None,
+) -> None:
+    """Remove the crontab line installed with `greenctl cron install --name NAME`."""
+    from greenctl.cli import workflow
+
+    removed = workflow.cron_remove(name=name, crontab_file=crontab_file)
+    if removed:
+        console.print(f"removed {removed} line(s) tagged greenctl:{name}")
+    else:
+        err_console.print(f"no crontab line tagged greenctl:{name}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("replan")(replan_cmd)
+    cron_app.command(
+        "install",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )(cron_install_cmd)
+    cron_app.command("remove")(cron_remove_cmd)
+    app.add_typer(cron_app, name="cron")

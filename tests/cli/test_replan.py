@@ -1,0 +1,251 @@
+"""`greenctl replan` and `greenctl cron`: threshold, dwell, lock, failures, decisions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from greenctl.cli import workflow
+from greenctl.data import carbon_io
+from greenctl.data.errors import ExecutorError, LockedError
+from greenctl.data.records import Profile, Variant
+
+# CISO March (Clover), hourly from 2021-03-01T00:00Z: 124.57, 135.6, 148.61, 167.07, 240.4 ...
+T0 = "2021-03-01T00:00:00Z"
+
+
+@pytest.fixture
+def tiny(store):
+    """A three-variant family with modeled CPU profiles, the CISO trace and a first plan."""
+    for name, acc, load_s in (("tiny-s", 0.70, 0.5), ("tiny-m", 0.76, 1.0), ("tiny-l", 0.80, 2.0)):
+        store.upsert_variant(Variant(name, "tiny", accuracy=acc, load_time_s=load_s))
+    rows = []
+    for name, thr, e, lat in (
+        ("tiny-s", 400, 0.05, 3),
+        ("tiny-m", 150, 0.2, 8),
+        ("tiny-l", 60, 0.6, 20),
+    ):
+        for c in (1, 2):
+            rows.append(
+                Profile(
+                    name,
+                    f"cpu:{c}",
+                    1,
+                    thr * c,
+                    latency_p50_ms=lat / c,
+                    latency_p95_ms=1.5 * lat / c,
+                    latency_p99_ms=2 * lat / c,
+                    power_w=10 * c,
+                    energy_j=e,
+                    energy_method="modeled",
+                    capacity_rps=thr * c * 0.8,
+                    capacity_slo_ms=100,
+                    cost_per_hour=0.05 * c,
+                    source="synthetic",
+                )
+            )
+    store.add_profiles(rows)
+    carbon_io.import_bundled(store, "clover-ciso-march")
+    from greenctl.planner import mix
+
+    req = {
+        "model": "tiny",
+        "rate_rps": 100,
+        "slo_ms": 100,
+        "budgets": {"cpu": 4},
+        "carbon_intensity": 124.57,
+        "gamma": 0.5,
+    }
+    plan = mix.plan_mix(
+        mix.build_mix_problem(req, store.variants("tiny"), store.latest_profiles(family="tiny"))
+    )
+    plan.extra["carbon_region"] = "CISO"  # replan's default region
+    return store, store.save_plan(plan)
+
+
+class _Applier:
+    def __init__(self, fail: bool = False) -> None:
+        self.applied: list[int] = []
+        self.fail = fail
+
+    def __call__(self, plan, *, store, **kw):
+        if self.fail:
+            raise ExecutorError("executor tiny-l failed to load; rolled back")
+        self.applied.append(plan.id)
+
+
+def _replan(store, pid, at, **kw):
+    kw.setdefault("apply_fn", _Applier())
+    return workflow.replan_once(store, plan=str(pid), at=at, region="CISO", **kw)
+
+
+def test_threshold_keeps_small_moves_and_acts_on_big_ones(tiny):
+    store, pid = tiny
+    # 1 h later: 135.6 vs 124.57 moved 8.9 %: with a 10 % threshold and a huge margin -> no act
+    d = _replan(store, pid, "2021-03-01T01:00:00Z", threshold=0.10, margin=10.0)
+    assert d["action"] in ("hold", "keep")
+    assert d["signal_g_per_kwh"] == pytest.approx(135.6)
+    assert d["signal_change"] == pytest.approx((135.6 - 124.57) / 124.57)
+    # 5 h later: 291.63 g/kWh moved > 100 %: the carbon-heavier plan is replaced
+    app = _Applier()
+    d = _replan(store, pid, "2021-03-01T05:00:00Z", apply=True, apply_fn=app)
+    assert d["action"] == "apply" and d["applied"] is True
+    assert "signal moved" in d["reason"] and app.applied == [d["new_plan_id"]]
+    assert d["new_objective"] > d["old_objective"]
+    new = store.get_plan(d["new_plan_id"])
+    old = store.get_plan(pid)
+    assert new.predicted["energy_j_per_request"] < old.predicted["energy_j_per_request"]
+    assert new.request["carbon_intensity"] == pytest.approx(291.63)
+
+
+def test_without_apply_the_plan_is_proposed_not_applied(tiny):
+    store, pid = tiny
+    app = _Applier()
+    d = _replan(store, pid, "2021-03-01T05:00:00Z", apply_fn=app)
+    assert d["action"] == "propose" and app.applied == []
+    assert store.get_plan(d["new_plan_id"]).kind == "mix"
+    # nothing applied: the next round still compares against the original plan
+    d2 = _replan(store, pid, "2021-03-01T06:00:00Z", apply_fn=app)
+    assert d2["running_plan_id"] == pid
+
+
+def test_min_dwell_blocks_flapping(tiny):
+    store, pid = tiny
+    d = _replan(store, pid, "2021-03-01T05:00:00Z", apply=True)
+    assert d["action"] == "apply"
+    # intensity falls back 30 min later: too soon
+    d = _replan(store, pid, "2021-03-01T05:30:00Z", apply=True, min_dwell_s=3600)
+    assert d["action"] == "hold" and "min dwell" in d["reason"]
+    assert d["running_plan_id"] != pid  # the applied plan is now the running one
+    d = _replan(store, pid, "2021-03-01T20:00:00Z", apply=True, min_dwell_s=3600)
+    assert d["action"] == "apply"  # 96.83 g/kWh, 15 h later: back to the accurate plan
+
+
+def test_failed_apply_leaves_running_plan_and_records_it(tiny):
+    store, pid = tiny
+    with pytest.raises(ExecutorError, match="failed to load"):
+        _replan(store, pid, "2021-03-01T05:00:00Z", apply=True, apply_fn=_Applier(fail=True))
+    rows = list(store.db.table("decisions").rows)
+    assert rows[-1]["action"] == "failed" and rows[-1]["applied"] == 0
+    assert "running plan is unchanged" in rows[-1]["reason"]
+    d = _replan(store, pid, "2021-03-01T05:00:00Z")
+    assert d["running_plan_id"] == pid
+
+
+def test_lock_keeps_runs_from_overlapping(tiny):
+    store, pid = tiny
+    with workflow.replan_lock(store), pytest.raises(LockedError, match="another greenctl replan"):
+        _replan(store, pid, "2021-03-01T05:00:00Z")
+    assert store.db.table("decisions").count == 0
+    _replan(store, pid, "2021-03-01T05:00:00Z")  # released
+
+
+def test_forecast_sets_the_planned_rate(tiny):
+    store, pid = tiny
+    workflow.record_load(
+        store,
+        [workflow.LoadSample(f"2021-03-01T00:0{m}:00Z", 180.0 + m, model="tiny") for m in range(3)],
+    )
+    d = _replan(store, pid, "2021-03-01T05:00:00Z", forecaster="last")
+    assert d["forecast_rps"] == 182.0
+    assert store.get_plan(d["new_plan_id"]).predicted["rate_rps"] == 182.0
+
+
+def test_cli_replan_history_and_errors(tiny, cli, monkeypatch):
+    _store, pid = tiny
+    r = cli("replan", "--plan", pid, "--at", "2021-03-01T05:00:00Z", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["action"] == "propose" and d["region"] == "CISO"
+
+    def boom(plan, *, store, **kw):
+        raise ExecutorError("port 8000 already taken")
+
+    monkeypatch.setattr(workflow, "_default_apply", boom)
+    r = cli("replan", "--plan", pid, "--at", "2021-03-01T06:00:00Z", "--apply")
+    assert r.exit_code == 1 and "port 8000 already taken" in r.output
+    r = cli("replan", "--history", "--plan", pid, "--json")
+    hist = json.loads(r.stdout)
+    assert [h["action"] for h in hist] == ["propose", "failed"]
+    assert set(workflow.DECISION_ACTIONS) >= {h["action"] for h in hist}
+    for key in (
+        "time",
+        "signal_g_per_kwh",
+        "forecast_rps",
+        "old_objective",
+        "new_objective",
+        "action",
+        "reason",
+    ):
+        assert key in hist[0]
+    r = cli("replan", "--plan", pid, "--min-dwell", "soon")
+    assert r.exit_code == 2 and "not a duration" in r.output
+    r = cli("replan", "--plan", "99")
+    assert r.exit_code == 2 and "no plan with id 99" in r.output
+
+
+def test_plan_file_lineage(tiny, tmp_path):
+    from greenctl.data.plan import write_plan_file
+
+    store, pid = tiny
+    f = tmp_path / "plan.json"
+    write_plan_file(store.get_plan(pid), f)
+    d1 = workflow.replan_once(
+        store,
+        plan=str(f),
+        at="2021-03-01T05:00:00Z",
+        region="CISO",
+        apply=True,
+        apply_fn=_Applier(),
+    )
+    d2 = workflow.replan_once(
+        store, plan=str(f), at="2021-03-01T07:00:00Z", region="CISO", min_dwell_s=3600 * 6
+    )
+    assert d1["lineage"] == d2["lineage"] == f"file:{f.resolve()}"
+    assert d2["running_plan_id"] == d1["new_plan_id"] and d2["action"] == "hold"
+
+
+def test_cron_print_install_remove(cli, tmp_path, db_path):
+    r = cli(
+        "cron", "install", "--every", "15m", "--print", "--", "replan", "--plan", "3", "--apply"
+    )
+    assert r.exit_code == 0, r.output
+    line = r.stdout.strip()
+    assert line.startswith("*/15 * * * * GREENCTL_DB=")
+    assert str(db_path) in line and "replan --plan 3 --apply" in line
+    assert line.endswith("# greenctl:replan") and ">> /" in line
+    exe = line.split()[6]
+    assert exe.startswith("/")  # absolute path of greenctl
+    tab = tmp_path / "crontab"
+    tab.write_text("0 1 * * * /usr/bin/backup\n")
+    for every in ("15m", "1h"):  # installing twice replaces the line
+        r = cli(
+            "cron",
+            "install",
+            "--every",
+            every,
+            "--crontab-file",
+            tab,
+            "--",
+            "replan",
+            "--plan",
+            "3",
+        )
+        assert r.exit_code == 0, r.output
+    lines = tab.read_text().splitlines()
+    assert lines[0] == "0 1 * * * /usr/bin/backup" and len(lines) == 2
+    assert lines[1].startswith("0 * * * * ")
+    r = cli("cron", "remove", "--crontab-file", tab)
+    assert r.exit_code == 0 and tab.read_text() == "0 1 * * * /usr/bin/backup\n"
+    r = cli("cron", "install", "--every", "45s", "--print", "--", "replan")
+    assert r.exit_code == 2
+    r = cli("cron", "install", "--print")
+    assert r.exit_code == 2 and "no greenctl command" in r.output
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90s", 90), ("15m", 900), ("1h", 3600), ("2d", 172800), ("0", 0), ("30", 30)],
+)
+def test_parse_duration(text, seconds):
+    assert workflow.parse_duration(text) == seconds
