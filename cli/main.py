@@ -77,6 +77,7 @@ COMMAND_MODULES = [
     "greenctl.cli.export",
     "greenctl.cli.carbon",
     "greenctl.cli.forecast",
+    "greenctl.cli.report",
     "greenctl.cli.mig",
     "greenctl.cli.plan_mig",
 ]
