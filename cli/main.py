@@ -78,6 +78,7 @@ COMMAND_MODULES = [
     "greenctl.cli.carbon",
     "greenctl.cli.forecast",
     "greenctl.cli.report",
+    "greenctl.cli.replan",
     "greenctl.cli.mig",
     "greenctl.cli.plan_mig",
 ]
