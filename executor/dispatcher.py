@@ -42,9 +42,11 @@ from greenctl.executor.procs import (
     spawn_detached,
     write_json_atomic,
 )
+from greenctl.executor.upstream import UpstreamError, UpstreamPool
 
 POLICIES = ("fifo", "wrr", "batch")
 TOKEN_HEADER = "X-Greenctl-Token"
+_HEADER_LENGTH = "Inference-Header-Content-Length"
 _FORWARD_HEADERS = (
     "Content-Type",
     "Inference-Header-Content-Length",
@@ -63,6 +65,7 @@ class Backend:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.id: str = spec["id"]
         self.url: str = spec["url"]
+        self.pool = UpstreamPool(self.url)
         self.weight = float(spec.get("weight") or 1.0)
         self.slots = max(1, int(spec.get("slots") or 1))
         self.pid: int | None = spec.get("pid")
@@ -340,7 +343,6 @@ class Dispatcher:
         return web.json_response({"name": route.name, "ready": ok}, status=200 if ok else 503)
 
     async def infer(self, request: Any) -> Any:
-        import aiohttp
         from aiohttp import web
 
         t0 = time.perf_counter()
@@ -362,15 +364,8 @@ class Dispatcher:
                     headers={"Retry-After": "1"},
                 )
             try:
-                async with self.session.post(
-                    b.url + request.path, data=body, headers=headers
-                ) as resp:
-                    data = await resp.read()
-                    out_headers = {
-                        h: resp.headers[h] for h in _FORWARD_HEADERS if h in resp.headers
-                    }
-                    status = resp.status
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                status, rh, data = await b.pool.post(request.path, body, headers, self.timeout_s)
+            except UpstreamError as exc:
                 tried.add(b.id)
                 self._suspect(b)
                 if attempt == 0 and any(x.up and x.id not in tried for x in route.backends):
@@ -378,11 +373,13 @@ class Dispatcher:
                     continue
                 self._count(route.name, "502", t0)
                 return web.json_response(
-                    {"error": f"instance {b.id} of '{route.name}' failed: {type(exc).__name__}"},
-                    status=502,
+                    {"error": f"instance {b.id} of '{route.name}' failed: {exc}"}, status=502
                 )
             finally:
                 route.release(b)
+            out_headers = {"Content-Type": rh.get("content-type", "application/json")}
+            if "inference-header-content-length" in rh:
+                out_headers[_HEADER_LENGTH] = rh["inference-header-content-length"]
             self._count(route.name, str(status), t0)
             return web.Response(status=status, body=data, headers=out_headers)
         raise AssertionError("unreachable")
@@ -528,6 +525,8 @@ class Dispatcher:
             b.restarting = False  # the loop will see it dead and try again (bounded above)
             return
         b.pid, b.pid_start, b.url = doc["pid"], doc.get("pid_start"), doc["url"]
+        b.pool.close()
+        b.pool = UpstreamPool(b.url)
         b.restarts += 1
         self.restarts += 1
         b.up = True

@@ -1,0 +1,153 @@
+"""A lean HTTP/1.1 keep-alive client for the dispatcher's hot path (dispatcher -> executor).
+
+The dispatcher forwards every inference request; a general-purpose client costs more CPU per
+request than the forwarding itself needs. Executors are ours and always answer with
+``Content-Length`` bodies, so a small asyncio protocol with a pool of idle connections per
+executor suffices. Anything unexpected (no length, a closed socket, a timeout) is an
+:class:`UpstreamError`, which the dispatcher treats as the instance failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from urllib.parse import urlsplit
+
+
+class UpstreamError(Exception):
+    """The upstream connection failed or answered something we cannot forward."""
+
+
+class _Conn(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.fut: asyncio.Future[tuple[int, dict[str, str], bytes]] | None = None
+        self.closed = False
+        self.got_bytes = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self.got_bytes = True
+        fut = self.fut
+        if fut is None or fut.done():
+            return
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
+        try:
+            status = int(lines[0].split(" ", 2)[1])
+        except (IndexError, ValueError):
+            self._fail("malformed status line")
+            return
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            key, _, value = line.partition(":")
+            headers[key.strip().lower()] = value.strip()
+        length = headers.get("content-length")
+        if length is None or not length.isdigit():
+            self._fail("response without Content-Length")
+            return
+        total = end + 4 + int(length)
+        if len(self.buf) < total:
+            return
+        body = bytes(self.buf[end + 4 : total])
+        del self.buf[:total]
+        fut.set_result((status, headers, body))
+
+    def _fail(self, why: str) -> None:
+        if self.fut is not None and not self.fut.done():
+            self.fut.set_exception(UpstreamError(why))
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.fut is not None and not self.fut.done():
+            self.fut.set_exception(UpstreamError(f"connection lost: {exc or 'closed by peer'}"))
+
+
+class UpstreamPool:
+    """Idle keep-alive connections to one executor."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.idle: collections.deque[_Conn] = collections.deque()
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await loop.create_connection(_Conn, self.host, self.port)
+        except OSError as exc:
+            raise UpstreamError(
+                f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}"
+            ) from None
+        return proto
+
+    async def post(
+        self, path: str, body: bytes, headers: dict[str, str], timeout_s: float
+    ) -> tuple[int, dict[str, str], bytes]:
+        """POST ``body`` to ``path``; returns (status, lower-cased headers, body)."""
+        conn = None
+        while self.idle:
+            candidate = self.idle.pop()
+            if not candidate.closed:
+                conn = candidate
+                break
+        if conn is not None:
+            try:
+                return await self._send(conn, path, body, headers, timeout_s)
+            except UpstreamError:
+                if conn.got_bytes:
+                    raise
+                # a stale idle connection closed under us: one fresh try on this instance
+        return await self._send(await self._connect(), path, body, headers, timeout_s)
+
+    async def _send(
+        self, conn: _Conn, path: str, body: bytes, headers: dict[str, str], timeout_s: float
+    ) -> tuple[int, dict[str, str], bytes]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[int, dict[str, str], bytes]] = loop.create_future()
+        conn.fut = fut
+        conn.got_bytes = False
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}\r\n"
+        ).encode("latin-1")
+        assert conn.transport is not None
+        conn.transport.write(head + body)
+        timer = loop.call_later(timeout_s, _expire, fut)
+        try:
+            status, out_headers, out_body = await fut
+        except BaseException:
+            conn.close()  # a late answer on this socket would confuse the next request
+            raise
+        finally:
+            timer.cancel()
+            conn.fut = None
+        if out_headers.get("connection", "").lower() == "close":
+            conn.close()
+        else:
+            self.idle.append(conn)
+        return status, out_headers, out_body
+
+    def close(self) -> None:
+        while self.idle:
+            self.idle.pop().close()
+
+
+def _expire(fut: asyncio.Future[tuple[int, dict[str, str], bytes]]) -> None:
+    if not fut.done():
+        fut.set_exception(UpstreamError("timed out"))
