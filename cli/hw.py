@@ -56,7 +56,7 @@ def hw_cmd(json_out: JsonOpt = False) -> None:
         caption=None if info.rapl_readable else "no readable RAPL: CPU energy will be 'modeled'",
     )
     if inv.gpus:
-        mig_on = {m.device_index for m in inv.mig} | {m.gpu_index for m in inv.mig_instances}
+        mig_on = inv.mig_enabled
         render_table(
             "NVIDIA GPUs",
             ["index", "name", "memory MB", "MIG", "uuid", "driver", "CUDA"],

@@ -348,7 +348,12 @@ def _gpu_items(
 
     items: list[RunItem] = []
     seen: set[tuple[str, str]] = set()
-    mig_gpus = {m.device_index for m in inv.mig} | {m.gpu_index for m in inv.mig_instances}
+    mig_gpus = set(inv.mig_enabled) | {m.device_index for m in inv.mig}
+    for index in sorted(inv.mig_enabled - {m.device_index for m in inv.mig}):
+        inv.notes.append(
+            f"GPU {index} is in MIG mode without usable instances: nothing to profile there "
+            "(create instances, e.g. with `greenctl apply`, or disable MIG)"
+        )
     base_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     for gpu in inv.gpus:
         if gpu.device_index in mig_gpus:

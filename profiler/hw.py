@@ -49,6 +49,7 @@ class Inventory:
     mig: list[Hardware] = field(default_factory=list)
     mig_instances: list[MigInstance] = field(default_factory=list)
     mps_pipe: str | None = None
+    mig_enabled: set[int] = field(default_factory=set)  # indices of GPUs in MIG mode
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -186,6 +187,7 @@ def _add_gpus(inv: Inventory, be: GpuBackend) -> None:
         )
         if not g.mig_enabled:
             continue
+        inv.mig_enabled.add(g.index)
         try:
             total = be.total_compute_slices(g.index)
             instances = be.mig_instances(g.index)

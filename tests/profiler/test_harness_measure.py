@@ -220,3 +220,14 @@ def test_p50_falls_as_cores_rise():
             f"machine oversubscribed (load {load:.1f} on {CORES} cores): {one=:.1f} {two=:.1f}"
         )
     pytest.fail(f"p50 did not fall with cores: cpu:1 {one:.1f} ms, cpu:2 {two:.1f} ms")
+
+
+def test_mig_gpu_without_instances_is_not_profiled_as_a_whole_gpu():
+    import json
+
+    desc = json.loads(FAKE.read_text())
+    desc["gpus"][0]["instances"] = []
+    inv = hw.discover(backend=FakeNvml(desc))
+    items = plan_runs(inv, [builtin_variant("tiny-s")], cpus=[], gpus=True)
+    assert [i.resource for i in items] == ["gpu:H100-80GB-HBM3"]
+    assert any("GPU 0 is in MIG mode without usable instances" in n for n in inv.notes)
