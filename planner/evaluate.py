@@ -7,7 +7,8 @@ energy/carbon/water/cost accounting) live here so the two agree on everything bu
 Dispatch policies:
 
 - ``fifo``: one central FIFO queue per model over all its instances (Clover's
-  producer/consumer). Heterogeneous instances use the pooled M/G/c approximation of
+  producer/consumer); a request goes to the fastest idle instance, else to the first to
+  free up. Heterogeneous instances use the pooled M/G/c approximation of
   :func:`greenctl.planner.queueing.pooled_latency_quantile_ms`.
 - ``wrr``: weighted round-robin over deployments by ``quota_rps`` (InfAdapter), round-robin
   over a deployment's instances; each instance is a G/G/1 queue whose arrivals are a
@@ -44,6 +45,7 @@ from greenctl.planner.queueing import (
     default_duty_cycle_ms,
     mgc_model,
     mixture_quantile,
+    pooled_shares,
 )
 
 POLICIES = ("fifo", "wrr", "batch")
@@ -357,7 +359,6 @@ def predict(
 
     def queue(rate: float, members: list[Instance], model: LatencyModel | None) -> None:
         nonlocal violation, overloaded
-        cap = sum(i.capacity_rps for i in members)
         if rate <= 0:
             return
         if model is None:
@@ -371,13 +372,12 @@ def predict(
         if percentile_slo_ms is not None:
             violation += rate * float(model.sf(percentile_slo_ms)[0])
         if policy == "fifo" and len(members) > 1:
-            # Pooled queue: instance i serves (1 - rho)/c + rho mu_i / sum mu of requests.
-            rho = rate / cap
-            c = len(members)
-            for i in members:
-                share = (1.0 - rho) / c + rho * i.capacity_rps / cap
-                served[i.index] = rate * share
-                busy[i.index] = served[i.index] / i.capacity_rps
+            # Pooled queue: fastest idle instance first (queueing.pooled_shares).
+            for i, share in zip(
+                members, pooled_shares(rate, [m.service for m in members]), strict=True
+            ):
+                served[i.index] = rate * float(share)
+                busy[i.index] = min(served[i.index] / i.capacity_rps, 1.0)
         else:
             (i,) = members
             served[i.index] = rate

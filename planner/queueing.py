@@ -268,7 +268,7 @@ def _mgc_model(
     rho = lam / total_mu
     if rho >= 1.0:
         return None
-    weights = (1.0 - rho) / c + rho * mus / total_mu
+    weights = _pooled_shares(lam * 1000.0, services)
     mix = tuple(float(weights @ np.array([s.moment(k) for s in services])) for k in (1, 2, 3))
     # Pooled servers: the mixture's moments, at the pooled capacity's utilisation.
     pooled_mean = c / total_mu
@@ -279,6 +279,51 @@ def _mgc_model(
         return None
     comps = tuple((float(w), s) for w, s in zip(weights, services, strict=True))
     return _wait_plus_service_model(wait, comps)
+
+
+def _erlang_b(servers: int, offered_load: float) -> float:
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = offered_load * b / (k + offered_load * b)
+    return b
+
+
+def pooled_shares(rate_rps: float, services: Sequence[ServiceTime]) -> np.ndarray:
+    """The fraction of requests each server of one FIFO queue serves (same order).
+
+    The dispatcher gives a request to the fastest idle server, else the first to free up.
+    Requests that find a server idle (probability ``1 - C``) fill servers in order of
+    speed, an ordered-entry system: server ``k`` takes the overflow of the ``k - 1``
+    faster ones, ``B_{k-1} - B_k`` with ``B_k`` Erlang B of the first ``k`` servers at their
+    mean speed. Requests that queue (probability ``C``) go to whichever server frees first,
+    in proportion to speed.
+    """
+    return _pooled_shares(float(rate_rps), tuple(services))
+
+
+@lru_cache(maxsize=16384)
+def _pooled_shares(rate_rps: float, services: tuple[ServiceTime, ...]) -> np.ndarray:
+    c = len(services)
+    mus = np.array([1.0 / s.mean_ms for s in services])
+    total_mu = float(mus.sum())
+    lam = max(rate_rps, 0.0) / 1000.0
+    order = np.argsort(-mus, kind="stable")
+    if lam <= 0:
+        out = np.zeros(c)
+        out[order[0]] = 1.0
+        return out
+    a = min(lam / total_mu, 1.0 - 1e-12) * c
+    c_prob = erlang_c(c, a)
+    overflow = [1.0]
+    cum = 0.0
+    for k, i in enumerate(order, start=1):
+        cum += mus[i]
+        overflow.append(_erlang_b(k, lam * k / cum))
+    carried = -np.diff(np.array(overflow))
+    carried = np.maximum(carried, 0.0)
+    entry = np.zeros(c)
+    entry[order] = carried / carried.sum() if carried.sum() > 0 else 1.0 / c
+    return (1.0 - c_prob) * entry + c_prob * mus / total_mu
 
 
 def _wait_plus_service_model(
@@ -341,12 +386,12 @@ def pooled_latency_quantile_ms(
 ) -> float:
     """End-to-end latency quantile of one FIFO queue over heterogeneous servers, ms.
 
-    ``services[i]`` is server ``i``'s service time. Approximation: an M/G/c queue with
-    ``c = len(services)`` servers of the pooled capacity (``sum mu_i``, Erlang C at
-    ``a = c rate / sum mu_i``); requests are served by server ``i`` with weight
-    ``(1 - rho) / c + rho mu_i / sum mu`` (evenly at light load, in proportion to speed
-    when busy), and the service part of the latency is that mixture of the servers'
-    distributions, whose ``cs2`` (heterogeneity included) feeds the Allen-Cunneen wait.
+    ``services[i]`` is server ``i``'s service time; the dispatcher gives a request to the
+    fastest idle server. Approximation: an M/G/c queue with ``c = len(services)`` servers
+    of the pooled capacity (``sum mu_i``, Erlang C at ``a = c rate / sum mu_i``); requests
+    are served by server ``i`` with the weights of :func:`pooled_shares`, and the service
+    part of the latency is that mixture of the servers' distributions, whose moments
+    (heterogeneity included, scaled to the pooled mean) feed the wait.
     """
     _check_q(q)
     model = mgc_model(rate_rps, services, ca2=ca2)
