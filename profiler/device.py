@@ -295,7 +295,7 @@ class NvmlBackend:
         h = self._handle(gpu_index)
         out = []
         for info in self._gi_profiles(h):
-            arr = (n.c_nvmlGpuInstancePlacement_t * max(int(info.instanceCount), 1))()
+            arr = (n.c_nvmlGpuInstancePlacement_t * max(int(info.instanceCount), 8))()
             count = n.c_uint(len(arr))
             try:
                 n.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, arr, n.byref(count))
