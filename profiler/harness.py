@@ -707,8 +707,27 @@ def profile(
         items, duration_s=duration_s, requests=requests, warmup=warmup, progress=progress
     )
     result.notes = list(inv.notes)
+    busy = busy_note(len(inv.cpu_info.usable_cores))
+    if busy and any(i.cores for i in items):
+        result.notes.append(busy)
     save_result(store, result)
     return result
+
+
+def busy_note(usable_cores: int) -> str | None:
+    """A warning when other work oversubscribes the CPUs (1-minute load average above the
+    usable cores): multi-core latencies then include waiting for preempted threads."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    if load <= usable_cores:
+        return None
+    return (
+        f"warning: this machine was busy (load average {load:.1f} on {usable_cores} usable "
+        "cores): CPU latencies include contention from other processes; re-measure on a "
+        "quiet machine for planning figures"
+    )
 
 
 def child_main(stdin_text: str) -> str:

@@ -231,3 +231,10 @@ def test_mig_gpu_without_instances_is_not_profiled_as_a_whole_gpu():
     items = plan_runs(inv, [builtin_variant("tiny-s")], cpus=[], gpus=True)
     assert [i.resource for i in items] == ["gpu:H100-80GB-HBM3"]
     assert any("GPU 0 is in MIG mode without usable instances" in n for n in inv.notes)
+
+
+def test_busy_machine_note(monkeypatch):
+    monkeypatch.setattr(harness.os, "getloadavg", lambda: (9.5, 5.0, 1.0))
+    assert "load average 9.5 on 2 usable cores" in harness.busy_note(2)
+    monkeypatch.setattr(harness.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    assert harness.busy_note(2) is None
