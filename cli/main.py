@@ -72,6 +72,7 @@ COMMAND_MODULES = [
     "greenctl.cli.apply",
     "greenctl.cli.plan",
     "greenctl.cli.profile",
+    "greenctl.cli.simulate",
     "greenctl.cli.hw",
     "greenctl.cli.profile_io",
     "greenctl.cli.export",

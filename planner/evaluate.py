@@ -113,8 +113,8 @@ def build_instances(
             raise InputError(
                 f"no profile for variant '{dep.variant}' on '{dep.resource}' at batch "
                 f"{dep.batch} (deployments[{di}])",
-                hint=f"measure it with `greenctl profile {dep.variant} --resource "
-                f"{dep.resource} --batch {dep.batch}` or load figures with "
+                hint=f"measure it with `greenctl profile --variant {dep.variant} --batch "
+                f"{dep.batch}` on that resource, or load published figures with "
                 "`greenctl profile import`",
             )
         if key not in fitted:

@@ -31,18 +31,21 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from greenctl.data.errors import InputError
-from greenctl.data.plan import Deployment
+from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Profile, Variant
 from greenctl.planner.evaluate import (
+    POLICIES,
     PREDICTED_KEYS,
     Instance,
     account,
     build_instances,
     check_policy,
+    predict,
     split_load,
 )
 from greenctl.planner.latency import ServiceTime
@@ -460,3 +463,156 @@ def _busy_time(run: QueueRun, sel: np.ndarray, inst: Instance, policy: str) -> f
     svc = run.service_ms[sel]
     _, first = np.unique(starts, return_index=True)
     return float(svc[first].sum())
+
+
+# -- plans ----------------------------------------------------------------------------------
+def default_policy(plan: Plan) -> str:
+    """The dispatch policy a plan implies: its request's ``policy`` when set, else ``batch``
+    when a deployment batches, ``wrr`` when every deployment has a quota, else ``fifo``."""
+    asked = plan.request.get("policy") if isinstance(plan.request, dict) else None
+    if asked in POLICIES:
+        return str(asked)
+    if any(d.batch > 1 for d in plan.deployments):
+        return "batch"
+    if plan.deployments and all(d.quota_rps is not None for d in plan.deployments):
+        return "wrr"
+    return "fifo"
+
+
+def default_rate(plan: Plan) -> float:
+    """The load a plan was made for: ``predicted.rate_rps``, else ``request.rate_rps``,
+    else the sum of its quotas.
+
+    Raises:
+        InputError: when the plan states none of them.
+    """
+    for source in (plan.predicted, plan.request):
+        value = source.get("rate_rps") if isinstance(source, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    quotas = [d.quota_rps for d in plan.deployments]
+    if quotas and all(q is not None for q in quotas) and sum(q or 0.0 for q in quotas) > 0:
+        return float(sum(q or 0.0 for q in quotas))
+    raise InputError(
+        "the plan states no rate (predicted.rate_rps, request.rate_rps or quotas)",
+        hint="pass --rate RPS or --trace FILE",
+    )
+
+
+def evaluate_plan(
+    plan: Plan,
+    profiles: Sequence[Profile],
+    variants: Sequence[Variant],
+    *,
+    rate_rps: float | None = None,
+    trace: np.ndarray | str | Path | None = None,
+    trace_scale: float = 1.0,
+    duration_s: float | None = None,
+    n_requests: int | None = None,
+    policy: str | None = None,
+    analytic: bool = False,
+    seed: int = 0,
+    queue_limit: int | None = None,
+    percentile_slo_ms: float | None = None,
+    carbon_g_per_kwh: float | None = None,
+    pue: float = 1.0,
+    wue_l_per_kwh: float | None = None,
+    ewif_l_per_kwh: float | None = None,
+    device_idle_power_w: float | None = None,
+) -> dict[str, Any]:
+    """Predict (``analytic``) or simulate what a plan does under a load.
+
+    Args:
+        plan: the plan document.
+        profiles: profiles to draw service times from (the newest of each
+            variant/resource/batch is used; see :func:`pick_profiles`).
+        variants: variants, for accuracy.
+        rate_rps: Poisson load; default :func:`default_rate`.
+        trace: requests per second to replay instead (Poisson within each second), or
+            the path of a trace file (:func:`~greenctl.planner.loads.read_trace`);
+            ``duration_s`` keeps its first seconds. The analytic path uses its mean.
+        trace_scale: multiplies the trace.
+        duration_s / n_requests: the length of a Poisson run.
+        policy: ``fifo``, ``wrr`` or ``batch``; default :func:`default_policy`.
+        analytic: use the fast analytic path instead of the simulator.
+        Others: as in :func:`simulate`.
+
+    Returns:
+        The metrics dict (the plan's ``predicted`` keys).
+    """
+    from greenctl.planner.loads import read_trace, trace_arrivals
+
+    pol = policy or default_policy(plan)
+    table = pick_profiles(profiles)
+    by_name = {v.name: v for v in variants}
+    common: dict[str, Any] = dict(
+        policy=pol,
+        percentile_slo_ms=percentile_slo_ms,
+        carbon_g_per_kwh=carbon_g_per_kwh,
+        pue=pue,
+        wue_l_per_kwh=wue_l_per_kwh,
+        ewif_l_per_kwh=ewif_l_per_kwh,
+        device_idle_power_w=device_idle_power_w,
+    )
+    if trace is not None:
+        if rate_rps is not None:
+            raise InputError("give a rate or a trace, not both")
+        if n_requests is not None:
+            raise InputError("a trace sets the number of requests: use --duration to cut it")
+        series = read_trace(trace) if isinstance(trace, str | Path) else np.asarray(trace, float)
+        if duration_s is not None:
+            if duration_s < 1:
+                raise InputError(f"duration must be at least 1 s for a trace, got {duration_s}")
+            series = series[: int(duration_s)]
+        if analytic:
+            return predict(
+                plan.deployments,
+                table,
+                by_name,
+                rate_rps=float(series.mean()) * trace_scale,
+                **common,
+            )
+        arrivals = trace_arrivals(series, seed=seed, scale=trace_scale)
+        return simulate(
+            plan.deployments,
+            table,
+            by_name,
+            arrivals_s=arrivals,
+            seed=seed,
+            queue_limit=queue_limit,
+            **common,
+        )
+    rate = default_rate(plan) if rate_rps is None else float(rate_rps)
+    if analytic:
+        return predict(plan.deployments, table, by_name, rate_rps=rate, **common)
+    return simulate(
+        plan.deployments,
+        table,
+        by_name,
+        rate_rps=rate,
+        duration_s=duration_s,
+        n_requests=n_requests,
+        seed=seed,
+        queue_limit=queue_limit,
+        **common,
+    )
+
+
+def pick_profiles(profiles: Sequence[Profile]) -> dict[tuple[str, str, int], Profile]:
+    """One profile per (variant, resource, batch): prefer ones with latency percentiles,
+    then without a capacity SLO (a plain measurement), then the newest."""
+
+    def rank(p: Profile) -> tuple[int, int, str, int]:
+        return (
+            1 if p.latency_p50_ms is not None else 0,
+            1 if p.capacity_slo_ms is None else 0,
+            p.created_at or "",
+            p.id or 0,
+        )
+
+    best: dict[tuple[str, str, int], Profile] = {}
+    for p in profiles:
+        key = (p.variant, p.resource, p.batch)
+        if key not in best or rank(p) > rank(best[key]):
+            best[key] = p
+    return best

@@ -1,0 +1,169 @@
+"""``greenctl simulate``: predict what a plan does under a load (simulated or analytic)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, store_for
+
+_ROWS = (
+    ("rate_rps", "offered load", "req/s"),
+    ("served_rps", "served", "req/s"),
+    ("dropped_rps", "dropped / backlog", "req/s"),
+    ("p50_ms", "latency p50", "ms"),
+    ("p95_ms", "latency p95", "ms"),
+    ("p99_ms", "latency p99", "ms"),
+    ("slo_violation_frac", "SLO violations", "fraction"),
+    ("accuracy", "accuracy (request-weighted)", ""),
+    ("power_w", "average power", "W"),
+    ("energy_j_per_request", "energy per request", "J"),
+    ("carbon_g_per_request", "carbon per request", "g CO2"),
+    ("water_l_per_request", "water per request", "L"),
+    ("cost_per_hour", "cost", "per hour"),
+    ("utilisation", "utilisation (mean of instances)", "fraction"),
+    ("overloaded", "overloaded", ""),
+)
+
+
+def simulate_cmd(
+    plan_file: Annotated[
+        Path, typer.Argument(help="Plan JSON written by `greenctl plan ...`.", show_default=False)
+    ],
+    rate: Annotated[
+        float | None,
+        typer.Option("--rate", help="Poisson load in req/s (default: the plan's rate).", min=0.0),
+    ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            "--trace",
+            help="Replay a requests-per-second trace (.txt or .txt.gz), Poisson within seconds.",
+        ),
+    ] = None,
+    scale: Annotated[float, typer.Option("--scale", help="Multiply the trace by F.")] = 1.0,
+    duration: Annotated[
+        float | None,
+        typer.Option("--duration", help="Seconds of load (a trace: its first S seconds)."),
+    ] = None,
+    requests: Annotated[
+        int | None,
+        typer.Option("--requests", help="Requests of a Poisson run (default 100000)."),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            "--policy",
+            help="fifo (central queue), wrr (quotas) or batch (default: what the plan implies).",
+        ),
+    ] = None,
+    carbon_intensity: Annotated[
+        float | None,
+        typer.Option("--carbon-intensity", help="Grid carbon intensity in g CO2 per kWh."),
+    ] = None,
+    pue: Annotated[float, typer.Option("--pue", help="Power usage effectiveness (>= 1).")] = 1.0,
+    wue: Annotated[
+        float | None, typer.Option("--wue", help="Direct (on-site) water use, L per kWh.")
+    ] = None,
+    ewif: Annotated[
+        float | None,
+        typer.Option("--ewif", help="Indirect water of electricity generation, L per kWh."),
+    ] = None,
+    idle_power: Annotated[
+        float | None,
+        typer.Option("--device-idle-power", help="Idle watts of each whole device (shared)."),
+    ] = None,
+    slo_ms: Annotated[
+        float | None,
+        typer.Option("--slo-ms", help="Latency SLO in ms (default: the plan's request.slo_ms)."),
+    ] = None,
+    queue_limit: Annotated[
+        int | None,
+        typer.Option("--queue-limit", help="Drop arrivals when N requests already wait."),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed (reproducible runs).")] = 0,
+    analytic: Annotated[
+        bool,
+        typer.Option("--analytic", help="Use the fast queueing approximation, not the simulator."),
+    ] = False,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Predict a plan's latency, accuracy, energy, carbon, water and cost under a load."""
+    from greenctl.data.errors import InputError
+    from greenctl.data.plan import load_plan_file
+    from greenctl.planner.simulator import default_policy, evaluate_plan
+
+    if rate is not None and trace is not None:
+        raise InputError("give --rate or --trace, not both")
+    if duration is not None and requests is not None:
+        raise InputError("give --duration or --requests, not both")
+    plan = load_plan_file(plan_file)
+    names = {d.variant for d in plan.deployments}
+    with store_for(db) as store:
+        profiles = [p for name in sorted(names) for p in store.latest_profiles(variant=name)]
+        variants = [v for v in store.variants() if v.name in names]
+    if slo_ms is None:
+        asked = plan.request.get("slo_ms") if isinstance(plan.request, dict) else None
+        if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > 0:
+            slo_ms = float(asked)
+    pol = policy or default_policy(plan)
+    result = evaluate_plan(
+        plan,
+        profiles,
+        variants,
+        rate_rps=rate,
+        trace=trace,
+        trace_scale=scale,
+        duration_s=duration,
+        n_requests=requests,
+        policy=pol,
+        analytic=analytic,
+        seed=seed,
+        queue_limit=queue_limit,
+        percentile_slo_ms=slo_ms,
+        carbon_g_per_kwh=carbon_intensity,
+        pue=pue,
+        wue_l_per_kwh=wue,
+        ewif_l_per_kwh=ewif,
+        device_idle_power_w=idle_power,
+    )
+    method = "analytic" if analytic else "simulated"
+    if json_out:
+        print_json({"method": method, "policy": pol, **{k: _finite(v) for k, v in result.items()}})
+        return
+    if analytic:
+        caption = f"modeled: M/G/c queueing approximation, policy {pol}"
+    else:
+        load = f"trace {trace.name}" if trace is not None else "Poisson arrivals"
+        caption = f"simulated: {load}, policy {pol}, seed {seed}; from profiles"
+    if slo_ms is not None:
+        caption += f"; SLO {slo_ms:g} ms"
+    rows = [[label, _cell(result[key]), unit] for key, label, unit in _ROWS if key in result]
+    render_table(
+        f"greenctl simulate {plan_file.name}", ["metric", "value", "unit"], rows, caption=caption
+    )
+    if result.get("overloaded"):
+        console.print(
+            "[bold red]Overloaded:[/] the load exceeds the plan's capacity; the queue grows "
+            "without bound (latency percentiles are infinite)."
+        )
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no infinity: an unbounded latency becomes null (see ``overloaded``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return "unbounded"
+    return value
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate")(simulate_cmd)
