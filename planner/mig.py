@@ -778,9 +778,42 @@ def _predicted(model: MigModel, ev: Evaluation) -> dict[str, Any]:
         "delta_accuracy_pct": ev.delta_accuracy_pct,
         "objective": ev.objective,
         "instances": sum(ev.config.n),
+        "p95_fifo_ms": fifo_p95(model, ev.config),
         "energy_method": ",".join(methods),
         "source": ",".join(sources),
     }
+
+
+FIFO_MAX_INSTANCES = 128
+
+
+def fifo_p95(model: MigModel, config: Config) -> float | None:
+    """For reference: the p95 if every instance pulled from one central FIFO queue (Clover).
+
+    The evaluation core's pooled heterogeneous M/G/c approximation over all instances;
+    under that dispatch every instance serves requests, including those the plan gives
+    no quota, so it can exceed the SLA the quota dispatch meets. None above
+    ``FIFO_MAX_INSTANCES`` mixed instances (the pooled model's cost grows with them).
+    """
+    from greenctl.planner.queueing import latency_quantile_ms, pooled_latency_quantile_ms
+
+    used = [k for k, c in enumerate(config.n) if c]
+    if len(used) == 1:
+        k = used[0]
+        return float(
+            latency_quantile_ms(
+                model.problem.rate_rps,
+                model.pairs[k].service,
+                config.n[k],
+                model.problem.percentile,
+            )
+        )
+    if sum(config.n) > FIFO_MAX_INSTANCES:
+        return None
+    services = [model.pairs[k].service for k, c in enumerate(config.n) for _ in range(c)]
+    return float(
+        pooled_latency_quantile_ms(model.problem.rate_rps, services, model.problem.percentile)
+    )
 
 
 def describe_config(model: MigModel, config: Config) -> dict[str, Any]:

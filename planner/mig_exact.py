@@ -93,14 +93,26 @@ def solve_exact(model: MigModel, *, time_limit_s: float | None = None) -> SolveR
         "constraints": len(lp.constraints),
         "capacity_slo_ms": model.cap_slo_ms,
     }
-    if status != "Optimal" or any(v.varValue is None for v in y):
+    values_known = all(v.varValue is not None for v in (*y, *n_vars))
+    if status != "Optimal" and not (values_known and status == "Not Solved"):
+        return SolveResult(None, info)
+    if not values_known:
         if time_limit_s is not None and solve_s >= time_limit_s * 0.95:
             info["reason"] = f"time limit of {time_limit_s:g} s reached without a solution"
         return SolveResult(None, info)
     yv = tuple(round(v.varValue or 0) for v in y)
     nv = tuple(round(v.varValue or 0) for v in n_vars)
     cfg = Config(yv, nv)
-    model.check(cfg)
+    try:
+        model.check(cfg)
+    except ValueError:
+        info["reason"] = "the solver stopped (time limit) with no consistent incumbent"
+        return SolveResult(None, info)
+    if status != "Optimal":
+        if not model.evaluate(cfg).feasible:
+            info["reason"] = "the solver stopped (time limit) with no feasible incumbent"
+            return SolveResult(None, info)
+        info["status"] = "time limit: best incumbent, optimality not proven"
     cfg = tidy(model, cfg)
     info["ilp_objective"] = model.const + float(pulp.value(lp.objective) or 0.0)
     return SolveResult(cfg, info)
