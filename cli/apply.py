@@ -210,6 +210,10 @@ def loadgen_cmd(
         float, typer.Option("--scale", help="Multiply the trace's rates by this.")
     ] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the arrival process.")] = 0,
+    json_tensors: Annotated[
+        bool,
+        typer.Option("--json-tensors", help="Send tensors as JSON numbers, not binary data."),
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Send an open-loop Poisson load (or replay a trace) and report latency and errors."""
@@ -226,6 +230,7 @@ def loadgen_cmd(
         trace=read_trace(trace) if trace is not None else None,
         scale=scale,
         seed=seed,
+        binary=not json_tensors,
     )
     if json_out:
         print_json(res.to_dict())

@@ -122,9 +122,12 @@ def arrival_times(
 
 
 def model_input(
-    endpoint: str, model: str, *, timeout_s: float = 5.0
+    endpoint: str, model: str, *, binary: bool = True, timeout_s: float = 5.0
 ) -> tuple[bytes, dict[str, str]]:
     """A one-row request body for ``model``, shaped from the endpoint's model metadata.
+
+    ``binary`` uses the binary tensor extension (what tritonclient sends by default);
+    otherwise tensors travel as JSON numbers.
 
     Raises:
         InputError: the endpoint does not answer or does not serve ``model``.
@@ -143,7 +146,7 @@ def model_input(
     shape = [1 if d < 0 else d for d in spec["shape"]]
     dtype = oip.DTYPES.get(spec["datatype"], "float32")
     arr = np.random.default_rng(0).random(shape).astype(dtype)
-    return oip.encode_request([(spec["name"], arr)])
+    return oip.encode_request([(spec["name"], arr)], binary=binary)
 
 
 async def _run(
@@ -204,6 +207,7 @@ def run_load(
     seed: int = 0,
     timeout_s: float = 30.0,
     connections: int = 256,
+    binary: bool = True,
 ) -> LoadResult:
     """Send an open-loop load to ``endpoint`` for ``model`` and measure it.
 
@@ -216,6 +220,7 @@ def run_load(
         seed: seeds the arrival process so runs are comparable.
         timeout_s: per-request timeout.
         connections: most concurrent keep-alive connections.
+        binary: send tensors with the binary extension (else as JSON numbers).
 
     Raises:
         InputError: bad rate/trace, or the endpoint does not serve the model.
@@ -227,7 +232,7 @@ def run_load(
     times = arrival_times(
         duration_s=duration_s, rate_rps=rate_rps, trace=trace, scale=scale, seed=seed
     )
-    body, headers = model_input(endpoint, model)
+    body, headers = model_input(endpoint, model, binary=binary)
     t0 = time.monotonic()
     latencies, codes, elapsed = asyncio.run(
         _run(endpoint, model, times, body, headers, timeout_s, connections)
