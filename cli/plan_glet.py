@@ -1,0 +1,207 @@
+"""``greenctl plan glet``: spatio-temporal GPU sharing for many models (gpulet)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from greenctl.cli.common import (
+    DbOpt,
+    JsonOpt,
+    console,
+    err_console,
+    print_json,
+    render_table,
+    store_for,
+)
+from greenctl.cli.plan import plan_app
+
+
+def plan_glet_cmd(
+    spec: Annotated[
+        Path | None,
+        typer.Option("--spec", help="TOML or JSON file with [[models]] name/rate_rps/slo_ms."),
+    ] = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", help="NAME:RATE:SLO_MS (repeat for each model)."),
+    ] = None,
+    partitions: Annotated[
+        str | None,
+        typer.Option(
+            "--partitions",
+            help="Partition sizes: MPS percentages (20,40,50,60,80,100) or resource labels.",
+        ),
+    ] = None,
+    max_gpus: Annotated[
+        int | None, typer.Option("--max-gpus", help="GPUs available (default 8).")
+    ] = None,
+    rate_percentile: Annotated[
+        float | None,
+        typer.Option(
+            "--rate-percentile",
+            help="Pack for this Poisson upper percentile of each rate (default 99; 0 = as given).",
+        ),
+    ] = None,
+    algorithm: Annotated[
+        str | None,
+        typer.Option("--algorithm", help="glet (default), sbp, greedy or ideal."),
+    ] = None,
+    no_interference: Annotated[
+        bool,
+        typer.Option("--no-interference", help="Plan as if co-located glets did not interfere."),
+    ] = False,
+    interference_model: Annotated[
+        int | None,
+        typer.Option(
+            "--interference-model", help="Id of a stored interference model (default newest)."
+        ),
+    ] = None,
+    hardware: Annotated[
+        str | None, typer.Option("--hardware", help="Only profiles of this hardware model.")
+    ] = None,
+    simulate_seconds: Annotated[
+        float,
+        typer.Option(
+            "--simulate-seconds",
+            help="Check the schedule in a Poisson simulation of this many seconds (0: skip).",
+        ),
+    ] = 10.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the simulation.")] = 0,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Also write the plan to this JSON file.")
+    ] = None,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Pack models onto the fewest GPUs with partitions (glets) and time sharing (gpulet)."""
+    from greenctl.data.errors import InputError
+    from greenctl.data.gpulet_import import (
+        get_interference_model,
+        load_latency_table,
+        load_utilisation,
+        resolve_variant,
+    )
+    from greenctl.data.plan import write_plan_file
+    from greenctl.planner.glet import DEFAULT_PARTITIONS, GletModel, GletProblem, plan_glet
+    from greenctl.planner.glet_spec import (
+        GletSpec,
+        load_glet_spec,
+        parse_model_arg,
+        parse_partitions,
+    )
+    from greenctl.planner.interference import InterferenceModel
+
+    spec_doc = load_glet_spec(spec) if spec is not None else GletSpec()
+    models = list(spec_doc.models) + [parse_model_arg(m) for m in model or []]
+    if not models:
+        raise InputError(
+            "no models given", hint="pass --model NAME:RATE:SLO_MS (repeatable) or --spec FILE"
+        )
+    parts = (
+        parse_partitions(partitions.split(","))
+        if partitions is not None
+        else spec_doc.partitions or list(DEFAULT_PARTITIONS)
+    )
+    algo = algorithm or spec_doc.algorithm or "glet"
+    notes: list[str] = []
+    with store_for(db) as store:
+        resolved = [
+            GletModel(m.name, m.rate_rps, m.slo_ms, resolve_variant(store, m.variant_name))
+            for m in models
+        ]
+        latency = load_latency_table(
+            store, sorted({m.variant_name for m in resolved}), hardware=hardware
+        )
+        imodel = None
+        utilisation = {}
+        if not no_interference:
+            try:
+                imodel = InterferenceModel.from_dict(
+                    get_interference_model(store, interference_model)
+                )
+                utilisation = load_utilisation(store)
+            except InputError:
+                if interference_model is not None:
+                    raise
+                notes.append(
+                    "no interference model in the store (run `greenctl interference fit`); "
+                    "planned without interference"
+                )
+        problem = GletProblem(
+            models=resolved,
+            latency_ms=latency,
+            partitions=parts,
+            max_gpus=max_gpus or spec_doc.max_gpus or 8,
+            rate_percentile=(
+                rate_percentile
+                if rate_percentile is not None
+                else spec_doc.rate_percentile
+                if spec_doc.rate_percentile is not None
+                else 99.0
+            ),
+            interference=imodel,
+            utilisation=utilisation,
+        )
+        plan = plan_glet(
+            problem,
+            algorithm=algo,
+            request={"spec": str(spec) if spec else None, "hardware": hardware},
+            simulate_s=simulate_seconds,
+            seed=seed,
+        )
+        if notes:
+            plan.extra.setdefault("notes", []).extend(notes)
+        store.save_plan(plan)
+    if output is not None:
+        write_plan_file(plan, output)
+    if json_out:
+        print_json(plan.to_dict())
+        return
+    for note in plan.extra.get("notes", []):
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+    rows = []
+    for gpu in plan.extra["gpus"]:
+        for g in gpu["glets"]:
+            for m in g["models"]:
+                rows.append(
+                    [
+                        gpu["index"],
+                        g["resource"],
+                        m["model"],
+                        m["batch"],
+                        m["rate_rps"],
+                        m["duty_cycle_ms"],
+                        m["interference_factor"],
+                        m["latency_bound_ms"],
+                    ]
+                )
+    render_table(
+        f"glet plan {plan.id} ({algo}): {plan.predicted['gpus']} GPU(s)",
+        ["gpu", "glet", "model", "batch", "req/s", "cycle ms", "interf. x", "bound ms"],
+        rows,
+        caption="latencies modeled: duty-cycle bound = cycle + batch latency x interference",
+    )
+    render_table(
+        None,
+        ["model", "req/s", "p99 ms (bound)", "p99 ms (simulated)", "SLO ms", "SLO met"],
+        [
+            [
+                p["model"],
+                p["rate_rps"],
+                p["p99_ms"],
+                p.get("p99_ms_simulated"),
+                p["slo_ms"],
+                p["slo_met"],
+            ]
+            for p in plan.predicted["per_model"]
+        ],
+        caption="modeled from profiles; simulated = Poisson arrivals over the planned cycles",
+    )
+    if output is not None:
+        console.print(f"plan written to {output}")
+
+
+def register(app: typer.Typer) -> None:
+    plan_app.command("glet")(plan_glet_cmd)
