@@ -179,41 +179,27 @@ def test_child_process_run_with_mig_environment_and_attributed_energy(gpu_invent
     assert p.energy_method == "nvml-attributed" and p.hardware == "NVIDIA A100-SXM4-40GB"
 
 
-def test_child_failure_is_a_hardware_error(gpu_inventory, monkeypatch):
-    monkeypatch.setenv("GREENCTL_FAKE_NVML", str(FAKE))
-    items = plan_runs(gpu_inventory, [builtin_variant("tiny-s")], cpus=[], gpus=True, batches=[1])
-    item = next(i for i in items if i.resource == "gpu:H100-80GB-HBM3")
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("a real GPU is present")
-    from greenctl.data.errors import HardwareError
-
-    with pytest.raises(HardwareError, match=r"failed in its child process.*no CUDA"):
-        run_child(item, item.to_spec(duration_s=None, requests=1, warmup=0), timeout_s=300)
-
-
 @pytest.mark.skipif(CORES < 2, reason="needs 2 usable cores")
 def test_p50_falls_as_cores_rise():
     """resnet18 at 3x128x128: interleaved rounds on cpu:1 and cpu:2, medians compared.
 
-    The machine is shared, so: a generous margin, one retry, and a skip (not a pass) when
-    the machine is so oversubscribed that two cores cannot be had.
+    The machine is shared, so: medians of up to 5 rounds, a generous margin, and a skip
+    (not a pass) when the machine is so oversubscribed that two cores cannot be had.
     """
     v = replace(builtin_variant("resnet18"), input_shape="3,128,128")
     m = load_model(v)
-    for _attempt in range(2):
-        p50 = {1: [], 2: []}
-        for _round in range(3):
-            for n in (1, 2):
-                with cpu_slice(n):
-                    r = measure(m, batch=1, requests=4, warmup=1)
-                p50[n].append(percentile(r.latencies_ms, 50))
+    p50: dict[int, list[float]] = {1: [], 2: []}
+    one = two = 0.0
+    for _round in range(5):
+        for n in (1, 2):
+            with cpu_slice(n):
+                r = measure(m, batch=1, requests=4, warmup=1)
+            p50[n].append(percentile(r.latencies_ms, 50))
         one, two = statistics.median(p50[1]), statistics.median(p50[2])
-        if two < one * 0.9:
+        if len(p50[1]) >= 3 and two < one * 0.9:
             return
-        if os.getloadavg()[0] > CORES:
-            break  # no point retrying on a saturated machine
+        if two > one and os.getloadavg()[0] > CORES:
+            break  # saturated machine: no point measuring on
     load = os.getloadavg()[0]
     if load > CORES:
         pytest.skip(
