@@ -703,3 +703,225 @@ def cron_remove(*, name: str = "replan", crontab_file: str | None = None) -> int
     if len(kept) != len(lines):
         _write_crontab("\n".join(kept) + ("\n" if kept else ""), crontab_file)
     return len(lines) - len(kept)
+
+
+# -- the demo ---------------------------------------------------------------------------------
+DEMO_REGION = "CISO"
+DEMO_TRACE = "clover-ciso-march"
+DemoProgress = Callable[[str, float], None]
+
+
+def _quiet(_msg: str, _frac: float) -> None:
+    return None
+
+
+def run_demo(
+    *,
+    out_dir: str | Path = "greenctl-report",
+    db: str | Path | None = None,
+    quick: bool = False,
+    rate_rps: float = 40.0,
+    slo_ms: float = 100.0,
+    progress: DemoProgress = _quiet,
+) -> dict[str, Any]:
+    """The whole loop on embedded defaults (``greenctl demo``).
+
+    Profile the tiny built-in family on one CPU core, import the bundled CAISO carbon trace
+    (Clover's), plan a mix for ``rate_rps`` at ``slo_ms`` (balanced objective with a strong
+    carbon weight, and a carbon-unaware most-accurate baseline), apply it and drive a short
+    verification load through the dispatcher, replan (and apply) as the trace's carbon
+    intensity moves over simulated hours, write the report files and charts to ``out_dir``,
+    and stop everything (also on failure).
+
+    Args:
+        out_dir: folder for the report (created).
+        db: the store; default a fresh ``greenctl-demo.db`` inside ``out_dir``.
+        quick: shorter measurements, load and replay (CI).
+        progress: ``callback(message, fraction_done)``.
+
+    Returns:
+        A summary: paths written, plan ids, decisions, savings.
+    """
+    import os
+
+    from greenctl.data import carbon, carbon_io
+    from greenctl.data.store import open_store
+    from greenctl.executor.apply import apply_plan, down
+    from greenctl.planner import mix
+    from greenctl.profiler.harness import profile
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    db_path = Path(db) if db else out / "greenctl-demo.db"
+    if not db:
+        for suffix in ("", "-wal", "-shm"):
+            p = Path(str(db_path) + suffix)
+            if p.exists():
+                os.unlink(p)
+    hours = 12.0 if quick else 24.0
+    step_h = 3.0 if quick else 2.0
+    load_s = 3.0 if quick else 8.0
+    summary: dict[str, Any] = {"out_dir": str(out.resolve()), "db": str(db_path.resolve())}
+    store = open_store(db_path)
+    try:
+        progress("profiling the tiny family on 1 CPU core (modeled energy)", 0.02)
+        profile(
+            store,
+            family="tiny",
+            cpus=(1,),
+            batches=(1,),
+            duration_s=0.3 if quick else 1.0,
+            progress=lambda m, f: progress(f"profiling: {m}", 0.02 + 0.23 * f),
+        )
+        summary["profiles"] = store.profile_count()
+        progress("importing the bundled carbon trace (Clover, CAISO March)", 0.26)
+        imp = carbon_io.import_bundled(store, DEMO_TRACE, region=DEMO_REGION)
+        start = imp["first"]
+        ci0 = float(carbon.value_at(store, DEMO_REGION, start)["carbon_g_per_kwh"])
+        progress(f"planning a mix for {rate_rps:g} req/s at p95 <= {slo_ms:g} ms", 0.28)
+        variants, profiles = store.variants("tiny"), store.latest_profiles(family="tiny")
+        request = {
+            "model": "tiny",
+            "rate_rps": rate_rps,
+            "slo_ms": slo_ms,
+            "budgets": {"cpu": 2},
+            "objective": "balanced",
+            "gamma": 0.5,
+            "carbon_intensity": ci0,
+        }
+        plan = mix.plan_mix(mix.build_mix_problem(request, variants, profiles))
+        plan.extra["carbon_region"] = DEMO_REGION
+        plan_id = store.save_plan(plan, source="demo")
+        base_req = {**request, "objective": "accuracy"}
+        base = mix.plan_mix(mix.build_mix_problem(base_req, variants, profiles))
+        base.extra["carbon_region"] = DEMO_REGION
+        base_id = store.save_plan(base, source="demo-baseline")
+        summary.update(plan_id=plan_id, baseline_id=base_id)
+        progress(f"applying plan {plan_id} and loading it through the dispatcher", 0.32)
+        applied = apply_plan(plan, store=store, verify=True, verify_duration_s=load_s)
+        summary["dispatcher_url"] = applied.dispatcher_url
+        if applied.verify:
+            measured = applied.verify.get("measured") or {}
+            summary["verify"] = {
+                "predicted_p95_ms": plan.predicted.get("p95_ms"),
+                "measured_p95_ms": measured.get("p95_ms"),
+                "measured_rate_rps": measured.get("rate_rps"),
+            }
+            # The load history holds demand (arrivals), not what the plan managed to serve.
+            offered = measured.get("offered_rps") or measured.get("rate_rps")
+            if offered:
+                record_load(
+                    store,
+                    [
+                        LoadSample(
+                            utcnow_iso(),
+                            float(offered),
+                            interval_s=load_s,
+                            model="tiny",
+                            source="demo-verify",
+                        )
+                    ],
+                )
+        progress(f"replanning over {hours:g} h of the carbon trace", 0.5)
+        decisions_out = simulate_replans(
+            store,
+            plan=str(plan_id),
+            region=DEMO_REGION,
+            start=start,
+            hours=hours,
+            step_h=step_h,
+            apply=True,
+            min_dwell_s=3600.0,
+            forecaster="moving-max",
+            progress=lambda k, n, d: progress(
+                f"replan {k}/{n} at {d['at']}: {d['signal_g_per_kwh']:.0f} g/kWh -> {d['action']}",
+                0.5 + 0.3 * k / n,
+            ),
+        )
+        summary["decisions"] = [
+            {k: d[k] for k in ("at", "signal_g_per_kwh", "action", "new_plan_id", "reason")}
+            for d in decisions_out
+        ]
+        if not quick:
+            last = _last_change(store, f"plan:{plan_id}")
+            if last is not None:
+                progress("measuring the running plan once more", 0.82)
+                from greenctl.executor.apply import verify_plan
+
+                running = store.get_plan(int(last["new_plan_id"]))
+                url = applied.dispatcher_url
+                if url:
+                    verify_plan(running, store=store, endpoint=url, duration_s=load_s)
+        progress("writing the report and charts", 0.85)
+        summary["files"] = write_demo_report(
+            store,
+            out,
+            plan_id=plan_id,
+            baseline_id=base_id,
+            region=DEMO_REGION,
+            end=_iso_after(start, hours + step_h),
+        )
+        from greenctl.cli import reporting
+
+        summary["savings"] = json.loads((out / "savings.json").read_text())
+        summary["savings_table"] = reporting.savings_table(summary["savings"])
+    finally:
+        progress("stopping everything", 0.97)
+        try:
+            summary["stopped"] = len(down(store)["stopped"])
+        finally:
+            store.close()
+    progress("done", 1.0)
+    return summary
+
+
+def _iso_after(start: str, hours: float) -> str:
+    from datetime import timedelta
+
+    from greenctl.data.carbon_io import iso, parse_time
+
+    return iso(parse_time(start) + timedelta(hours=hours) - timedelta(seconds=1))
+
+
+def write_demo_report(
+    store: Any,
+    out: Path,
+    *,
+    plan_id: int,
+    baseline_id: int,
+    region: str,
+    start: str | None = None,
+    end: str | None = None,
+) -> list[str]:
+    """Exports (CSV), savings (JSON) and charts (PNG) of a replanning run into ``out``."""
+    from greenctl.cli import reporting
+    from greenctl.data.errors import NotFoundError as _NotFound
+
+    files = []
+    for what in reporting.EXPORTS:
+        filters: dict[str, Any] = {}
+        if what == "carbon":
+            filters = {"region": region, "start": start, "end": end}
+        reporting.export(store, what, fmt="csv", path=str(out / f"{what}.csv"), **filters)
+        files.append(str(out / f"{what}.csv"))
+    s = reporting.savings(
+        store, plan_id=plan_id, baseline_id=baseline_id, region=region, start=start, end=end
+    )
+    (out / "savings.json").write_text(json.dumps(s, indent=2) + "\n")
+    files.append(str(out / "savings.json"))
+    reporting.chart_carbon(
+        store,
+        out / "carbon.png",
+        plan_id=plan_id,
+        region=region,
+        baseline_id=baseline_id,
+        start=start,
+        end=end,
+    )
+    files.append(str(out / "carbon.png"))
+    try:
+        reporting.chart_latency(store, out / "latency.png")
+        files.append(str(out / "latency.png"))
+    except _NotFound:
+        pass
+    return files
