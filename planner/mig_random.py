@@ -67,6 +67,8 @@ def random_search(
         else:
             stale += 1
     info: dict[str, Any] = {"name": "random", "steps": steps, "stop": stop, "seed": seed}
-    if ev_best is not None and not ev_best.feasible:
+    if ev_best is None:
+        info["reason"] = "the time limit ran out before any configuration was evaluated"
+    elif not ev_best.feasible:
         info["reason"] = ev_best.reason
     return SolveResult(best, info)

@@ -319,3 +319,13 @@ def test_profiles_without_energy_are_refused():
                 latency_p50_ms=100.0, hardware="NVIDIA A30")  # fmt: skip
     with pytest.raises(InputError, match="no power_w or energy_j"):
         build_problem(geo, [p], [v], family="f", gpus=1, rate_rps=1, carbon_intensity=1)
+
+
+def test_time_limit_stops_the_heuristics_and_is_validated():
+    prob = problem("A100-40GB", "efficientnet", gpus=2)
+    plan = plan_mig(prob, solver="anneal", time_limit_s=1e-9, seed=0, require_feasible=False)
+    assert plan.extra["solver"]["stop"] == "time limit" and plan.extra["solver"]["steps"] == 0
+    with pytest.raises(InfeasiblePlan, match="time limit ran out"):
+        plan_mig(prob, solver="random", time_limit_s=1e-9, seed=0, require_feasible=False)
+    with pytest.raises(InputError, match="time-limit"):
+        plan_mig(prob, time_limit_s=0)
