@@ -328,12 +328,69 @@ def _mix_replan(
     return new, old_obj, note
 
 
-def _improvement(objective: str, old: float | None, new: float | None) -> float | None:
-    if old is None or new is None:
-        return None
+def _mig_replan(
+    store: Any, running: Any, *, intensity: float, rate: float | None
+) -> tuple[Any, float | None, str | None]:
+    """Replan a MIG plan (Clover) at ``intensity``: same GPUs, family, SLA and lambda; the
+    running layouts warm-start the solver and are scored in the same problem."""
+    from greenctl.data.mig_geometry import resolve_gpu
+    from greenctl.planner import mig
+
+    req = running.request
+    try:
+        geo = resolve_gpu(str(req["gpu"]))
+        family = str(req["model"])
+        gpus = int(req["gpus"])
+        planned_rate = float(req["rate_rps"])
+    except (KeyError, TypeError, ValueError):
+        raise InputError(
+            f"plan {running.id}'s request lacks gpu, gpus, model or rate_rps",
+            hint="replan MIG plans made by `greenctl plan mig`",
+        ) from None
+    problem = mig.build_problem(
+        geo,
+        store.latest_profiles(family=family),
+        store.variants(family),
+        family=family,
+        gpus=gpus,
+        rate_rps=rate if rate is not None else planned_rate,
+        carbon_intensity=intensity,
+        sla_ms=req.get("sla_ms"),
+        lam=float(req.get("lambda", 0.5)),
+        base_carbon_intensity=req.get("base_carbon_intensity"),
+        max_accuracy_loss_pct=req.get("max_accuracy_loss_pct"),
+        percentile=float(req.get("percentile") or 0.95),
+    )
+    new = mig.plan_mig(
+        problem,
+        solver=str(req.get("solver") or "exact"),
+        current=running,
+        time_limit_s=req.get("time_limit_s"),
+        seed=req.get("seed"),
+    )
+    model = mig.MigModel(problem)
+    try:
+        cfg = mig.config_from_gpus(model, running.extra.get("gpus") or [], source="running plan")
+        ev = model.evaluate(cfg)
+    except InputError as exc:
+        return new, None, f"running layout not comparable: {exc.message}"
+    if not ev.feasible:
+        return new, None, "the running layout misses the SLA at the forecast load"
+    return new, float(ev.objective), None
+
+
+def _maximise(plan: Any) -> bool:
+    if plan.kind == "mig":
+        return True  # Clover's f = lambda*dCarbon + (1-lambda)*dAccuracy
     from greenctl.planner.mix import is_maximise
 
-    gain = (new - old) if is_maximise(objective) else (old - new)
+    return is_maximise(str(plan.predicted.get("objective_name") or "balanced"))
+
+
+def _improvement(maximise: bool, old: float | None, new: float | None) -> float | None:
+    if old is None or new is None:
+        return None
+    gain = (new - old) if maximise else (old - new)
     return gain / max(abs(old), 1e-12)
 
 
@@ -414,9 +471,9 @@ def replan_once(
         lineage, base = _resolve_plan(store, plan)
         last = _last_change(store, lineage)
         running = store.get_plan(int(last["new_plan_id"])) if last else base
-        if running.kind != "mix":
+        if running.kind not in ("mix", "mig"):
             raise InputError(
-                f"replan supports mix plans; plan {running.id} is a {running.kind} plan",
+                f"replan supports mix and mig plans; plan {running.id} is a {running.kind} plan",
                 hint="re-run its planner with the new signal (`greenctl plan ...`)",
             )
         reg = region or running.extra.get("carbon_region") or running.request.get("carbon_region")
@@ -480,14 +537,17 @@ def replan_once(
                     if "no measured load" not in exc.message:
                         raise
                     notes.append("no measured load yet: planned rate kept")
-            new, old_obj, note = _mix_replan(store, running, intensity=signal, rate=rate)
+            replan_fn = _mig_replan if running.kind == "mig" else _mix_replan
+            new, old_obj, note = replan_fn(store, running, intensity=signal, rate=rate)
             new.extra["carbon_region"] = reg
             if note:
                 notes.append(note)
-            objective = str(new.predicted.get("objective_name") or "balanced")
+            objective = str(
+                new.predicted.get("objective_name") or ("clover" if new.kind == "mig" else "")
+            )
             record["old_objective"] = old_obj
             record["new_objective"] = new.predicted.get("objective")
-            imp = _improvement(objective, old_obj, record["new_objective"])
+            imp = _improvement(_maximise(new), old_obj, record["new_objective"])
             record["improvement"] = imp
             sig_txt = f"carbon intensity {signal:.1f} g/kWh" + (
                 "" if change is None else f" moved {change * 100:.1f} % from {ref:.1f}"

@@ -249,3 +249,47 @@ def test_cron_print_install_remove(cli, tmp_path, db_path):
 )
 def test_parse_duration(text, seconds):
     assert workflow.parse_duration(text) == seconds
+
+
+def test_mig_plan_replans_with_clover_objective(store):
+    """A Clover MIG plan (synthetic A30 profiles) is redone at the new carbon intensity."""
+    from greenctl.data.mig_geometry import resolve_gpu
+    from greenctl.planner import mig
+    from greenctl.planner.synthetic import synthetic_family
+
+    geo = resolve_gpu("A30")
+    variants, profiles = synthetic_family(geo, "albert")
+    for v in variants:
+        store.upsert_variant(v)
+    store.add_profiles(profiles)
+    carbon_io.import_bundled(store, "clover-ciso-march")
+    whole = [p for p in profiles if p.resource == f"mig:{geo.whole_profile.name}"]
+    best = max(variants, key=lambda v: v.accuracy or 0)
+    rate = 0.6 * 2 * next(p for p in whole if p.variant == best.name).throughput_rps
+    problem = mig.build_problem(
+        geo,
+        store.latest_profiles(family="albert"),
+        store.variants("albert"),
+        family="albert",
+        gpus=2,
+        rate_rps=rate,
+        carbon_intensity=124.57,
+        lam=0.5,
+    )
+    plan = mig.plan_mig(problem)
+    plan.extra["carbon_region"] = "CISO"
+    pid = store.save_plan(plan)
+    d = workflow.replan_once(
+        store, plan=str(pid), at="2021-03-01T14:00:00Z", apply=True, apply_fn=_Applier()
+    )
+    assert d["signal_g_per_kwh"] == pytest.approx(353.57)
+    assert d["old_objective"] is not None and d["new_objective"] is not None
+    assert d["new_objective"] >= d["old_objective"] - 1e-9  # never worse than the running one
+    assert d["action"] in ("apply", "keep")
+    if d["action"] == "apply":
+        new = store.get_plan(d["new_plan_id"])
+        assert new.kind == "mig" and new.request["carbon_intensity"] == pytest.approx(353.57)
+        assert (
+            new.predicted["carbon_g_per_request"]
+            <= plan.predicted["carbon_g_per_request"] * (353.57 / 124.57) + 1e-12
+        )
