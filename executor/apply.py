@@ -537,6 +537,9 @@ def _describe_mig(
     out: list[dict[str, Any]] = []
     for gpu in gpus:
         partition.check_mig_gpu(backend, gpu)
+        partition.check_layout(
+            backend, gpu, [s.mig for s in specs if s.mig is not None and s.mig.gpu == gpu]
+        )
         have = {(c["profile"], c["start"]) for c in partition.current_layout(backend, gpu)}
         want = {
             (s.mig.profile, s.mig.start) for s in specs if s.mig is not None and s.mig.gpu == gpu
@@ -1109,6 +1112,7 @@ def status(store: Store, *, timeout_s: float = 1.0) -> dict[str, Any]:
                     and 'quantile="0.95"' in k
                 ]
                 view["p95_ms"] = p95[0] if p95 else None
+        view["p95"] = view["p95_ms"]  # the field name; milliseconds
         instances.append(view)
     restarts = store.db.table("executor_restarts").count
     last = list(store.db.table("executor_apply_history").rows_where(order_by="id desc", limit=1))

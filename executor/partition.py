@@ -23,7 +23,13 @@ Undo = Callable[[], object]
 
 
 def available_cores() -> list[int]:
-    """The CPU cores this process may run on (affinity mask), in order."""
+    """The CPU cores this process may run on (hardware discovery's affinity mask), in order."""
+    try:
+        from greenctl.profiler.hw import usable_cores
+    except ImportError:
+        usable_cores = None
+    if usable_cores is not None:
+        return list(usable_cores())
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))
     return list(range(os.cpu_count() or 1))
@@ -107,6 +113,45 @@ def check_mig_gpu(backend: Any, gpu: int) -> None:
         raise HardwareError(
             f"MIG mode is off on GPU {gpu} ({info.name})",
             hint=f"enable it as root: sudo nvidia-smi -i {gpu} -mig 1 (then reset the GPU)",
+        )
+
+
+def check_layout(backend: Any, gpu: int, desired: list[MigSlot]) -> None:
+    """Check a layout before touching the GPU: known profiles, legal placements, no overlap,
+    compute slices that fit.
+
+    Raises:
+        InfeasiblePlan: naming the slot that does not fit and why.
+    """
+    profiles = {p.name: p for p in backend.mig_profiles(gpu)}
+    used_memory: dict[int, MigSlot] = {}
+    slices = 0
+    for s in sorted(desired, key=lambda s: s.start):
+        prof = profiles.get(s.profile)
+        if prof is None:
+            raise InfeasiblePlan(
+                f"GPU {gpu} has no MIG profile {s.profile}",
+                hint=f"its profiles: {', '.join(sorted(profiles)) or 'none'}",
+            )
+        sizes = [size for start, size in prof.placements if start == s.start]
+        if not sizes:
+            legal = ", ".join(str(start) for start, _ in prof.placements)
+            raise InfeasiblePlan(
+                f"MIG {s.profile} cannot start at memory slot {s.start} on GPU {gpu}",
+                hint=f"legal starts for {s.profile}: {legal}",
+            )
+        for slot in range(s.start, s.start + sizes[0]):
+            if slot in used_memory:
+                other = used_memory[slot]
+                raise InfeasiblePlan(
+                    f"MIG {s.profile}@{s.start} overlaps {other.profile}@{other.start} on GPU {gpu}"
+                )
+            used_memory[slot] = s
+        slices += prof.slices
+    total = backend.total_compute_slices(gpu)
+    if slices > total:
+        raise InfeasiblePlan(
+            f"the layout of GPU {gpu} needs {slices} compute slices, the GPU has {total}"
         )
 
 

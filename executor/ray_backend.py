@@ -292,17 +292,22 @@ def _variants(store: Store, plan: Plan) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _check_cluster(ray: Any, plan: Plan) -> None:
-    total = ray.cluster_resources()
+def _needs(plan: Plan) -> dict[str, float]:
     need: dict[str, float] = {}
     for dep in plan.deployments:
         opts = actor_options(dep.resource)
-        for key in ("num_cpus", "num_gpus"):
+        for key, name in (("num_cpus", "CPU"), ("num_gpus", "GPU")):
             if key in opts:
-                name = "CPU" if key == "num_cpus" else "GPU"
                 need[name] = need.get(name, 0.0) + opts[key] * dep.count
         for key, amount in opts.get("resources", {}).items():
             need[key] = need.get(key, 0.0) + amount * dep.count
+    return need
+
+
+def _check_cluster(ray: Any, plan: Plan) -> None:
+    """The plan must fit the cluster, and (blue/green) fit beside the version now serving."""
+    need = _needs(plan)
+    total = ray.cluster_resources()
     missing = [
         f"{k}: needs {v:g}, cluster has {total.get(k, 0):g}"
         for k, v in need.items()
@@ -312,6 +317,18 @@ def _check_cluster(ray: Any, plan: Plan) -> None:
         raise InputError(
             "the Ray cluster lacks resources for this plan: " + "; ".join(missing),
             hint="add nodes, or declare MIG instances with `ray start --resources '{\"mig-<profile>\": N}'`",
+        )
+    free = ray.available_resources()
+    short = [
+        f"{k}: needs {v:g}, {free.get(k, 0):g} free"
+        for k, v in need.items()
+        if v > free.get(k, 0) + 1e-9
+    ]
+    if short:
+        raise InputError(
+            "the new plan version does not fit beside the one serving now: " + "; ".join(short),
+            hint="Ray apply is blue/green (the old version serves until the new one is ready); "
+            "add capacity, or `greenctl down --backend ray` first and accept a gap in service",
         )
 
 

@@ -117,17 +117,58 @@ def test_mig_apply_checkpoint_and_restore(run_store, loaders, tmp_path, monkeypa
     assert run_store.db.table("executor_mig_checkpoints").get(checkpoints[0]["id"])["restored_at"]
 
 
-def test_mig_failure_restores_layout(run_store, loaders, tmp_path, monkeypatch):
-    """The second GPU instance overlaps the first: the fake driver refuses, apply undoes all."""
+def test_mig_layout_checked_before_any_change(run_store, loaders, tmp_path, monkeypatch):
     from greenctl.executor.apply import apply_plan
 
     fake = _fake(tmp_path, monkeypatch, instances=[{"profile": "7g.40gb", "start": 0}])
-    bad = _mig_plan([("3g.20gb", 0, "a"), ("4g.20gb", 0, "b")])
+    with pytest.raises(InfeasiblePlan, match=r"4g\.20gb@0 overlaps 3g\.20gb@0"):
+        apply_plan(
+            _mig_plan([("3g.20gb", 0, "a"), ("4g.20gb", 0, "b")]),
+            store=run_store,
+            loader=loaders["noop"],
+        )
+    with pytest.raises(InfeasiblePlan, match="cannot start at memory slot 1"):
+        apply_plan(_mig_plan([("2g.10gb", 1, "a")]), store=run_store, loader=loaders["noop"])
+    assert _layout(fake) == [("7g.40gb", 0)]
+
+
+def test_mig_driver_failure_restores_layout(run_store, loaders, tmp_path, monkeypatch):
+    """The driver refuses the second GPU instance: apply undoes the first and the destroy."""
+    from greenctl.executor import partition
+    from greenctl.executor.apply import apply_plan
+    from greenctl.profiler import device as dev
+
+    fake = _fake(tmp_path, monkeypatch, instances=[{"profile": "7g.40gb", "start": 0}])
+    real = partition.gpu_backend
+    calls = {"create": 0}
+
+    def flaky_backend():
+        backend = real()
+        create = backend.create_gpu_instance_with_placement
+
+        def refuse_second(gpu, profile, start):
+            calls["create"] += 1
+            if calls["create"] == 2:
+                raise dev.nvml_error(
+                    dev.NVML_ERROR_INSUFFICIENT_RESOURCES, "creating a GPU instance"
+                )
+            return create(gpu, profile, start)
+
+        backend.create_gpu_instance_with_placement = refuse_second
+        return backend
+
+    monkeypatch.setattr(partition, "gpu_backend", flaky_backend)
     with pytest.raises(ExecutorError, match="changing the MIG layout") as err:
-        apply_plan(bad, store=run_store, loader=loaders["noop"])
+        apply_plan(
+            _mig_plan([("3g.20gb", 0, "a"), ("3g.20gb", 4, "b")]),
+            store=run_store,
+            loader=loaders["noop"],
+        )
     assert "previous configuration is still serving" in str(err.value)
     assert _layout(fake) == [("7g.40gb", 0)]
     assert run_store.db.table("executor_instances").count == 0
+    (failed,) = run_store.db.table("executor_apply_history").rows
+    assert failed["status"] == "failed" and "recreate MIG 7g.40gb@0" in failed["undone"]
 
 
 def test_mig_mode_off_and_no_gpu_say_so(run_store, loaders, tmp_path, monkeypatch):

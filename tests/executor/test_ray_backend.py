@@ -60,7 +60,7 @@ def cluster(tmp_path_factory):
     subprocess.run(head, check=True, env=env, capture_output=True, timeout=180)
     address = f"127.0.0.1:{port}"
     try:
-        worker = [ray_bin, "start", "--address", address, "--num-cpus", "1", *common]
+        worker = [ray_bin, "start", "--address", address, "--num-cpus", "2", *common]
         subprocess.run(worker, check=True, env=env, capture_output=True, timeout=180)
         yield address
     finally:
