@@ -41,7 +41,10 @@ from greenctl.planner.geo_lp import (
     StepLP,
     build_network,
     greedy_full,
+    hall_cuts,
+    recover_flows,
     solve_flow_lp,
+    solve_site_lp,
 )
 
 ALGORITHMS = (
@@ -87,17 +90,29 @@ class GeoOptions:
 
 @dataclass
 class GeoSolution:
-    """One algorithm's allocation: ``flow[t, e]`` on the network's (class, site) edges."""
+    """One algorithm's allocation: ``[T, S]`` site loads and, on demand, the edge flows
+    ``flow[t, e]`` on the network's (class, site) edges that carry them."""
 
     algorithm: str
     network: Network
-    flow: np.ndarray
+    site_load_mw: np.ndarray
     solve_s: float
-    site_load_mw: np.ndarray = field(init=False)
     info: dict[str, Any] = field(default_factory=dict)
+    _flow: np.ndarray | None = None
+    capacity_mw: np.ndarray | None = None
 
-    def __post_init__(self) -> None:
-        self.site_load_mw = self.network.site_load(self.flow)
+    @classmethod
+    def from_flow(
+        cls, algorithm: str, net: Network, flow: np.ndarray, solve_s: float, **kw: Any
+    ) -> GeoSolution:
+        return cls(algorithm, net, net.site_load(flow), solve_s, _flow=flow, **kw)
+
+    @property
+    def flow(self) -> np.ndarray:
+        """``[T, E]`` edge flows (recovered from the site loads when first asked for)."""
+        if self._flow is None:
+            self._flow = recover_flows(self.network, self.site_load_mw, self.capacity_mw)
+        return self._flow
 
     def gateway_flows(self, problem: GeoProblem) -> Iterator[tuple[str, str, str, float]]:
         """``(time, gateway, site, load_mw)`` for every non-zero flow.
@@ -259,31 +274,41 @@ def _first_infeasible_step(problem: GeoProblem, net: Network) -> InfeasiblePlan:
 
 
 # -- algorithms -------------------------------------------------------------------------------
-def _min_total(problem: GeoProblem, net: Network, cost: np.ndarray) -> np.ndarray:
-    """Flows minimising ``sum cost x`` (separable per step)."""
-    if net.full:
-        return greedy_full(cost, problem.capacity_mw, net.demand[:, 0])
-    res = solve_flow_lp(net, cost, problem.capacity_mw, net.demand)
+def _lp(problem: GeoProblem, net: Network, cost: np.ndarray, opts: GeoOptions | None) -> np.ndarray:
+    """Site loads minimising ``sum cost x`` (+ the minimax terms when ``opts`` is given).
+
+    Site-load LP with Hall cuts when the routes give few unions, else the flow LP.
+    """
+    kw: dict[str, Any] = {}
+    if opts is not None:
+        kw = dict(
+            carbon=problem.carbon_kg_per_mw,
+            water=problem.water_l_per_mw,
+            mu_carbon=opts.mu_carbon_usd_per_kg,
+            mu_water=opts.mu_water_usd_per_l,
+        )
+    cuts = [] if net.full else hall_cuts(net)
+    if cuts is not None:
+        res = solve_site_lp(net, cuts, cost, problem.capacity_mw, net.demand, **kw)
+        if res.status != "Optimal":
+            raise _first_infeasible_step(problem, net)
+        return res.flow
+    res = solve_flow_lp(net, cost, problem.capacity_mw, net.demand, **kw)
     if res.status != "Optimal":
         raise _first_infeasible_step(problem, net)
-    return res.flow
+    return net.site_load(res.flow)
+
+
+def _min_total(problem: GeoProblem, net: Network, cost: np.ndarray) -> np.ndarray:
+    """Site loads minimising ``sum cost x`` (separable per step)."""
+    if net.full:
+        return greedy_full(cost, problem.capacity_mw, net.demand[:, 0])
+    return _lp(problem, net, cost, None)
 
 
 def solve_offline(problem: GeoProblem, net: Network, opts: GeoOptions) -> np.ndarray:
-    """eglb-off: the offline LP optimum."""
-    res = solve_flow_lp(
-        net,
-        problem.cost_usd_per_mw,
-        problem.capacity_mw,
-        net.demand,
-        carbon=problem.carbon_kg_per_mw,
-        water=problem.water_l_per_mw,
-        mu_carbon=opts.mu_carbon_usd_per_kg,
-        mu_water=opts.mu_water_usd_per_l,
-    )
-    if res.status != "Optimal":
-        raise _first_infeasible_step(problem, net)
-    return res.flow
+    """eglb-off: the offline LP optimum (``[T, S]`` site loads)."""
+    return _lp(problem, net, problem.cost_usd_per_mw, opts)
 
 
 def _aux_target(gamma: np.ndarray, z_max: np.ndarray) -> np.ndarray:
@@ -397,15 +422,12 @@ def solve_mpc(
     cap = problem.capacity_mw
     past_c = np.zeros(S)
     past_w = np.zeros(S)
-    out = np.zeros((T, net.n_edges))
+    out = np.zeros((T, S))
     lp_s = 0.0
+    cuts = [] if net.full else hall_cuts(net)
     for t in range(T):
         src = _forecast_index(t, min(H, T - t), opts.forecast, period)
-        res = solve_flow_lp(
-            net,
-            a[src],
-            cap[src],
-            net.demand[src],
+        kw: dict[str, Any] = dict(
             carbon=b[src],
             water=q[src],
             mu_carbon=opts.mu_carbon_usd_per_kg,
@@ -414,11 +436,16 @@ def solve_mpc(
             past_water=past_w,
             options=SMALL_LP_OPTIONS,
         )
+        if cuts is not None:
+            res = solve_site_lp(net, cuts, a[src], cap[src], net.demand[src], **kw)
+            y = res.flow[0]
+        else:
+            res = solve_flow_lp(net, a[src], cap[src], net.demand[src], **kw)
+            y = np.bincount(net.edge_site, weights=res.flow[0], minlength=S)
         lp_s += res.solve_s
         if res.status != "Optimal":
             raise _first_infeasible_step(problem, net)
-        out[t] = res.flow[0]
-        y = np.bincount(net.edge_site, weights=res.flow[0], minlength=S)
+        out[t] = y
         past_c += b[t] * y
         past_w += q[t] * y
     return out, {"horizon": H, "forecast": opts.forecast, "lp_s": lp_s}
@@ -518,29 +545,32 @@ def solve(problem: GeoProblem, algorithm: str, opts: GeoOptions | None = None) -
     check_routes_feasible(problem, net)
     if algorithm == "nearest":
         net, flow = solve_nearest(problem)
-        return GeoSolution(algorithm, net, flow, time.perf_counter() - t0)
+        return GeoSolution.from_flow(algorithm, net, flow, time.perf_counter() - t0)
     info: dict[str, Any] = {}
     wc, ww = opts.weights(len(problem.sites))
     a, b, q = problem.cost_usd_per_mw, problem.carbon_kg_per_mw, problem.water_l_per_mw
-    if algorithm == "eglb-off":
-        flow = solve_offline(problem, net, opts)
-    elif algorithm == "eglb":
+    if algorithm == "eglb":
         flow, info = solve_online(problem, net, opts)
+        return GeoSolution.from_flow(algorithm, net, flow, time.perf_counter() - t0, info=info)
+    if algorithm == "eglb-off":
+        y = solve_offline(problem, net, opts)
     elif algorithm == "eglb-mpc":
-        flow, info = solve_mpc(problem, net, opts)
+        y, info = solve_mpc(problem, net, opts)
     elif algorithm == "glb-energy":
-        flow = _min_total(problem, net, a)
+        y = _min_total(problem, net, a)
     elif algorithm == "glb-carbon":
-        flow = _min_total(problem, net, b)
+        y = _min_total(problem, net, b)
     elif algorithm == "glb-water":
-        flow = _min_total(problem, net, q)
+        y = _min_total(problem, net, q)
     elif algorithm == "glb-c2":
-        flow = _min_total(problem, net, a + wc * b)
+        y = _min_total(problem, net, a + wc * b)
         info = {"weight_carbon_usd_per_kg": wc}
     else:  # glb-all
-        flow = _min_total(problem, net, a + wc * b + ww * q)
+        y = _min_total(problem, net, a + wc * b + ww * q)
         info = {"weight_carbon_usd_per_kg": wc, "weight_water_usd_per_l": ww}
-    return GeoSolution(algorithm, net, flow, time.perf_counter() - t0, info=info)
+    return GeoSolution(
+        algorithm, net, y, time.perf_counter() - t0, info=info, capacity_mw=problem.capacity_mw
+    )
 
 
 def _check_options(opts: GeoOptions) -> None:

@@ -245,6 +245,180 @@ def solve_flow_lp(
     return LPResult(flow, float(h.getInfo().objective_function_value), status, solve_s)
 
 
+def hall_cuts(net: Network, *, max_cuts: int = 64) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """The distinct unions ``U`` of class site sets, each with the classes inside it.
+
+    Site loads ``y`` (with ``sum y = total load`` and ``y = 0`` at unreachable sites) can be
+    carried by routed flows exactly when ``y(U) >= load of the classes whose sites all lie
+    in U`` for every such union (Gale's supply-demand theorem: for a class set ``A`` it is
+    enough to check ``U = N(A)``, and the classes inside ``N(A)`` include ``A``). Returns
+    ``[(site mask, class mask), ...]`` without the union of all classes, or None when there
+    are more than ``max_cuts`` unions (then the flow formulation is the smaller one).
+    """
+    S = net.n_sites
+    masks = []
+    for sites in net.class_sites:
+        m = np.zeros(S, dtype=bool)
+        m[sites] = True
+        masks.append(m)
+    everything = np.logical_or.reduce(masks)
+    seen = {np.zeros(S, dtype=bool).tobytes(), everything.tobytes()}
+    frontier = [np.zeros(S, dtype=bool)]
+    unions: list[np.ndarray] = []
+    while frontier:
+        new = []
+        for u in frontier:
+            for m in masks:
+                v = u | m
+                key = v.tobytes()
+                if key not in seen:
+                    seen.add(key)
+                    new.append(v)
+                    unions.append(v)
+                    if len(unions) > max_cuts:
+                        return None
+        frontier = new
+    return [(u, np.array([not (m & ~u).any() for m in masks])) for u in unions]
+
+
+def solve_site_lp(
+    net: Network,
+    cuts: list[tuple[np.ndarray, np.ndarray]],
+    cost: np.ndarray,
+    cap: np.ndarray,
+    demand: np.ndarray,
+    *,
+    carbon: np.ndarray | None = None,
+    water: np.ndarray | None = None,
+    mu_carbon: float = 0.0,
+    mu_water: float = 0.0,
+    past_carbon: np.ndarray | None = None,
+    past_water: np.ndarray | None = None,
+    options: dict[str, object] | None = None,
+) -> LPResult:
+    """The same problem as :func:`solve_flow_lp` over ``[H, S]`` site loads.
+
+    Gateways are interchangeable within what the routes allow, so flows are replaced by
+    site loads with one ``sum y = load`` row per step and one Hall cut row per step and
+    union (``cuts`` from :func:`hall_cuts`; none with every route allowed). With every
+    route allowed that is ``H x S`` variables instead of ``H x G x S``. ``LPResult.flow``
+    holds the ``[H, S]`` site loads; :func:`recover_flows` turns them into edge flows.
+    """
+    import time
+
+    import highspy
+
+    H, S = cost.shape
+    M = len(cuts)
+    use_c = mu_carbon > 0 and carbon is not None
+    use_w = mu_water > 0 and water is not None
+    reach = np.zeros(S, dtype=bool)
+    reach[net.edge_site] = True
+    n = H * S
+    t = np.repeat(np.arange(H), S)
+    s = np.tile(np.arange(S), H)
+    r_c0 = H + H * M
+    r_w0 = r_c0 + (S if use_c else 0)
+    n_rows = r_w0 + (S if use_w else 0)
+    slots_r, slots_v, masks = [t], [np.ones(n)], [np.ones(n, dtype=bool)]
+    for k, (u, _) in enumerate(cuts):
+        slots_r.append(H + k * H + t)
+        slots_v.append(np.ones(n))
+        masks.append(u[s])
+    if use_c:
+        assert carbon is not None
+        slots_r.append(r_c0 + s)
+        slots_v.append(carbon.reshape(-1))
+        masks.append(np.ones(n, dtype=bool))
+    if use_w:
+        assert water is not None
+        slots_r.append(r_w0 + s)
+        slots_v.append(water.reshape(-1))
+        masks.append(np.ones(n, dtype=bool))
+    R = np.stack(slots_r, axis=1)
+    V = np.stack(slots_v, axis=1)
+    Mk = np.stack(masks, axis=1)
+    index = [R[Mk]]
+    value = [V[Mk]]
+    start = [np.concatenate([[0], np.cumsum(Mk.sum(axis=1))])]
+    nnz = int(start[0][-1])
+    col_cost = [cost.reshape(-1)]
+    col_upper = [np.where(reach[s], cap.reshape(-1), 0.0)]
+    n_cols = n
+    for used, r0, mu in ((use_c, r_c0, mu_carbon), (use_w, r_w0, mu_water)):
+        if used:
+            index.append(r0 + np.arange(S))
+            value.append(-np.ones(S))
+            nnz += S
+            start.append(np.array([nnz]))
+            col_cost.append(np.array([mu]))
+            col_upper.append(np.array([INF]))
+            n_cols += 1
+    row_lower = np.full(n_rows, -INF)
+    row_upper = np.full(n_rows, INF)
+    row_lower[:H] = row_upper[:H] = demand.sum(axis=1)
+    for k, (_, inside) in enumerate(cuts):
+        row_lower[H + k * H : H + (k + 1) * H] = demand[:, inside].sum(axis=1)
+    if use_c:
+        row_upper[r_c0:r_w0] = -(past_carbon if past_carbon is not None else np.zeros(S))
+    if use_w:
+        row_upper[r_w0:] = -(past_water if past_water is not None else np.zeros(S))
+    lp = highspy.HighsLp()
+    lp.num_col_ = n_cols
+    lp.num_row_ = n_rows
+    lp.col_cost_ = np.concatenate(col_cost)
+    lp.col_lower_ = np.zeros(n_cols)
+    lp.col_upper_ = np.concatenate(col_upper)
+    lp.row_lower_ = row_lower
+    lp.row_upper_ = row_upper
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.num_col_ = n_cols
+    lp.a_matrix_.num_row_ = n_rows
+    lp.a_matrix_.start_ = np.concatenate(start).astype(np.int32)
+    lp.a_matrix_.index_ = np.concatenate(index).astype(np.int32)
+    lp.a_matrix_.value_ = np.concatenate(value)
+    h = _highs()
+    for key, opt in (options or {}).items():
+        h.setOptionValue(key, opt)
+    h.passModel(lp)
+    t0 = time.perf_counter()
+    h.run()
+    solve_s = time.perf_counter() - t0
+    status = h.modelStatusToString(h.getModelStatus())
+    if status != "Optimal":
+        return LPResult(np.zeros((H, S)), float("nan"), status, solve_s)
+    y = np.clip(np.asarray(h.getSolution().col_value)[:n], 0.0, None).reshape(H, S)
+    return LPResult(y, float(h.getInfo().objective_function_value), status, solve_s)
+
+
+def recover_flows(net: Network, site_load: np.ndarray, cap: np.ndarray | None = None) -> np.ndarray:
+    """``[T, E]`` edge flows that carry the classes' load onto the given site loads.
+
+    A feasibility LP (site loads, never above ``cap``, as capacities, zero cost), solved
+    for all steps at once; the site loads must satisfy the Hall cuts (solutions of
+    :func:`solve_site_lp` do, within LP tolerances).
+    """
+    if net.full:
+        return site_load
+    T, S = site_load.shape
+    res = None
+    for tol in (1e-7, 1e-6, 1e-5):  # LP tolerances of the site-load solution
+        bound = np.minimum(site_load + tol, cap) if cap is not None else site_load + tol
+        res = solve_flow_lp(net, np.zeros((T, S)), bound, net.demand)
+        if res.status == "Optimal":
+            # make every class's flows add up to its load exactly (not just within 1e-7)
+            flow = res.flow
+            for k in range(net.n_classes):
+                cols = np.flatnonzero(net.edge_class == k)
+                total = flow[:, cols].sum(axis=1, keepdims=True)
+                scale = np.divide(
+                    net.demand[:, [k]], total, out=np.ones_like(total), where=total > 0
+                )
+                flow[:, cols] *= scale
+            return flow
+    raise ValueError(f"site loads cannot be routed ({res.status if res else '?'})")
+
+
 class StepLP:
     """One step's min-cost allocation with routes, kept warm in HiGHS between steps.
 

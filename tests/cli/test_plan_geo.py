@@ -81,7 +81,7 @@ def test_json_document_and_allocations(cli, eglb: dict[str, Path], tmp_path: Pat
             site_load[(row["time"], row["site"])] += v
     for key, load in demand.items():
         assert served[key] == pytest.approx(load, rel=1e-8, abs=1e-9)
-    assert max(site_load.values()) <= 1.0 + 1e-8
+    assert max(site_load.values()) <= 1.0 + 1e-7  # LP tolerance
     total_mwh = sum(s["load_mwh"] for s in doc["sites"])
     assert total_mwh == pytest.approx(sum(demand.values()), rel=1e-8)
     # the plan is in the store

@@ -1,0 +1,283 @@
+"""Benchmark `greenctl plan geo` on the eGLB reference case and at scale.
+
+Prints, measured side by side in one run:
+- the plain 45,700-variable formulation (one variable per step x gateway x site), built
+  with pulp and solved by HiGHS, and the same plain formulation built straight into
+  highspy, beside greenctl's eglb-off (gateway classes + epigraph minimax, highspy);
+- the same with the authors' partial routes;
+- the online eglb over the whole trace (all routes and partial routes);
+- online eglb at scale: 100 sites x 100 gateways x 8,760 hourly steps (synthetic traces
+  tiled from the eGLB ones, labelled as such);
+- the comparison table of every algorithm on the reference data.
+
+Run: ``python bench/bench_geo.py`` (about a minute) or ``--quick``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from greenctl.data.eglb_convert import convert_eglb
+from greenctl.data.geo_io import GeoProblem, load_geo_problem
+from greenctl.planner.geo import (
+    ALGORITHMS,
+    DEFAULT_MU_CARBON,
+    DEFAULT_MU_WATER,
+    GeoOptions,
+    allocation_violations,
+    evaluate,
+    solve,
+)
+from greenctl.planner.geo_lp import build_network, solve_flow_lp
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "eglb" / "data"
+MU_C, MU_W = DEFAULT_MU_CARBON, DEFAULT_MU_WATER
+
+
+def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    """Best wall time of ``repeat`` runs and the last result."""
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def plain_pulp(p: GeoProblem) -> tuple[float, float, float]:
+    """The plain formulation through pulp + HiGHS: (build s, solve s, objective)."""
+    import pulp
+
+    t0 = time.perf_counter()
+    T, S = p.capacity_mw.shape
+    G = len(p.gateways)
+    a, b, q = p.cost_usd_per_mw, p.carbon_kg_per_mw, p.water_l_per_mw
+    allowed = p.routes if p.routes is not None else np.ones((G, S), dtype=bool)
+    pairs = [(g, s) for g in range(G) for s in range(S) if allowed[g, s]]
+    prob = pulp.LpProblem("eglb_plain", pulp.LpMinimize)
+    x = {
+        (t, g, s): pulp.LpVariable(f"x_{t}_{g}_{s}", lowBound=0) for t in range(T) for g, s in pairs
+    }
+    zc = pulp.LpVariable("zc", lowBound=0)
+    zw = pulp.LpVariable("zw", lowBound=0)
+    prob += pulp.lpSum(float(a[t, s]) * v for (t, _, s), v in x.items()) + MU_C * zc + MU_W * zw
+    for t in range(T):
+        for g in range(G):
+            prob += pulp.lpSum(x[t, g, s] for s in range(S) if allowed[g, s]) == float(
+                p.load_mw[t, g]
+            )
+        for s in range(S):
+            prob += pulp.lpSum(x[t, g, s] for g in range(G) if allowed[g, s]) <= float(
+                p.capacity_mw[t, s]
+            )
+    for s in range(S):
+        prob += (
+            pulp.lpSum(
+                float(b[t, s]) * x[t, g, s] for t in range(T) for g in range(G) if allowed[g, s]
+            )
+            <= zc
+        )
+        prob += (
+            pulp.lpSum(
+                float(q[t, s]) * x[t, g, s] for t in range(T) for g in range(G) if allowed[g, s]
+            )
+            <= zw
+        )
+    build = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    prob.solve(pulp.HiGHS(msg=False))
+    solve_s = time.perf_counter() - t0
+    assert pulp.LpStatus[prob.status] == "Optimal", pulp.LpStatus[prob.status]
+    return build, solve_s, float(pulp.value(prob.objective))
+
+
+def lp_objective(p: GeoProblem, *, aggregate: bool) -> tuple[int, float]:
+    net = build_network(p.load_mw, len(p.sites), p.routes, aggregate=aggregate)
+    if not aggregate:
+        # plain: one variable per (step, gateway, site) even with every route allowed
+        net.full = False
+    res = solve_flow_lp(
+        net,
+        p.cost_usd_per_mw,
+        p.capacity_mw,
+        net.demand,
+        carbon=p.carbon_kg_per_mw,
+        water=p.water_l_per_mw,
+        mu_carbon=MU_C,
+        mu_water=MU_W,
+    )
+    assert res.status == "Optimal"
+    return net.n_edges * p.n_steps, res.objective
+
+
+def scale_problem(
+    base: GeoProblem,
+    n_sites: int,
+    n_gateways: int,
+    n_steps: int,
+    *,
+    seed: int = 0,
+    routes_per_gateway: int | None = None,
+) -> GeoProblem:
+    """Synthetic: the eGLB traces tiled to ``n_steps``, sites copied with +-20 % noise."""
+    rng = np.random.default_rng(seed)
+    T0, S0 = base.capacity_mw.shape
+    t_idx = np.arange(n_steps) % T0
+    s_idx = np.arange(n_sites) % S0
+
+    def site_trace(x: np.ndarray) -> np.ndarray:
+        return x[t_idx][:, s_idx] * rng.uniform(0.8, 1.2, size=(1, n_sites))
+
+    total = base.load_mw.sum(axis=1)[t_idx] / S0 * n_sites  # same utilisation as eGLB
+    load = np.repeat((total / n_gateways)[:, None], n_gateways, axis=1)
+    routes = None
+    if routes_per_gateway is not None:
+        routes = np.zeros((n_gateways, n_sites), dtype=bool)
+        for g in range(n_gateways):  # a regional window of nearby sites
+            start = (g * n_sites) // n_gateways
+            routes[g, (start + np.arange(routes_per_gateway)) % n_sites] = True
+    return GeoProblem(
+        times=[f"step{t}" for t in range(n_steps)],
+        step_h=1.0,
+        sites=[f"site{j}" for j in range(n_sites)],
+        gateways=[f"gw{g}" for g in range(n_gateways)],
+        price_usd_per_mwh=site_trace(base.price_usd_per_mwh),
+        carbon_g_per_kwh=site_trace(base.carbon_g_per_kwh),
+        wue_l_per_kwh=site_trace(base.wue_l_per_kwh),
+        ewif_l_per_kwh=np.zeros((n_steps, n_sites)),
+        pue=np.ones((n_steps, n_sites)),
+        capacity_mw=np.ones((n_steps, n_sites)),
+        load_mw=load,
+        routes=routes,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats, smaller scale case")
+    ap.add_argument("--no-pulp", action="store_true", help="skip the pulp plain formulation")
+    args = ap.parse_args(argv)
+    repeat = 1 if args.quick else 3
+    src = REFERENCE if REFERENCE.is_dir() else None  # else the bundled copy
+    tmp = Path(tempfile.mkdtemp(prefix="bench_geo_"))
+    full = convert_eglb(src, tmp / "all")
+    part = convert_eglb(src, tmp / "partial", routes="partial")
+    p_all = load_geo_problem(full["sites"], full["demand"])
+    p_part = load_geo_problem(part["sites"], part["demand"], part["routes"])
+    print(
+        f"eGLB reference case: {p_all.n_steps} h x {len(p_all.sites)} sites x "
+        f"{len(p_all.gateways)} gateways ({'shared reference' if src else 'bundled copy'})"
+    )
+    print(
+        f"objective = energy cost + {MU_C} USD/kg x max-site carbon + {MU_W} USD/L x "
+        "max-site water (the authors' 1500 USD/t, 60 USD/kL)\n"
+    )
+
+    rows = []
+    for label, p in (("all routes", p_all), ("partial routes", p_part)):
+        if not args.no_pulp:
+            b, s, obj = plain_pulp(p)
+            rows.append(
+                (f"plain pulp+HiGHS, {label}", b + s, f"build {b:.2f} s + solve {s:.2f} s", obj)
+            )
+        t, (n, obj) = timed(lambda p=p: lp_objective(p, aggregate=False), repeat)
+        rows.append((f"plain highspy ({n} flow vars), {label}", t, "", obj))
+        t, (n, obj) = timed(lambda p=p: lp_objective(p, aggregate=True), repeat)
+        rows.append((f"greenctl eglb-off LP ({n} vars), {label}", t, "", obj))
+        t, sol = timed(lambda p=p: solve(p, "eglb-off"), repeat)
+        obj = evaluate(p, sol.site_load_mw, mu_carbon=MU_C, mu_water=MU_W)[1]["objective"]
+        rows.append((f"greenctl solve('eglb-off'), {label}", t, "incl. checks", obj))
+        t, sol = timed(lambda p=p: solve(p, "eglb"), repeat)
+        obj = evaluate(p, sol.site_load_mw, mu_carbon=MU_C, mu_water=MU_W)[1]["objective"]
+        rows.append((f"greenctl eglb online, whole trace, {label}", t, "", obj))
+    print(
+        f"{'timing (best of ' + str(repeat) + ')':58s} {'seconds':>9s}  {'objective USD':>14s}  note"
+    )
+    for name, t, note, obj in rows:
+        print(f"{name:58s} {t:9.3f}  {obj:14,.2f}  {note}")
+    base = {r[0]: r[1] for r in rows}
+    for label in ("all routes", "partial routes"):
+        ours = base[f"greenctl solve('eglb-off'), {label}"]
+        for key in (f"plain pulp+HiGHS, {label}",):
+            if key in base:
+                print(f"speed-up of eglb-off over {key}: {base[key] / ours:.1f}x")
+        plain = next(v for k, v in base.items() if k.startswith("plain highspy") and label in k)
+        print(f"speed-up of eglb-off over plain highspy, {label}: {plain / ours:.1f}x")
+
+    n_steps = 8760 if not args.quick else 2190
+    big = scale_problem(p_all, 100, 100, n_steps)
+    t0 = time.perf_counter()
+    sol = solve(big, "eglb")
+    t_big = time.perf_counter() - t0
+    assert allocation_violations(big, sol) == []
+    print(
+        f"\nscale (synthetic, tiled eGLB traces): 100 sites x 100 gateways x {n_steps} steps, "
+        f"every route: online eglb {t_big:.2f} s"
+    )
+    if not args.quick:
+        bigr = scale_problem(p_all, 100, 100, n_steps, routes_per_gateway=10)
+        t0 = time.perf_counter()
+        sol = solve(bigr, "eglb")
+        t_r = time.perf_counter() - t0
+        assert allocation_violations(bigr, sol) == []
+        print(
+            f"scale with routes (10 nearby sites per gateway, {sol.network.n_classes} classes): "
+            f"online eglb {t_r:.2f} s"
+        )
+
+    print(
+        "\nComparison on the reference data (all routes; modeled; per-site avg/max over "
+        f"{p_all.n_steps} h)"
+    )
+    hdr = (
+        "algorithm",
+        "energy USD avg",
+        "CO2 kg avg",
+        "CO2 kg max",
+        "CO2 max/avg",
+        "water L avg",
+        "water L max",
+        "water max/avg",
+        "objective USD",
+        "vs off",
+        "solve s",
+    )
+    print(" | ".join(hdr))
+    res = {}
+    for name in ALGORITHMS:
+        t0 = time.perf_counter()
+        sol = solve(p_all, name, GeoOptions())
+        dt = time.perf_counter() - t0
+        s = evaluate(p_all, sol.site_load_mw, mu_carbon=MU_C, mu_water=MU_W)[1]
+        res[name] = (s, dt)
+    off = res["eglb-off"][0]["objective"]
+    for name, (s, dt) in res.items():
+        print(
+            " | ".join(
+                [
+                    name,
+                    f"{s['energy_cost_usd_avg']:,.0f}",
+                    f"{s['carbon_kg_avg']:,.0f}",
+                    f"{s['carbon_kg_max']:,.0f}",
+                    f"{s['carbon_max_over_avg']:.3f}",
+                    f"{s['water_l_avg']:,.0f}",
+                    f"{s['water_l_max']:,.0f}",
+                    f"{s['water_max_over_avg']:.3f}",
+                    f"{s['objective']:,.0f}",
+                    f"{s['objective'] / off:.3f}",
+                    f"{dt:.3f}",
+                ]
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
