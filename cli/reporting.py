@@ -466,6 +466,12 @@ def savings_table(s: dict[str, Any]) -> list[list[Any]]:
             rows.append([label, g, b, s["savings"]["slo_compliance_change"], None])
         else:
             rows.append([label, g, b, s["savings"][key], s["savings_pct"][key]])
+    measured = s.get("measured_slo") or []
+    if measured:
+        ok = sum(1 for m in measured if m["meets_slo"])
+        rows.append(
+            ["verified runs within the SLO (measured)", f"{ok}/{len(measured)}", None, None, None]
+        )
     return rows
 
 
@@ -598,7 +604,7 @@ def chart_latency(
             "no run with predicted and measured p95 latency",
             hint="run `greenctl apply PLAN --verify` first",
         )
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 3), 4.5))
+    fig, ax = plt.subplots(figsize=(max(7.5, 1.2 * len(rows) + 3), 4.8))
     xs = list(range(len(rows)))
     pred = [r["predicted_p95_ms"] for r in rows]
     meas = [r["measured_p95_ms"] for r in rows]
@@ -611,9 +617,21 @@ def chart_latency(
             ax.annotate(
                 f"{(m - p) / p * 100:+.0f}%", (x + 0.2, m), ha="center", va="bottom", fontsize=8
             )
+    slo_label = "SLO"
+    for x, r in zip(xs, rows, strict=True):
+        slo = _plan_metrics(store.get_plan(r["plan_id"]), wue_l_per_kwh=None)["slo_ms"]
+        if slo:
+            ax.hlines(
+                slo, x - 0.45, x + 0.45, colors="black", linestyles="--", lw=1.2, label=slo_label
+            )
+            slo_label = "_nolegend_"
     ax.set_xticks(xs, [f"plan {r['plan_id']}\nrun {r['id']}" for r in rows], fontsize=8)
     ax.set_ylabel("p95 latency (ms)")
-    ax.set_title("Predicted vs measured p95 latency (label: measured error vs prediction)")
+    ax.set_title(
+        "Predicted vs measured p95 latency of verified runs\n"
+        "(label: measured error against the prediction)",
+        fontsize=10,
+    )
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
