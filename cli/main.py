@@ -86,6 +86,7 @@ COMMAND_MODULES = [
     "greenctl.cli.demo",
     "greenctl.cli.mig",
     "greenctl.cli.plan_mig",
+    "greenctl.cli.plan_mix",
 ]
 
 

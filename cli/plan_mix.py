@@ -1,0 +1,252 @@
+"""``greenctl plan mix``: variants x resources x counts x quotas for a load (InfAdapter/INFaaS)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from greenctl.cli.common import DbOpt, JsonOpt, console, fmt, print_json, render_table, store_for
+from greenctl.data.errors import FileFormatError, InputError
+
+
+def _parse_budgets(items: list[str] | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise InputError(
+                f"--budget '{item}' is not KIND=AMOUNT",
+                hint="for example --budget cpu=14 or --budget mig:1g.10gb=7",
+            )
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise InputError(f"--budget '{item}': '{value}' is not a number") from None
+    return out
+
+
+def load_spec(path: str) -> dict[str, Any]:
+    """Read a ``--spec`` file (TOML, or JSON when it ends in .json or starts with '{')."""
+    import tomllib
+
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise InputError(f"spec file {p} does not exist") from None
+    except OSError as exc:
+        raise InputError(f"cannot read spec file {p}: {exc.strerror}") from None
+    if p.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise FileFormatError(
+                str(p), f"invalid JSON: {exc.msg} (column {exc.colno})", line=exc.lineno
+            ) from None
+    else:
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise FileFormatError(str(p), f"invalid TOML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise FileFormatError(str(p), "a spec must be a table/object of request fields")
+    doc = dict(doc)
+    if "budget" in doc and "budgets" not in doc:
+        doc["budgets"] = doc.pop("budget")
+    return doc
+
+
+def plan_mix_cmd(
+    model: Annotated[str | None, typer.Option("--model", help="Model family to serve.")] = None,
+    rate: Annotated[float | None, typer.Option("--rate", help="Request rate (req/s).")] = None,
+    slo_ms: Annotated[
+        float | None, typer.Option("--slo-ms", help="Latency SLO in ms at --percentile.")
+    ] = None,
+    percentile: Annotated[
+        str | None, typer.Option("--percentile", help="SLO percentile: p95 (default) or p99.")
+    ] = None,
+    budget: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--budget",
+            help="Resource budget KIND=AMOUNT (cpu=14 cores, mig=7 slices) or LABEL=COUNT "
+            "(mig:1g.10gb=7 instances); repeat for several.",
+        ),
+    ] = None,
+    objective: Annotated[
+        str | None,
+        typer.Option("--objective", help="accuracy | cost | carbon | balanced (default)."),
+    ] = None,
+    min_accuracy: Annotated[
+        float | None,
+        typer.Option("--min-accuracy", help="Floor on the quota-weighted accuracy."),
+    ] = None,
+    alpha: Annotated[
+        float | None, typer.Option("--alpha", help="Balanced: weight of resource cost (0.05).")
+    ] = None,
+    beta: Annotated[
+        float | None, typer.Option("--beta", help="Balanced: weight of loading cost (0.001).")
+    ] = None,
+    gamma: Annotated[
+        float | None, typer.Option("--gamma", help="Balanced: weight of carbon (0.05).")
+    ] = None,
+    carbon_intensity: Annotated[
+        float | None,
+        typer.Option("--carbon-intensity", help="Grid carbon intensity in gCO2/kWh."),
+    ] = None,
+    headroom: Annotated[
+        float | None,
+        typer.Option("--headroom", help="Spare capacity: cover rate x (1 + F) (default 0)."),
+    ] = None,
+    current: Annotated[
+        str | None,
+        typer.Option("--current", help="The plan running now (JSON): no loading cost for it."),
+    ] = None,
+    strategy: Annotated[
+        str, typer.Option("--strategy", help="ilp (exact, default) | greedy | single.")
+    ] = "ilp",
+    solver: Annotated[str, typer.Option("--solver", help="highs (default) | cbc.")] = "highs",
+    time_limit: Annotated[
+        float | None,
+        typer.Option("--time-limit", help="Solver time limit (s): best plan found + its gap."),
+    ] = None,
+    spec: Annotated[
+        str | None,
+        typer.Option("--spec", help="TOML/JSON file: many families with shared budgets."),
+    ] = None,
+    output: Annotated[
+        str | None, typer.Option("-o", "--output", help="Also write the plan JSON here.")
+    ] = None,
+    json_out: JsonOpt = False,
+    db: DbOpt = None,
+) -> None:
+    """Choose variants, resources, counts and request quotas for a load under an SLO."""
+    from greenctl.data.plan import load_plan_file, write_plan_file
+    from greenctl.planner.mix import build_mix_problem, plan_mix
+
+    request: dict[str, Any] = {}
+    if spec is not None:
+        request = load_spec(spec)
+        if model is not None or rate is not None:
+            raise InputError(
+                "--model/--rate cannot be combined with --spec",
+                hint="list the families in the spec file",
+            )
+    elif model is None:
+        raise InputError("--model FAMILY is required (or --spec FILE)")
+    else:
+        request = {"model": model, "rate_rps": rate}
+    flags = {
+        "slo_ms": slo_ms,
+        "percentile": percentile,
+        "objective": objective,
+        "min_accuracy": min_accuracy,
+        "alpha": alpha,
+        "beta": beta,
+        "gamma": gamma,
+        "carbon_intensity": carbon_intensity,
+        "headroom": headroom,
+        "time_limit_s": time_limit,
+    }
+    request.update({k: v for k, v in flags.items() if v is not None})
+    if budget:
+        request["budgets"] = {**(request.get("budgets") or {}), **_parse_budgets(budget)}
+    request["strategy"] = strategy
+    request["solver"] = solver
+    if current is not None:
+        request["current"] = [d.to_dict() for d in load_plan_file(current).deployments]
+    with store_for(db) as store:
+        names = _families(request)
+        variants = store.variants()
+        profiles = [p for f in names for p in store.latest_profiles(family=f)]
+        problem = build_mix_problem(request, variants, profiles)
+        plan = plan_mix(
+            problem,
+            strategy=strategy,
+            solver=solver,
+            time_limit_s=problem.request.get("time_limit_s"),
+        )
+        store.save_plan(plan)
+    if output:
+        write_plan_file(plan, output)
+    if json_out:
+        print_json(plan.to_dict())
+        return
+    _render(plan)
+
+
+def _families(request: dict[str, Any]) -> list[str]:
+    fams = request.get("families")
+    if isinstance(fams, list):
+        return [str(f.get("model")) for f in fams if isinstance(f, dict)]
+    return [str(request.get("model"))]
+
+
+def _render(plan: Any) -> None:
+    pred = plan.predicted
+    cap = {(c["variant"], c["resource"], c["batch"]): c for c in plan.extra.get("capacity", [])}
+    render_table(
+        f"Plan {plan.id} (mix, {plan.extra.get('strategy')})",
+        ["model", "variant", "resource", "batch", "count", "quota req/s", "capacity req/s"],
+        [
+            [
+                d.model,
+                d.variant,
+                d.resource,
+                d.batch,
+                d.count,
+                d.quota_rps,
+                d.count
+                * cap.get((d.variant, d.resource, d.batch), {}).get(
+                    "capacity_rps_per_instance", 0.0
+                ),
+            ]
+            for d in plan.deployments
+        ],
+    )
+    lat_key = f"{plan.request.get('percentile') or 'p95'}_ms"
+    render_table(
+        "Predicted (modeled)",
+        ["rate req/s", "accuracy", "cost/h", lat_key, "J/request", "gCO2/request", "objective"],
+        [
+            [
+                pred.get("rate_rps"),
+                pred.get("accuracy"),
+                pred.get("cost_per_hour"),
+                pred.get(lat_key),
+                pred.get("energy_j_per_request"),
+                pred.get("carbon_g_per_request"),
+                pred.get("objective"),
+            ]
+        ],
+        caption=f"objective: {pred.get('objective_name')}",
+    )
+    if plan.extra.get("actions"):
+        render_table(
+            "Scaling actions vs --current",
+            ["model", "variant", "action", "instances before", "instances after"],
+            [
+                [a["model"], a["variant"], a["action"], a["count_before"], a["count_after"]]
+                for a in plan.extra["actions"]
+            ],
+        )
+    s = plan.extra.get("solver", {})
+    gap = s.get("gap")
+    status = s.get("status")
+    label = {"time_limit": "TIME LIMIT: best plan found, not proven optimal"}.get(status, status)
+    console.print(
+        f"solver: {s.get('name')} {label}"
+        + (f", gap {fmt(float(gap) * 100)} %" if gap is not None else "")
+        + (f", {fmt(s.get('total_s'))} s" if s.get("total_s") is not None else ""),
+        highlight=False,
+    )
+    for note in plan.extra.get("notes", []):
+        console.print(f"note: {note}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    from greenctl.cli.plan import plan_app
+
+    plan_app.command("mix")(plan_mix_cmd)

@@ -1,0 +1,1715 @@
+"""``plan mix``: choose variants, their resources, counts and request quotas (InfAdapter/INFaaS).
+
+Pure planning: a :class:`MixProblem` in, a :class:`greenctl.data.plan.Plan` out. No store, no
+network. The CLI loads variants and profiles, calls :func:`build_mix_problem` on the plan
+document's ``request`` dict (so ``replan`` can redo a plan from ``plan.request``) and then
+:func:`plan_mix`.
+
+Formulation (one model for every family, budgets shared), per family ``f`` with load
+``L_f = rate_f x (1 + headroom)`` and candidate options ``o = (variant, resource, batch)``:
+
+- ``n_o`` integer instances, ``q_o >= 0`` continuous quota, ``q_o <= capacity_o x n_o``;
+- ``sum_o q_o = L_f``; ``sum_o usage_{o,k} n_o <= budget_k`` for every budget ``k``;
+- ``sum_o q_o (accuracy_o - floor) >= 0`` when a ``min_accuracy`` floor is set;
+- objectives: ``accuracy`` max ``sum q a / sum L`` (linear because the loads are fixed);
+  ``cost`` min ``sum n cost``; ``carbon`` min ``sum q e x PUE x CI / 3.6e6 / sum L``;
+  ``balanced`` max ``AA - alpha RC - beta LC - gamma CC`` where ``LC`` uses binary
+  "variant newly started" indicators ``s_v`` with the tight bound ``n_o <= U_o s_v``.
+
+Tightness: exact dominance pruning (an option of the same variant with no less capacity
+and no more cost, energy or use of any budget replaces it instance for instance), and
+per-option count bounds ``U_o = min(ceil(L_f / capacity_o), floor(budget_k / usage_{o,k}))``
+which are also the big-M of the indicator constraints. The model is assembled as flat
+column/row arrays and handed to HiGHS in one ``passModel`` call (see ``_solve_highs``), or
+to CBC through pulp.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from greenctl.data.errors import InfeasiblePlan, InputError, NotFoundError
+from greenctl.data.plan import Deployment, Plan
+from greenctl.data.records import Profile, Variant
+from greenctl.data.resources import KNOWN_KINDS, Resource, parse_resource
+
+OBJECTIVES = ("accuracy", "cost", "carbon", "balanced")
+STRATEGIES = ("ilp", "greedy", "single")
+SOLVERS = ("highs", "cbc")
+PERCENTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
+
+#: Defaults of the balanced objective (InfAdapter's alpha/beta; gamma chosen so that a plan
+#: with the reference plan's carbon costs as much as 0.05 of accuracy).
+DEFAULT_ALPHA = 0.05
+DEFAULT_BETA = 0.001
+DEFAULT_GAMMA = 0.05
+#: Carbon intensity the balanced objective's CC term is normalised at (gCO2/kWh), an
+#: order-of-magnitude world grid average; a grid dirtier than this weighs carbon more.
+REFERENCE_CARBON_INTENSITY = 400.0
+
+#: Relative MIP gap at which a plan counts as optimal (HiGHS's default is 1e-4).
+MIP_REL_GAP = 1e-6
+
+_KIND_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
+_EPS = 1e-9
+
+
+# --------------------------------------------------------------------------------------------
+# Problem data
+# --------------------------------------------------------------------------------------------
+@dataclass
+class MixVariant:
+    """A variant as the planner sees it."""
+
+    name: str
+    accuracy: float
+    load_time_s: float = 0.0
+
+
+@dataclass
+class MixOption:
+    """One candidate deployment unit: an instance of ``variant`` on ``resource`` at ``batch``."""
+
+    variant: str
+    resource: str
+    batch: int
+    capacity_rps: float  # per instance, at the SLO and percentile
+    cost_per_hour: float  # per instance
+    energy_j_per_request: float | None
+    latency_ms: float | None = None  # the instance's latency at the planning percentile
+    usage: dict[str, float] = field(default_factory=dict)  # budget key -> amount per instance
+    capacity_source: str = "load-tested"  # load-tested@SLO | queueing
+    hardware: str | None = None
+    profile: Profile | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def key(self) -> tuple[str, str, int, str | None]:
+        return (self.variant, self.resource, self.batch, self.hardware)
+
+
+@dataclass
+class MixFamily:
+    """One model family: its load, SLO, variants and candidate options."""
+
+    name: str
+    rate_rps: float
+    slo_ms: float
+    variants: dict[str, MixVariant]
+    options: list[MixOption]
+    min_accuracy: float | None = None
+    pruned: int = 0  # options removed as dominated
+    ineligible: list[str] = field(default_factory=list)  # "variant on resource: why"
+    lowest_slo: tuple[float, str] | None = None  # lowest SLO one instance meets, and where
+
+    def load_rps(self, headroom: float) -> float:
+        return self.rate_rps * (1.0 + headroom)
+
+
+@dataclass
+class MixProblem:
+    """Everything ``plan_mix`` needs; ``request`` is the canonical input document."""
+
+    families: list[MixFamily]
+    percentile: str = "p95"
+    budgets: dict[str, float] = field(default_factory=dict)
+    objective: str = "balanced"
+    alpha: float = DEFAULT_ALPHA
+    beta: float = DEFAULT_BETA
+    gamma: float = DEFAULT_GAMMA
+    carbon_intensity: float | None = None  # gCO2/kWh
+    reference_carbon_intensity: float = REFERENCE_CARBON_INTENSITY
+    pue: float = 1.0
+    headroom: float = 0.0
+    current: list[Deployment] = field(default_factory=list)
+    request: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    #: The profile behind each option (variant, resource, batch) and the variant records,
+    #: for the evaluation core's prediction of the finished plan (optional).
+    profiles: dict[tuple[str, str, int], Profile] = field(default_factory=dict)
+    variant_records: dict[str, Variant] = field(default_factory=dict)
+
+    @property
+    def quantile(self) -> float:
+        return PERCENTILES[self.percentile]
+
+    @property
+    def intensity(self) -> float:
+        """The carbon intensity used (the reference one when none was given)."""
+        if self.carbon_intensity is None:
+            return self.reference_carbon_intensity
+        return self.carbon_intensity
+
+    @property
+    def total_load(self) -> float:
+        return sum(f.load_rps(self.headroom) for f in self.families)
+
+    def running_variants(self) -> set[str]:
+        return {d.variant for d in self.current}
+
+
+# --------------------------------------------------------------------------------------------
+# Request validation and problem building
+# --------------------------------------------------------------------------------------------
+def _num(value: Any, name: str, *, minimum: float | None = None, strict: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise InputError(f"{name} must be a number, got {value!r}") from None
+    value = float(value)
+    if math.isnan(value) or math.isinf(value):
+        raise InputError(f"{name} must be a finite number, got {value!r}")
+    if minimum is not None and (value <= minimum if strict else value < minimum):
+        op = ">" if strict else ">="
+        raise InputError(f"{name} must be {op} {minimum:g}, got {value:g}")
+    return value
+
+
+def normalize_request(request: dict[str, Any]) -> dict[str, Any]:
+    """Validate a ``plan mix`` request and return it in canonical form.
+
+    Accepts either ``model`` + ``rate_rps`` (one family) or ``families`` (a list of objects
+    with ``model``, ``rate_rps`` and optional ``slo_ms`` / ``min_accuracy``).
+
+    Raises:
+        InputError: naming the field and the fix.
+    """
+    if not isinstance(request, dict):
+        raise InputError("a plan mix request must be an object")
+    known = {
+        "model",
+        "rate_rps",
+        "families",
+        "slo_ms",
+        "percentile",
+        "budgets",
+        "objective",
+        "min_accuracy",
+        "alpha",
+        "beta",
+        "gamma",
+        "carbon_intensity",
+        "reference_carbon_intensity",
+        "pue",
+        "headroom",
+        "current",
+        "strategy",
+        "solver",
+        "time_limit_s",
+    }
+    unknown = sorted(set(request) - known)
+    if unknown:
+        raise InputError(
+            f"unknown request field(s): {', '.join(unknown)}",
+            hint=f"known fields: {', '.join(sorted(known))}",
+        )
+    out: dict[str, Any] = {}
+    fams_in = request.get("families")
+    if fams_in is None:
+        if request.get("model") is None:
+            raise InputError("no model family given", hint="pass --model FAMILY or a --spec file")
+        fams_in = [{"model": request.get("model"), "rate_rps": request.get("rate_rps")}]
+    elif request.get("model") is not None:
+        raise InputError("give either 'model' or 'families', not both")
+    if not isinstance(fams_in, list) or not fams_in:
+        raise InputError("'families' must be a non-empty list of {model, rate_rps} objects")
+    slo_default = request.get("slo_ms")
+    families = []
+    seen = set()
+    for i, fam in enumerate(fams_in):
+        where = f"families[{i}]"
+        if not isinstance(fam, dict):
+            raise InputError(f"{where} must be an object with model and rate_rps")
+        extra = sorted(set(fam) - {"model", "rate_rps", "slo_ms", "min_accuracy"})
+        if extra:
+            raise InputError(
+                f"{where}: unknown field(s) {', '.join(extra)}",
+                hint="a family takes model, rate_rps, slo_ms, min_accuracy",
+            )
+        model = fam.get("model")
+        if not isinstance(model, str) or not model:
+            raise InputError(f"{where}.model must be a model family name")
+        if model in seen:
+            raise InputError(f"model family '{model}' is listed twice")
+        seen.add(model)
+        if fam.get("rate_rps") is None:
+            raise InputError(f"no request rate for '{model}'", hint="pass --rate RPS")
+        rate = _num(fam.get("rate_rps"), f"rate of '{model}' (rate_rps)", minimum=0.0)
+        slo = fam.get("slo_ms", slo_default)
+        if slo is None:
+            raise InputError(f"no latency SLO for '{model}'", hint="pass --slo-ms MS")
+        slo = _num(slo, f"SLO of '{model}' (slo_ms)", minimum=0.0, strict=True)
+        entry: dict[str, Any] = {"model": model, "rate_rps": rate, "slo_ms": slo}
+        if fam.get("min_accuracy") is not None:
+            entry["min_accuracy"] = _num(fam["min_accuracy"], f"{where}.min_accuracy")
+        families.append(entry)
+    out["families"] = families
+    if slo_default is not None:
+        out["slo_ms"] = _num(slo_default, "slo_ms", minimum=0.0, strict=True)
+    pct = request.get("percentile") or "p95"
+    if isinstance(pct, int | float) and not isinstance(pct, bool):
+        pct = f"p{round(float(pct) * 100) if pct < 1 else round(float(pct))}"
+    if pct not in ("p95", "p99"):
+        raise InputError(f"percentile must be p95 or p99, got {pct!r}")
+    out["percentile"] = pct
+    budgets_in = request.get("budgets") or {}
+    if not isinstance(budgets_in, dict):
+        raise InputError("'budgets' must be an object of KIND=AMOUNT")
+    budgets = {}
+    for key, amount in budgets_in.items():
+        key = str(key).strip()
+        if not _KIND_RE.match(key):
+            try:
+                key = parse_resource(key).label
+            except InputError:
+                raise InputError(
+                    f"budget '{key}': not a resource kind or label",
+                    hint="use KIND=AMOUNT (cpu=14 cores, mig=7 compute slices, gpu=2) or "
+                    "LABEL=COUNT (mig:1g.10gb=7 instances)",
+                ) from None
+        budgets[key] = _num(amount, f"budget '{key}'", minimum=0.0)
+    out["budgets"] = budgets
+    objective = request.get("objective") or "balanced"
+    if objective not in OBJECTIVES:
+        raise InputError(
+            f"unknown objective {objective!r}", hint=f"use one of {', '.join(OBJECTIVES)}"
+        )
+    out["objective"] = objective
+    if request.get("min_accuracy") is not None:
+        out["min_accuracy"] = _num(request["min_accuracy"], "min_accuracy")
+    out["alpha"] = _num(request.get("alpha", DEFAULT_ALPHA), "alpha", minimum=0.0)
+    out["beta"] = _num(request.get("beta", DEFAULT_BETA), "beta", minimum=0.0)
+    out["gamma"] = _num(request.get("gamma", DEFAULT_GAMMA), "gamma", minimum=0.0)
+    for key in ("alpha", "beta", "gamma"):
+        if request.get(key) is None:
+            out[key] = {"alpha": DEFAULT_ALPHA, "beta": DEFAULT_BETA, "gamma": DEFAULT_GAMMA}[key]
+    if request.get("carbon_intensity") is not None:
+        out["carbon_intensity"] = _num(
+            request["carbon_intensity"], "carbon_intensity (g/kWh)", minimum=0.0
+        )
+    out["reference_carbon_intensity"] = _num(
+        request.get("reference_carbon_intensity") or REFERENCE_CARBON_INTENSITY,
+        "reference_carbon_intensity",
+        minimum=0.0,
+        strict=True,
+    )
+    out["pue"] = _num(request.get("pue") or 1.0, "pue", minimum=1.0)
+    out["headroom"] = _num(request.get("headroom") or 0.0, "headroom", minimum=0.0)
+    current = request.get("current") or []
+    if not isinstance(current, list):
+        raise InputError("'current' must be a list of deployments")
+    cur = []
+    for i, d in enumerate(current):
+        if isinstance(d, Deployment):
+            d = d.to_dict()
+        if not isinstance(d, dict) or not d.get("variant") or not d.get("resource"):
+            raise InputError(f"current[{i}] must be a deployment with variant and resource")
+        cur.append(
+            {
+                "model": d.get("model"),
+                "variant": d["variant"],
+                "resource": d["resource"],
+                "count": int(d.get("count") or 1),
+                "batch": int(d.get("batch") or 1),
+                "quota_rps": d.get("quota_rps"),
+            }
+        )
+    if cur:
+        out["current"] = cur
+    strategy = request.get("strategy") or "ilp"
+    if strategy not in STRATEGIES:
+        raise InputError(f"unknown strategy {strategy!r}", hint="use ilp, greedy or single")
+    out["strategy"] = strategy
+    solver = request.get("solver") or "highs"
+    if solver not in SOLVERS:
+        raise InputError(f"unknown solver {solver!r}", hint="use highs or cbc")
+    out["solver"] = solver
+    if request.get("time_limit_s") is not None:
+        out["time_limit_s"] = _num(request["time_limit_s"], "time_limit_s", minimum=0, strict=True)
+    return out
+
+
+def _budget_usage(resource: Resource, budgets: dict[str, float]) -> dict[str, float]:
+    """How much of each budget one instance on ``resource`` uses.
+
+    A kind budget (``cpu``) counts the kind's amount: cores for cpu, percent for mps,
+    compute slices for mig, the numeric size or one unit otherwise. A label budget
+    (``mig:1g.10gb``) counts instances of exactly that label.
+    """
+    usage = {}
+    for key in budgets:
+        if ":" in key:
+            if key == resource.label:
+                usage[key] = 1.0
+        elif key == resource.kind:
+            if resource.kind == "mig":
+                usage[key] = float(resource.mig_compute_slices or 1)
+            else:
+                usage[key] = resource.amount
+    return usage
+
+
+def _percentile_latency(p: Profile, pct: str) -> float | None:
+    """The profile's latency at ``pct``, else the nearest higher percentile recorded."""
+    order = ["p50", "p95", "p99"]
+    lat = p.latency_ms
+    for key in order[order.index(pct) :]:
+        if key in lat:
+            return lat[key]
+    return None
+
+
+def _capacity_from_latency(p: Profile, *, slo_ms: float, q: float) -> tuple[float, float, str]:
+    """Capacity (rps) of one instance at the SLO derived from its latency profile.
+
+    The evaluation core's queueing model: ``capacity_at_slo`` (one G/G/1 server, batch 1)
+    or ``batch_capacity_at_slo`` (a batching instance with its default duty cycle).
+
+    Returns:
+        (capacity_rps, service latency at quantile ``q`` in ms, source)
+    """
+    from greenctl.planner.latency import ServiceTime
+    from greenctl.planner.queueing import batch_capacity_at_slo, capacity_at_slo
+
+    service = ServiceTime.from_profile(p)
+    lat = float(service.quantile(q))
+    if lat > slo_ms:
+        return 0.0, lat, "queueing"
+    if p.batch > 1:
+        cap = batch_capacity_at_slo(service, p.batch, slo_ms=slo_ms, percentile=q)
+    else:
+        cap = capacity_at_slo(service, servers=1, slo_ms=slo_ms, percentile=q)
+    return max(float(cap), 0.0), lat, "queueing"
+
+
+def _energy(p: Profile) -> float | None:
+    if p.energy_j is not None:
+        return float(p.energy_j)
+    if p.power_w is not None and p.throughput_rps > 0:
+        return float(p.power_w) / float(p.throughput_rps)
+    return None
+
+
+def build_mix_problem(
+    request: dict[str, Any], variants: Sequence[Variant], profiles: Sequence[Profile]
+) -> MixProblem:
+    """Build a :class:`MixProblem` from a request document, variants and profiles.
+
+    Args:
+        request: the plan's ``request`` dict (see :func:`normalize_request`).
+        variants: the variants of (at least) the requested families.
+        profiles: their latest profiles; several rows of one (variant, resource, batch)
+            may differ in ``capacity_rps``/``capacity_slo_ms`` (load tests at several SLOs).
+
+    Raises:
+        InputError / NotFoundError: unknown family, bad numbers, a budget for a resource
+        kind no profile of the requested families uses.
+    """
+    req = normalize_request(request)
+    by_family: dict[str, list[Variant]] = {}
+    for v in variants:
+        by_family.setdefault(v.family, []).append(v)
+    for fam in req["families"]:
+        if fam["model"] not in by_family:
+            known = ", ".join(sorted(by_family)) or "none"
+            raise NotFoundError(
+                f"unknown model family '{fam['model']}'",
+                hint=f"known families: {known}; profile or import it first",
+            )
+    q = PERCENTILES[req["percentile"]]
+    budgets = req["budgets"]
+    notes: list[str] = []
+    families: list[MixFamily] = []
+    seen_resources: set[Resource] = set()
+    for fam in req["families"]:
+        fvars = {
+            v.name: MixVariant(
+                v.name,
+                float(v.accuracy) if v.accuracy is not None else 0.0,
+                float(v.load_time_s or 0.0),
+            )
+            for v in by_family[fam["model"]]
+        }
+        missing_acc = [v.name for v in by_family[fam["model"]] if v.accuracy is None]
+        if missing_acc:
+            notes.append(f"variants without an accuracy count as 0: {', '.join(missing_acc)}")
+        groups: dict[tuple[str, str, int, str | None], list[Profile]] = {}
+        for p in profiles:
+            if p.variant in fvars:
+                groups.setdefault((p.variant, p.resource, int(p.batch), p.hardware), []).append(p)
+        options, ineligible = [], []
+        for (vname, label, batch, hw), rows in sorted(
+            groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or "")
+        ):
+            res = parse_resource(label)
+            seen_resources.add(res)
+            opt = _make_option(vname, res, batch, hw, rows, fam["slo_ms"], req["percentile"], q)
+            if isinstance(opt, str):
+                ineligible.append(f"{vname} on {label} batch {batch}: {opt}")
+                continue
+            opt.usage = _budget_usage(res, budgets)
+            options.append(opt)
+        family = MixFamily(
+            name=fam["model"],
+            rate_rps=fam["rate_rps"],
+            slo_ms=fam["slo_ms"],
+            variants=fvars,
+            options=options,
+            min_accuracy=fam.get("min_accuracy", req.get("min_accuracy")),
+            ineligible=ineligible,
+            lowest_slo=lowest_reachable_slo(
+                by_family[fam["model"]], profiles, fam["model"], req["percentile"]
+            ),
+        )
+        family.options, family.pruned = prune_dominated(family.options)
+        families.append(family)
+    kinds = {r.kind for r in seen_resources}
+    labels = {r.label for r in seen_resources}
+    for key in budgets:
+        if (":" in key and key not in labels) or (":" not in key and key not in kinds):
+            names = ", ".join(sorted(kinds | labels)) or "none"
+            kind_word = "resource" if ":" in key else "resource kind"
+            extra = "" if key.split(":")[0] in KNOWN_KINDS else " (not a known resource kind)"
+            raise InputError(
+                f"budget for unknown {kind_word} '{key}'{extra}: no profile of "
+                f"{', '.join(f['model'] for f in req['families'])} uses it",
+                hint=f"budget one of the profiled kinds/labels: {names}",
+            )
+    current = [
+        Deployment(
+            model=d.get("model") or "",
+            variant=d["variant"],
+            resource=d["resource"],
+            count=d["count"],
+            batch=d["batch"],
+            quota_rps=d.get("quota_rps"),
+        )
+        for d in req.get("current", [])
+    ]
+    costless = sum(1 for f in families for o in f.options if o.cost_per_hour < 0)
+    for f in families:
+        for o in f.options:
+            if o.cost_per_hour < 0:  # marker for "no price in the profile"
+                o.cost_per_hour = _resource_units(parse_resource(o.resource))
+    if costless:
+        notes.append(
+            f"{costless} option(s) have no cost_per_hour in their profile; their cost is "
+            "their resource amount per hour (cores, slices or units)"
+        )
+    requested = {f["model"] for f in req["families"]}
+    option_profiles = {
+        (o.variant, o.resource, o.batch): o.profile
+        for f in families
+        for o in f.options
+        if o.profile is not None
+    }
+    return MixProblem(
+        profiles=option_profiles,
+        variant_records={v.name: v for v in variants if v.family in requested},
+        families=families,
+        percentile=req["percentile"],
+        budgets=budgets,
+        objective=req["objective"],
+        alpha=req["alpha"],
+        beta=req["beta"],
+        gamma=req["gamma"],
+        carbon_intensity=req.get("carbon_intensity"),
+        reference_carbon_intensity=req["reference_carbon_intensity"],
+        pue=req["pue"],
+        headroom=req["headroom"],
+        current=current,
+        request=req,
+        notes=notes,
+    )
+
+
+def _resource_units(res: Resource) -> float:
+    if res.kind == "mig":
+        return float(res.mig_compute_slices or 1)
+    return res.amount
+
+
+def _make_option(
+    vname: str,
+    res: Resource,
+    batch: int,
+    hw: str | None,
+    rows: list[Profile],
+    slo_ms: float,
+    pct: str,
+    q: float,
+) -> MixOption | str:
+    """The option for one (variant, resource, batch), or why it is not eligible."""
+    tested = [
+        p
+        for p in rows
+        if p.capacity_rps is not None
+        and p.capacity_slo_ms is not None
+        and float(p.capacity_slo_ms) <= slo_ms
+    ]
+    plain = [p for p in rows if p.capacity_slo_ms is None] or rows
+    base = max(plain, key=lambda p: (p.created_at or "", p.id or 0))
+    cost = next((float(p.cost_per_hour) for p in rows if p.cost_per_hour is not None), -1.0)
+    energy = next((e for e in (_energy(p) for p in rows) if e is not None), None)
+    if tested:
+        row = max(tested, key=lambda p: (float(p.capacity_slo_ms or 0), p.created_at or ""))
+        cap = float(row.capacity_rps or 0.0)
+        lat = _percentile_latency(row, pct)
+        if cap <= 0:
+            return f"load-tested capacity is 0 at {row.capacity_slo_ms:g} ms"
+        return MixOption(
+            variant=vname,
+            resource=res.label,
+            batch=batch,
+            capacity_rps=cap,
+            cost_per_hour=cost,
+            energy_j_per_request=energy,
+            latency_ms=lat,
+            capacity_source=f"load-tested@{float(row.capacity_slo_ms or 0):g}ms",
+            hardware=hw,
+            profile=row,
+        )
+    if any(p.capacity_slo_ms is not None for p in rows) and all(
+        p.capacity_slo_ms is not None for p in rows
+    ):
+        lowest = min(float(p.capacity_slo_ms or 0) for p in rows)
+        base_lat = _percentile_latency(base, pct)
+        if base_lat is None or base_lat > slo_ms:
+            return f"load-tested only at SLOs >= {lowest:g} ms"
+    cap, lat, source = _capacity_from_latency(base, slo_ms=slo_ms, q=q)
+    if lat > slo_ms:
+        return f"{pct} latency {lat:.4g} ms exceeds the SLO"
+    if cap <= 0:
+        return "no capacity within the SLO"
+    return MixOption(
+        variant=vname,
+        resource=res.label,
+        batch=batch,
+        capacity_rps=cap,
+        cost_per_hour=cost,
+        energy_j_per_request=energy,
+        latency_ms=lat,
+        capacity_source=source,
+        hardware=hw,
+        profile=base,
+    )
+
+
+def lowest_reachable_slo(
+    variants: Sequence[Variant], profiles: Sequence[Profile], family: str, pct: str
+) -> tuple[float, str] | None:
+    """The lowest SLO any single instance of ``family`` meets, with the option that does."""
+    names = {v.name for v in variants if v.family == family}
+    best: tuple[float, str] | None = None
+    for p in profiles:
+        if p.variant not in names:
+            continue
+        cands = []
+        if p.capacity_slo_ms is not None and (p.capacity_rps or 0) > 0:
+            cands.append(float(p.capacity_slo_ms))
+        lat = _percentile_latency(p, pct)
+        if lat is not None:
+            cands.append(lat)
+        for c in cands:
+            if best is None or c < best[0]:
+                best = (c, f"{p.variant} on {p.resource} batch {p.batch}")
+    return best
+
+
+def prune_dominated(options: list[MixOption]) -> tuple[list[MixOption], int]:
+    """Drop options another option of the same variant dominates instance for instance.
+
+    ``a`` dominates ``b`` when it has no less capacity and no more cost, energy per request
+    (unknown only matches unknown) or use of any budget. Replacing every instance of ``b``
+    by one of ``a`` keeps a plan feasible and no worse under every objective, so pruning
+    keeps the optimum exact.
+    """
+    keep: list[MixOption] = []
+    by_variant: dict[str, list[MixOption]] = {}
+    for o in options:
+        by_variant.setdefault(o.variant, []).append(o)
+    pruned = 0
+    for opts in by_variant.values():
+        for i, b in enumerate(opts):
+            dominated = False
+            for j, a in enumerate(opts):
+                if i == j:
+                    continue
+                if _dominates(a, b) and (not _dominates(b, a) or j < i):
+                    dominated = True
+                    break
+            if dominated:
+                pruned += 1
+            else:
+                keep.append(b)
+    return keep, pruned
+
+
+def _dominates(a: MixOption, b: MixOption) -> bool:
+    if a.capacity_rps < b.capacity_rps - _EPS or a.cost_per_hour > b.cost_per_hour + _EPS:
+        return False
+    ea, eb = a.energy_j_per_request, b.energy_j_per_request
+    if (ea is None) != (eb is None):
+        return False
+    if ea is not None and eb is not None and ea > eb + _EPS:
+        return False
+    keys = set(a.usage) | set(b.usage)
+    return all(a.usage.get(k, 0.0) <= b.usage.get(k, 0.0) + _EPS for k in keys)
+
+
+# --------------------------------------------------------------------------------------------
+# Objective terms (shared by the ILP, the baselines, the brute force in tests and reporting)
+# --------------------------------------------------------------------------------------------
+#: An allocation: per family index, per option index -> (count, quota_rps).
+Allocation = dict[int, dict[int, tuple[int, float]]]
+
+
+@dataclass
+class _Terms:
+    """Per-option linear coefficients of every objective term."""
+
+    acc: list[list[float]]  # AA coefficient of q
+    cc: list[list[float]]  # CC coefficient of q
+    rc: list[list[float]]  # RC coefficient of n
+    carbon: list[list[float]]  # carbon g/request coefficient of q
+    lc: list[dict[str, float]]  # LC coefficient of s_v for variants that start new
+    use_cc: bool
+    ref: list[dict[str, Any]]  # per family reference (most accurate single-variant plan)
+
+
+def count_bounds(problem: MixProblem, fi: int) -> list[int]:
+    """Per option the largest count any optimal plan needs (also the indicators' big-M)."""
+    fam = problem.families[fi]
+    load = fam.load_rps(problem.headroom)
+    out = []
+    for o in fam.options:
+        u = math.ceil(load / o.capacity_rps - 1e-9) if load > 0 else 0
+        for k, amount in o.usage.items():
+            if amount > 0:
+                u = min(u, math.floor(problem.budgets[k] / amount + 1e-9))
+        out.append(max(u, 0))
+    return out
+
+
+def _reference(problem: MixProblem, fi: int) -> dict[str, Any]:
+    """The most accurate variant able to serve the family alone on one option type."""
+    fam = problem.families[fi]
+    load = fam.load_rps(problem.headroom)
+    bounds = count_bounds(problem, fi)
+    best: dict[str, Any] | None = None
+    for oi, o in enumerate(fam.options):
+        need = math.ceil(load / o.capacity_rps - 1e-9) if load > 0 else 0
+        feasible = need <= bounds[oi] or not o.usage
+        acc = fam.variants[o.variant].accuracy
+        cost = need * o.cost_per_hour
+        cand = {
+            "variant": o.variant,
+            "resource": o.resource,
+            "count": need,
+            "accuracy": acc,
+            "cost_per_hour": cost,
+            "energy_j_per_request": o.energy_j_per_request,
+            "feasible": feasible,
+        }
+        rank = (feasible, acc, -cost)
+        if best is None or rank > best["_rank"]:
+            best = {**cand, "_rank": rank}
+    if best is None:
+        return {"variant": None, "cost_per_hour": 0.0, "energy_j_per_request": None}
+    best.pop("_rank")
+    return best
+
+
+def objective_terms(problem: MixProblem) -> _Terms:
+    """Linear coefficients of AA, RC, LC, CC and carbon per request, per option."""
+    total = problem.total_load or 1.0
+    refs = [_reference(problem, fi) for fi in range(len(problem.families))]
+    use_cc = all(
+        o.energy_j_per_request is not None for f in problem.families for o in f.options
+    ) and all((r.get("energy_j_per_request") or 0) > 0 for r in refs if r.get("variant"))
+    cref_total = sum(r.get("cost_per_hour") or 0.0 for r in refs) or 1.0
+    running = problem.running_variants()
+    lmax = max((v.load_time_s for f in problem.families for v in f.variants.values()), default=0.0)
+    ci = problem.intensity
+    acc, cc, rc, carbon, lc = [], [], [], [], []
+    for fi, fam in enumerate(problem.families):
+        acc.append([fam.variants[o.variant].accuracy / total for o in fam.options])
+        carbon.append(
+            [
+                (o.energy_j_per_request or 0.0) * problem.pue * ci / 3.6e6 / total
+                for o in fam.options
+            ]
+        )
+        eref = refs[fi].get("energy_j_per_request") or 0.0
+        if use_cc and eref > 0:
+            scale = (ci / problem.reference_carbon_intensity) / (eref * total)
+            cc.append([(o.energy_j_per_request or 0.0) * scale for o in fam.options])
+        else:
+            cc.append([0.0 for _ in fam.options])
+        if problem.budgets:
+            nb = len(problem.budgets)
+            rc.append(
+                [
+                    sum(
+                        a / problem.budgets[k] / nb
+                        for k, a in o.usage.items()
+                        if problem.budgets[k] > 0
+                    )
+                    for o in fam.options
+                ]
+            )
+        else:
+            rc.append([o.cost_per_hour / cref_total for o in fam.options])
+        lc.append(
+            {
+                name: (v.load_time_s / (lmax * len(problem.families)) if lmax > 0 else 0.0)
+                for name, v in fam.variants.items()
+                if name not in running
+            }
+        )
+    return _Terms(acc, cc, rc, carbon, lc, use_cc, refs)
+
+
+def evaluate_allocation(
+    problem: MixProblem, alloc: Allocation, terms: _Terms | None = None
+) -> dict[str, Any]:
+    """Metrics and objective value of an allocation (counts and quotas per option)."""
+    t = terms or objective_terms(problem)
+    total = problem.total_load or 1.0
+    aa = rc = lc = cc = carbon = cost = energy = 0.0
+    lat = 0.0
+    for fi, opts in alloc.items():
+        fam = problem.families[fi]
+        started = set()
+        for oi, (n, qq) in opts.items():
+            if n <= 0 and qq <= 0:
+                continue
+            o = fam.options[oi]
+            aa += t.acc[fi][oi] * qq
+            cc += t.cc[fi][oi] * qq
+            carbon += t.carbon[fi][oi] * qq
+            rc += t.rc[fi][oi] * n
+            cost += o.cost_per_hour * n
+            energy += (o.energy_j_per_request or 0.0) * qq / total
+            if n > 0:
+                started.add(o.variant)
+                if o.latency_ms is not None:
+                    lat = max(lat, o.latency_ms)
+        lc += sum(t.lc[fi].get(v, 0.0) for v in started)
+    if problem.objective == "accuracy":
+        obj = aa
+    elif problem.objective == "cost":
+        obj = cost
+    elif problem.objective == "carbon":
+        obj = carbon
+    else:
+        obj = aa - problem.alpha * rc - problem.beta * lc - problem.gamma * cc
+    return {
+        "accuracy": aa,
+        "cost_per_hour": cost,
+        "energy_j_per_request": energy,
+        "carbon_g_per_request": carbon,
+        "latency_ms": lat or None,
+        "terms": {"AA": aa, "RC": rc, "LC": lc, "CC": cc},
+        "objective": obj,
+    }
+
+
+def is_maximise(objective: str) -> bool:
+    return objective in ("accuracy", "balanced")
+
+
+# --------------------------------------------------------------------------------------------
+# The exact model
+# --------------------------------------------------------------------------------------------
+@dataclass
+class _Model:
+    """A MILP in flat arrays: minimise ``cost . x`` subject to ``row_lb <= A x <= row_ub``."""
+
+    cost: list[float] = field(default_factory=list)
+    lb: list[float] = field(default_factory=list)
+    ub: list[float] = field(default_factory=list)
+    integer: list[bool] = field(default_factory=list)
+    rows: list[tuple[list[int], list[float], float, float]] = field(default_factory=list)
+
+    def col(self, cost: float, lb: float, ub: float, integer: bool = False) -> int:
+        self.cost.append(cost)
+        self.lb.append(lb)
+        self.ub.append(ub)
+        self.integer.append(integer)
+        return len(self.cost) - 1
+
+    def row(self, idx: list[int], coef: list[float], lb: float, ub: float) -> None:
+        self.rows.append((idx, coef, lb, ub))
+
+
+@dataclass
+class _Layout:
+    n: dict[int, list[int]]  # family index -> column of each option's count
+    q: dict[int, list[int]]  # family index -> column of each option's quota
+    s: dict[int, dict[str, int]]  # family index -> indicator column per variant
+
+
+def _build_model(
+    problem: MixProblem,
+    terms: _Terms,
+    *,
+    single: bool,
+    objective: str | None = None,
+    subset: Sequence[int] | None = None,
+) -> tuple[_Model, _Layout]:
+    objective = objective or problem.objective
+    fis = list(range(len(problem.families))) if subset is None else list(subset)
+    inf = math.inf
+    m = _Model()
+    sign = -1.0 if is_maximise(objective) else 1.0
+    running = problem.running_variants()
+    lay = _Layout({}, {}, {})
+    budget_rows: dict[str, tuple[list[int], list[float]]] = {k: ([], []) for k in problem.budgets}
+    for fi in fis:
+        fam = problem.families[fi]
+        load = fam.load_rps(problem.headroom)
+        bounds = count_bounds(problem, fi)
+        ncols, qcols = [], []
+        for oi, o in enumerate(fam.options):
+            if objective == "cost":
+                cn, cq = o.cost_per_hour, 0.0
+            elif objective == "carbon":
+                cn, cq = 0.0, terms.carbon[fi][oi]
+            elif objective == "accuracy":
+                cn, cq = 0.0, terms.acc[fi][oi]
+            else:
+                cn = -problem.alpha * terms.rc[fi][oi]
+                cq = terms.acc[fi][oi] - problem.gamma * terms.cc[fi][oi]
+            u = bounds[oi]
+            nc = m.col(sign * cn, 0.0, float(u), True)
+            qc = m.col(sign * cq, 0.0, min(load, o.capacity_rps * u))
+            ncols.append(nc)
+            qcols.append(qc)
+            m.row([qc, nc], [1.0, -o.capacity_rps], -inf, 0.0)
+            for k, a in o.usage.items():
+                budget_rows[k][0].append(nc)
+                budget_rows[k][1].append(a)
+        lay.n[fi] = ncols
+        lay.q[fi] = qcols
+        m.row(qcols, [1.0] * len(qcols), load, load)
+        # The same cover stated on the integer counts alone: redundant for the LP, but a
+        # knapsack row the solver derives cover and MIR cuts from (ceil effects per family).
+        if fam.options and load > 0:
+            m.row(ncols, [o.capacity_rps for o in fam.options], load, inf)
+        floor = fam.min_accuracy
+        if floor is not None and fam.options:
+            m.row(
+                qcols,
+                [fam.variants[o.variant].accuracy - floor for o in fam.options],
+                -1e-9 * max(load, 1.0),
+                inf,
+            )
+        # indicators: "variant newly started" (balanced) or "the one variant" (single)
+        need_s = objective == "balanced" and problem.beta > 0
+        sv: dict[str, int] = {}
+        for vname in sorted({o.variant for o in fam.options}):
+            new = vname not in running
+            if not (single or (need_s and new)):
+                continue
+            lc = terms.lc[fi].get(vname, 0.0) if (need_s and new) else 0.0
+            sc = m.col(sign * (-problem.beta * lc), 0.0, 1.0, True)
+            sv[vname] = sc
+            for oi, o in enumerate(fam.options):
+                if o.variant == vname:
+                    m.row([ncols[oi], sc], [1.0, -float(bounds[oi])], -inf, 0.0)
+        if single and sv:
+            m.row(list(sv.values()), [1.0] * len(sv), -inf, 1.0)
+        lay.s[fi] = sv
+    for k, (idx, coef) in budget_rows.items():
+        if idx:
+            m.row(idx, coef, -inf, problem.budgets[k])
+    return m, lay
+
+
+@dataclass
+class _SolveResult:
+    status: str  # optimal | time_limit | infeasible | error
+    x: list[float] | None
+    objective: float | None  # in the model's (minimisation) sense
+    bound: float | None
+    gap: float | None
+    seconds: float
+    build_seconds: float = 0.0
+
+
+def _solve(model: _Model, *, solver: str, time_limit_s: float | None) -> _SolveResult:
+    if solver == "cbc":
+        return _solve_cbc(model, time_limit_s)
+    return _solve_highs(model, time_limit_s)
+
+
+def _solve_highs(model: _Model, time_limit_s: float | None) -> _SolveResult:
+    """HiGHS through highspy, the whole model passed as CSC arrays in one call.
+
+    pulp's ``HiGHS`` adapter adds columns and rows one Python call at a time and first builds
+    pulp expression objects; for the 100-family case (12,000+ columns) that alone costs more
+    than the solve, so the ILP strategy hands HiGHS its arrays directly (same solver).
+    """
+    import highspy
+    import numpy as np
+
+    t0 = time.perf_counter()
+    ncol = len(model.cost)
+    lp = highspy.HighsLp()
+    lp.num_col_ = ncol
+    lp.num_row_ = len(model.rows)
+    inf = highspy.kHighsInf
+    lp.col_cost_ = np.asarray(model.cost, dtype=np.float64)
+    lp.col_lower_ = np.asarray(model.lb, dtype=np.float64)
+    lp.col_upper_ = np.asarray([inf if math.isinf(u) else u for u in model.ub], dtype=np.float64)
+    lp.row_lower_ = np.asarray(
+        [-inf if math.isinf(r[2]) else r[2] for r in model.rows], dtype=np.float64
+    )
+    lp.row_upper_ = np.asarray(
+        [inf if math.isinf(r[3]) else r[3] for r in model.rows], dtype=np.float64
+    )
+    # row-wise triplets -> row-major matrix
+    starts = [0]
+    index: list[int] = []
+    value: list[float] = []
+    for idx, coef, _, _ in model.rows:
+        index.extend(idx)
+        value.extend(coef)
+        starts.append(len(index))
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_ = np.asarray(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.asarray(index, dtype=np.int32)
+    lp.a_matrix_.value_ = np.asarray(value, dtype=np.float64)
+    lp.integrality_ = [
+        highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
+        for i in model.integer
+    ]
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("mip_rel_gap", MIP_REL_GAP)
+    h.setOptionValue("mip_abs_gap", 1e-9)
+    h.setOptionValue("threads", 1)
+    if time_limit_s is not None:
+        h.setOptionValue("time_limit", float(time_limit_s))
+    h.passModel(lp)
+    build = time.perf_counter() - t0
+    h.run()
+    seconds = time.perf_counter() - t0
+    st = h.getModelStatus()
+    info = h.getInfo()
+    ms = highspy.HighsModelStatus
+    has_sol = info.primal_solution_status == 2
+    if st == ms.kOptimal:
+        status = "optimal"
+    elif st in (ms.kInfeasible, ms.kUnboundedOrInfeasible):
+        status = "infeasible"
+    elif st in (ms.kTimeLimit, ms.kInterrupt, ms.kIterationLimit):
+        status = "time_limit" if has_sol else "time_limit_no_solution"
+    else:
+        status = "error"
+    x = list(h.getSolution().col_value) if has_sol else None
+    obj = info.objective_function_value if has_sol else None
+    gap = None
+    bound = None
+    if any(model.integer):
+        bound = info.mip_dual_bound
+        gap = info.mip_gap if has_sol else None
+    return _SolveResult(status, x, obj, bound, gap, seconds, build)
+
+
+def _solve_cbc(model: _Model, time_limit_s: float | None) -> _SolveResult:
+    """CBC through pulp (a separate process reading an MPS file)."""
+    import pulp
+
+    t0 = time.perf_counter()
+    prob = pulp.LpProblem("mix", pulp.LpMinimize)
+    xs = [
+        pulp.LpVariable(
+            f"x{i}",
+            lowBound=lb,
+            upBound=None if math.isinf(ub) else ub,
+            cat=pulp.LpInteger if it else pulp.LpContinuous,
+        )
+        for i, (lb, ub, it) in enumerate(zip(model.lb, model.ub, model.integer, strict=True))
+    ]
+    prob.setObjective(
+        pulp.LpAffineExpression([(xs[i], c) for i, c in enumerate(model.cost) if c != 0])
+    )
+    for r, (idx, coef, lo, hi) in enumerate(model.rows):
+        expr = pulp.LpAffineExpression([(xs[i], c) for i, c in zip(idx, coef, strict=True)])
+        if lo == hi:
+            prob.addConstraint(pulp.LpConstraint(expr, pulp.LpConstraintEQ, f"r{r}", lo))
+            continue
+        if not math.isinf(lo):
+            prob.addConstraint(pulp.LpConstraint(expr, pulp.LpConstraintGE, f"l{r}", lo))
+        if not math.isinf(hi):
+            prob.addConstraint(pulp.LpConstraint(expr, pulp.LpConstraintLE, f"u{r}", hi))
+    build = time.perf_counter() - t0
+    solver = pulp.PULP_CBC_CMD(
+        msg=False, timeLimit=time_limit_s, gapRel=MIP_REL_GAP, gapAbs=1e-9, threads=1
+    )
+    prob.solve(solver)
+    seconds = time.perf_counter() - t0
+    sol = prob.sol_status
+    if prob.status == pulp.LpStatusInfeasible or sol == pulp.LpSolutionInfeasible:
+        return _SolveResult("infeasible", None, None, None, None, seconds, build)
+    if sol == pulp.LpSolutionOptimal:
+        status = "optimal"
+    elif sol == pulp.LpSolutionIntegerFeasible:
+        status = "time_limit"
+    else:
+        return _SolveResult("time_limit_no_solution", None, None, None, None, seconds, build)
+    x = [float(v.varValue or 0.0) for v in xs]
+    obj = sum(c * xv for c, xv in zip(model.cost, x, strict=True))
+    return _SolveResult(status, x, obj, None, 0.0 if status == "optimal" else None, seconds, build)
+
+
+def _extract(problem: MixProblem, lay: _Layout, x: list[float]) -> Allocation:
+    """Counts and quotas from a solution; counts trimmed to what the quotas need."""
+    alloc: Allocation = {}
+    for fi in lay.n:
+        fam = problem.families[fi]
+        opts: dict[int, tuple[int, float]] = {}
+        for oi, o in enumerate(fam.options):
+            qq = max(0.0, x[lay.q[fi][oi]])
+            n = round(x[lay.n[fi][oi]])
+            if qq <= 1e-7:
+                qq = 0.0
+            need = math.ceil(qq / o.capacity_rps - 1e-7) if qq > 0 else 0
+            n = min(n, need) if n >= need else n
+            if n > 0 or qq > 0:
+                opts[oi] = (n, qq)
+        alloc[fi] = opts
+    return alloc
+
+
+def components(problem: MixProblem) -> list[list[int]]:
+    """Groups of families coupled by a budget that options of more than one family use.
+
+    Families in different groups share no constraint, so solving each group on its own is
+    exact (the objective is a sum over families) and much faster than one joint tree.
+    """
+    parent = list(range(len(problem.families)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first: dict[str, int] = {}
+    for fi, fam in enumerate(problem.families):
+        for k in {k for o in fam.options for k in o.usage}:
+            if k in first:
+                parent[find(fi)] = find(first[k])
+            else:
+                first[k] = fi
+    groups: dict[int, list[int]] = {}
+    for fi in range(len(problem.families)):
+        groups.setdefault(find(fi), []).append(fi)
+    return list(groups.values())
+
+
+_STATUS_RANK = {"optimal": 0, "time_limit": 1, "time_limit_no_solution": 2, "infeasible": 3}
+
+
+def _solve_exact(
+    problem: MixProblem,
+    terms: _Terms,
+    *,
+    single: bool,
+    solver: str,
+    time_limit_s: float | None,
+) -> tuple[Allocation, dict[str, Any]]:
+    """Solve every independent group of families exactly; merge the allocations."""
+    # One joint model: HiGHS handles independent families inside one tree faster than
+    # one tree per family (measured: 100 families without budgets, 0.14 s joint vs 5 s
+    # separately for the accuracy objective), so groups are only reported.
+    groups = [list(range(len(problem.families)))]
+    alloc: Allocation = {}
+    infos = []
+    for group in groups:
+        part, info = _solve_group(
+            problem, terms, group, single=single, solver=solver, time_limit_s=time_limit_s
+        )
+        infos.append(info)
+        if not part:
+            info["groups"] = len(groups)
+            return {}, info
+        alloc.update(part)
+    worst = max(infos, key=lambda i: _STATUS_RANK.get(i["status"], 9))
+    gaps = [i["gap"] for i in infos if i.get("gap") is not None]
+    merged: dict[str, Any] = {
+        "name": solver,
+        "status": worst["status"],
+        "gap": max(gaps) if gaps else (0.0 if worst["status"] == "optimal" else None),
+        "solve_s": round(sum(i["solve_s"] for i in infos), 4),
+        "build_s": round(sum(i["build_s"] for i in infos), 4),
+        "columns": sum(i["columns"] for i in infos),
+        "rows": sum(i["rows"] for i in infos),
+        "integer_columns": sum(i["integer_columns"] for i in infos),
+        "independent_groups": len(components(problem)),
+        "mip_rel_gap_tolerance": MIP_REL_GAP,
+    }
+    if any("tie_break" in i for i in infos):
+        merged["tie_break"] = infos[0].get("tie_break")
+    return alloc, merged
+
+
+def _solve_group(
+    problem: MixProblem,
+    terms: _Terms,
+    group: list[int],
+    *,
+    single: bool,
+    solver: str,
+    time_limit_s: float | None,
+) -> tuple[Allocation, dict[str, Any]]:
+    model, lay = _build_model(problem, terms, single=single, subset=group)
+    res = _solve(model, solver=solver, time_limit_s=time_limit_s)
+    info: dict[str, Any] = {
+        "name": solver,
+        "status": res.status,
+        "gap": res.gap,
+        "solve_s": round(res.seconds, 4),
+        "build_s": round(res.build_seconds, 4),
+        "columns": len(model.cost),
+        "rows": len(model.rows),
+        "integer_columns": sum(model.integer),
+    }
+    if res.x is None:
+        return {}, info
+    alloc = _extract(problem, lay, res.x)
+    # Tie-break without giving up the primary optimum: accuracy/carbon plans minimise cost
+    # among optimal plans, cost plans maximise accuracy among cheapest plans.
+    if res.status == "optimal" and problem.objective in ("accuracy", "carbon", "cost"):
+        primary = res.objective or 0.0
+        tol = 1e-7 * max(1.0, abs(primary))
+        secondary = "accuracy" if problem.objective == "cost" else "cost"
+        m2, lay2 = _build_model(problem, terms, single=single, objective=secondary, subset=group)
+        idx = [i for i, c in enumerate(model.cost) if c != 0]
+        m2.row(idx, [model.cost[i] for i in idx], -math.inf, primary + tol)
+        left = None if time_limit_s is None else max(time_limit_s - res.seconds, 0.1)
+        res2 = _solve(m2, solver=solver, time_limit_s=left)
+        info["tie_break"] = {"objective": secondary, "status": res2.status}
+        info["solve_s"] = round(res.seconds + res2.seconds, 4)
+        if res2.x is not None and res2.status in ("optimal", "time_limit"):
+            alloc = _extract(problem, lay2, res2.x)
+    return alloc, info
+
+
+# --------------------------------------------------------------------------------------------
+# Baselines
+# --------------------------------------------------------------------------------------------
+def _greedy(problem: MixProblem, terms: _Terms) -> Allocation:
+    """INFaaS-style replicate-or-upgrade, family by family (largest load first).
+
+    Variants are tried in the objective's order of preference (most accurate first for
+    accuracy/balanced, cheapest per request for cost, lowest energy for carbon) among those
+    meeting the accuracy floor on their own. For the preferred variant, each step either
+    replicates (adds an instance of a small option) or upgrades (one instance of a larger
+    option), whichever serves the remaining load at the lower cost per useful req/s. A step
+    is taken only if the budgets left still cover, on the most budget-efficient option, the
+    rest of this family's load and the loads of the families not yet planned; otherwise the
+    rest of the load downgrades to the next variant.
+    """
+    left = dict(problem.budgets)
+    alloc: Allocation = {}
+    order = sorted(
+        range(len(problem.families)),
+        key=lambda i: -problem.families[i].load_rps(problem.headroom),
+    )
+    allowed: dict[int, list[int]] = {}
+    for fi, fam in enumerate(problem.families):
+        floor = fam.min_accuracy
+        allowed[fi] = [
+            oi
+            for oi, o in enumerate(fam.options)
+            if floor is None or fam.variants[o.variant].accuracy >= floor - 1e-12
+        ]
+
+    scale = {k: 1.0 / b if b > 0 else 0.0 for k, b in problem.budgets.items()}
+
+    def reserve(fi: int, load: float) -> float:
+        """Optimistic budget share (sum of use / budget) to serve ``load`` on one option type."""
+        if load <= 1e-9 or not problem.budgets:
+            return 0.0
+        best = math.inf
+        for oi in allowed[fi]:
+            o = problem.families[fi].options[oi]
+            need = math.ceil(load / o.capacity_rps - 1e-9)
+            best = min(best, need * sum(a * scale[k] for k, a in o.usage.items()))
+        return best
+
+    later = sum(reserve(fi, problem.families[fi].load_rps(problem.headroom)) for fi in order)
+    for fi in order:
+        fam = problem.families[fi]
+        remaining = fam.load_rps(problem.headroom)
+        later -= reserve(fi, remaining)
+        by_var: dict[str, list[int]] = {}
+        for oi in allowed[fi]:
+            by_var.setdefault(fam.options[oi].variant, []).append(oi)
+
+        def pref(v: str, by_var: dict[str, list[int]] = by_var, fam: MixFamily = fam) -> Any:
+            acc = fam.variants[v].accuracy
+            opts = [fam.options[i] for i in by_var[v]]
+            if problem.objective == "cost":
+                return (min(o.cost_per_hour / o.capacity_rps for o in opts), -acc)
+            if problem.objective == "carbon":
+                return (min(o.energy_j_per_request or 0.0 for o in opts), -acc)
+            return (-acc,)
+
+        opts_alloc: dict[int, tuple[int, float]] = {}
+        for v in sorted(by_var, key=pref):
+            while remaining > 1e-9:
+                best: tuple[tuple[float, float], int] | None = None
+                for oi in by_var[v]:
+                    o = fam.options[oi]
+                    served = min(o.capacity_rps, remaining)
+                    if any(left[k] - a < -1e-9 for k, a in o.usage.items()):
+                        continue
+                    share = sum((left[k] - o.usage.get(k, 0.0)) * scale[k] for k in left)
+                    if share - later - reserve(fi, remaining - served) < -1e-9:
+                        continue
+                    score = (o.cost_per_hour / served, -o.capacity_rps)
+                    if best is None or score < best[0]:
+                        best = (score, oi)
+                if best is None:
+                    break  # this variant cannot take more: downgrade the rest
+                oi = best[1]
+                o = fam.options[oi]
+                served = min(o.capacity_rps, remaining)
+                n, qq = opts_alloc.get(oi, (0, 0.0))
+                opts_alloc[oi] = (n + 1, qq + served)
+                remaining -= served
+                for k, a in o.usage.items():
+                    left[k] -= a
+            if remaining <= 1e-9:
+                break
+        if remaining > 1e-6:
+            raise InfeasiblePlan(
+                f"the greedy heuristic found no plan for '{fam.name}': "
+                f"{remaining:.4g} req/s left unserved within the budgets",
+                hint="try --strategy ilp, which is exact",
+            )
+        alloc[fi] = opts_alloc
+    return alloc
+
+
+# --------------------------------------------------------------------------------------------
+# Infeasibility diagnosis
+# --------------------------------------------------------------------------------------------
+def _max_servable_scale(problem: MixProblem, solver: str) -> float:
+    """Largest t such that every family's load x t fits the budgets (no accuracy floor)."""
+    m = _Model()
+    inf = math.inf
+    tcol = m.col(-1.0, 0.0, inf)
+    budget_rows: dict[str, tuple[list[int], list[float]]] = {k: ([], []) for k in problem.budgets}
+    for fam in problem.families:
+        load = fam.load_rps(problem.headroom)
+        qcols = []
+        for o in fam.options:
+            ub = math.inf
+            for k, a in o.usage.items():
+                if a > 0:
+                    ub = min(ub, math.floor(problem.budgets[k] / a + 1e-9))
+            nc = m.col(0.0, 0.0, ub, True)
+            qc = m.col(0.0, 0.0, inf)
+            m.row([qc, nc], [1.0, -o.capacity_rps], -inf, 0.0)
+            qcols.append(qc)
+            for k, a in o.usage.items():
+                budget_rows[k][0].append(nc)
+                budget_rows[k][1].append(a)
+        m.row([*qcols, tcol], [*([1.0] * len(qcols)), -load], 0.0, 0.0)
+    for k, (idx, coef) in budget_rows.items():
+        if idx:
+            m.row(idx, coef, -inf, problem.budgets[k])
+    m.ub[tcol] = 1e6
+    res = _solve(m, solver="highs" if solver == "highs" else solver, time_limit_s=10.0)
+    if res.x is None:
+        return 0.0
+    return float(res.x[tcol])
+
+
+def _diagnose(problem: MixProblem, solver: str, terms: _Terms) -> InfeasiblePlan:
+    """Name the binding constraint and the closest feasible alternative."""
+    pct = problem.percentile
+    for fam in problem.families:
+        if not fam.options:
+            why = "; ".join(fam.ineligible[:4]) if fam.ineligible else "no profiles"
+            hint = "profile a faster resource or relax --slo-ms"
+            if fam.lowest_slo is not None:
+                hint = (
+                    f"lowest reachable SLO: {fam.lowest_slo[0]:.4g} ms ({fam.lowest_slo[1]}); "
+                    "relax --slo-ms or profile a faster resource"
+                )
+            return InfeasiblePlan(
+                f"no variant of '{fam.name}' meets the SLO of {fam.slo_ms:g} ms at {pct} on any "
+                f"profiled resource ({why})",
+                hint=hint,
+            )
+    for fam in problem.families:
+        if fam.min_accuracy is not None:
+            top = max(fam.variants[o.variant].accuracy for o in fam.options)
+            if top < fam.min_accuracy - 1e-12:
+                return InfeasiblePlan(
+                    f"accuracy floor unreachable for '{fam.name}': --min-accuracy "
+                    f"{fam.min_accuracy:g} is above every variant that meets the SLO",
+                    hint=f"highest reachable accuracy: {top:.5g}",
+                )
+    scale = _max_servable_scale(problem, solver)
+    if scale < 1.0 - 1e-9:
+        rates = ", ".join(f"{f.name} {f.rate_rps * scale:.4g} req/s" for f in problem.families)
+        budgets = ", ".join(f"{k}={v:g}" for k, v in problem.budgets.items())
+        return InfeasiblePlan(
+            f"budget too small for the rate: {budgets} serves at most {scale:.4g} x the "
+            f"requested load at {pct} within the SLO",
+            hint=f"largest servable rate: {rates} (headroom {problem.headroom:g} included); "
+            "raise --budget or lower --rate",
+        )
+    # the load fits; the floor does not: the best accuracy under the budgets
+    relaxed = _copy_problem(problem, objective="accuracy", min_accuracy=None)
+    rterms = objective_terms(relaxed)
+    alloc, info = _solve_exact(relaxed, rterms, single=False, solver=solver, time_limit_s=10.0)
+    if alloc:
+        accs = []
+        for fi, fam in enumerate(relaxed.families):
+            load = fam.load_rps(relaxed.headroom) or 1.0
+            acc = sum(
+                fam.variants[fam.options[oi].variant].accuracy * qq
+                for oi, (_, qq) in alloc[fi].items()
+            )
+            accs.append(f"{fam.name} {acc / load:.5g}")
+        return InfeasiblePlan(
+            "accuracy floor unreachable within the budgets at this rate",
+            hint=f"highest reachable accuracy: {', '.join(accs)}",
+        )
+    return InfeasiblePlan(f"no feasible plan (solver status {info.get('status')})")
+
+
+def _copy_problem(problem: MixProblem, **changes: Any) -> MixProblem:
+    import copy
+
+    p = copy.copy(problem)
+    p.families = [copy.copy(f) for f in problem.families]
+    if "objective" in changes:
+        p.objective = changes["objective"]
+    if "min_accuracy" in changes:
+        for f in p.families:
+            f.min_accuracy = changes["min_accuracy"]
+    return p
+
+
+# --------------------------------------------------------------------------------------------
+# Actions against the current deployment
+# --------------------------------------------------------------------------------------------
+def scaling_actions(problem: MixProblem, deployments: Sequence[Deployment]) -> list[dict[str, Any]]:
+    """Per variant, what changes from ``problem.current`` to ``deployments`` (INFaaS terms).
+
+    ``keep`` (same instances), ``replicate`` (same variant, more instances, same sizes),
+    ``upgrade`` (same variant on larger per-instance resources, or a new variant more
+    accurate than the ones it replaces), ``downgrade`` (fewer or smaller instances, or a new
+    variant less accurate than the ones it replaces), ``start`` (new variant replacing
+    nothing), ``stop`` (variant no longer deployed).
+    """
+    acc = {name: v.accuracy for f in problem.families for name, v in f.variants.items()}
+    fam_of = {name: f.name for f in problem.families for name in f.variants}
+
+    def summary(ds: Iterable[Deployment]) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for d in ds:
+            key = f"{d.resource}/b{d.batch}"
+            out.setdefault(d.variant, {})
+            out[d.variant][key] = out[d.variant].get(key, 0) + d.count
+        return out
+
+    before = summary(problem.current)
+    after = summary(deployments)
+    actions: list[dict[str, Any]] = []
+    stopped_by_family: dict[str, list[str]] = {}
+    for v in before:
+        if v not in after:
+            stopped_by_family.setdefault(fam_of.get(v, ""), []).append(v)
+
+    def units(sizes: dict[str, int]) -> float:
+        total = 0.0
+        for key, count in sizes.items():
+            total += _resource_units(parse_resource(key.split("/b")[0])) * count
+        return total
+
+    for v in sorted(set(before) | set(after)):
+        b, a = before.get(v, {}), after.get(v, {})
+        fam = fam_of.get(v, "")
+        entry: dict[str, Any] = {
+            "model": fam,
+            "variant": v,
+            "before": b,
+            "after": a,
+            "count_before": sum(b.values()),
+            "count_after": sum(a.values()),
+        }
+        if not a:
+            entry["action"] = "stop"
+        elif not b:
+            stopped = stopped_by_family.get(fam, [])
+            if not stopped:
+                entry["action"] = "start"
+            else:
+                ref = max(acc.get(s, 0.0) for s in stopped)
+                entry["action"] = "upgrade" if acc.get(v, 0.0) >= ref else "downgrade"
+                entry["replaces"] = stopped
+        elif a == b:
+            entry["action"] = "keep"
+        elif set(a) == set(b):
+            entry["action"] = "replicate" if sum(a.values()) > sum(b.values()) else "downgrade"
+        else:
+            entry["action"] = (
+                "upgrade"
+                if units(a) / max(sum(a.values()), 1) > units(b) / max(sum(b.values()), 1)
+                else ("replicate" if sum(a.values()) > sum(b.values()) else "downgrade")
+            )
+        actions.append(entry)
+    return actions
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------
+def plan_mix(
+    problem: MixProblem,
+    *,
+    strategy: str = "ilp",
+    solver: str = "highs",
+    time_limit_s: float | None = None,
+) -> Plan:
+    """Plan deployments and quotas for ``problem``.
+
+    Args:
+        problem: from :func:`build_mix_problem`.
+        strategy: ``ilp`` (exact), ``greedy`` (INFaaS replicate-or-upgrade) or ``single``
+            (the best plan that serves each family with one variant; exact).
+        solver: ``highs`` (default) or ``cbc``.
+        time_limit_s: stop the solver after this long and return the best plan found with
+            its proven gap (``plan.extra["solver"]["status"] == "time_limit"``).
+
+    Returns:
+        A ``kind="mix"`` plan; ``extra["solver"]`` has status, gap and solve time,
+        ``extra["actions"]`` the scaling actions when ``problem.current`` is set.
+
+    Raises:
+        InputError: unknown strategy or solver.
+        InfeasiblePlan: naming the binding constraint and the closest feasible alternative.
+    """
+    if strategy not in STRATEGIES:
+        raise InputError(f"unknown strategy {strategy!r}", hint="use ilp, greedy or single")
+    if solver not in SOLVERS:
+        raise InputError(f"unknown solver {solver!r}", hint="use highs or cbc")
+    t0 = time.perf_counter()
+    terms = objective_terms(problem)
+    if any(not f.options for f in problem.families):
+        raise _diagnose(problem, solver, terms)
+    if strategy == "greedy":
+        alloc = _greedy(problem, terms)
+        info: dict[str, Any] = {"name": "greedy", "status": "heuristic", "gap": None}
+    else:
+        alloc, info = _solve_exact(
+            problem, terms, single=strategy == "single", solver=solver, time_limit_s=time_limit_s
+        )
+        if not alloc:
+            if info["status"] == "time_limit_no_solution":
+                raise InfeasiblePlan(
+                    f"no plan found within the time limit of {time_limit_s:g} s",
+                    hint="raise --time-limit",
+                )
+            if strategy == "single":
+                err = _diagnose(problem, solver, terms)
+                raise InfeasiblePlan(
+                    "no single variant can serve the load alone: " + err.message,
+                    hint=err.hint or "try --strategy ilp (mixes variants)",
+                )
+            raise _diagnose(problem, solver, terms)
+    info["total_s"] = round(time.perf_counter() - t0, 4)
+    if problem.objective == "balanced" and problem.gamma > 0 and not terms.use_cc:
+        problem.notes.append(
+            "CC (carbon) term dropped from the balanced objective: some profiles have no "
+            "energy_j or power_w"
+        )
+    return _to_plan(problem, alloc, terms, strategy=strategy, solver_info=info)
+
+
+def _to_plan(
+    problem: MixProblem,
+    alloc: Allocation,
+    terms: _Terms,
+    *,
+    strategy: str,
+    solver_info: dict[str, Any],
+) -> Plan:
+    metrics = evaluate_allocation(problem, alloc, terms)
+    deployments = []
+    for fi, fam in enumerate(problem.families):
+        for oi in sorted(alloc.get(fi, {}), key=lambda i: fam.options[i].key[:3]):
+            n, qq = alloc[fi][oi]
+            if n <= 0:
+                continue
+            o = fam.options[oi]
+            deployments.append(
+                Deployment(
+                    model=fam.name,
+                    variant=o.variant,
+                    resource=o.resource,
+                    count=int(n),
+                    batch=o.batch,
+                    quota_rps=round(qq, 6),
+                )
+            )
+    total_rate = sum(f.rate_rps for f in problem.families)
+    lat_key = f"{problem.percentile}_ms"
+    predicted: dict[str, Any] = {
+        "rate_rps": total_rate,
+        "accuracy": round(metrics["accuracy"], 6),
+        "cost_per_hour": round(metrics["cost_per_hour"], 6),
+        lat_key: metrics["latency_ms"],
+        "energy_j_per_request": metrics["energy_j_per_request"],
+        "carbon_g_per_request": metrics["carbon_g_per_request"],
+        "carbon_intensity_g_per_kwh": problem.intensity,
+        "objective": metrics["objective"],
+        "objective_name": problem.objective,
+        "terms": metrics["terms"],
+        "method": "modeled: per-instance capacity at the SLO; latency is the slowest "
+        "deployment's profiled latency at its capacity point; busy energy per request",
+    }
+    usage: dict[str, float] = {k: 0.0 for k in problem.budgets}
+    for fi, fam in enumerate(problem.families):
+        for oi, (n, _) in alloc.get(fi, {}).items():
+            for k, a in fam.options[oi].usage.items():
+                usage[k] += a * n
+    families_out = []
+    for fi, fam in enumerate(problem.families):
+        load = fam.load_rps(problem.headroom) or 1.0
+        fa = alloc.get(fi, {})
+        families_out.append(
+            {
+                "model": fam.name,
+                "rate_rps": fam.rate_rps,
+                "slo_ms": fam.slo_ms,
+                "accuracy": sum(
+                    fam.variants[fam.options[oi].variant].accuracy * qq
+                    for oi, (_, qq) in fa.items()
+                )
+                / load,
+                "capacity_rps": sum(fam.options[oi].capacity_rps * n for oi, (n, _) in fa.items()),
+                "options": len(fam.options),
+                "pruned_dominated": fam.pruned,
+                "ineligible": len(fam.ineligible),
+            }
+        )
+    extra: dict[str, Any] = {
+        "strategy": strategy,
+        "solver": solver_info,
+        "budget_use": {
+            k: {"used": usage[k], "budget": problem.budgets[k]} for k in problem.budgets
+        },
+        "families": families_out,
+        "capacity": [
+            {
+                "model": fam.name,
+                "variant": fam.options[oi].variant,
+                "resource": fam.options[oi].resource,
+                "batch": fam.options[oi].batch,
+                "capacity_rps_per_instance": fam.options[oi].capacity_rps,
+                "source": fam.options[oi].capacity_source,
+            }
+            for fi, fam in enumerate(problem.families)
+            for oi in sorted(alloc.get(fi, {}))
+            if alloc[fi][oi][0] > 0
+        ],
+        "reference_single_plans": terms.ref,
+    }
+    if problem.notes:
+        extra["notes"] = list(dict.fromkeys(problem.notes))
+    if problem.current:
+        extra["actions"] = scaling_actions(problem, deployments)
+    try:
+        predicted = _predict_with_core(
+            problem, deployments, predicted, problem.profiles, problem.variant_records
+        )
+    except (InputError, ValueError) as exc:  # keep the planner's own figures
+        problem.notes.append(f"evaluation core could not predict this plan: {exc}")
+        extra["notes"] = list(dict.fromkeys(problem.notes))
+    request = dict(problem.request)
+    request["strategy"] = strategy
+    request["solver"] = solver_info.get("name") if strategy != "greedy" else request.get("solver")
+    return Plan(
+        kind="mix", request=request, deployments=deployments, predicted=predicted, extra=extra
+    )
+
+
+def _predict_with_core(
+    problem: MixProblem,
+    deployments: list[Deployment],
+    predicted: dict[str, Any],
+    profiles: dict[tuple[str, str, int], Profile] | None,
+    variants: dict[str, Variant] | None,
+) -> dict[str, Any]:
+    """Refine the predicted block with the evaluation core's analytic ``predict`` (wrr).
+
+    Needs the profiles behind the options (kept by :func:`build_mix_problem`); the planner's
+    own figures stay under ``planner_*`` keys for comparison.
+    """
+    if not profiles or not variants or not deployments:
+        return predicted
+    sources = {
+        (o.variant, o.resource, o.batch): o.capacity_source
+        for f in problem.families
+        for o in f.options
+    }
+    if any(sources.get((d.variant, d.resource, d.batch)) != "queueing" for d in deployments):
+        # Load-tested capacities come from the real server (its concurrency included); the
+        # queueing model of a single-server instance would contradict them.
+        return predicted
+    from greenctl.planner.evaluate import predict
+
+    rates = {f.name: f.rate_rps for f in problem.families}
+    keys = {(d.variant, d.resource, d.batch) for d in deployments}
+    if not keys <= set(profiles):
+        return predicted
+    out = predict(
+        deployments,
+        {k: profiles[k] for k in keys},
+        variants,
+        rate_rps=rates,
+        policy="batch" if any(d.batch > 1 for d in deployments) else "wrr",
+        percentile_slo_ms=max(f.slo_ms for f in problem.families),
+        carbon_g_per_kwh=problem.intensity,
+        pue=problem.pue,
+    )
+    merged = dict(predicted)
+    lat_key = f"{problem.percentile}_ms"
+    merged[f"planner_{lat_key}"] = predicted.get(lat_key)
+    merged["planner_energy_j_per_request"] = predicted.get("energy_j_per_request")
+    merged["planner_carbon_g_per_request"] = predicted.get("carbon_g_per_request")
+    for key in (
+        "p50_ms",
+        "p95_ms",
+        "p99_ms",
+        "slo_violation_frac",
+        "served_rps",
+        "energy_j_per_request",
+        "carbon_g_per_request",
+        "power_w",
+        "overloaded",
+    ):
+        if key in out:
+            merged[key] = out[key]
+    merged["method"] = (
+        "modeled: latency, energy and carbon from the evaluation core's analytic predict "
+        "(wrr over quotas); accuracy, cost and objective from the planner"
+    )
+    return merged
