@@ -857,8 +857,8 @@ def plan_mig(
             where it is still wanted.
         time_limit_s: solver time limit.
         seed: random seed of ``anneal``/``random``.
-        verify: check the winner with the queueing model's per-class p95 and tighten the
-            capacity SLA and re-solve if it disagrees (exact only).
+        verify: check the winner with the queueing model's per-instance p95 and the
+            simulator; tighten the capacity SLA and re-solve if they disagree (exact only).
         require_feasible: raise InfeasiblePlan when no configuration meets the SLA.
 
     Raises:
@@ -984,8 +984,9 @@ def plan_mig(
             "sla_source": model.sla_source,
             "capacity_slo_ms": model.cap_slo_ms,
             "gpu_idle_w": problem.gpu_idle_w,
-            "dispatch": "quota per (variant, profile) class (policy wrr), FIFO M/G/n inside "
-            "a class; p95 = mixture of the classes (analytic, evaluation core)",
+            "dispatch": "quota per (variant, profile) class split evenly over its instances "
+            "(policy wrr); each instance an M/G/1 FIFO queue; p95 = mixture of the queues "
+            "(analytic, evaluation core); p95_fifo_ms = one central FIFO queue, for reference",
             "notes": problem.notes,
             **({"label": "synthetic profiles"} if synthetic else {}),
         },
