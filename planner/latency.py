@@ -250,22 +250,25 @@ class ServiceTime:
         out[pos] = (1.0 - cdf) + cdf * (wait_sf(gap) @ _GL_W)
         return out
 
-    def exp_smoothed_sf(self, t_ms: np.ndarray, theta: float) -> np.ndarray:
+    def exp_smoothed_sf(self, t_ms: np.ndarray, theta: float | np.ndarray) -> np.ndarray:
         """``E[exp(-theta (t - S)^+)]`` for an array of ``t``: P(Exp(theta) + S > t).
 
-        Closed form for deterministic and exponential service; for the lognormal,
-        ``P(S > t)`` exactly plus a 24-point Gauss-Legendre integral over the probability
-        range ``(0, F(t))`` of the smooth part.
+        ``theta`` is a number or an array shaped like ``t``. Closed form for deterministic
+        and exponential service; for the lognormal, ``P(S > t)`` exactly plus a 24-point
+        Gauss-Legendre integral over the probability range ``(0, F(t))`` of the rest.
         """
         t = np.asarray(t_ms, dtype=float)
+        th = np.broadcast_to(np.asarray(theta, dtype=float), t.shape)
         x = np.maximum(t - self.shift_ms, 0.0)
         if self.kind == "deterministic":
-            return np.exp(-theta * x)
+            return np.exp(-th * x)
         if self.kind == "exponential":
             m = self.scale_ms
-            if abs(m * theta - 1.0) < 1e-9:
-                return (1.0 + x / m) * np.exp(-x / m)
-            return (m * theta * np.exp(-x / m) - np.exp(-theta * x)) / (m * theta - 1.0)
+            d = m * th - 1.0
+            near = np.abs(d) < 1e-9
+            safe = np.where(near, 1.0, d)
+            general = (m * th * np.exp(-x / m) - np.exp(-th * x)) / safe
+            return np.where(near, (1.0 + x / m) * np.exp(-x / m), general)
         from scipy.special import ndtr, ndtri
 
         pos = x > 0
@@ -276,7 +279,7 @@ class ServiceTime:
         cdf = ndtr(np.log(xp / self.scale_ms) / self.sigma)
         u = cdf[:, None] * _GL_X[None, :]  # (n, 24) probability points in (0, F(t))
         y = self.scale_ms * np.exp(self.sigma * ndtri(u))  # lognormal part at those points
-        integral = cdf * (np.exp(-theta * (xp[:, None] - y)) @ _GL_W)
+        integral = cdf * (np.exp(-th[pos][:, None] * (xp[:, None] - y)) @ _GL_W)
         out[pos] = (1.0 - cdf) + integral
         return out
 
