@@ -330,3 +330,24 @@ def test_time_limit_stops_the_heuristics_and_is_validated():
         plan_mig(prob, solver="random", time_limit_s=1e-9, seed=0, require_feasible=False)
     with pytest.raises(InputError, match="time-limit"):
         plan_mig(prob, time_limit_s=0)
+
+
+def test_a_disagreeing_simulator_tightens_the_capacity_sla_and_re_solves(monkeypatch):
+    from greenctl.planner import mig_sim
+
+    calls = []
+
+    def fake(model, config, split, **kw):
+        calls.append(model.cap_slo_ms)
+        return model.sla_ms * (1.5 if len(calls) == 1 else 0.5)
+
+    monkeypatch.setattr(mig_sim, "simulate_p95", fake)
+    plan = plan_mig(problem("A30", "albert", gpus=2, util=0.7))
+    info = plan.extra["solver"]
+    assert info["tightenings"] == 1
+    assert calls[1] == pytest.approx(0.9 * calls[0])
+    assert [v["simulated_ok"] for v in info["verification"]] == [False, True]
+    assert plan.extra["model"]["capacity_slo_ms"] == pytest.approx(calls[1])
+    monkeypatch.setattr(mig_sim, "simulate_p95", lambda *a, **k: float("inf"))
+    with pytest.raises(InfeasiblePlan, match="kept exceeding the SLA"):
+        plan_mig(problem("A30", "albert", gpus=2, util=0.7))
