@@ -5,8 +5,9 @@ and reports busy power (W), idle power (W), energy per request (J) and its metho
 ``nvml``, ``nvml-attributed``, ``rapl``, ``modeled`` (see ``greenctl.data.records``).
 
 GPU (``nvml``): NVML's total-energy counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ,
-Volta and newer) read before and after the measured window. Idle power is one power reading
-before the work starts.
+Volta and newer) read before and after the measured window (older GPUs: power readings
+sampled every 50 ms and integrated). Idle power is one power reading taken before the model
+is loaded.
 
 MIG and MPS (``nvml-attributed``): the counter belongs to the whole GPU, so the instance is
 charged ``share`` of it: its compute slices over the GPU's compute slices (a 3g instance of a
@@ -31,6 +32,7 @@ server CPU idling near 100 W, per core. Override with ``GREENCTL_CPU_TDP_W_PER_C
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Protocol
 
 from greenctl.data.errors import HardwareError
-from greenctl.profiler.device import GpuBackend
+from greenctl.profiler.device import NVML_ERROR_NOT_SUPPORTED, GpuBackend
 
 TDP_W_PER_CORE = 10.0
 IDLE_W_PER_CORE = 3.0
@@ -69,7 +71,11 @@ def _per_request(energy_j: float, requests: int) -> float | None:
 
 
 class NvmlEnergyMeter:
-    """Whole-GPU energy from NVML, optionally attributed to a share of the GPU."""
+    """Whole-GPU energy from NVML, optionally attributed to a share of the GPU.
+
+    Uses the total-energy counter; on GPUs without one (before Volta) it falls back to
+    sampling ``nvmlDeviceGetPowerUsage`` every ``sample_s`` in a thread and integrating.
+    """
 
     def __init__(
         self,
@@ -78,6 +84,7 @@ class NvmlEnergyMeter:
         *,
         share: float = 1.0,
         clock: Callable[[], float] = time.perf_counter,
+        sample_s: float = 0.05,
     ) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share}")
@@ -85,23 +92,60 @@ class NvmlEnergyMeter:
         self.gpu_index = gpu_index
         self.share = share
         self.method = "nvml" if share >= 1.0 else "nvml-attributed"
+        self.sample_s = sample_s
         self._clock = clock
         self._t0 = 0.0
-        self._e0 = 0
+        self._e0: int | None = 0
         self._idle_w: float | None = None
+        self._idle_sampled = False
+        self._samples: list[float] = []
+        self._stop_evt: threading.Event | None = None
+        self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
+    def sample_idle(self) -> None:
+        """Read the GPU's power now, before the model runs, as its idle power (once)."""
+        if self._idle_sampled:
+            return
+        self._idle_sampled = True
         try:
             self._idle_w = self.backend.power_w(self.gpu_index)
         except HardwareError:
-            self._idle_w = None  # power readings are optional; the counter is not
-        self._e0 = self.backend.energy_mj(self.gpu_index)
+            self._idle_w = None  # power readings are optional
+
+    def _sample_loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.sample_s):
+            try:
+                self._samples.append(self.backend.power_w(self.gpu_index))
+            except HardwareError:
+                return
+
+    def start(self) -> None:
+        self.sample_idle()
+        try:
+            self._e0 = self.backend.energy_mj(self.gpu_index)
+        except HardwareError as err:
+            if getattr(err, "nvml_code", None) != NVML_ERROR_NOT_SUPPORTED:
+                raise
+            self._e0 = None  # no counter on this GPU: sample power instead
+            self._samples = [self.backend.power_w(self.gpu_index)]
+            self._stop_evt = threading.Event()
+            self._thread = threading.Thread(
+                target=self._sample_loop, args=(self._stop_evt,), daemon=True
+            )
+            self._thread.start()
         self._t0 = self._clock()
 
     def stop(self, *, requests: int) -> EnergyReading:
-        e1 = self.backend.energy_mj(self.gpu_index)
         dt = max(self._clock() - self._t0, 1e-9)
-        energy_j = max(e1 - self._e0, 0) / 1000.0 * self.share
+        if self._e0 is None:
+            if self._stop_evt is not None and self._thread is not None:
+                self._stop_evt.set()
+                self._thread.join()
+            power = sum(self._samples) / max(len(self._samples), 1)
+            energy_j = power * dt * self.share
+        else:
+            e1 = self.backend.energy_mj(self.gpu_index)
+            energy_j = max(e1 - self._e0, 0) / 1000.0 * self.share
         return EnergyReading(
             method=self.method,
             power_w=energy_j / dt,

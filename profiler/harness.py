@@ -474,6 +474,9 @@ def measure_variant(
     meter, close = make_meter(spec.get("meter") or {})
     try:
         with slice_ctx:
+            sample_idle = getattr(meter, "sample_idle", None)
+            if sample_idle is not None:
+                sample_idle()  # the device's power before this model touches it
             base = rss_mb()
             loaded = load_model(variant, device=spec.get("device") or "cpu")
             params = sum(int(p.numel()) for p in loaded.module.parameters())

@@ -69,11 +69,28 @@ def test_nvml_meter_needs_the_counter_but_not_the_power_reading():
     meter.start()
     clock.t += 1.0
     assert meter.stop(requests=1).idle_power_w is None
-    fake.fail("energy", "not_supported")
-    with pytest.raises(HardwareError, match="energy counter"):
-        meter.start()
+    fake.fail("energy", "gpu_is_lost")
+    with pytest.raises(HardwareError, match="fallen off the bus"):
+        NvmlEnergyMeter(fake, 0, clock=clock).start()
     with pytest.raises(ValueError):
         NvmlEnergyMeter(fake, 0, share=0.0)
+
+
+def test_nvml_without_energy_counter_integrates_sampled_power():
+    import time
+
+    fake = FakeNvml(json.loads(FAKE.read_text()))
+    fake.fail("energy", "not_supported")  # e.g. a pre-Volta GPU
+    fake.set_power(1, 200.0)
+    meter = NvmlEnergyMeter(fake, 1, share=0.5, sample_s=0.005)
+    meter.sample_idle()
+    meter.start()
+    time.sleep(0.05)
+    r = meter.stop(requests=10)
+    assert r.method == "nvml-attributed"
+    assert r.power_w == pytest.approx(100.0)
+    assert r.energy_j == pytest.approx(100.0 * r.duration_s)
+    assert r.idle_power_w == pytest.approx(100.0)
 
 
 def _rapl(tmp_path: Path, value: int, max_range: int) -> Path:
