@@ -8,7 +8,8 @@ import typer
 from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, store_for
 
 profile_app = typer.Typer(
-    help="Measure variants on this machine's CPUs/GPUs/MIG/MPS; list, import, export profiles.",
+    help="Measure variants on this machine's CPUs/GPUs/MIG/MPS (no command: measure, by "
+    "default the tiny family on cpu:1, store and list); list, show, import, export profiles.",
     invoke_without_command=True,
 )
 
