@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from statistics import NormalDist
@@ -46,9 +45,11 @@ _Z_OF = {"p50": Z50, "p95": Z95, "p99": Z99}
 # Equiprobable nodes used by the queueing module's numerical convolutions.
 N_NODES = 64
 # Gauss-Legendre points and weights mapped to (0, 1).
-_gl_x, _gl_w = np.polynomial.legendre.leggauss(24)
+_gl_x, _gl_w = np.polynomial.legendre.leggauss(32)
 _GL_X = (_gl_x + 1.0) / 2.0
 _GL_W = _gl_w / 2.0
+_Z_LO = -7.0  # Phi(-7) ~ 1e-12: the lognormal's mass below it is negligible
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 @dataclass(frozen=True)
@@ -218,44 +219,12 @@ class ServiceTime:
             total += math.comb(k, j) * self.shift_ms ** (k - j) * xj
         return total
 
-    def smoothed_sf(
-        self, t_ms: np.ndarray, wait_sf: Callable[[np.ndarray], np.ndarray]
-    ) -> np.ndarray:
-        """``E[wait_sf((t - S)^+)]`` for an array of ``t``: P(W + S > t) for W independent
-        of S with survival function ``wait_sf`` (which must be 1 at 0).
-
-        ``P(S > t)`` exactly, plus a 24-point Gauss-Legendre integral over the probability
-        range ``(0, F(t))`` of the rest.
-        """
-        t = np.asarray(t_ms, dtype=float)
-        x = np.maximum(t - self.shift_ms, 0.0)
-        if self.kind == "deterministic":
-            return np.asarray(wait_sf(x), dtype=float)
-        pos = x > 0
-        out = np.ones_like(t)
-        if not pos.any():
-            return out
-        xp = x[pos]
-        if self.kind == "exponential":
-            cdf = -np.expm1(-xp / self.scale_ms)
-            u = cdf[:, None] * _GL_X[None, :]
-            y = -self.scale_ms * np.log1p(-u)
-        else:
-            from scipy.special import ndtr, ndtri
-
-            cdf = ndtr(np.log(xp / self.scale_ms) / self.sigma)
-            u = cdf[:, None] * _GL_X[None, :]
-            y = self.scale_ms * np.exp(self.sigma * ndtri(u))
-        gap = np.maximum(xp[:, None] - y, 0.0)
-        out[pos] = (1.0 - cdf) + cdf * (wait_sf(gap) @ _GL_W)
-        return out
-
     def exp_smoothed_sf(self, t_ms: np.ndarray, theta: float | np.ndarray) -> np.ndarray:
         """``E[exp(-theta (t - S)^+)]`` for an array of ``t``: P(Exp(theta) + S > t).
 
         ``theta`` is a number or an array shaped like ``t``. Closed form for deterministic
-        and exponential service; for the lognormal, ``P(S > t)`` exactly plus a 24-point
-        Gauss-Legendre integral over the probability range ``(0, F(t))`` of the rest.
+        and exponential service; for the lognormal, ``P(S > t)`` exactly plus a 32-point
+        Gauss-Legendre integral over the normal variable below ``t``'s (error ~1e-9).
         """
         t = np.asarray(t_ms, dtype=float)
         th = np.broadcast_to(np.asarray(theta, dtype=float), t.shape)
@@ -269,18 +238,21 @@ class ServiceTime:
             safe = np.where(near, 1.0, d)
             general = (m * th * np.exp(-x / m) - np.exp(-th * x)) / safe
             return np.where(near, (1.0 + x / m) * np.exp(-x / m), general)
-        from scipy.special import ndtr, ndtri
+        from scipy.special import ndtr
 
         pos = x > 0
         out = np.ones_like(t)
         if not pos.any():
             return out
         xp = x[pos]
-        cdf = ndtr(np.log(xp / self.scale_ms) / self.sigma)
-        u = cdf[:, None] * _GL_X[None, :]  # (n, 24) probability points in (0, F(t))
-        y = self.scale_ms * np.exp(self.sigma * ndtri(u))  # lognormal part at those points
-        integral = cdf * (np.exp(-th[pos][:, None] * (xp[:, None] - y)) @ _GL_W)
-        out[pos] = (1.0 - cdf) + integral
+        # S - shift = scale * exp(sigma Z): integrate over z in (Z_LO, z(t)) where the
+        # integrand exp(-theta (x - y(z))) phi(z) is smooth.
+        zx = np.log(xp / self.scale_ms) / self.sigma
+        span = np.maximum(zx - _Z_LO, 0.0)
+        z = _Z_LO + span[:, None] * _GL_X[None, :]
+        y = self.scale_ms * np.exp(self.sigma * z)
+        f = np.exp(-th[pos][:, None] * (xp[:, None] - y) - 0.5 * z * z)
+        out[pos] = ndtr(-zx) + span * (f @ _GL_W) * _INV_SQRT_2PI
         return out
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
