@@ -147,15 +147,18 @@ def plan_mig_cmd(
 
 def _render(plan: Any) -> None:
     pred = plan.predicted
-    rows = [["plan", pred]]
+    rows = [["plan", pred, plan.extra["solver"].get("name", "")]]
     for name, b in plan.extra["baselines"].items():
-        rows.append([name.upper(), b])
+        what = b.get("description", "")
+        if b.get("sla_met") is False:
+            what = f"{what} (misses the SLA)"
+        rows.append([name.upper(), b, what])
     label = " (SYNTHETIC profiles)" if plan.extra["model"].get("label") else ""
     render_table(
         f"plan mig #{plan.id}: {plan.request['gpus']} x {plan.request['gpu']}, "
         f"{plan.request['model']} at {plan.request['rate_rps']:g} req/s, SLA p95 "
         f"{plan.extra['model']['sla_ms']:.4g} ms{label}",
-        ["", "p95 ms", "accuracy", "J/req", "gCO2/req", "dCarbon %", "dAcc %", "objective"],
+        ["", "p95 ms", "accuracy", "J/req", "gCO2/req", "dCarbon %", "dAcc %", "objective", "what"],
         [
             [
                 n,
@@ -166,8 +169,9 @@ def _render(plan: Any) -> None:
                 b.get("delta_carbon_pct"),
                 b.get("delta_accuracy_pct"),
                 b.get("objective"),
+                what,
             ]
-            for n, b in rows
+            for n, b, what in rows
         ],
         caption=f"energy: {pred.get('energy_method')}; solver {plan.extra['solver'].get('name')} "
         f"in {plan.extra['solver'].get('wall_s', 0):.2f} s",

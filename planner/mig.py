@@ -567,7 +567,8 @@ class MigModel:
             ev = self.evaluate(cfg)
             if ev.feasible:
                 return cfg, f"{v} on {'+'.join(self.multisets[best])}"
-        return None, "no single variant on a uniform most-partitioned layout meets the SLA"
+        floor = " and the accuracy floor" if self.floor is not None else ""
+        return None, f"no single variant on a uniform most-partitioned layout meets the SLA{floor}"
 
 
 def instance_capacity(service: ServiceTime, slo_ms: float, q: float) -> float:
