@@ -166,5 +166,33 @@ def forecast_list(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     )
 
 
+@forecast_app.command("sample")
+def forecast_sample(
+    url: Annotated[
+        str | None,
+        typer.Option("--url", help="Dispatcher base URL (default: the one this store runs)."),
+    ] = None,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Record the dispatcher's arrival rate since the last sample into the load history
+    (run it from cron; `replan --forecaster` does it on every run too)."""
+    from greenctl.cli import workflow
+
+    with store_for(db) as store:
+        samples = workflow.sample_dispatcher_load(store, url=url)
+    if json_out:
+        print_json(samples)
+        return
+    if not samples:
+        console.print("no sample recorded (first reading, or no dispatcher answering)")
+    for s in samples:
+        console.print(
+            f"{s['model'] or '(all)'}: {s['rate_rps']:.2f} req/s over {s['interval_s']:.0f} s "
+            f"from {s['time']}",
+            highlight=False,
+        )
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(forecast_app, name="forecast")

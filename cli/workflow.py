@@ -444,6 +444,7 @@ def replan_once(
     at: str | None = None,
     apply_fn: ApplyFn | None = None,
     apply_options: dict[str, Any] | None = None,
+    sample_load: bool = True,
 ) -> dict[str, Any]:
     """One replanning round (the cron entry point's library twin).
 
@@ -453,7 +454,9 @@ def replan_once(
     more than ``threshold`` since the running plan was chosen, or the objective improves by
     more than ``margin``, and not sooner than ``min_dwell_s`` after the last change. With
     ``apply`` the new plan is applied (``apply_fn``, default ``executor.apply.apply_plan``);
-    otherwise it is saved and proposed. Every round appends a decision record.
+    otherwise it is saved and proposed. Every round appends a decision record. With a
+    forecaster and ``sample_load``, the running dispatcher's request counters are first
+    turned into a ``load_history`` sample (so cron runs collect the load they forecast).
 
     Returns:
         The decision record (``action`` one of apply | propose | keep | hold).
@@ -528,6 +531,10 @@ def replan_once(
             rate = None
             notes = []
             if forecaster:
+                # cron runs double as the load sampler: the dispatcher's counters since the
+                # last run become a load_history row (nothing when no dispatcher runs)
+                if sample_load:
+                    sample_dispatcher_load(store)
                 fam = load_model or _single_family(running)
                 try:
                     pred = predict_load(store, forecaster=forecaster, model=fam)
@@ -893,6 +900,7 @@ def run_demo(
             apply=True,
             min_dwell_s=3600.0,
             forecaster="moving-max",
+            sample_load=False,  # the replay is simulated time: the idle dispatcher is no load
             progress=lambda k, n, d: progress(
                 f"replan {k}/{n} at {d['at']}: {d['signal_g_per_kwh']:.0f} g/kWh -> {d['action']}",
                 0.5 + 0.3 * k / n,
@@ -985,3 +993,92 @@ def write_demo_report(
     except _NotFound:
         pass
     return files
+
+
+# -- measured load from the running dispatcher ------------------------------------------------
+def _dispatcher_url(store: Any) -> str | None:
+    if "executor_dispatcher" not in store.db.table_names():
+        return None
+    rows = list(
+        store.db.table("executor_dispatcher").rows_where(
+            "state = ?", ["running"], order_by="id desc", limit=1
+        )
+    )
+    if not rows:
+        return None
+    host = rows[0]["host"] or "127.0.0.1"
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return f"http://{host}:{rows[0]['port']}"
+
+
+def sample_dispatcher_load(
+    store: Any, *, url: str | None = None, timeout_s: float = 2.0
+) -> list[dict[str, Any]]:
+    """Read the running dispatcher's request counters and append the arrival rate since the
+    previous reading to ``load_history`` (per model). The first reading only primes the
+    counters; a counter that went down (dispatcher restarted) restarts the sampling.
+
+    Returns:
+        The samples appended (``model, time, rate_rps, interval_s``); empty when no
+        dispatcher runs or it does not answer.
+    """
+    import urllib.error
+    import urllib.request
+
+    from greenctl.data.carbon_io import parse_time
+
+    base = url or _dispatcher_url(store)
+    if base is None:
+        return []
+    try:
+        with urllib.request.urlopen(base.rstrip("/") + "/metrics", timeout=timeout_s) as resp:
+            text = resp.read().decode()
+    except (urllib.error.URLError, OSError):
+        return []
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("greenctl_dispatcher_requests_total{"):
+            continue
+        labels, _, value = line.rpartition(" ")
+        model = labels.split('model="', 1)[1].split('"', 1)[0] if 'model="' in labels else ""
+        try:
+            counts[model] = counts.get(model, 0.0) + float(value)
+        except ValueError:
+            continue
+    now = utcnow_iso()
+    source = f"dispatcher:{base}"
+    samples = []
+    table = store.db.table("load_counters")
+    with store.transaction():
+        for model, count in sorted(counts.items()):
+            prev = list(table.rows_where("source = ? and model = ?", [source, model], limit=1))
+            if prev and count >= prev[0]["count"]:
+                dt = (parse_time(now) - parse_time(prev[0]["time"])).total_seconds()
+                if dt > 0:
+                    rate = (count - prev[0]["count"]) / dt
+                    samples.append(
+                        {
+                            "model": model,
+                            "time": prev[0]["time"],
+                            "rate_rps": rate,
+                            "interval_s": dt,
+                        }
+                    )
+            table.insert(
+                {"source": source, "model": model, "time": now, "count": count}, replace=True
+            )
+        if samples:
+            record_load(
+                store,
+                [
+                    LoadSample(
+                        s["time"],
+                        s["rate_rps"],
+                        interval_s=s["interval_s"],
+                        model=s["model"],
+                        source="dispatcher",
+                    )
+                    for s in samples
+                ],
+            )
+    return samples

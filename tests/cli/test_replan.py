@@ -293,3 +293,43 @@ def test_mig_plan_replans_with_clover_objective(store):
             new.predicted["carbon_g_per_request"]
             <= plan.predicted["carbon_g_per_request"] * (353.57 / 124.57) + 1e-12
         )
+
+
+def test_dispatcher_counters_become_load_history(store):
+    """Each sampling turns the dispatcher's request counters into an arrival rate."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    counts = {"n": 100}
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = (
+                "# TYPE greenctl_dispatcher_requests_total counter\n"
+                f'greenctl_dispatcher_requests_total{{model="tiny",code="200"}} {counts["n"]}\n'
+                'greenctl_dispatcher_requests_total{model="tiny",code="503"} 5\n'
+            ).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert workflow.sample_dispatcher_load(store, url=url) == []  # primes the counters
+        store.db.execute("update load_counters set time = '2020-01-01T00:00:00Z'")
+        store.db.conn.commit()
+        counts["n"] = 100 + 600
+        (s,) = workflow.sample_dispatcher_load(store, url=url)
+        assert s["model"] == "tiny" and s["rate_rps"] == pytest.approx(600 / s["interval_s"])
+        rows = list(store.db.table("load_history").rows)
+        assert rows[0]["source"] == "dispatcher" and rows[0]["model"] == "tiny"
+        counts["n"] = 10  # the dispatcher restarted: no negative rate
+        assert workflow.sample_dispatcher_load(store, url=url) == []
+    finally:
+        server.shutdown()
+    assert workflow.sample_dispatcher_load(store, url=url) == []  # nobody answers: no sample
