@@ -30,7 +30,11 @@ Serving model shared by every solver (so their objectives compare):
   (computed here by bisection on the core's survival function, same result, 10x faster).
   So ``x_k <= n_k r_k`` is a linear, slightly conservative stand-in for ``p95 <= SLA``.
   The winner is then verified: its mixture p95 with the core's ``mixture_quantile`` and,
-  when available, the discrete-event simulator with policy ``wrr``.
+  when available, the discrete-event simulator with policy ``wrr``. Poisson arrivals per
+  instance are pessimistic for stride dispatch (each instance gets every k-th request, a
+  smoother stream), so the simulator usually reports a lower p95 than the analytic model.
+  Capacities within ``CAPACITY_TOL`` (0.1 %) count as met: BASE sits exactly at the
+  default SLA and the bisection rounds down.
 * Load split: for given counts the best split fills classes in order of their objective
   coefficient up to capacity (a continuous knapsack; an LP when an accuracy floor is set).
 * Energy: ``E = (N * P_gpu_idle + sum_c x_c * e_c) / rate`` with ``P_gpu_idle`` the GPU's
