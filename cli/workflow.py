@@ -467,6 +467,7 @@ def replan_once(
     """
     from greenctl.data import carbon
     from greenctl.data.carbon_io import normalise_time, parse_time
+    from greenctl.data.errors import GreenctlError
 
     if threshold < 0 or margin < 0:
         raise InputError("--threshold and --margin must be >= 0")
@@ -489,10 +490,24 @@ def replan_once(
                 at = normalise_time(at)
             except ValueError as exc:
                 raise InputError(f"--at: {exc}") from None
-            sig = carbon.value_at(store, reg, at)
-        else:
-            sig = carbon.now(store, reg)
         when = at or utcnow_iso()
+        try:
+            sig = carbon.value_at(store, reg, at) if at is not None else carbon.now(store, reg)
+        except GreenctlError as exc:
+            _record(
+                store,
+                {
+                    "time": utcnow_iso(),
+                    "at": when,
+                    "lineage": lineage,
+                    "region": reg,
+                    "running_plan_id": running.id,
+                    "action": "failed",
+                    "applied": 0,
+                    "reason": f"no carbon signal: {exc.message}; the running plan is unchanged",
+                },
+            )
+            raise
         signal = float(sig["carbon_g_per_kwh"])
         ref = None
         if last is not None and last.get("signal_g_per_kwh") is not None:
@@ -594,6 +609,9 @@ def replan_once(
                     else:
                         record["action"] = "propose"
                         record["reason"] += f"; apply with `greenctl apply` plan {new.id}"
+            serving = _serving_plan_id(store)
+            if serving is not None and serving != running.id and not record["applied"]:
+                notes.append(f"note: the dispatcher serves plan {serving}, not plan {running.id}")
             if notes:
                 record["reason"] += " (" + "; ".join(notes) + ")"
             return _record(store, record)
@@ -604,6 +622,18 @@ def replan_once(
             record["reason"] = f"{type(exc).__name__}: {msg}; the running plan is unchanged"
             _record(store, record)
             raise
+
+
+def _serving_plan_id(store: Any) -> int | None:
+    """The plan the running dispatcher serves (executor state), if any."""
+    if "executor_dispatcher" not in store.db.table_names():
+        return None
+    rows = list(
+        store.db.table("executor_dispatcher").rows_where(
+            "state = ?", ["running"], order_by="id desc", limit=1
+        )
+    )
+    return int(rows[0]["plan_id"]) if rows and rows[0].get("plan_id") is not None else None
 
 
 def _single_family(plan: Any) -> str | None:

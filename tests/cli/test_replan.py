@@ -333,3 +333,13 @@ def test_dispatcher_counters_become_load_history(store):
     finally:
         server.shutdown()
     assert workflow.sample_dispatcher_load(store, url=url) == []  # nobody answers: no sample
+
+
+def test_missing_signal_is_a_recorded_failure(tiny):
+    store, pid = tiny
+    from greenctl.data.errors import NotFoundError
+
+    with pytest.raises(NotFoundError, match="first value"):
+        _replan(store, pid, "2020-01-01T00:00:00Z")
+    (row,) = list(store.db.table("decisions").rows)
+    assert row["action"] == "failed" and "no carbon signal" in row["reason"]
