@@ -18,7 +18,7 @@ import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -294,7 +294,7 @@ def apply_plan(
             raise InputError(
                 "the plan has no deployments to run", hint="plan with `greenctl plan ...` first"
             )
-        _validate_variants(specs, store, loader)
+        variants = _resolve_variants(specs, store, loader)
         running = _reconcile_dead(store, _running_instances(store))
         disp = _running_dispatcher(store)
         if disp is not None and not is_alive(disp["pid"], disp["pid_start"]):
@@ -365,6 +365,7 @@ def apply_plan(
             mig_gpus=[] if mig_parted else mig_gpus,
             needs_mps=needs_mps and not mps_running,
             planned_actions=actions,
+            variants=variants,
         )
     if verify:
         result.verify = verify_plan(
@@ -377,29 +378,37 @@ def apply_plan(
     return result
 
 
-def _validate_variants(specs: list[InstanceSpec], store: Store, loader: str) -> None:
-    """Every variant must be in the store or the built-in catalog (for the default loader)."""
-    if loader != DEFAULT_LOADER:
-        return
-    builtin: set[str] | None = None
-    for name in sorted({s.variant for s in specs}):
+def _resolve_variants(specs: list[InstanceSpec], store: Store, loader: str) -> dict[str, Any]:
+    """The Variant record of every planned variant, handed to its daemons (so they need not
+    open the store). With the default loader a variant must be in the store or built in.
+
+    Raises:
+        NotFoundError: an unknown variant (default loader only).
+    """
+    from greenctl.data.records import Variant
+
+    out: dict[str, Any] = {}
+    for s in specs:
+        if s.variant in out:
+            continue
         try:
-            store.get_variant(name)
+            out[s.variant] = store.get_variant(s.variant)
             continue
         except NotFoundError:
             pass
-        if builtin is None:
-            try:
-                from greenctl.profiler.models import builtin_variants
+        if loader != DEFAULT_LOADER:
+            out[s.variant] = Variant(name=s.variant, family=s.model)
+            continue
+        try:
+            from greenctl.profiler.models import builtin_variant
 
-                builtin = {v.name if hasattr(v, "name") else str(v) for v in builtin_variants()}
-            except ImportError:
-                builtin = set()
-        if name not in builtin:
+            out[s.variant] = builtin_variant(s.variant)
+        except (ImportError, NotFoundError):
             raise NotFoundError(
-                f"the plan runs variant '{name}', which is neither in the store nor built in",
+                f"the plan runs variant '{s.variant}', which is neither in the store nor built in",
                 hint="profile it (`greenctl profile`) or import it before applying",
-            )
+            ) from None
+    return out
 
 
 def _validate_gpu(specs: list[InstanceSpec]) -> None:
@@ -580,6 +589,7 @@ def _execute(
     mig_gpus: list[int],
     needs_mps: bool,
     planned_actions: list[dict[str, Any]],
+    variants: dict[str, Any],
 ) -> ApplyResult:
     started_at = utcnow_iso()
     history = store.db.table("executor_apply_history")
@@ -673,6 +683,7 @@ def _execute(
             spawn = _spawn_spec(
                 s, inst_id, cores, state_dir, store, loader, max_wait_ms, mps_env, ready_timeout_s
             )
+            spawn["argv"] += ["--variant-json", json.dumps(asdict(variants[s.variant]))]
             proc = spawn_detached(spawn["argv"], env=spawn["env"], log_file=spawn["log_file"])
             undo.append((f"stop executor {inst_id}", _stopper(proc)))
             launching.append((s, inst_id, cores, spawn, proc))

@@ -521,6 +521,10 @@ def _load_variant(args: argparse.Namespace) -> Any:
     from greenctl.data.errors import NotFoundError
     from greenctl.data.records import Variant
 
+    if args.variant_json:
+        import json
+
+        return Variant(**json.loads(args.variant_json))
     if args.db:
         from greenctl.data.store import open_store
 
@@ -553,6 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loader", default=DEFAULT_LOADER, help="module:function loading a variant")
     p.add_argument("--input-shape", default=None, help="input shape when the store lacks it")
     p.add_argument("--instance-id", default=None, help="id recorded in the state file")
+    p.add_argument(
+        "--variant-json", default=None, help="the Variant record as JSON (then no store is read)"
+    )
     return p
 
 

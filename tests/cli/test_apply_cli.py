@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 from greenctl.data.plan import Deployment, Plan, write_plan_file
 
+# real daemons: a hung one must fail the test, not the CI run
+pytestmark = pytest.mark.timeout(180)
+
 NOOP = "greenctl.executor.daemon:noop_loader"
 
 

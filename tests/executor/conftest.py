@@ -29,6 +29,12 @@ def _pids_mentioning(text: str) -> list[int]:
     return pids
 
 
+@pytest.fixture(scope="session")
+def pids_mentioning():
+    """A function listing the processes whose command line names a given text."""
+    return _pids_mentioning
+
+
 @pytest.fixture
 def run_store(store, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """The test's store; at teardown ``down`` runs and any daemon left over is killed."""

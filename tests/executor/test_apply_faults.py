@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,10 +10,14 @@ import socket
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from greenctl.data.errors import ExecutorError, InfeasiblePlan, LockedError
 from greenctl.data.plan import Deployment, Plan
+
+# real daemons: a hung one must fail the test, not the CI run
+pytestmark = pytest.mark.timeout(180)
 
 
 def _plan(variant: str, *, count: int = 1, cores: int = 1, model: str = "m") -> Plan:
@@ -55,60 +60,87 @@ def _snapshot(store) -> tuple[list, list]:
     return inst, disp
 
 
-def test_executor_that_fails_to_load_rolls_back(run_store, loaders, leftovers):
-    from greenctl.executor.apply import apply_plan, status
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory, pids_mentioning):
+    """One configuration that keeps serving while each fault below is injected beside it."""
+    from greenctl.data.store import open_store
+    from greenctl.executor.apply import apply_plan, down
+    from greenctl.executor.procs import is_alive
 
-    good = apply_plan(_plan("good"), store=run_store, loader=loaders["broken"])
-    before = _snapshot(run_store)
-    pids_before = sorted(leftovers())
-    with pytest.raises(ExecutorError) as err:
-        apply_plan(_plan("broken-v2"), store=run_store, loader=loaders["broken"])
-    message = str(err.value)
-    assert (
-        "weights of broken-v2 are corrupt" in message
-        and "previous configuration is still serving" in message
-    )
-    assert _snapshot(run_store) == before  # the store still describes what runs
-    assert sorted(leftovers()) == pids_before  # nothing half-started is left behind
-    assert _infer_ok(good.dispatcher_url or "")
-    assert [i["variant"] for i in status(run_store)["instances"]] == ["good"]
-    failed = list(run_store.db.table("executor_apply_history").rows_where("status = ?", ["failed"]))
-    assert len(failed) == 1 and "corrupt" in failed[0]["error"]
+    here = Path(__file__).resolve().parent
+    loader = f"{here / 'exec_loaders.py'}:broken_loader"  # a no-op model unless named broken*
+    root = tmp_path_factory.mktemp("serving")
+    store = open_store(root / "greenctl.db")
+    state = str(root / "greenctl.db.run")
+    url = apply_plan(_plan("good"), store=store, loader=loader).dispatcher_url or ""
+
+    def alive() -> list[int]:
+        return sorted(p for p in pids_mentioning(state) if is_alive(p))
+
+    try:
+        yield store, url, loader, alive
+    finally:
+        with contextlib.suppress(Exception):
+            down(store)
+        for pid in pids_mentioning(state):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        store.close()
 
 
-def test_dispatcher_port_taken_rolls_back(run_store, loaders, leftovers):
+def _still_serving(serving, before) -> None:
+    from greenctl.executor.apply import status
+
+    store, url, _, alive = serving
+    assert _snapshot(store)[0] == before[0][0] and _snapshot(store)[1] == before[0][1]
+    assert alive() == before[1]  # nothing half-started is left behind
+    assert _infer_ok(url)
+    assert [i["variant"] for i in status(store)["instances"]] == ["good"]
+
+
+def test_executor_that_fails_to_load_rolls_back(serving, monkeypatch):
     from greenctl.executor.apply import apply_plan
 
-    good = apply_plan(_plan("v1"), store=run_store, loader=loaders["noop"])
-    before = _snapshot(run_store)
-    pids_before = sorted(leftovers())
+    monkeypatch.delenv("GREENCTL_STATE_DIR", raising=False)
+    store, _, loader, alive = serving
+    before = (_snapshot(store), alive())
+    with pytest.raises(ExecutorError) as err:
+        apply_plan(_plan("broken-v2"), store=store, loader=loader)
+    message = str(err.value)
+    assert "weights of broken-v2 are corrupt" in message
+    assert "previous configuration is still serving" in message
+    _still_serving(serving, before)
+    failed = list(store.db.table("executor_apply_history").rows_where("status = ?", ["failed"]))
+    assert any("corrupt" in f["error"] for f in failed)
+
+
+def test_dispatcher_port_taken_rolls_back(serving, monkeypatch):
+    from greenctl.executor.apply import apply_plan
+
+    monkeypatch.delenv("GREENCTL_STATE_DIR", raising=False)
+    store, _, loader, alive = serving
+    before = (_snapshot(store), alive())
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen(1)
         taken = squatter.getsockname()[1]
         with pytest.raises(ExecutorError, match=f"cannot bind 127.0.0.1:{taken}"):
-            apply_plan(_plan("v2"), store=run_store, loader=loaders["noop"], port=taken)
-    assert _snapshot(run_store) == before
-    assert sorted(leftovers()) == pids_before
-    assert _infer_ok(good.dispatcher_url or "")
+            apply_plan(_plan("v2"), store=store, loader=loader, port=taken)
+    _still_serving(serving, before)
 
 
-def test_more_cores_than_exist_changes_nothing(run_store, loaders, leftovers):
+def test_more_cores_than_exist_changes_nothing(serving, monkeypatch):
     from greenctl.executor.apply import apply_plan
 
-    good = apply_plan(_plan("v1"), store=run_store, loader=loaders["noop"])
-    before = _snapshot(run_store)
+    monkeypatch.delenv("GREENCTL_STATE_DIR", raising=False)
+    store, _, loader, alive = serving
+    before = (_snapshot(store), alive())
     with pytest.raises(InfeasiblePlan, match="needs 3 CPU cores but this machine offers 2"):
-        apply_plan(_plan("v2", cores=3), store=run_store, loader=loaders["noop"], cores=[0, 1])
-    assert _snapshot(run_store) == before
-    assert _infer_ok(good.dispatcher_url or "")
+        apply_plan(_plan("v2", cores=3), store=store, loader=loader, cores=[0, 1])
     # the real machine's cores are the default budget
     with pytest.raises(InfeasiblePlan):
-        apply_plan(
-            _plan("v2", cores=len(os.sched_getaffinity(0)) + 1),
-            store=run_store,
-            loader=loaders["noop"],
-        )
+        apply_plan(_plan("v2", cores=len(os.sched_getaffinity(0)) + 1), store=store, loader=loader)
+    _still_serving(serving, before)
 
 
 def test_kill_9_under_load_supervisor_restarts(run_store, loaders, monkeypatch):

@@ -10,6 +10,9 @@ import pytest
 from greenctl.data.errors import ExecutorError, HardwareError, InfeasiblePlan
 from greenctl.data.plan import Deployment, Plan
 
+# real daemons: a hung one must fail the test, not the CI run
+pytestmark = pytest.mark.timeout(180)
+
 
 def _fake(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, mig: bool | None = True, instances=None

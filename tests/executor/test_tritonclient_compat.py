@@ -6,6 +6,9 @@ import numpy as np
 import pytest
 from greenctl.data.plan import Deployment, Plan
 
+# real daemons: a hung one must fail the test, not the CI run
+pytestmark = pytest.mark.timeout(180)
+
 
 def test_tritonclient_http(run_store, loaders):
     httpclient = pytest.importorskip("tritonclient.http")
