@@ -132,7 +132,7 @@ def _objectives(r: dict[str, object]) -> str:
 def cron_install_cmd(
     ctx: typer.Context,
     every: Annotated[
-        str, typer.Option("--every", help="Interval: 5m..59m, 1h..23h or 1d.")
+        str, typer.Option("--every", help="Interval: 1m..59m, 1h..23h or 1d.")
     ] = "15m",
     name: Annotated[
         str, typer.Option("--name", help="Tag of the line (one line per tag).")
