@@ -295,9 +295,13 @@ def apply_plan(
                 "the plan has no deployments to run", hint="plan with `greenctl plan ...` first"
             )
         variants = _resolve_variants(specs, store, loader)
-        running = _reconcile_dead(store, _running_instances(store))
+        running = _reconcile_dead(store, _running_instances(store), record=not dry_run)
         disp = _running_dispatcher(store)
         if disp is not None and not is_alive(disp["pid"], disp["pid_start"]):
+            if not dry_run:  # it died: record that; this apply starts a new one
+                store.db.table("executor_dispatcher").update(
+                    disp["id"], {"state": "failed", "stopped_at": utcnow_iso()}
+                )
             disp = None
         kept, new_specs, to_stop = _diff(running, specs)
         usable = cores if cores is not None else partition.available_cores()
@@ -437,13 +441,15 @@ def _validate_gpu(specs: list[InstanceSpec]) -> None:
             raise InfeasiblePlan(f"MPS shares on GPU {gpu} add up to {pct} % (> 100 %)")
 
 
-def _reconcile_dead(store: Store, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mark instances whose process is gone (and not being restarted) as failed."""
+def _reconcile_dead(
+    store: Store, rows: list[dict[str, Any]], *, record: bool = True
+) -> list[dict[str, Any]]:
+    """The instances whose process still runs; the others are marked failed (``record``)."""
     alive = []
     for row in rows:
         if is_alive(row["pid"], row["pid_start"]):
             alive.append(row)
-        else:
+        elif record:
             store.db.table("executor_instances").update(
                 row["id"], {"state": "failed", "stopped_at": utcnow_iso()}
             )

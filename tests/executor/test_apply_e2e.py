@@ -114,6 +114,7 @@ def test_apply_infer_load_status_down(run_store, leftovers):
 def test_replace_variant_keeps_serving(run_store, loaders, leftovers):
     """A new plan starts its executors before the old ones stop, then routes switch."""
     from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.loadgen import run_load
 
     first = apply_plan(_plan("m", [("v1", 1)]), store=run_store, loader=loaders["noop"])
     old = status(run_store)["instances"][0]
@@ -126,6 +127,24 @@ def test_replace_variant_keeps_serving(run_store, loaders, leftovers):
     now = status(run_store)["instances"]
     assert [i["variant"] for i in now] == ["v2"] and now[0]["pid"] != old["pid"]
     assert len(leftovers()) == 2  # one dispatcher, one executor
+
+    # a dead dispatcher is noticed: applying again starts a new one for the same executors
+    import os
+    import signal
+
+    from greenctl.executor.procs import wait_dead
+
+    disp_pid = status(run_store)["dispatcher"]["pid"]
+    os.kill(disp_pid, signal.SIGKILL)
+    assert wait_dead(disp_pid, 10)
+    healed = apply_plan(_plan("m", [("v2", 1)]), store=run_store, loader=loaders["noop"])
+    assert [a["action"] for a in healed.actions] == ["start-dispatcher", "switch-routes"]
+    assert status(run_store)["instances"][0]["pid"] == now[0]["pid"]
+    states = [
+        r["state"] for r in run_store.db.table("executor_dispatcher").rows_where(order_by="id")
+    ]
+    assert states == ["failed", "running"]
+    assert run_load(healed.dispatcher_url or "", "m", duration_s=0.5, rate_rps=20).errors == 0
 
 
 def test_policy_change_only_switches_routes(run_store, loaders, leftovers):
