@@ -248,7 +248,9 @@ class ServiceTime:
         # S - shift = scale * exp(sigma Z): integrate over z in (Z_LO, z(t)) where the
         # integrand exp(-theta (x - y(z))) phi(z) is smooth.
         zx = np.log(xp / self.scale_ms) / self.sigma
-        span = np.maximum(zx - _Z_LO, 0.0)
+        # beyond |z| = 7 the normal density is < 1e-11: clip the range to keep the
+        # quadrature on the bump (a tiny sigma would otherwise stretch it)
+        span = np.clip(zx, _Z_LO, -_Z_LO) - _Z_LO
         z = _Z_LO + span[:, None] * _GL_X[None, :]
         y = self.scale_ms * np.exp(self.sigma * z)
         f = np.exp(-th[pos][:, None] * (xp[:, None] - y) - 0.5 * z * z)
