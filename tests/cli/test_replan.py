@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -9,6 +10,8 @@ from greenctl.cli import workflow
 from greenctl.data import carbon_io
 from greenctl.data.errors import ExecutorError, LockedError
 from greenctl.data.records import Profile, Variant
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 # CISO March (Clover), hourly from 2021-03-01T00:00Z: 124.57, 135.6, 148.61, 167.07, 240.4 ...
 T0 = "2021-03-01T00:00:00Z"
@@ -343,3 +346,39 @@ def test_missing_signal_is_a_recorded_failure(tiny):
         _replan(store, pid, "2020-01-01T00:00:00Z")
     (row,) = list(store.db.table("decisions").rows)
     assert row["action"] == "failed" and "no carbon signal" in row["reason"]
+
+
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    signals=st.lists(st.floats(min_value=50, max_value=600), min_size=4, max_size=8),
+    dwell_h=st.sampled_from([0.0, 1.0, 2.0]),
+    threshold=st.sampled_from([0.02, 0.05, 0.2]),
+)
+def test_replan_invariants_on_random_signals(tiny, tmp_path_factory, signals, dwell_h, threshold):
+    """Applies are never closer than the dwell time, always have a trigger, and never make
+    the objective worse than the running plan's in the same problem."""
+    store, pid = tiny
+    store.db.execute("delete from decisions")
+    store.db.execute("delete from carbon_signals where region = 'RND'")
+    store.db.conn.commit()
+    points = [
+        carbon_io.CarbonPoint("RND", f"2030-01-01T{h:02d}:00:00Z", v) for h, v in enumerate(signals)
+    ]
+    carbon_io.store_points(store, points)
+    out = workflow.simulate_replans(
+        store, plan=str(pid), region="RND", start="2030-01-01T00:00:00Z",
+        hours=len(signals) - 1, step_h=1.0, apply=True, apply_fn=_Applier(),
+        min_dwell_s=dwell_h * 3600, threshold=threshold, margin=0.02,
+    )  # fmt: skip
+    applied_at = [int(d["at"][11:13]) for d in out if d["action"] == "apply"]
+    assert all(b - a >= dwell_h for a, b in itertools.pairwise(applied_at))
+    for d in out:
+        if d["action"] == "apply":
+            assert (d["signal_change"] is None or d["signal_change"] > threshold) or (
+                d["improvement"] is not None and d["improvement"] > 0.02
+            )
+            assert d["new_objective"] >= d["old_objective"] - 1e-9
+        if d["action"] == "hold" and "min dwell" not in d["reason"]:
+            assert d["signal_change"] <= threshold
