@@ -356,7 +356,7 @@ def test_missing_signal_is_a_recorded_failure(tiny):
     dwell_h=st.sampled_from([0.0, 1.0, 2.0]),
     threshold=st.sampled_from([0.02, 0.05, 0.2]),
 )
-def test_replan_invariants_on_random_signals(tiny, tmp_path_factory, signals, dwell_h, threshold):
+def test_replan_invariants_on_random_signals(tiny, signals, dwell_h, threshold):
     """Applies are never closer than the dwell time, always have a trigger, and never make
     the objective worse than the running plan's in the same problem."""
     store, pid = tiny
