@@ -82,3 +82,43 @@ def test_plan_mig_errors(cli, tmp_path):
     assert r.exit_code == 2 and "does not exist" in r.output
     r = cli("mig", "synth", "--gpu", "A30", "--family", "resnet")
     assert r.exit_code == 2 and "known families" in r.output
+
+
+def test_plan_mig_reads_imported_profiles_of_that_gpu_only(cli, store):
+    from greenctl.data.records import Profile, Variant
+
+    store.upsert_variant(Variant(name="small", family="det", accuracy=0.40, memory_mb=3000))
+    store.upsert_variant(Variant(name="large", family="det", accuracy=0.50, memory_mb=9000))
+    rows = []
+    for variant, profile, lat, power, idle in [
+        ("small", "1g.6gb", 20.0, 60.0, 30.0),
+        ("small", "2g.12gb", 12.0, 90.0, 60.0),
+        ("small", "4g.24gb", 9.0, 150.0, 120.0),
+        ("large", "2g.12gb", 40.0, 110.0, 60.0),
+        ("large", "4g.24gb", 25.0, 165.0, 120.0),
+        ("large", "1g.6gb", 80.0, 70.0, 30.0),  # 9 GB does not fit 6 GB: excluded
+    ]:
+        rows.append(
+            Profile(variant=variant, resource=f"mig:{profile}", batch=1,
+                    throughput_rps=1000.0 / lat, latency_p50_ms=lat, latency_p95_ms=lat * 1.1,
+                    hardware="NVIDIA A30", power_w=power, idle_power_w=idle,
+                    energy_method="imported", source="imported")
+        )  # fmt: skip
+    # the same variant measured on another GPU model must be ignored
+    rows.append(
+        Profile(variant="large", resource="mig:1g.10gb", batch=1, throughput_rps=500.0,
+                latency_p50_ms=2.0, hardware="NVIDIA A100-SXM4-40GB", power_w=1.0,
+                idle_power_w=0.5, energy_method="imported", source="imported")
+    )  # fmt: skip
+    store.add_profiles(rows)
+    r = cli("plan", "mig", "--gpu", "A30", "--gpus", "3", "--model", "det", "--rate", "60",
+            "--carbon-intensity", "400", "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    assert plan["predicted"]["energy_method"] == "imported"
+    assert plan["predicted"]["source"] == "imported"
+    assert "synthetic" not in json.dumps(plan["extra"] if "extra" in plan else plan["model"])
+    used = {(d["variant"], d["resource"]) for d in plan["deployments"]}
+    assert ("large", "mig:1g.6gb") not in used and ("large", "mig:1g.10gb") not in used
+    assert any("does not fit" in n for n in plan["model"]["notes"])
+    assert plan["predicted"]["p95_ms"] <= plan["predicted"]["sla_ms"] * 1.001
