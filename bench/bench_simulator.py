@@ -9,7 +9,8 @@
    ``predict`` (caches cleared, so every call computes).
 3. Accuracy: the analytic p95 end-to-end latency against the simulator's over a grid of
    utilisations 10..95 % for c in {1, 2, 4, 8} identical instances, with the max error up
-   to 85 % utilisation (target 10 %).
+   to 85 % utilisation (target 10 %); then the same for wrr and batch.
+4. Trace replay: hours of the Twitter requests-per-second trace through wrr.
 
 Times are wall-clock (``perf_counter``) and CPU (``process_time``) of this one process; on
 a shared machine CPU time is the steadier figure.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -238,6 +240,63 @@ def bench_accuracy(n: int) -> float:
     return worst
 
 
+def bench_other_policies(n: int) -> None:
+    print(f"\n== Analytic p95 vs simulator, wrr and batch ({n:,} requests per point)")
+    service = ServiceTime.from_percentiles(20.0, 30.0, 40.0)
+    batch_service = ServiceTime.from_percentiles(60.0, 75.0, 90.0)  # L(8)
+    utils = [0.1, 0.3, 0.5, 0.7, 0.85, 0.95]
+    print("util " + "".join(f"{name:>26s}" for name in ("wrr, 4 instances", "batch b=8 (1 inst.)")))
+    for u in utils:
+        line = f"{u:4.0%}"
+        rate = u * 4 * 1000 / service.mean_ms
+        arr = poisson_arrivals(rate, n=n, seed=int(u * 100)) * 1000
+        run = wrr_queues(arr, [service] * 4, [0.25] * 4, np.random.default_rng(11))
+        sim = float(np.quantile(run.latency_ms[n // 100 :], 0.95))
+        ana_model = queueing.mgc_model(rate / 4, [service], ca2=0.25)
+        ana = ana_model.quantile(0.95) if ana_model else math.inf
+        line += f"   {sim:6.1f} {ana:6.1f} {(ana - sim) / sim:+6.1%}"
+        rate_b = u * 8 * 1000 / batch_service.mean_ms
+        arr = poisson_arrivals(rate_b, n=n, seed=int(u * 100) + 1) * 1000
+        run = batch_queue(arr, batch_service, 8, np.random.default_rng(12))
+        sim = float(np.quantile(run.latency_ms[n // 100 :], 0.95))
+        ana = queueing.batch_latency_quantile_ms(rate_b, batch_service, 8, 0.95)
+        line += f"   {sim:6.1f} {ana:6.1f} {(ana - sim) / sim:+6.1%}"
+        print(line)
+
+
+def bench_trace(hours: float) -> None:
+    from pathlib import Path
+
+    from greenctl.planner.loads import read_trace, trace_arrivals
+
+    path = (
+        Path(__file__).resolve().parent.parent.parent
+        / "shared"
+        / "reference"
+        / "twitter"
+        / "requests_per_second.txt.gz"
+    )
+    if not path.exists():
+        print(f"\n(no Twitter trace at {path}: trace replay skipped)")
+        return
+    print(f"\n== Twitter trace replay ({hours:g} h, wrr over the 10 instances)")
+    series, wall, cpu = timed(lambda: read_trace(path))
+    print(f"read {series.size:,} seconds in {wall:.2f} s wall / {cpu:.2f} s cpu")
+    part = series[: int(hours * 3600)]
+    scale = 0.8 * CAPACITY / part.mean()  # mean load at 80 % of capacity
+    arrivals = trace_arrivals(part, seed=1, scale=scale) * 1000
+    shares = [1000.0 / s.mean_ms / CAPACITY for s in SERVICES]
+    run, wall, cpu = timed(
+        lambda: wrr_queues(arrivals, SERVICES, shares, np.random.default_rng(13))
+    )
+    p95 = float(np.quantile(run.latency_ms, 0.95))
+    print(
+        f"{arrivals.size:,} requests (trace x {scale:.2f}): {wall:.2f} s wall / {cpu:.2f} s "
+        f"cpu, {arrivals.size / max(cpu, 1e-9):,.0f} req/s; p95 {p95:.1f} ms "
+        f"(bursts above capacity make it exceed the Poisson figure)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller runs (about 20 s)")
@@ -246,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     bench_simulator(n, 20_000 if args.quick else 100_000)
     bench_analytic(200 if args.quick else 1000)
     bench_accuracy(50_000 if args.quick else 200_000)
+    bench_other_policies(50_000 if args.quick else 200_000)
+    bench_trace(1.0 if args.quick else 6.0)
     return 0
 
 
