@@ -520,10 +520,12 @@ def chart_carbon(
     )
     ax0, ax1, ax2 = axes
     colours = plt.get_cmap("tab10")
-    order = list(dict.fromkeys(active))
+    # one colour per configuration (a replan back to an earlier configuration reuses it)
+    config_of = {pid: deployments_label(plans[pid]) for pid in set(active)}
+    configs = list(dict.fromkeys(config_of[pid] for pid in active))
     step = hours[1] - hours[0] if len(hours) > 1 else 1.0
     for i, pid in enumerate(active):
-        c = colours(order.index(pid) % 10)
+        c = colours(configs.index(config_of[pid]) % 10)
         for ax in axes:
             ax.axvspan(hours[i], hours[i] + step, color=c, alpha=0.12, lw=0)
     hx = [*hours, hours[-1] + step]  # extend the last step to the end of its interval
@@ -535,10 +537,14 @@ def chart_carbon(
     ax0.set_ylabel("gCO2/kWh")
     ax0.set_title(f"Carbon intensity ({region}) and the configuration greenctl ran")
     handles = [
-        plt.Rectangle((0, 0), 1, 1, color=colours(order.index(pid) % 10), alpha=0.35)
-        for pid in order
+        plt.Rectangle((0, 0), 1, 1, color=colours(k % 10), alpha=0.35) for k in range(len(configs))
     ]
-    labels = [f"plan {pid}: {_short(deployments_label(plans[pid]))}" for pid in order]
+    labels = []
+    for cfg in configs:
+        pids = sorted({pid for pid in active if config_of[pid] == cfg})
+        word = "plan" if len(pids) == 1 else "plans"
+        labels.append(f"{_short(cfg)} ({word} {', '.join(map(str, pids))})")
+    order = list(dict.fromkeys(active))
     ax0.legend(
         [ax0.lines[0], *handles],
         ["grid carbon intensity", *labels],
