@@ -943,13 +943,21 @@ class _SolveResult:
     build_seconds: float = 0.0
 
 
-def _solve(model: _Model, *, solver: str, time_limit_s: float | None) -> _SolveResult:
+def _solve(
+    model: _Model,
+    *,
+    solver: str,
+    time_limit_s: float | None,
+    start: list[float] | None = None,
+) -> _SolveResult:
     if solver == "cbc":
         return _solve_cbc(model, time_limit_s)
-    return _solve_highs(model, time_limit_s)
+    return _solve_highs(model, time_limit_s, start)
 
 
-def _solve_highs(model: _Model, time_limit_s: float | None) -> _SolveResult:
+def _solve_highs(
+    model: _Model, time_limit_s: float | None, start: list[float] | None = None
+) -> _SolveResult:
     """HiGHS through highspy, the whole model passed as CSC arrays in one call.
 
     pulp's ``HiGHS`` adapter adds columns and rows one Python call at a time and first builds
@@ -998,6 +1006,11 @@ def _solve_highs(model: _Model, time_limit_s: float | None) -> _SolveResult:
     if time_limit_s is not None:
         h.setOptionValue("time_limit", float(time_limit_s))
     h.passModel(lp)
+    if start is not None:  # a feasible plan (the greedy one) as the first incumbent
+        sol = highspy.HighsSolution()
+        sol.col_value = list(start)
+        sol.value_valid = True
+        h.setSolution(sol)
     build = time.perf_counter() - t0
     h.run()
     seconds = time.perf_counter() - t0
@@ -1068,6 +1081,25 @@ def _solve_cbc(model: _Model, time_limit_s: float | None) -> _SolveResult:
     x = [float(v.varValue or 0.0) for v in xs]
     obj = sum(c * xv for c, xv in zip(model.cost, x, strict=True))
     return _SolveResult(status, x, obj, None, 0.0 if status == "optimal" else None, seconds, build)
+
+
+def _warm_start(problem: MixProblem, terms: _Terms, lay: _Layout, ncols: int) -> list[float] | None:
+    """The greedy plan as a column vector, or None when greedy finds no plan."""
+    try:
+        alloc = _greedy(problem, terms)
+    except InfeasiblePlan:
+        return None
+    x = [0.0] * ncols
+    for fi, opts in alloc.items():
+        if fi not in lay.n:
+            continue
+        for oi, (n, qq) in opts.items():
+            x[lay.n[fi][oi]] = float(n)
+            x[lay.q[fi][oi]] = qq
+            sc = lay.s[fi].get(problem.families[fi].options[oi].variant)
+            if sc is not None and n > 0:
+                x[sc] = 1.0
+    return x
 
 
 def _extract(problem: MixProblem, lay: _Layout, x: list[float]) -> Allocation:
@@ -1172,7 +1204,8 @@ def _solve_group(
     time_limit_s: float | None,
 ) -> tuple[Allocation, dict[str, Any]]:
     model, lay = _build_model(problem, terms, single=single, subset=group)
-    res = _solve(model, solver=solver, time_limit_s=time_limit_s)
+    start = None if single else _warm_start(problem, terms, lay, len(model.cost))
+    res = _solve(model, solver=solver, time_limit_s=time_limit_s, start=start)
     info: dict[str, Any] = {
         "name": solver,
         "status": res.status,
@@ -1182,7 +1215,11 @@ def _solve_group(
         "columns": len(model.cost),
         "rows": len(model.rows),
         "integer_columns": sum(model.integer),
+        "warm_start": "greedy" if start is not None else None,
     }
+    if res.bound is not None and math.isfinite(res.bound):
+        # the proven bound on the objective, in the objective's own sense
+        info["objective_bound"] = -res.bound if is_maximise(problem.objective) else res.bound
     if res.x is None:
         return {}, info
     alloc = _extract(problem, lay, res.x)
@@ -1195,7 +1232,10 @@ def _solve_group(
         m2, lay2 = _build_model(problem, terms, single=single, objective=secondary, subset=group)
         idx = [i for i, c in enumerate(model.cost) if c != 0]
         m2.row(idx, [model.cost[i] for i in idx], -math.inf, primary + tol)
-        left = None if time_limit_s is None else max(time_limit_s - res.seconds, 0.1)
+        # The tie-break never costs more than the primary solve took (at least 1 s).
+        left = max(1.0, 2.0 * res.seconds)
+        if time_limit_s is not None:
+            left = min(left, max(time_limit_s - res.seconds, 0.1))
         res2 = _solve(m2, solver=solver, time_limit_s=left)
         info["tie_break"] = {"objective": secondary, "status": res2.status}
         info["solve_s"] = round(res.seconds + res2.seconds, 4)
@@ -1208,24 +1248,27 @@ def _solve_group(
 # Baselines
 # --------------------------------------------------------------------------------------------
 def _greedy(problem: MixProblem, terms: _Terms) -> Allocation:
-    """INFaaS-style replicate-or-upgrade, family by family (largest load first).
+    """INFaaS-style replicate-or-upgrade heuristic.
 
-    Variants are tried in the objective's order of preference (most accurate first for
-    accuracy/balanced, cheapest per request for cost, lowest energy for carbon) among those
-    meeting the accuracy floor on their own. For the preferred variant, each step either
-    replicates (adds an instance of a small option) or upgrades (one instance of a larger
-    option), whichever serves the remaining load at the lower cost per useful req/s. A step
-    is taken only if the budgets left still cover, on the most budget-efficient option, the
-    rest of this family's load and the loads of the families not yet planned; otherwise the
-    rest of the load downgrades to the next variant.
+    1. Feasibility first: every family is served by its most budget-efficient option
+       (most capacity per share of the budgets; the cheapest per req/s without budgets).
+    2. Then family by family (largest load first), with the budget that family holds plus
+       what is left in the pool, variants are tried in the objective's order of preference
+       (most accurate first for accuracy/balanced, cheapest per request for cost, lowest
+       energy for carbon) among those meeting the accuracy floor on their own. Each step
+       replicates (adds an instance of a small option) or upgrades (one instance of a larger
+       option), whichever serves the remaining load at the lower cost per useful req/s, and
+       is taken only if the rest of the family's load still fits on its efficient option;
+       otherwise the rest downgrades to the next variant.
     """
-    left = dict(problem.budgets)
-    alloc: Allocation = {}
+    budgets = problem.budgets
+    scale = {k: 1.0 / b if b > 0 else 0.0 for k, b in budgets.items()}
     order = sorted(
         range(len(problem.families)),
         key=lambda i: -problem.families[i].load_rps(problem.headroom),
     )
     allowed: dict[int, list[int]] = {}
+    efficient: dict[int, int] = {}
     for fi, fam in enumerate(problem.families):
         floor = fam.min_accuracy
         allowed[fi] = [
@@ -1233,25 +1276,43 @@ def _greedy(problem: MixProblem, terms: _Terms) -> Allocation:
             for oi, o in enumerate(fam.options)
             if floor is None or fam.variants[o.variant].accuracy >= floor - 1e-12
         ]
+        if not allowed[fi]:
+            raise InfeasiblePlan(
+                f"the greedy heuristic found no variant of '{fam.name}' meeting the accuracy "
+                "floor on its own",
+                hint="try --strategy ilp, which mixes variants to meet the floor",
+            )
 
-    scale = {k: 1.0 / b if b > 0 else 0.0 for k, b in problem.budgets.items()}
+        def per_rps(oi: int, fam: MixFamily = fam) -> tuple[float, float]:
+            o = fam.options[oi]
+            share = sum(a * scale[k] for k, a in o.usage.items())
+            return (share / o.capacity_rps, o.cost_per_hour / o.capacity_rps)
 
-    def reserve(fi: int, load: float) -> float:
-        """Optimistic budget share (sum of use / budget) to serve ``load`` on one option type."""
-        if load <= 1e-9 or not problem.budgets:
-            return 0.0
-        best = math.inf
-        for oi in allowed[fi]:
-            o = problem.families[fi].options[oi]
-            need = math.ceil(load / o.capacity_rps - 1e-9)
-            best = min(best, need * sum(a * scale[k] for k, a in o.usage.items()))
-        return best
+        efficient[fi] = min(allowed[fi], key=per_rps)
 
-    later = sum(reserve(fi, problem.families[fi].load_rps(problem.headroom)) for fi in order)
+    def need(fi: int, load: float) -> tuple[int, dict[str, float]]:
+        o = problem.families[fi].options[efficient[fi]]
+        count = math.ceil(load / o.capacity_rps - 1e-9) if load > 1e-9 else 0
+        return count, {k: count * o.usage.get(k, 0.0) for k in budgets}
+
+    pool = dict(budgets)
+    held: dict[int, dict[str, float]] = {}
+    for fi in order:
+        _, use = need(fi, problem.families[fi].load_rps(problem.headroom))
+        held[fi] = use
+        for k, a in use.items():
+            pool[k] -= a
+    if any(v < -1e-9 for v in pool.values()):
+        raise InfeasiblePlan(
+            "the greedy heuristic found no plan: the budgets do not cover the load even on "
+            "the most budget-efficient options",
+            hint="try --strategy ilp, which is exact",
+        )
+    alloc: Allocation = {}
     for fi in order:
         fam = problem.families[fi]
+        left = {k: pool[k] + held[fi][k] for k in budgets}
         remaining = fam.load_rps(problem.headroom)
-        later -= reserve(fi, remaining)
         by_var: dict[str, list[int]] = {}
         for oi in allowed[fi]:
             by_var.setdefault(fam.options[oi].variant, []).append(oi)
@@ -1272,10 +1333,8 @@ def _greedy(problem: MixProblem, terms: _Terms) -> Allocation:
                 for oi in by_var[v]:
                     o = fam.options[oi]
                     served = min(o.capacity_rps, remaining)
-                    if any(left[k] - a < -1e-9 for k, a in o.usage.items()):
-                        continue
-                    share = sum((left[k] - o.usage.get(k, 0.0)) * scale[k] for k in left)
-                    if share - later - reserve(fi, remaining - served) < -1e-9:
+                    _, rest = need(fi, remaining - served)
+                    if any(left[k] - o.usage.get(k, 0.0) - rest[k] < -1e-9 for k in budgets):
                         continue
                     score = (o.cost_per_hour / served, -o.capacity_rps)
                     if best is None or score < best[0]:
@@ -1292,13 +1351,13 @@ def _greedy(problem: MixProblem, terms: _Terms) -> Allocation:
                     left[k] -= a
             if remaining <= 1e-9:
                 break
-        if remaining > 1e-6:
+        if remaining > 1e-6:  # cannot happen: the efficient option always fits
             raise InfeasiblePlan(
-                f"the greedy heuristic found no plan for '{fam.name}': "
-                f"{remaining:.4g} req/s left unserved within the budgets",
+                f"the greedy heuristic found no plan for '{fam.name}'",
                 hint="try --strategy ilp, which is exact",
             )
         alloc[fi] = opts_alloc
+        pool = left
     return alloc
 
 
