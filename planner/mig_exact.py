@@ -38,6 +38,7 @@ from greenctl.planner.mig import (
 )
 
 MAX_TIGHTEN = 4
+FIFO_SIM_MAX_INSTANCES = 512
 
 
 def solve_exact(model: MigModel, *, time_limit_s: float | None = None) -> SolveResult:
@@ -146,21 +147,19 @@ def verify_config(model: MigModel, config: Config) -> dict[str, Any]:
         "simulated_p95_ms": None,
         "simulated_ok": None,
     }
-    sim = _simulate(model, config, ev.split)
+    from greenctl.planner import mig_sim
+
+    sim = mig_sim.simulate_p95(model, config, ev.split)
     if sim is not None:
         out["simulated_p95_ms"] = sim
         # the simulator samples: allow its statistical noise (2 %)
         out["simulated_ok"] = bool(sim <= model.sla_ms * 1.02)
+        if sum(config.n) <= FIFO_SIM_MAX_INSTANCES:
+            # for reference only: the same instances behind Clover's central FIFO queue
+            out["simulated_fifo_p95_ms"] = mig_sim.simulate_p95(
+                model, config, ev.split, requests=20000, policy="fifo"
+            )
     return out
-
-
-def _simulate(model: MigModel, config: Config, split: tuple[float, ...]) -> float | None:
-    """The simulated p95 of the plan, or None when the simulator is not available."""
-    try:
-        from greenctl.planner import mig_sim
-    except ImportError:  # pragma: no cover - the module is part of greenctl
-        return None
-    return mig_sim.simulate_p95(model, config, split)
 
 
 def solve_exact_verified(

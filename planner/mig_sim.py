@@ -41,8 +41,13 @@ def simulate_p95(
     *,
     requests: int = 60000,
     seed: int = 0,
+    policy: str = "wrr",
 ) -> float | None:
-    """The simulated p95 (ms) of a configuration at its split; None without profiles."""
+    """The simulated p95 (ms) of a configuration at its split; None without profiles.
+
+    ``policy="fifo"`` simulates Clover's central FIFO queue over every instance instead
+    (quotas ignored, idle-quota instances serve too), for reference.
+    """
     from greenctl.planner.simulator import simulate
 
     records = {
@@ -50,8 +55,10 @@ def simulate_p95(
     }
     if len(records) != len(model.pairs) or not model.problem.variant_records:
         return None
-    # loaded classes only: instances with no quota receive no requests under wrr
-    deps = [d for d in config_deployments(model, config, split) if (d.quota_rps or 0) > 0]
+    deps = config_deployments(model, config, split)
+    if policy == "wrr":
+        # loaded classes only: instances with no quota receive no requests under wrr
+        deps = [d for d in deps if (d.quota_rps or 0) > 0]
     if not deps:
         return None
     out = simulate(
@@ -60,7 +67,7 @@ def simulate_p95(
         model.problem.variant_records,
         rate_rps=model.problem.rate_rps,
         n_requests=requests,
-        policy="wrr",
+        policy=policy,
         seed=seed,
         percentile_slo_ms=model.sla_ms,
     )
