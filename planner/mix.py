@@ -1189,6 +1189,9 @@ def _solve_exact(
         "independent_groups": len(components(problem)),
         "mip_rel_gap_tolerance": MIP_REL_GAP,
     }
+    if len(infos) == 1 and "objective_bound" in infos[0]:
+        merged["objective_bound"] = infos[0]["objective_bound"]
+    merged["warm_start"] = infos[0].get("warm_start")
     if any("tie_break" in i for i in infos):
         merged["tie_break"] = infos[0].get("tie_break")
     return alloc, merged
