@@ -222,7 +222,7 @@ def bench_one_family(quick: bool) -> None:
                         "slo_ms": 750,
                         "percentile": "p99",
                         "budgets": {"cpu": 14},
-                    },  # fmt: skip
+                    },
                     v,
                     p,
                 ),
@@ -238,7 +238,7 @@ def bench_one_family(quick: bool) -> None:
                     "slo_ms": 500,
                     "percentile": "p99",
                     "budgets": {"cpu": 24, "mig": 4},
-                },  # fmt: skip
+                },
                 v,
                 p,
             ),
