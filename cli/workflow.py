@@ -245,6 +245,14 @@ def _resolve_plan(store: Any, plan: str | int) -> tuple[str, Any]:
     if first and first[0].get("running_plan_id"):
         return lineage, store.get_plan(int(first[0]["running_plan_id"]))
     base = load_plan_file(path)
+    if base.id is not None:  # a plan written by greenctl: reuse the stored copy if it matches
+        try:
+            stored = store.get_plan(int(base.id))
+        except NotFoundError:
+            stored = None
+        if stored is not None and stored.kind == base.kind and _same_config(stored, base):
+            return lineage, stored
+        base.id = None
     store.save_plan(base, source="file")
     return lineage, base
 

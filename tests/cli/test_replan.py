@@ -205,6 +205,7 @@ def test_plan_file_lineage(tiny, tmp_path):
         store, plan=str(f), at="2021-03-01T07:00:00Z", region="CISO", min_dwell_s=3600 * 6
     )
     assert d1["lineage"] == d2["lineage"] == f"file:{f.resolve()}"
+    assert d1["running_plan_id"] == pid  # the file carries its store id: no copy is saved
     assert d2["running_plan_id"] == d1["new_plan_id"] and d2["action"] == "hold"
 
 
