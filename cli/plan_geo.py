@@ -74,6 +74,28 @@ def plan_geo_cmd(
             help="glb-all: USD per litre of total water (default mu-water / sites).",
         ),
     ] = None,
+    variants: Annotated[
+        Path | None,
+        typer.Option(
+            "--variants",
+            help="Heterogeneous models: CSV variant,energy_j_per_request,accuracy[,site] "
+            "(load_mw is the power of the most accurate variant).",
+        ),
+    ] = None,
+    family: Annotated[
+        str | None,
+        typer.Option(
+            "--family",
+            help="Heterogeneous models from the store: this family's variants, their accuracy "
+            "and lowest measured energy per request.",
+        ),
+    ] = None,
+    min_accuracy: Annotated[
+        float | None,
+        typer.Option(
+            "--min-accuracy", help="Lowest load-weighted mean accuracy (0-1) with variants."
+        ),
+    ] = None,
     model: Annotated[str, typer.Option("--model", help="Model every site serves.")] = "default",
     variant: Annotated[
         str, typer.Option("--variant", help="Variant every site serves.")
@@ -99,10 +121,19 @@ def plan_geo_cmd(
     """
     from greenctl.planner.geo import run_geo_files
 
+    store_variants = None
+    if family is not None:
+        from greenctl.data.geo_io import variants_from_store
+
+        with store_for(db) as store:
+            store_variants = variants_from_store(store, family)
     run = run_geo_files(
         sites,
         demand,
         routes,
+        variants_file=variants,
+        variants=store_variants,
+        min_accuracy=min_accuracy,
         algorithm=algorithm,
         mu_carbon=mu_carbon,
         mu_water=mu_water,

@@ -530,13 +530,172 @@ def problem_to_csv(problem: GeoProblem, out_dir: str | Path) -> dict[str, Path]:
     return paths
 
 
-def write_allocations(path: str | Path, rows: Iterable[tuple[str, str, str, float]]) -> int:
-    """Write ``time,gateway,site,load_mw`` rows; returns the number of rows written."""
+def write_allocations(path: str | Path, rows: Iterable[tuple[Any, ...]]) -> int:
+    """Write ``time,gateway,site,load_mw`` rows (a fifth element becomes a ``variant``
+    column); returns the number of rows written."""
     n = 0
     with Path(path).open("w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(ALLOCATION_COLUMNS)
-        for t, gw, site, load in rows:
-            w.writerow([t, gw, site, f"{load:.10g}"])
+        for row in rows:
+            if n == 0:
+                w.writerow([*ALLOCATION_COLUMNS, *(["variant"] if len(row) > 4 else [])])
+            t, gw, site, load, *rest = row
+            w.writerow([t, gw, site, f"{load:.10g}", *rest])
             n += 1
+        if n == 0:
+            w.writerow(ALLOCATION_COLUMNS)
     return n
+
+
+# -- heterogeneous models (variants) ------------------------------------------------------
+VARIANTS_REQUIRED = ("variant", "energy_j_per_request", "accuracy")
+
+
+@dataclass
+class GeoVariants:
+    """Model variants the sites may serve the load with.
+
+    ``energy_j_per_request`` and ``accuracy`` are ``[M]``; ``allowed`` is ``[M, S]`` (which
+    site may run which variant) or None for every site. The demand's ``load_mw`` is the
+    power the requests need with the *reference* variant (the most accurate one; the
+    highest energy among equally accurate ones); variant ``m`` needs ``relative_energy[m]``
+    times that power for the same requests.
+    """
+
+    names: list[str]
+    energy_j_per_request: np.ndarray
+    accuracy: np.ndarray
+    allowed: np.ndarray | None = None
+    source: str = ""
+
+    @property
+    def reference(self) -> int:
+        order = np.lexsort((-self.energy_j_per_request, -self.accuracy))
+        return int(order[0])
+
+    @property
+    def relative_energy(self) -> np.ndarray:
+        return self.energy_j_per_request / self.energy_j_per_request[self.reference]
+
+
+def read_variants(path: str | Path, sites: list[str] | None = None) -> GeoVariants:
+    """Read ``variant,energy_j_per_request,accuracy[,site]`` (one row per variant, or per
+    variant and site to restrict where it runs).
+
+    Raises:
+        FileFormatError: missing column, bad number, energy <= 0, accuracy outside 0..1
+            (percentages are rejected with a hint), unknown site, duplicate row.
+    """
+    p = Path(path)
+    header, reader, fh = _open_rows(p, VARIANTS_REQUIRED)
+    iv, ie, ia = (header.index(c) for c in VARIANTS_REQUIRED)
+    isite = header.index("site") if "site" in header else None
+    s_index = {s: j for j, s in enumerate(sites or [])}
+    names: dict[str, tuple[float, float, int]] = {}
+    where: dict[str, set[int] | None] = {}
+    with fh:
+        for line, row in _rows(p, reader, len(header)):
+            name = _name(p, line, "variant", row[iv])
+            energy = _number(p, line, "energy_j_per_request", row[ie], default=None)
+            if energy <= 0:
+                raise FileFormatError(
+                    str(p),
+                    "energy per request must be > 0",
+                    line=line,
+                    column="energy_j_per_request",
+                )
+            acc = _number(p, line, "accuracy", row[ia], default=None)
+            if acc > 1:
+                raise FileFormatError(
+                    str(p),
+                    f"accuracy {acc:g} is above 1",
+                    line=line,
+                    column="accuracy",
+                    hint="write accuracy as a fraction (0.761, not 76.1)",
+                )
+            site = row[isite].strip() if isite is not None else ""
+            if name in names:
+                first = names[name]
+                if (first[0], first[1]) != (energy, acc):
+                    raise FileFormatError(
+                        str(p),
+                        f"variant '{name}' has different figures than at line {first[2]}",
+                        line=line,
+                    )
+            else:
+                names[name] = (energy, acc, line)
+            if site:
+                if sites is not None and site not in s_index:
+                    raise FileFormatError(
+                        str(p), f"unknown site '{site}'", line=line, column="site"
+                    )
+                prev = where.setdefault(name, set())
+                if prev is None:
+                    raise FileFormatError(
+                        str(p),
+                        f"variant '{name}' is already allowed at every site",
+                        line=line,
+                        column="site",
+                    )
+                prev.add(s_index.get(site, -1))
+            else:
+                if name in where and where[name] is not None:
+                    raise FileFormatError(
+                        str(p), f"variant '{name}' listed twice", line=line, column="site"
+                    )
+                where[name] = None
+    if not names:
+        raise FileFormatError(str(p), "no data rows", line=2)
+    variant_names = list(names)
+    allowed = None
+    if sites is not None and any(where.get(n) is not None for n in variant_names):
+        allowed = np.zeros((len(variant_names), len(sites)), dtype=bool)
+        for m, n in enumerate(variant_names):
+            w = where.get(n)
+            if w is None:
+                allowed[m] = True
+            else:
+                allowed[m, sorted(w)] = True
+    return GeoVariants(
+        names=variant_names,
+        energy_j_per_request=np.array([names[n][0] for n in variant_names]),
+        accuracy=np.array([names[n][1] for n in variant_names]),
+        allowed=allowed,
+        source=str(p),
+    )
+
+
+def variants_from_store(store: Any, family: str) -> GeoVariants:
+    """Variants of ``family`` with their accuracy and the lowest measured energy per request
+    (over resources and batch sizes) from the store's latest profiles.
+
+    Raises:
+        NotFoundError / InputError: no such family, or no variant with both an accuracy and
+            a profile with ``energy_j``.
+    """
+    from greenctl.data.errors import NotFoundError
+
+    variants = {v.name: v for v in store.variants(family)}
+    if not variants:
+        raise NotFoundError(
+            f"no variants of family '{family}' in the store",
+            hint="`greenctl profile ...` measures them; or pass --variants FILE.csv",
+        )
+    best: dict[str, float] = {}
+    for prof in store.latest_profiles(family=family):
+        if prof.energy_j is not None and prof.energy_j > 0:
+            best[prof.variant] = min(best.get(prof.variant, math.inf), float(prof.energy_j))
+    usable = [n for n in variants if n in best and variants[n].accuracy is not None]
+    if not usable:
+        raise InputError(
+            f"no variant of '{family}' has both an accuracy and a profile with energy_j",
+            hint="profile the variants (greenctl profile) or pass --variants FILE.csv",
+        )
+    acc = np.array([float(variants[n].accuracy or 0.0) for n in usable])
+    acc = np.where(acc > 1, acc / 100.0, acc)  # some catalogs store percentages
+    return GeoVariants(
+        names=usable,
+        energy_j_per_request=np.array([best[n] for n in usable]),
+        accuracy=acc,
+        source=f"store family {family}",
+    )

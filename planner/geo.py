@@ -33,7 +33,13 @@ from typing import Any
 
 import numpy as np
 from greenctl.data.errors import InfeasiblePlan, InputError
-from greenctl.data.geo_io import GeoProblem, load_geo_problem, write_allocations
+from greenctl.data.geo_io import (
+    GeoProblem,
+    GeoVariants,
+    load_geo_problem,
+    read_variants,
+    write_allocations,
+)
 from greenctl.data.plan import Deployment, Plan
 from greenctl.planner.geo_lp import (
     SMALL_LP_OPTIONS,
@@ -77,6 +83,20 @@ class GeoOptions:
     forecast: str = "oracle"
     weight_carbon_usd_per_kg: float | None = None
     weight_water_usd_per_l: float | None = None
+    variants: GeoVariants | None = None
+    min_accuracy: float | None = None
+
+    def variant_kw(self) -> dict[str, Any]:
+        """Keyword arguments of ``solve_site_lp`` for heterogeneous models."""
+        v = self.variants
+        if v is None:
+            return {}
+        return dict(
+            relative_energy=v.relative_energy,
+            accuracy=v.accuracy,
+            allowed=v.allowed,
+            min_accuracy=self.min_accuracy,
+        )
 
     def weights(self, n_sites: int) -> tuple[float, float]:
         """glb-c2/glb-all weights; default: mu priced on the per-site average (mu / S)."""
@@ -100,6 +120,9 @@ class GeoSolution:
     info: dict[str, Any] = field(default_factory=dict)
     _flow: np.ndarray | None = None
     capacity_mw: np.ndarray | None = None
+    # heterogeneous models: [T, S, M] load per variant (reference MW) and its [T, S] sum
+    variant_load: np.ndarray | None = None
+    request_load_mw: np.ndarray | None = None
 
     @classmethod
     def from_flow(
@@ -111,8 +134,29 @@ class GeoSolution:
     def flow(self) -> np.ndarray:
         """``[T, E]`` edge flows (recovered from the site loads when first asked for)."""
         if self._flow is None:
-            self._flow = recover_flows(self.network, self.site_load_mw, self.capacity_mw)
+            if self.request_load_mw is not None:  # variants: loads are not powers
+                self._flow = recover_flows(self.network, self.request_load_mw)
+            else:
+                self._flow = recover_flows(self.network, self.site_load_mw, self.capacity_mw)
         return self._flow
+
+    def variant_flows(
+        self, problem: GeoProblem, variants: GeoVariants
+    ) -> Iterator[tuple[str, str, str, float, str]]:
+        """``(time, gateway, site, load_mw, variant)``: each gateway flow split over the
+        site's variant mix of that step (load in reference MW)."""
+        assert self.variant_load is not None
+        t_index = {t: i for i, t in enumerate(problem.times)}
+        s_index = {s: j for j, s in enumerate(problem.sites)}
+        total = self.variant_load.sum(axis=2)
+        for when, gw, site, load in self.gateway_flows(problem):
+            i, j = t_index[when], s_index[site]
+            if total[i, j] <= 0:
+                continue
+            for m, name in enumerate(variants.names):
+                v = load * self.variant_load[i, j, m] / total[i, j]
+                if v > 1e-12:
+                    yield when, gw, site, v, name
 
     def gateway_flows(self, problem: GeoProblem) -> Iterator[tuple[str, str, str, float]]:
         """``(time, gateway, site, load_mw)`` for every non-zero flow.
@@ -274,13 +318,16 @@ def _first_infeasible_step(problem: GeoProblem, net: Network) -> InfeasiblePlan:
 
 
 # -- algorithms -------------------------------------------------------------------------------
-def _lp(problem: GeoProblem, net: Network, cost: np.ndarray, opts: GeoOptions | None) -> np.ndarray:
-    """Site loads minimising ``sum cost x`` (+ the minimax terms when ``opts`` is given).
+def _lp(
+    problem: GeoProblem, net: Network, cost: np.ndarray, opts: GeoOptions, *, minimax: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Site loads minimising ``sum cost x`` (+ the minimax terms with ``minimax``).
 
     Site-load LP with Hall cuts when the routes give few unions, else the flow LP.
+    Returns ``[T, S]`` loads and, with variants, the ``[T, S, M]`` variant loads.
     """
     kw: dict[str, Any] = {}
-    if opts is not None:
+    if minimax:
         kw = dict(
             carbon=problem.carbon_kg_per_mw,
             water=problem.water_l_per_mw,
@@ -288,27 +335,50 @@ def _lp(problem: GeoProblem, net: Network, cost: np.ndarray, opts: GeoOptions | 
             mu_water=opts.mu_water_usd_per_l,
         )
     cuts = [] if net.full else hall_cuts(net)
-    if cuts is not None:
-        res = solve_site_lp(net, cuts, cost, problem.capacity_mw, net.demand, **kw)
+    if cuts is not None or opts.variants is not None:
+        if cuts is None:  # too many unions for cuts: variants need the site LP anyway
+            raise InputError(
+                "--variants with these routes: too many distinct route sets",
+                hint="use fewer distinct allowed-site sets per gateway",
+            )
+        res = solve_site_lp(
+            net, cuts, cost, problem.capacity_mw, net.demand, **kw, **opts.variant_kw()
+        )
         if res.status != "Optimal":
-            raise _first_infeasible_step(problem, net)
-        return res.flow
+            raise _infeasible(problem, net, opts)
+        return res.flow, res.variant_load
     res = solve_flow_lp(net, cost, problem.capacity_mw, net.demand, **kw)
     if res.status != "Optimal":
         raise _first_infeasible_step(problem, net)
-    return net.site_load(res.flow)
+    return net.site_load(res.flow), None
 
 
-def _min_total(problem: GeoProblem, net: Network, cost: np.ndarray) -> np.ndarray:
-    """Site loads minimising ``sum cost x`` (separable per step)."""
-    if net.full:
-        return greedy_full(cost, problem.capacity_mw, net.demand[:, 0])
-    return _lp(problem, net, cost, None)
+def _infeasible(problem: GeoProblem, net: Network, opts: GeoOptions) -> InfeasiblePlan:
+    v = opts.variants
+    if v is not None and opts.min_accuracy is not None:
+        return InfeasiblePlan(
+            f"no allocation reaches --min-accuracy {opts.min_accuracy:g} within the site "
+            f"capacities (variants' accuracy {v.accuracy.min():g} .. {v.accuracy.max():g}, "
+            f"the most accurate needs {v.relative_energy.max():g}x the reference power)",
+            hint="lower --min-accuracy or raise capacity_mw",
+        )
+    return _first_infeasible_step(problem, net)
 
 
-def solve_offline(problem: GeoProblem, net: Network, opts: GeoOptions) -> np.ndarray:
-    """eglb-off: the offline LP optimum (``[T, S]`` site loads)."""
-    return _lp(problem, net, problem.cost_usd_per_mw, opts)
+def _min_total(
+    problem: GeoProblem, net: Network, cost: np.ndarray, opts: GeoOptions
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Site loads minimising ``sum cost x`` (separable per step without variants)."""
+    if net.full and opts.variants is None:
+        return greedy_full(cost, problem.capacity_mw, net.demand[:, 0]), None
+    return _lp(problem, net, cost, opts, minimax=False)
+
+
+def solve_offline(
+    problem: GeoProblem, net: Network, opts: GeoOptions
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """eglb-off: the offline LP optimum (``[T, S]`` site loads, variant loads)."""
+    return _lp(problem, net, problem.cost_usd_per_mw, opts, minimax=True)
 
 
 def _aux_target(gamma: np.ndarray, z_max: np.ndarray) -> np.ndarray:
@@ -391,6 +461,67 @@ def solve_online(
     return out, info
 
 
+def solve_online_variants(
+    problem: GeoProblem, net: Network, opts: GeoOptions
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """eglb with heterogeneous models: the same dual mirror descent, each step's allocation
+    a small LP over sites x variants with the dual-adjusted prices, its capacity in power
+    and the accuracy constraint carried over from the past (the step may fall below
+    ``--min-accuracy`` only by the surplus banked so far), so the horizon's load-weighted
+    mean accuracy meets it."""
+    assert opts.variants is not None
+    v = opts.variants
+    T, S = problem.capacity_mw.shape
+    M = len(v.names)
+    rho = v.relative_energy
+    mu_c, mu_w = opts.mu_carbon_usd_per_kg, opts.mu_water_usd_per_l
+    a = problem.cost_usd_per_mw
+    bc = mu_c * problem.carbon_kg_per_mw
+    bw = mu_w * problem.water_l_per_mw
+    cap = problem.capacity_mw
+    zc_max = np.maximum.accumulate(bc * cap, axis=0)
+    zw_max = np.maximum.accumulate(bw * cap, axis=0)
+    if opts.z_max_usd is not None:
+        zc_max = np.full((T, S), float(opts.z_max_usd))
+        zw_max = zc_max
+    if opts.eta is not None:
+        eta = float(opts.eta)
+    else:
+        scale = float(np.mean(np.concatenate([zc_max[0], zw_max[0]])))
+        eta = 1.0 / (scale * math.sqrt(2 * S * T)) if scale > 0 else 0.0
+    cuts = [] if net.full else hall_cuts(net)
+    if cuts is None:
+        raise InputError("--variants with these routes: too many distinct route sets")
+    gc, gw = np.zeros(S), np.zeros(S)
+    y_out = np.zeros((T, S))
+    z_out = np.zeros((T, S, M))
+    surplus = 0.0
+    for t in range(T):
+        price = a[t] + gc * bc[t] + gw * bw[t]
+        res = solve_site_lp(
+            net,
+            cuts,
+            price[None, :],
+            cap[t : t + 1],
+            net.demand[t : t + 1],
+            options=SMALL_LP_OPTIONS,
+            **opts.variant_kw(),
+            past_accuracy_surplus=surplus,
+        )
+        if res.status != "Optimal" or res.variant_load is None:
+            raise _infeasible(problem, net, opts)
+        z = res.variant_load[0]
+        z_out[t], y_out[t] = z, z.sum(axis=1)
+        if opts.min_accuracy is not None:
+            surplus += float(((v.accuracy - opts.min_accuracy) * z).sum())
+        power = (z * rho).sum(axis=1)
+        zc = _aux_target(gc, zc_max[t])
+        zw = _aux_target(gw, zw_max[t])
+        gc = np.maximum(0.0, gc + eta * (bc[t] * power - zc))
+        gw = np.maximum(0.0, gw + eta * (bw[t] * power - zw))
+    return y_out, z_out, {"eta": eta}
+
+
 def _forecast_index(t: int, length: int, mode: str, period: int) -> np.ndarray:
     """Which observed step stands in for each of steps ``t .. t+length-1``."""
     tau = np.arange(t, t + length)
@@ -406,7 +537,7 @@ def _forecast_index(t: int, length: int, mode: str, period: int) -> np.ndarray:
 
 def solve_mpc(
     problem: GeoProblem, net: Network, opts: GeoOptions
-) -> tuple[np.ndarray, dict[str, Any]]:
+) -> tuple[np.ndarray, np.ndarray | None, dict[str, Any]]:
     """eglb-mpc: per step, solve the eGLB LP over the next ``horizon`` steps (forecast),
     counting the footprint already spent, and apply the first step.
 
@@ -422,9 +553,14 @@ def solve_mpc(
     cap = problem.capacity_mw
     past_c = np.zeros(S)
     past_w = np.zeros(S)
+    surplus = 0.0
     out = np.zeros((T, S))
+    v = opts.variants
+    zs = np.zeros((T, S, len(v.names))) if v is not None else None
     lp_s = 0.0
     cuts = [] if net.full else hall_cuts(net)
+    if cuts is None and v is not None:
+        raise InputError("--variants with these routes: too many distinct route sets")
     for t in range(T):
         src = _forecast_index(t, min(H, T - t), opts.forecast, period)
         kw: dict[str, Any] = dict(
@@ -437,18 +573,35 @@ def solve_mpc(
             options=SMALL_LP_OPTIONS,
         )
         if cuts is not None:
-            res = solve_site_lp(net, cuts, a[src], cap[src], net.demand[src], **kw)
+            res = solve_site_lp(
+                net,
+                cuts,
+                a[src],
+                cap[src],
+                net.demand[src],
+                **kw,
+                **opts.variant_kw(),
+                past_accuracy_surplus=surplus,
+            )
+            if res.status != "Optimal":
+                raise _infeasible(problem, net, opts)
             y = res.flow[0]
         else:
             res = solve_flow_lp(net, a[src], cap[src], net.demand[src], **kw)
+            if res.status != "Optimal":
+                raise _first_infeasible_step(problem, net)
             y = np.bincount(net.edge_site, weights=res.flow[0], minlength=S)
         lp_s += res.solve_s
-        if res.status != "Optimal":
-            raise _first_infeasible_step(problem, net)
         out[t] = y
-        past_c += b[t] * y
-        past_w += q[t] * y
-    return out, {"horizon": H, "forecast": opts.forecast, "lp_s": lp_s}
+        power = y
+        if v is not None and zs is not None and res.variant_load is not None:
+            zs[t] = res.variant_load[0]
+            power = (zs[t] * v.relative_energy).sum(axis=1)
+            if opts.min_accuracy is not None:
+                surplus += float(((v.accuracy - opts.min_accuracy) * zs[t]).sum())
+        past_c += b[t] * power
+        past_w += q[t] * power
+    return out, zs, {"horizon": H, "forecast": opts.forecast, "lp_s": lp_s}
 
 
 def nearest_order(problem: GeoProblem) -> list[np.ndarray]:
@@ -480,7 +633,9 @@ def nearest_order(problem: GeoProblem) -> list[np.ndarray]:
     return orders
 
 
-def solve_nearest(problem: GeoProblem) -> tuple[Network, np.ndarray]:
+def solve_nearest(
+    problem: GeoProblem, opts: GeoOptions | None = None
+) -> tuple[Network, np.ndarray]:
     """nearest: each gateway's load goes to its nearest site; when that is full, to the
     next nearest (gateways in file order). At a step where that greedy pass strands load,
     the step is re-solved as min sum of preference rank x flow (as near as capacities
@@ -543,33 +698,56 @@ def solve(problem: GeoProblem, algorithm: str, opts: GeoOptions | None = None) -
     t0 = time.perf_counter()
     net = build_network(problem.load_mw, len(problem.sites), problem.routes)
     check_routes_feasible(problem, net)
+    v = opts.variants
+    if v is not None and v.accuracy.max() < (opts.min_accuracy or 0.0) - 1e-12:
+        raise _infeasible(problem, net, opts)
     if algorithm == "nearest":
-        net, flow = solve_nearest(problem)
-        return GeoSolution.from_flow(algorithm, net, flow, time.perf_counter() - t0)
+        net, flow = solve_nearest(problem, opts)
+        sol = GeoSolution.from_flow(algorithm, net, flow, time.perf_counter() - t0)
+        if v is not None:  # nearest serves everything with the reference variant
+            zn = np.zeros((*sol.site_load_mw.shape, len(v.names)))
+            zn[:, :, v.reference] = sol.site_load_mw
+            sol.variant_load, sol.request_load_mw = zn, sol.site_load_mw
+        return sol
     info: dict[str, Any] = {}
     wc, ww = opts.weights(len(problem.sites))
     a, b, q = problem.cost_usd_per_mw, problem.carbon_kg_per_mw, problem.water_l_per_mw
-    if algorithm == "eglb":
+    z: np.ndarray | None = None
+    if algorithm == "eglb" and v is None:
         flow, info = solve_online(problem, net, opts)
         return GeoSolution.from_flow(algorithm, net, flow, time.perf_counter() - t0, info=info)
-    if algorithm == "eglb-off":
-        y = solve_offline(problem, net, opts)
+    if algorithm == "eglb":
+        y, z, info = solve_online_variants(problem, net, opts)
+    elif algorithm == "eglb-off":
+        y, z = solve_offline(problem, net, opts)
     elif algorithm == "eglb-mpc":
-        y, info = solve_mpc(problem, net, opts)
+        y, z, info = solve_mpc(problem, net, opts)
     elif algorithm == "glb-energy":
-        y = _min_total(problem, net, a)
+        y, z = _min_total(problem, net, a, opts)
     elif algorithm == "glb-carbon":
-        y = _min_total(problem, net, b)
+        y, z = _min_total(problem, net, b, opts)
     elif algorithm == "glb-water":
-        y = _min_total(problem, net, q)
+        y, z = _min_total(problem, net, q, opts)
     elif algorithm == "glb-c2":
-        y = _min_total(problem, net, a + wc * b)
+        y, z = _min_total(problem, net, a + wc * b, opts)
         info = {"weight_carbon_usd_per_kg": wc}
     else:  # glb-all
-        y = _min_total(problem, net, a + wc * b + ww * q)
+        y, z = _min_total(problem, net, a + wc * b + ww * q, opts)
         info = {"weight_carbon_usd_per_kg": wc, "weight_water_usd_per_l": ww}
+    dt = time.perf_counter() - t0
+    if z is None:
+        return GeoSolution(algorithm, net, y, dt, info=info, capacity_mw=problem.capacity_mw)
+    assert v is not None
+    power = (z * v.relative_energy).sum(axis=2)
     return GeoSolution(
-        algorithm, net, y, time.perf_counter() - t0, info=info, capacity_mw=problem.capacity_mw
+        algorithm,
+        net,
+        power,
+        dt,
+        info=info,
+        capacity_mw=problem.capacity_mw,
+        variant_load=z,
+        request_load_mw=y,
     )
 
 
@@ -586,6 +764,16 @@ def _check_options(opts: GeoOptions) -> None:
             raise InputError(f"{name} must be a finite number >= 0, got {value}")
     if opts.horizon < 1:
         raise InputError(f"--horizon must be >= 1 step, got {opts.horizon}")
+    if opts.min_accuracy is not None:
+        if not 0.0 <= opts.min_accuracy <= 1.0:
+            raise InputError(
+                f"--min-accuracy must be a fraction between 0 and 1, got {opts.min_accuracy}"
+            )
+        if opts.variants is None:
+            raise InputError(
+                "--min-accuracy needs variants to choose from",
+                hint="pass --variants FILE.csv or --family NAME",
+            )
     if opts.forecast not in FORECASTS:
         raise InputError(
             f"unknown forecast '{opts.forecast}'", hint=f"one of {', '.join(FORECASTS)}"
@@ -613,10 +801,15 @@ class GeoRun:
     solutions: dict[str, GeoSolution]
     notes: list[str] = field(default_factory=list)
 
+    variants: GeoVariants | None = None
+
     def write_allocations(self, path: str | Path) -> int:
-        """Write the plan's algorithm's ``time,gateway,site,load_mw`` rows; returns count."""
+        """Write the plan's algorithm's ``time,gateway,site,load_mw`` rows (plus ``variant``
+        with heterogeneous models; load in reference MW); returns the row count."""
         sol = self.solutions[self.plan.extra["algorithm"]]
         try:
+            if self.variants is not None and sol.variant_load is not None:
+                return write_allocations(path, sol.variant_flows(self.problem, self.variants))
             return write_allocations(path, sol.gateway_flows(self.problem))
         except OSError as exc:
             raise InputError(f"cannot write allocations {path}: {exc.strerror}") from None
@@ -636,8 +829,15 @@ def run_geo(
     weight_water: float | None = None,
     model: str = "default",
     variant: str = "default",
+    variants: GeoVariants | None = None,
+    min_accuracy: float | None = None,
 ) -> GeoRun:
     """Plan geographical load balancing with one algorithm, or ``all`` of them.
+
+    With ``variants`` (heterogeneous models) each site may serve its load with any
+    allowed variant; ``min_accuracy`` bounds the load-weighted mean accuracy over the
+    horizon. Sites then list ``variant_load_mwh`` and the summary ``accuracy_mean``;
+    deployments are one per site and variant that serves load.
 
     Returns:
         The ``geo`` plan (``sites``, ``summary`` and, with ``all``, ``algorithms`` in
@@ -656,6 +856,8 @@ def run_geo(
         forecast=forecast,
         weight_carbon=weight_carbon,
         weight_water=weight_water,
+        variants=variants,
+        min_accuracy=min_accuracy,
     )
     names = list(ALGORITHMS) if algorithm == "all" else [algorithm]
     solutions: dict[str, GeoSolution] = {}
@@ -671,6 +873,8 @@ def run_geo(
     blocks: dict[str, dict[str, Any]] = {}
     for name, sol in solutions.items():
         sites, summary = evaluate(problem, sol.site_load_mw, mu_carbon=mu_carbon, mu_water=mu_water)
+        if variants is not None and sol.variant_load is not None:
+            _add_variants(problem, sol, variants, sites, summary)
         blocks[name] = {"sites": sites, "summary": summary, "solve_s": sol.solve_s}
         if sol.info:
             blocks[name]["info"] = sol.info
@@ -695,6 +899,10 @@ def run_geo(
         "n_gateways": len(problem.gateways),
         "start": problem.times[0],
     }
+    if variants is not None:
+        request["variants"] = variants.source
+        request["variant_names"] = variants.names
+        request["min_accuracy"] = min_accuracy
     peak = main.site_load_mw.max(axis=0)
     deployments = [
         Deployment(
@@ -710,6 +918,23 @@ def run_geo(
         )
         for j, s in enumerate(sites)
     ]
+    if variants is not None and main.variant_load is not None:
+        deployments = [
+            Deployment(
+                model=model,
+                variant=vname,
+                resource=site_resource(s["site"]),
+                count=1,
+                placement={
+                    "site": s["site"],
+                    "load_mwh": s["variant_load_mwh"][vname],
+                    "peak_load_mw": float(main.variant_load[:, j, m].max()),
+                },
+            )
+            for j, s in enumerate(sites)
+            for m, vname in enumerate(variants.names)
+            if s["variant_load_mwh"][vname] > 1e-9
+        ]
     extra: dict[str, Any] = {
         "algorithm": main.algorithm,
         "basis": "modeled from the input price, carbon and water traces",
@@ -731,18 +956,49 @@ def run_geo(
     plan = Plan(
         kind="geo", request=request, deployments=deployments, predicted=predicted, extra=extra
     )
-    return GeoRun(plan=plan, problem=problem, solutions=solutions, notes=notes)
+    return GeoRun(plan=plan, problem=problem, solutions=solutions, notes=notes, variants=variants)
+
+
+def _add_variants(
+    problem: GeoProblem,
+    sol: GeoSolution,
+    variants: GeoVariants,
+    sites: list[dict[str, Any]],
+    summary: dict[str, Any],
+) -> None:
+    """Per-site load per variant (reference MWh) and the load-weighted mean accuracy."""
+    assert sol.variant_load is not None
+    z = sol.variant_load
+    per = (z * problem.step_h).sum(axis=0)  # [S, M]
+    for j, site in enumerate(sites):
+        site["variant_load_mwh"] = {n: float(per[j, m]) for m, n in enumerate(variants.names)}
+    total = float(z.sum())
+    summary["accuracy_mean"] = float((z * variants.accuracy).sum()) / total if total > 0 else None
 
 
 def run_geo_files(
-    sites: str | Path, demand: str | Path, routes: str | Path | None = None, **options: Any
+    sites: str | Path,
+    demand: str | Path,
+    routes: str | Path | None = None,
+    *,
+    variants_file: str | Path | None = None,
+    **options: Any,
 ) -> GeoRun:
-    """Read and validate the CSVs, then :func:`run_geo` (same keyword-only options).
+    """Read and validate the CSVs (and a variants CSV), then :func:`run_geo` (same
+    keyword-only options).
 
     The options are checked first, so a bad flag fails before the files are read.
     """
-    _options_from(**options)
-    return run_geo(load_geo_problem(sites, demand, routes), **options)
+    if variants_file is not None and options.get("variants") is not None:
+        raise InputError("give variants as a file or from the store, not both")
+    pre = dict(options)
+    if variants_file is not None:  # stands in for the file's variants in the option checks
+        pre["variants"] = GeoVariants(["?"], np.ones(1), np.ones(1))
+    _options_from(**pre)
+    problem = load_geo_problem(sites, demand, routes)
+    if variants_file is not None:
+        options["variants"] = read_variants(variants_file, problem.sites)
+    return run_geo(problem, **options)
 
 
 def _options_from(
@@ -756,6 +1012,8 @@ def _options_from(
     forecast: str = "oracle",
     weight_carbon: float | None = None,
     weight_water: float | None = None,
+    variants: GeoVariants | None = None,
+    min_accuracy: float | None = None,
     **_: Any,
 ) -> GeoOptions:
     if algorithm != "all" and algorithm not in ALGORITHMS:
@@ -771,6 +1029,8 @@ def _options_from(
         forecast=forecast,
         weight_carbon_usd_per_kg=weight_carbon,
         weight_water_usd_per_l=weight_water,
+        variants=variants,
+        min_accuracy=min_accuracy,
     )
     _check_options(opts)
     return opts

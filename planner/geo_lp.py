@@ -91,10 +91,11 @@ def build_network(
 
 @dataclass
 class LPResult:
-    flow: np.ndarray  # [H, E]
+    flow: np.ndarray  # [H, E] edge flows, or [H, S] site loads (solve_site_lp)
     objective: float
     status: str
     solve_s: float
+    variant_load: np.ndarray | None = None  # [H, S, M] with variants
 
 
 def _highs(threads: int | None = None):  # -> highspy.Highs
@@ -295,6 +296,11 @@ def solve_site_lp(
     past_carbon: np.ndarray | None = None,
     past_water: np.ndarray | None = None,
     options: dict[str, object] | None = None,
+    relative_energy: np.ndarray | None = None,
+    accuracy: np.ndarray | None = None,
+    allowed: np.ndarray | None = None,
+    min_accuracy: float | None = None,
+    past_accuracy_surplus: float = 0.0,
 ) -> LPResult:
     """The same problem as :func:`solve_flow_lp` over ``[H, S]`` site loads.
 
@@ -303,38 +309,64 @@ def solve_site_lp(
     union (``cuts`` from :func:`hall_cuts`; none with every route allowed). With every
     route allowed that is ``H x S`` variables instead of ``H x G x S``. ``LPResult.flow``
     holds the ``[H, S]`` site loads; :func:`recover_flows` turns them into edge flows.
+
+    Heterogeneous models: with ``relative_energy`` (``[M]``, power per unit of load
+    relative to the reference variant) the variables become ``z[t, s, m]`` (load served by
+    variant m, in reference MW); a site's power ``sum_m rho_m z`` must fit its capacity,
+    and with ``min_accuracy`` the load-weighted mean accuracy over the window plus the
+    past (``past_accuracy_surplus`` = sum over past load of accuracy - min_accuracy) must
+    reach ``min_accuracy``. ``allowed`` ``[M, S]`` restricts variants to sites.
+    ``LPResult.variant_load`` then holds ``z``.
     """
     import time
 
     import highspy
 
     H, S = cost.shape
-    M = len(cuts)
+    rho = np.ones(1) if relative_energy is None else np.asarray(relative_energy, dtype=float)
+    M = rho.size
+    acc = np.ones(M) if accuracy is None else np.asarray(accuracy, dtype=float)
+    Mc = len(cuts)
     use_c = mu_carbon > 0 and carbon is not None
     use_w = mu_water > 0 and water is not None
+    use_a = min_accuracy is not None
+    cap_rows = M > 1
     reach = np.zeros(S, dtype=bool)
     reach[net.edge_site] = True
-    n = H * S
-    t = np.repeat(np.arange(H), S)
-    s = np.tile(np.arange(S), H)
-    r_c0 = H + H * M
+    n = H * S * M
+    t = np.repeat(np.arange(H), S * M)
+    s = np.tile(np.repeat(np.arange(S), M), H)
+    m = np.tile(np.arange(M), H * S)
+    r_cap0 = H + H * Mc
+    r_c0 = r_cap0 + (H * S if cap_rows else 0)
     r_w0 = r_c0 + (S if use_c else 0)
-    n_rows = r_w0 + (S if use_w else 0)
-    slots_r, slots_v, masks = [t], [np.ones(n)], [np.ones(n, dtype=bool)]
+    r_a = r_w0 + (S if use_w else 0)
+    n_rows = r_a + (1 if use_a else 0)
+    ones = np.ones(n, dtype=bool)
+    slots_r, slots_v, masks = [t], [np.ones(n)], [ones]
     for k, (u, _) in enumerate(cuts):
         slots_r.append(H + k * H + t)
         slots_v.append(np.ones(n))
         masks.append(u[s])
+    if cap_rows:
+        slots_r.append(r_cap0 + t * S + s)
+        slots_v.append(rho[m])
+        masks.append(ones)
     if use_c:
         assert carbon is not None
         slots_r.append(r_c0 + s)
-        slots_v.append(carbon.reshape(-1))
-        masks.append(np.ones(n, dtype=bool))
+        slots_v.append(rho[m] * carbon[t, s])
+        masks.append(ones)
     if use_w:
         assert water is not None
         slots_r.append(r_w0 + s)
-        slots_v.append(water.reshape(-1))
-        masks.append(np.ones(n, dtype=bool))
+        slots_v.append(rho[m] * water[t, s])
+        masks.append(ones)
+    if use_a:
+        assert min_accuracy is not None
+        slots_r.append(np.full(n, r_a))
+        slots_v.append(acc[m] - min_accuracy)
+        masks.append(acc[m] != min_accuracy)
     R = np.stack(slots_r, axis=1)
     V = np.stack(slots_v, axis=1)
     Mk = np.stack(masks, axis=1)
@@ -342,8 +374,9 @@ def solve_site_lp(
     value = [V[Mk]]
     start = [np.concatenate([[0], np.cumsum(Mk.sum(axis=1))])]
     nnz = int(start[0][-1])
-    col_cost = [cost.reshape(-1)]
-    col_upper = [np.where(reach[s], cap.reshape(-1), 0.0)]
+    col_cost = [rho[m] * cost[t, s]]
+    ok = reach[s] if allowed is None else reach[s] & allowed[m, s]
+    col_upper = [np.where(ok, cap[t, s] / rho[m], 0.0)]
     n_cols = n
     for used, r0, mu in ((use_c, r_c0, mu_carbon), (use_w, r_w0, mu_water)):
         if used:
@@ -359,10 +392,14 @@ def solve_site_lp(
     row_lower[:H] = row_upper[:H] = demand.sum(axis=1)
     for k, (_, inside) in enumerate(cuts):
         row_lower[H + k * H : H + (k + 1) * H] = demand[:, inside].sum(axis=1)
+    if cap_rows:
+        row_upper[r_cap0:r_c0] = cap.reshape(-1)
     if use_c:
         row_upper[r_c0:r_w0] = -(past_carbon if past_carbon is not None else np.zeros(S))
     if use_w:
-        row_upper[r_w0:] = -(past_water if past_water is not None else np.zeros(S))
+        row_upper[r_w0:r_a] = -(past_water if past_water is not None else np.zeros(S))
+    if use_a:
+        row_lower[r_a] = -past_accuracy_surplus
     lp = highspy.HighsLp()
     lp.num_col_ = n_cols
     lp.num_row_ = n_rows
@@ -387,8 +424,11 @@ def solve_site_lp(
     status = h.modelStatusToString(h.getModelStatus())
     if status != "Optimal":
         return LPResult(np.zeros((H, S)), float("nan"), status, solve_s)
-    y = np.clip(np.asarray(h.getSolution().col_value)[:n], 0.0, None).reshape(H, S)
-    return LPResult(y, float(h.getInfo().objective_function_value), status, solve_s)
+    z = np.clip(np.asarray(h.getSolution().col_value)[:n], 0.0, None).reshape(H, S, M)
+    objective = float(h.getInfo().objective_function_value)
+    if M == 1 and relative_energy is None:
+        return LPResult(z[:, :, 0], objective, status, solve_s)
+    return LPResult(z.sum(axis=2), objective, status, solve_s, variant_load=z)
 
 
 def recover_flows(net: Network, site_load: np.ndarray, cap: np.ndarray | None = None) -> np.ndarray:

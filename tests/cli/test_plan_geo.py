@@ -159,3 +159,31 @@ def test_convert_eglb_command(cli, tmp_path: Path) -> None:
     assert len((tmp_path / "o" / "sites.csv").read_text().splitlines()) == 51
     r = cli("geo", "convert-eglb", tmp_path / "missing", "-o", tmp_path / "p")
     assert r.exit_code == 2 and "does not exist" in r.output
+
+
+def test_variants_and_min_accuracy(cli, eglb: dict[str, Path], tmp_path: Path) -> None:
+    variants = tmp_path / "variants.csv"
+    variants.write_text(
+        "variant,energy_j_per_request,accuracy\nresnet152,10,0.783\nresnet50,5,0.761\n"
+        "resnet18,2.5,0.698\n"
+    )
+    alloc = tmp_path / "alloc.csv"
+    r = cli(
+        "plan", "geo", *_args(eglb), "--variants", variants, "--min-accuracy", "0.76",
+        "--allocations", alloc, "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["summary"]["accuracy_mean"] >= 0.76 - 1e-7
+    assert {d["variant"] for d in doc["deployments"]} <= {"resnet152", "resnet50", "resnet18"}
+    with alloc.open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert set(rows[0]) == {"time", "gateway", "site", "load_mw", "variant"}
+    demand = sum(float(r["load_mw"]) for r in csv.DictReader(eglb["demand"].open()))
+    assert sum(float(r["load_mw"]) for r in rows) == pytest.approx(demand, rel=1e-7)
+    r = cli("plan", "geo", *_args(eglb), "--min-accuracy", "0.7")
+    assert r.exit_code == 2 and "needs variants" in r.output
+    r = cli("plan", "geo", *_args(eglb), "--variants", variants, "--min-accuracy", "0.9")
+    assert r.exit_code == 3 and "min-accuracy" in r.output
+    r = cli("plan", "geo", *_args(eglb), "--family", "nothing")
+    assert r.exit_code == 2 and "no variants of family 'nothing'" in r.output

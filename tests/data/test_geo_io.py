@@ -192,3 +192,68 @@ def test_convert_errors(tmp_path: Path) -> None:
         convert_eglb(None, tmp_path / "out", routes="some")
     with pytest.raises(InputError, match="steps"):
         convert_eglb(None, tmp_path / "out", steps=10_000)
+
+
+def test_read_variants(tmp_path: Path) -> None:
+    from greenctl.data.geo_io import read_variants
+
+    f = write(
+        tmp_path / "v.csv",
+        [
+            "variant,energy_j_per_request,accuracy,site",
+            "r152,10,0.783,",
+            "r50,5,0.761,a",
+            "r50,5,0.761,b",
+            "r18,2.5,0.698,b",
+        ],
+    )
+    v = read_variants(f, ["a", "b", "c"])
+    assert v.names == ["r152", "r50", "r18"] and v.reference == 0
+    assert v.relative_energy.tolist() == [1.0, 0.5, 0.25]
+    assert v.allowed is not None
+    assert v.allowed.tolist() == [[1, 1, 1], [1, 1, 0], [0, 1, 0]]
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ("r50,0,0.761", r"line 3, column 'energy_j_per_request'"),
+        ("r50,5,76.1", r"line 3, column 'accuracy': accuracy 76.1 is above 1"),
+        ("r50,5,-0.1", r"line 3, column 'accuracy'.*negative"),
+        ("r152,9,0.783", r"line 3: variant 'r152' has different figures"),
+    ],
+)
+def test_variants_errors(tmp_path: Path, line: str, match: str) -> None:
+    from greenctl.data.geo_io import read_variants
+
+    f = write(tmp_path / "v.csv", ["variant,energy_j_per_request,accuracy", "r152,10,0.783", line])
+    with pytest.raises(FileFormatError, match=match):
+        read_variants(f, ["a"])
+    g = write(tmp_path / "w.csv", ["variant,energy_j_per_request,accuracy,site", "r,1,0.5,zz"])
+    with pytest.raises(FileFormatError, match="unknown site 'zz'"):
+        read_variants(g, ["a"])
+
+
+def test_variants_from_store(store) -> None:
+    from greenctl.data.errors import NotFoundError
+    from greenctl.data.geo_io import variants_from_store
+    from greenctl.data.records import Profile, Variant
+
+    with pytest.raises(NotFoundError):
+        variants_from_store(store, "resnet")
+    store.upsert_variant(Variant(name="resnet50", family="resnet", accuracy=0.761))
+    store.upsert_variant(Variant(name="resnet18", family="resnet", accuracy=69.758))
+    store.upsert_variant(Variant(name="resnet34", family="resnet", accuracy=None))
+    store.add_profiles(
+        [
+            Profile("resnet50", "cpu:4", 1, 20.0, energy_j=3.0),
+            Profile("resnet50", "cpu:8", 1, 35.0, energy_j=2.5),
+            Profile("resnet18", "cpu:4", 1, 50.0, energy_j=1.0),
+            Profile("resnet34", "cpu:4", 1, 30.0, energy_j=1.5),
+        ]
+    )
+    v = variants_from_store(store, "resnet")
+    got = dict(zip(v.names, zip(v.energy_j_per_request, v.accuracy, strict=True), strict=True))
+    assert set(got) == {"resnet50", "resnet18"}  # resnet34 has no accuracy
+    assert got["resnet50"] == (2.5, 0.761)  # the lowest energy per request measured
+    assert got["resnet18"][1] == pytest.approx(0.69758)  # stored as a percentage

@@ -303,3 +303,71 @@ def test_site_load_lp_with_hall_cuts_equals_flow_lp(seed: int) -> None:
     np.testing.assert_allclose(net.site_load(f), site.flow, atol=1e-6)
     for k in range(net.n_classes):
         np.testing.assert_allclose(f[:, net.edge_class == k].sum(axis=1), net.demand[:, k])
+
+
+# -- heterogeneous models ----------------------------------------------------------------------
+def _variants(allowed: np.ndarray | None = None):
+    from greenctl.data.geo_io import GeoVariants
+
+    return GeoVariants(
+        names=["big", "mid", "small"],
+        energy_j_per_request=np.array([10.0, 5.0, 2.5]),
+        accuracy=np.array([0.78, 0.76, 0.70]),
+        allowed=allowed,
+    )
+
+
+@pytest.mark.parametrize("routes", [None, PARTIAL])
+def test_variants_meet_accuracy_capacity_and_demand(routes: np.ndarray | None) -> None:
+    p = make_problem(T=12, seed=8, routes=routes, load_frac=0.8)
+    p.latency_ms = np.where(PARTIAL, 1.0, np.nan) if routes is not None else None
+    v = _variants()
+    opts = GeoOptions(variants=v, min_accuracy=0.765, horizon=4)
+    objective = {}
+    for name in ALGORITHMS:
+        sol = solve(p, name, opts)
+        assert allocation_violations(p, sol) == [], name
+        z = sol.variant_load
+        assert z is not None and sol.request_load_mw is not None
+        np.testing.assert_allclose(z.sum(axis=(1, 2)), p.load_mw.sum(axis=1), rtol=1e-7)
+        acc = (z * v.accuracy).sum() / z.sum()
+        assert acc >= 0.765 - 1e-7, name
+        power = (z * v.relative_energy).sum(axis=2)
+        assert (power <= p.capacity_mw + 1e-7).all(), name
+        objective[name] = evaluate(p, sol.site_load_mw, mu_carbon=MU_C, mu_water=MU_W)[1][
+            "objective"
+        ]
+    assert all(o >= objective["eglb-off"] * (1 - 1e-7) for o in objective.values())
+
+
+def test_variants_limits() -> None:
+    p = make_problem(T=8, seed=9)
+    v = _variants()
+    plain = evaluate(p, solve(p, "eglb-off").site_load_mw, mu_carbon=MU_C, mu_water=MU_W)[1]
+    # demanding the best accuracy leaves only the reference variant: the plain problem
+    strict = solve(p, "eglb-off", GeoOptions(variants=v, min_accuracy=0.78))
+    s = evaluate(p, strict.site_load_mw, mu_carbon=MU_C, mu_water=MU_W)[1]
+    assert s["objective"] == pytest.approx(plain["objective"], rel=1e-6)
+    # no accuracy floor: everything runs on the most frugal variant
+    free = solve(p, "glb-energy", GeoOptions(variants=v))
+    assert free.variant_load is not None
+    np.testing.assert_allclose(free.variant_load[:, :, 2].sum(), p.load_mw.sum(), rtol=1e-7)
+    with pytest.raises(InfeasiblePlan, match="min-accuracy"):
+        solve(p, "eglb-off", GeoOptions(variants=v, min_accuracy=0.79))
+    with pytest.raises(InputError, match="needs variants"):
+        run_geo(p, min_accuracy=0.7)
+    # a variant restricted to one site is used nowhere else
+    allowed = np.ones((3, 4), dtype=bool)
+    allowed[2, 1:] = False
+    sol = solve(p, "glb-energy", GeoOptions(variants=_variants(allowed)))
+    assert sol.variant_load is not None and sol.variant_load[:, 1:, 2].max() == 0
+
+
+def test_variants_plan_document() -> None:
+    p = make_problem(T=6, seed=10)
+    run = run_geo(p, algorithm="eglb-off", variants=_variants(), min_accuracy=0.75)
+    doc = run.plan.to_dict()
+    assert doc["summary"]["accuracy_mean"] >= 0.75 - 1e-7
+    assert set(doc["sites"][0]["variant_load_mwh"]) == {"big", "mid", "small"}
+    assert {d["variant"] for d in doc["deployments"]} <= {"big", "mid", "small"}
+    assert doc["request"]["min_accuracy"] == 0.75
