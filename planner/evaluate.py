@@ -44,7 +44,7 @@ from greenctl.planner.queueing import (
     batch_model,
     default_duty_cycle_ms,
     mgc_model,
-    mixture_quantile,
+    mixture_quantiles,
     pooled_shares,
 )
 
@@ -413,8 +413,8 @@ def predict(
     if overloaded:
         result.update(p50_ms=math.inf, p95_ms=math.inf, p99_ms=math.inf)
     elif parts:
-        for key, q in (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99)):
-            result[key] = mixture_quantile(parts, q)
+        p50, p95, p99 = mixture_quantiles(parts, (0.5, 0.95, 0.99))
+        result.update(p50_ms=p50, p95_ms=p95, p99_ms=p99)
     else:
         result.update(p50_ms=None, p95_ms=None, p99_ms=None)
     if percentile_slo_ms is not None:

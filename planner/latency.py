@@ -349,3 +349,27 @@ def _fit_three(p50: float, p95: float, p99: float) -> ServiceTime | None:
     if shift < 0:
         return None
     return ServiceTime.lognormal(median_ms=median, sigma=sigma, shift_ms=shift)
+
+
+def lognormal_terms(
+    services: tuple[ServiceTime, ...], t_ms: np.ndarray, delay_ms: float, theta: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """``P(S_i > t)`` and ``P(Exp(theta) + S_i > t - delay)`` for several lognormal service
+    times at once, each shaped ``(len(services), len(t))``: the vectorised form of
+    :meth:`ServiceTime.sf` and :meth:`ServiceTime.exp_smoothed_sf` for mixtures."""
+    from scipy.special import ndtr
+
+    shift = np.array([s.shift_ms for s in services])[:, None]
+    scale = np.array([s.scale_ms for s in services])[:, None]
+    sigma = np.array([s.sigma for s in services])[:, None]
+    t = np.asarray(t_ms, dtype=float)[None, :]
+    zt = np.log(np.maximum(t - shift, 1e-300) / scale) / sigma
+    sf = ndtr(-zt)
+    x = np.maximum(t - delay_ms - shift, 1e-300)
+    zx = np.log(x / scale) / sigma
+    span = np.clip(zx, _Z_LO, -_Z_LO) - _Z_LO
+    z = _Z_LO + span[..., None] * _GL_X
+    y = scale[..., None] * np.exp(sigma[..., None] * z)
+    f = np.exp(-theta * (x[..., None] - y) - 0.5 * z * z)
+    es = ndtr(-zx) + span * (f @ _GL_W) * _INV_SQRT_2PI
+    return sf, es

@@ -46,10 +46,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from greenctl.data.errors import InputError
-from greenctl.planner.latency import ServiceTime
+from greenctl.planner.latency import ServiceTime, lognormal_terms
 
 _GRID = 33  # points per level of the quantile grid search
 _LEVELS = 2
@@ -245,24 +246,54 @@ class LatencyModel:
 
 def mixture_quantile(parts: Sequence[tuple[float, LatencyModel]], q: float) -> float:
     """The ``q`` quantile of a mixture of latency models with the given weights."""
-    _check_q(q)
-    parts = [(w, m) for w, m in parts if w > 0]
-    if not parts:
-        return math.nan
-    if len(parts) == 1:
-        return parts[0][1].quantile(q)
-    total = sum(w for w, _ in parts)
-    brackets = [m.bracket(q) for _, m in parts]
+    return mixture_quantiles(parts, (q,))[0]
+
+
+def mixture_quantiles(
+    parts: Sequence[tuple[float, LatencyModel]], qs: Sequence[float]
+) -> list[float]:
+    """Several quantiles of a mixture of latency models (weights need not sum to 1).
+
+    Parts that share a model (identical instances) are merged; the quantiles share the
+    first, coarse grid of the search.
+    """
+    for q in qs:
+        _check_q(q)
+    merged: dict[int, list[Any]] = {}
+    for w, m in parts:
+        if w > 0:
+            merged.setdefault(id(m), [0.0, m])[0] += w
+    if not merged:
+        return [math.nan for _ in qs]
+    items = [(float(w), m) for w, m in merged.values()]
+    if len(items) == 1:
+        return [items[0][1].quantile(q) for q in qs]
+    total = sum(w for w, _ in items)
 
     def tail(t: np.ndarray) -> np.ndarray:
         out = np.zeros_like(t)
-        for w, m in parts:
+        for w, m in items:
             out += (w / total) * m.sf(t)
         return out
 
+    brackets = [m.bracket(q) for q in qs for _, m in items]
     lo = min(b[0] for b in brackets)
-    hi = max(b[1] for b in brackets)
-    return _grid_quantile(tail, q, lo, max(hi, lo * 1.001 + 1e-9))
+    hi = max(max(b[1] for b in brackets), lo * 1.001 + 1e-9)
+    ts = np.linspace(lo, hi, 4 * _GRID)
+    vals = tail(ts)
+    out = []
+    for q in qs:
+        target = 1.0 - q
+        ok = vals <= target
+        if not ok.any():
+            out.append(_grid_quantile(tail, q, float(ts[-1]), 2 * float(ts[-1]) - lo))
+            continue
+        j = int(np.argmax(ok))
+        if j == 0:
+            out.append(float(ts[0]))
+            continue
+        out.append(_grid_quantile(tail, q, float(ts[j - 1]), float(ts[j]), levels=1))
+    return out
 
 
 def mgc_model(
@@ -360,12 +391,20 @@ def _wait_plus_service_model(
     """W + S, W independent of S, S a mixture of ``comps``."""
     c_prob = wait.c_prob
 
+    theta = 1.0 / wait.exp_mean_ms
+    logn = tuple(s for _, s in comps if s.kind == "lognormal")
+    logn_w = np.array([w for w, s in comps if s.kind == "lognormal"])
+    others = tuple((w, s) for w, s in comps if s.kind != "lognormal")
+
     def tail(t: np.ndarray) -> np.ndarray:
         out = np.zeros_like(t)
-        for w, s in comps:
+        if len(logn) > 1:  # one vectorised pass over every lognormal component
+            sf, es = lognormal_terms(logn, t, wait.delay_ms, theta)
+            out += logn_w @ ((1.0 - c_prob) * sf + c_prob * es)
+        rest = others if len(logn) > 1 else comps
+        for w, s in rest:
             part = (1.0 - c_prob) * s.sf(t)
             if c_prob > 0:
-                theta = 1.0 / wait.exp_mean_ms
                 part = part + c_prob * s.exp_smoothed_sf(t - wait.delay_ms, theta)
             out += w * part
         return out
@@ -425,7 +464,11 @@ def pooled_latency_quantile_ms(
 
 
 def _grid_quantile(
-    tail: Callable[[np.ndarray], np.ndarray], q: float, lo: float, hi: float
+    tail: Callable[[np.ndarray], np.ndarray],
+    q: float,
+    lo: float,
+    hi: float,
+    levels: int = _LEVELS,
 ) -> float:
     """Smallest ``t`` in ``[lo, inf)`` with ``tail(t) <= 1 - q`` (``tail`` non-increasing).
 
@@ -443,11 +486,11 @@ def _grid_quantile(
         lo, hi = hi, hi + 2.0 * (hi - lo)
     else:
         return math.inf
-    for level in range(_LEVELS):
+    for level in range(levels):
         j = int(np.argmax(vals <= target))
         if j == 0:
             return float(ts[0])
-        if level == _LEVELS - 1:
+        if level == levels - 1:
             t0, t1 = float(ts[j - 1]), float(ts[j])
             v0, v1 = float(vals[j - 1]), float(vals[j])
             return t1 if v0 == v1 else t0 + (t1 - t0) * (v0 - target) / (v0 - v1)
