@@ -1435,6 +1435,11 @@ def _diagnose(problem: MixProblem, solver: str, terms: _Terms) -> InfeasiblePlan
             hint=f"largest servable rate: {rates} (headroom {problem.headroom:g} included); "
             "raise --budget or lower --rate",
         )
+    if all(f.min_accuracy is None for f in problem.families):
+        return InfeasiblePlan(
+            "no feasible plan within the budgets at this rate",
+            hint="raise --budget or lower --rate",
+        )
     # the load fits; the floor does not: the best accuracy under the budgets
     relaxed = _copy_problem(problem, objective="accuracy", min_accuracy=None)
     rterms = objective_terms(relaxed)
@@ -1590,11 +1595,19 @@ def plan_mix(
                     hint="raise --time-limit",
                 )
             if strategy == "single":
-                err = _diagnose(problem, solver, terms)
-                raise InfeasiblePlan(
-                    "no single variant can serve the load alone: " + err.message,
-                    hint=err.hint or "try --strategy ilp (mixes variants)",
+                mixed, _ = _solve_exact(
+                    problem, terms, single=False, solver=solver, time_limit_s=10.0
                 )
+                if mixed:
+                    raise InfeasiblePlan(
+                        "no single variant can serve the load alone within the budgets"
+                        + (
+                            " and the accuracy floor"
+                            if any(f.min_accuracy is not None for f in problem.families)
+                            else ""
+                        ),
+                        hint="try --strategy ilp, which mixes variants",
+                    )
             raise _diagnose(problem, solver, terms)
     info["total_s"] = round(time.perf_counter() - t0, 4)
     if problem.objective == "balanced" and problem.gamma > 0 and not terms.use_cc:

@@ -477,3 +477,12 @@ def test_running_variant_costs_no_loading_time():
     again = _resnet_like_problem(objective="balanced", budget=20, rate=30.0, current=cur)
     again.beta = 1.0
     assert plan_mix(again).predicted["terms"]["LC"] == 0.0
+
+
+def test_single_strategy_infeasible_when_only_a_mix_fits():
+    # 8 cores: "big" alone carries at most 24 req/s, "small" alone is fine; floor 0.72 needs
+    # a share of "big", so only a mix meets both
+    problem = _resnet_like_problem(objective="cost", budget=8, rate=30.0, floor=0.72)
+    assert plan_mix(problem).predicted["accuracy"] >= 0.72 - 1e-9
+    with pytest.raises(InfeasiblePlan, match="no single variant can serve the load alone"):
+        plan_mix(problem, strategy="single")
