@@ -139,7 +139,7 @@ def test_offline_matches_plain_per_gateway_formulation() -> None:
     assert a.objective == pytest.approx(b.objective, rel=1e-8)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(
     cost=st.lists(st.floats(-50, 500), min_size=5, max_size=5),
     cap=st.lists(st.floats(0.0, 2.0), min_size=5, max_size=5),
@@ -158,7 +158,7 @@ def test_greedy_full_is_the_lp_optimum(cost: list[float], cap: list[float], frac
     assert float(c[0] @ y[0]) == pytest.approx(ref.fun, rel=1e-9, abs=1e-7)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     gamma=st.lists(st.floats(0.0, 1.0), min_size=4, max_size=4),
     zmax=st.lists(st.floats(0.0, 10.0), min_size=4, max_size=4),
