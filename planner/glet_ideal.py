@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from greenctl.planner.glet import Compiled, State
+    from greenctl.planner.glet import Compiled, Glet, State
 
 IDEAL_MAX_GPUS = 4
 NODE_BUDGET = 60_000
@@ -39,23 +39,30 @@ def run_ideal(c: Compiled, max_gpus: int, *, node_budget: int = NODE_BUDGET) -> 
     # search below the incumbent, within the exhaustive range of 4 GPUs
     target = min(limit, incumbent.used_gpus - 1) if incumbent is not None else limit
     order = _order(c, "demand_desc")
-    # optimistic req/s per unit of GPU share for each model (no interference)
-    eff = [
-        max(
-            (c.cap(i, j, None) / c.units[j] for j in range(c.n_parts) if c.batches[i][j]),
-            default=0.0,
-        )
-        for i in range(c.n)
-    ]
+    # Optimistic req/s per unit of GPU capacity for each model: a whole GPU without
+    # interference; a split glet either beside the mildest co-runner of the problem, or
+    # alone on its GPU (then the whole GPU's capacity counts).
+    eff = [_best_efficiency(c, i) for i in range(c.n)]
     c.ideal_exhaustive = True
     nodes = [0]
+    failed: set[tuple[object, ...]] = set()
     while target >= 1:
         from greenctl.planner.glet import State as _State
 
         state = _State(c, target)
         try:
+            failed.clear()
             found = _dfs(
-                c, state, order, 0, c.rate[order[0]] if order else 0.0, eff, nodes, node_budget
+                c,
+                state,
+                order,
+                0,
+                c.rate[order[0]] if order else 0.0,
+                eff,
+                nodes,
+                node_budget,
+                (-1, -1),
+                failed,
             )
         except _Budget:
             c.ideal_exhaustive = False
@@ -67,16 +74,63 @@ def run_ideal(c: Compiled, max_gpus: int, *, node_budget: int = NODE_BUDGET) -> 
     return best
 
 
+def _w_min(c: Compiled, j: int) -> float | None:
+    """The mildest co-runner term any problem model puts on a glet beside partition j."""
+    if not c.interference_on:
+        return None
+    return min(c.w_other[m][j] for m in range(c.n))
+
+
+def _best_efficiency(c: Compiled, i: int) -> float:
+    best = c.cap(i, c.full, None) / c.capacity
+    for j in c.splits:
+        comp = c.complement[j]
+        if j == c.full or comp is None:
+            continue
+        best = max(best, c.cap(i, j, None) / c.capacity)
+        best = max(best, c.cap(i, j, _w_min(c, comp)) / c.units[j])
+    return best
+
+
+def _load(c: Compiled, g: Glet, w: float | None) -> float:
+    busy = 0.0
+    for i, r in g.entries:
+        cap = c.cap(i, g.j, w)
+        busy += r / cap if cap > 0 else float("inf")
+    return busy
+
+
 def _free_units(c: Compiled, state: State) -> float:
-    total = (state.max_gpus - len(state.gpus)) * c.capacity
-    for gpu in state.gpus:
-        for g in gpu.glets:
-            busy = 0.0
-            for i, r in g.entries:
-                cap = c.cap(i, g.j, None)
-                busy += r / cap if cap > 0 else 1.0
-            total += c.units[g.j] * max(0.0, 1.0 - busy)
+    """An upper bound on the GPU capacity (in units) still usable, matching _best_efficiency."""
+    total = float((state.max_gpus - len(state.gpus)) * c.capacity)
+    for gi, gpu in enumerate(state.gpus):
+        used = [g for g in gpu.glets if g.entries]
+        if not used:
+            total += c.capacity
+        elif len(gpu.glets) == 1:
+            total += c.capacity * max(0.0, 1.0 - _load(c, used[0], None))
+        elif len(used) == 2:
+            for li, g in enumerate(gpu.glets):
+                w = state.w_for(gi, li, assume_worst=False)
+                total += c.units[g.j] * max(0.0, 1.0 - _load(c, g, w))
+        else:
+            a = used[0]
+            b = gpu.glets[1] if gpu.glets[0] is a else gpu.glets[0]
+            alone = c.capacity * max(0.0, 1.0 - _load(c, a, None))
+            shared = c.units[a.j] * max(0.0, 1.0 - _load(c, a, _w_min(c, b.j))) + c.units[b.j]
+            total += max(alone, shared)
     return total
+
+
+def _signature(
+    state: State, pos: int, remaining: float, min_key: tuple[int, int]
+) -> tuple[object, ...]:
+    """The search state: what is placed where, what is left, and the order constraint."""
+    gpus = tuple(
+        tuple((g.j, tuple(sorted((i, round(r, 6)) for i, r in g.entries))) for g in gpu.glets)
+        for gpu in state.gpus
+    )
+    return (pos, round(remaining, 6), gpus, min_key)
 
 
 def _dfs(
@@ -88,7 +142,14 @@ def _dfs(
     eff: list[float],
     nodes: list[int],
     budget: int,
+    min_key: tuple[int, int],
+    failed: set[tuple[object, ...]],
 ) -> State | None:
+    """Place the rest of model ``order[pos]`` (``remaining``), then the following models.
+
+    ``min_key``: the (gpu, glet) of the model's previous full chunk; full chunks of one model
+    go to glets in increasing position, so permutations of the same chunks are tried once.
+    """
     from greenctl.planner.glet import _add_entry
 
     nodes[0] += 1
@@ -96,6 +157,7 @@ def _dfs(
         raise _Budget
     while remaining <= _EPS:
         pos += 1
+        min_key = (-1, -1)
         if pos >= len(order):
             return state.copy()
         remaining = c.rate[order[pos]]
@@ -103,6 +165,9 @@ def _dfs(
     need = remaining / eff[i] if eff[i] > 0 else float("inf")
     need += sum(c.rate[k] / eff[k] if eff[k] > 0 else float("inf") for k in order[pos + 1 :])
     if need > _free_units(c, state) + 1e-6:
+        return None
+    sig = _signature(state, pos, remaining, min_key)
+    if sig in failed:
         return None
 
     # 1. time-share the whole remainder on a glet already in use
@@ -114,7 +179,7 @@ def _dfs(
             if state.check_with(gi, li, merged):
                 saved = g.entries
                 g.entries = merged
-                out = _dfs(c, state, order, pos, 0.0, eff, nodes, budget)
+                out = _dfs(c, state, order, pos, 0.0, eff, nodes, budget, min_key, failed)
                 g.entries = saved
                 if out is not None:
                     return out
@@ -130,7 +195,9 @@ def _dfs(
             if key in seen:
                 continue
             seen.add(key)
-            out = _try_fill(c, state, gi, li, i, remaining, order, pos, eff, nodes, budget)
+            out = _try_fill(
+                c, state, gi, li, i, remaining, order, pos, eff, nodes, budget, min_key, failed
+            )
             if out is not None:
                 return out
 
@@ -141,10 +208,13 @@ def _dfs(
             gi = state.open_gpu(j)
             assert gi is not None
             li = next(n for n, g in enumerate(state.gpus[gi].glets) if g.j == j)
-            out = _try_fill(c, state, gi, li, i, remaining, order, pos, eff, nodes, budget)
+            out = _try_fill(
+                c, state, gi, li, i, remaining, order, pos, eff, nodes, budget, min_key, failed
+            )
             state.gpus.pop()
             if out is not None:
                 return out
+    failed.add(sig)
     return None
 
 
@@ -160,13 +230,29 @@ def _try_fill(
     eff: list[float],
     nodes: list[int],
     budget: int,
+    min_key: tuple[int, int],
+    failed: set[tuple[object, ...]],
 ) -> State | None:
     glet = state.gpus[gi].glets[li]
     cap = c.cap(i, glet.j, state.w_for(gi, li, assume_worst=True))
     x = min(remaining, cap * (1 - 1e-9))
-    if x <= _EPS or not state.check_with(gi, li, [(i, x)]):
+    full = x < remaining
+    if x <= _EPS or (full and (gi, li) < min_key):
+        return None
+    if not state.check_with(gi, li, [(i, x)]):
         return None
     glet.entries = [(i, x)]
-    out = _dfs(c, state, order, pos, remaining - x, eff, nodes, budget)
+    out = _dfs(
+        c,
+        state,
+        order,
+        pos,
+        remaining - x,
+        eff,
+        nodes,
+        budget,
+        (gi, li) if full else min_key,
+        failed,
+    )
     glet.entries = []
     return out
