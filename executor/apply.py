@@ -648,10 +648,21 @@ def _execute(
                 going = {(c["profile"], c["start"]) for c in layout} - {
                     (m.profile, m.start) for m in want
                 }
-                for row in list(to_stop):  # free the slices they hold before destroying them
-                    spawn = json.loads(row["spawn"] or "{}")
-                    mig = spawn.get("mig")
-                    if mig and mig["gpu"] == gpu and (mig["profile"], mig["start"]) in going:
+                freeing = [
+                    row
+                    for row in to_stop
+                    if (mig := json.loads(row["spawn"] or "{}").get("mig"))
+                    and mig["gpu"] == gpu
+                    and (mig["profile"], mig["start"]) in going
+                ]
+                if freeing:
+                    # free the slices they hold before destroying them; first take them out of
+                    # the dispatcher's routes so its supervisor does not restart them. Undoing
+                    # restores the routes, and the supervisor restarts them on the re-created
+                    # instances (it resolves their MIG UUIDs afresh).
+                    if disp is not None:
+                        _drop_from_routes(disp, {row["id"] for row in freeing}, undo)
+                    for row in freeing:
                         terminate(row["pid"], row["pid_start"])
                         done.append({"action": "stop-executor", "id": row["id"]})
                 done += partition.reconcile_mig(backend, gpu, want, undo)
@@ -830,6 +841,22 @@ def _execute(
         instances=[_instance_view(r) for r in _running_instances(store)],
         warnings=warnings,
         history_id=history_id,
+    )
+
+
+def _drop_from_routes(
+    disp: dict[str, Any], ids: set[str], undo: list[tuple[str, Callable[[], object]]]
+) -> None:
+    previous = _strip_runtime(_admin(disp, "GET"))
+    interim = json.loads(json.dumps(previous))
+    for name in list(interim["models"]):
+        model = interim["models"][name]
+        model["instances"] = [b for b in model["instances"] if b["id"] not in ids]
+        if not model["instances"]:
+            del interim["models"][name]
+    _admin(disp, "POST", interim)
+    undo.append(
+        ("restore the routes before the MIG change", lambda: _admin(disp, "POST", previous))
     )
 
 

@@ -501,10 +501,20 @@ class Dispatcher:
         state_file = Path(b.spawn["state_file"])
         with contextlib.suppress(FileNotFoundError):
             state_file.unlink()
+        env = dict(b.spawn.get("env") or {})
+        mig = b.spawn.get("mig")
+        if mig:  # its MIG instance may have been re-created (new UUID) since it started
+            try:
+                from greenctl.executor.partition import MigSlot, gpu_backend, mig_uuid
+
+                slot = MigSlot(int(mig["gpu"]), str(mig["profile"]), int(mig["start"]))
+                env["CUDA_VISIBLE_DEVICES"] = await asyncio.to_thread(
+                    lambda: mig_uuid(gpu_backend(), slot)
+                )
+            except Exception as exc:
+                print(f"supervisor: cannot resolve the MIG instance of {b.id}: {exc}", flush=True)
         try:
-            proc = spawn_detached(
-                b.spawn["argv"], env=b.spawn.get("env") or {}, log_file=b.spawn["log_file"]
-            )
+            proc = spawn_detached(b.spawn["argv"], env=env, log_file=b.spawn["log_file"])
         except OSError as exc:
             print(f"supervisor: cannot restart {b.id}: {exc}", flush=True)
             b.restarting = False

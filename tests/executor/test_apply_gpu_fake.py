@@ -239,3 +239,60 @@ def test_mps_over_100_percent_is_infeasible(run_store, loaders, tmp_path, monkey
     )
     with pytest.raises(InfeasiblePlan, match="add up to 120 %"):
         apply_plan(plan, store=run_store, loader=loaders["noop"])
+
+
+def test_mig_rollback_brings_back_executors_on_recreated_slices(
+    run_store, loaders, tmp_path, monkeypatch
+):
+    """Layout A serves; layout B replaces a slice but the driver refuses the new one: the old
+    slice is re-created (new UUID) and the supervisor restarts its executor there."""
+    import time
+
+    from greenctl.executor import partition
+    from greenctl.executor.apply import apply_plan, status
+    from greenctl.profiler import device as dev
+    from greenctl.profiler.device import get_backend
+
+    fake = _fake(tmp_path, monkeypatch)
+    apply_plan(
+        _mig_plan([("3g.20gb", 0, "big"), ("2g.10gb", 4, "small")]),
+        store=run_store,
+        loader=loaders["noop"],
+    )
+    small = next(i for i in status(run_store)["instances"] if i["variant"] == "small")
+    old_uuid = _executor_env(run_store)["small"]["CUDA_VISIBLE_DEVICES"]
+
+    real = partition.gpu_backend
+
+    def refusing_backend():
+        backend = real()
+        create = backend.create_gpu_instance_with_placement
+
+        def refuse_3g_at_4(gpu, profile, start):
+            if (profile, start) == ("3g.20gb", 4):
+                raise dev.nvml_error(
+                    dev.NVML_ERROR_INSUFFICIENT_RESOURCES, "creating a GPU instance"
+                )
+            return create(gpu, profile, start)
+
+        backend.create_gpu_instance_with_placement = refuse_3g_at_4
+        return backend
+
+    monkeypatch.setattr(partition, "gpu_backend", refusing_backend)
+    with pytest.raises(ExecutorError, match="changing the MIG layout"):
+        apply_plan(
+            _mig_plan([("3g.20gb", 0, "big"), ("3g.20gb", 4, "big")]),
+            store=run_store,
+            loader=loaders["noop"],
+        )
+    assert _layout(fake) == [("2g.10gb", 4), ("3g.20gb", 0)]
+    new_uuid = next(i.uuid for i in get_backend().mig_instances(0) if i.placement_start == 4)
+    del old_uuid  # (the fake derives UUIDs from the placement; a real driver mints new ones)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = next(i for i in status(run_store)["instances"] if i["variant"] == "small")
+        if now["pid"] != small["pid"] and now["ready"]:
+            break
+        time.sleep(0.2)
+    assert now["pid"] != small["pid"] and now["ready"] and now["restarts"] == 1
+    assert _executor_env(run_store)["small"]["CUDA_VISIBLE_DEVICES"] == new_uuid
