@@ -99,6 +99,8 @@ def executor_command(dep: Deployment) -> list[str]:
         "python",
         "-m",
         "greenctl.executor.daemon",
+        "--model",
+        dep.model,
         "--variant",
         dep.variant,
         "--resource",
@@ -203,11 +205,12 @@ def build_k8s_export(
         out.files[f"{obj}.yaml"] = [deployment, service]
         routes.setdefault(dep.model, []).append(
             {
+                "id": obj,
                 "url": f"http://{obj}.{namespace}.svc:{PORT}",
-                "variant": dep.variant,
-                "replicas": dep.count,
-                "quota_rps": dep.quota_rps,
-                "batch": dep.batch,
+                # the Service balances over the replicas; the dispatcher sees one backend
+                # that can take `replicas x batch` requests at once
+                "slots": dep.count * dep.batch,
+                "weight": dep.quota_rps if dep.quota_rps is not None else float(dep.count),
             }
         )
 
@@ -216,7 +219,11 @@ def build_k8s_export(
         plan.request.get("policy")
         or ("batch" if plan.kind == "glet" else "fifo" if plan.kind == "mig" else "wrr")
     )
-    config_doc = {"policy": policy, "models": routes}
+    # the dispatcher's routing-table document (greenctl.executor.dispatcher --routes)
+    config_doc = {
+        "generation": f"k8s-{base}",
+        "models": {model: {"policy": policy, "instances": inst} for model, inst in routes.items()},
+    }
     d_labels = {**labels_common, "app.kubernetes.io/name": dispatcher}
     out.files["dispatcher.yaml"] = [
         {

@@ -104,8 +104,15 @@ def test_every_document_validates_against_kubernetes_models():
     ]
     assert {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "40"} in mps["env"]
     routes = json.loads(export.files["dispatcher.yaml"][0]["data"]["routes.json"])
-    assert routes["policy"] == "wrr"
-    assert [r["quota_rps"] for r in routes["models"]["resnet"]] == [40.0, 35.0]
+    resnet = routes["models"]["resnet"]
+    assert resnet["policy"] == "wrr"
+    assert [(r["weight"], r["slots"]) for r in resnet["instances"]] == [(40.0, 2), (35.0, 4)]
+    assert r18["spec"]["template"]["spec"]["containers"][0]["command"][3:5] == ["--model", "resnet"]
+    # the dispatcher itself accepts the routing table
+    from greenctl.executor.dispatcher import ModelRoute
+
+    parsed = ModelRoute("resnet", resnet, max_queue=16)
+    assert [b.slots for b in parsed.backends] == [2, 4]
 
 
 def test_mig_plan_gets_mig_parted_config_and_node_labels():

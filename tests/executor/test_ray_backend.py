@@ -42,21 +42,16 @@ def cluster(tmp_path_factory):
     os.environ.update(settings)
     env = dict(os.environ)
     port = _free_port()
-    common = ["--object-store-memory", str(80 * 1024 * 1024), "--disable-usage-stats"]
-    head = [
-        ray_bin,
-        "start",
-        "--head",
-        "--port",
-        str(port),
-        "--num-cpus",
-        "2",
-        "--include-dashboard",
-        "false",
-        "--resources",
-        json.dumps({"mig-1g.10gb": 1}),
-        *common,
+    # loopback only; 4 + 2 logical CPUs leave room for two plan versions side by side
+    common = [
+        "--object-store-memory",
+        str(80 * 1024 * 1024),
+        "--disable-usage-stats",
+        "--node-ip-address",
+        "127.0.0.1",
     ]
+    head = [ray_bin, "start", "--head", "--port", str(port), "--num-cpus", "4", "--include-dashboard", "false",
+            "--resources", json.dumps({"mig-1g.10gb": 1}), *common]  # fmt: skip
     subprocess.run(head, check=True, env=env, capture_output=True, timeout=180)
     address = f"127.0.0.1:{port}"
     try:
@@ -102,7 +97,7 @@ def plan(*deps: Deployment, plan_id: int) -> Plan:
 
 def test_actor_options_pin_resources():
     assert actor_options("cpu:2") == {"num_cpus": 2.0}
-    assert actor_options("mig:3g.40gb") == {"num_cpus": 1.0, "resources": {"mig-3g.40gb": 1.0}}
+    assert actor_options("mig:3g.40gb") == {"num_cpus": 0.25, "resources": {"mig-3g.40gb": 1.0}}
     assert actor_options("mps:40")["num_gpus"] == pytest.approx(0.4)
     assert actor_options("gpu:H100")["num_gpus"] == 1.0
 
@@ -110,7 +105,7 @@ def test_actor_options_pin_resources():
 def test_apply_infer_scale_rollback_down(cluster, store):
     http_port = _free_port()
     first = plan(Deployment("tiny", "tiny-s", "cpu:1", count=1, batch=4, quota_rps=10.0), plan_id=1)
-    result = apply_ray(first, store=store, address=cluster, http_port=http_port)
+    result = apply_ray(first, store=store, address=cluster, http_port=http_port, timeout_s=120)
     assert result.changed
     out = _infer(result.url, "tiny")
     assert out["model_name"] == "tiny" and out["outputs"][0]["shape"][0] == 2
@@ -126,7 +121,7 @@ def test_apply_infer_scale_rollback_down(cluster, store):
         Deployment("tiny", "tiny-m", "mig:1g.10gb", count=1, batch=2, quota_rps=10.0),
         plan_id=2,
     )
-    apply_ray(second, store=store, address=cluster, http_port=http_port)
+    apply_ray(second, store=store, address=cluster, http_port=http_port, timeout_s=120)
     seen = {_infer(result.url, "tiny", rows=1)["model_version"] for _ in range(6)}
     assert seen == {"tiny-s", "tiny-m"}  # wrr by equal quotas alternates
     status = status_ray(store=store)
