@@ -211,12 +211,17 @@ def test_unknown_accuracy_or_power_is_none_not_zero():
 
 @settings(max_examples=30, deadline=None)
 @given(
-    p50s=st.lists(st.floats(2.0, 200.0), min_size=1, max_size=3),
+    base=st.floats(2.0, 200.0),
+    ratios=st.lists(st.floats(1.0, 3.0), min_size=0, max_size=2),
     spread=st.floats(1.0, 2.5),
     counts=st.lists(st.integers(1, 4), min_size=3, max_size=3),
     policy=st.sampled_from(["fifo", "wrr"]),
 )
-def test_property_p95_never_falls_as_load_rises(p50s, spread, counts, policy):
+def test_property_p95_never_falls_as_load_rises(base, ratios, spread, counts, policy):
+    # Instances up to 3x apart in speed. (With extreme heterogeneity, say 45x, a central
+    # queue's p95 really can fall as load rises: the slow instances get a smaller share
+    # once queued requests wait for the fast one; the simulator shows it too.)
+    p50s = [base] + [base * r for r in ratios]
     profiles, deps = {}, []
     for i, p50 in enumerate(p50s):
         name = f"v{i}"
