@@ -496,6 +496,7 @@ def solve_online_variants(
     y_out = np.zeros((T, S))
     z_out = np.zeros((T, S, M))
     surplus = 0.0
+    warm: dict[str, Any] = {}  # one HiGHS instance, each step starts from the last basis
     for t in range(T):
         price = a[t] + gc * bc[t] + gw * bw[t]
         res = solve_site_lp(
@@ -507,6 +508,7 @@ def solve_online_variants(
             options=SMALL_LP_OPTIONS,
             **opts.variant_kw(),
             past_accuracy_surplus=surplus,
+            warm=warm,
         )
         if res.status != "Optimal" or res.variant_load is None:
             raise _infeasible(problem, net, opts)
@@ -561,6 +563,7 @@ def solve_mpc(
     cuts = [] if net.full else hall_cuts(net)
     if cuts is None and v is not None:
         raise InputError("--variants with these routes: too many distinct route sets")
+    warm: dict[str, Any] = {}  # one HiGHS instance, each window starts from the last basis
     for t in range(T):
         src = _forecast_index(t, min(H, T - t), opts.forecast, period)
         kw: dict[str, Any] = dict(
@@ -582,6 +585,7 @@ def solve_mpc(
                 **kw,
                 **opts.variant_kw(),
                 past_accuracy_surplus=surplus,
+                warm=warm,
             )
             if res.status != "Optimal":
                 raise _infeasible(problem, net, opts)

@@ -20,6 +20,7 @@ The structure that keeps the problems small:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -301,6 +302,7 @@ def solve_site_lp(
     allowed: np.ndarray | None = None,
     min_accuracy: float | None = None,
     past_accuracy_surplus: float = 0.0,
+    warm: dict[str, Any] | None = None,
 ) -> LPResult:
     """The same problem as :func:`solve_flow_lp` over ``[H, S]`` site loads.
 
@@ -334,6 +336,8 @@ def solve_site_lp(
     reach = np.zeros(S, dtype=bool)
     reach[net.edge_site] = True
     n = H * S * M
+    if warm is not None and warm.get("key") != (H, S, M, Mc, use_c, use_w, use_a):
+        warm.clear()
     t = np.repeat(np.arange(H), S * M)
     s = np.tile(np.repeat(np.arange(S), M), H)
     m = np.tile(np.arange(M), H * S)
@@ -414,14 +418,25 @@ def solve_site_lp(
     lp.a_matrix_.start_ = np.concatenate(start).astype(np.int32)
     lp.a_matrix_.index_ = np.concatenate(index).astype(np.int32)
     lp.a_matrix_.value_ = np.concatenate(value)
-    h = _highs()
-    for key, opt in (options or {}).items():
-        h.setOptionValue(key, opt)
+    h = warm.get("highs") if warm else None
+    if h is None:
+        h = _highs()
+        for key, opt in (options or {}).items():
+            h.setOptionValue(key, opt)
     h.passModel(lp)
+    if warm and "basis" in warm:
+        _shifted_basis(h, warm["basis"], H, S, M, n_cols, n_rows, Mc, cap_rows)
     t0 = time.perf_counter()
     h.run()
     solve_s = time.perf_counter() - t0
     status = h.modelStatusToString(h.getModelStatus())
+    if warm is not None:
+        warm["highs"] = h
+        warm["key"] = (H, S, M, Mc, use_c, use_w, use_a)
+        if status == "Optimal":
+            warm["basis"] = h.getBasis()
+        else:
+            warm.pop("basis", None)
     if status != "Optimal":
         return LPResult(np.zeros((H, S)), float("nan"), status, solve_s)
     z = np.clip(np.asarray(h.getSolution().col_value)[:n], 0.0, None).reshape(H, S, M)
@@ -429,6 +444,36 @@ def solve_site_lp(
     if M == 1 and relative_energy is None:
         return LPResult(z[:, :, 0], objective, status, solve_s)
     return LPResult(z.sum(axis=2), objective, status, solve_s, variant_load=z)
+
+
+def _shifted_basis(
+    h: Any, basis: Any, H: int, S: int, M: int, n_cols: int, n_rows: int, Mc: int, cap_rows: bool
+) -> None:
+    """Warm start a receding-horizon window from the previous window's optimal basis,
+    moved one step earlier (the last step repeats the previous last step)."""
+    import highspy
+
+    cols = list(basis.col_status)
+    rows = list(basis.row_status)
+    if len(cols) != n_cols or len(rows) != n_rows:
+        return
+
+    def shift(block: list[Any], width: int) -> list[Any]:
+        return block[width:] + block[len(block) - width :]
+
+    new_cols = shift(cols[: H * S * M], S * M) + cols[H * S * M :]
+    new_rows = shift(rows[:H], 1)
+    for k in range(Mc):
+        new_rows += shift(rows[H + k * H : H + (k + 1) * H], 1)
+    r = H + Mc * H
+    if cap_rows:
+        new_rows += shift(rows[r : r + H * S], S)
+        r += H * S
+    new_rows += rows[r:]
+    b = highspy.HighsBasis()
+    b.col_status = new_cols
+    b.row_status = new_rows
+    h.setBasis(b)
 
 
 def recover_flows(net: Network, site_load: np.ndarray, cap: np.ndarray | None = None) -> np.ndarray:
