@@ -300,8 +300,12 @@ def run_model(loaded: Any, arr: np.ndarray, *, numpy_native: bool) -> np.ndarray
         return np.asarray(loaded.run(arr))
     import torch
 
+    x = torch.from_numpy(np.ascontiguousarray(arr))
+    device = str(getattr(loaded, "device", "cpu"))
+    if device != "cpu":  # GPU executors: the batch goes to the model's device
+        x = x.to(device)
     with torch.inference_mode():
-        out = loaded.run(torch.from_numpy(np.ascontiguousarray(arr)))
+        out = loaded.run(x)
     if isinstance(out, list | tuple):
         out = out[0]
     if hasattr(out, "logits"):
