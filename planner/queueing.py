@@ -355,7 +355,10 @@ def pooled_shares(rate_rps: float, services: Sequence[ServiceTime]) -> np.ndarra
     speed, an ordered-entry system: server ``k`` takes the overflow of the ``k - 1``
     faster ones, ``B_{k-1} - B_k`` with ``B_k`` Erlang B of the first ``k`` servers at their
     mean speed. Requests that queue (probability ``C``) go to whichever server frees first,
-    in proportion to speed.
+    in proportion to speed. Checked against the simulator within a few % for instances up
+    to 5x apart in speed; with extreme differences (tens of x) it over-states the slow
+    instances' share and the p95 (conservative: 122 ms predicted vs 67-97 ms simulated for
+    one 2.4 ms and two 105 ms instances at 20-60 % load).
     """
     return _pooled_shares(float(rate_rps), tuple(services))
 
