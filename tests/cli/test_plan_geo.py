@@ -131,6 +131,19 @@ def test_options_reach_the_algorithms(cli, eglb: dict[str, Path]) -> None:
     assert json.loads(r.stdout)["request"]["weight_carbon_usd_per_kg"] == 2
 
 
+def test_plan_file_and_plan_show(cli, eglb: dict[str, Path], tmp_path: Path) -> None:
+    from greenctl.data.plan import load_plan_file
+
+    out = tmp_path / "plan.json"
+    r = cli("plan", "geo", *_args(eglb), "-a", "glb-energy", "-o", out)
+    assert r.exit_code == 0, r.output
+    plan = load_plan_file(out)
+    assert plan.kind == "geo" and plan.extra["algorithm"] == "glb-energy"
+    r = cli("plan", "show", "1")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["summary"] == plan.extra["summary"]
+
+
 def test_bad_input_exit_2_names_file_and_line(cli, eglb: dict[str, Path]) -> None:
     lines = eglb["demand"].read_text().splitlines()
     lines[5] = lines[5].rsplit(",", 1)[0] + ",-1"
