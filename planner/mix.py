@@ -86,6 +86,7 @@ class MixOption:
     capacity_source: str = "load-tested"  # load-tested@SLO | queueing
     hardware: str | None = None
     profile: Profile | None = field(default=None, repr=False, compare=False)
+    priced: bool = True  # False: cost_per_hour is the resource amount (no price known)
 
     @property
     def key(self) -> tuple[str, str, int, str | None]:
@@ -491,11 +492,7 @@ def build_mix_problem(
         )
         for d in req.get("current", [])
     ]
-    costless = sum(1 for f in families for o in f.options if o.cost_per_hour < 0)
-    for f in families:
-        for o in f.options:
-            if o.cost_per_hour < 0:  # marker for "no price in the profile"
-                o.cost_per_hour = _resource_units(parse_resource(o.resource))
+    costless = sum(1 for f in families for o in f.options if not o.priced)
     if costless:
         notes.append(
             f"{costless} option(s) have no cost_per_hour in their profile; their cost is "
@@ -555,6 +552,9 @@ def _make_option(
     plain = [p for p in rows if p.capacity_slo_ms is None] or rows
     base = max(plain, key=lambda p: (p.created_at or "", p.id or 0))
     cost = next((float(p.cost_per_hour) for p in rows if p.cost_per_hour is not None), -1.0)
+    priced = cost >= 0
+    if not priced:  # no price in the profile: the resource amount per hour stands in
+        cost = _resource_units(res)
     energy = next((e for e in (_energy(p) for p in rows) if e is not None), None)
     if tested:
         row = max(tested, key=lambda p: (float(p.capacity_slo_ms or 0), p.created_at or ""))
@@ -573,6 +573,7 @@ def _make_option(
             capacity_source=f"load-tested@{float(row.capacity_slo_ms or 0):g}ms",
             hardware=hw,
             profile=row,
+            priced=priced,
         )
     if any(p.capacity_slo_ms is not None for p in rows) and all(
         p.capacity_slo_ms is not None for p in rows
@@ -597,6 +598,7 @@ def _make_option(
         capacity_source=source,
         hardware=hw,
         profile=base,
+        priced=priced,
     )
 
 
@@ -622,12 +624,16 @@ def lowest_reachable_slo(
 
 
 def prune_dominated(options: list[MixOption]) -> tuple[list[MixOption], int]:
-    """Drop options another option of the same variant dominates instance for instance.
+    """Drop options that ``k`` instances of another option of the same variant dominate.
 
-    ``a`` dominates ``b`` when it has no less capacity and no more cost, energy per request
-    (unknown only matches unknown) or use of any budget. Replacing every instance of ``b``
-    by one of ``a`` keeps a plan feasible and no worse under every objective, so pruning
-    keeps the optimum exact.
+    With ``k = ceil(capacity_b / capacity_a)``, ``a`` dominates ``b`` when ``k`` instances of
+    ``a`` cost no more than one of ``b``, use no more of any budget, and ``a`` spends no
+    more energy per request (unknown only matches unknown). Replacing every instance of
+    ``b`` by ``k`` of ``a`` keeps a plan feasible (same quota, no less capacity) and no worse
+    under every objective (same variant: same accuracy and loading cost), so pruning keeps
+    the optimum exact. ``k = 1`` is plain dominance; ``k > 1`` removes sizes that scale
+    sublinearly (two ``cpu:1`` instances that beat one ``cpu:2``), which also leaves the
+    solver the finest-grained options and so a tighter relaxation.
     """
     keep: list[MixOption] = []
     by_variant: dict[str, list[MixOption]] = {}
@@ -651,7 +657,10 @@ def prune_dominated(options: list[MixOption]) -> tuple[list[MixOption], int]:
 
 
 def _dominates(a: MixOption, b: MixOption) -> bool:
-    if a.capacity_rps < b.capacity_rps - _EPS or a.cost_per_hour > b.cost_per_hour + _EPS:
+    if a.capacity_rps <= 0:
+        return False
+    k = max(1, math.ceil(b.capacity_rps / a.capacity_rps - 1e-9))
+    if k * a.cost_per_hour > b.cost_per_hour + _EPS:
         return False
     ea, eb = a.energy_j_per_request, b.energy_j_per_request
     if (ea is None) != (eb is None):
@@ -659,7 +668,7 @@ def _dominates(a: MixOption, b: MixOption) -> bool:
     if ea is not None and eb is not None and ea > eb + _EPS:
         return False
     keys = set(a.usage) | set(b.usage)
-    return all(a.usage.get(k, 0.0) <= b.usage.get(k, 0.0) + _EPS for k in keys)
+    return all(k * a.usage.get(key, 0.0) <= b.usage.get(key, 0.0) + _EPS for key in keys)
 
 
 # --------------------------------------------------------------------------------------------

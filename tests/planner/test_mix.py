@@ -317,7 +317,7 @@ def test_infeasible_messages_name_the_binding_constraint():
 def test_dominated_options_are_pruned_exactly():
     a = MixOption("v", "cpu:2", 1, 40.0, 0.08, 1.0, None, {"cpu": 2.0})
     b = MixOption("v", "cpu:2", 2, 30.0, 0.08, 1.2, None, {"cpu": 2.0})  # worse in all
-    c = MixOption("v", "cpu:1", 1, 21.0, 0.04, 1.0, None, {"cpu": 1.0})  # less capacity, cheaper
+    c = MixOption("v", "cpu:1", 1, 19.0, 0.04, 1.0, None, {"cpu": 1.0})  # 2 x c < a
     kept, pruned = prune_dominated([a, b, c])
     assert pruned == 1 and b not in kept and a in kept and c in kept
 
@@ -486,3 +486,33 @@ def test_single_strategy_infeasible_when_only_a_mix_fits():
     assert plan_mix(problem).predicted["accuracy"] >= 0.72 - 1e-9
     with pytest.raises(InfeasiblePlan, match="no single variant can serve the load alone"):
         plan_mix(problem, strategy="single")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_problems(), st.floats(1.6, 2.4))
+def test_pruning_by_multiples_keeps_the_optimum(problem, scale):
+    # add a sublinear cpu:2 twin of every cpu:1 option (two cpu:1 instances may beat it)
+    for fam in problem.families:
+        for o in list(fam.options):
+            if o.resource == "cpu:1" and len(fam.options) < 3:
+                fam.options.append(
+                    MixOption(o.variant, "cpu:2", 1, o.capacity_rps * scale, o.cost_per_hour * 2,
+                              o.energy_j_per_request * 1.05, 100.0, {"cpu": 2.0})
+                )  # fmt: skip
+    problem.gamma = 0.0  # CC is normalised by a reference plan that pruning may change
+    best = brute_force(problem)
+    for fam in problem.families:
+        fam.options, fam.pruned = prune_dominated(fam.options)
+    if best is None:
+        with pytest.raises(InfeasiblePlan):
+            plan_mix(problem)
+        return
+    assert close(plan_mix(problem).predicted["objective"], best)
+
+
+def test_sublinear_sizes_are_pruned():
+    small = MixOption("v", "cpu:1", 1, 10.0, 0.04, 1.0, None, {"cpu": 1.0})
+    big = MixOption("v", "cpu:2", 1, 19.0, 0.08, 1.1, None, {"cpu": 2.0})  # 2 x small wins
+    super_ = MixOption("v", "cpu:4", 1, 45.0, 0.16, 1.1, None, {"cpu": 4.0})  # superlinear
+    kept, pruned = prune_dominated([small, big, super_])
+    assert pruned == 1 and kept == [small, super_]
