@@ -40,7 +40,8 @@ def _export_command(what: str) -> Any:
         start: FromOpt = None,
         end: ToOpt = None,
         plan: Annotated[
-            int | None, typer.Option("--plan", help="Only this plan (plans, runs).")
+            int | None,
+            typer.Option("--plan", help="Only this plan (plans, runs; decisions: its replans)."),
         ] = None,
         db: DbOpt = None,
     ) -> None:
@@ -49,7 +50,7 @@ def _export_command(what: str) -> Any:
         filters: dict[str, Any] = {}
         if what in ("carbon", "decisions"):
             filters.update(region=region, start=start, end=end)
-        if what in ("plans", "runs"):
+        if what in ("plans", "runs", "decisions"):
             filters["plan_id"] = plan
         with store_for(db) as store:
             res = reporting.export(store, what, fmt=fmt, path=output, **filters)

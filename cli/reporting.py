@@ -142,7 +142,8 @@ def export_rows(
             _run_row(r) for r in store.db.table("runs").rows_where(where, params, order_by="id")
         ]
     elif what == "decisions":
-        rows = decisions(store, region=region, start=start, end=end)
+        lineage = f"plan:{plan_id}" if plan_id is not None else None
+        rows = decisions(store, lineage=lineage, region=region, start=start, end=end)
     else:
         from greenctl.data import carbon
 

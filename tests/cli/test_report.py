@@ -88,7 +88,7 @@ def test_savings_hand_computed(scenario):
 
 
 def test_exports_columns_are_the_contract(scenario, cli, tmp_path):
-    _store, _small, _large = scenario
+    _store, small, large = scenario
     for what in reporting.EXPORTS:
         out = tmp_path / f"{what}.csv"
         r = cli("report", what, "--format", "csv", "-o", out)
@@ -100,6 +100,10 @@ def test_exports_columns_are_the_contract(scenario, cli, tmp_path):
     r = cli("report", "decisions", "--format", "json")
     rows = json.loads(r.stdout)
     assert rows[0]["action"] == "apply" and rows[0]["applied"] is True
+    r = cli("report", "decisions", "--plan", large, "--format", "json")
+    assert len(json.loads(r.stdout)) == 1
+    r = cli("report", "decisions", "--plan", small, "--format", "json")
+    assert json.loads(r.stdout) == []
     r = cli("report", "plans", "--format", "json")
     plans = json.loads(r.stdout)
     assert [p["deployments"] for p in plans] == ["tiny-s@cpu:1x2", "tiny-l@cpu:1x2"]
