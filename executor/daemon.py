@@ -614,7 +614,7 @@ async def _serve(
 
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
+    site = web.TCPSite(runner, args.host, args.port, backlog=2048)
     try:
         await site.start()
     except OSError as exc:

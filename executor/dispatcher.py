@@ -612,7 +612,7 @@ async def _serve(disp: Dispatcher, args: argparse.Namespace, state_file: Path) -
 
     runner = web.AppRunner(disp.app(), access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
+    site = web.TCPSite(runner, args.host, args.port, backlog=2048)
     try:
         await site.start()
     except OSError as exc:
