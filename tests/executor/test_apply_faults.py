@@ -210,34 +210,3 @@ def test_dry_run_changes_nothing(run_store, loaders, leftovers):
     assert [a["cores"] for a in res.actions if a["action"] == "start-executor"] == [[0], [1]]
     assert leftovers() == []
     assert run_store.db.table("executor_apply_history").count == 0
-
-
-def test_full_queue_answers_503_with_retry_after(run_store, loaders, monkeypatch):
-    import asyncio
-
-    import aiohttp
-    from greenctl.executor.apply import apply_plan
-
-    monkeypatch.setenv("GREENCTL_NOOP_SERVICE_MS", "1000")
-    url = apply_plan(
-        _plan("v1"), store=run_store, loader=loaders["noop"], policy="fifo", max_queue=1
-    ).dispatcher_url
-    body = json.dumps(
-        {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
-    )
-
-    async def burst() -> list[tuple[int, str | None]]:
-        async with aiohttp.ClientSession() as session:
-
-            async def one() -> tuple[int, str | None]:
-                async with session.post(f"{url}/v2/models/m/infer", data=body) as resp:
-                    await resp.read()
-                    return resp.status, resp.headers.get("Retry-After")
-
-            return await asyncio.gather(*(one() for _ in range(6)))
-
-    answers = asyncio.run(burst())
-    codes = [code for code, _ in answers]
-    # one in service, one queued (max_queue=1): the rest are refused rather than queued
-    assert set(codes) == {200, 503} and codes.count(503) >= 3 and codes.count(200) >= 1
-    assert all(retry == "1" for code, retry in answers if code == 503)

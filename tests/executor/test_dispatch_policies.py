@@ -116,3 +116,64 @@ def test_route_switch_moves_queued_requests():
         return got.id
 
     assert asyncio.run(scenario()) == "new"
+
+
+def test_full_queue_answers_503_with_retry_after():
+    """The real dispatcher app in front of a slow upstream: one in service, one queued
+    (max_queue=1), the rest refused with 503 and Retry-After rather than queued."""
+    import aiohttp
+    from aiohttp import web
+
+    async def scenario() -> list[tuple[int, str | None]]:
+        release = asyncio.Event()
+
+        async def slow_infer(request: web.Request) -> web.Response:
+            await release.wait()
+            return web.json_response({"model_name": "m", "outputs": []})
+
+        upstream = web.Application()
+        upstream.router.add_post("/v2/models/{name}/infer", slow_infer)
+        up_runner = web.AppRunner(upstream)
+        await up_runner.setup()
+        up_site = web.TCPSite(up_runner, "127.0.0.1", 0)
+        await up_site.start()
+        up_port = up_site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        d = Dispatcher(token="t", db=None, max_queue=1, state_dir=None)  # type: ignore[arg-type]
+        d.set_routes(
+            {
+                "models": {
+                    "m": {
+                        "policy": "fifo",
+                        "instances": [
+                            {"id": "a", "url": f"http://127.0.0.1:{up_port}", "slots": 1}
+                        ],
+                    }
+                }
+            }
+        )
+        runner = web.AppRunner(d.app())
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            async with aiohttp.ClientSession() as session:
+
+                async def one() -> tuple[int, str | None]:
+                    url = f"http://127.0.0.1:{port}/v2/models/m/infer"
+                    async with session.post(url, data=b'{"inputs": []}') as resp:
+                        await resp.read()
+                        return resp.status, resp.headers.get("Retry-After")
+
+                tasks = [asyncio.ensure_future(one()) for _ in range(6)]
+                while d.rejected < 4:  # bounded: 4 of 6 must be refused before any finishes
+                    await asyncio.sleep(0.01)
+                release.set()
+                return await asyncio.gather(*tasks)
+        finally:
+            await runner.cleanup()
+            await up_runner.cleanup()
+
+    answers = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert sorted(code for code, _ in answers) == [200, 200, 503, 503, 503, 503]
+    assert all(retry == "1" for code, retry in answers if code == 503)
