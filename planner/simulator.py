@@ -111,13 +111,13 @@ def fifo_queue(
     # Heterogeneous servers: the fastest idle server takes the request, else the first to
     # free up. Each request's draw becomes a time of the server it lands on.
     z = rng.standard_normal(n).tolist()
-    e = rng.standard_exponential(n).tolist()
     by_speed = sorted(range(c), key=lambda i: (services[i].mean_ms, i))
-    kind = [
-        {"deterministic": 0, "lognormal": 1, "exponential": 2}[services[i].kind] for i in by_speed
-    ]
+    any_exp = any(s.kind == "exponential" for s in services)
+    e = rng.standard_exponential(n).tolist() if any_exp else z
+    # lognormal: shift + scale exp(sigma z); deterministic: scale 0; exponential: scale e
+    kind = [2 if services[i].kind == "exponential" else 1 for i in by_speed]
     shift = [services[i].shift_ms for i in by_speed]
-    scale = [services[i].scale_ms for i in by_speed]
+    scale = [0.0 if services[i].kind == "deterministic" else services[i].scale_ms for i in by_speed]
     sigma = [services[i].sigma for i in by_speed]
     # Servers are numbered by speed rank below (0 = fastest); mapped back at the end.
     # ``free_at[r]`` is when rank r frees up; min() and index() run at C speed, which beats
@@ -147,13 +147,10 @@ def fifo_queue(
                 if free_at[i] <= a:
                     break
             st = a
-        kd = kind[i]
-        if kd == 1:
-            s = shift[i] + scale[i] * exp(sigma[i] * z[k])
-        elif kd == 2:
+        if any_exp and kind[i] == 2:
             s = shift[i] + scale[i] * e[k]
         else:
-            s = shift[i]
+            s = shift[i] + scale[i] * exp(sigma[i] * z[k])
         starts[k] = st
         svc_out[k] = s
         who[k] = i
