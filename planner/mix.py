@@ -910,7 +910,11 @@ def _build_model(
         # The same cover stated on the integer counts alone: redundant for the LP, but a
         # knapsack row the solver derives cover and MIR cuts from (ceil effects per family).
         if fam.options and load > 0:
-            m.row(ncols, [o.capacity_rps for o in fam.options], load, inf)
+            caps = [o.capacity_rps for o in fam.options]
+            m.row(ncols, caps, load, inf)
+            if MIR_CUTS:
+                for idx, coef, rhs in _mir_cuts(caps, load):
+                    m.row([ncols[i] for i in idx], coef, rhs, inf)
         floor = fam.min_accuracy
         if floor is not None and fam.options:
             m.row(
@@ -939,6 +943,38 @@ def _build_model(
         if idx:
             m.row(idx, coef, -inf, problem.budgets[k])
     return m, lay
+
+
+MIR_CUTS = True
+
+
+def _mir_cuts(caps: list[float], load: float) -> list[tuple[list[int], list[float], float]]:
+    """Mixed-integer rounding cuts of the cover ``sum c_o n_o >= L`` (n integer).
+
+    Dividing by each distinct capacity ``c_j`` gives ``sum a_o n_o >= b`` with ``a_o = c_o/c_j``,
+    ``b = L/c_j``; with ``f = b - floor(b) > 0`` and ``f_o = a_o - floor(a_o)`` the MIR
+    inequality ``sum (ceil(a_o) - max(0, f - f_o)/f) n_o >= ceil(b)`` is valid for every
+    integer solution and cuts off the relaxation's fractional instance counts.
+    """
+    out = []
+    for cj in sorted(set(caps)):
+        b = load / cj
+        f = b - math.floor(b)
+        if f < 1e-6 or f > 1 - 1e-6:
+            continue
+        idx, coef = [], []
+        for i, c in enumerate(caps):
+            a = c / cj
+            fa = a - math.floor(a)
+            if fa < 1e-9 or fa > 1 - 1e-9:
+                value = float(round(a))
+            else:
+                value = math.ceil(a) - max(0.0, f - fa) / f
+            if value > 1e-12:
+                idx.append(i)
+                coef.append(value)
+        out.append((idx, coef, float(math.ceil(b))))
+    return out
 
 
 @dataclass
