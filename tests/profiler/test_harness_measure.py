@@ -181,19 +181,19 @@ def test_child_process_run_with_mig_environment_and_attributed_energy(gpu_invent
 
 @pytest.mark.skipif(CORES < 2, reason="needs 2 usable cores")
 def test_p50_falls_as_cores_rise():
-    """resnet18 at 3x128x128: interleaved rounds on cpu:1 and cpu:2, medians compared.
+    """resnet18 at 3x160x160, batch 2: interleaved rounds on cpu:1 and cpu:2, medians compared.
 
     The machine is shared, so: medians of up to 5 rounds, a generous margin, and a skip
     (not a pass) when the machine is so oversubscribed that two cores cannot be had.
     """
-    v = replace(builtin_variant("resnet18"), input_shape="3,128,128")
+    v = replace(builtin_variant("resnet18"), input_shape="3,160,160")
     m = load_model(v)
     p50: dict[int, list[float]] = {1: [], 2: []}
     one = two = 0.0
     for _round in range(5):
         for n in (1, 2):
             with cpu_slice(n):
-                r = measure(m, batch=1, requests=4, warmup=1)
+                r = measure(m, batch=2, requests=6, warmup=1)
             p50[n].append(percentile(r.latencies_ms, 50))
         one, two = statistics.median(p50[1]), statistics.median(p50[2])
         if len(p50[1]) >= 3 and two < one * 0.9:
