@@ -86,7 +86,7 @@ def test_central_queue_with_one_server_is_lindley():
 
 def test_bounded_queue_matches_mm1k_blocking():
     rho, places = 0.9, 4  # at most 4 waiting: M/M/1/5
-    a = poisson_arrivals(rho * 1000, n=300_000, seed=3) * 1000
+    a = poisson_arrivals(rho * 1000, n=150_000, seed=3) * 1000
     # a bounded queue takes the general (per-request) path of the central queue
     service = ServiceTime.exponential(1.0)
     run = fifo_queue(a, [service], np.random.default_rng(7), queue_limit=places)
