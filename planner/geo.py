@@ -261,32 +261,33 @@ def check_routes_feasible(problem: GeoProblem, net: Network, *, max_sets: int = 
     """
     if net.full:
         return
-    sets = [np.zeros(problem.capacity_mw.shape[1], dtype=bool)]
-    seen = {sets[0].tobytes()}
-    masks = []
-    for sites in net.class_sites:
-        m = np.zeros(problem.capacity_mw.shape[1], dtype=bool)
-        m[sites] = True
-        masks.append(m)
-    frontier = list(sets)
-    while frontier and len(seen) <= max_sets:
+    S = problem.capacity_mw.shape[1]
+    masks = np.zeros((net.n_classes, S), dtype=bool)
+    for k, sites in enumerate(net.class_sites):
+        masks[k, sites] = True
+    seen = {np.zeros(S, dtype=bool).tobytes()}
+    sets: list[np.ndarray] = []
+    frontier = [np.zeros(S, dtype=bool)]
+    while frontier and len(sets) < max_sets:
         new = []
         for u in frontier:
-            for m in masks:
-                v = u | m
+            for v in u | masks:
                 key = v.tobytes()
                 if key not in seen:
                     seen.add(key)
                     new.append(v)
                     sets.append(v)
+            if len(sets) >= max_sets:
+                break
         frontier = new
     first: tuple[int, np.ndarray, np.ndarray] | None = None
-    for u in sets[1:]:
-        inside = np.array([not (m & ~u).any() for m in masks])
+    total = 1 + net.demand.sum(axis=1)
+    for u in sets:
+        inside = ~(masks & ~u).any(axis=1)
         if not inside.any():
             continue
         deficit = net.demand[:, inside].sum(axis=1) - problem.capacity_mw[:, u].sum(axis=1)
-        bad = np.flatnonzero(deficit > 1e-9 * (1 + net.demand.sum(axis=1)))
+        bad = np.flatnonzero(deficit > 1e-9 * total)
         if bad.size and (first is None or bad[0] < first[0]):
             first = (int(bad[0]), u, inside)
     if first is not None:
