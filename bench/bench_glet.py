@@ -8,7 +8,7 @@
    worst-case co-runner sizing, no portfolio, no consolidation), to show what the rest adds.
 3. Scheduling time per decision: 10 models on 8 GPUs.
 
-Run: python bench/bench_glet.py [--k 4] [--quick] [--data DIR]
+Run: python bench/bench_glet.py [--k 3] [--quick] [--data DIR]
 SLOs (ms) are a fixed choice per model, between 2.5x and 6x the batch-1 latency on a
 whole GPU; rates are packed at the Poisson 99th percentile of arrivals per duty cycle.
 """
@@ -83,13 +83,15 @@ def max_scale(make, algo: str, max_gpus: int, lo: float, rel_tol: float) -> floa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--k", type=int, default=None, help="models in the schedulability sweep")
+    ap.add_argument(
+        "--k", type=int, default=None, help="models in the schedulability sweep (default 3)"
+    )
     ap.add_argument("--quick", action="store_true", help="k=2, fewer timing decisions")
     ap.add_argument("--data", type=Path, default=DATA, help="gpulet reference data folder")
     ap.add_argument("--max-gpus", type=int, default=4)
     ap.add_argument("--tol", type=float, default=0.02, help="relative tolerance of the search")
     args = ap.parse_args()
-    k = args.k or (2 if args.quick else 4)
+    k = args.k or (2 if args.quick else 3)
     if not args.data.is_dir():
         sys.exit(f"gpulet reference data not found at {args.data} (pass --data DIR)")
 
@@ -157,7 +159,9 @@ def main() -> None:
     ratio: dict[str, list[float]] = {a: [] for a in ALGOS if a != "ideal"}
     gpus_sum = dict.fromkeys(ALGOS, 0)
     worse = dict.fromkeys(ALGOS, 0)
-    for rates in scenarios:
+    for n_done, rates in enumerate(scenarios, start=1):
+        if n_done % 10 == 0:
+            print(f"  ... {n_done}/{len(scenarios)} scenarios", file=sys.stderr, flush=True)
         base = problem(rates, max_gpus=args.max_gpus)
         got = {a: run(base, a, args.max_gpus) for a in ALGOS}
         for a in ALGOS:

@@ -41,7 +41,8 @@ def plan_glet_cmd(
         float | None,
         typer.Option(
             "--rate-percentile",
-            help="Pack for this Poisson upper percentile of each rate (default 99; 0 = as given).",
+            help="Pack each rate at this Poisson upper percentile of its arrivals per duty "
+            "cycle (default 99; 0 = the mean rate).",
         ),
     ] = None,
     algorithm: Annotated[

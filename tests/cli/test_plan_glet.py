@@ -61,7 +61,9 @@ MODELS = ["--model", "resnet50:400:25", "--model", "vgg16:300:30", "--model", "m
 
 def test_plan_glet_json_and_output_file(cli, db, tmp_path):
     out = tmp_path / "plan.json"
-    r = cli("plan", "glet", *MODELS, "--db", db, "--json", "-o", str(out))
+    r = cli(
+        "plan", "glet", *MODELS, "--db", db, "--json", "-o", str(out), "--simulate-seconds", "3"
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["kind"] == "glet" and doc["schema"] == "greenctl.plan/v1"
@@ -95,10 +97,32 @@ def test_plan_glet_table_spec_and_algorithms(cli, db, tmp_path):
         '[[models]]\nname = "densenet121"\nrate_rps = 300\nslo_ms = 40\n'
     )
     for algo in ("glet", "sbp", "greedy", "ideal"):
-        r = cli("plan", "glet", "--spec", str(spec), "--algorithm", algo, "--db", db)
+        r = cli(
+            "plan",
+            "glet",
+            "--spec",
+            str(spec),
+            "--algorithm",
+            algo,
+            "--db",
+            db,
+            "--simulate-seconds",
+            "1",
+        )
         assert r.exit_code == 0, r.output
         assert "inception" in r.output and "modeled" in r.output
-    r = cli("plan", "glet", "--spec", str(spec), "--no-interference", "--db", db, "--json")
+    r = cli(
+        "plan",
+        "glet",
+        "--spec",
+        str(spec),
+        "--no-interference",
+        "--db",
+        db,
+        "--json",
+        "--simulate-seconds",
+        "0",
+    )
     doc = json.loads(r.stdout)
     assert doc["request"]["interference"] is None
 
@@ -142,7 +166,7 @@ def test_plan_without_interference_model_notes_it(cli, tmp_path):
     shutil.copy(GPULET / "inference.csv", d / "inference.csv")
     db = str(tmp_path / "n.db")
     assert cli("gpulet", "import", str(d), "--db", db).exit_code == 0
-    r = cli("plan", "glet", *MODELS, "--db", db, "--json")
+    r = cli("plan", "glet", *MODELS, "--db", db, "--json", "--simulate-seconds", "0")
     assert r.exit_code == 0, r.output
     assert any("no interference model" in n for n in json.loads(r.stdout)["notes"])
     r = cli("interference", "fit", "--db", db)

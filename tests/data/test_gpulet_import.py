@@ -49,12 +49,15 @@ def test_import_reference_round_trip(store, reference):
     assert table["resnet50"]["mps:100"][64] == pytest.approx(25.686, abs=1e-3)
 
 
-def test_reimport_is_idempotent_for_tables(store, reference):
-    import_gpulet(store, _gpulet_dir(reference))
-    import_gpulet(store, _gpulet_dir(reference))
-    assert store.db.table("utilisations").count == 455
-    assert store.db.table("colocations").count == 3675
-    assert len(store.latest_profiles(variant="resnet50")) == 42  # newest of each point
+def test_reimport_is_idempotent_for_tables(store, tmp_path):
+    d = _write(tmp_path, GOOD, mem=MEM, inter=INTER)
+    import_gpulet(store, d)
+    s = import_gpulet(store, d)
+    assert s.variants == 0 and s.utilisations == 2 and s.colocations == 1
+    assert store.db.table("utilisations").count == 2
+    assert store.db.table("colocations").count == 1
+    assert len(store.latest_profiles(variant="m1")) == 2  # newest of each point
+    assert store.profile_count() == 4  # the history is kept
 
 
 def _write(tmp: Path, inference: str, mem: str | None = None, inter: str | None = None) -> Path:
@@ -69,6 +72,8 @@ def _write(tmp: Path, inference: str, mem: str | None = None, inter: str | None 
 
 
 GOOD = "m1,1,50,throughput,100.0,latency,0.01,1\nm1,2,50,throughput,150.0,latency,0.0133,1\n"
+MEM = "m1,1,50,mem_util,10,l2_util,12,0\nm1,2,50,mem_util,15,l2_util,17,0\n"
+INTER = "m1,1,50,m1,2,throughput,80,latency,0.0125,1\nm1,2,50,m1,1,throughput,80,latency,0.03,0\n"
 
 
 def test_small_dir_and_missing_optional_files(store, tmp_path):
@@ -122,10 +127,13 @@ def test_resolve_variant_and_missing_interference_model(store, tmp_path):
         get_interference_model(store)
 
 
-def test_cli_import(cli, reference, tmp_path):
-    r = cli("gpulet", "import", str(_gpulet_dir(reference)), "--json")
+def test_cli_import(cli, tmp_path):
+    d = _write(tmp_path, GOOD, mem=MEM, inter=INTER)
+    r = cli("gpulet", "import", str(d), "--json")
     assert r.exit_code == 0, r.output
-    assert '"profiles": 420' in r.stdout
+    assert '"profiles": 2' in r.stdout and '"skipped_invalid": 1' in r.stdout
+    r = cli("gpulet", "import", str(d))
+    assert r.exit_code == 0 and "Gpulet" in r.output
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "inference.csv").write_text("oops\n")
