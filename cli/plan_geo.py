@@ -261,8 +261,8 @@ def _plot(run: GeoRun, path: Path) -> None:
     axes[1].set_ylabel("water (L)")
     axes[0].set_title("Per-site carbon and water by algorithm (modeled)")
     axes[1].set_xticks(x + 0.4 - width / 2, sites, rotation=45, ha="right")
-    axes[0].legend(fontsize="small", ncol=min(len(names), 5))
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="center right", fontsize="small")
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
     try:
         fig.savefig(path, dpi=100)
     except OSError as exc:
