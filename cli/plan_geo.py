@@ -116,8 +116,9 @@ def plan_geo_cmd(
 ) -> None:
     """Split each gateway's load over sites: energy cost + the largest regional footprint.
 
-    eGLB minimises energy cost + mu_c x max-site carbon + mu_w x max-site water over the
-    horizon. The plan (kind geo) is saved in the store; figures are modeled from the traces.
+    eGLB: min energy cost + mu_c x max-site carbon + mu_w x max-site water, over the horizon.
+
+    The plan (kind geo) is saved in the store; all figures are modeled from the traces.
     """
     from greenctl.planner.geo import run_geo_files
 
