@@ -14,7 +14,9 @@ in every greenctl process (CLI tests, child runs, executor daemons). Description
          "power_w": 250.0,               # power drawn (energy counter integrates it)
          "energy_mj": 1000000,           # counter value at start
          "memory_used_mb": 512,
-         "geometry": "a100-40gb",        # MIG profiles (default: from memory_mb)
+         "geometry": "A100-40GB",        # MIG geometry name (default: from the GPU name,
+                                         # else the closest memory size), see
+                                         # data/datasets/mig_geometry.json
          "instances": [{"profile": "3g.20gb", "start": 4, "compute": [3],
                         "uuids": ["MIG-..."]}]}
       ]
@@ -38,26 +40,6 @@ from greenctl.data.errors import FileFormatError, HardwareError
 from greenctl.profiler import device as dev
 from greenctl.profiler.device import GpuInfo, MigInstance, MigProfile
 
-# (name, NVML profile id, compute slices, memory MB, max instances, placements (start, size))
-_GEOMETRY: dict[str, list[tuple[str, int, int, float, int, list[tuple[int, int]]]]] = {
-    "a100-40gb": [
-        ("1g.5gb", 0, 1, 4864, 7, [(i, 1) for i in range(7)]),
-        ("2g.10gb", 1, 2, 9856, 3, [(0, 2), (2, 2), (4, 2)]),
-        ("3g.20gb", 2, 3, 19968, 2, [(0, 4), (4, 4)]),
-        ("4g.20gb", 3, 4, 19968, 1, [(0, 4)]),
-        ("7g.40gb", 4, 7, 40192, 1, [(0, 8)]),
-    ],
-    "80gb": [
-        ("1g.10gb", 0, 1, 9728, 7, [(i, 1) for i in range(7)]),
-        ("1g.20gb", 9, 1, 19968, 4, [(0, 2), (2, 2), (4, 2), (6, 2)]),
-        ("2g.20gb", 1, 2, 19968, 3, [(0, 2), (2, 2), (4, 2)]),
-        ("3g.40gb", 2, 3, 40192, 2, [(0, 4), (4, 4)]),
-        ("4g.40gb", 3, 4, 40192, 1, [(0, 4)]),
-        ("7g.80gb", 4, 7, 80896, 1, [(0, 8)]),
-    ],
-}
-TOTAL_COMPUTE_SLICES = 7
-
 _ERROR_CODES = {
     "library_not_found": dev.NVML_ERROR_LIBRARY_NOT_FOUND,
     "driver_not_loaded": dev.NVML_ERROR_DRIVER_NOT_LOADED,
@@ -67,6 +49,17 @@ _ERROR_CODES = {
     "in_use": dev.NVML_ERROR_IN_USE,
     "unknown": dev.NVML_ERROR_UNKNOWN,
 }
+
+
+def _geometry(name: str, memory_mb: float) -> Any:
+    """The MIG geometry (``data/datasets/mig_geometry.json``) of a GPU name, else the known
+    geometry closest in memory size."""
+    from greenctl.data.mig_geometry import find_gpu, load_geometry
+
+    geo = find_gpu(name)
+    if geo is None:
+        geo = min(load_geometry(), key=lambda g: abs(g.memory_gib * 1024 - memory_mb))
+    return geo
 
 
 class _Gpu:
@@ -83,12 +76,20 @@ class _Gpu:
         self.energy_mj = float(spec.get("energy_mj", 0))
         self.memory_used_mb = float(spec.get("memory_used_mb", 0))
         self.last = now
-        geometry = spec.get("geometry") or ("a100-40gb" if self.memory_mb < 60000 else "80gb")
-        if geometry not in _GEOMETRY:
-            raise ValueError(f"unknown geometry '{geometry}' (known: {', '.join(_GEOMETRY)})")
+        geo = _geometry(spec.get("geometry") or self.name, self.memory_mb)
+        self.compute_slices = geo.compute_slices
+        self.max_per_gpu = {p.name: p.max_per_gpu for p in geo.profiles if p.max_per_gpu}
         self.profiles = [
-            MigProfile(index, pid, name, slices, mem, count, tuple(pl))
-            for name, pid, slices, mem, count, pl in _GEOMETRY[geometry]
+            MigProfile(
+                index,
+                p.id,
+                p.name,
+                p.compute_slices,
+                p.memory_gib * 1024,
+                min(len(p.starts), p.max_per_gpu or len(p.starts)),
+                tuple((st, p.width) for st in p.starts),
+            )
+            for p in geo.profiles
         ]
         # gi_id -> {"profile": MigProfile, "start": int, "cis": {ci_id: (slices, uuid)}}
         self.gis: dict[int, dict[str, Any]] = {}
@@ -210,9 +211,11 @@ class FakeNvml:
         for gi in gpu.gis.values():
             used |= set(range(gi["start"], gi["start"] + gi["size"]))
         busy_slices = sum(gi["profile"].slices for gi in gpu.gis.values())
+        same = sum(1 for gi in gpu.gis.values() if gi["profile"].name == profile)
         if (
             used & set(range(start, start + size))
-            or busy_slices + prof.slices > TOTAL_COMPUTE_SLICES
+            or busy_slices + prof.slices > gpu.compute_slices
+            or same >= gpu.max_per_gpu.get(profile, same + 1)
         ):
             raise dev.nvml_error(dev.NVML_ERROR_INSUFFICIENT_RESOURCES, action)
         gi_id = max([0, *gpu.gis]) + 1
@@ -258,7 +261,7 @@ class FakeNvml:
             raise dev.nvml_error(
                 dev.NVML_ERROR_NOT_SUPPORTED, f"reading MIG profiles of GPU {gpu_index}"
             )
-        return max(p.slices for p in gpu.profiles)
+        return gpu.compute_slices
 
     def mig_instances(self, gpu_index: int) -> list[MigInstance]:
         self._raise_if("mig", "listing MIG GPU instances")

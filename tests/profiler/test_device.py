@@ -210,3 +210,20 @@ def test_nvml_backend_reads_through_pynvml(monkeypatch):
     with pytest.raises(HardwareError, match="energy counter: this GPU or driver does not support"):
         be.energy_mj(0)
     be.close()
+
+
+def test_fake_geometry_is_the_bundled_mig_geometry(fake):
+    from greenctl.data.mig_geometry import find_gpu
+
+    geo = find_gpu("NVIDIA A100-SXM4-40GB")
+    profiles = {p.name: p for p in fake.mig_profiles(0)}
+    assert set(profiles) == {p.name for p in geo.profiles}
+    assert profiles["3g.20gb"].placements == ((0, 4), (4, 4))
+    assert fake.total_compute_slices(0) == geo.compute_slices
+    # +me profiles: at most one per GPU
+    three = next(m for m in fake.mig_instances(0) if m.profile == "3g.20gb")
+    fake.destroy_gpu_instance(0, three.gi_id)
+    fake.create_gpu_instance_with_placement(0, "1g.5gb+me", 4)
+    with pytest.raises(HardwareError, match="not enough free MIG slices"):
+        fake.create_gpu_instance_with_placement(0, "1g.5gb+me", 5)
+    fake.create_gpu_instance_with_placement(0, "1g.5gb", 5)

@@ -79,7 +79,7 @@ def test_discover_with_fake_gpus_gives_gpu_and_mig_records():
     assert shares == {("2g.10gb", 2 / 7), ("1g.5gb", 1 / 7), ("3g.20gb", 3 / 7)}
     three = next(m for m in inv.mig if m.mig_profile == "3g.20gb")
     assert three.uuid == "MIG-aaaaaaaa-0000-0000-0000-000000000001"
-    assert three.parent_uuid == inv.gpus[0].uuid and three.memory_mb == 19968
+    assert three.parent_uuid == inv.gpus[0].uuid and three.memory_mb == 20 * 1024
     assert inv.mps_pipe is None
 
 
