@@ -14,10 +14,14 @@ import sys
 def main() -> int:
     """Measure the spec read from stdin; print the result as one JSON line."""
     from greenctl.data.errors import GreenctlError
-    from greenctl.profiler.harness import child_main
+    from greenctl.profiler.harness import PROGRESS_PREFIX, child_main
+
+    def progress(message: str, fraction: float) -> None:
+        sys.stderr.write(f"{PROGRESS_PREFIX}{fraction:.4f} {message}\n")
+        sys.stderr.flush()
 
     try:
-        out = child_main(sys.stdin.read())
+        out = child_main(sys.stdin.read(), progress=progress)
     except GreenctlError as exc:
         sys.stderr.write(f"Error: {exc}\n")
         return exc.exit_code

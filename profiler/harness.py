@@ -503,32 +503,81 @@ def measure_variant(
     return out, loaded.load_time_s, facts
 
 
+PROGRESS_PREFIX = "@@greenctl-progress "
+
+
 def run_child(
-    item: RunItem, spec: dict[str, Any], *, timeout_s: float = CHILD_TIMEOUT_S
+    item: RunItem,
+    spec: dict[str, Any],
+    *,
+    timeout_s: float = CHILD_TIMEOUT_S,
+    progress: Progress = _noop,
 ) -> tuple[list[Measurement], dict[str, Any]]:
-    """Run one item in ``python -m greenctl.profiler.child`` with the item's environment."""
+    """Run one item in ``python -m greenctl.profiler.child`` with the item's environment.
+
+    The child reports progress as ``@@greenctl-progress FRACTION MESSAGE`` lines on stderr
+    (forwarded to ``progress``) and its result as one JSON line on stdout.
+    """
+    import threading
+
     env = {**os.environ, **(item.env or {})}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "greenctl.profiler.child"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    errors: list[str] = []
+
+    def read_stderr() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith(PROGRESS_PREFIX):
+                frac, _, msg = line[len(PROGRESS_PREFIX) :].strip().partition(" ")
+                try:
+                    progress(msg, float(frac))
+                except ValueError:
+                    continue
+            else:
+                errors.append(line.rstrip())
+
+    killed: list[bool] = []
+
+    def kill() -> None:
+        killed.append(True)
+        proc.kill()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    timer = threading.Timer(timeout_s, kill)
+    timer.start()
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "greenctl.profiler.child"],
-            input=json.dumps(spec),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=timeout_s,
-            check=False,
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(spec))
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # the child died at once; its stderr says why
+        stdout = proc.stdout.read()
+        proc.wait()
+    finally:
+        timer.cancel()
+    reader.join(timeout=5)
+    if killed:
+        raise HardwareError(
+            f"profiling {item.variant.name} on {item.resource} timed out after {timeout_s:g} s"
         )
-    except subprocess.TimeoutExpired:
-        raise HardwareError(f"profiling {item.variant.name} on {item.resource} timed out") from None
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        tail = [e for e in errors if e.strip()][-3:] or stdout.strip().splitlines()[-3:]
         raise HardwareError(
             f"profiling {item.variant.name} on {item.resource} failed in its child process: "
             + " | ".join(tail),
             hint=f"the child ran with {', '.join(f'{k}={v}' for k, v in (item.env or {}).items())}",
         )
     try:
-        doc = json.loads(proc.stdout.strip().splitlines()[-1])
+        doc = json.loads(stdout.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
         raise HardwareError(f"the child for {item.resource} printed no result") from None
     return [measurement_from_dict(m) for m in doc["measurements"]], doc
@@ -581,7 +630,7 @@ def run_items(
             progress(f"{label}: {msg}", (k + frac) / len(items))
 
         if item.in_child:
-            measurements, _doc = run_child(item, spec)
+            measurements, _doc = run_child(item, spec, progress=inner)
             facts: dict[str, Any] = {}
         else:
             measurements, _load_s, facts = measure_variant(spec, progress=inner)
@@ -733,10 +782,10 @@ def busy_note(usable_cores: int) -> str | None:
     )
 
 
-def child_main(stdin_text: str) -> str:
+def child_main(stdin_text: str, *, progress: Progress = _noop) -> str:
     """The child-process entry: JSON spec in, JSON measurements out."""
     spec = json.loads(stdin_text)
-    measurements, load_s, facts = measure_variant(spec)
+    measurements, load_s, facts = measure_variant(spec, progress=progress)
     return json.dumps(
         {
             "measurements": [measurement_to_dict(m) for m in measurements],

@@ -168,7 +168,9 @@ def test_child_process_run_with_mig_environment_and_attributed_energy(gpu_invent
     items = plan_runs(gpu_inventory, [builtin_variant("tiny-s")], cpus=[], gpus=True, batches=[2])
     item = replace(next(i for i in items if i.resource == "mig:3g.20gb"), device="cpu")
     spec = item.to_spec(duration_s=None, requests=6, warmup=1)
-    (m,), doc = run_child(item, spec, timeout_s=300)
+    seen: list[tuple[str, float]] = []
+    (m,), doc = run_child(item, spec, timeout_s=300, progress=lambda s, f: seen.append((s, f)))
+    assert seen and seen[-1] == ("batch 2", 1.0)  # progress streamed from the child
     assert doc["env"]["CUDA_VISIBLE_DEVICES"] == "MIG-aaaaaaaa-0000-0000-0000-000000000001"
     assert doc["pid"] != os.getpid()
     assert m.batch == 2 and len(m.latencies_ms) == 3
@@ -177,6 +179,14 @@ def test_child_process_run_with_mig_environment_and_attributed_energy(gpu_invent
     assert m.energy.power_w == pytest.approx(280.0 * 3 / 7, rel=0.05)
     p = m.to_profile("tiny-s", item.resource, item.hardware)
     assert p.energy_method == "nvml-attributed" and p.hardware == "NVIDIA A100-SXM4-40GB"
+
+
+def test_child_timeout_kills_it(gpu_inventory):
+    from greenctl.data.errors import HardwareError
+
+    item = plan_runs(gpu_inventory, [builtin_variant("tiny-s")], cpus=[1], batches=[1])[0]
+    with pytest.raises(HardwareError, match=r"timed out after 0\.2 s"):
+        run_child(item, item.to_spec(duration_s=60, requests=None, warmup=0), timeout_s=0.2)
 
 
 @pytest.mark.skipif(CORES < 2, reason="needs 2 usable cores")
