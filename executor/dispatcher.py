@@ -40,6 +40,7 @@ from greenctl.executor.procs import (
     proc_start_ticks,
     read_json,
     spawn_detached,
+    terminate,
     write_json_atomic,
 )
 from greenctl.executor.upstream import UpstreamError, UpstreamPool
@@ -218,6 +219,7 @@ class Dispatcher:
         self.rejected = 0
         self.restarts = 0
         self.children: list[subprocess.Popen[bytes]] = []
+        self.restart_tasks: set[asyncio.Task[None]] = set()
         self.timeout_s = 60.0
 
     # -- routing table ------------------------------------------------------------------
@@ -284,6 +286,10 @@ class Dispatcher:
         app["supervisor"].cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await app["supervisor"]
+        # restarts still waiting for readiness would leave executors nobody knows about
+        for task in list(self.restart_tasks):
+            task.cancel()
+        await asyncio.gather(*self.restart_tasks, return_exceptions=True)
         await self.session.close()
 
     async def server_meta(self, request: Any) -> Any:
@@ -474,7 +480,9 @@ class Dispatcher:
                             b.restarting = True
                             b.up = False
                             route.fail_waiters()
-                            asyncio.get_running_loop().create_task(self._restart(route, b))
+                            task = asyncio.get_running_loop().create_task(self._restart(route, b))
+                            self.restart_tasks.add(task)
+                            task.add_done_callback(self.restart_tasks.discard)
                     elif not b.up and await self._healthy(b.url):
                         b.up = True
                         route.wake()
@@ -522,13 +530,18 @@ class Dispatcher:
         self.children.append(proc)
         deadline = time.monotonic() + float(b.spawn.get("ready_timeout_s") or 120)
         doc = None
-        while time.monotonic() < deadline:
-            doc = read_json(state_file)
-            if doc and (doc.get("ready") or doc.get("error")):
-                break
-            if proc.poll() is not None:
-                break
-            await asyncio.sleep(0.05)
+        try:
+            while time.monotonic() < deadline:
+                doc = read_json(state_file)
+                if doc and (doc.get("ready") or doc.get("error")):
+                    break
+                if proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.05)
+        except asyncio.CancelledError:  # the dispatcher is stopping: do not orphan it
+            await asyncio.to_thread(terminate, proc.pid)
+            proc.poll()
+            raise
         if not doc or not doc.get("ready"):
             print(f"supervisor: restart of {b.id} failed: {(doc or {}).get('error')}", flush=True)
             b.pid, b.pid_start = proc.pid, None
