@@ -1048,6 +1048,9 @@ def _solve_highs(
     h.setOptionValue("mip_rel_gap", MIP_REL_GAP)
     h.setOptionValue("mip_abs_gap", 1e-9)
     h.setOptionValue("threads", 1)
+    # more primal heuristics than HiGHS's default 0.05: on the 100-family benchmark the
+    # default left the incumbent at the greedy warm start within a 10 s limit
+    h.setOptionValue("mip_heuristic_effort", 0.3)
     if time_limit_s is not None:
         h.setOptionValue("time_limit", float(time_limit_s))
     h.passModel(lp)
