@@ -116,10 +116,10 @@ def desired_instances(plan: Plan) -> list[InstanceSpec]:
         if r.kind == "mig" and gpus:
             mig_deps[(d.variant, r.size)] = d
             continue
-        gpu = None
-        if r.kind in ("gpu", "mps"):
-            gpu = _gpu_index(d.device, d.placement)
         for i in range(d.count):
+            gpu = None
+            if r.kind in ("gpu", "mps"):
+                gpu = _gpu_index(d.device, d.placement, i)
             mig = None
             if r.kind == "mig":
                 start = _placement_start(d.placement, i)
@@ -159,9 +159,15 @@ def desired_instances(plan: Plan) -> list[InstanceSpec]:
     return specs
 
 
-def _gpu_index(device: Any, placement: Any) -> int | None:
-    if isinstance(placement, dict) and isinstance(placement.get("gpu"), int):
-        return int(placement["gpu"])
+def _gpu_index(device: Any, placement: Any, i: int = 0) -> int | None:
+    """The GPU of instance ``i``: ``placement.gpus[i]`` (glet plans), ``placement.gpu``,
+    a numeric ``device``, else GPU 0."""
+    if isinstance(placement, dict):
+        gpus = placement.get("gpus")
+        if isinstance(gpus, list) and i < len(gpus) and isinstance(gpus[i], int):
+            return int(gpus[i])
+        if isinstance(placement.get("gpu"), int):
+            return int(placement["gpu"])
     if isinstance(device, int) or (isinstance(device, str) and device.isdigit()):
         return int(device)
     return 0
@@ -311,7 +317,7 @@ def apply_plan(
         new_cores = partition.assign_cores(
             [parse_resource(s.resource).cpu_cores or 0 for s in new_specs], usable, taken
         )
-        _validate_gpu(specs)
+        _validate_gpu(specs, time_shared=plan.kind == "glet")
         want_port = port if port is not None else (plan.extra.get("dispatcher") or {}).get("port")
         new_dispatcher = (
             disp is None
@@ -415,8 +421,9 @@ def _resolve_variants(specs: list[InstanceSpec], store: Store, loader: str) -> d
     return out
 
 
-def _validate_gpu(specs: list[InstanceSpec]) -> None:
-    """GPU/MPS resources need a GPU; MPS shares on one GPU must not exceed 100 %."""
+def _validate_gpu(specs: list[InstanceSpec], *, time_shared: bool = False) -> None:
+    """GPU/MPS resources need a GPU; MPS shares on one GPU must not exceed 100 % (except in
+    glet plans, where models time-share one partition and each executor carries its cap)."""
     gpu_specs = [s for s in specs if parse_resource(s.resource).kind in ("gpu", "mps", "mig")]
     if not gpu_specs:
         return
@@ -432,7 +439,7 @@ def _validate_gpu(specs: list[InstanceSpec]) -> None:
                 f"{sorted(indices) or 'none'}",
                 hint="see `greenctl hw`",
             )
-        if r.kind == "mps" and s.gpu is not None:
+        if r.kind == "mps" and s.gpu is not None and not time_shared:
             share[s.gpu] = share.get(s.gpu, 0) + (r.mps_percent or 0)
     for gpu, pct in share.items():
         if pct > 100:

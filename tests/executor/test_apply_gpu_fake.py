@@ -207,7 +207,14 @@ def test_mps_shares_start_control_daemon(run_store, loaders, tmp_path, monkeypat
     plan = Plan(
         kind="glet",
         deployments=[
-            Deployment(model="a", variant="va", resource="mps:40", batch=4, quota_rps=10.0),
+            Deployment(
+                model="a",
+                variant="va",
+                resource="mps:40",
+                batch=4,
+                quota_rps=10.0,
+                placement={"gpus": [0]},  # as plan glet writes it: the GPU of each instance
+            ),
             Deployment(model="b", variant="vb", resource="mps:60", batch=2, quota_rps=10.0),
         ],
     )
@@ -234,7 +241,7 @@ def test_mps_over_100_percent_is_infeasible(run_store, loaders, tmp_path, monkey
 
     _fake(tmp_path, monkeypatch, mig=None)
     plan = Plan(
-        kind="glet",
+        kind="mix",
         deployments=[Deployment(model="a", variant="va", resource="mps:60", count=2)],
     )
     with pytest.raises(InfeasiblePlan, match="add up to 120 %"):
