@@ -89,6 +89,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="k=2, fewer timing decisions")
     ap.add_argument("--data", type=Path, default=DATA, help="gpulet reference data folder")
     ap.add_argument("--max-gpus", type=int, default=4)
+    ap.add_argument(
+        "--rate-unit", type=float, default=100.0, help="rates are {0, 1, 2} x this (req/s)"
+    )
     ap.add_argument("--tol", type=float, default=0.02, help="relative tolerance of the search")
     args = ap.parse_args()
     k = args.k or (2 if args.quick else 3)
@@ -147,11 +150,12 @@ def main() -> None:
 
     scenarios = [
         dict(zip(models, combo, strict=True))
-        for combo in itertools.product((0, 100, 200), repeat=k)
+        for combo in itertools.product((0, args.rate_unit, 2 * args.rate_unit), repeat=k)
         if any(combo)
     ]
     print(
-        f"\n== schedulability: {len(scenarios)} scenarios (3^{k} - 1) over {', '.join(models)}"
+        f"\n== schedulability: {len(scenarios)} scenarios (3^{k} - 1), rates in "
+        f"{{0, {args.rate_unit:g}, {2 * args.rate_unit:g}}} req/s over {', '.join(models)}"
         f", within {args.max_gpus} GPUs =="
     )
     t0 = time.perf_counter()

@@ -21,7 +21,9 @@ from greenctl.cli.plan import plan_app
 def plan_glet_cmd(
     spec: Annotated[
         Path | None,
-        typer.Option("--spec", help="TOML or JSON file with [[models]] name/rate_rps/slo_ms."),
+        typer.Option(
+            "--spec", help="TOML or JSON file: a 'models' list of name, rate_rps, slo_ms."
+        ),
     ] = None,
     model: Annotated[
         list[str] | None,

@@ -722,7 +722,7 @@ def consolidate(state: State) -> State:
 def _relocate(state: State, i: int, rate: float) -> bool:
     remaining = rate
     while remaining > _EPS:
-        if _try_merge(state, i, remaining):
+        if _try_merge(state, i, remaining) or _merge_widened(state, i, remaining):
             return True
         placed = 0.0
         for _, gi, li in _free_glets(state):
@@ -733,6 +733,39 @@ def _relocate(state: State, i: int, rate: float) -> bool:
             return False
         remaining -= placed
     return True
+
+
+def _half_used(state: State, gi: int) -> Glet | None:
+    """The only used glet of a split GPU whose other glet is empty, else None."""
+    gpu = state.gpus[gi]
+    if len(gpu.glets) != 2:
+        return None
+    used = [g for g in gpu.glets if g.entries]
+    return used[0] if len(used) == 1 else None
+
+
+def _merge_widened(state: State, i: int, rate: float) -> bool:
+    """Time-share ``rate`` on a half-used GPU turned into one whole-GPU glet."""
+    c = state.c
+    for gi in range(len(state.gpus)):
+        g = _half_used(state, gi)
+        if g is None:
+            continue
+        merged = _add_entry(g.entries, i, rate)
+        if c.config(c.full, merged, None) is not None:
+            state.gpus[gi].glets = [Glet(c.full, merged)]
+            return True
+    return False
+
+
+def widen(state: State) -> State:
+    """Give each half-used GPU's glet the whole GPU (no co-runner, shorter batches)."""
+    c = state.c
+    for gi in range(len(state.gpus)):
+        g = _half_used(state, gi)
+        if g is not None and c.config(c.full, g.entries, None) is not None:
+            state.gpus[gi].glets = [Glet(c.full, list(g.entries))]
+    return state
 
 
 def _score(s: State) -> tuple[int, int]:
@@ -758,7 +791,7 @@ def run_algorithm(c: Compiled, algorithm: str, max_gpus: int) -> State | None:
                 s = consolidate(s)
                 if best is None or _score(s) < _score(best):
                     best = s
-        return best
+        return None if best is None else widen(best)
     if algorithm == "ideal":
         from greenctl.planner.glet_ideal import run_ideal
 
