@@ -41,8 +41,9 @@ Algorithms (``algorithm=``):
   duty-cycle rule allows; the rest of a model's rate is first tried on existing glets by
   time sharing (squishy bin packing). The fewest-GPU schedule of the portfolio runs (plus the
   whole-GPU and no-sharing schedules, which are glet schedules too) is consolidated
-  (GPUs emptied onto others' spare glets and cycles) and returned; so ``glet`` never uses
-  more GPUs than ``sbp`` or ``greedy``.
+  (GPUs emptied onto others' spare glets and cycles), a GPU whose second glet stayed
+  empty gets its one glet widened to the whole GPU, and the result is returned; so
+  ``glet`` never uses more GPUs than ``sbp`` or ``greedy``.
 - ``sbp``: Nexus squishy bin packing on whole GPUs (saturated GPUs, residuals merged).
 - ``greedy``: best-fit partitioning without time sharing.
 - ``ideal``: exhaustive search over partition combinations of up to 4 GPUs
@@ -988,6 +989,7 @@ def plan_glet(
     req.setdefault("partitions", list(problem.partitions))
     req.setdefault("max_gpus", problem.max_gpus)
     req.setdefault("rate_percentile", problem.rate_percentile)
+    req.setdefault("rate_percentile_window", "duty cycle")
     req.setdefault(
         "interference",
         None
