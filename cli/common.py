@@ -6,12 +6,14 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from greenctl.data.store import Store, open_store
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from greenctl.data.store import Store
 
 console = Console()
 err_console = Console(stderr=True)
@@ -34,6 +36,9 @@ ROOT_DB: ContextVar[str | None] = ContextVar("greenctl_root_db", default=None)
 
 def store_for(db: str | None) -> Store:
     """Open the store named by ``--db`` on the command, else on the root command."""
+    # imported here: sqlite-utils pulls in pandas and numpy, which `--help` must not pay for
+    from greenctl.data.store import open_store
+
     return open_store(db or ROOT_DB.get())
 
 

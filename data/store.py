@@ -12,9 +12,8 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sqlite_utils
 from greenctl.data import migrations
 from greenctl.data.errors import NotFoundError, StoreError
 from greenctl.data.plan import Plan
@@ -26,6 +25,9 @@ from greenctl.data.records import (
     row_to_record,
     utcnow_iso,
 )
+
+if TYPE_CHECKING:  # sqlite-utils imports pandas and numpy: load it only when a store opens
+    import sqlite_utils
 
 
 def default_db_path() -> Path:
@@ -200,6 +202,8 @@ class Store:
         return plan.id
 
     def get_plan(self, plan_id: int) -> Plan:
+        import sqlite_utils
+
         try:
             row = self.db.table("plans").get(plan_id)
         except sqlite_utils.db.NotFoundError:
@@ -263,6 +267,8 @@ def open_store(db: str | os.PathLike[str] | None = None) -> Store:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False)
+        import sqlite_utils
+
         database = sqlite_utils.Database(conn)
         database.enable_wal()
         database.execute("pragma foreign_keys = on")
