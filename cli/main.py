@@ -101,3 +101,7 @@ _register()
 def main() -> None:
     """Console-script entry point."""
     sys.exit(app(prog_name="greenctl", standalone_mode=True) or 0)
+
+
+if __name__ == "__main__":
+    main()
