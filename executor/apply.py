@@ -916,7 +916,9 @@ def _routes_doc(
                 "id": row["id"],
                 "url": f"http://{_connect_host(row['host'])}:{row['port']}",
                 "weight": spec.quota_rps if spec.quota_rps else 1.0,
-                "slots": spec.batch,
+                # batch + 1: one request travels while a full batch runs, so the executor
+                # does not idle for the dispatcher's round trip (fifo/batch policies)
+                "slots": spec.batch + 1,
                 "pid": row["pid"],
                 "pid_start": row["pid_start"],
                 "spawn": json.loads(row["spawn"]) if row.get("spawn") else None,

@@ -5,7 +5,8 @@ apply`` starts it detached). It forwards ``/v2/models/{name}/...`` to that model
 instances with the plan's policy:
 
 - ``fifo``: a central FIFO queue per model; a request goes to the next instance with a free
-  slot (an instance has ``batch`` slots so it can still batch) (Clover);
+  slot (an instance has ``batch + 1`` slots: it can batch, and never idles waiting for the
+  next request's round trip) (Clover);
 - ``wrr``: smooth weighted round robin by each instance's quota (InfAdapter);
 - ``batch``: like ``fifo`` but fills the busiest instance's batch first (gpulet's glets).
 

@@ -231,7 +231,7 @@ def test_mps_shares_start_control_daemon(run_store, loaders, tmp_path, monkeypat
 
     routes = _admin(_running_dispatcher(run_store), "GET")
     assert {m["policy"] for m in routes["models"].values()} == {"batch"}
-    assert {b["slots"] for m in routes["models"].values() for b in m["instances"]} == {4, 2}
+    assert {b["slots"] for m in routes["models"].values() for b in m["instances"]} == {5, 3}
     down(run_store)
     assert log.read_text().splitlines()[-1] == "cmd=quit"
 
