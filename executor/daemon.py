@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from greenctl.data.errors import InputError
 from greenctl.executor import oip
-from greenctl.executor.procs import proc_start_ticks, write_json_atomic
+from greenctl.executor.procs import proc_start_ticks, run_async, write_json_atomic
 
 DEFAULT_LOADER = "greenctl.profiler.models:load_model"
 NOOP_LOADER = "greenctl.executor.daemon:noop_loader"
@@ -604,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         report({"error": f"loading variant '{args.variant}' failed: {type(exc).__name__}: {exc}"})
         return 3
-    return asyncio.run(_serve(server, args, report))
+    return int(run_async(_serve(server, args, report)))
 
 
 async def _serve(

@@ -40,6 +40,7 @@ from greenctl.executor.procs import (
     is_alive,
     proc_start_ticks,
     read_json,
+    run_async,
     spawn_detached,
     terminate,
     write_json_atomic,
@@ -614,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     disp.timeout_s = args.timeout_s
     if args.routes:
         disp.set_routes(json.loads(Path(args.routes).read_text()))
-    return asyncio.run(_serve(disp, args, state_file))
+    return int(run_async(_serve(disp, args, state_file)))
 
 
 async def _serve(disp: Dispatcher, args: argparse.Namespace, state_file: Path) -> int:

@@ -234,7 +234,9 @@ def run_load(
     )
     body, headers = model_input(endpoint, model, binary=binary)
     t0 = time.monotonic()
-    latencies, codes, elapsed = asyncio.run(
+    from greenctl.executor.procs import run_async
+
+    latencies, codes, elapsed = run_async(
         _run(endpoint, model, times, body, headers, timeout_s, connections)
     )
     del t0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -20,14 +21,13 @@ class UpstreamError(Exception):
 
 class _Conn(asyncio.Protocol):
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
+        self.transport: Any = None  # asyncio's or uvloop's transport
         self.buf = bytearray()
         self.fut: asyncio.Future[tuple[int, dict[str, str], bytes]] | None = None
         self.closed = False
         self.got_bytes = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
