@@ -129,7 +129,10 @@ def main() -> int:
             )
         added = q["dispatcher"] - q["direct"]
         ratio = q["dispatcher"][2] / q["direct"][2]
-        verdict = "meets" if added[2] <= 1.0 else "MISSES"
+        if q["direct"][0] > 5.0:  # a no-op answers in well under 1 ms unless the box queues
+            verdict = "INCONCLUSIVE (the direct arm itself queues: too few idle cores) for"
+        else:
+            verdict = "meets" if added[2] <= 1.0 else "MISSES"
         print(
             f"{policy:<7} {'added':<11} {'':>9} {'':>7} {added[0]:>8.3f} {added[1]:>8.3f} {added[2]:>8.3f}"
             f"   p99 ratio {ratio:.2f}x; {verdict} the <= 1 ms p99 target"
