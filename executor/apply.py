@@ -342,7 +342,7 @@ def apply_plan(
         if changed and not any(a["action"] == "switch-routes" for a in actions):
             actions.append({"action": "switch-routes", "models": sorted({s.model for s in specs})})
         if dry_run or not changed:
-            return ApplyResult(
+            result = ApplyResult(
                 plan_id=plan.id,
                 changed=changed,
                 dry_run=dry_run,
@@ -352,36 +352,37 @@ def apply_plan(
                 else f"http://{_connect_host(disp['host'])}:{disp['port']}",
                 instances=[_instance_view(r) for r in kept],
             )
-        if plan.id is None:
-            store.save_plan(plan, source="apply")
-        result = _execute(
-            plan,
-            store=store,
-            state_dir=state_dir,
-            specs=specs,
-            kept=kept,
-            new_specs=new_specs,
-            new_cores=new_cores,
-            to_stop=to_stop,
-            disp=disp,
-            new_dispatcher=new_dispatcher,
-            host=host,
-            port=want_port,
-            policy=pol,
-            loader=loader,
-            max_queue=max_queue,
-            max_wait_ms=max_wait_ms,
-            ready_timeout_s=ready_timeout_s,
-            mig_gpus=[] if mig_parted else mig_gpus,
-            needs_mps=needs_mps and not mps_running,
-            planned_actions=actions,
-            variants=variants,
-        )
-    if verify:
+        else:
+            if plan.id is None:
+                store.save_plan(plan, source="apply")
+            result = _execute(
+                plan,
+                store=store,
+                state_dir=state_dir,
+                specs=specs,
+                kept=kept,
+                new_specs=new_specs,
+                new_cores=new_cores,
+                to_stop=to_stop,
+                disp=disp,
+                new_dispatcher=new_dispatcher,
+                host=host,
+                port=want_port,
+                policy=pol,
+                loader=loader,
+                max_queue=max_queue,
+                max_wait_ms=max_wait_ms,
+                ready_timeout_s=ready_timeout_s,
+                mig_gpus=[] if mig_parted else mig_gpus,
+                needs_mps=needs_mps and not mps_running,
+                planned_actions=actions,
+                variants=variants,
+            )
+    if verify and not dry_run and result.dispatcher_url:  # also when it was already running
         result.verify = verify_plan(
             plan,
             store=store,
-            endpoint=result.dispatcher_url or "",
+            endpoint=result.dispatcher_url,
             duration_s=verify_duration_s,
             rate_rps=verify_rate_rps,
         )

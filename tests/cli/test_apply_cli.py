@@ -109,6 +109,11 @@ def test_apply_status_loadgen_verify_down(cli, plan_file, state_dir, store):
 
     r = cli("apply", plan_file, "--loader", NOOP)
     assert r.exit_code == 0 and "already running" in r.output
+    # --verify on the running plan changes nothing and still measures it
+    r = cli("apply", plan_file, "--loader", NOOP, "--verify", "--verify-duration", "0.5", "--json")
+    again = json.loads(r.stdout)
+    assert not again["changed"] and again["verify"]["measured"]["sent"] > 0
+    assert store.db.table("runs").count_where("kind = ?", ["verify"]) == 2
 
     r = cli("status")
     assert r.exit_code == 0 and url in r.output
