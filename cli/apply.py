@@ -16,6 +16,13 @@ from greenctl.cli.common import (
     store_for,
 )
 
+BackendOpt = Annotated[
+    str, typer.Option("--backend", help="local (executor daemons here) or ray (a Ray cluster).")
+]
+AddressOpt = Annotated[
+    str | None, typer.Option("--address", help="Ray cluster address (host:6379) for --backend ray.")
+]
+
 
 def apply_cmd(
     plan_file: Annotated[Path, typer.Argument(help="Plan JSON (from `greenctl plan ...`).")],
@@ -59,6 +66,11 @@ def apply_cmd(
     verify_duration: Annotated[
         float, typer.Option("--verify-duration", help="Seconds of verification load.")
     ] = 10.0,
+    backend: BackendOpt = "local",
+    address: AddressOpt = None,
+    ray_http_port: Annotated[
+        int, typer.Option("--ray-http-port", help="HTTP port of Ray Serve's proxy (--backend ray).")
+    ] = 8000,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -67,6 +79,18 @@ def apply_cmd(
     from greenctl.executor.apply import apply_plan
 
     plan = load_plan_file(plan_file)
+    if _backend(backend, address) == "ray":
+        _apply_ray(
+            plan,
+            db=db,
+            address=address,
+            http_port=ray_http_port,
+            dry_run=dry_run,
+            verify=verify,
+            verify_duration=verify_duration,
+            json_out=json_out,
+        )
+        return
     with store_for(db) as store:
         result = apply_plan(
             plan,
@@ -99,6 +123,56 @@ def apply_cmd(
         _print_verify(result.verify)
 
 
+def _backend(backend: str, address: str | None) -> str:
+    from greenctl.data.errors import InputError
+
+    if backend not in ("local", "ray"):
+        raise InputError(f"--backend {backend!r} is not known", hint="use local or ray")
+    if backend == "ray" and not address:
+        raise InputError("--backend ray needs --address HOST:PORT of the Ray cluster")
+    return backend
+
+
+def _apply_ray(
+    plan: object,
+    *,
+    db: str | None,
+    address: str | None,
+    http_port: int,
+    dry_run: bool,
+    verify: bool,
+    verify_duration: float,
+    json_out: bool,
+) -> None:
+    from greenctl.data.plan import Plan
+    from greenctl.executor.apply import verify_plan
+    from greenctl.executor.ray_backend import apply_ray
+
+    assert isinstance(plan, Plan) and address is not None
+    with store_for(db) as store:
+        if plan.id is None:
+            store.save_plan(plan, source="apply")
+        result = apply_ray(plan, store=store, address=address, http_port=http_port, dry_run=dry_run)
+        checked = (
+            verify_plan(plan, store=store, endpoint=result.url, duration_s=verify_duration)
+            if verify and not dry_run
+            else None
+        )
+    if json_out:
+        from dataclasses import asdict
+
+        print_json({**asdict(result), "verify": checked})
+        return
+    title = "Planned actions (dry run, Ray)" if dry_run else "Actions taken (Ray)"
+    render_table(title, ["action"], [[a] for a in result.actions])
+    if not dry_run:
+        console.print(
+            f"Endpoint: {result.url}  (Open Inference Protocol v2) in {result.elapsed_s:.1f} s"
+        )
+    if checked:
+        _print_verify(checked)
+
+
 def _details(action: dict[str, object]) -> str:
     return ", ".join(f"{k}={v}" for k, v in action.items() if k != "action")
 
@@ -121,10 +195,34 @@ def _print_verify(v: dict[str, object]) -> None:
     )
 
 
-def status_cmd(db: DbOpt = None, json_out: JsonOpt = False) -> None:
+def status_cmd(
+    backend: BackendOpt = "local",
+    address: AddressOpt = None,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
     """Show the dispatcher and every running instance (variant, resource, pid, port, p95)."""
     from greenctl.executor.apply import status
 
+    if backend == "ray":
+        from greenctl.executor.ray_backend import status_ray
+
+        with store_for(db) as store:
+            doc = status_ray(store=store, address=address)
+        if json_out:
+            print_json(doc)
+            return
+        url = (doc.get("dispatcher") or {}).get("url")
+        console.print(
+            f"Ray application {doc.get('app') or '-'} at {url or '-'} (plan {doc.get('plan_id')})"
+        )
+        render_table(
+            "Deployments",
+            ["variant", "resource", "replicas", "status"],
+            [[i["variant"], i["resource"], i["replicas"], i["status"]] for i in doc["instances"]],
+        )
+        return
+    _backend(backend, address)
     with store_for(db) as store:
         doc = status(store)
     if json_out:
@@ -177,12 +275,25 @@ def down_cmd(
             "--restore-mig", help="Put back the MIG layout checkpointed before the first apply."
         ),
     ] = False,
+    backend: BackendOpt = "local",
+    address: AddressOpt = None,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Stop the dispatcher and every executor greenctl started."""
     from greenctl.executor.apply import down
 
+    if backend == "ray":
+        from greenctl.executor.ray_backend import down_ray
+
+        with store_for(db) as store:
+            deleted = down_ray(store=store, address=address)
+        if json_out:
+            print_json({"deleted": deleted})
+        else:
+            console.print(f"Deleted {len(deleted)} Ray Serve application(s).")
+        return
+    _backend(backend, address)
     with store_for(db) as store:
         doc = down(store, restore_mig=restore_mig)
     if json_out:

@@ -144,7 +144,14 @@ def _serve_classes() -> tuple[Any, Any, Any]:
 
         def models(self) -> dict[str, Any]:
             return {
-                m: [{"variant": e["variant"], "weight": e["weight"]} for e in es]
+                m: [
+                    {
+                        "variant": e["variant"],
+                        "weight": e["weight"],
+                        "input_shape": e["input_shape"],
+                    }
+                    for e in es
+                ]
                 for m, es in self.routes.items()
             }
 
@@ -214,6 +221,14 @@ def _serve_classes() -> tuple[Any, Any, Any]:
                             "versions": ["1"],
                             "platform": "greenctl-ray",
                             "variants": self.models[model],
+                            "inputs": [
+                                {
+                                    "name": "input0",
+                                    "datatype": "FP32",
+                                    "shape": [-1, *self.models[model][0]["input_shape"]],
+                                }
+                            ],
+                            "outputs": [{"name": "output0", "datatype": "FP32", "shape": [-1, -1]}],
                         }
                     )
                 if len(parts) == 5 and parts[4] == "ready":
@@ -223,33 +238,23 @@ def _serve_classes() -> tuple[Any, Any, Any]:
             return JSONResponse({"error": f"no route {request.method} {path}"}, status_code=404)
 
         async def _infer(self, model: str, request: Any) -> Any:
-            import numpy as np
+            from greenctl.data.errors import InputError as _InputError
+            from greenctl.executor.oip import HEADER_LENGTH, decode_request, encode_response
             from ray import serve as _serve
-            from starlette.responses import JSONResponse
+            from starlette.responses import JSONResponse, Response
 
+            header = request.headers.get(HEADER_LENGTH)
             try:
-                body = await request.json()
-                tensor = body["inputs"][0]
-                rows = np.asarray(tensor["data"], dtype=np.float32).reshape(tensor["shape"])
-            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                doc, tensors = decode_request(await request.body(), int(header) if header else None)
+            except (_InputError, ValueError) as exc:
                 return JSONResponse({"error": f"bad inference request: {exc}"}, status_code=400)
             assert self.app is not None
+            rows = tensors[0][1].astype("float32")
             variant, out = await _serve.get_app_handle(self.app).infer.remote(model, rows)
-            return JSONResponse(
-                {
-                    "model_name": model,
-                    "model_version": variant,
-                    "id": body.get("id", ""),
-                    "outputs": [
-                        {
-                            "name": "output0",
-                            "shape": list(out.shape),
-                            "datatype": "FP32",
-                            "data": out.reshape(-1).tolist(),
-                        }
-                    ],
-                }
+            body, headers = encode_response(
+                model, [("output0", out)], request=doc, model_version=variant
             )
+            return Response(body, headers=headers)
 
     return Replica, Group, Router
 
@@ -394,6 +399,9 @@ def apply_ray(
             {
                 "handle_index": i,
                 "variant": dep.variant,
+                "input_shape": [
+                    int(x) for x in str(variants[dep.variant]["input_shape"] or "").split(",") if x
+                ],
                 "replicas": dep.count,
                 "weight": float(dep.quota_rps if dep.quota_rps is not None else dep.count),
             }

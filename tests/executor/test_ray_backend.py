@@ -14,7 +14,7 @@ from greenctl.data.errors import ExecutorError, InputError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Variant
 from greenctl.executor import ray_backend
-from greenctl.executor.ray_backend import actor_options, apply_ray, down_ray, status_ray
+from greenctl.executor.ray_backend import actor_options, apply_ray, status_ray
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -102,18 +102,39 @@ def test_actor_options_pin_resources():
     assert actor_options("gpu:H100")["num_gpus"] == 1.0
 
 
-def test_apply_infer_scale_rollback_down(cluster, store):
+def test_apply_infer_scale_rollback_down(cluster, store, cli, tmp_path):
     http_port = _free_port()
     first = plan(Deployment("tiny", "tiny-s", "cpu:1", count=1, batch=4, quota_rps=10.0), plan_id=1)
-    result = apply_ray(first, store=store, address=cluster, http_port=http_port, timeout_s=120)
-    assert result.changed
-    out = _infer(result.url, "tiny")
+    plan_file = tmp_path / "first.json"
+    plan_file.write_text(first.to_json())
+    # through the CLI: apply --backend ray, then a binary-tensor load with greenctl loadgen
+    applied = cli(
+        "apply",
+        plan_file,
+        "--backend",
+        "ray",
+        "--address",
+        cluster,
+        "--ray-http-port",
+        http_port,
+        "--json",
+    )
+    assert applied.exit_code == 0, applied.output
+    url = json.loads(applied.stdout)["url"]
+    out = _infer(url, "tiny")
     assert out["model_name"] == "tiny" and out["outputs"][0]["shape"][0] == 2
     assert out["model_version"] == "tiny-s"
+    load = cli(
+        "loadgen", "--endpoint", url, "--model", "tiny", "--rate", "20", "--duration", "2", "--json"
+    )
+    assert load.exit_code == 0, load.output
+    measured = json.loads(load.stdout)
+    assert measured["errors"] == 0 and measured["ok"] > 10
+    result = apply_ray(first, store=store, address=cluster, http_port=http_port, timeout_s=120)
+    assert result.url == url
 
     # idempotent: the same plan again does nothing
-    again = apply_ray(first, store=store, address=cluster, http_port=http_port)
-    assert not again.changed
+    assert not result.changed
 
     # scale: a changed plan with two variants, one on the declared MIG resource
     second = plan(
@@ -159,6 +180,9 @@ def test_apply_infer_scale_rollback_down(cluster, store):
     assert _infer(result.url, "tiny", rows=1)["model_version"] in {"tiny-s", "tiny-m"}
     assert status_ray(store=store)["plan_id"] == 2
 
-    deleted = down_ray(store=store)
-    assert ray_backend.ROUTER_APP in deleted
+    status_cli = cli("status", "--backend", "ray", "--json")
+    assert json.loads(status_cli.stdout)["plan_id"] == 2
+    down = cli("down", "--backend", "ray", "--json")
+    assert down.exit_code == 0, down.output
+    assert ray_backend.ROUTER_APP in json.loads(down.stdout)["deleted"]
     assert status_ray(store=store)["instances"] == []
