@@ -54,17 +54,20 @@ KINDS = ("average", "marginal")
 CLOVER_DEFAULT_START = "2021-03-01T00:00:00Z"
 LBS_PER_MWH_TO_G_PER_KWH = 453.59237 / 1000.0
 
-# The bundled traces (data/datasets/carbon): name -> (file, format, default region).
+# The bundled traces (under data/datasets): name -> (file, format, default region). The eGLB
+# sites' carbon traces are the copies that `plan geo` ships in datasets/eglb/.
 BUNDLED_TRACES: dict[str, tuple[str, str, str]] = {
-    "clover-ciso-march": ("clover_ciso_march.csv", "clover", "CISO"),
-    "clover-ciso-sep": ("clover_ciso_sep.csv", "clover", "CISO"),
-    "clover-eso-march": ("clover_eso_march.csv", "clover", "ESO"),
-    "eglb-texas": ("eglb_Texas_carbon.csv", "eglb", "Texas"),
-    "eglb-virginia": ("eglb_Virginia_carbon.csv", "eglb", "Virginia"),
-    "eglb-germany": ("eglb_Germany_carbon.csv", "eglb", "Germany"),
-    "eglb-singapore": ("eglb_Singapore_carbon.csv", "eglb", "Singapore"),
-    "eglb-denmark": ("eglb_Denmark_carbon.csv", "eglb", "Denmark"),
-}
+    "clover-ciso-march": ("carbon/clover_ciso_march.csv", "clover", "CISO"),
+    "clover-ciso-sep": ("carbon/clover_ciso_sep.csv", "clover", "CISO"),
+    "clover-eso-march": ("carbon/clover_eso_march.csv", "clover", "ESO"),
+    **{
+        f"eglb-{site.lower()}": (f"eglb/carbon/{site}_carbon.csv", "eglb", site)
+        for site in (
+            "Texas", "Virginia", "Georgia", "Nevada", "Germany",
+            "Belguim", "Netherlands", "Denmark", "Japan", "Singapore",
+        )
+    },
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -686,7 +689,7 @@ def bundled_trace_path(name: str) -> Path:
         raise InputError(
             f"unknown bundled trace '{name}'", hint=f"use one of {', '.join(BUNDLED_TRACES)}"
         )
-    ref = resources.files("greenctl.data") / "datasets" / "carbon" / BUNDLED_TRACES[name][0]
+    ref = resources.files("greenctl.data") / "datasets" / BUNDLED_TRACES[name][0]
     return Path(str(ref))
 
 

@@ -189,8 +189,10 @@ def test_bundled_traces_import_offline(store):
         s = carbon_io.import_bundled(store, name)
         assert s["rows"] >= 49
     assert {r["region"] for r in carbon.regions(store)} >= {"CISO", "ESO", "Texas", "Germany"}
-    attribution = carbon_io.bundled_trace_path("eglb-texas").parent / "ATTRIBUTION.md"
+    attribution = carbon_io.bundled_trace_path("clover-ciso-march").parent / "ATTRIBUTION.md"
     assert "MIT" in attribution.read_text() and "sc23-clover" in attribution.read_text()
+    eglb_licence = carbon_io.bundled_trace_path("eglb-texas").parent.parent / "LICENSE"
+    assert "MIT" in eglb_licence.read_text()
 
 
 @pytest.mark.parametrize(
