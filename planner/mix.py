@@ -986,6 +986,7 @@ class _SolveResult:
     gap: float | None
     seconds: float
     build_seconds: float = 0.0
+    row_dual: list[float] | None = None  # LP relaxations only
 
 
 def _solve(
@@ -1001,13 +1002,19 @@ def _solve(
 
 
 def _solve_highs(
-    model: _Model, time_limit_s: float | None, start: list[float] | None = None
+    model: _Model,
+    time_limit_s: float | None,
+    start: list[float] | None = None,
+    *,
+    relax: bool = False,
+    rel_gap: float = MIP_REL_GAP,
 ) -> _SolveResult:
     """HiGHS through highspy, the whole model passed as CSC arrays in one call.
 
     pulp's ``HiGHS`` adapter adds columns and rows one Python call at a time and first builds
     pulp expression objects; for the 100-family case (12,000+ columns) that alone costs more
     than the solve, so the ILP strategy hands HiGHS its arrays directly (same solver).
+    ``relax=True`` solves the LP relaxation and returns the row duals.
     """
     import highspy
     import numpy as np
@@ -1039,13 +1046,14 @@ def _solve_highs(
     lp.a_matrix_.start_ = np.asarray(starts, dtype=np.int32)
     lp.a_matrix_.index_ = np.asarray(index, dtype=np.int32)
     lp.a_matrix_.value_ = np.asarray(value, dtype=np.float64)
-    lp.integrality_ = [
-        highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
-        for i in model.integer
-    ]
+    if not relax:
+        lp.integrality_ = [
+            highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
+            for i in model.integer
+        ]
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("mip_rel_gap", MIP_REL_GAP)
+    h.setOptionValue("mip_rel_gap", rel_gap)
     h.setOptionValue("mip_abs_gap", 1e-9)
     h.setOptionValue("threads", 1)
     # more primal heuristics than HiGHS's default 0.05: on the 100-family benchmark the
@@ -1078,6 +1086,9 @@ def _solve_highs(
     obj = info.objective_function_value if has_sol else None
     gap = None
     bound = None
+    if relax:
+        duals = list(h.getSolution().row_dual) if has_sol else None
+        return _SolveResult(status, x, obj, obj, 0.0, seconds, build, duals)
     if any(model.integer):
         bound = info.mip_dual_bound
         gap = info.mip_gap if has_sol else None
@@ -1196,6 +1207,9 @@ def components(problem: MixProblem) -> list[list[int]]:
     return list(groups.values())
 
 
+#: Try the exact decomposition for multi-family balanced problems (see ``_solve_exact``).
+DECOMPOSITION = True
+
 _STATUS_RANK = {"optimal": 0, "time_limit": 1, "time_limit_no_solution": 2, "infeasible": 3}
 
 
@@ -1207,7 +1221,22 @@ def _solve_exact(
     solver: str,
     time_limit_s: float | None,
 ) -> tuple[Allocation, dict[str, Any]]:
-    """Solve every independent group of families exactly; merge the allocations."""
+    """Solve every independent group of families exactly; merge the allocations.
+
+    Several families under the balanced objective go to the exact Lagrangian decomposition
+    of :mod:`greenctl.planner.mix_decomp` first; the joint ILP runs when it does not apply
+    or gives up (``DECOMPOSITION = False`` forces the joint ILP).
+    """
+    if DECOMPOSITION:
+        from greenctl.planner import mix_decomp
+
+        if mix_decomp.applicable(problem, single=single, solver=solver):
+            t0 = time.perf_counter()
+            out = mix_decomp.solve_decomposed(problem, terms, time_limit_s=time_limit_s)
+            if out is not None:
+                return out
+            if time_limit_s is not None:
+                time_limit_s = max(time_limit_s - (time.perf_counter() - t0), 0.1)
     # One joint model: HiGHS handles independent families inside one tree faster than
     # one tree per family (measured: 100 families without budgets, 0.14 s joint vs 5 s
     # separately for the accuracy objective), so groups are only reported.

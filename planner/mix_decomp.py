@@ -1,0 +1,449 @@
+"""Exact Lagrangian decomposition of ``plan mix`` for many families sharing budgets.
+
+The joint ILP couples families only through the shared budget rows. With budget prices
+``lambda >= 0`` (the LP relaxation's duals of those rows) every feasible plan ``x`` satisfies,
+in the model's minimisation sense,
+
+    cost(x) >= LD + sum_f d_f(x),   LD = sum_f z_f - lambda . B,
+    d_f(x) = cost_f(x) + lambda . use_f(x) - z_f >= 0,
+
+where ``z_f`` is family ``f``'s own optimum of ``cost_f + lambda . use_f`` (no shared rows).
+So once a plan of cost ``INC <= LD + Delta`` is known, every plan at least as good has
+``d_f <= Delta`` in every family. Per family an exact depth-first branch and bound
+enumerates all plans within ``Delta`` of ``z_f`` (the best plan per distinct budget use),
+and a small master MILP (one plan per family, the shared budget rows) picks the best
+combination: exact over everything that can beat ``INC``, hence globally exact. The proven
+bound is ``min(master bound, LD + Delta)``.
+
+Per family a plan is canonical without loss: quotas fill options in ascending order of their
+quota cost, so every option is full (``q = capacity x n``) except the last one used, whose
+count is ``ceil(rest / capacity)``; trimming unneeded instances never costs more (instance
+and loading costs are >= 0) nor uses more budget. The search walks options in that order.
+
+Applies to ``strategy="ilp"`` with HiGHS, the ``balanced`` objective, several families and no
+accuracy floor; otherwise (or when an enumeration grows past its limits) the caller falls
+back to the joint ILP.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from greenctl.planner.mix import Allocation, MixProblem, _Terms
+
+#: Enumeration limits per family (nodes of the search, plans kept); past them: fall back.
+MAX_NODES = 30_000
+MAX_PLANS = 4_000
+#: First enumeration window, relative to the Lagrangian bound.
+FIRST_WINDOW = 1e-6
+#: Time the decomposition may take before the joint ILP takes over (half a time limit).
+BUDGET_S = 4.0
+#: Families whose enumeration overflows enter the master in full; more than this: give up.
+MAX_HARD = 4
+#: The master's relative gap tolerance (below the plan's, which it must meet).
+MASTER_REL_GAP = 1e-7
+#: Why the last call gave up (for the benchmark and debugging); empty after a success.
+LAST_FALLBACK: dict[str, Any] = {}
+
+
+@dataclass
+class _Opt:
+    index: int  # option index in the family
+    cap: float
+    a: float  # cost per req/s of quota
+    b: float  # cost per instance (with lambda . usage in the priced search)
+    b0: float  # cost per instance without lambda
+    ub: int
+    variant: str
+    usage: tuple[float, ...]
+
+
+@dataclass
+class _Plan:
+    cost: float  # the family's cost (min sense, no lambda)
+    usage: tuple[float, ...]
+    counts: dict[int, tuple[int, float]]  # option index -> (count, quota)
+
+
+def applicable(problem: MixProblem, *, single: bool, solver: str) -> bool:
+    """Whether the decomposition applies (else the joint ILP runs)."""
+    return (
+        not single
+        and solver == "highs"
+        and problem.objective == "balanced"
+        and len(problem.families) > 1
+        and all(f.min_accuracy is None for f in problem.families)
+        and all(f.options for f in problem.families)
+    )
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _family_plans(
+    opts: list[_Opt],
+    d: dict[str, float],
+    load: float,
+    budgets: tuple[float, ...],
+    lam: tuple[float, ...],
+    window: float,
+) -> tuple[float, list[_Plan], int]:
+    """All plans of one family with priced cost within ``window`` of the priced optimum.
+
+    Returns:
+        (z, plans, nodes): the priced optimum ``z`` (cost + lambda . use) and, per distinct
+        budget use, the cheapest plan whose priced cost is at most ``z + window``.
+    """
+    nk = len(budgets)
+    order = sorted(opts, key=lambda o: (o.a, o.index))
+    m = len(order)
+    # suffix bounds: the cheapest per req/s cover of the rest by options i.. (capacity-capped)
+    rate = [o.a + o.b / o.cap for o in order]
+    suffix: list[list[tuple[float, float]]] = []
+    for i in range(m):
+        suffix.append(sorted((rate[j], order[j].cap * order[j].ub) for j in range(i, m)))
+    suffix.append([])
+
+    def bound(i: int, rest: float) -> float:
+        total = 0.0
+        for r, capacity in suffix[i]:
+            take = min(capacity, rest)
+            total += r * take
+            rest -= take
+            if rest <= 1e-9:
+                return total
+        return math.inf
+
+    best = [math.inf]
+    found: list[tuple[float, float, tuple[float, ...], dict[int, tuple[int, float]]]] = []
+    nodes = [0]
+    counts: dict[int, tuple[int, float]] = {}
+    use = [0.0] * nk
+
+    def record(priced: float, plain: float) -> None:
+        if priced <= best[0] + window + 1e-12:
+            found.append((priced, plain, tuple(use), dict(counts)))
+            if priced < best[0]:
+                best[0] = priced
+            if len(found) > 4 * MAX_PLANS:
+                _compact()
+
+    def _compact() -> None:
+        keep = [f for f in found if f[0] <= best[0] + window + 1e-12]
+        if len(keep) > MAX_PLANS * 4:
+            raise _TooBig
+        found[:] = keep
+
+    # suffix start costs: at least one more variant starts unless one in use remains
+    suffix_vars: list[set[str]] = [{o.variant for o in order[i:]} for i in range(m + 1)]
+    thresh = [math.inf]
+
+    def visit(i: int, rest: float, priced: float, plain: float, used: frozenset[str]) -> None:
+        nodes[0] += 1
+        if nodes[0] > MAX_NODES:
+            raise _TooBig
+        if rest <= 1e-9:
+            record(priced, plain)
+            thresh[0] = best[0] + window + 1e-12
+            return
+        if i == m:
+            return
+        o = order[i]
+        start = 0.0 if o.variant in used else d.get(o.variant, 0.0)
+        need = math.ceil(rest / o.cap - 1e-9)
+        top = min(o.ub, need)
+        for k in range(nk):
+            if o.usage[k] > 0:
+                top = min(top, math.floor((budgets[k] - use[k]) / o.usage[k] + 1e-9))
+        used_o = used | {o.variant}
+        sv = suffix_vars[i + 1]
+        # try the larger counts first: good plans early, tight pruning after. For full counts
+        # (1 <= n < need) the child's bound is convex in n, so once it passed and then fails,
+        # every smaller full count fails too: jump to n = 0.
+        passed = False
+        n = top + 1
+        while n > 0:
+            n -= 1
+            if n == 0:
+                child_rest = rest
+                child = priced
+                cu = used
+            else:
+                served = min(rest, o.cap * n)
+                child_rest = rest - served
+                child = priced + (o.a * served + o.b * n if n < need else o.a * rest + o.b * n)
+                child += start
+                cu = used_o
+            if child_rest > 1e-9:
+                lb = bound(i + 1, child_rest)
+                if not (sv & cu):
+                    lb += min(d.get(v, 0.0) for v in sv) if sv else math.inf
+                if child + lb > thresh[0]:
+                    if passed and 0 < n < need:
+                        n = 1
+                    continue
+            if 0 < n < need:
+                passed = True
+            if n == 0:
+                visit(i + 1, rest, priced, plain, used)
+                continue
+            add_0 = child - priced - (o.b - o.b0) * n
+            for k in range(nk):
+                use[k] += o.usage[k] * n
+            counts[o.index] = (n, rest - child_rest)
+            visit(i + 1, child_rest, child, plain + add_0, cu)
+            del counts[o.index]
+            for k in range(nk):
+                use[k] -= o.usage[k] * n
+
+    if load <= 1e-9:
+        return 0.0, [_Plan(0.0, tuple([0.0] * nk), {})], 1
+    visit(0, load, 0.0, 0.0, frozenset())
+    z = best[0]
+    by_use: dict[tuple[float, ...], _Plan] = {}
+    for priced, plain, u, c in found:
+        if priced > z + window + 1e-12:
+            continue
+        key = tuple(round(x, 9) for x in u)
+        if key not in by_use or plain < by_use[key].cost:
+            by_use[key] = _Plan(plain, u, c)
+    if len(by_use) > MAX_PLANS:
+        raise _TooBig
+    return z, list(by_use.values()), nodes[0]
+
+
+def solve_decomposed(
+    problem: MixProblem, terms: _Terms, *, time_limit_s: float | None
+) -> tuple[Allocation, dict[str, Any]] | None:
+    """Solve ``problem`` exactly by Lagrangian decomposition; None when it does not apply.
+
+    Families whose enumeration passes :data:`MAX_NODES` or :data:`MAX_PLANS` ("hard") enter
+    the master with their full ILP formulation instead of a list of plans, and their
+    ``z_f`` is replaced by the dual bound of their priced ILP (a valid lower bound), which
+    keeps the argument exact.
+
+    Returns:
+        (allocation, solver info) with ``status`` ``optimal`` (proven gap <= MIP_REL_GAP) or
+        ``infeasible`` (empty allocation); None to let the caller run the joint ILP.
+    """
+    from greenctl.planner import mix
+
+    t0 = time.perf_counter()
+    LAST_FALLBACK.clear()
+    rounds: list[dict[str, Any]] = []
+    budget_s = BUDGET_S if time_limit_s is None else min(BUDGET_S, 0.5 * time_limit_s)
+    model, lay = mix._build_model(problem, terms, single=False)
+    keys = list(problem.budgets)
+    budgets = tuple(float(problem.budgets[k]) for k in keys)
+    nk = len(keys)
+    # prices of the shared budget rows: the LP relaxation's duals
+    lam = [0.0] * nk
+    lp_bound = None
+    if nk:
+        lp = mix._solve_highs(model, time_limit_s, relax=True)
+        if lp.status == "infeasible":
+            return {}, {"name": "highs", "status": "infeasible", "gap": None,
+                        "method": "decomposition", "solve_s": round(lp.seconds, 4)}  # fmt: skip
+        if lp.row_dual is None or lp.status != "optimal":
+            return _give_up("the LP relaxation did not solve to optimality", rounds)
+        lp_bound = lp.objective
+        used_keys = _used_keys(problem, range(len(problem.families)))
+        # _build_model appends the used budget rows last, in budgets order
+        duals = lp.row_dual[len(lp.row_dual) - len(used_keys) :]
+        for k, dual in zip(used_keys, duals, strict=True):
+            lam[keys.index(k)] = max(0.0, -float(dual))
+    lp_s = time.perf_counter() - t0
+    fams: list[tuple[list[_Opt], dict[str, float], float]] = []
+    for fi, fam in enumerate(problem.families):
+        opts = []
+        for oi, o in enumerate(fam.options):
+            b0 = model.cost[lay.n[fi][oi]]
+            use = tuple(float(o.usage.get(k, 0.0)) for k in keys)
+            if b0 < -1e-15:
+                return _give_up("an instance cost is negative", rounds)
+            opts.append(
+                _Opt(
+                    index=oi,
+                    cap=o.capacity_rps,
+                    a=model.cost[lay.q[fi][oi]],
+                    b=b0 + sum(lk * u for lk, u in zip(lam, use, strict=True)),
+                    b0=b0,
+                    ub=round(model.ub[lay.n[fi][oi]]),
+                    variant=o.variant,
+                    usage=use,
+                )
+            )
+        d = {v: model.cost[c] for v, c in lay.s[fi].items()}
+        if any(x < -1e-15 for x in d.values()):
+            return _give_up("a loading cost is negative", rounds)
+        fams.append((opts, d, fam.load_rps(problem.headroom)))
+    scale = max(1.0, abs(lp_bound) if lp_bound is not None else 1.0)
+    coupled = any(len(g) > 1 for g in mix.components(problem))
+    window = FIRST_WINDOW * scale if coupled else 0.0
+    hard: dict[int, float] = {}  # family -> lower bound on its priced optimum
+    for _ in range(8):
+        if time.perf_counter() - t0 > budget_s:
+            return _give_up(f"over its time budget of {budget_s:g} s", rounds)
+        t1 = time.perf_counter()
+        results: dict[int, tuple[float, list[_Plan]]] = {}
+        nodes = 0
+        for fi, (o, d, load) in enumerate(fams):
+            if fi in hard:
+                continue
+            try:
+                z, plans, n = _family_plans(o, d, load, budgets, tuple(lam), window)
+            except _TooBig:
+                low = _priced_bound(problem, terms, fi, keys, lam)
+                if low is None:
+                    return _give_up("a hard family's own ILP did not solve", rounds)
+                hard[fi] = low
+                if len(hard) > MAX_HARD:
+                    return _give_up(f"more than {MAX_HARD} families too hard to enumerate", rounds)
+                continue
+            if math.isinf(z):
+                return {}, {"name": "highs", "status": "infeasible", "gap": None,
+                            "method": "decomposition"}  # fmt: skip
+            results[fi] = (z, plans)
+            nodes += n
+        enum_s = time.perf_counter() - t1
+        ld = (
+            sum(z for z, _ in results.values())
+            + sum(hard.values())
+            - sum(lk * b for lk, b in zip(lam, budgets, strict=True))
+        )
+        master, cols, mlay = _master(problem, terms, results, sorted(hard), keys, budgets)
+        left = max(budget_s - (time.perf_counter() - t0), 0.05)
+        res = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
+        rounds.append(
+            {
+                "window": window,
+                "plans": sum(len(p) for _, p in results.values()),
+                "nodes": nodes,
+                "hard_families": len(hard),
+                "enumerate_s": round(enum_s, 4),
+                "master_s": round(res.seconds, 4),
+                "master_status": res.status,
+            }
+        )
+        if res.status == "infeasible" and not results:
+            return {}, {"name": "highs", "status": "infeasible", "gap": None,
+                        "method": "decomposition"}  # fmt: skip
+        if res.x is None or res.objective is None:
+            # too few plans per family to fit the budgets together
+            window = max(window * 10.0, FIRST_WINDOW * scale)
+            continue
+        inc = res.objective
+        if inc > ld + window + 1e-12 * scale:
+            # better plans may lie outside the window: widen it to cover them all
+            # (geometrically: each wider round also improves the incumbent)
+            window = min((inc - ld) * (1.0 + 1e-9) + 1e-12 * scale, window * 4.0)
+            continue
+        if res.status != "optimal":
+            return _give_up(f"master stopped: {res.status}", rounds)
+        mbound = res.bound if res.bound is not None and math.isfinite(res.bound) else inc
+        proven = min(mbound, ld + window)
+        gap = max(inc - proven, 0.0) / max(abs(inc), 1e-12)
+        if gap > mix.MIP_REL_GAP:
+            return _give_up(f"proven gap {gap:.3g} above the tolerance", rounds)
+        alloc: Allocation = mix._extract(problem, mlay, res.x) if hard else {}
+        for j, fi_plan in cols.items():
+            if res.x[j] > 0.5:
+                fi, plan = fi_plan
+                alloc[fi] = dict(plan.counts)
+        maximise = mix.is_maximise(problem.objective)
+        info: dict[str, Any] = {
+            "name": "highs",
+            "method": "decomposition: Lagrangian prices from the LP duals, exact per-family "
+            "enumeration within the bound gap, master MILP over shared budgets",
+            "status": "optimal",
+            "gap": gap,
+            "objective_bound": -proven if maximise else proven,
+            "lagrangian_bound": -ld if maximise else ld,
+            "prices": dict(zip(keys, lam, strict=True)),
+            "lp_s": round(lp_s, 4),
+            "rounds": rounds,
+            "solve_s": round(time.perf_counter() - t0, 4),
+            "build_s": 0.0,
+            "columns": len(master.cost),
+            "rows": len(master.rows),
+            "integer_columns": sum(master.integer),
+            "independent_groups": len(mix.components(problem)),
+            "mip_rel_gap_tolerance": mix.MIP_REL_GAP,
+            "warm_start": None,
+        }
+        return alloc, info
+    return _give_up("no proof after the last round", rounds)
+
+
+def _give_up(reason: str, rounds: list[dict[str, Any]]) -> tuple[Allocation, dict[str, Any]] | None:
+    """Record why the decomposition gives up (the caller runs the joint ILP)."""
+    LAST_FALLBACK.clear()
+    LAST_FALLBACK.update(reason=reason, rounds=rounds)
+    return None
+
+
+def _used_keys(problem: MixProblem, fis: Any) -> list[str]:
+    """Budget keys some option of families ``fis`` uses, in budgets order."""
+    used = {k for fi in fis for o in problem.families[fi].options for k in o.usage}
+    return [k for k in problem.budgets if k in used]
+
+
+def _priced_bound(
+    problem: MixProblem, terms: _Terms, fi: int, keys: list[str], lam: list[float]
+) -> float | None:
+    """A lower bound on family ``fi``'s priced optimum: the dual bound of its own ILP."""
+    from greenctl.planner import mix
+
+    m, lay = mix._build_model(problem, terms, single=False, subset=[fi])
+    fam = problem.families[fi]
+    for oi, o in enumerate(fam.options):
+        m.cost[lay.n[fi][oi]] += sum(
+            lk * o.usage.get(k, 0.0) for lk, k in zip(lam, keys, strict=True)
+        )
+    res = mix._solve_highs(m, None)
+    if res.status != "optimal" or res.bound is None or not math.isfinite(res.bound):
+        return None
+    return min(res.bound, res.objective if res.objective is not None else res.bound)
+
+
+def _master(
+    problem: MixProblem,
+    terms: _Terms,
+    results: dict[int, tuple[float, list[_Plan]]],
+    hard: list[int],
+    keys: list[str],
+    budgets: tuple[float, ...],
+) -> tuple[Any, dict[int, tuple[int, _Plan]], Any]:
+    """One binary per (family, plan), hard families in full; the shared budget rows."""
+    from greenctl.planner import mix
+
+    m, lay = mix._build_model(problem, terms, single=False, subset=hard)
+    rows_k: dict[str, tuple[list[int], list[float]]] = {k: ([], []) for k in keys}
+    hard_keys = _used_keys(problem, hard)
+    if hard_keys:
+        tail = m.rows[len(m.rows) - len(hard_keys) :]
+        del m.rows[len(m.rows) - len(hard_keys) :]
+        for k, (idx, coef, _, _) in zip(hard_keys, tail, strict=True):
+            rows_k[k] = (list(idx), list(coef))
+    cols: dict[int, tuple[int, _Plan]] = {}
+    for fi, (_, plans) in sorted(results.items()):
+        idx = []
+        for plan in plans:
+            c = m.col(plan.cost, 0.0, 1.0, True)
+            cols[c] = (fi, plan)
+            idx.append(c)
+            for k, u in zip(keys, plan.usage, strict=True):
+                if u != 0:
+                    rows_k[k][0].append(c)
+                    rows_k[k][1].append(u)
+        m.row(idx, [1.0] * len(idx), 1.0, 1.0)
+    for k, b in zip(keys, budgets, strict=True):
+        idx, coef = rows_k[k]
+        if idx:
+            m.row(idx, coef, -math.inf, b)
+    return m, cols, lay

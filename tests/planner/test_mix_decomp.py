@@ -1,0 +1,203 @@
+"""plan mix: the exact Lagrangian decomposition equals the joint ILP on multi-family problems."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from greenctl.data.plan import Deployment
+from greenctl.planner import mix, mix_decomp
+from greenctl.planner.mix import MixFamily, MixOption, MixProblem, MixVariant, plan_mix
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+TOL = 1e-6
+
+#: (label, budget key, usage per instance)
+SIZES = [
+    ("cpu:1", "cpu", 1.0),
+    ("cpu:2", "cpu", 2.0),
+    ("cpu:4", "cpu", 4.0),
+    ("mig:1g.10gb", "mig", 1.0),
+    ("mig:3g.40gb", "mig", 3.0),
+]
+
+
+@contextmanager
+def joint_ilp() -> Iterator[None]:
+    """Run plan_mix with the decomposition switched off (the old joint ILP)."""
+    saved = mix.DECOMPOSITION
+    mix.DECOMPOSITION = False
+    try:
+        yield
+    finally:
+        mix.DECOMPOSITION = saved
+
+
+@st.composite
+def shared_budget_problems(draw: st.DrawFn) -> MixProblem:
+    nfam = draw(st.integers(2, 4))
+    families = []
+    for f in range(nfam):
+        variants = {}
+        options = []
+        for v in range(draw(st.integers(1, 3))):
+            name = f"f{f}v{v}"
+            variants[name] = MixVariant(name, draw(st.floats(0.5, 0.9)), draw(st.floats(1.0, 9.0)))
+            speed = draw(st.floats(2.0, 15.0))
+            for label, key, amount in draw(
+                st.lists(st.sampled_from(SIZES), min_size=1, max_size=3, unique=True)
+            ):
+                options.append(
+                    MixOption(
+                        variant=name,
+                        resource=label,
+                        batch=1,
+                        capacity_rps=speed * amount ** draw(st.floats(0.7, 1.1)),
+                        cost_per_hour=0.04 * amount * draw(st.floats(0.8, 1.2)),
+                        energy_j_per_request=draw(st.floats(0.5, 5.0)),
+                        latency_ms=100.0,
+                        usage={key: amount},
+                    )
+                )
+        families.append(
+            MixFamily(
+                name=f"fam{f}",
+                rate_rps=draw(st.floats(1.0, 40.0)),
+                slo_ms=500.0,
+                variants=variants,
+                options=options,
+            )
+        )
+    budgets = {"cpu": float(draw(st.integers(4, 40))), "mig": float(draw(st.integers(2, 12)))}
+    return MixProblem(
+        families=families,
+        budgets=budgets,
+        objective="balanced",
+        alpha=draw(st.sampled_from([0.0, 0.05, 0.3])),
+        beta=draw(st.sampled_from([0.0, 0.001, 0.05])),
+        gamma=draw(st.sampled_from([0.0, 0.05, 0.3])),
+        carbon_intensity=draw(st.sampled_from([None, 100.0, 700.0])),
+        headroom=draw(st.sampled_from([0.0, 0.2])),
+        current=[Deployment("fam0", "f0v0", "cpu:1")] if draw(st.booleans()) else [],
+    )
+
+
+def feasible(problem: MixProblem, plan) -> bool:
+    used = {k: 0.0 for k in problem.budgets}
+    for fam in problem.families:
+        deps = [d for d in plan.deployments if d.model == fam.name]
+        load = fam.load_rps(problem.headroom)
+        if not math.isclose(sum(d.quota_rps for d in deps), load, rel_tol=1e-6, abs_tol=1e-6):
+            return False
+        for d in deps:
+            opt = next(o for o in fam.options if (o.variant, o.resource) == (d.variant, d.resource))
+            if d.quota_rps > opt.capacity_rps * d.count * (1 + 1e-6) + 1e-6:
+                return False
+            for k, a in opt.usage.items():
+                used[k] += a * d.count
+    return all(used[k] <= b + 1e-6 for k, b in problem.budgets.items())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shared_budget_problems())
+def test_decomposition_equals_the_joint_ilp(problem: MixProblem) -> None:
+    with joint_ilp():
+        try:
+            old = plan_mix(problem)
+        except mix.InfeasiblePlan:
+            old = None
+    if old is None:
+        try:
+            plan_mix(problem)
+        except mix.InfeasiblePlan:
+            return
+        raise AssertionError("the decomposition found a plan where the joint ILP proved none")
+    new = plan_mix(problem)
+    info = new.extra["solver"]
+    assert info["method"].startswith("decomposition"), mix_decomp.LAST_FALLBACK
+    assert info["status"] == "optimal" and info["gap"] <= mix.MIP_REL_GAP
+    assert old.extra["solver"]["status"] == "optimal"
+    a, b = new.predicted["objective"], old.predicted["objective"]
+    assert abs(a - b) <= TOL * max(1.0, abs(a), abs(b)), (a, b)
+    assert feasible(problem, new)
+    # the proven bound is a bound: never below the plan (maximisation)
+    assert info["objective_bound"] >= a - TOL
+
+
+def _synthetic(n: int) -> MixProblem:
+    import random
+
+    rng = random.Random(7)
+    families = []
+    total = 0.0
+    for f in range(n):
+        variants, options = {}, []
+        for v in range(4):
+            name = f"f{f}v{v}"
+            variants[name] = MixVariant(name, 0.6 + 0.06 * v + rng.uniform(0, 0.02), 2.0 + v)
+            speed = 40.0 / (1.5**v) * rng.uniform(0.8, 1.2)
+            for label, key, amount in SIZES:
+                cap = speed * {1.0: 1.0, 2.0: 1.9, 4.0: 3.6}[amount] if key == "cpu" else speed
+                if key == "mig":
+                    cap = speed * (9.0 if amount == 1.0 else 24.0)
+                options.append(
+                    MixOption(
+                        variant=name,
+                        resource=label,
+                        batch=1,
+                        capacity_rps=cap * rng.uniform(0.9, 1.1),
+                        cost_per_hour=0.04 * amount,
+                        energy_j_per_request=rng.uniform(0.5, 3.0),
+                        latency_ms=100.0,
+                        usage={key: amount},
+                    )
+                )
+        rate = rng.uniform(20, 120)
+        total += rate
+        opts, _ = mix.prune_dominated(options)
+        families.append(MixFamily(f"fam{f}", rate, 500.0, variants, opts))
+    return MixProblem(
+        families=families, budgets={"cpu": round(total / 15), "mig": round(total / 60)}
+    )
+
+
+def test_decomposition_on_a_coupled_fleet_matches_the_joint_optimum() -> None:
+    problem = _synthetic(6)
+    new = plan_mix(problem)
+    with joint_ilp():
+        old = plan_mix(problem)
+    assert new.extra["solver"]["method"].startswith("decomposition")
+    assert new.extra["solver"]["status"] == old.extra["solver"]["status"] == "optimal"
+    assert abs(new.predicted["objective"] - old.predicted["objective"]) <= TOL
+    # both budgets are shared; the prices are those of the LP relaxation's budget rows
+    assert set(new.extra["solver"]["prices"]) == {"cpu", "mig"}
+    assert feasible(problem, new)
+
+
+def test_falls_back_to_the_joint_ilp_when_enumeration_overflows(monkeypatch) -> None:
+    problem = _synthetic(3)
+    monkeypatch.setattr(mix_decomp, "MAX_NODES", 1)
+    monkeypatch.setattr(mix_decomp, "MAX_HARD", 0)
+    plan = plan_mix(problem)
+    assert "method" not in plan.extra["solver"]  # the joint ILP ran
+    assert plan.extra["solver"]["status"] == "optimal"
+    assert "too hard" in mix_decomp.LAST_FALLBACK["reason"]
+    monkeypatch.setattr(mix_decomp, "MAX_HARD", 3)  # hard families enter the master in full
+    hard = plan_mix(problem)
+    assert hard.extra["solver"]["method"].startswith("decomposition")
+    assert hard.extra["solver"]["rounds"][-1]["hard_families"] == 3
+    assert abs(hard.predicted["objective"] - plan.predicted["objective"]) <= TOL
+
+
+def test_applies_only_where_it_is_exact() -> None:
+    problem = _synthetic(2)
+    assert mix_decomp.applicable(problem, single=False, solver="highs")
+    assert not mix_decomp.applicable(problem, single=True, solver="highs")
+    assert not mix_decomp.applicable(problem, single=False, solver="cbc")
+    problem.families[0].min_accuracy = 0.7
+    assert not mix_decomp.applicable(problem, single=False, solver="highs")
+    problem.families[0].min_accuracy = None
+    problem.objective = "accuracy"  # its tie-break stays with the joint ILP
+    assert not mix_decomp.applicable(problem, single=False, solver="highs")
