@@ -27,6 +27,7 @@ back to the joint ILP.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 MAX_NODES = 30_000
 MAX_PLANS = 4_000
 #: First enumeration window, relative to the Lagrangian bound.
-FIRST_WINDOW = 1e-6
+FIRST_WINDOW = 1.5e-5
 #: Time the decomposition may take before the joint ILP takes over (half a time limit).
 BUDGET_S = 4.0
 #: Families whose enumeration overflows enter the master in full; more than this: give up.
@@ -104,20 +105,30 @@ def _family_plans(
     m = len(order)
     # suffix bounds: the cheapest per req/s cover of the rest by options i.. (capacity-capped)
     rate = [o.a + o.b / o.cap for o in order]
-    suffix: list[list[tuple[float, float]]] = []
-    for i in range(m):
-        suffix.append(sorted((rate[j], order[j].cap * order[j].ub) for j in range(i, m)))
-    suffix.append([])
+    # per suffix: rates ascending with cumulative capacity and cost (bisect per bound)
+    cum_cap: list[list[float]] = []
+    cum_cost: list[list[float]] = []
+    rates: list[list[float]] = []
+    for i in range(m + 1):
+        pieces = sorted((rate[j], order[j].cap * order[j].ub) for j in range(i, m))
+        cc, co, acc_cap, acc_cost = [], [], 0.0, 0.0
+        for r, capacity in pieces:
+            acc_cap += capacity
+            acc_cost += r * capacity
+            cc.append(acc_cap)
+            co.append(acc_cost)
+        cum_cap.append(cc)
+        cum_cost.append(co)
+        rates.append([r for r, _ in pieces])
 
     def bound(i: int, rest: float) -> float:
-        total = 0.0
-        for r, capacity in suffix[i]:
-            take = min(capacity, rest)
-            total += r * take
-            rest -= take
-            if rest <= 1e-9:
-                return total
-        return math.inf
+        cc = cum_cap[i]
+        j = bisect.bisect_left(cc, rest - 1e-9)
+        if j == len(cc):
+            return math.inf
+        before_cap = cc[j - 1] if j else 0.0
+        before_cost = cum_cost[i][j - 1] if j else 0.0
+        return before_cost + rates[i][j] * (rest - before_cap)
 
     best = [math.inf]
     found: list[tuple[float, float, tuple[float, ...], dict[int, tuple[int, float]]]] = []
@@ -141,65 +152,64 @@ def _family_plans(
 
     # suffix start costs: at least one more variant starts unless one in use remains
     suffix_vars: list[set[str]] = [{o.variant for o in order[i:]} for i in range(m + 1)]
+    suffix_start = [min((d.get(v, 0.0) for v in sv), default=math.inf) for sv in suffix_vars]
     thresh = [math.inf]
 
     def visit(i: int, rest: float, priced: float, plain: float, used: frozenset[str]) -> None:
+        """Place the next nonzero count on some option j >= i (later ones stay 0 until then)."""
         nodes[0] += 1
         if nodes[0] > MAX_NODES:
             raise _TooBig
-        if rest <= 1e-9:
-            record(priced, plain)
-            thresh[0] = best[0] + window + 1e-12
-            return
-        if i == m:
-            return
-        o = order[i]
-        start = 0.0 if o.variant in used else d.get(o.variant, 0.0)
-        need = math.ceil(rest / o.cap - 1e-9)
-        top = min(o.ub, need)
-        for k in range(nk):
-            if o.usage[k] > 0:
-                top = min(top, math.floor((budgets[k] - use[k]) / o.usage[k] + 1e-9))
-        used_o = used | {o.variant}
-        sv = suffix_vars[i + 1]
-        # try the larger counts first: good plans early, tight pruning after. For full counts
-        # (1 <= n < need) the child's bound is convex in n, so once it passed and then fails,
-        # every smaller full count fails too: jump to n = 0.
-        passed = False
-        n = top + 1
-        while n > 0:
-            n -= 1
-            if n == 0:
-                child_rest = rest
-                child = priced
-                cu = used
-            else:
-                served = min(rest, o.cap * n)
-                child_rest = rest - served
-                child = priced + (o.a * served + o.b * n if n < need else o.a * rest + o.b * n)
-                child += start
-                cu = used_o
-            if child_rest > 1e-9:
-                lb = bound(i + 1, child_rest)
-                if not (sv & cu):
-                    lb += min(d.get(v, 0.0) for v in sv) if sv else math.inf
-                if child + lb > thresh[0]:
-                    if passed and 0 < n < need:
-                        n = 1
+        for j in range(i, m):
+            # the bound only grows with j (fewer options left): stop at the first failure
+            lb = bound(j, rest)
+            if not (suffix_vars[j] & used):
+                lb += suffix_start[j]
+            if priced + lb > thresh[0]:
+                return
+            o = order[j]
+            start = 0.0 if o.variant in used else d.get(o.variant, 0.0)
+            need = math.ceil(rest / o.cap - 1e-9)
+            top = min(o.ub, need)
+            for k in range(nk):
+                if o.usage[k] > 0:
+                    top = min(top, math.floor((budgets[k] - use[k]) / o.usage[k] + 1e-9))
+            cu = used | {o.variant}
+            sv = suffix_vars[j + 1]
+            shared = bool(sv & cu)
+            # larger counts first: good plans early, tight pruning after. For full counts
+            # (1 <= n < need) the child's bound is convex in n: once it passed and then
+            # fails, every smaller count fails too.
+            passed = False
+            for n in range(top, 0, -1):
+                if n >= need:  # the marginal option: the family's load is served
+                    child = priced + o.a * rest + o.b * n + start
+                    if child <= thresh[0]:
+                        for k in range(nk):
+                            use[k] += o.usage[k] * n
+                        counts[o.index] = (n, rest)
+                        record(child, plain + o.a * rest + o.b0 * n + start)
+                        thresh[0] = best[0] + window + 1e-12
+                        del counts[o.index]
+                        for k in range(nk):
+                            use[k] -= o.usage[k] * n
                     continue
-            if 0 < n < need:
+                served = o.cap * n
+                child_rest = rest - served
+                child = priced + o.a * served + o.b * n + start
+                clb = bound(j + 1, child_rest) + (0.0 if shared else suffix_start[j + 1])
+                if child + clb > thresh[0]:
+                    if passed:
+                        break
+                    continue
                 passed = True
-            if n == 0:
-                visit(i + 1, rest, priced, plain, used)
-                continue
-            add_0 = child - priced - (o.b - o.b0) * n
-            for k in range(nk):
-                use[k] += o.usage[k] * n
-            counts[o.index] = (n, rest - child_rest)
-            visit(i + 1, child_rest, child, plain + add_0, cu)
-            del counts[o.index]
-            for k in range(nk):
-                use[k] -= o.usage[k] * n
+                for k in range(nk):
+                    use[k] += o.usage[k] * n
+                counts[o.index] = (n, served)
+                visit(j + 1, child_rest, child, plain + o.a * served + o.b0 * n + start, cu)
+                del counts[o.index]
+                for k in range(nk):
+                    use[k] -= o.usage[k] * n
 
     if load <= 1e-9:
         return 0.0, [_Plan(0.0, tuple([0.0] * nk), {})], 1
