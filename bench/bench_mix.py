@@ -220,7 +220,12 @@ def bench_scale(quick: bool, time_limit: float) -> None:
                 info = plan.extra["solver"]
                 method = "decomposition" if "method" in info else "joint ILP"
                 if strategy == "ilp" and "method" not in info:
-                    method += f" (decomposition gave up: {mix_decomp.LAST_FALLBACK.get('reason')})"
+                    why = mix_decomp.LAST_FALLBACK.get("reason")
+                    method += (
+                        f" (decomposition gave up: {why})"
+                        if why and mix_decomp.applicable(problem, single=False, solver="highs")
+                        else " (decomposition not applicable)"
+                    )
                 own = info.get("gap")
                 method += f", own proven gap {own:.2g}" if own is not None else ""
             print(

@@ -871,6 +871,7 @@ def _build_model(
     single: bool,
     objective: str | None = None,
     subset: Sequence[int] | None = None,
+    cuts: bool = True,
 ) -> tuple[_Model, _Layout]:
     objective = objective or problem.objective
     fis = list(range(len(problem.families))) if subset is None else list(subset)
@@ -912,7 +913,7 @@ def _build_model(
         if fam.options and load > 0:
             caps = [o.capacity_rps for o in fam.options]
             m.row(ncols, caps, load, inf)
-            if MIR_CUTS:
+            if MIR_CUTS and cuts:
                 for idx, coef, rhs in _mir_cuts(caps, load):
                     m.row([ncols[i] for i in idx], coef, rhs, inf)
         floor = fam.min_accuracy

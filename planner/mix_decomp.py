@@ -247,7 +247,9 @@ def solve_decomposed(
     LAST_FALLBACK.clear()
     rounds: list[dict[str, Any]] = []
     budget_s = BUDGET_S if time_limit_s is None else min(BUDGET_S, 0.5 * time_limit_s)
-    model, lay = mix._build_model(problem, terms, single=False)
+    # without the MIR rows: the LP below only prices the budgets (3x faster, same prices
+    # to within a percent on the benchmark)
+    model, lay = mix._build_model(problem, terms, single=False, cuts=False)
     keys = list(problem.budgets)
     budgets = tuple(float(problem.budgets[k]) for k in keys)
     nk = len(keys)
