@@ -42,7 +42,7 @@ MAX_PLANS = 4_000
 #: First enumeration window, relative to the Lagrangian bound.
 FIRST_WINDOW = 1.5e-5
 #: Time the decomposition may take before the joint ILP takes over (half a time limit).
-BUDGET_S = 4.0
+BUDGET_S = 3.0
 #: Families whose enumeration overflows enter the master in full; more than this: give up.
 MAX_HARD = 4
 #: The master's relative gap tolerance (below the plan's, which it must meet).
@@ -86,6 +86,10 @@ class _TooBig(Exception):
     pass
 
 
+class _OutOfTime(Exception):
+    pass
+
+
 def _family_plans(
     opts: list[_Opt],
     d: dict[str, float],
@@ -93,6 +97,7 @@ def _family_plans(
     budgets: tuple[float, ...],
     lam: tuple[float, ...],
     window: float,
+    deadline: float = math.inf,
 ) -> tuple[float, list[_Plan], int]:
     """All plans of one family with priced cost within ``window`` of the priced optimum.
 
@@ -160,6 +165,8 @@ def _family_plans(
         nodes[0] += 1
         if nodes[0] > MAX_NODES:
             raise _TooBig
+        if not nodes[0] & 1023 and time.perf_counter() > deadline:
+            raise _OutOfTime
         for j in range(i, m):
             # the bound only grows with j (fewer options left): stop at the first failure
             lb = bound(j, rest)
@@ -308,7 +315,11 @@ def solve_decomposed(
             if fi in hard:
                 continue
             try:
-                z, plans, n = _family_plans(o, d, load, budgets, tuple(lam), window)
+                z, plans, n = _family_plans(
+                    o, d, load, budgets, tuple(lam), window, deadline=t0 + budget_s
+                )
+            except _OutOfTime:
+                return _give_up(f"over its time budget of {budget_s:g} s", rounds)
             except _TooBig:
                 low = _priced_bound(problem, terms, fi, keys, lam)
                 if low is None:
