@@ -1266,6 +1266,7 @@ def _solve_exact(
         "integer_columns": sum(i["integer_columns"] for i in infos),
         "independent_groups": len(components(problem)),
         "mip_rel_gap_tolerance": MIP_REL_GAP,
+        "method": "joint ILP",
     }
     if len(infos) == 1 and "objective_bound" in infos[0]:
         merged["objective_bound"] = infos[0]["objective_bound"]
