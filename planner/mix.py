@@ -21,7 +21,9 @@ and no more cost, energy or use of any budget replaces it instance for instance)
 per-option count bounds ``U_o = min(ceil(L_f / capacity_o), floor(budget_k / usage_{o,k}))``
 which are also the big-M of the indicator constraints. The model is assembled as flat
 column/row arrays and handed to HiGHS in one ``passModel`` call (see ``_solve_highs``), or
-to CBC through pulp.
+to CBC through pulp. Several families under the balanced objective are first solved by the
+exact Lagrangian decomposition of :mod:`greenctl.planner.mix_decomp` (per-family enumeration
+and a master MILP over the shared budgets); ``extra["solver"]["method"]`` says which ran.
 """
 
 from __future__ import annotations

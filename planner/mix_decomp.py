@@ -1,7 +1,8 @@
 """Exact Lagrangian decomposition of ``plan mix`` for many families sharing budgets.
 
 The joint ILP couples families only through the shared budget rows. With budget prices
-``lambda >= 0`` (the LP relaxation's duals of those rows) every feasible plan ``x`` satisfies,
+``lambda >= 0`` (the duals of those rows in the LP relaxation without MIR rows; any
+prices >= 0 keep the argument exact, good ones keep ``Delta`` small) every feasible plan ``x`` satisfies,
 in the model's minimisation sense,
 
     cost(x) >= LD + sum_f d_f(x),   LD = sum_f z_f - lambda . B,
@@ -13,16 +14,22 @@ So once a plan of cost ``INC <= LD + Delta`` is known, every plan at least as go
 enumerates all plans within ``Delta`` of ``z_f`` (the best plan per distinct budget use),
 and a small master MILP (one plan per family, the shared budget rows) picks the best
 combination: exact over everything that can beat ``INC``, hence globally exact. The proven
-bound is ``min(master bound, LD + Delta)``.
+bound is ``min(master bound, LD + Delta)``. ``Delta`` starts at :data:`FIRST_WINDOW` and
+grows (x4, or to ``INC - LD``) until ``INC <= LD + Delta`` holds.
 
 Per family a plan is canonical without loss: quotas fill options in ascending order of their
 quota cost, so every option is full (``q = capacity x n``) except the last one used, whose
 count is ``ceil(rest / capacity)``; trimming unneeded instances never costs more (instance
-and loading costs are >= 0) nor uses more budget. The search walks options in that order.
+and loading costs are >= 0) nor uses more budget. The search walks options in that order,
+placing only nonzero counts, with the capacity-capped fractional cover of the rest (plus
+the cheapest loading cost still unavoidable) as its bound. A family whose search passes
+:data:`MAX_NODES` or :data:`MAX_PLANS` enters the master with its full ILP rows instead
+("hard"; its ``z_f`` replaced by the dual bound of its own priced ILP).
 
 Applies to ``strategy="ilp"`` with HiGHS, the ``balanced`` objective, several families and no
-accuracy floor; otherwise (or when an enumeration grows past its limits) the caller falls
-back to the joint ILP.
+accuracy floor (the other objectives keep the joint ILP's cost tie-break); otherwise, or
+when it gives up (over :data:`BUDGET_S`, more than :data:`MAX_HARD` hard families, no proof
+after the last round), the caller runs the joint ILP with the time left.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ if TYPE_CHECKING:
 #: Enumeration limits per family (nodes of the search, plans kept); past them: fall back.
 MAX_NODES = 30_000
 MAX_PLANS = 4_000
-#: First enumeration window, relative to the Lagrangian bound.
+#: First enumeration window, times max(1, |LP bound|) (objectives here are O(1)).
 FIRST_WINDOW = 1.5e-5
 #: Time the decomposition may take before the joint ILP takes over (half a time limit).
 BUDGET_S = 3.0
