@@ -1145,12 +1145,19 @@ def _solve_cbc(model: _Model, time_limit_s: float | None) -> _SolveResult:
     return _SolveResult(status, x, obj, None, 0.0 if status == "optimal" else None, seconds, build)
 
 
-def _warm_start(problem: MixProblem, terms: _Terms, lay: _Layout, ncols: int) -> list[float] | None:
-    """The greedy plan as a column vector, or None when greedy finds no plan."""
-    try:
-        alloc = _greedy(problem, terms)
-    except InfeasiblePlan:
-        return None
+def _warm_start(
+    problem: MixProblem,
+    terms: _Terms,
+    lay: _Layout,
+    ncols: int,
+    alloc: Allocation | None = None,
+) -> list[float] | None:
+    """``alloc`` (else the greedy plan) as a column vector, or None when greedy finds none."""
+    if alloc is None:
+        try:
+            alloc = _greedy(problem, terms)
+        except InfeasiblePlan:
+            return None
     x = [0.0] * ncols
     for fi, opts in alloc.items():
         if fi not in lay.n:
@@ -1230,6 +1237,7 @@ def _solve_exact(
     of :mod:`greenctl.planner.mix_decomp` first; the joint ILP runs when it does not apply
     or gives up (``DECOMPOSITION = False`` forces the joint ILP).
     """
+    start_alloc: Allocation | None = None
     if DECOMPOSITION:
         from greenctl.planner import mix_decomp
 
@@ -1238,6 +1246,8 @@ def _solve_exact(
             out = mix_decomp.solve_decomposed(problem, terms, time_limit_s=time_limit_s)
             if out is not None:
                 return out
+            # its best plan (if any) starts the joint ILP instead of the greedy one
+            start_alloc = mix_decomp.LAST_FALLBACK.get("incumbent")
             if time_limit_s is not None:
                 time_limit_s = max(time_limit_s - (time.perf_counter() - t0), 0.1)
     # One joint model: HiGHS handles independent families inside one tree faster than
@@ -1248,7 +1258,13 @@ def _solve_exact(
     infos = []
     for group in groups:
         part, info = _solve_group(
-            problem, terms, group, single=single, solver=solver, time_limit_s=time_limit_s
+            problem,
+            terms,
+            group,
+            single=single,
+            solver=solver,
+            time_limit_s=time_limit_s,
+            start_alloc=start_alloc,
         )
         infos.append(info)
         if not part:
@@ -1286,9 +1302,10 @@ def _solve_group(
     single: bool,
     solver: str,
     time_limit_s: float | None,
+    start_alloc: Allocation | None = None,
 ) -> tuple[Allocation, dict[str, Any]]:
     model, lay = _build_model(problem, terms, single=single, subset=group)
-    start = None if single else _warm_start(problem, terms, lay, len(model.cost))
+    start = None if single else _warm_start(problem, terms, lay, len(model.cost), start_alloc)
     res = _solve(model, solver=solver, time_limit_s=time_limit_s, start=start)
     info: dict[str, Any] = {
         "name": solver,
@@ -1299,7 +1316,9 @@ def _solve_group(
         "columns": len(model.cost),
         "rows": len(model.rows),
         "integer_columns": sum(model.integer),
-        "warm_start": "greedy" if start is not None else None,
+        "warm_start": (
+            None if start is None else "greedy" if start_alloc is None else "decomposition"
+        ),
     }
     if res.bound is not None and math.isfinite(res.bound):
         # the proven bound on the objective, in the objective's own sense

@@ -312,9 +312,10 @@ def solve_decomposed(
     coupled = any(len(g) > 1 for g in mix.components(problem))
     window = FIRST_WINDOW * scale if coupled else 0.0
     hard: dict[int, float] = {}  # family -> lower bound on its priced optimum
+    incumbent: Allocation | None = None  # the best master plan so far
     for _ in range(8):
         if time.perf_counter() - t0 > budget_s:
-            return _give_up(f"over its time budget of {budget_s:g} s", rounds)
+            return _give_up(f"over its time budget of {budget_s:g} s", rounds, incumbent)
         t1 = time.perf_counter()
         results: dict[int, tuple[float, list[_Plan]]] = {}
         nodes = 0
@@ -326,14 +327,16 @@ def solve_decomposed(
                     o, d, load, budgets, tuple(lam), window, deadline=t0 + budget_s
                 )
             except _OutOfTime:
-                return _give_up(f"over its time budget of {budget_s:g} s", rounds)
+                return _give_up(f"over its time budget of {budget_s:g} s", rounds, incumbent)
             except _TooBig:
                 low = _priced_bound(problem, terms, fi, keys, lam)
                 if low is None:
-                    return _give_up("a hard family's own ILP did not solve", rounds)
+                    return _give_up("a hard family's own ILP did not solve", rounds, incumbent)
                 hard[fi] = low
                 if len(hard) > MAX_HARD:
-                    return _give_up(f"more than {MAX_HARD} families too hard to enumerate", rounds)
+                    return _give_up(
+                        f"more than {MAX_HARD} families too hard to enumerate", rounds, incumbent
+                    )
                 continue
             if math.isinf(z):
                 return {}, {"name": "highs", "status": "infeasible", "gap": None,
@@ -368,23 +371,24 @@ def solve_decomposed(
             window = max(window * 10.0, FIRST_WINDOW * scale)
             continue
         inc = res.objective
+        alloc: Allocation = mix._extract(problem, mlay, res.x) if hard else {}
+        for j, fi_plan in cols.items():
+            if res.x[j] > 0.5:
+                fi, plan = fi_plan
+                alloc[fi] = dict(plan.counts)
+        incumbent = alloc
         if inc > ld + window + 1e-12 * scale:
             # better plans may lie outside the window: widen it to cover them all
             # (geometrically: each wider round also improves the incumbent)
             window = min((inc - ld) * (1.0 + 1e-9) + 1e-12 * scale, window * 4.0)
             continue
         if res.status != "optimal":
-            return _give_up(f"master stopped: {res.status}", rounds)
+            return _give_up(f"master stopped: {res.status}", rounds, incumbent)
         mbound = res.bound if res.bound is not None and math.isfinite(res.bound) else inc
         proven = min(mbound, ld + window)
         gap = max(inc - proven, 0.0) / max(abs(inc), 1e-12)
         if gap > mix.MIP_REL_GAP:
-            return _give_up(f"proven gap {gap:.3g} above the tolerance", rounds)
-        alloc: Allocation = mix._extract(problem, mlay, res.x) if hard else {}
-        for j, fi_plan in cols.items():
-            if res.x[j] > 0.5:
-                fi, plan = fi_plan
-                alloc[fi] = dict(plan.counts)
+            return _give_up(f"proven gap {gap:.3g} above the tolerance", rounds, incumbent)
         maximise = mix.is_maximise(problem.objective)
         info: dict[str, Any] = {
             "name": "highs",
@@ -407,13 +411,17 @@ def solve_decomposed(
             "warm_start": None,
         }
         return alloc, info
-    return _give_up("no proof after the last round", rounds)
+    return _give_up("no proof after the last round", rounds, incumbent)
 
 
-def _give_up(reason: str, rounds: list[dict[str, Any]]) -> tuple[Allocation, dict[str, Any]] | None:
-    """Record why the decomposition gives up (the caller runs the joint ILP)."""
+def _give_up(
+    reason: str, rounds: list[dict[str, Any]], incumbent: Allocation | None = None
+) -> tuple[Allocation, dict[str, Any]] | None:
+    """Record why the decomposition gives up and its best plan (it warm-starts the joint ILP)."""
     LAST_FALLBACK.clear()
     LAST_FALLBACK.update(reason=reason, rounds=rounds)
+    if incumbent is not None:
+        LAST_FALLBACK["incumbent"] = incumbent
     return None
 
 
