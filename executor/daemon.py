@@ -357,15 +357,11 @@ class ExecutorServer:
         from aiohttp import web
 
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        r = app.router
-        r.add_get("/v2", self.server_meta)
-        r.add_get("/v2/health/live", self.live)
-        r.add_get("/v2/health/ready", self.health_ready)
-        for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-            r.add_get(base, self.model_meta)
-            r.add_get(base + "/ready", self.model_ready)
-            r.add_post(base + "/infer", self.infer)
-        r.add_get("/metrics", self.metrics_page)
+        oip.add_protocol_routes(
+            app.router, server_meta=self.server_meta, live=self.live, ready=self.health_ready,
+            model_meta=self.model_meta, model_ready=self.model_ready, infer=self.infer,
+            metrics=self.metrics_page,
+        )  # fmt: skip
         app.on_startup.append(self._start_batcher)
         app.on_cleanup.append(self._stop_batcher)
         return app

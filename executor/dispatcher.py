@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from greenctl.executor import oip
 from greenctl.executor.daemon import LATENCY_BUCKETS_S, _bucket, _histogram
 from greenctl.executor.procs import (
     is_alive,
@@ -259,17 +260,13 @@ class Dispatcher:
         from aiohttp import web
 
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        r = app.router
-        r.add_get("/v2", self.server_meta)
-        r.add_get("/v2/health/live", self.live)
-        r.add_get("/v2/health/ready", self.ready)
-        for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-            r.add_get(base, self.model_meta)
-            r.add_get(base + "/ready", self.model_ready)
-            r.add_post(base + "/infer", self.infer)
-        r.add_get("/metrics", self.metrics_page)
-        r.add_get("/admin/routes", self.admin_get)
-        r.add_post("/admin/routes", self.admin_set)
+        oip.add_protocol_routes(
+            app.router, server_meta=self.server_meta, live=self.live, ready=self.ready,
+            model_meta=self.model_meta, model_ready=self.model_ready, infer=self.infer,
+            metrics=self.metrics_page,
+        )  # fmt: skip
+        app.router.add_get("/admin/routes", self.admin_get)
+        app.router.add_post("/admin/routes", self.admin_set)
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app

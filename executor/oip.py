@@ -210,3 +210,22 @@ def decode_response(body: bytes, header_length: int | None = None) -> dict[str, 
     new_head = json.dumps(doc).encode()
     _, tensors = decode_request(new_head + blob, None if header_length is None else len(new_head))
     return dict(tensors)
+
+
+def add_protocol_routes(
+    router: Any, *, server_meta: Any, live: Any, ready: Any, model_meta: Any, model_ready: Any,
+    infer: Any, metrics: Any,
+) -> None:  # fmt: skip
+    """Register the KServe v2 REST endpoints (and ``/metrics``) on an aiohttp router.
+
+    The executor daemon and the dispatcher speak the same protocol; this keeps their
+    endpoint tables identical.
+    """
+    router.add_get("/v2", server_meta)
+    router.add_get("/v2/health/live", live)
+    router.add_get("/v2/health/ready", ready)
+    for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        router.add_get(base, model_meta)
+        router.add_get(base + "/ready", model_ready)
+        router.add_post(base + "/infer", infer)
+    router.add_get("/metrics", metrics)
