@@ -99,6 +99,31 @@ class LPResult:
     variant_load: np.ndarray | None = None  # [H, S, M] with variants
 
 
+def _colwise_lp(
+    col_cost: Any, col_lower: Any, col_upper: Any, row_lower: Any, row_upper: Any,
+    start: Any, index: Any, value: Any,
+) -> Any:  # fmt: skip
+    """A highspy LP from column-wise (CSC) arrays; the one place that fills ``HighsLp``."""
+    import highspy
+
+    n_cols, n_rows = len(col_cost), len(row_lower)
+    lp = highspy.HighsLp()
+    lp.num_col_ = n_cols
+    lp.num_row_ = n_rows
+    lp.col_cost_ = np.asarray(col_cost, dtype=np.float64)
+    lp.col_lower_ = np.asarray(col_lower, dtype=np.float64)
+    lp.col_upper_ = np.asarray(col_upper, dtype=np.float64)
+    lp.row_lower_ = np.asarray(row_lower, dtype=np.float64)
+    lp.row_upper_ = np.asarray(row_upper, dtype=np.float64)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.num_col_ = n_cols
+    lp.a_matrix_.num_row_ = n_rows
+    lp.a_matrix_.start_ = np.asarray(start, dtype=np.int32)
+    lp.a_matrix_.index_ = np.asarray(index, dtype=np.int32)
+    lp.a_matrix_.value_ = np.asarray(value, dtype=np.float64)
+    return lp
+
+
 def _highs(threads: int | None = None):  # -> highspy.Highs
     import highspy
 
@@ -146,8 +171,6 @@ def solve_flow_lp(
         ``Infeasible``, ...). The flows are meaningless unless the status is ``Optimal``.
     """
     import time
-
-    import highspy
 
     H, S = cost.shape
     E, K = net.n_edges, net.n_classes
@@ -218,20 +241,10 @@ def solve_flow_lp(
         row_lower[r_w0:] = -INF
         row_upper[r_w0:] = -(past_water if past_water is not None else np.zeros(S))
 
-    lp = highspy.HighsLp()
-    lp.num_col_ = n_cols
-    lp.num_row_ = n_rows
-    lp.col_cost_ = np.concatenate(col_cost)
-    lp.col_lower_ = np.zeros(n_cols)
-    lp.col_upper_ = np.concatenate(col_upper)
-    lp.row_lower_ = row_lower
-    lp.row_upper_ = row_upper
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.num_col_ = n_cols
-    lp.a_matrix_.num_row_ = n_rows
-    lp.a_matrix_.start_ = np.concatenate(start).astype(np.int32)
-    lp.a_matrix_.index_ = np.concatenate(index).astype(np.int32)
-    lp.a_matrix_.value_ = np.concatenate(value)
+    lp = _colwise_lp(
+        np.concatenate(col_cost), np.zeros(n_cols), np.concatenate(col_upper), row_lower,
+        row_upper, np.concatenate(start), np.concatenate(index), np.concatenate(value),
+    )  # fmt: skip
     h = _highs()
     for key, opt in (options or {}).items():
         h.setOptionValue(key, opt)
@@ -322,8 +335,6 @@ def solve_site_lp(
     """
     import time
 
-    import highspy
-
     H, S = cost.shape
     rho = np.ones(1) if relative_energy is None else np.asarray(relative_energy, dtype=float)
     M = rho.size
@@ -404,20 +415,10 @@ def solve_site_lp(
         row_upper[r_w0:r_a] = -(past_water if past_water is not None else np.zeros(S))
     if use_a:
         row_lower[r_a] = -past_accuracy_surplus
-    lp = highspy.HighsLp()
-    lp.num_col_ = n_cols
-    lp.num_row_ = n_rows
-    lp.col_cost_ = np.concatenate(col_cost)
-    lp.col_lower_ = np.zeros(n_cols)
-    lp.col_upper_ = np.concatenate(col_upper)
-    lp.row_lower_ = row_lower
-    lp.row_upper_ = row_upper
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.num_col_ = n_cols
-    lp.a_matrix_.num_row_ = n_rows
-    lp.a_matrix_.start_ = np.concatenate(start).astype(np.int32)
-    lp.a_matrix_.index_ = np.concatenate(index).astype(np.int32)
-    lp.a_matrix_.value_ = np.concatenate(value)
+    lp = _colwise_lp(
+        np.concatenate(col_cost), np.zeros(n_cols), np.concatenate(col_upper), row_lower,
+        row_upper, np.concatenate(start), np.concatenate(index), np.concatenate(value),
+    )  # fmt: skip
     h = warm.get("highs") if warm else None
     if h is None:
         h = _highs()
@@ -512,7 +513,6 @@ class StepLP:
     """
 
     def __init__(self, net: Network) -> None:
-        import highspy
 
         self.net = net
         S, E, K = net.n_sites, net.n_edges, net.n_classes
@@ -529,20 +529,10 @@ class StepLP:
             idx.extend(rows)
             starts.append(len(idx))
         n_rows = K + self.cap_sites.size
-        lp = highspy.HighsLp()
-        lp.num_col_ = E
-        lp.num_row_ = n_rows
-        lp.col_cost_ = np.zeros(E)
-        lp.col_lower_ = np.zeros(E)
-        lp.col_upper_ = np.full(E, INF)
-        lp.row_lower_ = np.zeros(n_rows)
-        lp.row_upper_ = np.zeros(n_rows)
-        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-        lp.a_matrix_.num_col_ = E
-        lp.a_matrix_.num_row_ = n_rows
-        lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
-        lp.a_matrix_.index_ = np.array(idx, dtype=np.int32)
-        lp.a_matrix_.value_ = np.ones(len(idx))
+        lp = _colwise_lp(
+            np.zeros(E), np.zeros(E), np.full(E, INF), np.zeros(n_rows), np.zeros(n_rows),
+            starts, idx, np.ones(len(idx)),
+        )  # fmt: skip
         self.h = _highs(threads=1)
         self.h.setOptionValue("presolve", "off")  # warm starts skip presolve anyway
         # Primal simplex: from one step to the next the previous optimum mostly stays a
