@@ -45,6 +45,9 @@ OPTIONAL_FLOAT = (
     "capacity_rps",
     "capacity_slo_ms",
     "duration_s",
+    "isolated_p50_ms",
+    "isolated_p95_ms",
+    "isolated_p99_ms",
 )
 OPTIONAL_TEXT = (
     "model",
@@ -81,6 +84,9 @@ EXPORT_COLUMNS = (
     "capacity_slo_ms",
     "samples",
     "duration_s",
+    "isolated_p50_ms",
+    "isolated_p95_ms",
+    "isolated_p99_ms",
     "torch_version",
     "source",
     "created_at",
@@ -179,6 +185,10 @@ def _parse_row(path: str, line: int, raw: dict[str, Any]) -> _Row:
     for name, value in (("latency_p50_ms", p50), ("latency_p95_ms", p95), ("latency_p99_ms", p99)):
         if value is not None and value <= 0:
             raise FileFormatError(path, "latency must be > 0", line=line, column=name)
+    for name in ("isolated_p50_ms", "isolated_p95_ms", "isolated_p99_ms"):
+        value = num(name)
+        if value is not None and value <= 0:
+            raise FileFormatError(path, "latency must be > 0", line=line, column=name)
     known = [v for v in (p50, p95, p99) if v is not None]
     if known != sorted(known):
         raise FileFormatError(
@@ -239,6 +249,9 @@ def _parse_row(path: str, line: int, raw: dict[str, Any]) -> _Row:
         cost_per_hour=num("cost_per_hour"),
         capacity_rps=capacity,
         capacity_slo_ms=capacity_slo,
+        isolated_p50_ms=num("isolated_p50_ms"),
+        isolated_p95_ms=num("isolated_p95_ms"),
+        isolated_p99_ms=num("isolated_p99_ms"),
         torch_version=text("torch_version"),
         source=text("source") or "imported",
         created_at=text("created_at") or utcnow_iso(),

@@ -77,6 +77,11 @@ class Profile:
     cost_per_hour: float | None = None
     capacity_rps: float | None = None  # load-tested capacity at capacity_slo_ms
     capacity_slo_ms: float | None = None
+    # Latency of a request that finds the instance idle for a while (open-loop, sparse
+    # arrivals): caches and clocks have cooled, so it is often slower than back-to-back runs.
+    isolated_p50_ms: float | None = None
+    isolated_p95_ms: float | None = None
+    isolated_p99_ms: float | None = None
     torch_version: str | None = None
     source: str = "measured"  # measured | imported | synthetic
     created_at: str = field(default_factory=utcnow_iso)

@@ -46,6 +46,7 @@ from greenctl.planner.queueing import (
     mgc_model,
     mixture_quantiles,
     pooled_shares,
+    with_overhead,
 )
 
 POLICIES = ("fifo", "wrr", "batch")
@@ -68,6 +69,11 @@ PREDICTED_KEYS = (
 )
 
 ProfileKey = tuple[str, str, int]
+
+#: How long (ms) an instance must sit idle before its next request runs "cold" (at the
+#: profile's isolated latency rather than its back-to-back one). An assumption: on the
+#: machines measured, runs after gaps of 5 ms and more were as slow as after 50 ms.
+WARM_MS = 2.0
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,56 @@ def build_instances(
                 )
             )
     return out
+
+
+def cold_fraction(rate_rps: float, busy_frac: float, warm_ms: float = WARM_MS) -> float:
+    """Share of requests that find their instance idle for longer than ``warm_ms``.
+
+    Poisson arrivals see the time average (PASTA): a share ``1 - busy`` finds the instance
+    idle, and the idle time before an arrival is exponential with the arrival rate.
+    """
+    busy = min(max(busy_frac, 0.0), 1.0)
+    return (1.0 - busy) * math.exp(-max(rate_rps, 0.0) * warm_ms / 1000.0)
+
+
+def warm_service(inst: Instance, rate_rps: float, busy_frac: float) -> ServiceTime:
+    """The service time of ``inst`` at its load: back-to-back latency, shifted towards the
+    profile's isolated latency (``isolated_p*_ms``) by :func:`cold_fraction`.
+
+    Profiles without isolated latencies (imported, older) keep their service time.
+    """
+    p = inst.profile
+    hot = p.latency_ms
+    cold = {
+        k: float(v)
+        for k, v in (
+            ("p50", p.isolated_p50_ms),
+            ("p95", p.isolated_p95_ms),
+            ("p99", p.isolated_p99_ms),
+        )
+        if v is not None
+    }
+    keys = [k for k in ("p50", "p95", "p99") if k in hot and k in cold]
+    if "p50" not in keys or cold["p50"] <= hot["p50"]:
+        return inst.service
+    w = cold_fraction(rate_rps, busy_frac)
+    if w <= 0:
+        return inst.service
+    mixed = {k: hot[k] + w * max(cold[k] - hot[k], 0.0) for k in keys}
+    vals = [mixed[k] for k in keys]
+    for i in range(1, len(vals)):  # keep them non-decreasing after the shift
+        vals[i] = max(vals[i], vals[i - 1])
+    return ServiceTime.from_percentiles(*vals)  # p50[, p95[, p99]] in that order
+
+
+def _overhead_for(
+    serving: Mapping[str, Sequence[float]] | Sequence[float] | None, model: str
+) -> Sequence[float] | None:
+    if serving is None:
+        return None
+    if isinstance(serving, Mapping):
+        return serving.get(model) or serving.get("*")
+    return serving
 
 
 def profiles_by_key(profiles: Sequence[Profile]) -> dict[ProfileKey, Profile]:
@@ -319,6 +375,7 @@ def predict(
     ewif_l_per_kwh: float | None = None,
     device_idle_power_w: float | None = None,
     duty_cycle_ms: float | None = None,
+    serving: Mapping[str, Sequence[float]] | Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """Analytic prediction of a configuration's latency, accuracy, energy, carbon and cost.
 
@@ -336,6 +393,13 @@ def predict(
         device_idle_power_w: idle power of each whole device, shared by its instances.
         duty_cycle_ms: duty cycle of the batch policy (default: each batch's mean time;
             a deployment's ``placement["duty_cycle_ms"]`` wins).
+        serving: the measured overhead of the serving path (client, dispatcher and
+            executor hops; ``greenctl profile serving``) as equiprobable samples in ms,
+            one list for every model or ``{model: samples}`` (``"*"`` for the rest); it is
+            added to every request's latency. Without it latencies are the model's alone.
+
+    Latency also accounts for cold runs: a request that finds its instance idle runs at the
+    profile's isolated latency when the profile has one (:func:`warm_service`).
 
     Returns:
         A dict with :data:`PREDICTED_KEYS` (``slo_violation_frac`` only with an SLO).
@@ -361,6 +425,9 @@ def predict(
         nonlocal violation, overloaded
         if rate <= 0:
             return
+        overhead = _overhead_for(serving, members[0].model)
+        if model is not None and overhead:
+            model = with_overhead(model, overhead)
         if model is None:
             overloaded = True
             violation += rate
@@ -386,16 +453,24 @@ def predict(
     for m, rate in model_rate.items():
         members = [i for i in instances if i.model == m]
         if policy == "fifo":
-            model = mgc_model(rate, [i.service for i in members]) if rate > 0 else None
+            model = None
+            if rate > 0:
+                got = pooled_shares(rate, [i.service for i in members])
+                services = [
+                    warm_service(i, rate * float(g), rate * float(g) / i.capacity_rps)
+                    for i, g in zip(members, got, strict=True)
+                ]
+                model = mgc_model(rate, services)
             queue(rate, members, model)
         else:
             for i in members:
                 r = rate * shares[i.index]
+                svc = warm_service(i, r / i.batch, _busy_fraction(i, r, policy))
                 if policy == "wrr":
                     # stride-scheduled share p of a Poisson stream: interarrival ca2 ~ p
-                    lm = mgc_model(r, [i.service], ca2=max(min(shares[i.index], 1.0), 0.05))
+                    lm = mgc_model(r, [svc], ca2=max(min(shares[i.index], 1.0), 0.05))
                 else:
-                    lm = batch_model(r, i.service, i.batch, duty_cycle_ms=i.duty_cycle_ms)
+                    lm = batch_model(r, svc, i.batch, duty_cycle_ms=i.duty_cycle_ms)
                 queue(r, [i], lm)
 
     result = account(

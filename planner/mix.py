@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,6 +135,9 @@ class MixProblem:
     #: for the evaluation core's prediction of the finished plan (optional).
     profiles: dict[tuple[str, str, int], Profile] = field(default_factory=dict)
     variant_records: dict[str, Variant] = field(default_factory=dict)
+    #: Measured serving-path overhead samples (ms) per family, or under "*" for all
+    #: (``greenctl profile serving``): added to the predicted latencies.
+    serving: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def quantile(self) -> float:
@@ -399,7 +402,11 @@ def _energy(p: Profile) -> float | None:
 
 
 def build_mix_problem(
-    request: dict[str, Any], variants: Sequence[Variant], profiles: Sequence[Profile]
+    request: dict[str, Any],
+    variants: Sequence[Variant],
+    profiles: Sequence[Profile],
+    *,
+    serving: Mapping[str, Sequence[float]] | None = None,
 ) -> MixProblem:
     """Build a :class:`MixProblem` from a request document, variants and profiles.
 
@@ -408,6 +415,8 @@ def build_mix_problem(
         variants: the variants of (at least) the requested families.
         profiles: their latest profiles; several rows of one (variant, resource, batch)
             may differ in ``capacity_rps``/``capacity_slo_ms`` (load tests at several SLOs).
+        serving: measured serving-path overhead samples (ms) per family (``"*"``: all),
+            added to the predicted latencies of the finished plan.
 
     Raises:
         InputError / NotFoundError: unknown family, bad numbers, a budget for a resource
@@ -524,6 +533,7 @@ def build_mix_problem(
         current=current,
         request=req,
         notes=notes,
+        serving={k: [float(x) for x in v] for k, v in (serving or {}).items() if v},
     )
 
 
@@ -1864,6 +1874,7 @@ def _predict_with_core(
         percentile_slo_ms=max(f.slo_ms for f in problem.families),
         carbon_g_per_kwh=problem.intensity,
         pue=problem.pue,
+        serving=problem.serving or None,
     )
     merged = dict(predicted)
     lat_key = f"{problem.percentile}_ms"
@@ -1886,5 +1897,10 @@ def _predict_with_core(
     merged["method"] = (
         "modeled: latency, energy and carbon from the evaluation core's analytic predict "
         "(wrr over quotas); accuracy, cost and objective from the planner"
+    )
+    merged["latency_includes"] = (
+        "model + measured serving path (client, dispatcher, executor)"
+        if problem.serving
+        else "model only: run `greenctl profile serving` to add the serving path"
     )
     return merged

@@ -296,6 +296,36 @@ def mixture_quantiles(
     return out
 
 
+def with_overhead(model: LatencyModel, overhead_ms: Sequence[float] | np.ndarray) -> LatencyModel:
+    """``T + O``: a queue's latency plus an independent overhead given by equiprobable samples.
+
+    ``overhead_ms`` are points of the overhead's distribution (for example 100 midpoint
+    quantiles of a measured serving path: client, dispatcher and executor hops); the
+    survival function is the average of ``P(T > t - o)`` over them.
+
+    Raises:
+        InputError: no samples, or a negative or non-finite one.
+    """
+    o = np.sort(np.asarray(overhead_ms, dtype=float).ravel())
+    if o.size == 0 or not np.all(np.isfinite(o)) or float(o[0]) < 0:
+        raise InputError("serving overhead samples must be finite, >= 0 ms and not empty")
+    lo_o, hi_o = float(o[0]), float(o[-1])
+
+    def tail(t: np.ndarray) -> np.ndarray:
+        shifted = (t[:, None] - o[None, :]).ravel()
+        vals = np.ones_like(shifted)
+        pos = shifted > 0
+        if pos.any():
+            vals[pos] = model.sf(shifted[pos])
+        return vals.reshape(t.shape[0], o.size).mean(axis=1)
+
+    def bracket(q: float) -> tuple[float, float]:
+        lo, hi = model.bracket(q)
+        return lo + lo_o, max(hi + hi_o, (lo + lo_o) * 1.001 + 1e-9)
+
+    return LatencyModel(tail, bracket)
+
+
 def mgc_model(
     rate_rps: float, services: Sequence[ServiceTime], *, ca2: float = 1.0
 ) -> LatencyModel | None:

@@ -49,6 +49,9 @@ Progress = Callable[[str, float], None]
 MIN_BATCHES = 3
 DEFAULT_WARMUP = 3
 DEFAULT_DURATION_S = 1.0
+#: Requests measured one at a time after an idle gap (the open-loop, low-load case).
+DEFAULT_ISOLATED = 20
+ISOLATED_GAP_S = 0.02
 DEFAULT_MPS = (25, 50, 100)
 CHILD_TIMEOUT_S = 3600
 
@@ -141,6 +144,7 @@ class Measurement:
     duration_s: float
     memory_mb: float | None
     energy: EnergyReading | None = None
+    isolated_ms: list[float] = field(default_factory=list)
 
     @property
     def requests(self) -> int:
@@ -150,7 +154,7 @@ class Measurement:
         """Summarise into a :class:`Profile` record."""
         import torch
 
-        lat = self.latencies_ms
+        lat, iso = self.latencies_ms, self.isolated_ms
         busy_s = sum(lat) / 1000.0
         e = self.energy
         return Profile(
@@ -161,6 +165,9 @@ class Measurement:
             latency_p50_ms=percentile(lat, 50),
             latency_p95_ms=percentile(lat, 95),
             latency_p99_ms=percentile(lat, 99),
+            isolated_p50_ms=percentile(iso, 50) if iso else None,
+            isolated_p95_ms=percentile(iso, 95) if iso else None,
+            isolated_p99_ms=percentile(iso, 99) if iso else None,
             hardware=hardware.model_name if hardware else None,
             power_w=e.power_w if e else None,
             idle_power_w=e.idle_power_w if e else None,
@@ -183,6 +190,7 @@ def measure(
     warmup: int = DEFAULT_WARMUP,
     meter: EnergyMeter | None = None,
     baseline_rss_mb: float | None = None,
+    isolated: int = DEFAULT_ISOLATED,
     progress: Progress = _noop,
 ) -> Measurement:
     """Measure one batch size of a loaded model on its current device and CPU slice.
@@ -196,6 +204,9 @@ def measure(
         warmup: un-timed batches first.
         meter: an energy meter started after warm-up and stopped at the end.
         baseline_rss_mb: RSS before the model was built (CPU peak memory is the growth).
+        isolated: then this many batches, each after an idle gap of ``ISOLATED_GAP_S``
+            (the latency of a request that finds the instance idle; bounded to about half of
+            ``duration_s`` or 1 s, and at least 5 batches); 0 skips it.
         progress: called with (message, fraction of this point done).
     """
     if batch < 1:
@@ -240,6 +251,7 @@ def measure(
             last_report = t1
     duration = time.perf_counter() - start
     energy = meter.stop(requests=batch * len(lat)) if meter is not None else None
+    iso = _isolated(loaded, x, isolated, budget_s=max(0.5 * (duration_s or duration), 1.0))
     if on_gpu:
         import torch
 
@@ -248,8 +260,23 @@ def measure(
         memory = max(peak - base, 0.0)
     progress(f"batch {batch}", 1.0)
     return Measurement(
-        batch, lat, duration, round(memory, 2) if memory is not None else None, energy
+        batch, lat, duration, round(memory, 2) if memory is not None else None, energy, iso
     )
+
+
+def _isolated(loaded: LoadedModel, x: Any, count: int, *, budget_s: float) -> list[float]:
+    """Latencies (ms) of ``count`` runs, each after an idle gap; stops at ``budget_s``."""
+    out: list[float] = []
+    start = time.perf_counter()
+    while len(out) < count:
+        time.sleep(ISOLATED_GAP_S)
+        t0 = time.perf_counter()
+        loaded.run(x)
+        t1 = time.perf_counter()
+        out.append((t1 - t0) * 1000.0)
+        if t1 - start > budget_s and len(out) >= 5:
+            break
+    return out
 
 
 # -- planning ---------------------------------------------------------------------------------
@@ -595,6 +622,7 @@ def measurement_from_dict(d: dict[str, Any]) -> Measurement:
         duration_s=float(d["duration_s"]),
         memory_mb=d.get("memory_mb"),
         energy=EnergyReading(**energy) if energy else None,
+        isolated_ms=[float(x) for x in d.get("isolated_ms") or []],
     )
 
 

@@ -37,6 +37,18 @@ def test_import_good_csv(store, tmp_path):
     assert profiles[0].energy_method == "imported"
 
 
+def test_isolated_latencies_import_and_export(store, tmp_path):
+    text = (
+        "variant,model,resource,batch,throughput_rps,latency_p50_ms,isolated_p50_ms,isolated_p95_ms\n"
+        "v,m,cpu:1,1,480,2.0,3.6,4.0\n"
+    )
+    import_profiles(store, write(tmp_path, text))
+    (p,) = store.latest_profiles(variant="v")
+    assert (p.isolated_p50_ms, p.isolated_p95_ms, p.isolated_p99_ms) == (3.6, 4.0, None)
+    (row,) = profile_rows(store, variant="v")
+    assert row["isolated_p50_ms"] == 3.6 and "isolated_p99_ms" in row
+
+
 def test_capacity_rows_differing_only_in_slo_are_kept(store, tmp_path):
     text = (
         "variant,model,resource,batch,throughput_rps,latency_p99_ms,capacity_rps,capacity_slo_ms\n"
@@ -104,6 +116,12 @@ def test_capacity_rows_differing_only_in_slo_are_kept(store, tmp_path):
             2,
             "model",
             "names no model family",
+        ),
+        (
+            "variant,model,resource,batch,throughput_rps,latency_ms,isolated_p95_ms\nv,m,cpu:1,1,2,3,0\n",
+            2,
+            "isolated_p95_ms",
+            "must be > 0",
         ),
         (
             "variant,model,resource,batch,throughput_rps,latency_ms,colour\nv,m,cpu:1,1,2,3,red\n",

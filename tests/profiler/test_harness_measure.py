@@ -124,6 +124,24 @@ def test_measure_tiny_on_one_core():
     assert len(short.latencies_ms) == harness.MIN_BATCHES
 
 
+def test_measure_records_isolated_runs_after_idle_gaps(monkeypatch):
+    m = load_model(builtin_variant("tiny-s"))
+    gaps = []
+    monkeypatch.setattr(harness.time, "sleep", lambda s: gaps.append(s))
+    r = measure(m, batch=1, requests=5, warmup=0, isolated=7)
+    assert len(r.isolated_ms) == 7 and all(x > 0 for x in r.isolated_ms)
+    assert gaps == [harness.ISOLATED_GAP_S] * 7  # one idle gap before every isolated run
+    p = r.to_profile("tiny-s", "cpu:1", None)
+    assert p.isolated_p50_ms <= p.isolated_p95_ms <= p.isolated_p99_ms
+    assert p.isolated_p50_ms == pytest.approx(percentile(r.isolated_ms, 50))
+    back = harness.measurement_from_dict(harness.measurement_to_dict(r))
+    assert back.isolated_ms == r.isolated_ms  # survives the child-process round trip
+    none = measure(m, batch=1, requests=5, warmup=0, isolated=0)
+    assert (
+        none.isolated_ms == [] and none.to_profile("tiny-s", "cpu:1", None).isolated_p50_ms is None
+    )
+
+
 def test_profile_tiny_family_stores_one_transaction(store):
     result = profile(store, cpus=[1], batches=[1, 2], requests=4, warmup=1)
     rows = store.latest_profiles(family="tiny")

@@ -1,0 +1,92 @@
+"""Latency beyond the model: cold runs at low load and the measured serving path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from greenctl.data.errors import InputError
+from greenctl.data.plan import Deployment
+from greenctl.data.records import Profile, Variant
+from greenctl.planner.evaluate import build_instances, cold_fraction, predict, warm_service
+from greenctl.planner.latency import ServiceTime
+from greenctl.planner.queueing import mgc_model, with_overhead
+
+HOT = dict(latency_p50_ms=2.0, latency_p95_ms=2.6, latency_p99_ms=2.9)
+COLD = dict(isolated_p50_ms=3.6, isolated_p95_ms=4.0, isolated_p99_ms=4.4)
+VARIANTS = {"v": Variant("v", "m", accuracy=0.8)}
+
+
+def _profiles(**extra):
+    return {("v", "cpu:1", 1): Profile("v", "cpu:1", 1, throughput_rps=480.0, **HOT, **extra)}
+
+
+def _dep(rate):
+    return [Deployment("m", "v", "cpu:1", 1, 1, quota_rps=rate)]
+
+
+def test_with_overhead_is_the_convolution_with_the_samples():
+    model = mgc_model(50.0, [ServiceTime.lognormal(median_ms=4.0, sigma=0.3)])
+    rng = np.random.default_rng(1)
+    overhead = rng.gamma(4.0, 0.5, size=400)
+    both = with_overhead(model, np.quantile(overhead, (np.arange(100) + 0.5) / 100))
+    # Monte Carlo of T + O with T sampled by inverting the model's survival function.
+    ts = np.linspace(0.0, 60.0, 6001)
+    cdf = 1.0 - model.sf(ts)
+    t_samples = np.interp(rng.random(200_000), cdf, ts)
+    mc = t_samples + rng.choice(overhead, size=t_samples.size)
+    for q in (0.5, 0.95, 0.99):
+        assert both.quantile(q) == pytest.approx(float(np.quantile(mc, q)), rel=0.03)
+    assert both.quantile(0.95) > model.quantile(0.95) + overhead.min()
+    assert float(both.sf(0.0)[0]) == pytest.approx(1.0)
+
+
+def test_with_overhead_rejects_bad_samples():
+    model = mgc_model(10.0, [ServiceTime.deterministic(1.0)])
+    for bad in ([], [-1.0, 2.0], [float("nan")]):
+        with pytest.raises(InputError):
+            with_overhead(model, bad)
+
+
+def test_cold_fraction_follows_load():
+    assert cold_fraction(0.0, 0.0) == 1.0
+    assert cold_fraction(40.0, 0.1) == pytest.approx(0.9 * np.exp(-0.08))
+    assert cold_fraction(400.0, 0.99) < 0.01
+    assert cold_fraction(100.0, 1.5) == 0.0  # saturated: never idle
+
+
+def test_warm_service_moves_from_isolated_to_back_to_back_with_load():
+    (inst,) = build_instances(_dep(10.0), _profiles(**COLD))
+    light = warm_service(inst, 5.0, 5.0 / inst.capacity_rps)
+    heavy = warm_service(inst, 450.0, 450.0 / inst.capacity_rps)
+    assert light.quantile(0.5) == pytest.approx(2.0 + cold_fraction(5.0, 5 / 480) * 1.6, rel=0.02)
+    assert inst.service.quantile(0.5) < heavy.quantile(0.5) < light.quantile(0.5)
+    assert heavy.quantile(0.5) < 2.1  # near saturation nearly every run is back-to-back
+    (plain,) = build_instances(_dep(10.0), _profiles())
+    assert warm_service(plain, 5.0, 0.01) is plain.service  # no isolated figures: unchanged
+
+
+def test_predict_adds_cold_runs_and_the_serving_path():
+    base = predict(_dep(20.0), _profiles(), VARIANTS, rate_rps=20.0, policy="wrr")
+    cold = predict(_dep(20.0), _profiles(**COLD), VARIANTS, rate_rps=20.0, policy="wrr")
+    assert cold["p50_ms"] > base["p50_ms"] + 1.0  # most requests at 20 req/s run cold
+    assert cold["energy_j_per_request"] == base["energy_j_per_request"]
+    overhead = list(np.linspace(1.5, 3.5, 100))
+    served = predict(
+        _dep(20.0), _profiles(**COLD), VARIANTS, rate_rps=20.0, policy="wrr", serving=overhead
+    )
+    assert served["p50_ms"] == pytest.approx(cold["p50_ms"] + 2.5, abs=0.3)
+    assert served["p95_ms"] > cold["p95_ms"] + 1.5
+    by_model = predict(
+        _dep(20.0), _profiles(**COLD), VARIANTS, rate_rps=20.0, serving={"other": overhead}
+    )
+    assert by_model["p95_ms"] == pytest.approx(cold["p95_ms"], rel=0.05)  # not this model's
+    slo = predict(
+        _dep(20.0),
+        _profiles(**COLD),
+        VARIANTS,
+        rate_rps=20.0,
+        policy="wrr",
+        serving=overhead,
+        percentile_slo_ms=5.0,
+    )
+    assert slo["slo_violation_frac"] > 0.3  # the overhead pushes requests past a tight SLO
