@@ -1248,6 +1248,7 @@ def _solve_exact(
     or gives up (``DECOMPOSITION = False`` forces the joint ILP).
     """
     start_alloc: Allocation | None = None
+    lagrangian: float | None = None
     if DECOMPOSITION:
         from greenctl.planner import mix_decomp
 
@@ -1258,6 +1259,7 @@ def _solve_exact(
                 return out
             # its best plan (if any) starts the joint ILP instead of the greedy one
             start_alloc = mix_decomp.LAST_FALLBACK.get("incumbent")
+            lagrangian = mix_decomp.LAST_FALLBACK.get("bound")
             if time_limit_s is not None:
                 time_limit_s = max(time_limit_s - (time.perf_counter() - t0), 0.1)
     # One joint model: HiGHS handles independent families inside one tree faster than
@@ -1299,6 +1301,19 @@ def _solve_exact(
     if len(infos) == 1 and "objective_bound" in infos[0]:
         merged["objective_bound"] = infos[0]["objective_bound"]
     merged["warm_start"] = infos[0].get("warm_start")
+    if lagrangian is not None and alloc and merged["status"] != "optimal":
+        # the decomposition's Lagrangian bound holds for the whole problem: report the
+        # tighter of the two proven bounds and the gap to it
+        maximise = is_maximise(problem.objective)
+        value = evaluate_allocation(problem, alloc, terms)["objective"]
+        lbound = -lagrangian if maximise else lagrangian
+        own = merged.get("objective_bound")
+        tighter = own is None or (lbound < own if maximise else lbound > own)
+        if tighter:
+            merged["objective_bound"] = lbound
+            merged["bound_source"] = "decomposition's Lagrangian bound"
+            diff = (lbound - value) if maximise else (value - lbound)
+            merged["gap"] = max(diff, 0.0) / max(abs(value), 1e-12)
     if any("tie_break" in i for i in infos):
         merged["tie_break"] = infos[0].get("tie_break")
     return alloc, merged

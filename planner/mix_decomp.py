@@ -54,6 +54,12 @@ BUDGET_S = 3.0
 MAX_HARD = 4
 #: The master's relative gap tolerance (below the plan's, which it must meet).
 MASTER_REL_GAP = 1e-7
+#: Column generation rounds that refine the prices, and when their bound counts as converged
+#: (times max(1, |LP bound|)).
+MAX_CG = 12
+CG_TOL = 1e-7
+#: Objectives the decomposition takes (the others keep the joint ILP).
+OBJECTIVES = ("balanced",)
 #: Why the last call gave up (for the benchmark and debugging); empty after a success.
 LAST_FALLBACK: dict[str, Any] = {}
 
@@ -62,29 +68,47 @@ LAST_FALLBACK: dict[str, Any] = {}
 class _Opt:
     index: int  # option index in the family
     cap: float
-    a: float  # cost per req/s of quota
-    b: float  # cost per instance (with lambda . usage in the priced search)
-    b0: float  # cost per instance without lambda
+    a: float  # primary cost per req/s of quota (min sense)
+    b0: float  # primary cost per instance (min sense, without prices)
     ub: int
     variant: str
     usage: tuple[float, ...]
+    acc: float = 0.0  # the variant's accuracy (floor, fill order among equal ``a``)
+    sa: float = 0.0  # tie-break cost per req/s of quota (min sense)
+    sb: float = 0.0  # tie-break cost per instance (min sense)
 
 
 @dataclass
 class _Plan:
-    cost: float  # the family's cost (min sense, no lambda)
+    cost: float  # the family's primary cost (min sense, no prices)
     usage: tuple[float, ...]
     counts: dict[int, tuple[int, float]]  # option index -> (count, quota)
+    second: float = 0.0  # its tie-break cost (min sense)
+
+    def key(self) -> tuple[tuple[int, int], ...]:
+        return tuple(sorted((oi, n) for oi, (n, _) in self.counts.items()))
+
+
+def tie_break(objective: str) -> str | None:
+    """The joint ILP's tie-break objective among optimal plans (None: no tie-break)."""
+    return {"accuracy": "cost", "carbon": "cost", "cost": "accuracy"}.get(objective)
 
 
 def applicable(problem: MixProblem, *, single: bool, solver: str) -> bool:
-    """Whether the decomposition applies (else the joint ILP runs)."""
+    """Whether the decomposition applies (else the joint ILP runs).
+
+    Every objective is separable per family once the loads are fixed. An accuracy floor is
+    a row of its own family; it is exact here when the fill order of a family's quotas is
+    also its most-accurate-first order (``accuracy``: quota cost is minus accuracy; ``cost``:
+    quotas cost nothing). ``carbon`` and ``balanced`` with a floor keep the joint ILP.
+    """
+    floors = any(f.min_accuracy is not None for f in problem.families)
     return (
         not single
         and solver == "highs"
-        and problem.objective == "balanced"
+        and problem.objective in OBJECTIVES
+        and not (floors and problem.objective in ("carbon", "balanced"))
         and len(problem.families) > 1
-        and all(f.min_accuracy is None for f in problem.families)
         and all(f.options for f in problem.families)
     )
 
@@ -105,18 +129,26 @@ def _family_plans(
     lam: tuple[float, ...],
     window: float,
     deadline: float = math.inf,
+    upper: float = math.inf,
+    floor: float | None = None,
 ) -> tuple[float, list[_Plan], int]:
     """All plans of one family with priced cost within ``window`` of the priced optimum.
 
+    Args:
+        upper: the priced cost of a plan known to exist (prunes from the first node).
+        floor: the family's accuracy floor (quota-weighted mean accuracy >= floor).
+
     Returns:
         (z, plans, nodes): the priced optimum ``z`` (cost + lambda . use) and, per distinct
-        budget use, the cheapest plan whose priced cost is at most ``z + window``.
+        budget use, the cheapest plan (then the best tie-break) whose priced cost is at most
+        ``z + window``; ``z`` is infinite when the family has no feasible plan.
     """
     nk = len(budgets)
-    order = sorted(opts, key=lambda o: (o.a, o.index))
+    order = sorted(opts, key=lambda o: (o.a, -o.acc, o.index))
     m = len(order)
+    bp = [o.b0 + sum(lk * u for lk, u in zip(lam, o.usage, strict=True)) for o in order]
     # suffix bounds: the cheapest per req/s cover of the rest by options i.. (capacity-capped)
-    rate = [o.a + o.b / o.cap for o in order]
+    rate = [o.a + bp[j] / o.cap for j, o in enumerate(order)]
     # per suffix: rates ascending with cumulative capacity and cost (bisect per bound)
     cum_cap: list[list[float]] = []
     cum_cost: list[list[float]] = []
@@ -142,15 +174,21 @@ def _family_plans(
         before_cost = cum_cost[i][j - 1] if j else 0.0
         return before_cost + rates[i][j] * (rest - before_cap)
 
-    best = [math.inf]
-    found: list[tuple[float, float, tuple[float, ...], dict[int, tuple[int, float]]]] = []
+    # the floor: slack = sum q (acc - floor) >= -ftol (the joint ILP's row); the best slack
+    # the rest can still add comes from the most accurate option left (order is by accuracy)
+    gap = [o.acc - floor for o in order] if floor is not None else [0.0] * m
+    top_gap = [max(gap[i:], default=-math.inf) for i in range(m + 1)]
+    ftol = 1e-9 * max(load, 1.0)
+    tol = 1e-12 * max(1.0, abs(upper)) if math.isfinite(upper) else 0.0
+    best = [upper + tol]
+    found: list[tuple[float, float, float, tuple[float, ...], dict[int, tuple[int, float]]]] = []
     nodes = [0]
     counts: dict[int, tuple[int, float]] = {}
     use = [0.0] * nk
 
-    def record(priced: float, plain: float) -> None:
+    def record(priced: float, plain: float, sec: float) -> None:
         if priced <= best[0] + window + 1e-12:
-            found.append((priced, plain, tuple(use), dict(counts)))
+            found.append((priced, plain, sec, tuple(use), dict(counts)))
             if priced < best[0]:
                 best[0] = priced
             if len(found) > 4 * MAX_PLANS:
@@ -165,9 +203,12 @@ def _family_plans(
     # suffix start costs: at least one more variant starts unless one in use remains
     suffix_vars: list[set[str]] = [{o.variant for o in order[i:]} for i in range(m + 1)]
     suffix_start = [min((d.get(v, 0.0) for v in sv), default=math.inf) for sv in suffix_vars]
-    thresh = [math.inf]
+    thresh = [best[0] + window + 1e-12]
 
-    def visit(i: int, rest: float, priced: float, plain: float, used: frozenset[str]) -> None:
+    def visit(
+        i: int, rest: float, priced: float, plain: float, sec: float, slack: float,
+        used: frozenset[str],
+    ) -> None:  # fmt: skip
         """Place the next nonzero count on some option j >= i (later ones stay 0 until then)."""
         nodes[0] += 1
         if nodes[0] > MAX_NODES:
@@ -176,12 +217,15 @@ def _family_plans(
             raise _OutOfTime
         for j in range(i, m):
             # the bound only grows with j (fewer options left): stop at the first failure
+            if slack + rest * top_gap[j] < -ftol:
+                return  # the floor is out of reach with options j.. (less accurate later)
             lb = bound(j, rest)
             if not (suffix_vars[j] & used):
                 lb += suffix_start[j]
             if priced + lb > thresh[0]:
                 return
             o = order[j]
+            b = bp[j]
             start = 0.0 if o.variant in used else d.get(o.variant, 0.0)
             need = math.ceil(rest / o.cap - 1e-9)
             top = min(o.ub, need)
@@ -197,12 +241,18 @@ def _family_plans(
             passed = False
             for n in range(top, 0, -1):
                 if n >= need:  # the marginal option: the family's load is served
-                    child = priced + o.a * rest + o.b * n + start
+                    if slack + rest * gap[j] < -ftol:
+                        continue
+                    child = priced + o.a * rest + b * n + start
                     if child <= thresh[0]:
                         for k in range(nk):
                             use[k] += o.usage[k] * n
                         counts[o.index] = (n, rest)
-                        record(child, plain + o.a * rest + o.b0 * n + start)
+                        record(
+                            child,
+                            plain + o.a * rest + o.b0 * n + start,
+                            sec + o.sa * rest + o.sb * n,
+                        )
                         thresh[0] = best[0] + window + 1e-12
                         del counts[o.index]
                         for k in range(nk):
@@ -210,7 +260,7 @@ def _family_plans(
                     continue
                 served = o.cap * n
                 child_rest = rest - served
-                child = priced + o.a * served + o.b * n + start
+                child = priced + o.a * served + b * n + start
                 clb = bound(j + 1, child_rest) + (0.0 if shared else suffix_start[j + 1])
                 if child + clb > thresh[0]:
                     if passed:
@@ -220,25 +270,76 @@ def _family_plans(
                 for k in range(nk):
                     use[k] += o.usage[k] * n
                 counts[o.index] = (n, served)
-                visit(j + 1, child_rest, child, plain + o.a * served + o.b0 * n + start, cu)
+                visit(
+                    j + 1,
+                    child_rest,
+                    child,
+                    plain + o.a * served + o.b0 * n + start,
+                    sec + o.sa * served + o.sb * n,
+                    slack + served * gap[j],
+                    cu,
+                )
                 del counts[o.index]
                 for k in range(nk):
                     use[k] -= o.usage[k] * n
 
     if load <= 1e-9:
         return 0.0, [_Plan(0.0, tuple([0.0] * nk), {})], 1
-    visit(0, load, 0.0, 0.0, frozenset())
-    z = best[0]
+    visit(0, load, 0.0, 0.0, 0.0, 0.0, frozenset())
+    if not found:
+        if math.isfinite(upper):  # rounding hid the known plan: search again without it
+            return _family_plans(opts, d, load, budgets, lam, window, deadline, floor=floor)
+        return math.inf, [], nodes[0]
+    z = min(f[0] for f in found)
     by_use: dict[tuple[float, ...], _Plan] = {}
-    for priced, plain, u, c in found:
+    for priced, plain, sec, u, c in found:
         if priced > z + window + 1e-12:
             continue
         key = tuple(round(x, 9) for x in u)
-        if key not in by_use or plain < by_use[key].cost:
-            by_use[key] = _Plan(plain, u, c)
+        cur = by_use.get(key)
+        if (
+            cur is None
+            or plain < cur.cost - 1e-12 * max(1.0, abs(plain))
+            or (plain <= cur.cost + 1e-12 * max(1.0, abs(plain)) and sec < cur.second)
+        ):
+            by_use[key] = _Plan(plain, u, c, sec)
     if len(by_use) > MAX_PLANS:
         raise _TooBig
     return z, list(by_use.values()), nodes[0]
+
+
+def _options(
+    problem: MixProblem, model: Any, lay: Any, fi: int, keys: list[str]
+) -> list[_Opt] | None:
+    """The family's options as the search sees them (None: a negative instance cost)."""
+    fam = problem.families[fi]
+    total = problem.total_load or 1.0
+    second = tie_break(problem.objective)
+    out = []
+    for oi, o in enumerate(fam.options):
+        b0 = model.cost[lay.n[fi][oi]]
+        if b0 < -1e-15:
+            return None
+        acc = fam.variants[o.variant].accuracy
+        out.append(
+            _Opt(
+                index=oi,
+                cap=o.capacity_rps,
+                a=model.cost[lay.q[fi][oi]],
+                b0=b0,
+                ub=round(model.ub[lay.n[fi][oi]]),
+                variant=o.variant,
+                usage=tuple(float(o.usage.get(k, 0.0)) for k in keys),
+                acc=acc,
+                sa=-acc / total if second == "accuracy" else 0.0,
+                sb=o.cost_per_hour if second == "cost" else 0.0,
+            )
+        )
+    return out
+
+
+def _priced(plan: _Plan, lam: list[float]) -> float:
+    return plan.cost + sum(lk * u for lk, u in zip(lam, plan.usage, strict=True))
 
 
 def solve_decomposed(
@@ -246,14 +347,24 @@ def solve_decomposed(
 ) -> tuple[Allocation, dict[str, Any]] | None:
     """Solve ``problem`` exactly by Lagrangian decomposition; None when it does not apply.
 
+    1. Prices: the LP relaxation's budget duals, refined by column generation (the LP over
+       the per-family plans found so far gives new prices, the exact per-family search at
+       those prices new plans and a valid bound ``LD``) until the prices are optimal for
+       the Lagrangian dual or the bound meets the best plan over the pool.
+    2. Proof: at the best prices, every plan within ``Delta = INC - LD`` of each family's
+       priced optimum enters a master MILP over the shared budgets (``INC``: the best plan
+       over the pool; the widening rounds of the module docstring when there is none).
+
     Families whose enumeration passes :data:`MAX_NODES` or :data:`MAX_PLANS` ("hard") enter
     the master with their full ILP formulation instead of a list of plans, and their
     ``z_f`` is replaced by the dual bound of their priced ILP (a valid lower bound), which
-    keeps the argument exact.
+    keeps the argument exact. Objectives with a tie-break (accuracy and carbon: cheapest
+    among optimal plans; cost: most accurate) solve the master twice, as the joint ILP does.
 
     Returns:
         (allocation, solver info) with ``status`` ``optimal`` (proven gap <= MIP_REL_GAP) or
-        ``infeasible`` (empty allocation); None to let the caller run the joint ILP.
+        ``infeasible`` (empty allocation); None to let the caller run the joint ILP
+        (:data:`LAST_FALLBACK` then holds the reason, the best plan and the best bound).
     """
     from greenctl.planner import mix
 
@@ -261,6 +372,8 @@ def solve_decomposed(
     LAST_FALLBACK.clear()
     rounds: list[dict[str, Any]] = []
     budget_s = BUDGET_S if time_limit_s is None else min(BUDGET_S, 0.5 * time_limit_s)
+    deadline = t0 + budget_s
+    second = tie_break(problem.objective)
     # without the MIR rows: the LP below only prices the budgets (3x faster, same prices
     # to within a percent on the benchmark)
     model, lay = mix._build_model(problem, terms, single=False, cuts=False)
@@ -284,59 +397,122 @@ def solve_decomposed(
         for k, dual in zip(used_keys, duals, strict=True):
             lam[keys.index(k)] = max(0.0, -float(dual))
     lp_s = time.perf_counter() - t0
-    fams: list[tuple[list[_Opt], dict[str, float], float]] = []
+    fams: list[tuple[list[_Opt], dict[str, float], float, float | None]] = []
     for fi, fam in enumerate(problem.families):
-        opts = []
-        for oi, o in enumerate(fam.options):
-            b0 = model.cost[lay.n[fi][oi]]
-            use = tuple(float(o.usage.get(k, 0.0)) for k in keys)
-            if b0 < -1e-15:
-                return _give_up("an instance cost is negative", rounds)
-            opts.append(
-                _Opt(
-                    index=oi,
-                    cap=o.capacity_rps,
-                    a=model.cost[lay.q[fi][oi]],
-                    b=b0 + sum(lk * u for lk, u in zip(lam, use, strict=True)),
-                    b0=b0,
-                    ub=round(model.ub[lay.n[fi][oi]]),
-                    variant=o.variant,
-                    usage=use,
-                )
-            )
+        opts = _options(problem, model, lay, fi, keys)
+        if opts is None:
+            return _give_up("an instance cost is negative", rounds)
         d = {v: model.cost[c] for v, c in lay.s[fi].items()}
         if any(x < -1e-15 for x in d.values()):
             return _give_up("a loading cost is negative", rounds)
-        fams.append((opts, d, fam.load_rps(problem.headroom)))
+        fams.append((opts, d, fam.load_rps(problem.headroom), fam.min_accuracy))
     scale = max(1.0, abs(lp_bound) if lp_bound is not None else 1.0)
     coupled = any(len(g) > 1 for g in mix.components(problem))
-    window = FIRST_WINDOW * scale if coupled else 0.0
+    pool: list[dict[tuple[tuple[int, int], ...], _Plan]] = [{} for _ in fams]
+
+    def price(
+        fi: int, prices: list[float], window: float
+    ) -> tuple[float, list[_Plan], int]:  # fmt: skip
+        o, d, load, floor = fams[fi]
+        known = [_priced(p, prices) for p in pool[fi].values()]
+        z, plans, n = _family_plans(
+            o, d, load, budgets, tuple(prices), window, deadline=deadline,
+            upper=min(known, default=math.inf), floor=floor,
+        )  # fmt: skip
+        for p in plans:
+            pool[fi].setdefault(p.key(), p)
+        return z, plans, n
+
+    # -- 1. prices by column generation ------------------------------------------------------
+    best_ld, best_lam = -math.inf, list(lam)
+    cg: list[dict[str, Any]] = []
+    incumbent: Allocation | None = None
+    inc: float | None = None
+    for _ in range(MAX_CG if coupled and nk else 1):
+        if time.perf_counter() > deadline:
+            break
+        t1 = time.perf_counter()
+        zsum, nodes = 0.0, 0
+        try:
+            for fi in range(len(fams)):
+                z, _, n = price(fi, lam, 0.0)
+                if math.isinf(z):
+                    return {}, {"name": "highs", "status": "infeasible", "gap": None,
+                                "method": "decomposition"}  # fmt: skip
+                zsum += z
+                nodes += n
+        except (_OutOfTime, _TooBig):
+            break  # the rounds below handle hard families and the time budget
+        ld = zsum - sum(lk * b for lk, b in zip(lam, budgets, strict=True))
+        if ld > best_ld:
+            best_ld, best_lam = ld, list(lam)
+        step: dict[str, Any] = {
+            "ld": ld,
+            "nodes": nodes,
+            "price_s": round(time.perf_counter() - t1, 4),
+        }
+        cg.append(step)
+        if not nk or not coupled:
+            break
+        rmp = _restricted_lp(pool, keys, budgets, big=10.0 * scale)
+        if rmp is None:
+            break
+        value, new_lam = rmp
+        step["rmp"] = value
+        if value - best_ld <= CG_TOL * scale or new_lam == lam:
+            break
+        lam = new_lam
+    lam = best_lam
+    # the best plan over the pool, a first incumbent
+    if coupled and nk and math.isfinite(best_ld) and time.perf_counter() < deadline:
+        everything = {fi: (0.0, list(p.values())) for fi, p in enumerate(pool)}
+        master, cols, _ = _master(problem, terms, everything, [], keys, budgets)
+        left = max(deadline - time.perf_counter(), 0.05)
+        res = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
+        if res.x is not None and res.objective is not None:
+            inc = res.objective
+            xs = res.x
+            incumbent = {fi: dict(plan.counts) for j, (fi, plan) in cols.items() if xs[j] > 0.5}
+    cg_s = time.perf_counter() - t0 - lp_s
+    # -- 2. proof: everything within the gap, master MILP ------------------------------------
+    tie_tol = 0.0
+    if second is not None and inc is not None:
+        tie_tol = 1e-7 * max(1.0, abs(inc))
+    if not coupled:
+        window = 1e-7 * scale if second is not None else 0.0
+    elif inc is not None and math.isfinite(best_ld):
+        window = max(inc - best_ld, 0.0) * (1.0 + 1e-9) + tie_tol + 1e-12 * scale
+    else:
+        window = FIRST_WINDOW * scale
     hard: dict[int, float] = {}  # family -> lower bound on its priced optimum
-    incumbent: Allocation | None = None  # the best master plan so far
     for _ in range(8):
-        if time.perf_counter() - t0 > budget_s:
-            return _give_up(f"over its time budget of {budget_s:g} s", rounds, incumbent)
+        if time.perf_counter() > deadline:
+            return _give_up(f"over its time budget of {budget_s:g} s", rounds, incumbent, best_ld)
         t1 = time.perf_counter()
         results: dict[int, tuple[float, list[_Plan]]] = {}
         nodes = 0
-        for fi, (o, d, load) in enumerate(fams):
+        for fi in range(len(fams)):
             if fi in hard:
                 continue
             try:
-                z, plans, n = _family_plans(
-                    o, d, load, budgets, tuple(lam), window, deadline=t0 + budget_s
-                )
+                z, plans, n = price(fi, lam, window)
             except _OutOfTime:
-                return _give_up(f"over its time budget of {budget_s:g} s", rounds, incumbent)
+                return _give_up(
+                    f"over its time budget of {budget_s:g} s", rounds, incumbent, best_ld
+                )
             except _TooBig:
                 low = _priced_bound(problem, terms, fi, keys, lam)
                 if low is None:
-                    return _give_up("a hard family's own ILP did not solve", rounds, incumbent)
-                hard[fi] = low
-                if len(hard) > MAX_HARD:
                     return _give_up(
-                        f"more than {MAX_HARD} families too hard to enumerate", rounds, incumbent
+                        "a hard family's own ILP did not solve", rounds, incumbent, best_ld
                     )
+                hard[fi] = low
+                if len(hard) > MAX_HARD or (hard and second is not None):
+                    return _give_up(
+                        f"more than {0 if second else MAX_HARD} families too hard to "
+                        "enumerate",
+                        rounds, incumbent, best_ld,
+                    )  # fmt: skip
                 continue
             if math.isinf(z):
                 return {}, {"name": "highs", "status": "infeasible", "gap": None,
@@ -349,8 +525,9 @@ def solve_decomposed(
             + sum(hard.values())
             - sum(lk * b for lk, b in zip(lam, budgets, strict=True))
         )
+        best_ld = max(best_ld, ld)
         master, cols, mlay = _master(problem, terms, results, sorted(hard), keys, budgets)
-        left = max(budget_s - (time.perf_counter() - t0), 0.05)
+        left = max(deadline - time.perf_counter(), 0.05)
         res = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
         rounds.append(
             {
@@ -377,29 +554,48 @@ def solve_decomposed(
                 fi, plan = fi_plan
                 alloc[fi] = dict(plan.counts)
         incumbent = alloc
-        if inc > ld + window + 1e-12 * scale:
+        tie_tol = 1e-7 * max(1.0, abs(inc)) if second is not None else 0.0
+        if inc + tie_tol > ld + window + 1e-12 * scale:
             # better plans may lie outside the window: widen it to cover them all
             # (geometrically: each wider round also improves the incumbent)
-            window = min((inc - ld) * (1.0 + 1e-9) + 1e-12 * scale, window * 4.0)
+            window = min((inc + tie_tol - ld) * (1.0 + 1e-9) + 1e-12 * scale, window * 4.0)
             continue
         if res.status != "optimal":
-            return _give_up(f"master stopped: {res.status}", rounds, incumbent)
+            return _give_up(f"master stopped: {res.status}", rounds, incumbent, best_ld)
         mbound = res.bound if res.bound is not None and math.isfinite(res.bound) else inc
         proven = min(mbound, ld + window)
         gap = max(inc - proven, 0.0) / max(abs(inc), 1e-12)
         if gap > mix.MIP_REL_GAP:
-            return _give_up(f"proven gap {gap:.3g} above the tolerance", rounds, incumbent)
+            return _give_up(f"proven gap {gap:.3g} above the tolerance", rounds, incumbent, best_ld)
+        tb: dict[str, Any] | None = None
+        if second is not None:
+            # the joint ILP's tie-break: the best secondary among plans within tol of inc
+            idx = list(cols)
+            master.row(idx, [cols[j][1].cost for j in idx], -math.inf, inc + tie_tol)
+            for j in range(len(master.cost)):
+                master.cost[j] = cols[j][1].second if j in cols else 0.0
+            left = max(deadline - time.perf_counter(), 0.05)
+            res2 = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
+            tb = {"objective": second, "status": res2.status}
+            if res2.x is not None and res2.status in ("optimal", "time_limit"):
+                alloc = {}
+                for j, (fi, plan) in cols.items():
+                    if res2.x[j] > 0.5:
+                        alloc[fi] = dict(plan.counts)
         maximise = mix.is_maximise(problem.objective)
         info: dict[str, Any] = {
             "name": "highs",
-            "method": "decomposition: Lagrangian prices from the LP duals, exact per-family "
-            "enumeration within the bound gap, master MILP over shared budgets",
+            "method": "decomposition: Lagrangian prices (LP duals refined by column "
+            "generation), exact per-family enumeration within the bound gap, master MILP "
+            "over shared budgets",
             "status": "optimal",
             "gap": gap,
             "objective_bound": -proven if maximise else proven,
-            "lagrangian_bound": -ld if maximise else ld,
+            "lagrangian_bound": -best_ld if maximise else best_ld,
             "prices": dict(zip(keys, lam, strict=True)),
             "lp_s": round(lp_s, 4),
+            "price_rounds": cg,
+            "prices_s": round(cg_s, 4),
             "rounds": rounds,
             "solve_s": round(time.perf_counter() - t0, 4),
             "build_s": 0.0,
@@ -410,18 +606,65 @@ def solve_decomposed(
             "mip_rel_gap_tolerance": mix.MIP_REL_GAP,
             "warm_start": None,
         }
+        if tb is not None:
+            info["tie_break"] = tb
         return alloc, info
-    return _give_up("no proof after the last round", rounds, incumbent)
+    return _give_up("no proof after the last round", rounds, incumbent, best_ld)
+
+
+def _restricted_lp(
+    pool: list[dict[tuple[tuple[int, int], ...], _Plan]],
+    keys: list[str],
+    budgets: tuple[float, ...],
+    *,
+    big: float,
+) -> tuple[float, list[float]] | None:
+    """The LP over the pool's plans (a convex combination per family, shared budgets).
+
+    Its value bounds the Lagrangian dual from above and its budget duals are the prices
+    that maximise the Lagrangian bound over the pool (column generation). Budget overuse
+    costs ``big`` per unit, which keeps the LP feasible and caps the prices.
+    """
+    from greenctl.planner import mix
+
+    m = mix._Model()
+    rows_k: list[tuple[list[int], list[float]]] = [([], []) for _ in keys]
+    for plans in pool:
+        idx = []
+        for plan in plans.values():
+            c = m.col(plan.cost, 0.0, 1.0)
+            idx.append(c)
+            for k, u in enumerate(plan.usage):
+                if u != 0:
+                    rows_k[k][0].append(c)
+                    rows_k[k][1].append(u)
+        m.row(idx, [1.0] * len(idx), 1.0, 1.0)
+    first = len(m.rows)
+    for k, b in enumerate(budgets):
+        slack = m.col(big, 0.0, math.inf)
+        m.row([*rows_k[k][0], slack], [*rows_k[k][1], -1.0], -math.inf, b)
+    res = mix._solve_highs(m, None, relax=True)
+    if res.status != "optimal" or res.row_dual is None or res.objective is None:
+        return None
+    lam = [max(0.0, -float(res.row_dual[first + k])) for k in range(len(keys))]
+    return res.objective, lam
 
 
 def _give_up(
-    reason: str, rounds: list[dict[str, Any]], incumbent: Allocation | None = None
+    reason: str,
+    rounds: list[dict[str, Any]],
+    incumbent: Allocation | None = None,
+    bound: float | None = None,
 ) -> tuple[Allocation, dict[str, Any]] | None:
-    """Record why the decomposition gives up and its best plan (it warm-starts the joint ILP)."""
+    """Record why the decomposition gives up, its best plan (it warm-starts the joint ILP)
+    and its best Lagrangian bound (model sense: minimisation; it can tighten the joint ILP's).
+    """
     LAST_FALLBACK.clear()
     LAST_FALLBACK.update(reason=reason, rounds=rounds)
     if incumbent is not None:
         LAST_FALLBACK["incumbent"] = incumbent
+    if bound is not None and math.isfinite(bound):
+        LAST_FALLBACK["bound"] = bound
     return None
 
 
