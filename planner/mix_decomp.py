@@ -26,10 +26,19 @@ the cheapest loading cost still unavoidable) as its bound. A family whose search
 :data:`MAX_NODES` or :data:`MAX_PLANS` enters the master with its full ILP rows instead
 ("hard"; its ``z_f`` replaced by the dual bound of its own priced ILP).
 
-Applies to ``strategy="ilp"`` with HiGHS, the ``balanced`` objective, several families and no
-accuracy floor (the other objectives keep the joint ILP's cost tie-break); otherwise, or
-when it gives up (over :data:`BUDGET_S`, more than :data:`MAX_HARD` hard families, no proof
-after the last round), the caller runs the joint ILP with the time left.
+Prices: the LP duals are only a start. Column generation refines them: the LP over the
+per-family plans found so far (one convex combination per family, the shared budget rows)
+gives new prices, the exact search at those prices (seeded with the best known plan, which
+prunes from the first node) gives new plans and a valid ``LD``, until the LP meets ``LD``
+(optimal Lagrangian prices). When the best plan over those plans meets ``LD`` within the
+gap tolerance the proof is complete without the widening rounds.
+
+Applies to ``strategy="ilp"`` with HiGHS, every objective, several families and no accuracy
+floor. ``accuracy``/``carbon`` (cheapest among optimal plans) and ``cost`` (most accurate)
+keep the joint ILP's tie-break: the master runs again over the plans within its tolerance.
+Otherwise, or when it gives up (over :data:`BUDGET_S`, too many hard families, no proof
+after the last round), the caller runs the joint ILP with the time left, warm-started with
+the decomposition's best plan, and reports the tighter of its bound and ``LD``.
 """
 
 from __future__ import annotations
@@ -59,7 +68,7 @@ MASTER_REL_GAP = 1e-7
 MAX_CG = 12
 CG_TOL = 1e-7
 #: Objectives the decomposition takes (the others keep the joint ILP).
-OBJECTIVES = ("balanced",)
+OBJECTIVES = ("balanced", "accuracy", "cost", "carbon")
 #: Why the last call gave up (for the benchmark and debugging); empty after a success.
 LAST_FALLBACK: dict[str, Any] = {}
 
@@ -76,6 +85,7 @@ class _Opt:
     acc: float = 0.0  # the variant's accuracy (floor, fill order among equal ``a``)
     sa: float = 0.0  # tie-break cost per req/s of quota (min sense)
     sb: float = 0.0  # tie-break cost per instance (min sense)
+    pa: float = 0.0  # added to ``a`` in the priced search only (<= 0: the bound stays valid)
 
 
 @dataclass
@@ -97,17 +107,17 @@ def tie_break(objective: str) -> str | None:
 def applicable(problem: MixProblem, *, single: bool, solver: str) -> bool:
     """Whether the decomposition applies (else the joint ILP runs).
 
-    Every objective is separable per family once the loads are fixed. An accuracy floor is
-    a row of its own family; it is exact here when the fill order of a family's quotas is
-    also its most-accurate-first order (``accuracy``: quota cost is minus accuracy; ``cost``:
-    quotas cost nothing). ``carbon`` and ``balanced`` with a floor keep the joint ILP.
+    Every objective is separable per family once the loads are fixed, so ``accuracy``,
+    ``cost``, ``carbon`` and ``balanced`` all decompose. An accuracy floor keeps the joint
+    ILP: the search handles it exactly (most accurate fill first) but its bound ignores
+    the floor, which made the search far slower than the joint ILP on the benchmark.
     """
     floors = any(f.min_accuracy is not None for f in problem.families)
     return (
         not single
         and solver == "highs"
         and problem.objective in OBJECTIVES
-        and not (floors and problem.objective in ("carbon", "balanced"))
+        and not floors
         and len(problem.families) > 1
         and all(f.options for f in problem.families)
     )
@@ -148,7 +158,8 @@ def _family_plans(
     m = len(order)
     bp = [o.b0 + sum(lk * u for lk, u in zip(lam, o.usage, strict=True)) for o in order]
     # suffix bounds: the cheapest per req/s cover of the rest by options i.. (capacity-capped)
-    rate = [o.a + bp[j] / o.cap for j, o in enumerate(order)]
+    ap = [o.a + o.pa for o in order]
+    rate = [ap[j] + bp[j] / o.cap for j, o in enumerate(order)]
     # per suffix: rates ascending with cumulative capacity and cost (bisect per bound)
     cum_cap: list[list[float]] = []
     cum_cost: list[list[float]] = []
@@ -243,7 +254,7 @@ def _family_plans(
                 if n >= need:  # the marginal option: the family's load is served
                     if slack + rest * gap[j] < -ftol:
                         continue
-                    child = priced + o.a * rest + b * n + start
+                    child = priced + ap[j] * rest + b * n + start
                     if child <= thresh[0]:
                         for k in range(nk):
                             use[k] += o.usage[k] * n
@@ -260,7 +271,7 @@ def _family_plans(
                     continue
                 served = o.cap * n
                 child_rest = rest - served
-                child = priced + o.a * served + b * n + start
+                child = priced + ap[j] * served + b * n + start
                 clb = bound(j + 1, child_rest) + (0.0 if shared else suffix_start[j + 1])
                 if child + clb > thresh[0]:
                     if passed:
@@ -338,6 +349,26 @@ def _options(
     return out
 
 
+def _plan_of(
+    opts: list[_Opt], d: dict[str, float], counts: dict[int, tuple[int, float]], nk: int
+) -> _Plan:
+    """The plan with these counts and quotas (its cost, use and tie-break cost)."""
+    by_index = {o.index: o for o in opts}
+    cost = second = 0.0
+    use = [0.0] * nk
+    started = set()
+    for oi, (n, qq) in counts.items():
+        o = by_index[oi]
+        cost += o.a * qq + o.b0 * n
+        second += o.sa * qq + o.sb * n
+        for k in range(nk):
+            use[k] += o.usage[k] * n
+        if n > 0:
+            started.add(o.variant)
+    cost += sum(d.get(v, 0.0) for v in started)
+    return _Plan(cost, tuple(use), dict(counts), second)
+
+
 def _priced(plan: _Plan, lam: list[float]) -> float:
     return plan.cost + sum(lk * u for lk, u in zip(lam, plan.usage, strict=True))
 
@@ -383,6 +414,7 @@ def solve_decomposed(
     # prices of the shared budget rows: the LP relaxation's duals
     lam = [0.0] * nk
     lp_bound = None
+    lp_x: list[float] | None = None
     if nk:
         lp = mix._solve_highs(model, time_limit_s, relax=True)
         if lp.status == "infeasible":
@@ -391,12 +423,21 @@ def solve_decomposed(
         if lp.row_dual is None or lp.status != "optimal":
             return _give_up("the LP relaxation did not solve to optimality", rounds)
         lp_bound = lp.objective
+        lp_x = lp.x
         used_keys = _used_keys(problem, range(len(problem.families)))
         # _build_model appends the used budget rows last, in budgets order
         duals = lp.row_dual[len(lp.row_dual) - len(used_keys) :]
         for k, dual in zip(used_keys, duals, strict=True):
             lam[keys.index(k)] = max(0.0, -float(dual))
     lp_s = time.perf_counter() - t0
+    scale0 = max(1.0, abs(lp_bound) if lp_bound is not None else 1.0)
+    # Objectives without an instance cost (accuracy, carbon) tie between plans of every
+    # count split of the same quotas; a small price floor (any price >= 0 keeps the bound
+    # valid; this one costs at most a tenth of the gap tolerance) keeps the cheapest ones.
+    floor_price = [0.0] * nk
+    if problem.objective in ("accuracy", "carbon"):
+        floor_price = [0.1 * mix.MIP_REL_GAP * scale0 / (nk * max(b, 1.0)) for b in budgets]
+    lam = [max(lk, e) for lk, e in zip(lam, floor_price, strict=True)]
     fams: list[tuple[list[_Opt], dict[str, float], float, float | None]] = []
     for fi, fam in enumerate(problem.families):
         opts = _options(problem, model, lay, fi, keys)
@@ -405,6 +446,11 @@ def solve_decomposed(
         d = {v: model.cost[c] for v, c in lay.s[fi].items()}
         if any(x < -1e-15 for x in d.values()):
             return _give_up("a loading cost is negative", rounds)
+        if problem.objective == "cost":
+            # equal-cost plans tie in the search; a tenth of the gap tolerance of the
+            # tie-break (accuracy) separates them and only lowers the bound
+            for o in opts:
+                o.pa = 0.1 * mix.MIP_REL_GAP * scale0 * o.sa
         fams.append((opts, d, fam.load_rps(problem.headroom), fam.min_accuracy))
     scale = max(1.0, abs(lp_bound) if lp_bound is not None else 1.0)
     coupled = any(len(g) > 1 for g in mix.components(problem))
@@ -423,6 +469,17 @@ def solve_decomposed(
             pool[fi].setdefault(p.key(), p)
         return z, plans, n
 
+    if lp_x is not None:
+        # the LP relaxation's plan rounded up, per family: a first known plan (a bound that
+        # prunes the first search from its first node)
+        for fi, (fopts, d, _, _) in enumerate(fams):
+            seed = {}
+            for oi in range(len(fopts)):
+                qq = max(lp_x[lay.q[fi][oi]], 0.0)
+                if qq > 1e-9:
+                    seed[oi] = (math.ceil(lp_x[lay.n[fi][oi]] - 1e-9), qq)
+            plan = _plan_of(fopts, d, seed, nk)
+            pool[fi][plan.key()] = plan
     # -- 1. prices by column generation ------------------------------------------------------
     best_ld, best_lam = -math.inf, list(lam)
     cg: list[dict[str, Any]] = []
@@ -435,7 +492,18 @@ def solve_decomposed(
         zsum, nodes = 0.0, 0
         try:
             for fi in range(len(fams)):
-                z, _, n = price(fi, lam, 0.0)
+                try:
+                    z, _, n = price(fi, lam, 0.0)
+                except _TooBig:
+                    # the family's own priced ILP: a bound, and its plan joins the pool
+                    # (the search at later prices starts from it)
+                    got: dict[int, tuple[int, float]] = {}
+                    low = _priced_bound(problem, terms, fi, keys, lam, got)
+                    if low is None or not got:
+                        raise
+                    plan = _plan_of(fams[fi][0], fams[fi][1], got, nk)
+                    pool[fi].setdefault(plan.key(), plan)
+                    z, n = low, 0
                 if math.isinf(z):
                     return {}, {"name": "highs", "status": "infeasible", "gap": None,
                                 "method": "decomposition"}  # fmt: skip
@@ -457,9 +525,17 @@ def solve_decomposed(
         rmp = _restricted_lp(pool, keys, budgets, big=10.0 * scale)
         if rmp is None:
             break
-        value, new_lam = rmp
-        step["rmp"] = value
-        if value - best_ld <= CG_TOL * scale or new_lam == lam:
+        value, new_lam, over = rmp
+        if any(over):
+            # the pool cannot fit the budgets yet: its duals are the overuse penalty; raise
+            # the prices of the overused budgets step by step instead
+            new_lam = [
+                max(2.0 * lk, 1e-3 * scale / max(b, 1.0)) if o else lk
+                for lk, b, o in zip(lam, budgets, over, strict=True)
+            ]
+        new_lam = [max(lk, e) for lk, e in zip(new_lam, floor_price, strict=True)]
+        step["rmp"] = None if any(over) else value
+        if (not any(over) and value - best_ld <= CG_TOL * scale) or new_lam == lam:
             break
         lam = new_lam
     lam = best_lam
@@ -474,6 +550,18 @@ def solve_decomposed(
             xs = res.x
             incumbent = {fi: dict(plan.counts) for j, (fi, plan) in cols.items() if xs[j] > 0.5}
     cg_s = time.perf_counter() - t0 - lp_s
+    if (
+        incumbent is not None
+        and inc is not None
+        and inc - best_ld <= mix.MIP_REL_GAP * max(abs(inc), 1e-12)
+    ):
+        # the pool's best plan meets the bound: proven without enumerating the gap
+        return _finish(
+            problem, terms, pool, keys, budgets, inc=inc, ld=best_ld, lam=lam,
+            info={"lp_s": round(lp_s, 4), "price_rounds": cg, "prices_s": round(cg_s, 4),
+                  "rounds": rounds, "t0": t0, "deadline": deadline},
+            alloc=incumbent,
+        )  # fmt: skip
     # -- 2. proof: everything within the gap, master MILP ------------------------------------
     tie_tol = 0.0
     if second is not None and inc is not None:
@@ -612,13 +700,77 @@ def solve_decomposed(
     return _give_up("no proof after the last round", rounds, incumbent, best_ld)
 
 
+def _finish(
+    problem: MixProblem,
+    terms: _Terms,
+    pool: list[dict[tuple[tuple[int, int], ...], _Plan]],
+    keys: list[str],
+    budgets: tuple[float, ...],
+    *,
+    inc: float,
+    ld: float,
+    lam: list[float],
+    info: dict[str, Any],
+    alloc: Allocation,
+) -> tuple[Allocation, dict[str, Any]]:
+    """The result when the pool's best plan already meets the Lagrangian bound.
+
+    With a tie-break objective the master over the pool runs again: the best tie-break
+    among pool plans within the joint ILP's tolerance of the optimum.
+    """
+    from greenctl.planner import mix
+
+    t0, deadline = info.pop("t0"), info.pop("deadline")
+    second = tie_break(problem.objective)
+    maximise = mix.is_maximise(problem.objective)
+    everything = {fi: (0.0, list(p.values())) for fi, p in enumerate(pool)}
+    master, cols, _ = _master(problem, terms, everything, [], keys, budgets)
+    if second is not None:
+        tol = 1e-7 * max(1.0, abs(inc))
+        idx = list(cols)
+        master.row(idx, [cols[j][1].cost for j in idx], -math.inf, inc + tol)
+        for j in range(len(master.cost)):
+            master.cost[j] = cols[j][1].second if j in cols else 0.0
+        left = max(deadline - time.perf_counter(), 0.05)
+        res = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
+        info["tie_break"] = {
+            "objective": second,
+            "status": res.status,
+            "over": "the plans found while pricing",
+        }
+        if res.x is not None and res.status in ("optimal", "time_limit"):
+            xs = res.x
+            alloc = {fi: dict(plan.counts) for j, (fi, plan) in cols.items() if xs[j] > 0.5}
+    gap = max(inc - ld, 0.0) / max(abs(inc), 1e-12)
+    out: dict[str, Any] = {
+        "name": "highs",
+        "method": "decomposition: Lagrangian prices (LP duals refined by column "
+        "generation); the best plan over the priced plans meets the Lagrangian bound",
+        "status": "optimal",
+        "gap": gap,
+        "objective_bound": -ld if maximise else ld,
+        "lagrangian_bound": -ld if maximise else ld,
+        "prices": dict(zip(keys, lam, strict=True)),
+        **info,
+        "solve_s": round(time.perf_counter() - t0, 4),
+        "build_s": 0.0,
+        "columns": len(master.cost),
+        "rows": len(master.rows),
+        "integer_columns": sum(master.integer),
+        "independent_groups": len(mix.components(problem)),
+        "mip_rel_gap_tolerance": mix.MIP_REL_GAP,
+        "warm_start": None,
+    }
+    return alloc, out
+
+
 def _restricted_lp(
     pool: list[dict[tuple[tuple[int, int], ...], _Plan]],
     keys: list[str],
     budgets: tuple[float, ...],
     *,
     big: float,
-) -> tuple[float, list[float]] | None:
+) -> tuple[float, list[float], list[bool]] | None:
     """The LP over the pool's plans (a convex combination per family, shared budgets).
 
     Its value bounds the Lagrangian dual from above and its budget duals are the prices
@@ -640,14 +792,19 @@ def _restricted_lp(
                     rows_k[k][1].append(u)
         m.row(idx, [1.0] * len(idx), 1.0, 1.0)
     first = len(m.rows)
+    slacks = []
     for k, b in enumerate(budgets):
         slack = m.col(big, 0.0, math.inf)
+        slacks.append(slack)
         m.row([*rows_k[k][0], slack], [*rows_k[k][1], -1.0], -math.inf, b)
     res = mix._solve_highs(m, None, relax=True)
     if res.status != "optimal" or res.row_dual is None or res.objective is None:
         return None
+    if res.x is None:
+        return None
     lam = [max(0.0, -float(res.row_dual[first + k])) for k in range(len(keys))]
-    return res.objective, lam
+    over = [res.x[slacks[k]] > 1e-9 for k in range(len(keys))]
+    return res.objective, lam, over
 
 
 def _give_up(
@@ -675,9 +832,17 @@ def _used_keys(problem: MixProblem, fis: Any) -> list[str]:
 
 
 def _priced_bound(
-    problem: MixProblem, terms: _Terms, fi: int, keys: list[str], lam: list[float]
+    problem: MixProblem,
+    terms: _Terms,
+    fi: int,
+    keys: list[str],
+    lam: list[float],
+    plan_out: dict[int, tuple[int, float]] | None = None,
 ) -> float | None:
-    """A lower bound on family ``fi``'s priced optimum: the dual bound of its own ILP."""
+    """A lower bound on family ``fi``'s priced optimum: the dual bound of its own ILP.
+
+    ``plan_out`` receives the ILP's plan (counts and quotas per option).
+    """
     from greenctl.planner import mix
 
     m, lay = mix._build_model(problem, terms, single=False, subset=[fi])
@@ -689,6 +854,8 @@ def _priced_bound(
     res = mix._solve_highs(m, None)
     if res.status != "optimal" or res.bound is None or not math.isfinite(res.bound):
         return None
+    if plan_out is not None and res.x is not None:
+        plan_out.update(mix._extract(problem, lay, res.x).get(fi, {}))
     return min(res.bound, res.objective if res.objective is not None else res.bound)
 
 
