@@ -56,6 +56,8 @@ REFERENCE_CARBON_INTENSITY = 400.0
 
 #: Relative MIP gap at which a plan counts as optimal (HiGHS's default is 1e-4).
 MIP_REL_GAP = 1e-6
+#: How much of the primary optimum (relative) the tie-break may give up.
+TIE_BREAK_REL_TOL = 1e-7
 
 _KIND_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 _EPS = 1e-9
@@ -135,9 +137,10 @@ class MixProblem:
     #: for the evaluation core's prediction of the finished plan (optional).
     profiles: dict[tuple[str, str, int], Profile] = field(default_factory=dict)
     variant_records: dict[str, Variant] = field(default_factory=dict)
-    #: Measured serving-path overhead samples (ms) per family, or under "*" for all
-    #: (``greenctl profile serving``): added to the predicted latencies.
-    serving: dict[str, list[float]] = field(default_factory=dict)
+    #: The measured serving path per family, or under "*" for all (``greenctl profile
+    #: serving``; an evaluate.ServingPath or bare overhead samples in ms): added to the
+    #: predicted latencies.
+    serving: dict[str, Any] = field(default_factory=dict)
 
     @property
     def quantile(self) -> float:
@@ -406,7 +409,7 @@ def build_mix_problem(
     variants: Sequence[Variant],
     profiles: Sequence[Profile],
     *,
-    serving: Mapping[str, Sequence[float]] | None = None,
+    serving: Mapping[str, Any] | None = None,
 ) -> MixProblem:
     """Build a :class:`MixProblem` from a request document, variants and profiles.
 
@@ -415,8 +418,9 @@ def build_mix_problem(
         variants: the variants of (at least) the requested families.
         profiles: their latest profiles; several rows of one (variant, resource, batch)
             may differ in ``capacity_rps``/``capacity_slo_ms`` (load tests at several SLOs).
-        serving: measured serving-path overhead samples (ms) per family (``"*"``: all),
-            added to the predicted latencies of the finished plan.
+        serving: the measured serving path per family (``"*"``: all), an
+            ``evaluate.ServingPath`` or overhead samples in ms, added to the predicted
+            latencies of the finished plan.
 
     Raises:
         InputError / NotFoundError: unknown family, bad numbers, a budget for a resource
@@ -533,7 +537,7 @@ def build_mix_problem(
         current=current,
         request=req,
         notes=notes,
-        serving={k: [float(x) for x in v] for k, v in (serving or {}).items() if v},
+        serving={k: v for k, v in (serving or {}).items() if v},
     )
 
 
@@ -1355,11 +1359,15 @@ def _solve_group(
     # among optimal plans, cost plans maximise accuracy among cheapest plans.
     if res.status == "optimal" and problem.objective in ("accuracy", "carbon", "cost"):
         primary = res.objective or 0.0
-        tol = 1e-7 * max(1.0, abs(primary))
+        # relative to the optimum, and the row scaled to it: carbon per request is ~1e-5
+        # g, where an absolute 1e-7 (or HiGHS's absolute row tolerance) let the tie-break
+        # give up 20% of the optimum
+        unit = abs(primary) if abs(primary) > 1e-300 else 1.0
+        tol = TIE_BREAK_REL_TOL * unit
         secondary = "accuracy" if problem.objective == "cost" else "cost"
         m2, lay2 = _build_model(problem, terms, single=single, objective=secondary, subset=group)
         idx = [i for i, c in enumerate(model.cost) if c != 0]
-        m2.row(idx, [model.cost[i] for i in idx], -math.inf, primary + tol)
+        m2.row(idx, [model.cost[i] / unit for i in idx], -math.inf, (primary + tol) / unit)
         # The tie-break never costs more than the primary solve took (at least 1 s).
         left = max(1.0, 2.0 * res.seconds)
         if time_limit_s is not None:

@@ -369,6 +369,19 @@ def _plan_of(
     return _Plan(cost, tuple(use), dict(counts), second)
 
 
+def _unit(problem: MixProblem, model: Any, lay: Any) -> float:
+    """The objective's order of magnitude: per family its cheapest cost per req/s x load."""
+    total = 0.0
+    for fi, fam in enumerate(problem.families):
+        load = fam.load_rps(problem.headroom)
+        rates = [
+            abs(model.cost[lay.q[fi][oi]]) + abs(model.cost[lay.n[fi][oi]]) / o.capacity_rps
+            for oi, o in enumerate(fam.options)
+        ]
+        total += min(rates, default=0.0) * load
+    return total if total > 1e-300 else 1.0
+
+
 def _priced(plan: _Plan, lam: list[float]) -> float:
     return plan.cost + sum(lk * u for lk, u in zip(lam, plan.usage, strict=True))
 
@@ -408,6 +421,10 @@ def solve_decomposed(
     # without the MIR rows: the LP below only prices the budgets (3x faster, same prices
     # to within a percent on the benchmark)
     model, lay = mix._build_model(problem, terms, single=False, cuts=False)
+    # Work in units of the objective's size: carbon per request is ~1e-5 g, far below
+    # HiGHS's absolute tolerances (1e-7 on rows and reduced costs, 1e-9 on the MIP gap).
+    unit = _unit(problem, model, lay)
+    model.cost = [c / unit for c in model.cost]
     keys = list(problem.budgets)
     budgets = tuple(float(problem.budgets[k]) for k in keys)
     nk = len(keys)
@@ -498,7 +515,7 @@ def solve_decomposed(
                     # the family's own priced ILP: a bound, and its plan joins the pool
                     # (the search at later prices starts from it)
                     got: dict[int, tuple[int, float]] = {}
-                    low = _priced_bound(problem, terms, fi, keys, lam, got)
+                    low = _priced_bound(problem, terms, fi, keys, lam, got, unit=unit)
                     if low is None or not got:
                         raise
                     plan = _plan_of(fams[fi][0], fams[fi][1], got, nk)
@@ -542,7 +559,7 @@ def solve_decomposed(
     # the best plan over the pool, a first incumbent
     if coupled and nk and math.isfinite(best_ld) and time.perf_counter() < deadline:
         everything = {fi: (0.0, list(p.values())) for fi, p in enumerate(pool)}
-        master, cols, _ = _master(problem, terms, everything, [], keys, budgets)
+        master, cols, _ = _master(problem, terms, everything, [], keys, budgets, unit=unit)
         left = max(deadline - time.perf_counter(), 0.05)
         res = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
         if res.x is not None and res.objective is not None:
@@ -559,13 +576,13 @@ def solve_decomposed(
         return _finish(
             problem, terms, pool, keys, budgets, inc=inc, ld=best_ld, lam=lam,
             info={"lp_s": round(lp_s, 4), "price_rounds": cg, "prices_s": round(cg_s, 4),
-                  "rounds": rounds, "t0": t0, "deadline": deadline},
+                  "rounds": rounds, "t0": t0, "deadline": deadline, "unit": unit},
             alloc=incumbent,
         )  # fmt: skip
     # -- 2. proof: everything within the gap, master MILP ------------------------------------
     tie_tol = 0.0
     if second is not None and inc is not None:
-        tie_tol = 1e-7 * max(1.0, abs(inc))
+        tie_tol = mix.TIE_BREAK_REL_TOL * abs(inc)
     if not coupled:
         window = 1e-7 * scale if second is not None else 0.0
     elif inc is not None and math.isfinite(best_ld):
@@ -575,7 +592,9 @@ def solve_decomposed(
     hard: dict[int, float] = {}  # family -> lower bound on its priced optimum
     for _ in range(8):
         if time.perf_counter() > deadline:
-            return _give_up(f"over its time budget of {budget_s:g} s", rounds, incumbent, best_ld)
+            return _give_up(
+                f"over its time budget of {budget_s:g} s", rounds, incumbent, best_ld * unit
+            )
         t1 = time.perf_counter()
         results: dict[int, tuple[float, list[_Plan]]] = {}
         nodes = 0
@@ -589,7 +608,7 @@ def solve_decomposed(
                     f"over its time budget of {budget_s:g} s", rounds, incumbent, best_ld
                 )
             except _TooBig:
-                low = _priced_bound(problem, terms, fi, keys, lam)
+                low = _priced_bound(problem, terms, fi, keys, lam, unit=unit)
                 if low is None:
                     return _give_up(
                         "a hard family's own ILP did not solve", rounds, incumbent, best_ld
@@ -614,7 +633,9 @@ def solve_decomposed(
             - sum(lk * b for lk, b in zip(lam, budgets, strict=True))
         )
         best_ld = max(best_ld, ld)
-        master, cols, mlay = _master(problem, terms, results, sorted(hard), keys, budgets)
+        master, cols, mlay = _master(
+            problem, terms, results, sorted(hard), keys, budgets, unit=unit
+        )
         left = max(deadline - time.perf_counter(), 0.05)
         res = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
         rounds.append(
@@ -642,19 +663,21 @@ def solve_decomposed(
                 fi, plan = fi_plan
                 alloc[fi] = dict(plan.counts)
         incumbent = alloc
-        tie_tol = 1e-7 * max(1.0, abs(inc)) if second is not None else 0.0
+        tie_tol = mix.TIE_BREAK_REL_TOL * abs(inc) if second is not None else 0.0
         if inc + tie_tol > ld + window + 1e-12 * scale:
             # better plans may lie outside the window: widen it to cover them all
             # (geometrically: each wider round also improves the incumbent)
             window = min((inc + tie_tol - ld) * (1.0 + 1e-9) + 1e-12 * scale, window * 4.0)
             continue
         if res.status != "optimal":
-            return _give_up(f"master stopped: {res.status}", rounds, incumbent, best_ld)
+            return _give_up(f"master stopped: {res.status}", rounds, incumbent, best_ld * unit)
         mbound = res.bound if res.bound is not None and math.isfinite(res.bound) else inc
         proven = min(mbound, ld + window)
         gap = max(inc - proven, 0.0) / max(abs(inc), 1e-12)
         if gap > mix.MIP_REL_GAP:
-            return _give_up(f"proven gap {gap:.3g} above the tolerance", rounds, incumbent, best_ld)
+            return _give_up(
+                f"proven gap {gap:.3g} above the tolerance", rounds, incumbent, best_ld * unit
+            )
         tb: dict[str, Any] | None = None
         if second is not None:
             # the joint ILP's tie-break: the best secondary among plans within tol of inc
@@ -678,8 +701,8 @@ def solve_decomposed(
             "over shared budgets",
             "status": "optimal",
             "gap": gap,
-            "objective_bound": -proven if maximise else proven,
-            "lagrangian_bound": -best_ld if maximise else best_ld,
+            "objective_bound": (-proven if maximise else proven) * unit,
+            "lagrangian_bound": (-best_ld if maximise else best_ld) * unit,
             "prices": dict(zip(keys, lam, strict=True)),
             "lp_s": round(lp_s, 4),
             "price_rounds": cg,
@@ -697,7 +720,7 @@ def solve_decomposed(
         if tb is not None:
             info["tie_break"] = tb
         return alloc, info
-    return _give_up("no proof after the last round", rounds, incumbent, best_ld)
+    return _give_up("no proof after the last round", rounds, incumbent, best_ld * unit)
 
 
 def _finish(
@@ -720,13 +743,13 @@ def _finish(
     """
     from greenctl.planner import mix
 
-    t0, deadline = info.pop("t0"), info.pop("deadline")
+    t0, deadline, unit = info.pop("t0"), info.pop("deadline"), info.pop("unit")
     second = tie_break(problem.objective)
     maximise = mix.is_maximise(problem.objective)
     everything = {fi: (0.0, list(p.values())) for fi, p in enumerate(pool)}
-    master, cols, _ = _master(problem, terms, everything, [], keys, budgets)
+    master, cols, _ = _master(problem, terms, everything, [], keys, budgets, unit=unit)
     if second is not None:
-        tol = 1e-7 * max(1.0, abs(inc))
+        tol = mix.TIE_BREAK_REL_TOL * abs(inc)
         idx = list(cols)
         master.row(idx, [cols[j][1].cost for j in idx], -math.inf, inc + tol)
         for j in range(len(master.cost)):
@@ -748,8 +771,8 @@ def _finish(
         "generation); the best plan over the priced plans meets the Lagrangian bound",
         "status": "optimal",
         "gap": gap,
-        "objective_bound": -ld if maximise else ld,
-        "lagrangian_bound": -ld if maximise else ld,
+        "objective_bound": (-ld if maximise else ld) * unit,
+        "lagrangian_bound": (-ld if maximise else ld) * unit,
         "prices": dict(zip(keys, lam, strict=True)),
         **info,
         "solve_s": round(time.perf_counter() - t0, 4),
@@ -838,6 +861,8 @@ def _priced_bound(
     keys: list[str],
     lam: list[float],
     plan_out: dict[int, tuple[int, float]] | None = None,
+    *,
+    unit: float = 1.0,
 ) -> float | None:
     """A lower bound on family ``fi``'s priced optimum: the dual bound of its own ILP.
 
@@ -846,6 +871,7 @@ def _priced_bound(
     from greenctl.planner import mix
 
     m, lay = mix._build_model(problem, terms, single=False, subset=[fi])
+    m.cost = [c / unit for c in m.cost]
     fam = problem.families[fi]
     for oi, o in enumerate(fam.options):
         m.cost[lay.n[fi][oi]] += sum(
@@ -866,11 +892,14 @@ def _master(
     hard: list[int],
     keys: list[str],
     budgets: tuple[float, ...],
+    *,
+    unit: float = 1.0,
 ) -> tuple[Any, dict[int, tuple[int, _Plan]], Any]:
     """One binary per (family, plan), hard families in full; the shared budget rows."""
     from greenctl.planner import mix
 
     m, lay = mix._build_model(problem, terms, single=False, subset=hard)
+    m.cost = [c / unit for c in m.cost]
     rows_k: dict[str, tuple[list[int], list[float]]] = {k: ([], []) for k in keys}
     hard_keys = _used_keys(problem, hard)
     if hard_keys:
