@@ -78,6 +78,7 @@ COMMAND_MODULES = [
     "greenctl.cli.gpulet",
     "greenctl.cli.hw",
     "greenctl.cli.profile_io",
+    "greenctl.cli.serving",
     "greenctl.cli.export",
     "greenctl.cli.carbon",
     "greenctl.cli.forecast",

@@ -161,7 +161,11 @@ def plan_mix_cmd(
         names = _families(request)
         variants = store.variants()
         profiles = [p for f in names for p in store.latest_profiles(family=f)]
-        problem = build_mix_problem(request, variants, profiles)
+        from greenctl.cli.workflow import serving_for
+
+        problem = build_mix_problem(
+            request, variants, profiles, serving=serving_for(store, request)
+        )
         plan = plan_mix(
             problem,
             strategy=strategy,

@@ -230,6 +230,16 @@ def parse_duration(text: str | float | int, *, option: str = "--min-dwell") -> f
     return value
 
 
+def serving_for(store: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """The measured serving-path overhead (``greenctl profile serving``) of each family a mix
+    request plans, at the family's rate; families never measured are left out."""
+    from greenctl.executor.serving import serving_overheads
+    from greenctl.planner import mix
+
+    families = mix.normalize_request(request)["families"]
+    return serving_overheads(store, {f["model"]: float(f["rate_rps"]) for f in families})
+
+
 def _resolve_plan(store: Any, plan: str | int) -> tuple[str, Any]:
     """(lineage key, base plan) for a plan id or a plan file (saved once, source 'file')."""
     from greenctl.data.plan import load_plan_file
@@ -295,7 +305,9 @@ def _mix_replan(
     families = [f["model"] for f in mix.normalize_request(request)["families"]]
     variants = [v for f in families for v in store.variants(f)]
     profiles = [p for f in families for p in store.latest_profiles(family=f)]
-    problem = mix.build_mix_problem(request, variants, profiles)
+    problem = mix.build_mix_problem(
+        request, variants, profiles, serving=serving_for(store, request)
+    )
     new = mix.plan_mix(
         problem,
         strategy=request.get("strategy") or "ilp",
@@ -879,6 +891,19 @@ def run_demo(
             progress=lambda m, f: progress(f"profiling: {m}", 0.02 + 0.23 * f),
         )
         summary["profiles"] = store.profile_count()
+        from greenctl.executor.serving import measure_serving, save_serving
+
+        progress("measuring the serving path (dispatcher + executor, no-op model)", 0.24)
+        save_serving(
+            store,
+            measure_serving(
+                store,
+                variant="tiny-l",
+                rates=(rate_rps,),
+                duration_s=2.0 if quick else 4.0,
+                paths=("dispatcher",),
+            ),
+        )
         progress("importing the bundled carbon trace (Clover, CAISO March)", 0.26)
         imp = carbon_io.import_bundled(store, DEMO_TRACE, region=DEMO_REGION)
         start = imp["first"]
@@ -894,11 +919,12 @@ def run_demo(
             "gamma": 0.5,
             "carbon_intensity": ci0,
         }
-        plan = mix.plan_mix(mix.build_mix_problem(request, variants, profiles))
+        serving = serving_for(store, request)
+        plan = mix.plan_mix(mix.build_mix_problem(request, variants, profiles, serving=serving))
         plan.extra["carbon_region"] = DEMO_REGION
         plan_id = store.save_plan(plan, source="demo")
         base_req = {**request, "objective": "accuracy"}
-        base = mix.plan_mix(mix.build_mix_problem(base_req, variants, profiles))
+        base = mix.plan_mix(mix.build_mix_problem(base_req, variants, profiles, serving=serving))
         base.extra["carbon_region"] = DEMO_REGION
         base_id = store.save_plan(base, source="demo-baseline")
         summary.update(plan_id=plan_id, baseline_id=base_id)

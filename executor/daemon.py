@@ -52,15 +52,23 @@ OUTPUT_NAME = "output"
 class NoopModel:
     """A model that returns its input: measures serving overhead, not inference.
 
-    ``GREENCTL_NOOP_SERVICE_MS`` adds a fixed sleep per batch (a stand-in service time).
+    ``GREENCTL_NOOP_SERVICE_MS`` adds a fixed sleep per batch (a stand-in service time);
+    ``GREENCTL_NOOP_OUTPUT_ELEMENTS`` makes it answer zeros of that many elements per row
+    instead (shaped like a real model's output, e.g. 1000 class scores).
     """
 
     numpy_native = True
 
-    def __init__(self, input_shape: tuple[int, ...], service_ms: float = 0.0) -> None:
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        service_ms: float = 0.0,
+        output_elements: int | None = None,
+    ) -> None:
         self.input_shape = input_shape
         self.module = None
         self.service_s = service_ms / 1000.0
+        self.output_elements = output_elements
 
     def example(self, batch: int) -> np.ndarray:
         return np.zeros((batch, *self.input_shape), dtype=np.float32)
@@ -68,6 +76,8 @@ class NoopModel:
     def run(self, x: np.ndarray) -> np.ndarray:
         if self.service_s:
             time.sleep(self.service_s)
+        if self.output_elements:
+            return np.zeros((x.shape[0], self.output_elements), dtype=np.float32)
         return x
 
 
@@ -76,7 +86,10 @@ def noop_loader(variant: Any, *, device: str = "cpu") -> NoopModel:
     del device
     shape_text = getattr(variant, "input_shape", None) or "4"
     shape = tuple(int(s) for s in str(shape_text).split(",") if s.strip())
-    return NoopModel(shape, float(os.environ.get("GREENCTL_NOOP_SERVICE_MS", "0") or 0))
+    out = int(os.environ.get("GREENCTL_NOOP_OUTPUT_ELEMENTS", "0") or 0)
+    return NoopModel(
+        shape, float(os.environ.get("GREENCTL_NOOP_SERVICE_MS", "0") or 0), out or None
+    )
 
 
 def resolve_loader(spec: str) -> Callable[..., Any]:

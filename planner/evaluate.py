@@ -188,14 +188,44 @@ def warm_service(inst: Instance, rate_rps: float, busy_frac: float) -> ServiceTi
     return ServiceTime.from_percentiles(*vals)  # p50[, p95[, p99]] in that order
 
 
-def _overhead_for(
-    serving: Mapping[str, Sequence[float]] | Sequence[float] | None, model: str
-) -> Sequence[float] | None:
-    if serving is None:
-        return None
+@dataclass(frozen=True)
+class ServingPath:
+    """The measured serving path of a model (``greenctl profile serving``).
+
+    Attributes:
+        overhead_ms: equiprobable samples of the latency a request spends outside the model
+            (client, dispatcher and executor hops), added to every request's latency.
+        executor_cpu_ms: CPU the executor daemon spends per request; on CPU instances it
+            runs on the instance's cores, so it delays the requests queued behind.
+    """
+
+    overhead_ms: tuple[float, ...]
+    executor_cpu_ms: float = 0.0
+
+
+ServingInput = Mapping[str, "ServingPath | Sequence[float]"] | ServingPath | Sequence[float]
+
+
+def _as_path(value: ServingPath | Sequence[float] | None) -> ServingPath | None:
+    if value is None or isinstance(value, ServingPath):
+        return value
+    return ServingPath(tuple(float(x) for x in value)) if len(value) else None
+
+
+def _path_for(serving: ServingInput | None, model: str) -> ServingPath | None:
+    if serving is None or isinstance(serving, ServingPath):
+        return serving
     if isinstance(serving, Mapping):
-        return serving.get(model) or serving.get("*")
-    return serving
+        found = serving.get(model)
+        return _as_path(found if found is not None else serving.get("*"))
+    return _as_path(serving)
+
+
+def _demand(inst: Instance, path: ServingPath | None) -> float:
+    """Per-request executor CPU that shares the instance's cores (CPU instances only)."""
+    if path is None or not inst.resource.startswith("cpu"):
+        return 0.0
+    return max(path.executor_cpu_ms, 0.0)
 
 
 def profiles_by_key(profiles: Sequence[Profile]) -> dict[ProfileKey, Profile]:
@@ -375,7 +405,7 @@ def predict(
     ewif_l_per_kwh: float | None = None,
     device_idle_power_w: float | None = None,
     duty_cycle_ms: float | None = None,
-    serving: Mapping[str, Sequence[float]] | Sequence[float] | None = None,
+    serving: ServingInput | None = None,
 ) -> dict[str, Any]:
     """Analytic prediction of a configuration's latency, accuracy, energy, carbon and cost.
 
@@ -393,10 +423,11 @@ def predict(
         device_idle_power_w: idle power of each whole device, shared by its instances.
         duty_cycle_ms: duty cycle of the batch policy (default: each batch's mean time;
             a deployment's ``placement["duty_cycle_ms"]`` wins).
-        serving: the measured overhead of the serving path (client, dispatcher and
-            executor hops; ``greenctl profile serving``) as equiprobable samples in ms,
-            one list for every model or ``{model: samples}`` (``"*"`` for the rest); it is
-            added to every request's latency. Without it latencies are the model's alone.
+        serving: the measured serving path (``greenctl profile serving``): a
+            :class:`ServingPath` or bare overhead samples in ms, one for every model or
+            ``{model: ...}`` (``"*"`` for the rest). Its overhead is added to every
+            request's latency and its executor CPU delays the queue of CPU instances.
+            Without it latencies are the model's alone.
 
     Latency also accounts for cold runs: a request that finds its instance idle runs at the
     profile's isolated latency when the profile has one (:func:`warm_service`).
@@ -425,9 +456,9 @@ def predict(
         nonlocal violation, overloaded
         if rate <= 0:
             return
-        overhead = _overhead_for(serving, members[0].model)
-        if model is not None and overhead:
-            model = with_overhead(model, overhead)
+        path = _path_for(serving, members[0].model)
+        if model is not None and path is not None and path.overhead_ms:
+            model = with_overhead(model, path.overhead_ms)
         if model is None:
             overloaded = True
             violation += rate
@@ -452,6 +483,7 @@ def predict(
 
     for m, rate in model_rate.items():
         members = [i for i in instances if i.model == m]
+        spath = _path_for(serving, m)
         if policy == "fifo":
             model = None
             if rate > 0:
@@ -460,7 +492,7 @@ def predict(
                     warm_service(i, rate * float(g), rate * float(g) / i.capacity_rps)
                     for i, g in zip(members, got, strict=True)
                 ]
-                model = mgc_model(rate, services)
+                model = mgc_model(rate, services, demand_ms=_demand(members[0], spath))
             queue(rate, members, model)
         else:
             for i in members:
@@ -468,7 +500,12 @@ def predict(
                 svc = warm_service(i, r / i.batch, _busy_fraction(i, r, policy))
                 if policy == "wrr":
                     # stride-scheduled share p of a Poisson stream: interarrival ca2 ~ p
-                    lm = mgc_model(r, [svc], ca2=max(min(shares[i.index], 1.0), 0.05))
+                    lm = mgc_model(
+                        r,
+                        [svc],
+                        ca2=max(min(shares[i.index], 1.0), 0.05),
+                        demand_ms=_demand(i, spath),
+                    )
                 else:
                     lm = batch_model(r, svc, i.batch, duty_cycle_ms=i.duty_cycle_ms)
                 queue(r, [i], lm)

@@ -327,25 +327,57 @@ def with_overhead(model: LatencyModel, overhead_ms: Sequence[float] | np.ndarray
 
 
 def mgc_model(
-    rate_rps: float, services: Sequence[ServiceTime], *, ca2: float = 1.0
+    rate_rps: float,
+    services: Sequence[ServiceTime],
+    *,
+    ca2: float = 1.0,
+    demand_ms: float = 0.0,
 ) -> LatencyModel | None:
     """Latency model of one FIFO queue over ``len(services)`` servers; None if overloaded.
 
     Identical servers: M/G/c with Erlang C and the Allen-Cunneen wait (module docstring).
     Heterogeneous servers: the pooled approximation of :func:`pooled_latency_quantile_ms`.
+
+    ``demand_ms`` is extra work each request puts on its server that delays the requests
+    behind it but is not part of its own latency here (an executor's request handling on the
+    instance's cores, whose own share is counted in the measured serving path): the wait
+    is that of service + ``demand_ms``, the request's own time the plain service.
     """
     if not services:
         return None
     key = tuple(sorted(services, key=lambda s: (s.kind, s.shift_ms, s.scale_ms, s.sigma)))
-    return _mgc_model(float(rate_rps), key, float(ca2))
+    return _mgc_model(float(rate_rps), key, float(ca2), max(float(demand_ms), 0.0))
+
+
+def _shifted(model: LatencyModel, delta_ms: float) -> LatencyModel:
+    """``T + delta`` (delta may be negative when T >= -delta surely)."""
+
+    def tail(t: np.ndarray) -> np.ndarray:
+        return model.sf(t - delta_ms)
+
+    def bracket(q: float) -> tuple[float, float]:
+        lo, hi = model.bracket(q)
+        return lo + delta_ms, hi + delta_ms
+
+    return LatencyModel(tail, bracket, lambda q: model.quantile(q) + delta_ms)
+
+
+def _plus(service: ServiceTime, extra_ms: float) -> ServiceTime:
+    if extra_ms <= 0:
+        return service
+    return ServiceTime(service.kind, service.shift_ms + extra_ms, service.scale_ms, service.sigma)
 
 
 @lru_cache(maxsize=16384)
 def _mgc_model(
-    rate_rps: float, services: tuple[ServiceTime, ...], ca2: float
+    rate_rps: float, services: tuple[ServiceTime, ...], ca2: float, demand_ms: float = 0.0
 ) -> LatencyModel | None:
     c = len(services)
     lam = max(rate_rps, 0.0) / 1000.0
+    if demand_ms > 0:
+        # W + (S + d) of the loaded servers, less d: their wait, each request's plain service
+        full = _mgc_model(rate_rps, tuple(_plus(s, demand_ms) for s in services), ca2)
+        return None if full is None else _shifted(full, -demand_ms)
     if len(set(services)) == 1:
         service = services[0]
         wait = _wait_time(lam * 1000.0, _moments(service), c, ca2)

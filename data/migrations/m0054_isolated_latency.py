@@ -13,6 +13,7 @@ def up(db: Any) -> None:
     db.table("serving_profiles").create(
         {
             "id": int,
+            "family": str,
             "variant": str,  # the variant whose tensors the no-op model mimics
             "path": str,  # "dispatcher" (client -> dispatcher -> executor) or "direct"
             "policy": str,
@@ -23,7 +24,8 @@ def up(db: Any) -> None:
             "p95_ms": float,
             "p99_ms": float,
             "quantiles_ms": str,  # JSON: 100 quantiles (0.5 %, 1.5 %, ..., 99.5 %) of the overhead
-            "cpu_ms_per_request": float,  # dispatcher + executor CPU per request
+            "executor_cpu_ms_per_request": float,  # the executor daemon's CPU per request
+            "dispatcher_cpu_ms_per_request": float,  # the dispatcher's (dispatcher path only)
             "samples": int,
             "hardware": str,
             "hostname": str,
@@ -32,4 +34,4 @@ def up(db: Any) -> None:
         },
         pk="id",
     )
-    db.table("serving_profiles").create_index(["variant", "path", "created_at"])
+    db.table("serving_profiles").create_index(["family", "path", "created_at"])

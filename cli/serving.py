@@ -1,0 +1,102 @@
+"""``greenctl profile serving``: measure the serving path (client, dispatcher, executor hops)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from greenctl.cli.common import DbOpt, JsonOpt, err_console, print_json, render_table, store_for
+from greenctl.cli.profile import profile_app
+
+
+def profile_serving(
+    variant: Annotated[
+        str,
+        typer.Option(
+            "--variant", help="Variant whose input shape and output size the no-op model copies."
+        ),
+    ],
+    rate: Annotated[
+        list[float] | None,
+        typer.Option("--rate", help="Offered load in req/s (repeat; default 10, 40, 160)."),
+    ] = None,
+    duration: Annotated[
+        float, typer.Option("--duration", help="Seconds of load per rate and path.")
+    ] = 5.0,
+    path: Annotated[
+        list[str] | None,
+        typer.Option("--path", help="dispatcher and/or direct (repeat; default both)."),
+    ] = None,
+    policy: Annotated[
+        str, typer.Option("--policy", help="Dispatcher policy: wrr or fifo.")
+    ] = "wrr",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Measure and print, but store nothing.")
+    ] = False,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Measure what a request spends outside the model, and store it for planning.
+
+    Starts a no-op executor shaped like VARIANT (its input tensor, a zero output of its
+    size) and a dispatcher in a scratch state folder (what runs now is not touched), sends
+    open-loop Poisson loads, and stores the latency quantiles per rate and path. `plan mix`
+    then adds the dispatcher path to its predicted latencies (and `apply --verify` compares
+    them with what is measured).
+    """
+    from greenctl.executor.serving import DEFAULT_RATES, PATHS, measure_serving, save_serving
+
+    with store_for(db) as store:
+        with err_console.status("measuring the serving path") as status:
+            rows = measure_serving(
+                store,
+                variant=variant,
+                rates=rate or DEFAULT_RATES,
+                duration_s=duration,
+                policy=policy,
+                paths=path or PATHS,
+                progress=lambda m, f: status.update(f"serving path: {m} ({100 * f:.0f}%)"),
+            )
+        if not dry_run:
+            save_serving(store, rows)
+    if json_out:
+        docs = [r.__dict__ for r in rows]
+        print_json(docs)
+        return
+    render_table(
+        f"Serving path of {variant}-shaped requests (no-op model, measured)",
+        [
+            "path",
+            "req/s",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "executor CPU ms/req",
+            "dispatcher CPU ms/req",
+            "samples",
+        ],
+        [
+            (
+                r.path,
+                r.rate_rps,
+                r.p50_ms,
+                r.p95_ms,
+                r.p99_ms,
+                r.executor_cpu_ms_per_request,
+                r.dispatcher_cpu_ms_per_request,
+                r.samples,
+            )
+            for r in rows
+        ],
+        caption=(
+            f"{rows[0].input_bytes} request bytes, {rows[0].output_elements} output elements; "
+            + ("not stored (--dry-run)" if dry_run else "stored: plan mix adds the dispatcher path")
+        )
+        if rows
+        else None,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    del app
+    profile_app.command("serving")(profile_serving)

@@ -1,0 +1,350 @@
+"""Measure the serving path: what a request spends outside the model.
+
+A model's profile times inference in-process. A served request also crosses the client's
+HTTP stack, the dispatcher (parse, route, forward) and the executor daemon (parse, batch
+queue, worker thread, encode) and back. :func:`measure_serving` measures exactly that part:
+it starts, in a scratch state folder (the running plan is never touched), one executor with
+the no-op model shaped like a variant's tensors (its input shape, a zero output of the
+model's output size) and a dispatcher, and sends open-loop Poisson loads at a few rates
+through the dispatcher (``path="dispatcher"``) and straight to the executor
+(``path="direct"``). Each row keeps 100 quantiles of the measured latency, which
+:func:`greenctl.planner.evaluate.predict` adds to a plan's model latency
+(:func:`serving_overheads` picks the rows for a plan's families and rates).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from greenctl.data.errors import InputError, NotFoundError
+from greenctl.data.records import Variant, utcnow_iso
+from greenctl.data.store import Store
+
+if TYPE_CHECKING:
+    from greenctl.planner.evaluate import ServingPath
+
+NOOP_LOADER = "greenctl.executor.daemon:noop_loader"
+DEFAULT_RATES = (10.0, 40.0, 160.0)
+PATHS = ("dispatcher", "direct")
+QUANTILE_POINTS = 100
+
+Progress = Callable[[str, float], None]
+
+
+@dataclass
+class ServingMeasurement:
+    """One measured (variant shape, path, rate) point of the serving path."""
+
+    family: str
+    variant: str
+    path: str
+    policy: str
+    rate_rps: float
+    input_bytes: int
+    output_elements: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    quantiles_ms: list[float]
+    executor_cpu_ms_per_request: float | None
+    dispatcher_cpu_ms_per_request: float | None
+    samples: int
+    hardware: str | None = None
+    hostname: str = field(default_factory=platform.node)
+    source: str = "measured"
+    created_at: str = field(default_factory=utcnow_iso)
+    id: int | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["quantiles_ms"] = json.dumps([round(x, 4) for x in self.quantiles_ms])
+        if row.get("id") is None:
+            row.pop("id")
+        return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ServingMeasurement:
+        doc = dict(row)
+        doc["quantiles_ms"] = [float(x) for x in json.loads(doc.get("quantiles_ms") or "[]")]
+        known: dict[str, Any] = {k: doc.get(k) for k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def _noop(_msg: str, _frac: float) -> None:
+    pass
+
+
+def _variant(store: Store, name: str) -> Variant:
+    try:
+        return store.get_variant(name)
+    except NotFoundError:
+        from greenctl.profiler.models import builtin_variant
+
+        return builtin_variant(name)  # NotFoundError names the known ones
+
+
+def output_elements_of(variant: Variant) -> int:
+    """Elements per row of ``variant``'s output (loads it on the CPU and runs one row)."""
+    from greenctl.profiler.models import load_model
+
+    loaded = load_model(variant, device="cpu")
+    out = loaded.run(loaded.example(1))
+    return max(int(out.numel() if hasattr(out, "numel") else len(out)), 1)
+
+
+def _cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of a process so far (Linux /proc), None when unreadable."""
+    if not pid:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _midpoint_quantiles(values: Sequence[float], n: int = QUANTILE_POINTS) -> list[float]:
+    import numpy as np
+
+    arr = np.asarray(values, dtype=float)
+    return [float(x) for x in np.quantile(arr, (np.arange(n) + 0.5) / n)]
+
+
+@contextlib.contextmanager
+def _env(**values: str) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def measure_serving(
+    store: Store,
+    *,
+    variant: str,
+    rates: Sequence[float] = DEFAULT_RATES,
+    duration_s: float = 5.0,
+    policy: str = "wrr",
+    paths: Sequence[str] = PATHS,
+    output_elements: int | None = None,
+    cores: list[int] | None = None,
+    progress: Progress = _noop,
+) -> list[ServingMeasurement]:
+    """Measure the serving path for ``variant``'s tensor shapes at each rate (nothing saved).
+
+    Args:
+        store: the store (for the variant record; the measurement runs in a scratch one).
+        variant: whose input shape and output size the no-op model copies.
+        rates: offered loads in req/s.
+        duration_s: seconds of load per rate and path.
+        policy: the dispatcher's policy (``wrr``, ``fifo``).
+        paths: ``dispatcher`` and/or ``direct``.
+        output_elements: output elements per row (default: load the variant and see).
+        cores: CPU cores the executor may use (default: this process's affinity).
+
+    Raises:
+        InputError: bad rates, duration, path, or a variant without an input shape.
+        NotFoundError: unknown variant.
+        ExecutorError: the executor or dispatcher did not start.
+    """
+    from greenctl.data.plan import Deployment, Plan
+    from greenctl.data.store import open_store
+    from greenctl.executor.apply import apply_plan, down, status
+    from greenctl.executor.loadgen import model_input, run_load
+
+    rates = [float(r) for r in rates]
+    if not rates or any(not (r > 0) for r in rates):
+        raise InputError("serving rates must be > 0 req/s", hint="for example --rate 10 --rate 40")
+    if not duration_s > 0:
+        raise InputError("--duration must be > 0 seconds")
+    bad = [p for p in paths if p not in PATHS]
+    if bad or not paths:
+        raise InputError(
+            f"unknown serving path {bad[0] if bad else ''!r}", hint="use dispatcher or direct"
+        )
+    v = _variant(store, variant)
+    if not v.input_shape:
+        raise InputError(
+            f"variant '{variant}' has no input shape",
+            hint="profile it first (`greenctl profile --variant ...`) so its shape is recorded",
+        )
+    progress("finding the model's output size", 0.01)
+    out_elems = int(output_elements) if output_elements else output_elements_of(v)
+    hardware = _cpu_model()
+    stamp = utcnow_iso()  # one stamp for the whole run: serving_overheads picks runs by it
+    tmp = Path(tempfile.mkdtemp(prefix="greenctl-serving-"))
+    rows: list[ServingMeasurement] = []
+    # A scratch store and state folder: the running plan's state, lock and ports stay apart.
+    scratch_env = _env(GREENCTL_STATE_DIR=str(tmp / "state"))
+    scratch_env.__enter__()
+    try:
+        scratch = open_store(tmp / "serving.db")
+        scratch.upsert_variant(v)
+        plan = Plan(
+            kind="mix",
+            deployments=[
+                Deployment(
+                    model=v.family,
+                    variant=v.name,
+                    resource="cpu:1",
+                    count=1,
+                    batch=1,
+                    quota_rps=max(rates),
+                )
+            ],
+        )
+        try:
+            progress("starting a no-op executor and a dispatcher (scratch state)", 0.05)
+            with _env(GREENCTL_NOOP_OUTPUT_ELEMENTS=str(out_elems), GREENCTL_NOOP_SERVICE_MS="0"):
+                res = apply_plan(
+                    plan,
+                    store=scratch,
+                    loader=NOOP_LOADER,
+                    policy=policy,
+                    cores=cores,
+                    max_queue=4096,
+                    max_wait_ms=0.0,
+                )
+            st = status(scratch)
+            urls = {"dispatcher": res.dispatcher_url or "", "direct": st["instances"][0]["url"]}
+            pids = {"dispatcher": st["dispatcher"]["pid"], "executor": st["instances"][0]["pid"]}
+            body, _headers = model_input(urls["direct"], v.family)
+            for url in {urls[p] for p in paths}:  # warm both hops up
+                run_load(url, v.family, duration_s=0.5, rate_rps=min(rates), seed=99)
+            steps = len(rates) * len(paths)
+            k = 0
+            for rate in rates:
+                for path in paths:
+                    progress(f"{path} at {rate:g} req/s", 0.1 + 0.9 * k / steps)
+                    k += 1
+                    before = {n: _cpu_s(p) for n, p in pids.items()}
+                    out = run_load(
+                        urls[path], v.family, duration_s=duration_s, rate_rps=rate, seed=k
+                    )
+                    cpu_ms: dict[str, float | None] = {}
+                    for n, p in pids.items():
+                        b, a = before[n], _cpu_s(p)
+                        use = n == "executor" or path == "dispatcher"
+                        ok = use and b is not None and a is not None and out.ok > 0
+                        cpu_ms[n] = 1000.0 * (a - b) / out.ok if ok else None  # type: ignore[operator]
+                    if not out.latencies_ms:
+                        raise InputError(
+                            f"no request succeeded through the {path} path at {rate:g} req/s",
+                            hint="lower the rate; see `greenctl status` logs",
+                        )
+                    q = _midpoint_quantiles(out.latencies_ms)
+                    import numpy as np
+
+                    lat = np.asarray(out.latencies_ms)
+                    rows.append(
+                        ServingMeasurement(
+                            family=v.family,
+                            variant=v.name,
+                            path=path,
+                            policy=policy,
+                            rate_rps=rate,
+                            input_bytes=len(body),
+                            output_elements=out_elems,
+                            p50_ms=float(np.percentile(lat, 50)),
+                            p95_ms=float(np.percentile(lat, 95)),
+                            p99_ms=float(np.percentile(lat, 99)),
+                            quantiles_ms=q,
+                            executor_cpu_ms_per_request=cpu_ms["executor"],
+                            dispatcher_cpu_ms_per_request=cpu_ms["dispatcher"],
+                            samples=len(lat),
+                            hardware=hardware,
+                            created_at=stamp,
+                        )
+                    )
+        finally:
+            with contextlib.suppress(Exception):
+                down(scratch)
+            scratch.close()
+    finally:
+        scratch_env.__exit__(None, None, None)
+        shutil.rmtree(tmp, ignore_errors=True)
+    progress("done", 1.0)
+    return rows
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def save_serving(store: Store, rows: Iterable[ServingMeasurement]) -> list[int]:
+    """Store measurements in one transaction; returns their ids."""
+    ids = []
+    with store.transaction():
+        for r in rows:
+            pk = store.db.table("serving_profiles").insert(r.to_row()).last_pk
+            r.id = int(pk) if pk is not None else None
+            ids.append(int(pk) if pk is not None else 0)
+    return ids
+
+
+def serving_rows(store: Store, *, variant: str | None = None) -> list[ServingMeasurement]:
+    """Stored measurements, newest first."""
+    sql = "select * from serving_profiles"
+    params: list[Any] = []
+    if variant:
+        sql += " where variant = ?"
+        params.append(variant)
+    sql += " order by created_at desc, id desc"
+    return [ServingMeasurement.from_row(r) for r in store.db.query(sql, params)]
+
+
+def serving_overheads(
+    store: Store, rates: Mapping[str, float], *, path: str = "dispatcher"
+) -> dict[str, ServingPath]:
+    """The serving path per family for ``{family: rate}``: the newest measurement of a
+    variant of that family on ``path``, at the measured rate nearest the family's (in ratio).
+
+    Families never measured are left out (their latency stays the model's).
+    """
+    import math
+
+    from greenctl.planner.evaluate import ServingPath
+
+    out: dict[str, ServingPath] = {}
+    for family, rate in rates.items():
+        rows = [
+            ServingMeasurement.from_row(r)
+            for r in store.db.query(
+                "select * from serving_profiles where path = ? and family = ? "
+                "order by created_at desc, id desc",
+                [path, family],
+            )
+        ]
+        if not rows:
+            continue
+        newest = [
+            r for r in rows if r.created_at == rows[0].created_at and r.variant == rows[0].variant
+        ]
+        target = max(float(rate), 1e-9)
+        best = min(newest, key=lambda r: abs(math.log(r.rate_rps / target)))
+        if best.quantiles_ms:
+            out[family] = ServingPath(
+                tuple(best.quantiles_ms), float(best.executor_cpu_ms_per_request or 0.0)
+            )
+    return out

@@ -1,0 +1,139 @@
+"""``greenctl profile serving``: the measured serving path, stored and used by plan mix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from greenctl.data.errors import InputError, NotFoundError
+from greenctl.data.plan import Deployment, Plan
+from greenctl.executor.serving import (
+    QUANTILE_POINTS,
+    ServingMeasurement,
+    measure_serving,
+    save_serving,
+    serving_overheads,
+    serving_rows,
+)
+from greenctl.planner.evaluate import ServingPath
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _row(rate: float, stamp: str, *, family="tiny", variant="tiny-s", path="dispatcher", base=1.0):
+    q = [base + i / 100 for i in range(QUANTILE_POINTS)]
+    return ServingMeasurement(
+        family=family,
+        variant=variant,
+        path=path,
+        policy="wrr",
+        rate_rps=rate,
+        input_bytes=100,
+        output_elements=10,
+        p50_ms=q[50],
+        p95_ms=q[95],
+        p99_ms=q[99],
+        quantiles_ms=q,
+        executor_cpu_ms_per_request=0.5 * base,
+        dispatcher_cpu_ms_per_request=0.4,
+        samples=100,
+        created_at=stamp,
+    )
+
+
+def test_measure_serving_leaves_the_running_plan_alone(run_store, leftovers):
+    from greenctl.executor.apply import apply_plan, status
+
+    plan = Plan(
+        kind="mix",
+        deployments=[Deployment("tiny", "tiny-s", "cpu:1", 1, 1, quota_rps=10.0)],
+    )
+    apply_plan(plan, store=run_store, loader="greenctl.executor.daemon:noop_loader")
+    before = status(run_store)
+    rows = measure_serving(
+        run_store, variant="tiny-s", rates=(20.0,), duration_s=1.0, output_elements=10
+    )
+    assert [(r.path, r.rate_rps) for r in rows] == [("dispatcher", 20.0), ("direct", 20.0)]
+    for r in rows:
+        assert len(r.quantiles_ms) == QUANTILE_POINTS and r.samples > 5
+        assert r.quantiles_ms == sorted(r.quantiles_ms) and r.quantiles_ms[0] > 0
+        assert r.p50_ms <= r.p95_ms <= r.p99_ms
+        assert r.input_bytes > 3 * 32 * 32 * 4 and r.output_elements == 10
+        assert r.family == "tiny" and r.source == "measured"
+    assert rows[0].dispatcher_cpu_ms_per_request is not None  # dispatcher path only
+    assert rows[1].dispatcher_cpu_ms_per_request is None
+    after = status(run_store)  # same dispatcher and executor, still serving
+    assert after["dispatcher"]["pid"] == before["dispatcher"]["pid"]
+    assert [i["pid"] for i in after["instances"]] == [i["pid"] for i in before["instances"]]
+    assert run_store.db.table("serving_profiles").count == 0  # measuring stores nothing
+    from greenctl.executor.apply import down
+
+    down(run_store)
+    assert leftovers() == []  # the scratch daemons are gone too
+
+
+def test_bad_requests_fail_before_starting_anything(store):
+    with pytest.raises(NotFoundError):
+        measure_serving(store, variant="no-such-variant", rates=(10,))
+    with pytest.raises(InputError, match="> 0"):
+        measure_serving(store, variant="tiny-s", rates=(0,))
+    with pytest.raises(InputError, match="path"):
+        measure_serving(store, variant="tiny-s", paths=("sideways",))
+
+
+def test_overheads_pick_the_newest_run_and_the_nearest_rate(store):
+    save_serving(store, [_row(10, "2026-01-01T00:00:00Z", base=9.0)])  # older run
+    save_serving(
+        store,
+        [
+            _row(10, "2026-02-01T00:00:00Z", base=1.0),
+            _row(100, "2026-02-01T00:00:00Z", base=2.0),
+            _row(100, "2026-02-01T00:00:00Z", base=3.0, path="direct"),
+        ],
+    )
+    got = serving_overheads(store, {"tiny": 25.0, "other": 10.0})
+    assert set(got) == {"tiny"}  # never-measured families are left out
+    assert isinstance(got["tiny"], ServingPath)
+    assert got["tiny"].overhead_ms[0] == 1.0  # 25 is nearer 10 than 100 (in ratio)
+    assert serving_overheads(store, {"tiny": 60.0})["tiny"].overhead_ms[0] == 2.0
+    assert serving_overheads(store, {"tiny": 60.0}, path="direct")["tiny"].executor_cpu_ms == 1.5
+    assert serving_rows(store)[0].created_at == "2026-02-01T00:00:00Z"
+
+
+def test_plan_mix_adds_the_stored_serving_path(cli, store):
+    from greenctl.data.records import Profile, Variant
+
+    store.upsert_variant(Variant("tiny-s", "tiny", accuracy=0.6, input_shape="3,32,32"))
+    store.add_profiles(
+        [
+            Profile(
+                "tiny-s",
+                "cpu:1",
+                1,
+                throughput_rps=2000.0,
+                latency_p50_ms=0.5,
+                latency_p95_ms=0.6,
+                latency_p99_ms=0.7,
+            )
+        ]
+    )
+    args = ["plan", "mix", "--model", "tiny", "--rate", "50", "--slo-ms", "50", "--json"]
+    r = cli(*args)
+    assert r.exit_code == 0, r.output
+    plain = json.loads(r.stdout)["predicted"]
+    assert plain["latency_includes"].startswith("model only")
+    save_serving(store, [_row(50, "2026-02-01T00:00:00Z", base=2.0)])
+    r = cli(*args)
+    assert r.exit_code == 0, r.output
+    served = json.loads(r.stdout)["predicted"]
+    assert served["latency_includes"].startswith("model + measured serving path")
+    assert served["p50_ms"] == pytest.approx(plain["p50_ms"] + 2.5, abs=0.3)
+    assert served["p95_ms"] > plain["p95_ms"] + 2.0
+
+
+def test_cli_profile_serving_bad_input_exits_2_and_stores_nothing(cli, store):
+    r = cli("profile", "serving", "--variant", "tiny-s", "--rate", "-5")
+    assert r.exit_code == 2 and "rates must be > 0" in r.output
+    r = cli("profile", "serving", "--variant", "nope")
+    assert r.exit_code == 2 and "nope" in r.output
+    assert store.db.table("serving_profiles").count == 0
