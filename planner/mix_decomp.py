@@ -49,6 +49,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from greenctl.data.errors import InfeasiblePlan
+
 if TYPE_CHECKING:
     from greenctl.planner.mix import Allocation, MixProblem, _Terms
 
@@ -141,8 +143,13 @@ def _family_plans(
     deadline: float = math.inf,
     upper: float = math.inf,
     floor: float | None = None,
+    mu: float = 0.0,
 ) -> tuple[float, list[_Plan], int]:
     """All plans of one family with priced cost within ``window`` of the priced optimum.
+
+    The priced cost is ``cost + lambda . use + mu x second`` (``mu`` prices the tie-break
+    stage's row on the primary objective, which is then the plans' ``second``); with
+    ``mu > 0`` plans of one budget use but different ``second`` are all kept.
 
     Args:
         upper: the priced cost of a plan known to exist (prunes from the first node).
@@ -154,11 +161,11 @@ def _family_plans(
         ``z + window``; ``z`` is infinite when the family has no feasible plan.
     """
     nk = len(budgets)
-    order = sorted(opts, key=lambda o: (o.a, -o.acc, o.index))
+    order = sorted(opts, key=lambda o: (o.a + o.pa + mu * o.sa, -o.acc, o.index))
     m = len(order)
-    bp = [o.b0 + sum(lk * u for lk, u in zip(lam, o.usage, strict=True)) for o in order]
+    bp = [o.b0 + mu * o.sb + sum(lk * u for lk, u in zip(lam, o.usage, strict=True)) for o in order]
     # suffix bounds: the cheapest per req/s cover of the rest by options i.. (capacity-capped)
-    ap = [o.a + o.pa for o in order]
+    ap = [o.a + o.pa + mu * o.sa for o in order]
     rate = [ap[j] + bp[j] / o.cap for j, o in enumerate(order)]
     # per suffix: rates ascending with cumulative capacity and cost (bisect per bound)
     cum_cap: list[list[float]] = []
@@ -299,7 +306,7 @@ def _family_plans(
     visit(0, load, 0.0, 0.0, 0.0, 0.0, frozenset())
     if not found:
         if math.isfinite(upper):  # rounding hid the known plan: search again without it
-            return _family_plans(opts, d, load, budgets, lam, window, deadline, floor=floor)
+            return _family_plans(opts, d, load, budgets, lam, window, deadline, floor=floor, mu=mu)
         return math.inf, [], nodes[0]
     z = min(f[0] for f in found)
     by_use: dict[tuple[float, ...], _Plan] = {}
@@ -307,6 +314,8 @@ def _family_plans(
         if priced > z + window + 1e-12:
             continue
         key = tuple(round(x, 9) for x in u)
+        if mu > 0:
+            key = (*key, round(sec, 12))
         cur = by_use.get(key)
         if (
             cur is None
@@ -380,6 +389,61 @@ def _unit(problem: MixProblem, model: Any, lay: Any) -> float:
         ]
         total += min(rates, default=0.0) * load
     return total if total > 1e-300 else 1.0
+
+
+def _rounded_plan(
+    opts: list[_Opt],
+    d: dict[str, float],
+    load: float,
+    budgets: tuple[float, ...],
+    lam: list[float],
+) -> _Plan | None:
+    """A good plan at prices ``lam`` fast: full instances of the options cheapest per req/s,
+    then the rest on the option that serves it cheapest (a first bound for the search)."""
+    nk = len(budgets)
+    bp = [o.b0 + sum(lk * u for lk, u in zip(lam, o.usage, strict=True)) for o in opts]
+    order = sorted(range(len(opts)), key=lambda i: opts[i].a + bp[i] / opts[i].cap)
+    rest, use = load, [0.0] * nk
+    counts: dict[int, tuple[int, float]] = {}
+
+    def fits(i: int, n: int) -> int:
+        for k in range(nk):
+            if opts[i].usage[k] > 0:
+                n = min(n, math.floor((budgets[k] - use[k]) / opts[i].usage[k] + 1e-9))
+        return max(min(n, opts[i].ub), 0)
+
+    for i in order:
+        if rest <= 1e-9:
+            break
+        n = fits(i, math.floor(rest / opts[i].cap + 1e-9))
+        if n > 0:
+            counts[opts[i].index] = (n, min(n * opts[i].cap, rest))
+            rest -= counts[opts[i].index][1]
+            for k in range(nk):
+                use[k] += opts[i].usage[k] * n
+    if rest > 1e-9:
+        best: tuple[float, int, int] | None = None
+        for i, o in enumerate(opts):
+            if o.index in counts:
+                continue
+            n = math.ceil(rest / o.cap - 1e-9)
+            if fits(i, n) < n:
+                continue
+            cost = o.a * rest + bp[i] * n
+            if best is None or cost < best[0]:
+                best = (cost, i, n)
+        if best is None:
+            return None
+        counts[opts[best[1]].index] = (best[2], rest)
+    return _plan_of(opts, d, counts, nk)
+
+
+def _add(plans: dict[tuple[tuple[int, int], ...], _Plan], plan: _Plan) -> None:
+    """Keep the cheapest plan per count vector (seeds' quotas need not be the best fill)."""
+    key = plan.key()
+    old = plans.get(key)
+    if old is None or (plan.cost, plan.second) < (old.cost, old.second):
+        plans[key] = plan
 
 
 def _priced(plan: _Plan, lam: list[float]) -> float:
@@ -477,15 +541,26 @@ def solve_decomposed(
         fi: int, prices: list[float], window: float
     ) -> tuple[float, list[_Plan], int]:  # fmt: skip
         o, d, load, floor = fams[fi]
+        if floor is None:
+            seed = _rounded_plan(o, d, load, budgets, prices)
+            if seed is not None:
+                _add(pool[fi], seed)
         known = [_priced(p, prices) for p in pool[fi].values()]
         z, plans, n = _family_plans(
             o, d, load, budgets, tuple(prices), window, deadline=deadline,
             upper=min(known, default=math.inf), floor=floor,
         )  # fmt: skip
         for p in plans:
-            pool[fi].setdefault(p.key(), p)
+            _add(pool[fi], p)
         return z, plans, n
 
+    try:  # the greedy plan fits the budgets together: the pool's LP is feasible from the start
+        greedy = mix._greedy(problem, terms)
+    except InfeasiblePlan:
+        greedy = {}
+    for fi, counts in greedy.items():
+        plan = _plan_of(fams[fi][0], fams[fi][1], counts, nk)
+        _add(pool[fi], plan)
     if lp_x is not None:
         # the LP relaxation's plan rounded up, per family: a first known plan (a bound that
         # prunes the first search from its first node)
@@ -496,7 +571,7 @@ def solve_decomposed(
                 if qq > 1e-9:
                     seed[oi] = (math.ceil(lp_x[lay.n[fi][oi]] - 1e-9), qq)
             plan = _plan_of(fopts, d, seed, nk)
-            pool[fi][plan.key()] = plan
+            _add(pool[fi], plan)
     # -- 1. prices by column generation ------------------------------------------------------
     best_ld, best_lam = -math.inf, list(lam)
     cg: list[dict[str, Any]] = []
@@ -519,7 +594,7 @@ def solve_decomposed(
                     if low is None or not got:
                         raise
                     plan = _plan_of(fams[fi][0], fams[fi][1], got, nk)
-                    pool[fi].setdefault(plan.key(), plan)
+                    _add(pool[fi], plan)
                     z, n = low, 0
                 if math.isinf(z):
                     return {}, {"name": "highs", "status": "infeasible", "gap": None,
@@ -574,11 +649,17 @@ def solve_decomposed(
     ):
         # the pool's best plan meets the bound: proven without enumerating the gap
         return _finish(
-            problem, terms, pool, keys, budgets, inc=inc, ld=best_ld, lam=lam,
+            problem, terms, pool, keys, budgets, model=model, inc=inc, ld=best_ld, lam=lam,
             info={"lp_s": round(lp_s, 4), "price_rounds": cg, "prices_s": round(cg_s, 4),
                   "rounds": rounds, "t0": t0, "deadline": deadline, "unit": unit},
             alloc=incumbent,
         )  # fmt: skip
+
+    def give_up(reason: str) -> tuple[Allocation, dict[str, Any]] | None:
+        out = _give_up(reason, rounds, incumbent, best_ld * unit)
+        LAST_FALLBACK["price_rounds"] = cg
+        return out
+
     # -- 2. proof: everything within the gap, master MILP ------------------------------------
     tie_tol = 0.0
     if second is not None and inc is not None:
@@ -592,9 +673,7 @@ def solve_decomposed(
     hard: dict[int, float] = {}  # family -> lower bound on its priced optimum
     for _ in range(8):
         if time.perf_counter() > deadline:
-            return _give_up(
-                f"over its time budget of {budget_s:g} s", rounds, incumbent, best_ld * unit
-            )
+            return give_up(f"over its time budget of {budget_s:g} s")
         t1 = time.perf_counter()
         results: dict[int, tuple[float, list[_Plan]]] = {}
         nodes = 0
@@ -604,22 +683,14 @@ def solve_decomposed(
             try:
                 z, plans, n = price(fi, lam, window)
             except _OutOfTime:
-                return _give_up(
-                    f"over its time budget of {budget_s:g} s", rounds, incumbent, best_ld
-                )
+                return give_up(f"over its time budget of {budget_s:g} s")
             except _TooBig:
                 low = _priced_bound(problem, terms, fi, keys, lam, unit=unit)
                 if low is None:
-                    return _give_up(
-                        "a hard family's own ILP did not solve", rounds, incumbent, best_ld
-                    )
+                    return give_up("a hard family's own ILP did not solve")
                 hard[fi] = low
-                if len(hard) > MAX_HARD or (hard and second is not None):
-                    return _give_up(
-                        f"more than {0 if second else MAX_HARD} families too hard to "
-                        "enumerate",
-                        rounds, incumbent, best_ld,
-                    )  # fmt: skip
+                if len(hard) > MAX_HARD:
+                    return give_up(f"more than {MAX_HARD} families too hard to enumerate")
                 continue
             if math.isinf(z):
                 return {}, {"name": "highs", "status": "infeasible", "gap": None,
@@ -670,26 +741,36 @@ def solve_decomposed(
             window = min((inc + tie_tol - ld) * (1.0 + 1e-9) + 1e-12 * scale, window * 4.0)
             continue
         if res.status != "optimal":
-            return _give_up(f"master stopped: {res.status}", rounds, incumbent, best_ld * unit)
+            return give_up(f"master stopped: {res.status}")
         mbound = res.bound if res.bound is not None and math.isfinite(res.bound) else inc
         proven = min(mbound, ld + window)
         gap = max(inc - proven, 0.0) / max(abs(inc), 1e-12)
         if gap > mix.MIP_REL_GAP:
-            return _give_up(
-                f"proven gap {gap:.3g} above the tolerance", rounds, incumbent, best_ld * unit
-            )
+            return give_up(f"proven gap {gap:.3g} above the tolerance")
         tb: dict[str, Any] | None = None
         if second is not None:
             # the joint ILP's tie-break: the best secondary among plans within tol of inc
-            idx = list(cols)
-            master.row(idx, [cols[j][1].cost for j in idx], -math.inf, inc + tie_tol)
+            # (hard families' own columns carry their primary and secondary costs)
+            sec_cost = [0.0] * len(master.cost)
+            if hard:
+                m2, _ = mix._build_model(
+                    problem, terms, single=False, objective=second, subset=sorted(hard)
+                )
+                sec_cost[: len(m2.cost)] = m2.cost
+            idx = [j for j, c in enumerate(master.cost) if c != 0 or j in cols]
+            master.row(
+                idx,
+                [cols[j][1].cost if j in cols else master.cost[j] for j in idx],
+                -math.inf,
+                inc + tie_tol,
+            )
             for j in range(len(master.cost)):
-                master.cost[j] = cols[j][1].second if j in cols else 0.0
+                master.cost[j] = cols[j][1].second if j in cols else sec_cost[j]
             left = max(deadline - time.perf_counter(), 0.05)
             res2 = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
             tb = {"objective": second, "status": res2.status}
             if res2.x is not None and res2.status in ("optimal", "time_limit"):
-                alloc = {}
+                alloc = mix._extract(problem, mlay, res2.x) if hard else {}
                 for j, (fi, plan) in cols.items():
                     if res2.x[j] > 0.5:
                         alloc[fi] = dict(plan.counts)
@@ -720,7 +801,7 @@ def solve_decomposed(
         if tb is not None:
             info["tie_break"] = tb
         return alloc, info
-    return _give_up("no proof after the last round", rounds, incumbent, best_ld * unit)
+    return give_up("no proof after the last round")
 
 
 def _finish(
@@ -730,6 +811,7 @@ def _finish(
     keys: list[str],
     budgets: tuple[float, ...],
     *,
+    model: Any,
     inc: float,
     ld: float,
     lam: list[float],
@@ -738,32 +820,20 @@ def _finish(
 ) -> tuple[Allocation, dict[str, Any]]:
     """The result when the pool's best plan already meets the Lagrangian bound.
 
-    With a tie-break objective the master over the pool runs again: the best tie-break
-    among pool plans within the joint ILP's tolerance of the optimum.
+    With a tie-break objective :func:`_tie_break_stage` picks the best tie-break among
+    plans within the joint ILP's tolerance of the optimum.
     """
     from greenctl.planner import mix
 
     t0, deadline, unit = info.pop("t0"), info.pop("deadline"), info.pop("unit")
     second = tie_break(problem.objective)
     maximise = mix.is_maximise(problem.objective)
-    everything = {fi: (0.0, list(p.values())) for fi, p in enumerate(pool)}
-    master, cols, _ = _master(problem, terms, everything, [], keys, budgets, unit=unit)
     if second is not None:
-        tol = mix.TIE_BREAK_REL_TOL * abs(inc)
-        idx = list(cols)
-        master.row(idx, [cols[j][1].cost for j in idx], -math.inf, inc + tol)
-        for j in range(len(master.cost)):
-            master.cost[j] = cols[j][1].second if j in cols else 0.0
-        left = max(deadline - time.perf_counter(), 0.05)
-        res = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
-        info["tie_break"] = {
-            "objective": second,
-            "status": res.status,
-            "over": "the plans found while pricing",
-        }
-        if res.x is not None and res.status in ("optimal", "time_limit"):
-            xs = res.x
-            alloc = {fi: dict(plan.counts) for j, (fi, plan) in cols.items() if xs[j] > 0.5}
+        alloc, info["tie_break"] = _tie_break_stage(
+            problem, terms, pool, keys, budgets, model=model,
+            rhs=inc + mix.TIE_BREAK_REL_TOL * abs(inc), alloc=alloc,
+            seconds=time.perf_counter() - t0, deadline=deadline,
+        )  # fmt: skip
     gap = max(inc - ld, 0.0) / max(abs(inc), 1e-12)
     out: dict[str, Any] = {
         "name": "highs",
@@ -777,14 +847,82 @@ def _finish(
         **info,
         "solve_s": round(time.perf_counter() - t0, 4),
         "build_s": 0.0,
-        "columns": len(master.cost),
-        "rows": len(master.rows),
-        "integer_columns": sum(master.integer),
+        "columns": sum(len(p) for p in pool),
+        "rows": len(pool) + len(keys),
+        "integer_columns": sum(len(p) for p in pool),
         "independent_groups": len(mix.components(problem)),
         "mip_rel_gap_tolerance": mix.MIP_REL_GAP,
         "warm_start": None,
     }
     return alloc, out
+
+
+def _tie_break_stage(
+    problem: MixProblem,
+    terms: _Terms,
+    pool: list[dict[tuple[tuple[int, int], ...], _Plan]],
+    keys: list[str],
+    budgets: tuple[float, ...],
+    *,
+    model: Any,
+    rhs: float,
+    alloc: Allocation,
+    seconds: float,
+    deadline: float,
+) -> tuple[Allocation, dict[str, Any]]:
+    """The joint ILP's tie-break after the primary optimum is proven.
+
+    First the best tie-break over the priced plans (a master MILP with the row ``primary
+    <= rhs``: the optimum plus the joint ILP's tolerance), then, as the joint ILP does, the
+    full tie-break ILP warm-started with it, for as long as the primary solve took (at
+    least 1 s, at most the time left). Its status labels how far the tie-break is proven.
+    """
+    from greenctl.planner import mix
+
+    second = tie_break(problem.objective)
+    # objective: the tie-break cost; the row: the primary cost
+    swapped = {
+        fi: (0.0, [_Plan(p.second, p.usage, p.counts, p.cost) for p in plans.values()])
+        for fi, plans in enumerate(pool)
+    }
+    got, _ = _master_with_row(problem, terms, swapped, keys, budgets, rhs, deadline)
+    if got is not None:
+        alloc = got
+    info: dict[str, Any] = {"objective": second, "status": "best over the priced plans"}
+    m2, lay2 = mix._build_model(problem, terms, single=False, objective=second)
+    idx = [i for i, c in enumerate(model.cost) if c != 0]
+    m2.row(idx, [model.cost[i] for i in idx], -math.inf, rhs)
+    start = mix._warm_start(problem, terms, lay2, len(m2.cost), alloc)
+    left = min(max(1.0, 2.0 * seconds), max(deadline - time.perf_counter(), 0.1))
+    res = mix._solve_highs(m2, left, start)
+    info["status"] = res.status
+    info["solve_s"] = round(res.seconds, 4)
+    if res.x is not None and res.status in ("optimal", "time_limit"):
+        alloc = mix._extract(problem, lay2, res.x)
+    return alloc, info
+
+
+def _master_with_row(
+    problem: MixProblem,
+    terms: _Terms,
+    results: dict[int, tuple[float, list[_Plan]]],
+    keys: list[str],
+    budgets: tuple[float, ...],
+    rhs: float,
+    deadline: float,
+) -> tuple[Allocation | None, float | None]:
+    """The master MILP over ``results`` with the row ``sum second <= rhs``."""
+    from greenctl.planner import mix
+
+    master, cols, _ = _master(problem, terms, results, [], keys, budgets)
+    idx = list(cols)
+    master.row(idx, [cols[j][1].second for j in idx], -math.inf, rhs)
+    left = max(deadline - time.perf_counter(), 0.05)
+    res = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
+    if res.x is None or res.objective is None:
+        return None, None
+    xs = res.x
+    return {fi: dict(p.counts) for j, (fi, p) in cols.items() if xs[j] > 0.5}, res.objective
 
 
 def _restricted_lp(
@@ -793,6 +931,7 @@ def _restricted_lp(
     budgets: tuple[float, ...],
     *,
     big: float,
+    second_rhs: float | None = None,
 ) -> tuple[float, list[float], list[bool]] | None:
     """The LP over the pool's plans (a convex combination per family, shared budgets).
 
@@ -803,7 +942,8 @@ def _restricted_lp(
     from greenctl.planner import mix
 
     m = mix._Model()
-    rows_k: list[tuple[list[int], list[float]]] = [([], []) for _ in keys]
+    nrow = len(keys) + (second_rhs is not None)
+    rows_k: list[tuple[list[int], list[float]]] = [([], []) for _ in range(nrow)]
     for plans in pool:
         idx = []
         for plan in plans.values():
@@ -813,21 +953,30 @@ def _restricted_lp(
                 if u != 0:
                     rows_k[k][0].append(c)
                     rows_k[k][1].append(u)
+            if second_rhs is not None:
+                rows_k[-1][0].append(c)
+                rows_k[-1][1].append(plan.second)
         m.row(idx, [1.0] * len(idx), 1.0, 1.0)
     first = len(m.rows)
     slacks = []
-    for k, b in enumerate(budgets):
+    rhs: list[float] = [*budgets]
+    if second_rhs is not None:
+        rhs.append(second_rhs)
+    for k, b in enumerate(rhs):
         slack = m.col(big, 0.0, math.inf)
         slacks.append(slack)
         m.row([*rows_k[k][0], slack], [*rows_k[k][1], -1.0], -math.inf, b)
+    # per-family costs of order 1 (HiGHS's reduced-cost tolerance is absolute, 1e-7)
+    f = float(max(len(pool), 1))
+    m.cost = [c * f for c in m.cost]
     res = mix._solve_highs(m, None, relax=True)
     if res.status != "optimal" or res.row_dual is None or res.objective is None:
         return None
     if res.x is None:
         return None
-    lam = [max(0.0, -float(res.row_dual[first + k])) for k in range(len(keys))]
-    over = [res.x[slacks[k]] > 1e-9 for k in range(len(keys))]
-    return res.objective, lam, over
+    lam = [max(0.0, -float(res.row_dual[first + k]) / f) for k in range(nrow)]
+    over = [res.x[slacks[k]] > 1e-9 for k in range(nrow)]
+    return res.objective / f, lam, over
 
 
 def _give_up(
