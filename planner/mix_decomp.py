@@ -56,6 +56,9 @@ if TYPE_CHECKING:
 
 #: Enumeration limits per family (nodes of the search, plans kept); past them: fall back.
 MAX_NODES = 30_000
+#: While refining prices a search past this many nodes hands its family to the family's own
+#: priced ILP (a bound and a plan) instead: a few ms where the search would take seconds.
+PRICE_NODES = 3_000
 MAX_PLANS = 4_000
 #: First enumeration window, times max(1, |LP bound|) (objectives here are O(1)).
 FIRST_WINDOW = 1.5e-5
@@ -119,7 +122,7 @@ def applicable(problem: MixProblem, *, single: bool, solver: str) -> bool:
         not single
         and solver == "highs"
         and problem.objective in OBJECTIVES
-        and not floors
+        and not (floors and problem.objective in ("carbon", "balanced"))
         and len(problem.families) > 1
         and all(f.options for f in problem.families)
     )
@@ -144,6 +147,7 @@ def _family_plans(
     upper: float = math.inf,
     floor: float | None = None,
     mu: float = 0.0,
+    max_nodes: int | None = None,
 ) -> tuple[float, list[_Plan], int]:
     """All plans of one family with priced cost within ``window`` of the priced optimum.
 
@@ -161,36 +165,18 @@ def _family_plans(
         ``z + window``; ``z`` is infinite when the family has no feasible plan.
     """
     nk = len(budgets)
+    node_limit = MAX_NODES if max_nodes is None else max_nodes
     order = sorted(opts, key=lambda o: (o.a + o.pa + mu * o.sa, -o.acc, o.index))
     m = len(order)
     bp = [o.b0 + mu * o.sb + sum(lk * u for lk, u in zip(lam, o.usage, strict=True)) for o in order]
     # suffix bounds: the cheapest per req/s cover of the rest by options i.. (capacity-capped)
     ap = [o.a + o.pa + mu * o.sa for o in order]
     rate = [ap[j] + bp[j] / o.cap for j, o in enumerate(order)]
-    # per suffix: rates ascending with cumulative capacity and cost (bisect per bound)
-    cum_cap: list[list[float]] = []
-    cum_cost: list[list[float]] = []
-    rates: list[list[float]] = []
-    for i in range(m + 1):
-        pieces = sorted((rate[j], order[j].cap * order[j].ub) for j in range(i, m))
-        cc, co, acc_cap, acc_cost = [], [], 0.0, 0.0
-        for r, capacity in pieces:
-            acc_cap += capacity
-            acc_cost += r * capacity
-            cc.append(acc_cap)
-            co.append(acc_cost)
-        cum_cap.append(cc)
-        cum_cost.append(co)
-        rates.append([r for r, _ in pieces])
+    caps = [o.cap * o.ub for o in order]
+    cum_cap, cum_cost, rates = _suffix_covers(rate, caps)
 
     def bound(i: int, rest: float) -> float:
-        cc = cum_cap[i]
-        j = bisect.bisect_left(cc, rest - 1e-9)
-        if j == len(cc):
-            return math.inf
-        before_cap = cc[j - 1] if j else 0.0
-        before_cost = cum_cost[i][j - 1] if j else 0.0
-        return before_cost + rates[i][j] * (rest - before_cap)
+        return _cover(cum_cap[i], cum_cost[i], rates[i], rest)
 
     # the floor: slack = sum q (acc - floor) >= -ftol (the joint ILP's row); the best slack
     # the rest can still add comes from the most accurate option left (order is by accuracy)
@@ -198,6 +184,25 @@ def _family_plans(
     top_gap = [max(gap[i:], default=-math.inf) for i in range(m + 1)]
     ftol = 1e-9 * max(load, 1.0)
     tol = 1e-12 * max(1.0, abs(upper)) if math.isfinite(upper) else 0.0
+    # With a floor, the cover above ignores it; the floor priced at ``fmu`` (the best price
+    # for the whole family's cover) gives a second bound: for any completion that meets the
+    # floor, cost >= cover(rate - fmu x gap) - fmu x slack.
+    fmu = _floor_price(rate, gap, caps, load) if floor is not None else 0.0
+    if fmu > 0:
+        fcum_cap, fcum_cost, frates = _suffix_covers(
+            [r - fmu * g for r, g in zip(rate, gap, strict=True)], caps
+        )
+
+        def bound2(i: int, rest: float, slack: float) -> float:
+            b0 = bound(i, rest)
+            b1 = _cover(fcum_cap[i], fcum_cost[i], frates[i], rest) - fmu * (slack + ftol)
+            return max(b0, b1)
+
+    else:
+
+        def bound2(i: int, rest: float, slack: float) -> float:
+            return bound(i, rest)
+
     best = [upper + tol]
     found: list[tuple[float, float, float, tuple[float, ...], dict[int, tuple[int, float]]]] = []
     nodes = [0]
@@ -229,7 +234,7 @@ def _family_plans(
     ) -> None:  # fmt: skip
         """Place the next nonzero count on some option j >= i (later ones stay 0 until then)."""
         nodes[0] += 1
-        if nodes[0] > MAX_NODES:
+        if nodes[0] > node_limit:
             raise _TooBig
         if not nodes[0] & 1023 and time.perf_counter() > deadline:
             raise _OutOfTime
@@ -237,7 +242,7 @@ def _family_plans(
             # the bound only grows with j (fewer options left): stop at the first failure
             if slack + rest * top_gap[j] < -ftol:
                 return  # the floor is out of reach with options j.. (less accurate later)
-            lb = bound(j, rest)
+            lb = bound2(j, rest, slack)
             if not (suffix_vars[j] & used):
                 lb += suffix_start[j]
             if priced + lb > thresh[0]:
@@ -279,7 +284,9 @@ def _family_plans(
                 served = o.cap * n
                 child_rest = rest - served
                 child = priced + ap[j] * served + b * n + start
-                clb = bound(j + 1, child_rest) + (0.0 if shared else suffix_start[j + 1])
+                clb = bound2(j + 1, child_rest, slack + served * gap[j]) + (
+                    0.0 if shared else suffix_start[j + 1]
+                )
                 if child + clb > thresh[0]:
                     if passed:
                         break
@@ -326,6 +333,77 @@ def _family_plans(
     if len(by_use) > MAX_PLANS:
         raise _TooBig
     return z, list(by_use.values()), nodes[0]
+
+
+def _suffix_covers(
+    rate: list[float], caps: list[float]
+) -> tuple[list[list[float]], list[list[float]], list[list[float]]]:
+    """Per suffix ``i..``: rates ascending with cumulative capacity and cost (for _cover)."""
+    m = len(rate)
+    cum_cap: list[list[float]] = []
+    cum_cost: list[list[float]] = []
+    rates: list[list[float]] = []
+    for i in range(m + 1):
+        pieces = sorted((rate[j], caps[j]) for j in range(i, m))
+        cc, co, acc_cap, acc_cost = [], [], 0.0, 0.0
+        for r, capacity in pieces:
+            acc_cap += capacity
+            acc_cost += r * capacity
+            cc.append(acc_cap)
+            co.append(acc_cost)
+        cum_cap.append(cc)
+        cum_cost.append(co)
+        rates.append([r for r, _ in pieces])
+    return cum_cap, cum_cost, rates
+
+
+def _cover(cc: list[float], co: list[float], rs: list[float], rest: float) -> float:
+    """The cheapest fractional cover of ``rest`` (capacity-capped pieces, cheapest first)."""
+    j = bisect.bisect_left(cc, rest - 1e-9)
+    if j == len(cc):
+        return math.inf
+    before_cap = cc[j - 1] if j else 0.0
+    before_cost = co[j - 1] if j else 0.0
+    return before_cost + rs[j] * (rest - before_cap)
+
+
+def _floor_price(rate: list[float], gap: list[float], caps: list[float], load: float) -> float:
+    """The price of a family's floor row that maximises its cover bound (golden section on
+    the concave ``cover(rate - mu x gap)``; 0 when the floor does not bind)."""
+
+    def value(mu: float) -> float:
+        adj = sorted(
+            (r - mu * g, c) for r, g, c in zip(rate, gap, caps, strict=True) if c > 0
+        )  # fmt: skip
+        rest, total = load, 0.0
+        for r, c in adj:
+            take = min(c, rest)
+            total += r * take
+            rest -= take
+            if rest <= 1e-12:
+                return total
+        return -math.inf
+
+    spread = max(rate) - min(rate) if rate else 0.0
+    gmin = min((abs(g) for g in gap if abs(g) > 1e-9), default=0.0)
+    if spread <= 0 or gmin <= 0 or not math.isfinite(value(0.0)):
+        return 0.0
+    lo, hi = 0.0, 2.0 * spread / gmin
+    if value(1e-3 * hi) <= value(0.0):
+        return 0.0
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = value(a), value(b)
+    for _ in range(40):
+        if fa < fb:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = value(b)
+        else:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = value(a)
+    return max(0.0, (lo + hi) / 2.0)
 
 
 def _options(
@@ -538,7 +616,7 @@ def solve_decomposed(
     pool: list[dict[tuple[tuple[int, int], ...], _Plan]] = [{} for _ in fams]
 
     def price(
-        fi: int, prices: list[float], window: float
+        fi: int, prices: list[float], window: float, max_nodes: int | None = None
     ) -> tuple[float, list[_Plan], int]:  # fmt: skip
         o, d, load, floor = fams[fi]
         if floor is None:
@@ -548,7 +626,7 @@ def solve_decomposed(
         known = [_priced(p, prices) for p in pool[fi].values()]
         z, plans, n = _family_plans(
             o, d, load, budgets, tuple(prices), window, deadline=deadline,
-            upper=min(known, default=math.inf), floor=floor,
+            upper=min(known, default=math.inf), floor=floor, max_nodes=max_nodes,
         )  # fmt: skip
         for p in plans:
             _add(pool[fi], p)
@@ -585,7 +663,7 @@ def solve_decomposed(
         try:
             for fi in range(len(fams)):
                 try:
-                    z, _, n = price(fi, lam, 0.0)
+                    z, _, n = price(fi, lam, 0.0, PRICE_NODES)
                 except _TooBig:
                     # the family's own priced ILP: a bound, and its plan joins the pool
                     # (the search at later prices starts from it)
@@ -748,6 +826,7 @@ def solve_decomposed(
         if gap > mix.MIP_REL_GAP:
             return give_up(f"proven gap {gap:.3g} above the tolerance")
         tb: dict[str, Any] | None = None
+        proven_s = time.perf_counter() - t0
         if second is not None:
             # the joint ILP's tie-break: the best secondary among plans within tol of inc
             # (hard families' own columns carry their primary and secondary costs)
@@ -790,6 +869,7 @@ def solve_decomposed(
             "prices_s": round(cg_s, 4),
             "rounds": rounds,
             "solve_s": round(time.perf_counter() - t0, 4),
+            "proven_s": round(proven_s, 4),
             "build_s": 0.0,
             "columns": len(master.cost),
             "rows": len(master.rows),
@@ -828,6 +908,7 @@ def _finish(
     t0, deadline, unit = info.pop("t0"), info.pop("deadline"), info.pop("unit")
     second = tie_break(problem.objective)
     maximise = mix.is_maximise(problem.objective)
+    info["proven_s"] = round(time.perf_counter() - t0, 4)
     if second is not None:
         alloc, info["tie_break"] = _tie_break_stage(
             problem, terms, pool, keys, budgets, model=model,

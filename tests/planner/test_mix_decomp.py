@@ -133,11 +133,12 @@ def test_decomposition_equals_the_joint_ilp(problem: MixProblem) -> None:
         raise AssertionError("the decomposition found a plan where the joint ILP proved none")
     new = plan_mix(problem)
     info = new.extra["solver"]
-    floors = any(f.min_accuracy is not None for f in problem.families)
-    if floors:  # the floor keeps the joint ILP, and the plan says so
-        assert info["method"] == "joint ILP"
-    else:
+    if mix_decomp.applicable(problem, single=False, solver="highs"):
         assert info["method"].startswith("decomposition"), mix_decomp.LAST_FALLBACK
+    else:  # a floor under carbon or balanced keeps the joint ILP, and the plan says so
+        assert any(f.min_accuracy is not None for f in problem.families)
+        assert problem.objective in ("carbon", "balanced")
+        assert info["method"] == "joint ILP"
     assert info["status"] == "optimal" and info["gap"] <= mix.MIP_REL_GAP
     assert old.extra["solver"]["status"] == "optimal"
     a, b = new.predicted["objective"], old.predicted["objective"]
@@ -227,6 +228,11 @@ def test_applies_only_where_it_is_exact() -> None:
     assert not mix_decomp.applicable(problem, single=True, solver="highs")
     assert not mix_decomp.applicable(problem, single=False, solver="cbc")
     problem.families[0].min_accuracy = 0.7
+    # a floor is exact in the search where quotas fill most accurate first
+    for objective, ok in (("accuracy", True), ("cost", True), ("carbon", False)):
+        problem.objective = objective
+        assert mix_decomp.applicable(problem, single=False, solver="highs") is ok
+    problem.objective = "balanced"
     assert not mix_decomp.applicable(problem, single=False, solver="highs")
     problem.families[0].min_accuracy = None
     for objective in mix.OBJECTIVES:  # every objective decomposes (tie-breaks included)
