@@ -8,11 +8,13 @@ Run: ``python bench/bench_mix.py [--quick] [--time-limit S]``.
     the greedy baseline.
 (b) Scale: a synthetic, seeded instance (documented in :func:`synthetic`) of 100 model
     families x 10 variants x 6 resource sizes (cpu:1/2/4/8, mig:1g.10gb, mig:3g.40gb) sharing
-    a cpu and a mig budget; ilp (the default path: for the balanced objective the exact
-    Lagrangian decomposition of ``planner/mix_decomp.py``, else the joint ILP) beside
-    ilp-joint (the joint ILP alone, time-limited, greedy warm start: the old path) vs greedy
-    vs single, with solve time, objective, the tighter proven bound of the two exact paths
-    and each plan's gap to that bound.
+    a cpu and a mig budget, per objective and budget regime (balanced generous and tight,
+    accuracy generous and tight, cost and carbon with --min-accuracy 0.7, balanced without
+    budgets): ilp (the default path: the exact Lagrangian decomposition of
+    ``planner/mix_decomp.py`` where it applies, else the joint ILP) beside ilp-joint (the
+    joint ILP alone, time-limited, greedy warm start: the old path) vs greedy vs single, with
+    solve time, when the optimum was proven, objective, each plan's own proven gap and its
+    gap to the tighter proven bound of the two exact paths, and the load average.
 (c) One family: the InfAdapter family and one synthetic family, median plan time.
 
 All figures are wall-clock on this machine in this run; the machine's load average is
@@ -163,39 +165,78 @@ def bench_infadapter(quick: bool) -> None:
     print()
 
 
+def _describe(strategy: str, plan: Any, problem: Any) -> str:
+    """How an ilp plan was solved: the path, the reason for a fallback, the tie-break."""
+    if not strategy.startswith("ilp"):
+        return ""
+    info = plan.extra["solver"]
+    joint = not str(info.get("method", "")).startswith("decomposition")
+    text = "joint ILP" if joint else "decomposition"
+    if strategy == "ilp" and joint:
+        why = mix_decomp.LAST_FALLBACK.get("reason")
+        text += (
+            f" (decomposition gave up: {why})"
+            if why and mix_decomp.applicable(problem, single=False, solver="highs")
+            else " (decomposition not applicable)"
+        )
+    if info.get("bound_source"):
+        text += f", bound from the {info['bound_source']}"
+    tb = info.get("tie_break")
+    if tb:
+        text += f", tie-break {tb.get('objective')}: {tb.get('status')}"
+    return text
+
+
 def bench_scale(quick: bool, time_limit: float) -> None:
     n_fam = 30 if quick else 100
     variants, profiles, fams = synthetic(n_fam)
     total = sum(f["rate_rps"] for f in fams)
     print(
         f"(b) scale: {n_fam} families x 10 variants x 6 sizes (synthetic, seed 0), "
-        f"total {total:.0f} req/s, SLO 500 ms p99; ilp time limit {time_limit:g} s"
+        f"total {total:.0f} req/s, SLO 500 ms p99; time limit {time_limit:g} s per plan"
+    )
+    print(
+        "    ilp = the default path (the exact decomposition of planner/mix_decomp.py where it "
+        "applies), ilp-joint = the joint ILP alone (greedy warm start: the old path).\n"
+        "    proven = when the optimum was proven (before a tie-break); gap = the plan's own "
+        "proven gap; to best = its gap to the tighter proven bound of the two exact paths."
     )
     # budgets as fractions of what the fleet needs on cpu:8 / mig:3g.40gb for its fastest
-    # variants x 12 (loose) and x 5 (tight): both bind for the most accurate variants.
-    cases = [
-        ("accuracy", {"cpu": round(total / 60 * 12), "mig": round(total / 60 * 2)}),
-        ("balanced", {"cpu": round(total / 60 * 12), "mig": round(total / 60 * 2)}),
-        ("accuracy", {"cpu": round(total / 60 * 5), "mig": round(total / 60 * 1)}),
-        ("balanced", {}),
-        # tight budgets under the balanced objective: the decomposition's hardest case here
-        ("balanced", {"cpu": round(total / 60 * 5), "mig": round(total / 60 * 1)}),
+    # variants x 12 (generous) and x 5 (tight): both bind for the most accurate variants.
+    generous = {"cpu": round(total / 60 * 12), "mig": round(total / 60 * 2)}
+    tight = {"cpu": round(total / 60 * 5), "mig": round(total / 60 * 1)}
+    cases: list[tuple[str, str, dict[str, int], float | None]] = [
+        ("balanced, generous", "balanced", generous, None),
+        ("balanced, tight", "balanced", tight, None),
+        ("accuracy, generous", "accuracy", generous, None),
+        ("accuracy, tight", "accuracy", tight, None),
+        ("cost, min-acc 0.7", "cost", generous, 0.7),
+        ("carbon, min-acc 0.7", "carbon", generous, 0.7),
+        ("balanced, no budgets", "balanced", {}, None),
     ]
     if quick:
-        cases = cases[:2]
+        cases = cases[:3]
+    strategies = ("ilp", "ilp-joint") if quick else ("ilp", "ilp-joint", "greedy", "single")
     print(
-        f"{'objective':>9} {'budgets':>18} {'strategy':>9} {'status':>11} {'seconds':>8} "
-        f"{'objective':>10} {'gap to bound':>16}  method"
+        f"{'case':>20} {'strategy':>9} {'status':>11} {'seconds':>8} {'proven':>7} "
+        f"{'objective':>12} {'gap':>9} {'to best':>9} {'load':>5}  method"
     )
-    for objective, budgets in cases:
-        req = {"families": fams, "slo_ms": 500, "percentile": "p99", "objective": objective,
-               "budgets": budgets}  # fmt: skip
+    ratios = []
+    for label, objective, budgets, floor in cases:
+        req: dict[str, Any] = {"families": fams, "slo_ms": 500, "percentile": "p99",
+                               "objective": objective, "budgets": budgets}  # fmt: skip
+        if floor is not None:
+            req["min_accuracy"] = floor
         t0 = time.perf_counter()
         problem = build_mix_problem(req, variants, profiles)
         build_s = time.perf_counter() - t0
-        results = {
-            s: _run(problem, s, time_limit) for s in ("ilp", "ilp-joint", "greedy", "single")
-        }
+        results = {}
+        for s in strategies:
+            results[s] = _run(problem, s, time_limit)
+            results[s]["load"] = os.getloadavg()[0]
+            results[s]["describe"] = (
+                _describe(s, results[s]["plan"], problem) if "plan" in results[s] else ""
+            )
         # the tighter of the two exact paths' proven bounds
         bounds = [
             r["plan"].extra["solver"].get("objective_bound")
@@ -205,45 +246,37 @@ def bench_scale(quick: bool, time_limit: float) -> None:
         bounds = [b for b in bounds if b is not None]
         pick = min if is_maximise(objective) else max
         bound = pick(bounds) if bounds else None
-        btxt = ",".join(f"{k}={v:g}" for k, v in budgets.items()) or "none"
         for strategy, r in results.items():
             if "error" in r:
-                print(f"{objective:>9} {btxt:>18} {strategy:>9} {'infeasible':>11} {r['s']:>8.3f}")
+                print(f"{label:>20} {strategy:>9} {'infeasible':>11} {r['s']:>8.3f}")
                 continue
             plan = r["plan"]
+            info = plan.extra["solver"]
             value = plan.predicted["objective"]
-            status = plan.extra["solver"]["status"]
-            gap = "-"
+            to_best = "-"
             if bound is not None:
                 diff = (bound - value) if is_maximise(objective) else (value - bound)
-                gap = f"{max(diff, 0.0) / max(abs(bound), 1e-12) * 100:.3f} %"
-            method = ""
-            if strategy.startswith("ilp"):
-                info = plan.extra["solver"]
-                joint = not str(info.get("method", "")).startswith("decomposition")
-                method = "joint ILP" if joint else "decomposition"
-                if strategy == "ilp" and joint:
-                    why = mix_decomp.LAST_FALLBACK.get("reason")
-                    method += (
-                        f" (decomposition gave up: {why})"
-                        if why and mix_decomp.applicable(problem, single=False, solver="highs")
-                        else " (decomposition not applicable)"
-                    )
-                own = info.get("gap")
-                method += f", own proven gap {own:.2g}" if own is not None else ""
+                to_best = f"{max(diff, 0.0) / max(abs(bound), 1e-12) * 100:.4f}%"
+            own = info.get("gap")
+            gap = f"{own * 100:.4f}%" if own is not None else "-"
+            proven = info.get("proven_s")
+            if proven is None and info.get("status") == "optimal" and strategy.startswith("ilp"):
+                proven = r["s"]
+            ptxt = f"{proven:.3f}" if proven is not None else "-"
             print(
-                f"{objective:>9} {btxt:>18} {strategy:>9} {status:>11} {r['s']:>8.3f} "
-                f"{value:>10.5f} {gap:>16}  {method}"
+                f"{label:>20} {strategy:>9} {info.get('status', '-'):>11} {r['s']:>8.3f} "
+                f"{ptxt:>7} {value:>12.6g} {gap:>9} {to_best:>9} {r['load']:>5.1f}  "
+                f"{r['describe']}"
             )
-        ratio = ""
         if "plan" in results["ilp"] and "plan" in results["ilp-joint"]:
-            ratio = (
-                f", ilp-joint / ilp time = {results['ilp-joint']['s'] / results['ilp']['s']:.1f}x"
+            ratio = results["ilp-joint"]["s"] / results["ilp"]["s"]
+            ratios.append((label, ratio))
+            print(
+                f"{'':>20} ilp-joint / ilp time = {ratio:.1f}x (problem build {build_s:.3f} s, "
+                f"best proven bound {bound:.6g})"
+                if bound is not None
+                else f"{'':>20} ilp-joint / ilp time = {ratio:.1f}x"
             )
-        print(
-            f"{'':>9} (problem build from records {build_s:.3f} s, best proven bound {bound}"
-            f"{ratio})"
-        )
     print()
 
 

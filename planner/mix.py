@@ -21,9 +21,10 @@ and no more cost, energy or use of any budget replaces it instance for instance)
 per-option count bounds ``U_o = min(ceil(L_f / capacity_o), floor(budget_k / usage_{o,k}))``
 which are also the big-M of the indicator constraints. The model is assembled as flat
 column/row arrays and handed to HiGHS in one ``passModel`` call (see ``_solve_highs``), or
-to CBC through pulp. Several families under the balanced objective are first solved by the
-exact Lagrangian decomposition of :mod:`greenctl.planner.mix_decomp` (per-family enumeration
-and a master MILP over the shared budgets); ``extra["solver"]["method"]`` says which ran.
+to CBC through pulp. Several families are first solved by the exact Lagrangian
+decomposition of :mod:`greenctl.planner.mix_decomp` (prices by column generation, per-family
+enumeration and a master MILP over the shared budgets; every objective, accuracy floors under
+``accuracy`` and ``cost``); ``extra["solver"]["method"]`` says which ran.
 """
 
 from __future__ import annotations
@@ -1231,7 +1232,7 @@ def components(problem: MixProblem) -> list[list[int]]:
     return list(groups.values())
 
 
-#: Try the exact decomposition for multi-family balanced problems (see ``_solve_exact``).
+#: Try the exact decomposition for multi-family problems first (see ``_solve_exact``).
 DECOMPOSITION = True
 
 _STATUS_RANK = {"optimal": 0, "time_limit": 1, "time_limit_no_solution": 2, "infeasible": 3}
@@ -1247,9 +1248,10 @@ def _solve_exact(
 ) -> tuple[Allocation, dict[str, Any]]:
     """Solve every independent group of families exactly; merge the allocations.
 
-    Several families under the balanced objective go to the exact Lagrangian decomposition
-    of :mod:`greenctl.planner.mix_decomp` first; the joint ILP runs when it does not apply
-    or gives up (``DECOMPOSITION = False`` forces the joint ILP).
+    Several families go to the exact Lagrangian decomposition of
+    :mod:`greenctl.planner.mix_decomp` first; the joint ILP runs when it does not apply or
+    gives up (``DECOMPOSITION = False`` forces the joint ILP), warm-started with its best
+    plan, and reports the tighter of its own bound and the decomposition's.
     """
     start_alloc: Allocation | None = None
     lagrangian: float | None = None
