@@ -30,6 +30,14 @@ def profile_serving(
     policy: Annotated[
         str, typer.Option("--policy", help="Dispatcher policy: wrr or fifo.")
     ] = "wrr",
+    stand_in: Annotated[
+        str,
+        typer.Option(
+            "--stand-in",
+            help="model: the variant itself, its own queue and run times subtracted per "
+            "request (default); noop: a no-op model of its tensor shapes.",
+        ),
+    ] = "model",
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Measure and print, but store nothing.")
     ] = False,
@@ -38,11 +46,12 @@ def profile_serving(
 ) -> None:
     """Measure what a request spends outside the model, and store it for planning.
 
-    Starts a no-op executor shaped like VARIANT (its input tensor, a zero output of its
-    size) and a dispatcher in a scratch state folder (what runs now is not touched), sends
-    open-loop Poisson loads, and stores the latency quantiles per rate and path. `plan mix`
-    then adds the dispatcher path to its predicted latencies (and `apply --verify` compares
-    them with what is measured).
+    Starts an executor of VARIANT on one core (or, with --stand-in noop, a no-op model of
+    its tensor shapes) and a dispatcher in a scratch state folder (what runs now is not
+    touched), sends open-loop Poisson loads, and stores the quantiles of the time each
+    request spends outside the executor's queue and model run, per rate and path. `plan
+    mix` then adds the dispatcher path to its predicted latencies (and `apply --verify`
+    compares them with what is measured).
     """
     from greenctl.executor.serving import DEFAULT_RATES, PATHS, measure_serving, save_serving
 
@@ -55,6 +64,7 @@ def profile_serving(
                 duration_s=duration,
                 policy=policy,
                 paths=path or PATHS,
+                stand_in=stand_in,
                 progress=lambda m, f: status.update(f"serving path: {m} ({100 * f:.0f}%)"),
             )
         if not dry_run:
@@ -64,7 +74,7 @@ def profile_serving(
         print_json(docs)
         return
     render_table(
-        f"Serving path of {variant}-shaped requests (no-op model, measured)",
+        f"Serving path of {variant} requests ({stand_in} stand-in, measured)",
         [
             "path",
             "req/s",

@@ -234,13 +234,22 @@ def parse_prometheus(text: str) -> dict[str, float]:
 
 
 # -- batching ----------------------------------------------------------------------------
+#: Response headers with the executor's own timing of a request (ms): time queued for a
+#: batch to start, and the run time of the batch it rode in.
+QUEUE_HEADER = "Greenctl-Queue-Ms"
+INFER_HEADER = "Greenctl-Infer-Ms"
+
+
 class _Item:
-    __slots__ = ("arr", "future", "rows")
+    __slots__ = ("arr", "future", "queued_at", "ran_s", "rows", "started_at")
 
     def __init__(self, arr: np.ndarray, future: asyncio.Future[np.ndarray]) -> None:
         self.arr = arr
         self.future = future
         self.rows = int(arr.shape[0])
+        self.queued_at = time.perf_counter()
+        self.started_at = self.queued_at
+        self.ran_s = 0.0
 
 
 class Batcher:
@@ -256,9 +265,15 @@ class Batcher:
         self.numpy_native = bool(getattr(loaded, "numpy_native", False))
 
     async def submit(self, arr: np.ndarray) -> np.ndarray:
+        return (await self.submit_timed(arr))[0]
+
+    async def submit_timed(self, arr: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """The output, the seconds queued before its batch started, and the batch's run time."""
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self.queue.put_nowait(_Item(arr, future))
-        return await future
+        item = _Item(arr, future)
+        self.queue.put_nowait(item)
+        out = await future
+        return out, item.started_at - item.queued_at, item.ran_s
 
     async def run_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -287,6 +302,7 @@ class Batcher:
                 items.append(item)
                 rows += item.rows
             arr = items[0].arr if len(items) == 1 else np.concatenate([i.arr for i in items])
+            started = time.perf_counter()
             try:
                 out = await loop.run_in_executor(self.pool, self._run, arr)
             except Exception as exc:  # a failing batch fails its requests, not the daemon
@@ -294,8 +310,10 @@ class Batcher:
                     if not i.future.done():
                         i.future.set_exception(exc)
                 continue
+            ran = time.perf_counter() - started
             start = 0
             for i in items:
+                i.started_at, i.ran_s = started, ran
                 if not i.future.done():
                     i.future.set_result(out[start : start + i.rows])
                 start += i.rows
@@ -484,7 +502,7 @@ class ExecutorServer:
             self.metrics.observe("400", time.perf_counter() - t0)
             return web.json_response({"error": str(exc)}, status=400)
         try:
-            out = await self.batcher.submit(arr)
+            out, queued_s, ran_s = await self.batcher.submit_timed(arr)
         except Exception as exc:
             self.metrics.observe("500", time.perf_counter() - t0)
             return web.json_response({"error": f"inference failed: {exc}"}, status=500)
@@ -494,6 +512,8 @@ class ExecutorServer:
             self.model, [(OUTPUT_NAME, out)], request=doc, model_version="1"
         )
         self.metrics.observe("200", time.perf_counter() - t0)
+        headers[QUEUE_HEADER] = f"{queued_s * 1000.0:.4f}"
+        headers[INFER_HEADER] = f"{ran_s * 1000.0:.4f}"
         return web.Response(body=payload, headers=headers)
 
     async def metrics_page(self, request: Any) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import math
 import random
 import time
 import urllib.error
@@ -43,11 +44,16 @@ class LoadResult:
     max_ms: float | None
     status_counts: dict[str, int] = field(default_factory=dict)
     latencies_ms: list[float] = field(default_factory=list, repr=False)
+    #: Per successful request, beside ``latencies_ms``: the executor's own queue and batch run
+    #: times from its ``Greenctl-Queue-Ms``/``Greenctl-Infer-Ms`` headers (NaN without them).
+    server_queue_ms: list[float] = field(default_factory=list, repr=False)
+    server_infer_ms: list[float] = field(default_factory=list, repr=False)
 
     def to_dict(self, *, with_latencies: bool = False) -> dict[str, Any]:
         doc = asdict(self)
         if not with_latencies:
-            doc.pop("latencies_ms")
+            for key in ("latencies_ms", "server_queue_ms", "server_infer_ms"):
+                doc.pop(key)
         return doc
 
 
@@ -157,11 +163,12 @@ async def _run(
     headers: dict[str, str],
     timeout_s: float,
     connections: int,
-) -> tuple[list[float], dict[str, int], float]:
+) -> tuple[list[float], list[tuple[float, float]], dict[str, int], float]:
     import aiohttp
 
     url = f"{endpoint.rstrip('/')}/v2/models/{model}/infer"
     latencies: list[float] = []
+    server: list[tuple[float, float]] = []
     codes: dict[str, int] = {}
     connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=30)
     async with aiohttp.ClientSession(
@@ -175,6 +182,10 @@ async def _run(
                 async with session.post(url, data=body, headers=headers) as resp:
                     await resp.read()
                     code = str(resp.status)
+                    timing = (
+                        _header_ms(resp.headers, "Greenctl-Queue-Ms"),
+                        _header_ms(resp.headers, "Greenctl-Infer-Ms"),
+                    )
             except TimeoutError:
                 code = "timeout"
             except aiohttp.ClientError as exc:
@@ -182,6 +193,7 @@ async def _run(
             codes[code] = codes.get(code, 0) + 1
             if code == "200":
                 latencies.append((loop.time() - at) * 1000.0)
+                server.append(timing)
 
         tasks = []
         for t in times:
@@ -193,7 +205,14 @@ async def _run(
         if tasks:
             await asyncio.gather(*tasks)
         elapsed = loop.time() - start
-    return latencies, codes, elapsed
+    return latencies, server, codes, elapsed
+
+
+def _header_ms(headers: Any, name: str) -> float:
+    try:
+        return float(headers.get(name, "nan"))
+    except ValueError:
+        return math.nan
 
 
 def run_load(
@@ -236,7 +255,7 @@ def run_load(
     t0 = time.monotonic()
     from greenctl.executor.procs import run_async
 
-    latencies, codes, elapsed = run_async(
+    latencies, server, codes, elapsed = run_async(
         _run(endpoint, model, times, body, headers, timeout_s, connections)
     )
     del t0
@@ -261,4 +280,6 @@ def run_load(
         max_ms=None if lat is None else float(lat.max()),
         status_counts=codes,
         latencies_ms=latencies,
+        server_queue_ms=[q for q, _ in server],
+        server_infer_ms=[i for _, i in server],
     )

@@ -3,11 +3,21 @@
 A model's profile times inference in-process. A served request also crosses the client's
 HTTP stack, the dispatcher (parse, route, forward) and the executor daemon (parse, batch
 queue, worker thread, encode) and back. :func:`measure_serving` measures exactly that part:
-it starts, in a scratch state folder (the running plan is never touched), one executor with
-the no-op model shaped like a variant's tensors (its input shape, a zero output of the
-model's output size) and a dispatcher, and sends open-loop Poisson loads at a few rates
-through the dispatcher (``path="dispatcher"``) and straight to the executor
-(``path="direct"``). Each row keeps 100 quantiles of the measured latency, which
+it starts, in a scratch state folder (the running plan is never touched), one executor on
+one core and a dispatcher, and sends open-loop Poisson loads at a few rates through the
+dispatcher (``path="dispatcher"``) and straight to the executor (``path="direct"``).
+
+The executor runs a stand-in:
+
+- ``model`` (default): the variant itself. Every answer carries the executor's own queue
+  and batch run times (``Greenctl-Queue-Ms``, ``Greenctl-Infer-Ms``); the serving path of a
+  request is its latency less those two, so what the model's CPU use does to the HTTP hops
+  (they share the machine's cores) is in the measurement, and what the queueing model
+  predicts is not counted twice.
+- ``noop``: a no-op model shaped like the variant (its input, a zero output of its size):
+  the path alone, on otherwise idle cores.
+
+Each row keeps 100 quantiles of the serving path, which
 :func:`greenctl.planner.evaluate.predict` adds to a plan's model latency
 (:func:`serving_overheads` picks the rows for a plan's families and rates).
 """
@@ -35,6 +45,7 @@ if TYPE_CHECKING:
 NOOP_LOADER = "greenctl.executor.daemon:noop_loader"
 DEFAULT_RATES = (10.0, 40.0, 160.0)
 PATHS = ("dispatcher", "direct")
+STAND_INS = ("model", "noop")
 QUANTILE_POINTS = 100
 
 Progress = Callable[[str, float], None]
@@ -47,6 +58,7 @@ class ServingMeasurement:
     family: str
     variant: str
     path: str
+    stand_in: str
     policy: str
     rate_rps: float
     input_bytes: int
@@ -55,7 +67,7 @@ class ServingMeasurement:
     p95_ms: float
     p99_ms: float
     quantiles_ms: list[float]
-    executor_cpu_ms_per_request: float | None
+    executor_cpu_ms_per_request: float | None  # the daemon's own, model runs excluded
     dispatcher_cpu_ms_per_request: float | None
     samples: int
     hardware: str | None = None
@@ -112,7 +124,7 @@ def _cpu_s(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _midpoint_quantiles(values: Sequence[float], n: int = QUANTILE_POINTS) -> list[float]:
+def _midpoint_quantiles(values: Any, n: int = QUANTILE_POINTS) -> list[float]:
     import numpy as np
 
     arr = np.asarray(values, dtype=float)
@@ -143,6 +155,7 @@ def measure_serving(
     paths: Sequence[str] = PATHS,
     output_elements: int | None = None,
     cores: list[int] | None = None,
+    stand_in: str = "model",
     progress: Progress = _noop,
 ) -> list[ServingMeasurement]:
     """Measure the serving path for ``variant``'s tensor shapes at each rate (nothing saved).
@@ -156,6 +169,8 @@ def measure_serving(
         paths: ``dispatcher`` and/or ``direct``.
         output_elements: output elements per row (default: load the variant and see).
         cores: CPU cores the executor may use (default: this process's affinity).
+        stand_in: ``model`` (the variant, its own queue and run times subtracted per
+            request) or ``noop`` (module docstring).
 
     Raises:
         InputError: bad rates, duration, path, or a variant without an input shape.
@@ -172,6 +187,8 @@ def measure_serving(
         raise InputError("serving rates must be > 0 req/s", hint="for example --rate 10 --rate 40")
     if not duration_s > 0:
         raise InputError("--duration must be > 0 seconds")
+    if stand_in not in STAND_INS:
+        raise InputError(f"unknown stand-in '{stand_in}'", hint="use model or noop")
     bad = [p for p in paths if p not in PATHS]
     if bad or not paths:
         raise InputError(
@@ -183,8 +200,11 @@ def measure_serving(
             f"variant '{variant}' has no input shape",
             hint="profile it first (`greenctl profile --variant ...`) so its shape is recorded",
         )
-    progress("finding the model's output size", 0.01)
-    out_elems = int(output_elements) if output_elements else output_elements_of(v)
+    if stand_in == "noop":
+        progress("finding the model's output size", 0.01)
+        out_elems = int(output_elements) if output_elements else output_elements_of(v)
+    else:
+        out_elems = int(output_elements or 0)  # read from the executor's metadata below
     hardware = _cpu_model()
     stamp = utcnow_iso()  # one stamp for the whole run: serving_overheads picks runs by it
     tmp = Path(tempfile.mkdtemp(prefix="greenctl-serving-"))
@@ -209,12 +229,12 @@ def measure_serving(
             ],
         )
         try:
-            progress("starting a no-op executor and a dispatcher (scratch state)", 0.05)
+            progress(f"starting a {stand_in} executor and a dispatcher (scratch state)", 0.05)
             with _env(GREENCTL_NOOP_OUTPUT_ELEMENTS=str(out_elems), GREENCTL_NOOP_SERVICE_MS="0"):
                 res = apply_plan(
                     plan,
                     store=scratch,
-                    loader=NOOP_LOADER,
+                    loader=NOOP_LOADER if stand_in == "noop" else None,
                     policy=policy,
                     cores=cores,
                     max_queue=4096,
@@ -224,6 +244,8 @@ def measure_serving(
             urls = {"dispatcher": res.dispatcher_url or "", "direct": st["instances"][0]["url"]}
             pids = {"dispatcher": st["dispatcher"]["pid"], "executor": st["instances"][0]["pid"]}
             body, _headers = model_input(urls["direct"], v.family)
+            if not out_elems:
+                out_elems = _output_elements(urls["direct"], v.family)
             for url in {urls[p] for p in paths}:  # warm both hops up
                 run_load(url, v.family, duration_s=0.5, rate_rps=min(rates), seed=99)
             steps = len(rates) * len(paths)
@@ -242,20 +264,29 @@ def measure_serving(
                         use = n == "executor" or path == "dispatcher"
                         ok = use and b is not None and a is not None and out.ok > 0
                         cpu_ms[n] = 1000.0 * (a - b) / out.ok if ok else None  # type: ignore[operator]
+                    if stand_in == "model" and cpu_ms["executor"] is not None:
+                        # the daemon's own CPU per request: less the model's run (one thread)
+                        runs = [x for x in out.server_infer_ms if x == x]
+                        model_ms = sum(runs) / len(runs) if runs else 0.0
+                        cpu_ms["executor"] = max(cpu_ms["executor"] - model_ms, 0.0)
                     if not out.latencies_ms:
                         raise InputError(
                             f"no request succeeded through the {path} path at {rate:g} req/s",
                             hint="lower the rate; see `greenctl status` logs",
                         )
-                    q = _midpoint_quantiles(out.latencies_ms)
                     import numpy as np
 
                     lat = np.asarray(out.latencies_ms)
+                    if stand_in == "model":
+                        inside = np.asarray(out.server_queue_ms) + np.asarray(out.server_infer_ms)
+                        lat = np.clip(lat - np.nan_to_num(inside, nan=0.0), 0.0, None)
+                    q = _midpoint_quantiles(lat)
                     rows.append(
                         ServingMeasurement(
                             family=v.family,
                             variant=v.name,
                             path=path,
+                            stand_in=stand_in,
                             policy=policy,
                             rate_rps=rate,
                             input_bytes=len(body),
@@ -280,6 +311,17 @@ def measure_serving(
         shutil.rmtree(tmp, ignore_errors=True)
     progress("done", 1.0)
     return rows
+
+
+def _output_elements(url: str, model: str) -> int:
+    """Output elements per row, from the executor's model metadata."""
+    import math
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/v2/models/{model}", timeout=5.0) as resp:
+        meta = json.loads(resp.read())
+    shape = [d for d in meta["outputs"][0]["shape"] if d >= 0]
+    return max(math.prod(shape), 1)
 
 
 def _cpu_model() -> str | None:
@@ -315,12 +357,18 @@ def serving_rows(store: Store, *, variant: str | None = None) -> list[ServingMea
 
 
 def serving_overheads(
-    store: Store, rates: Mapping[str, float], *, path: str = "dispatcher"
+    store: Store,
+    rates: Mapping[str, float],
+    *,
+    path: str = "dispatcher",
+    stand_in: str | None = None,
 ) -> dict[str, ServingPath]:
     """The serving path per family for ``{family: rate}``: the newest measurement of a
     variant of that family on ``path``, at the measured rate nearest the family's (in ratio).
 
-    Families never measured are left out (their latency stays the model's).
+    ``stand_in`` limits the choice to ``model`` or ``noop`` measurements (default: the
+    newest of either). Families never measured are left out (their latency stays the
+    model's).
     """
     import math
 
@@ -332,8 +380,9 @@ def serving_overheads(
             ServingMeasurement.from_row(r)
             for r in store.db.query(
                 "select * from serving_profiles where path = ? and family = ? "
+                "and coalesce(stand_in, 'noop') = coalesce(?, stand_in, 'noop') "
                 "order by created_at desc, id desc",
-                [path, family],
+                [path, family, stand_in],
             )
         ]
         if not rows:

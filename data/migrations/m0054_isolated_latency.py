@@ -16,6 +16,7 @@ def up(db: Any) -> None:
             "family": str,
             "variant": str,  # the variant whose tensors the no-op model mimics
             "path": str,  # "dispatcher" (client -> dispatcher -> executor) or "direct"
+            "stand_in": str,  # "model" (the variant itself, its queue and run subtracted) or "noop"
             "policy": str,
             "rate_rps": float,  # offered load of the measurement
             "input_bytes": int,

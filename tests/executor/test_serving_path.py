@@ -26,6 +26,7 @@ def _row(rate: float, stamp: str, *, family="tiny", variant="tiny-s", path="disp
         family=family,
         variant=variant,
         path=path,
+        stand_in="model",
         policy="wrr",
         rate_rps=rate,
         input_bytes=100,
@@ -51,7 +52,12 @@ def test_measure_serving_leaves_the_running_plan_alone(run_store, leftovers):
     apply_plan(plan, store=run_store, loader="greenctl.executor.daemon:noop_loader")
     before = status(run_store)
     rows = measure_serving(
-        run_store, variant="tiny-s", rates=(20.0,), duration_s=1.0, output_elements=10
+        run_store,
+        variant="tiny-s",
+        rates=(20.0,),
+        duration_s=1.0,
+        output_elements=10,
+        stand_in="noop",
     )
     assert [(r.path, r.rate_rps) for r in rows] == [("dispatcher", 20.0), ("direct", 20.0)]
     for r in rows:
@@ -72,6 +78,26 @@ def test_measure_serving_leaves_the_running_plan_alone(run_store, leftovers):
     assert leftovers() == []  # the scratch daemons are gone too
 
 
+def test_model_stand_in_subtracts_the_executors_own_queue_and_run(run_store):
+    from greenctl.executor.loadgen import run_load
+
+    (row,) = measure_serving(
+        run_store, variant="tiny-m", rates=(30.0,), duration_s=1.0, paths=("direct",)
+    )
+    assert row.stand_in == "model" and row.output_elements == 10  # from the metadata
+    assert row.executor_cpu_ms_per_request is not None and row.executor_cpu_ms_per_request >= 0
+    assert row.quantiles_ms[0] >= 0 and row.quantiles_ms == sorted(row.quantiles_ms)
+    # every answer carries the executor's timing, also through the dispatcher
+    from greenctl.executor.apply import apply_plan
+
+    plan = Plan(kind="mix", deployments=[Deployment("tiny", "tiny-m", "cpu:1", 1, 1, 10.0)])
+    url = apply_plan(plan, store=run_store).dispatcher_url or ""
+    out = run_load(url, "tiny", duration_s=0.5, rate_rps=20.0)
+    assert out.ok == len(out.server_infer_ms) == len(out.server_queue_ms) > 0
+    assert all(0 < i < lat for i, lat in zip(out.server_infer_ms, out.latencies_ms, strict=True))
+    assert all(q >= 0 for q in out.server_queue_ms)
+
+
 def test_bad_requests_fail_before_starting_anything(store):
     with pytest.raises(NotFoundError):
         measure_serving(store, variant="no-such-variant", rates=(10,))
@@ -79,6 +105,8 @@ def test_bad_requests_fail_before_starting_anything(store):
         measure_serving(store, variant="tiny-s", rates=(0,))
     with pytest.raises(InputError, match="path"):
         measure_serving(store, variant="tiny-s", paths=("sideways",))
+    with pytest.raises(InputError, match="stand-in"):
+        measure_serving(store, variant="tiny-s", stand_in="ghost")
 
 
 def test_overheads_pick_the_newest_run_and_the_nearest_rate(store):
@@ -97,6 +125,7 @@ def test_overheads_pick_the_newest_run_and_the_nearest_rate(store):
     assert got["tiny"].overhead_ms[0] == 1.0  # 25 is nearer 10 than 100 (in ratio)
     assert serving_overheads(store, {"tiny": 60.0})["tiny"].overhead_ms[0] == 2.0
     assert serving_overheads(store, {"tiny": 60.0}, path="direct")["tiny"].executor_cpu_ms == 1.5
+    assert serving_overheads(store, {"tiny": 60.0}, stand_in="noop") == {}
     assert serving_rows(store)[0].created_at == "2026-02-01T00:00:00Z"
 
 
