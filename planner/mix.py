@@ -444,6 +444,13 @@ def build_mix_problem(
     families: list[MixFamily] = []
     seen_resources: set[Resource] = set()
     for fam in req["families"]:
+        path_ms = _path_quantile((serving or {}).get(fam["model"]), q)
+        if path_ms > 0:
+            notes.append(
+                f"{fam['model']}: the measured serving path takes {path_ms:.3g} ms at "
+                f"{req['percentile']}; options derived from latency profiles must meet the SLO "
+                f"less that ({fam['slo_ms'] - path_ms:.4g} ms)"
+            )
         fvars = {
             v.name: MixVariant(
                 v.name,
@@ -465,7 +472,9 @@ def build_mix_problem(
         ):
             res = parse_resource(label)
             seen_resources.add(res)
-            opt = _make_option(vname, res, batch, hw, rows, fam["slo_ms"], req["percentile"], q)
+            opt = _make_option(
+                vname, res, batch, hw, rows, fam["slo_ms"], req["percentile"], q, path_ms=path_ms
+            )
             if isinstance(opt, str):
                 ineligible.append(f"{vname} on {label} batch {batch}: {opt}")
                 continue
@@ -480,7 +489,7 @@ def build_mix_problem(
             min_accuracy=fam.get("min_accuracy", req.get("min_accuracy")),
             ineligible=ineligible,
             lowest_slo=lowest_reachable_slo(
-                by_family[fam["model"]], profiles, fam["model"], req["percentile"]
+                by_family[fam["model"]], profiles, fam["model"], req["percentile"], path_ms=path_ms
             ),
         )
         family.options, family.pruned = prune_dominated(family.options)
@@ -557,8 +566,15 @@ def _make_option(
     slo_ms: float,
     pct: str,
     q: float,
+    *,
+    path_ms: float = 0.0,
 ) -> MixOption | str:
-    """The option for one (variant, resource, batch), or why it is not eligible."""
+    """The option for one (variant, resource, batch), or why it is not eligible.
+
+    ``path_ms``: the serving path's latency at the percentile; an option derived from a
+    latency profile must meet the SLO less that (load-tested capacities were measured
+    through a real server and keep the whole SLO).
+    """
     tested = [
         p
         for p in rows
@@ -599,8 +615,13 @@ def _make_option(
         base_lat = _percentile_latency(base, pct)
         if base_lat is None or base_lat > slo_ms:
             return f"load-tested only at SLOs >= {lowest:g} ms"
-    cap, lat, source = _capacity_from_latency(base, slo_ms=slo_ms, q=q)
-    if lat > slo_ms:
+    budget = slo_ms - path_ms
+    if budget <= 0:
+        return f"the serving path alone takes {path_ms:.4g} ms at {pct}"
+    cap, lat, source = _capacity_from_latency(base, slo_ms=budget, q=q)
+    if lat > budget:
+        if path_ms > 0:
+            return f"{pct} latency {lat:.4g} ms plus the serving path's {path_ms:.3g} ms exceeds the SLO"
         return f"{pct} latency {lat:.4g} ms exceeds the SLO"
     if cap <= 0:
         return "no capacity within the SLO"
@@ -619,10 +640,26 @@ def _make_option(
     )
 
 
+def _path_quantile(path: Any, q: float) -> float:
+    """The ``q`` quantile (ms) of a serving path (evaluate.ServingPath or samples); 0 if none."""
+    samples = getattr(path, "overhead_ms", path)
+    if not samples:
+        return 0.0
+    import numpy as np
+
+    return float(np.quantile(np.asarray(samples, dtype=float), q))
+
+
 def lowest_reachable_slo(
-    variants: Sequence[Variant], profiles: Sequence[Profile], family: str, pct: str
+    variants: Sequence[Variant],
+    profiles: Sequence[Profile],
+    family: str,
+    pct: str,
+    *,
+    path_ms: float = 0.0,
 ) -> tuple[float, str] | None:
-    """The lowest SLO any single instance of ``family`` meets, with the option that does."""
+    """The lowest SLO any single instance of ``family`` meets, with the option that does
+    (a latency-profile option plus the serving path's ``path_ms``)."""
     names = {v.name for v in variants if v.family == family}
     best: tuple[float, str] | None = None
     for p in profiles:
@@ -633,7 +670,7 @@ def lowest_reachable_slo(
             cands.append(float(p.capacity_slo_ms))
         lat = _percentile_latency(p, pct)
         if lat is not None:
-            cands.append(lat)
+            cands.append(lat + path_ms)
         for c in cands:
             if best is None or c < best[0]:
                 best = (c, f"{p.variant} on {p.resource} batch {p.batch}")

@@ -166,3 +166,22 @@ def test_cli_profile_serving_bad_input_exits_2_and_stores_nothing(cli, store):
     r = cli("profile", "serving", "--variant", "nope")
     assert r.exit_code == 2 and "nope" in r.output
     assert store.db.table("serving_profiles").count == 0
+
+
+def test_plan_mix_budgets_the_serving_path_within_the_slo(cli, store):
+    from greenctl.data.records import Profile, Variant
+
+    store.upsert_variant(Variant("tiny-s", "tiny", accuracy=0.6, input_shape="3,32,32"))
+    store.add_profiles(
+        [
+            Profile(
+                "tiny-s", "cpu:1", 1, throughput_rps=500.0, latency_p50_ms=2.0, latency_p95_ms=2.4
+            )
+        ]
+    )
+    args = ["plan", "mix", "--model", "tiny", "--rate", "50", "--slo-ms", "4", "--json"]
+    assert cli(*args).exit_code == 0  # the model alone meets 4 ms
+    save_serving(store, [_row(50, "2026-02-01T00:00:00Z", base=2.0)])  # p95 of the path ~2.95
+    r = cli(*args)
+    assert r.exit_code == 3, r.output  # model + path no longer fit 4 ms
+    assert "serving path" in r.output
