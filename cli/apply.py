@@ -186,12 +186,16 @@ def _print_verify(v: dict[str, object]) -> None:
         ["figure", "predicted", "measured"],
         [
             ["rate req/s", pred.get("rate_rps"), meas.get("rate_rps")],
+            ["p50 ms", pred.get("p50_ms"), meas.get("p50_ms")],
             ["p95 ms", pred.get("p95_ms"), meas.get("p95_ms")],
             ["p99 ms", pred.get("p99_ms"), meas.get("p99_ms")],
             ["errors", None, meas.get("errors")],
             ["503s", None, meas.get("rejected_503")],
         ],
-        caption=f"run {v.get('run_id')} stored; see `greenctl report`",
+        caption=(
+            f"run {v.get('run_id')} stored; see `greenctl report`. Predicted latency: "
+            + str(pred.get("latency_includes") or "model only (modeled)")
+        ),
     )
 
 
