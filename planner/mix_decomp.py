@@ -322,7 +322,10 @@ def _family_plans(
     visit(0, load, 0.0, 0.0, 0.0, 0.0, frozenset())
     if not found:
         if math.isfinite(upper):  # rounding hid the known plan: search again without it
-            return _family_plans(opts, d, load, budgets, lam, window, deadline, floor=floor, mu=mu)
+            return _family_plans(
+                opts, d, load, budgets, lam, window, deadline, floor=floor, mu=mu,
+                max_nodes=max_nodes,
+            )  # fmt: skip
         return math.inf, [], nodes[0]
     z = min(f[0] for f in found)
     by_use: dict[tuple[float, ...], _Plan] = {}
@@ -476,6 +479,30 @@ def _unit(problem: MixProblem, model: Any, lay: Any) -> float:
         ]
         total += min(rates, default=0.0) * load
     return total if total > 1e-300 else 1.0
+
+
+def _refill(
+    opts: list[_Opt], counts: dict[int, tuple[int, float]], load: float, floor: float | None
+) -> dict[int, tuple[int, float]] | None:
+    """The counts of a seed plan with the search's quotas (its fill order, exactly the load),
+    trimmed to what they need; None when they do not serve the load or meet the floor."""
+    by_index = {o.index: o for o in opts}
+    order = sorted(
+        (by_index[oi] for oi, (n, _) in counts.items() if n > 0),
+        key=lambda o: (o.a + o.pa, -o.acc, o.index),
+    )
+    rest, slack, out = load, 0.0, {}
+    for o in order:
+        if rest <= 1e-9:
+            break
+        qq = min(o.cap * counts[o.index][0], rest)
+        out[o.index] = (math.ceil(qq / o.cap - 1e-9), qq)
+        rest -= qq
+        if floor is not None:
+            slack += qq * (o.acc - floor)
+    if rest > 1e-9 * max(load, 1.0) or slack < -1e-9 * max(load, 1.0):
+        return None
+    return out
 
 
 def _seed_factors(nk: int) -> list[tuple[float, ...]]:
@@ -655,8 +682,9 @@ def solve_decomposed(
     except InfeasiblePlan:
         greedy = {}
     for fi, counts in greedy.items():
-        plan = _plan_of(fams[fi][0], fams[fi][1], counts, nk)
-        _add(pool[fi], plan)
+        refilled = _refill(fams[fi][0], counts, fams[fi][2], fams[fi][3])
+        if refilled is not None:
+            _add(pool[fi], _plan_of(fams[fi][0], fams[fi][1], refilled, nk))
     if lp_x is not None:
         # the LP relaxation's plan rounded up, per family: a first known plan (a bound that
         # prunes the first search from its first node)
@@ -666,8 +694,9 @@ def solve_decomposed(
                 qq = max(lp_x[lay.q[fi][oi]], 0.0)
                 if qq > 1e-9:
                     seed[oi] = (math.ceil(lp_x[lay.n[fi][oi]] - 1e-9), qq)
-            plan = _plan_of(fopts, d, seed, nk)
-            _add(pool[fi], plan)
+            refilled = _refill(fopts, seed, fams[fi][2], fams[fi][3])
+            if refilled is not None:
+                _add(pool[fi], _plan_of(fopts, d, refilled, nk))
     if coupled and nk and SEED_PRICES:
         # cheap plans at prices around the LP's, and the pool's LP first: its prices start
         # the exact searches nearer the end (the first search at the LP's prices was the
