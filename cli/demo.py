@@ -62,8 +62,9 @@ def demo_cmd(
     v = summary.get("verify") or {}
     if v:
         console.print(
-            f"verification through the dispatcher: predicted p95 {_ms(v.get('predicted_p95_ms'))} ms (modeled), "
-            f"measured p95 {_ms(v.get('measured_p95_ms'))} at {_ms(v.get('measured_rate_rps'))} "
+            f"verification through the dispatcher: predicted p95 {_ms(v.get('predicted_p95_ms'))} ms "
+            "(modeled: profile + measured serving path), "
+            f"measured p95 {_ms(v.get('measured_p95_ms'))} ms at {_ms(v.get('measured_rate_rps'))} "
             "req/s",
             highlight=False,
         )
