@@ -266,7 +266,11 @@ def _family_plans(
                     top = min(top, math.floor((budgets[k] - use[k]) / o.usage[k] + 1e-9))
             cu = used | {o.variant}
             sv = suffix_vars[j + 1]
-            shared = bool(sv & cu)
+            extra = 0.0 if sv & cu else suffix_start[j + 1]
+            # the children's bound, inlined (the hot loop): covers of options j+1..
+            cc1, co1, rs1 = cum_cap[j + 1], cum_cost[j + 1], rates[j + 1]
+            ncc1 = len(cc1)
+            gj = gap[j]
             # larger counts first: good plans early, tight pruning after. For full counts
             # (1 <= n < need) the child's bound is convex in n: once it passed and then
             # fails, every smaller count fails too.
@@ -293,9 +297,16 @@ def _family_plans(
                 served = o.cap * n
                 child_rest = rest - served
                 child = priced + ap[j] * served + b * n + start
-                clb = bound2(j + 1, child_rest, slack + served * gap[j]) + (
-                    0.0 if shared else suffix_start[j + 1]
-                )
+                at = bisect.bisect_left(cc1, child_rest - 1e-9)
+                if at == ncc1:
+                    clb = math.inf
+                elif at:
+                    clb = co1[at - 1] + rs1[at] * (child_rest - cc1[at - 1])
+                else:
+                    clb = rs1[0] * child_rest
+                if fmu > 0:
+                    clb = max(clb, bound2(j + 1, child_rest, slack + served * gj))
+                clb += extra
                 if child + clb > thresh[0]:
                     if passed:
                         break
