@@ -479,10 +479,12 @@ def _plan_of(
     return _Plan(cost, tuple(use), dict(counts), second)
 
 
-def _unit(problem: MixProblem, model: Any, lay: Any) -> float:
+def _unit(problem: MixProblem, model: Any, lay: Any, fis: Any = None) -> float:
     """The objective's order of magnitude: per family its cheapest cost per req/s x load."""
     total = 0.0
     for fi, fam in enumerate(problem.families):
+        if fis is not None and fi not in fis:
+            continue
         load = fam.load_rps(problem.headroom)
         rates = [
             abs(model.cost[lay.q[fi][oi]]) + abs(model.cost[lay.n[fi][oi]]) / o.capacity_rps
