@@ -419,8 +419,9 @@ def build_mix_problem(
         variants: the variants of (at least) the requested families.
         profiles: their latest profiles; several rows of one (variant, resource, batch)
             may differ in ``capacity_rps``/``capacity_slo_ms`` (load tests at several SLOs).
-        serving: the measured serving path per family (``"*"``: all), an
-            ``evaluate.ServingPath`` or overhead samples in ms, added to the predicted
+        serving: the measured serving path per variant or family (``"*"``: all), an
+            ``evaluate.ServingPath`` or overhead samples in ms: options from latency profiles
+            must meet the SLO less its percentile, and it is added to the predicted
             latencies of the finished plan.
 
     Raises:
@@ -472,8 +473,17 @@ def build_mix_problem(
         ):
             res = parse_resource(label)
             seen_resources.add(res)
+            own = (serving or {}).get(vname)
             opt = _make_option(
-                vname, res, batch, hw, rows, fam["slo_ms"], req["percentile"], q, path_ms=path_ms
+                vname,
+                res,
+                batch,
+                hw,
+                rows,
+                fam["slo_ms"],
+                req["percentile"],
+                q,
+                path_ms=_path_quantile(own, q) if own is not None else path_ms,
             )
             if isinstance(opt, str):
                 ineligible.append(f"{vname} on {label} batch {batch}: {opt}")
@@ -1418,7 +1428,9 @@ def _solve_group(
         left = max(1.0, 2.0 * res.seconds)
         if time_limit_s is not None:
             left = min(left, max(time_limit_s - res.seconds, 0.1))
-        res2 = _solve(m2, solver=solver, time_limit_s=left)
+        # the primary plan starts it (without one HiGHS may find none in the time left)
+        start2 = _warm_start(problem, terms, lay2, len(m2.cost), alloc)
+        res2 = _solve(m2, solver=solver, time_limit_s=left, start=start2)
         info["tie_break"] = {"objective": secondary, "status": res2.status}
         info["solve_s"] = round(res.seconds + res2.seconds, 4)
         if res2.x is not None and res2.status in ("optimal", "time_limit"):
