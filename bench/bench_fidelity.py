@@ -12,8 +12,9 @@ predictions of the evaluation core, each adding one effect:
 - ``model``: the profile's back-to-back latency in the queueing model (greenctl before);
 - ``+cold``: requests that find the instance idle run at the isolated latency;
 - ``+noop path``: plus the serving path measured with a no-op stand-in model;
-- ``+serving``: plus the serving path measured with the model itself as stand-in (its own
-  queue and run times subtracted per request): the default of ``greenctl profile serving``.
+- ``+serving``: plus the serving path measured with each variant itself as stand-in (its
+  own queue and run times subtracted per request): the default of ``greenctl profile
+  serving``.
 
 The issue's target: measured p95 within 15 % of the prediction on CPU plans below 80 %
 utilisation. The spread of the per-round p95 is printed beside each figure: on a shared
@@ -64,7 +65,7 @@ def main() -> int:
     from greenctl.executor.apply import apply_plan, down
     from greenctl.executor.loadgen import run_load
     from greenctl.executor.serving import measure_serving, save_serving, serving_overheads
-    from greenctl.planner.evaluate import ServingPath, predict, profiles_by_key
+    from greenctl.planner.evaluate import predict, profiles_by_key
     from greenctl.profiler.harness import profile
 
     store = open_store()
@@ -72,14 +73,16 @@ def main() -> int:
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     t0 = time.perf_counter()
     profile(store, family="tiny", cpus=(1,), batches=(1,), duration_s=2.0)
-    rates = sorted({rate for _, _, rate in plans})
-    for stand_in in ("noop", "model"):
+    for variant, stand_in in (("tiny-l", "noop"), ("tiny-l", "model"), ("tiny-m", "model")):
+        used = sorted({rate for _, members, rate in plans if variant in dict(members)})
+        if not used:
+            continue
         save_serving(
             store,
             measure_serving(
                 store,
-                variant="tiny-l",
-                rates=rates,
+                variant=variant,
+                rates=used,
                 duration_s=4.0,
                 paths=("dispatcher",),
                 stand_in=stand_in,
@@ -103,12 +106,8 @@ def main() -> int:
         for label, members, rate in plans:
             quota = rate / len(members)
             deps = [Deployment("tiny", v, "cpu:1", n, 1, quota_rps=quota) for v, n in members]
-            noop: ServingPath | None = serving_overheads(
-                store, {"tiny": rate}, stand_in="noop"
-            ).get("tiny")
-            path: ServingPath | None = serving_overheads(
-                store, {"tiny": rate}, stand_in="model"
-            ).get("tiny")
+            noop = serving_overheads(store, {"tiny": rate}, stand_in="noop")
+            path = serving_overheads(store, {"tiny": rate}, stand_in="model")
             preds = {
                 "model": predict(deps, hot, variants, rate_rps=rate, policy="wrr"),
                 "+cold": predict(deps, profiles, variants, rate_rps=rate, policy="wrr"),

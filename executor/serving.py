@@ -363,16 +363,20 @@ def serving_overheads(
     path: str = "dispatcher",
     stand_in: str | None = None,
 ) -> dict[str, ServingPath]:
-    """The serving path per family for ``{family: rate}``: the newest measurement of a
-    variant of that family on ``path``, at the measured rate nearest the family's (in ratio).
+    """The serving path for ``{family: rate}``, keyed by family and by variant.
 
-    ``stand_in`` limits the choice to ``model`` or ``noop`` measurements (default: the
-    newest of either). Families never measured are left out (their latency stays the
-    model's).
+    Each measured variant of a family gets its newest run on ``path``, at the measured rate
+    nearest the family's (in ratio); the family's own entry is the newest run of any of its
+    variants (what a variant never measured falls back to). ``stand_in`` limits the choice to
+    ``model`` or ``noop`` measurements (default: either). Families never measured are left
+    out (their latency stays the model's).
     """
     import math
 
     from greenctl.planner.evaluate import ServingPath
+
+    def as_path(row: ServingMeasurement) -> ServingPath:
+        return ServingPath(tuple(row.quantiles_ms), float(row.executor_cpu_ms_per_request or 0.0))
 
     out: dict[str, ServingPath] = {}
     for family, rate in rates.items():
@@ -385,15 +389,16 @@ def serving_overheads(
                 [path, family, stand_in],
             )
         ]
-        if not rows:
-            continue
-        newest = [
-            r for r in rows if r.created_at == rows[0].created_at and r.variant == rows[0].variant
-        ]
         target = max(float(rate), 1e-9)
-        best = min(newest, key=lambda r: abs(math.log(r.rate_rps / target)))
-        if best.quantiles_ms:
-            out[family] = ServingPath(
-                tuple(best.quantiles_ms), float(best.executor_cpu_ms_per_request or 0.0)
-            )
+        runs: dict[str, list[ServingMeasurement]] = {}
+        for r in rows:  # newest first: each variant's newest run
+            run = runs.setdefault(r.variant, [])
+            if not run or run[0].created_at == r.created_at:
+                run.append(r)
+        for variant, run in runs.items():
+            best = min(run, key=lambda r: abs(math.log(r.rate_rps / target)))
+            if best.quantiles_ms:
+                out[variant] = as_path(best)
+                if rows and variant == rows[0].variant:
+                    out[family] = out[variant]
     return out

@@ -212,12 +212,17 @@ def _as_path(value: ServingPath | Sequence[float] | None) -> ServingPath | None:
     return ServingPath(tuple(float(x) for x in value)) if len(value) else None
 
 
-def _path_for(serving: ServingInput | None, model: str) -> ServingPath | None:
+def _path_for(
+    serving: ServingInput | None, model: str, variant: str | None = None
+) -> ServingPath | None:
+    """The serving path of a variant: its own entry, else its model's, else ``"*"``."""
     if serving is None or isinstance(serving, ServingPath):
         return serving
     if isinstance(serving, Mapping):
-        found = serving.get(model)
-        return _as_path(found if found is not None else serving.get("*"))
+        for key in (variant, model, "*"):
+            if key is not None and serving.get(key) is not None:
+                return _as_path(serving[key])
+        return None
     return _as_path(serving)
 
 
@@ -425,7 +430,8 @@ def predict(
             a deployment's ``placement["duty_cycle_ms"]`` wins).
         serving: the measured serving path (``greenctl profile serving``): a
             :class:`ServingPath` or bare overhead samples in ms, one for every model or
-            ``{model: ...}`` (``"*"`` for the rest). Its overhead is added to every
+            ``{variant or model: ...}`` (a variant's own entry first, then its model's, then
+            ``"*"``). Its overhead is added to every
             request's latency and its executor CPU delays the queue of CPU instances.
             Without it latencies are the model's alone.
 
@@ -456,7 +462,7 @@ def predict(
         nonlocal violation, overloaded
         if rate <= 0:
             return
-        path = _path_for(serving, members[0].model)
+        path = _path_for(serving, members[0].model, members[0].variant)
         if model is not None and path is not None and path.overhead_ms:
             model = with_overhead(model, path.overhead_ms)
         if model is None:
@@ -483,7 +489,6 @@ def predict(
 
     for m, rate in model_rate.items():
         members = [i for i in instances if i.model == m]
-        spath = _path_for(serving, m)
         if policy == "fifo":
             model = None
             if rate > 0:
@@ -492,7 +497,12 @@ def predict(
                     warm_service(i, rate * float(g), rate * float(g) / i.capacity_rps)
                     for i, g in zip(members, got, strict=True)
                 ]
-                model = mgc_model(rate, services, demand_ms=_demand(members[0], spath))
+                first = members[0]
+                model = mgc_model(
+                    rate,
+                    services,
+                    demand_ms=_demand(first, _path_for(serving, m, first.variant)),
+                )
             queue(rate, members, model)
         else:
             for i in members:
@@ -504,7 +514,7 @@ def predict(
                         r,
                         [svc],
                         ca2=max(min(shares[i.index], 1.0), 0.05),
-                        demand_ms=_demand(i, spath),
+                        demand_ms=_demand(i, _path_for(serving, m, i.variant)),
                     )
                 else:
                     lm = batch_model(r, svc, i.batch, duty_cycle_ms=i.duty_cycle_ms)

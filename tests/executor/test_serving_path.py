@@ -119,8 +119,11 @@ def test_overheads_pick_the_newest_run_and_the_nearest_rate(store):
             _row(100, "2026-02-01T00:00:00Z", base=3.0, path="direct"),
         ],
     )
+    save_serving(store, [_row(10, "2026-01-15T00:00:00Z", variant="tiny-m", base=5.0)])
     got = serving_overheads(store, {"tiny": 25.0, "other": 10.0})
-    assert set(got) == {"tiny"}  # never-measured families are left out
+    assert set(got) == {"tiny", "tiny-s", "tiny-m"}  # never-measured families are left out
+    assert got["tiny-m"].overhead_ms[0] == 5.0  # each variant its own newest run
+    assert got["tiny"] == got["tiny-s"]  # the family: the newest run of any variant
     assert isinstance(got["tiny"], ServingPath)
     assert got["tiny"].overhead_ms[0] == 1.0  # 25 is nearer 10 than 100 (in ratio)
     assert serving_overheads(store, {"tiny": 60.0})["tiny"].overhead_ms[0] == 2.0

@@ -90,3 +90,17 @@ def test_predict_adds_cold_runs_and_the_serving_path():
         percentile_slo_ms=5.0,
     )
     assert slo["slo_violation_frac"] > 0.3  # the overhead pushes requests past a tight SLO
+
+
+def test_a_variants_own_serving_path_wins_over_its_models():
+    own = predict(
+        _dep(20.0),
+        _profiles(),
+        VARIANTS,
+        rate_rps=20.0,
+        serving={"v": [5.0] * 10, "m": [1.0] * 10, "*": [9.0] * 10},
+    )
+    fam = predict(_dep(20.0), _profiles(), VARIANTS, rate_rps=20.0, serving={"m": [1.0] * 10})
+    rest = predict(_dep(20.0), _profiles(), VARIANTS, rate_rps=20.0, serving={"*": [9.0] * 10})
+    assert own["p50_ms"] - fam["p50_ms"] == pytest.approx(4.0, abs=0.05)
+    assert rest["p50_ms"] - fam["p50_ms"] == pytest.approx(8.0, abs=0.05)
