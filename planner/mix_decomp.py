@@ -1191,7 +1191,7 @@ def _priced_bound(
     """
     from greenctl.planner import mix
 
-    m, lay = mix._build_model(problem, terms, single=False, subset=[fi])
+    m, lay = mix._build_model(problem, terms, single=False, subset=[fi], cuts=False)
     m.cost = [c / unit for c in m.cost]
     fam = problem.families[fi]
     for oi, o in enumerate(fam.options):
