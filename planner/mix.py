@@ -1388,6 +1388,8 @@ def _solve_group(
     from greenctl.planner.mix_decomp import _unit
 
     unit = _unit(problem, model, lay, group)
+    if 1e-2 <= unit <= 1e2:  # O(1) already; rescaling it changes HiGHS's search for nothing
+        unit = 1.0
     model.cost = [c / unit for c in model.cost]
     start = None if single else _warm_start(problem, terms, lay, len(model.cost), start_alloc)
     res = _solve(model, solver=solver, time_limit_s=time_limit_s, start=start)
