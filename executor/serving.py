@@ -172,6 +172,9 @@ def measure_serving(
         stand_in: ``model`` (the variant, its own queue and run times subtracted per
             request) or ``noop`` (module docstring).
 
+    The executor runs on one CPU core of this machine (GPU variants too: the path is
+    measured on the CPU). Measure while nothing else loads the machine for figures that hold.
+
     Raises:
         InputError: bad rates, duration, path, or a variant without an input shape.
         NotFoundError: unknown variant.
@@ -210,104 +213,109 @@ def measure_serving(
     tmp = Path(tempfile.mkdtemp(prefix="greenctl-serving-"))
     rows: list[ServingMeasurement] = []
     # A scratch store and state folder: the running plan's state, lock and ports stay apart.
-    scratch_env = _env(GREENCTL_STATE_DIR=str(tmp / "state"))
-    scratch_env.__enter__()
     try:
-        scratch = open_store(tmp / "serving.db")
-        scratch.upsert_variant(v)
-        plan = Plan(
-            kind="mix",
-            deployments=[
-                Deployment(
-                    model=v.family,
-                    variant=v.name,
-                    resource="cpu:1",
-                    count=1,
-                    batch=1,
-                    quota_rps=max(rates),
-                )
-            ],
-        )
-        try:
-            progress(f"starting a {stand_in} executor and a dispatcher (scratch state)", 0.05)
-            with _env(GREENCTL_NOOP_OUTPUT_ELEMENTS=str(out_elems), GREENCTL_NOOP_SERVICE_MS="0"):
-                res = apply_plan(
-                    plan,
-                    store=scratch,
-                    loader=NOOP_LOADER if stand_in == "noop" else None,
-                    policy=policy,
-                    cores=cores,
-                    max_queue=4096,
-                    max_wait_ms=0.0,
-                )
-            st = status(scratch)
-            urls = {"dispatcher": res.dispatcher_url or "", "direct": st["instances"][0]["url"]}
-            pids = {"dispatcher": st["dispatcher"]["pid"], "executor": st["instances"][0]["pid"]}
-            body, _headers = model_input(urls["direct"], v.family)
-            if not out_elems:
-                out_elems = _output_elements(urls["direct"], v.family)
-            for url in {urls[p] for p in paths}:  # warm both hops up
-                run_load(url, v.family, duration_s=0.5, rate_rps=min(rates), seed=99)
-            steps = len(rates) * len(paths)
-            k = 0
-            for rate in rates:
-                for path in paths:
-                    progress(f"{path} at {rate:g} req/s", 0.1 + 0.9 * k / steps)
-                    k += 1
-                    before = {n: _cpu_s(p) for n, p in pids.items()}
-                    out = run_load(
-                        urls[path], v.family, duration_s=duration_s, rate_rps=rate, seed=k
+        with _env(GREENCTL_STATE_DIR=str(tmp / "state")):
+            scratch = open_store(tmp / "serving.db")
+            scratch.upsert_variant(v)
+            plan = Plan(
+                kind="mix",
+                deployments=[
+                    Deployment(
+                        model=v.family,
+                        variant=v.name,
+                        resource="cpu:1",
+                        count=1,
+                        batch=1,
+                        quota_rps=max(rates),
                     )
-                    cpu_ms: dict[str, float | None] = {}
-                    for n, p in pids.items():
-                        b, a = before[n], _cpu_s(p)
-                        use = n == "executor" or path == "dispatcher"
-                        ok = use and b is not None and a is not None and out.ok > 0
-                        cpu_ms[n] = 1000.0 * (a - b) / out.ok if ok else None  # type: ignore[operator]
-                    if stand_in == "model" and cpu_ms["executor"] is not None:
-                        # the daemon's own CPU per request: less the model's run (one thread)
-                        runs = [x for x in out.server_infer_ms if x == x]
-                        model_ms = sum(runs) / len(runs) if runs else 0.0
-                        cpu_ms["executor"] = max(cpu_ms["executor"] - model_ms, 0.0)
-                    if not out.latencies_ms:
-                        raise InputError(
-                            f"no request succeeded through the {path} path at {rate:g} req/s",
-                            hint="lower the rate; see `greenctl status` logs",
+                ],
+            )
+            try:
+                progress(f"starting a {stand_in} executor and a dispatcher (scratch state)", 0.05)
+                with _env(
+                    GREENCTL_NOOP_OUTPUT_ELEMENTS=str(out_elems), GREENCTL_NOOP_SERVICE_MS="0"
+                ):
+                    res = apply_plan(
+                        plan,
+                        store=scratch,
+                        loader=NOOP_LOADER if stand_in == "noop" else None,
+                        policy=policy,
+                        cores=cores,
+                        max_queue=4096,
+                        max_wait_ms=0.0,
+                    )
+                st = status(scratch)
+                urls = {"dispatcher": res.dispatcher_url or "", "direct": st["instances"][0]["url"]}
+                pids = {
+                    "dispatcher": st["dispatcher"]["pid"],
+                    "executor": st["instances"][0]["pid"],
+                }
+                body, _headers = model_input(urls["direct"], v.family)
+                if not out_elems:
+                    out_elems = _output_elements(urls["direct"], v.family)
+                for url in {urls[p] for p in paths}:  # warm both hops up
+                    run_load(url, v.family, duration_s=0.5, rate_rps=min(rates), seed=99)
+                steps = len(rates) * len(paths)
+                k = 0
+                for rate in rates:
+                    for path in paths:
+                        progress(f"{path} at {rate:g} req/s", 0.1 + 0.9 * k / steps)
+                        k += 1
+                        before = {n: _cpu_s(p) for n, p in pids.items()}
+                        out = run_load(
+                            urls[path], v.family, duration_s=duration_s, rate_rps=rate, seed=k
                         )
-                    import numpy as np
+                        cpu_ms: dict[str, float | None] = {}
+                        for n, p in pids.items():
+                            b, a = before[n], _cpu_s(p)
+                            use = n == "executor" or path == "dispatcher"
+                            ok = use and b is not None and a is not None and out.ok > 0
+                            cpu_ms[n] = 1000.0 * (a - b) / out.ok if ok else None  # type: ignore[operator]
+                        if stand_in == "model" and cpu_ms["executor"] is not None:
+                            # the daemon's own CPU per request: less the model's run (one thread)
+                            runs = [x for x in out.server_infer_ms if x == x]
+                            model_ms = sum(runs) / len(runs) if runs else 0.0
+                            cpu_ms["executor"] = max(cpu_ms["executor"] - model_ms, 0.0)
+                        if not out.latencies_ms:
+                            raise InputError(
+                                f"no request succeeded through the {path} path at {rate:g} req/s",
+                                hint="lower the rate",
+                            )
+                        import numpy as np
 
-                    lat = np.asarray(out.latencies_ms)
-                    if stand_in == "model":
-                        inside = np.asarray(out.server_queue_ms) + np.asarray(out.server_infer_ms)
-                        lat = np.clip(lat - np.nan_to_num(inside, nan=0.0), 0.0, None)
-                    q = _midpoint_quantiles(lat)
-                    rows.append(
-                        ServingMeasurement(
-                            family=v.family,
-                            variant=v.name,
-                            path=path,
-                            stand_in=stand_in,
-                            policy=policy,
-                            rate_rps=rate,
-                            input_bytes=len(body),
-                            output_elements=out_elems,
-                            p50_ms=float(np.percentile(lat, 50)),
-                            p95_ms=float(np.percentile(lat, 95)),
-                            p99_ms=float(np.percentile(lat, 99)),
-                            quantiles_ms=q,
-                            executor_cpu_ms_per_request=cpu_ms["executor"],
-                            dispatcher_cpu_ms_per_request=cpu_ms["dispatcher"],
-                            samples=len(lat),
-                            hardware=hardware,
-                            created_at=stamp,
+                        lat = np.asarray(out.latencies_ms)
+                        if stand_in == "model":
+                            inside = np.asarray(out.server_queue_ms) + np.asarray(
+                                out.server_infer_ms
+                            )
+                            lat = np.clip(lat - np.nan_to_num(inside, nan=0.0), 0.0, None)
+                        q = _midpoint_quantiles(lat)
+                        rows.append(
+                            ServingMeasurement(
+                                family=v.family,
+                                variant=v.name,
+                                path=path,
+                                stand_in=stand_in,
+                                policy=policy,
+                                rate_rps=rate,
+                                input_bytes=len(body),
+                                output_elements=out_elems,
+                                p50_ms=float(np.percentile(lat, 50)),
+                                p95_ms=float(np.percentile(lat, 95)),
+                                p99_ms=float(np.percentile(lat, 99)),
+                                quantiles_ms=q,
+                                executor_cpu_ms_per_request=cpu_ms["executor"],
+                                dispatcher_cpu_ms_per_request=cpu_ms["dispatcher"],
+                                samples=len(lat),
+                                hardware=hardware,
+                                created_at=stamp,
+                            )
                         )
-                    )
-        finally:
-            with contextlib.suppress(Exception):
-                down(scratch)
-            scratch.close()
+            finally:
+                with contextlib.suppress(Exception):
+                    down(scratch)
+                scratch.close()
     finally:
-        scratch_env.__exit__(None, None, None)
         shutil.rmtree(tmp, ignore_errors=True)
     progress("done", 1.0)
     return rows
