@@ -50,6 +50,7 @@ the decomposition's best plan, and reports the tighter of its bound and ``LD``.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -83,6 +84,10 @@ CG_TOL = 1e-7
 OBJECTIVES = ("balanced", "accuracy", "cost", "carbon")
 #: Seed the pool with cheap plans at prices around the LP's before the first exact search.
 SEED_PRICES = True
+#: Price (window 0) by the per-variant search where it applies (:func:`_grouped_optimum`),
+#: with this limit on its states before the per-option search takes over.
+GROUPED = True
+GROUPED_NODES = 300_000
 #: Why the last call gave up (for the benchmark and debugging); empty after a success.
 LAST_FALLBACK: dict[str, Any] = {}
 
@@ -356,6 +361,232 @@ def _family_plans(
     if len(by_use) > MAX_PLANS:
         raise _TooBig
     return z, list(by_use.values()), nodes[0]
+
+
+def _grouped_optimum(
+    opts: list[_Opt],
+    d: dict[str, float],
+    load: float,
+    budgets: tuple[float, ...],
+    lam: tuple[float, ...],
+    deadline: float = math.inf,
+    upper: float = math.inf,
+    floor: float | None = None,
+    max_nodes: int | None = None,
+) -> tuple[float, list[_Plan], int] | None:
+    """A family's priced optimum searched per variant (None: it does not apply here).
+
+    Applies when every option of a variant has the same quota cost (``accuracy`` and
+    ``cost``: quotas cost by accuracy alone) and instance costs are >= 0. Quotas then fill
+    variants in ascending quota cost (most accurate first among ties), and what a variant
+    contributes is only its capacity ``C`` (capped at the load), its priced instance cost
+    and its use. Per variant the count vectors over its sizes reduce to the Pareto frontier
+    of (more capacity, less cost): a plan with a dominated vector is never better, since
+    more capacity of an earlier variant serves more of the load at a quota cost and floor
+    slack at least as good. Use is left out of the frontier only when every combination of
+    frontier points fits the budgets (else None). A depth-first branch and bound over the
+    variants (a frontier point each, the marginal one the cheapest covering the rest) with
+    :func:`_family_plans`'s bounds gives the same optimum ``z`` with far fewer nodes.
+
+    Returns:
+        (z, [one optimal plan], nodes) as :func:`_family_plans` with ``window=0``.
+    """
+    nk = len(budgets)
+    node_limit = MAX_NODES if max_nodes is None else max_nodes
+    groups: dict[str, list[_Opt]] = {}
+    for o in opts:
+        groups.setdefault(o.variant, []).append(o)
+    alpha: dict[str, float] = {}
+    for v, g in groups.items():
+        a0 = g[0].a + g[0].pa
+        if any(abs(o.a + o.pa - a0) > 1e-12 * max(1.0, abs(a0)) for o in g):
+            return None
+        if any(abs(o.acc - g[0].acc) > 0 for o in g):
+            return None
+        alpha[v] = a0
+    if load <= 1e-9:
+        return 0.0, [_Plan(0.0, tuple([0.0] * nk), {})], 1
+    names = sorted(groups, key=lambda v: (alpha[v], -groups[v][0].acc, groups[v][0].index))
+    if floor is not None and any(
+        groups[u][0].acc < groups[v][0].acc for u, v in itertools.pairwise(names)
+    ):
+        return None  # more capacity early must never cost floor slack
+    bp_of = {o.index: o.b0 + sum(lk * u for lk, u in zip(lam, o.usage, strict=True)) for o in opts}
+    if any(b < -1e-15 for b in bp_of.values()):
+        return None
+    # per variant: the frontier of (capacity capped at the load, priced cost, use, counts)
+    fronts: list[list[tuple[float, float, tuple[float, ...], tuple[tuple[int, int], ...]]]] = []
+    top_use = [0.0] * nk
+    for v in names:
+        pts: list[tuple[float, float, tuple[float, ...], tuple[tuple[int, int], ...]]] = [
+            (0.0, 0.0, tuple([0.0] * nk), ())
+        ]
+        for o in groups[v]:
+            kmax = min(o.ub, math.ceil(load / o.cap - 1e-9))
+            for k in range(nk):
+                if o.usage[k] > 0:
+                    kmax = min(kmax, math.floor(budgets[k] / o.usage[k] + 1e-9))
+            b = bp_of[o.index]
+            grown = []
+            for c, cost, use, cnt in pts:
+                for n in range(0, kmax + 1):
+                    cc = c + o.cap * n
+                    grown.append(
+                        (
+                            min(cc, load),
+                            cost + b * n,
+                            tuple(u + o.usage[k] * n for k, u in enumerate(use)),
+                            (*cnt, (o.index, n)) if n else cnt,
+                        )
+                    )
+                    if cc >= load - 1e-9:
+                        break
+            # Pareto: by capacity descending, keep strictly cheaper points
+            grown.sort(key=lambda p: (-p[0], p[1]))
+            pts, best_cost = [], math.inf
+            for p in grown:
+                if p[1] < best_cost - 1e-15 * max(1.0, abs(p[1])):
+                    pts.append(p)
+                    best_cost = p[1]
+            if len(pts) > MAX_PLANS:
+                return None
+            pts.reverse()  # capacity ascending, cost ascending
+            if pts[0][0] > 0:  # free capacity dominated the empty point: keep it first
+                pts.insert(0, (0.0, 0.0, tuple([0.0] * nk), ()))
+        for k in range(nk):
+            top_use[k] += max(p[2][k] for p in pts)
+        fronts.append(pts)
+    if any(u > b + 1e-9 for u, b in zip(top_use, budgets, strict=True)):
+        return None  # a combination might not fit: the per-option search keeps use exact
+    # the bounds of _family_plans over the options in variant order
+    order = [o for v in names for o in groups[v]]
+    first = [0]
+    for v in names:
+        first.append(first[-1] + len(groups[v]))
+    rate = [o.a + o.pa + bp_of[o.index] / o.cap for o in order]
+    caps = [o.cap * o.ub for o in order]
+    cum_cap, cum_cost, rates = _suffix_covers(rate, caps)
+    gap_o = [o.acc - floor for o in order] if floor is not None else [0.0] * len(order)
+    fmu = _floor_price(rate, gap_o, caps, load) if floor is not None else 0.0
+    if fmu > 0:
+        fcc, fco, frs = _suffix_covers(
+            [r - fmu * g for r, g in zip(rate, gap_o, strict=True)], caps
+        )
+    ftol = 1e-9 * max(load, 1.0)
+    ng = len(names)
+    acc_g = [groups[v][0].acc for v in names]
+    gap_g = [a - floor for a in acc_g] if floor is not None else [0.0] * ng
+    top_gap = [max(gap_g[i:], default=-math.inf) for i in range(ng + 1)]
+    dv = [d.get(v, 0.0) for v in names]
+    min_start = [min(dv[i:], default=math.inf) for i in range(ng + 1)]
+    caps_g = [fr[-1][0] for fr in fronts]
+    reach = [0.0] * (ng + 1)  # capacity the variants i.. can still add
+    for i in range(ng - 1, -1, -1):
+        reach[i] = reach[i + 1] + caps_g[i]
+
+    def lower(i: int, rest: float, slack: float) -> float:
+        if rest <= 1e-9:
+            return 0.0
+        if reach[i] < rest - 1e-9:
+            return math.inf
+        s = first[i]
+        lb = _cover(cum_cap[s], cum_cost[s], rates[s], rest)
+        if fmu > 0:
+            lb = max(lb, _cover(fcc[s], fco[s], frs[s], rest) - fmu * (slack + ftol))
+        return lb + min_start[i]
+
+    tol = 1e-12 * max(1.0, abs(upper)) if math.isfinite(upper) else 0.0
+    best_val, best_chain = upper + tol, None
+    nodes = 0
+    # Dynamic programming over the variants in fill order. A state: capacity served so far
+    # S, floor slack, priced cost c, and its choices. State A dominates B when S_A >= S_B,
+    # c_A - S_A x alpha' <= c_B - S_B x alpha' and slack_A - S_A x gap' >= slack_B -
+    # S_B x gap' (alpha', gap': the next variant's, the least quota cost and the largest
+    # slack per req/s any later variant has): B's completion, trimmed by S_A - S_B of its
+    # last quotas, completes A at most as dearly and with at least B's slack.
+    states: list[tuple[float, float, float, Any]] = [(0.0, 0.0, 0.0, None)]
+    for i in range(ng):
+        if time.perf_counter() > deadline:
+            raise _OutOfTime
+        fr = fronts[i]
+        a_i, g_i, start = alpha[names[i]], gap_g[i], dv[i]
+        cand: list[tuple[float, float, float, Any]] = []
+        for st in states:
+            s_, sl, c, chain = st
+            rest = load - s_
+            cand.append(st)  # variant i unused
+            at = bisect.bisect_left(fr, rest - 1e-9, key=lambda p: p[0])
+            if at < len(fr) and sl + rest * g_i >= -ftol:
+                p = fr[at]
+                val = c + a_i * rest + p[1] + start
+                if val <= best_val:
+                    best_val, best_chain = val, (chain, i, p, rest)
+            for p in fr[1:at]:
+                served = p[0]
+                cand.append(
+                    (s_ + served, sl + served * g_i, c + a_i * served + p[1] + start,
+                     (chain, i, p, served))
+                )  # fmt: skip
+        nodes += len(cand)
+        if nodes > node_limit:
+            raise _TooBig
+        a_n = alpha[names[i + 1]] if i + 1 < ng else 0.0
+        g_n = gap_g[i + 1] if i + 1 < ng else 0.0
+        keep: list[tuple[float, float, float, Any]] = []
+        cand.sort(key=lambda t: (-t[0], t[2] - t[0] * a_n, -(t[1] - t[0] * g_n)))
+        stair1: list[float] = []
+        stair2: list[float] = []
+        low1 = math.inf  # without a floor: the least k1 kept so far (2-D dominance)
+        for st in cand:
+            s_, sl, c, _ = st
+            rest = load - s_
+            if sl + rest * top_gap[i + 1] < -ftol:
+                continue
+            k1, k2 = c - s_ * a_n, sl - s_ * g_n
+            eps = 1e-15 * max(1.0, abs(k1))
+            if floor is None:
+                if k1 >= low1 - eps:
+                    continue
+            else:
+                # the staircase of kept (k1, k2): k1 and k2 both ascending; the kept state
+                # with the largest k2 among those with k1 <= this one's is the one before
+                at = bisect.bisect_right(stair1, k1 + eps)
+                if at and stair2[at - 1] >= k2 - ftol:
+                    continue
+            if c + lower(i + 1, rest, sl) > best_val:
+                continue
+            keep.append(st)
+            low1 = min(low1, k1)
+            if floor is not None:
+                at = bisect.bisect_left(stair1, k1)
+                end = at
+                while end < len(stair1) and stair2[end] <= k2:
+                    end += 1
+                stair1[at:end] = [k1]
+                stair2[at:end] = [k2]
+        states = keep
+        if not states:
+            break
+    if best_chain is None:
+        if math.isfinite(upper):
+            return _grouped_optimum(opts, d, load, budgets, lam, deadline, floor=floor,
+                                    max_nodes=max_nodes)  # fmt: skip
+        return math.inf, [], nodes
+    picks = []
+    chain = best_chain
+    while chain is not None:
+        chain, _, p, served = chain
+        picks.append((p, served))
+    by_index = {o.index: o for o in opts}
+    counts: dict[int, tuple[int, float]] = {}
+    for p, served in picks:
+        left = served
+        for oi, n in p[3]:
+            qq = min(by_index[oi].cap * n, left)
+            counts[oi] = (n, qq)
+            left -= qq
+    plan = _plan_of(opts, d, counts, nk)
+    return best_val, [plan], nodes
 
 
 def _suffix_covers(
@@ -682,6 +913,18 @@ def solve_decomposed(
             if seed is not None:
                 _add(pool[fi], seed)
         known = [_priced(p, prices) for p in pool[fi].values()]
+        if window == 0.0 and GROUPED and floor is not None:
+            try:
+                got = _grouped_optimum(
+                    o, d, load, budgets, tuple(prices), deadline=deadline,
+                    upper=min(known, default=math.inf), floor=floor, max_nodes=GROUPED_NODES,
+                )  # fmt: skip
+            except _TooBig:
+                got = None
+            if got is not None:
+                for p in got[1]:
+                    _add(pool[fi], p)
+                return got
         z, plans, n = _family_plans(
             o, d, load, budgets, tuple(prices), window, deadline=deadline,
             upper=min(known, default=math.inf), floor=floor, max_nodes=max_nodes,

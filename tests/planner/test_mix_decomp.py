@@ -292,3 +292,72 @@ def test_a_time_limited_fallback_labels_its_gap(monkeypatch) -> None:
     assert info["objective_bound"] >= value - TOL  # maximisation: the bound is above
     if info["status"] == "time_limit":
         assert info["gap"] > 0.0 or info["objective_bound"] <= value + TOL
+
+
+@st.composite
+def floor_families(
+    draw: st.DrawFn,
+) -> tuple[list[mix_decomp._Opt], float, float, tuple[float, ...]]:
+    """One family's options as the search sees them under ``cost`` or ``accuracy``: quota
+    cost by accuracy alone, instance costs >= 0 (the budget prices included)."""
+    objective = draw(st.sampled_from(["cost", "accuracy"]))
+    opts = []
+    accs = []
+    for v in range(draw(st.integers(1, 4))):
+        acc = draw(st.floats(0.5, 0.9))
+        accs.append(acc)
+        speed = draw(st.floats(2.0, 15.0))
+        for label, _, amount in draw(
+            st.lists(st.sampled_from(SIZES), min_size=1, max_size=4, unique=True)
+        ):
+            usage = (amount if label.startswith("cpu") else 0.0, amount if "mig" in label else 0.0)
+            price = 0.04 * amount * draw(st.floats(0.8, 1.2))
+            opts.append(
+                mix_decomp._Opt(
+                    index=len(opts),
+                    cap=speed * amount ** draw(st.floats(0.7, 1.1)),
+                    a=-acc if objective == "accuracy" else -1e-7 * acc,
+                    b0=price if objective == "cost" else 0.0,
+                    ub=draw(st.integers(1, 12)),
+                    variant=f"v{v}",
+                    usage=usage,
+                    acc=acc,
+                )
+            )
+    floor = draw(st.sampled_from([min(accs) - 0.01, (min(accs) + max(accs)) / 2, max(accs)]))
+    load = draw(st.floats(1.0, 60.0))
+    lam = (draw(st.floats(0.0, 0.05)), draw(st.floats(0.0, 0.05)))
+    return opts, load, floor, lam
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(floor_families(), st.booleans())
+def test_the_per_variant_search_finds_the_per_option_searchs_optimum(case, floored) -> None:
+    """Pricing with an accuracy floor: the per-variant frontier search (dominance pruning)
+    reaches exactly the optimum of the exhaustive per-option branch and bound."""
+    opts, load, floor, lam = case
+    budgets = (1e6, 1e6)
+    fl = floor if floored else None
+    got = mix_decomp._grouped_optimum(opts, {}, load, budgets, lam, floor=fl, max_nodes=10**7)
+    want, _, _ = mix_decomp._family_plans(opts, {}, load, budgets, lam, 0.0, floor=fl,
+                                         max_nodes=10**7)  # fmt: skip
+    assert got is not None
+    z, plans, _ = got
+    if math.isinf(want):
+        assert math.isinf(z) and not plans
+        return
+    assert z == pytest.approx(want, rel=1e-9, abs=1e-12)
+    # the plan it returns is that optimum: serves the load, meets the floor, within budgets
+    (plan,) = plans
+    served = sum(qq for _, qq in plan.counts.values())
+    assert served == pytest.approx(load, rel=1e-9)
+    by_index = {o.index: o for o in opts}
+    for oi, (n, qq) in plan.counts.items():
+        assert qq <= by_index[oi].cap * n * (1 + 1e-9)
+    if fl is not None:
+        slack = sum(qq * (by_index[oi].acc - fl) for oi, (_, qq) in plan.counts.items())
+        assert slack >= -1e-9 * load
+    priced = mix_decomp._priced(plan, list(lam)) + sum(
+        by_index[oi].pa * qq for oi, (_, qq) in plan.counts.items()
+    )
+    assert priced == pytest.approx(z, rel=1e-9, abs=1e-12)
