@@ -418,44 +418,46 @@ def _grouped_optimum(
     fronts: list[list[tuple[float, float, tuple[float, ...], tuple[tuple[int, int], ...]]]] = []
     top_use = [0.0] * nk
     for v in names:
-        pts: list[tuple[float, float, tuple[float, ...], tuple[tuple[int, int], ...]]] = [
-            (0.0, 0.0, tuple([0.0] * nk), ())
-        ]
+        pts: list[tuple[float, float, tuple[tuple[int, int], ...]]] = [(0.0, 0.0, ())]
         for o in groups[v]:
             kmax = min(o.ub, math.ceil(load / o.cap - 1e-9))
             for k in range(nk):
                 if o.usage[k] > 0:
                     kmax = min(kmax, math.floor(budgets[k] / o.usage[k] + 1e-9))
-            b = bp_of[o.index]
+            b, cap, oi = bp_of[o.index], o.cap, o.index
             grown = []
-            for c, cost, use, cnt in pts:
-                for n in range(0, kmax + 1):
-                    cc = c + o.cap * n
-                    grown.append(
-                        (
-                            min(cc, load),
-                            cost + b * n,
-                            tuple(u + o.usage[k] * n for k, u in enumerate(use)),
-                            (*cnt, (o.index, n)) if n else cnt,
-                        )
-                    )
+            for c, cost, cnt in pts:
+                grown.append((c, cost, cnt))
+                for n in range(1, kmax + 1):
+                    cc = c + cap * n
                     if cc >= load - 1e-9:
+                        grown.append((load, cost + b * n, (*cnt, (oi, n))))
                         break
+                    grown.append((cc, cost + b * n, (*cnt, (oi, n))))
             # Pareto: by capacity descending, keep strictly cheaper points
-            grown.sort(key=lambda p: (-p[0], p[1]))
+            grown.sort(key=lambda pt: (-pt[0], pt[1]))
             pts, best_cost = [], math.inf
-            for p in grown:
-                if p[1] < best_cost - 1e-15 * max(1.0, abs(p[1])):
-                    pts.append(p)
-                    best_cost = p[1]
+            for pt in grown:
+                if pt[1] < best_cost - 1e-15 * max(1.0, abs(pt[1])):
+                    pts.append(pt)
+                    best_cost = pt[1]
             if len(pts) > MAX_PLANS:
                 return None
             pts.reverse()  # capacity ascending, cost ascending
             if pts[0][0] > 0:  # free capacity dominated the empty point: keep it first
-                pts.insert(0, (0.0, 0.0, tuple([0.0] * nk), ()))
+                pts.insert(0, (0.0, 0.0, ()))
+        usage_of = {o.index: o.usage for o in groups[v]}
+        front = []
+        for c, cost, cnt in pts:
+            use = [0.0] * nk
+            for oi, n in cnt:
+                for k in range(nk):
+                    use[k] += usage_of[oi][k] * n
+            front.append((c, cost, tuple(use), cnt))
+        pts_u = front
         for k in range(nk):
-            top_use[k] += max(p[2][k] for p in pts)
-        fronts.append(pts)
+            top_use[k] += max(p[2][k] for p in pts_u)
+        fronts.append(pts_u)
     if any(u > b + 1e-9 for u, b in zip(top_use, budgets, strict=True)):
         return None  # a combination might not fit: the per-option search keeps use exact
     # the bounds of _family_plans over the options in variant order
@@ -968,6 +970,23 @@ def solve_decomposed(
         first = _restricted_lp(pool, keys, budgets, big=10.0 * scale)
         if first is not None and not any(first[2]):
             lam = [max(lk, e) for lk, e in zip(first[1], floor_price, strict=True)]
+
+    def pool_master() -> tuple[float | None, Allocation | None]:
+        """The best plan over the pool (a master MILP over its plans), in time."""
+        if time.perf_counter() >= deadline:
+            return None, None
+        everything = {fi: (0.0, list(p.values())) for fi, p in enumerate(pool)}
+        master, cols, _ = _master(problem, terms, everything, [], keys, budgets, unit=unit)
+        left = max(deadline - time.perf_counter(), 0.05)
+        res = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
+        if res.x is None or res.objective is None:
+            return None, None
+        xs = res.x
+        return res.objective, {
+            fi: dict(plan.counts) for j, (fi, plan) in cols.items() if xs[j] > 0.5
+        }
+
+    pool_solved = False
     # -- 1. prices by column generation ------------------------------------------------------
     best_ld, best_lam = -math.inf, list(lam)
     cg: list[dict[str, Any]] = []
@@ -1025,18 +1044,19 @@ def solve_decomposed(
         step["rmp"] = None if any(over) else value
         if (not any(over) and value - best_ld <= CG_TOL * scale) or new_lam == lam:
             break
+        if not any(over) and value - best_ld <= mix.MIP_REL_GAP * abs(value):
+            # the pool's LP is within the proof's tolerance of the bound: its best plan
+            # (the master over the pool, >= the LP) may already meet it; then no more rounds
+            inc, incumbent = pool_master()
+            step["pool_master"] = inc
+            if inc is not None and inc - best_ld <= mix.MIP_REL_GAP * max(abs(inc), 1e-12):
+                pool_solved = True
+                break
         lam = new_lam
     lam = best_lam
     # the best plan over the pool, a first incumbent
-    if coupled and nk and math.isfinite(best_ld) and time.perf_counter() < deadline:
-        everything = {fi: (0.0, list(p.values())) for fi, p in enumerate(pool)}
-        master, cols, _ = _master(problem, terms, everything, [], keys, budgets, unit=unit)
-        left = max(deadline - time.perf_counter(), 0.05)
-        res = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
-        if res.x is not None and res.objective is not None:
-            inc = res.objective
-            xs = res.x
-            incumbent = {fi: dict(plan.counts) for j, (fi, plan) in cols.items() if xs[j] > 0.5}
+    if not pool_solved and coupled and nk and math.isfinite(best_ld):
+        inc, incumbent = pool_master()
     cg_s = time.perf_counter() - t0 - lp_s
     if (
         incumbent is not None
