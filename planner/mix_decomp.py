@@ -497,6 +497,7 @@ def _grouped_optimum(
             lb = max(lb, _cover(fcc[s], fco[s], frs[s], rest) - fmu * (slack + ftol))
         return lb + min_start[i]
 
+    rmin = [min(rates[first[i]], default=0.0) for i in range(ng + 1)]
     tol = 1e-12 * max(1.0, abs(upper)) if math.isfinite(upper) else 0.0
     best_val, best_chain = upper + tol, None
     nodes = 0
@@ -523,12 +524,14 @@ def _grouped_optimum(
                 val = c + a_i * rest + p[1] + start
                 if val <= best_val:
                     best_val, best_chain = val, (chain, i, p, rest)
+            # cheap test first: the rest costs at least the cheapest rate left per req/s
+            cut = best_val - rmin[i + 1] * rest - min_start[i + 1]
             for p in fr[1:at]:
                 served = p[0]
-                cand.append(
-                    (s_ + served, sl + served * g_i, c + a_i * served + p[1] + start,
-                     (chain, i, p, served))
-                )  # fmt: skip
+                child = c + a_i * served + p[1] + start
+                if child - rmin[i + 1] * served > cut:
+                    continue
+                cand.append((s_ + served, sl + served * g_i, child, (chain, i, p, served)))
         nodes += len(cand)
         if nodes > node_limit:
             raise _TooBig
