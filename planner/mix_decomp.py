@@ -37,8 +37,11 @@ magnitude (carbon per request is ~1e-5 g, below HiGHS's absolute tolerances othe
 
 Applies to ``strategy="ilp"`` with HiGHS, every objective and several families; an accuracy
 floor (a row of its own family) is exact here under ``accuracy`` and ``cost``, whose quotas
-fill most accurate first (the search checks it, and prices it for a second bound), and keeps
-the joint ILP under ``carbon`` and ``balanced``. ``accuracy``/``carbon`` (cheapest among
+fill most accurate first (the search checks it, and prices it for a second bound; while
+refining prices such a family is priced per variant by :func:`_grouped_optimum`, a dynamic
+programme over each variant's Pareto frontier of capacity and priced cost), and keeps
+the joint ILP under ``carbon`` and ``balanced`` (with carbon's per-size quota costs an
+optimal plan under a floor may fill two options partly, which neither search lists). ``accuracy``/``carbon`` (cheapest among
 optimal plans) and ``cost`` (most accurate) keep the joint ILP's tie-break after the proof:
 the master again with the row ``primary <= optimum + tolerance``, then (as the joint ILP)
 the full tie-break ILP warm-started with that plan, time-limited, its status in the plan.
@@ -129,9 +132,10 @@ def applicable(problem: MixProblem, *, single: bool, solver: str) -> bool:
     """Whether the decomposition applies (else the joint ILP runs).
 
     Every objective is separable per family once the loads are fixed, so ``accuracy``,
-    ``cost``, ``carbon`` and ``balanced`` all decompose. An accuracy floor keeps the joint
-    ILP: the search handles it exactly (most accurate fill first) but its bound ignores
-    the floor, which made the search far slower than the joint ILP on the benchmark.
+    ``cost``, ``carbon`` and ``balanced`` all decompose. An accuracy floor is exact here
+    only under ``accuracy`` and ``cost`` (quotas fill most accurate first); under
+    ``carbon`` and ``balanced`` it keeps the joint ILP (a floor may need two partly filled
+    options there, which the canonical plans of the searches do not include).
     """
     floors = any(f.min_accuracy is not None for f in problem.families)
     return (
