@@ -70,6 +70,8 @@ class ServingMeasurement:
     executor_cpu_ms_per_request: float | None  # the daemon's own, model runs excluded
     dispatcher_cpu_ms_per_request: float | None
     samples: int
+    #: median model run inside the served executor (model stand-in; None for noop)
+    infer_p50_ms: float | None = None
     hardware: str | None = None
     hostname: str = field(default_factory=platform.node)
     source: str = "measured"
@@ -284,10 +286,14 @@ def measure_serving(
                         import numpy as np
 
                         lat = np.asarray(out.latencies_ms)
+                        runs_ms = np.asarray(out.server_infer_ms)
+                        infer_p50 = (
+                            float(np.nanmedian(runs_ms))
+                            if stand_in == "model" and np.isfinite(runs_ms).any()
+                            else None
+                        )
                         if stand_in == "model":
-                            inside = np.asarray(out.server_queue_ms) + np.asarray(
-                                out.server_infer_ms
-                            )
+                            inside = np.asarray(out.server_queue_ms) + runs_ms
                             lat = np.clip(lat - np.nan_to_num(inside, nan=0.0), 0.0, None)
                         q = _midpoint_quantiles(lat)
                         rows.append(
@@ -306,6 +312,7 @@ def measure_serving(
                                 quantiles_ms=q,
                                 executor_cpu_ms_per_request=cpu_ms["executor"],
                                 dispatcher_cpu_ms_per_request=cpu_ms["dispatcher"],
+                                infer_p50_ms=infer_p50,
                                 samples=len(lat),
                                 hardware=hardware,
                                 created_at=stamp,
@@ -384,7 +391,20 @@ def serving_overheads(
     from greenctl.planner.evaluate import ServingPath
 
     def as_path(row: ServingMeasurement) -> ServingPath:
-        return ServingPath(tuple(row.quantiles_ms), float(row.executor_cpu_ms_per_request or 0.0))
+        # how much slower the model runs inside the served executor than the profile says
+        scale = 1.0
+        if row.infer_p50_ms:
+            prof = [
+                p
+                for p in store.latest_profiles(variant=row.variant, resource="cpu:1")
+                if p.batch == 1
+            ]
+            base = (prof[0].isolated_p50_ms or prof[0].latency_p50_ms) if prof else None
+            if base:
+                scale = max(float(row.infer_p50_ms) / float(base), 1.0)
+        return ServingPath(
+            tuple(row.quantiles_ms), float(row.executor_cpu_ms_per_request or 0.0), scale
+        )
 
     out: dict[str, ServingPath] = {}
     for family, rate in rates.items():

@@ -197,10 +197,14 @@ class ServingPath:
             (client, dispatcher and executor hops), added to every request's latency.
         executor_cpu_ms: CPU the executor daemon spends per request; on CPU instances it
             runs on the instance's cores, so it delays the requests queued behind.
+        service_scale: how much slower the model runs inside a served executor than in
+            the profile (median served run / the profile's isolated or back-to-back median,
+            measured on one core); it stretches CPU instances' service times.
     """
 
     overhead_ms: tuple[float, ...]
     executor_cpu_ms: float = 0.0
+    service_scale: float = 1.0
 
 
 ServingInput = Mapping[str, "ServingPath | Sequence[float]"] | ServingPath | Sequence[float]
@@ -224,6 +228,13 @@ def _path_for(
                 return _as_path(serving[key])
         return None
     return _as_path(serving)
+
+
+def _served(inst: Instance, svc: ServiceTime, path: ServingPath | None) -> ServiceTime:
+    """``svc`` stretched by the serving path's ``service_scale`` (CPU instances only)."""
+    if path is None or path.service_scale <= 1.0 or not inst.resource.startswith("cpu"):
+        return svc
+    return svc.scaled(path.service_scale)
 
 
 def _demand(inst: Instance, path: ServingPath | None) -> float:
@@ -494,7 +505,11 @@ def predict(
             if rate > 0:
                 got = pooled_shares(rate, [i.service for i in members])
                 services = [
-                    warm_service(i, rate * float(g), rate * float(g) / i.capacity_rps)
+                    _served(
+                        i,
+                        warm_service(i, rate * float(g), rate * float(g) / i.capacity_rps),
+                        _path_for(serving, m, i.variant),
+                    )
                     for i, g in zip(members, got, strict=True)
                 ]
                 first = members[0]
@@ -507,7 +522,11 @@ def predict(
         else:
             for i in members:
                 r = rate * shares[i.index]
-                svc = warm_service(i, r / i.batch, _busy_fraction(i, r, policy))
+                svc = _served(
+                    i,
+                    warm_service(i, r / i.batch, _busy_fraction(i, r, policy)),
+                    _path_for(serving, m, i.variant),
+                )
                 if policy == "wrr":
                     # stride-scheduled share p of a Poisson stream: interarrival ca2 ~ p
                     lm = mgc_model(

@@ -27,6 +27,7 @@ def up(db: Any) -> None:
             "quantiles_ms": str,  # JSON: 100 quantiles (0.5 %, 1.5 %, ..., 99.5 %) of the overhead
             "executor_cpu_ms_per_request": float,  # the executor daemon's CPU per request
             "dispatcher_cpu_ms_per_request": float,  # the dispatcher's (dispatcher path only)
+            "infer_p50_ms": float,  # median model run inside the served executor (model stand-in)
             "samples": int,
             "hardware": str,
             "hostname": str,

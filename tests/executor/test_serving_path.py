@@ -188,3 +188,29 @@ def test_plan_mix_budgets_the_serving_path_within_the_slo(cli, store):
     r = cli(*args)
     assert r.exit_code == 3, r.output  # model + path no longer fit 4 ms
     assert "serving path" in r.output
+
+
+def test_served_runs_slower_than_the_profile_stretch_the_service(store):
+    from dataclasses import replace
+
+    from greenctl.data.records import Profile, Variant
+
+    store.upsert_variant(Variant("tiny-s", "tiny", accuracy=0.6, input_shape="3,32,32"))
+    store.add_profiles(
+        [
+            Profile(
+                "tiny-s",
+                "cpu:1",
+                1,
+                throughput_rps=500.0,
+                latency_p50_ms=2.0,
+                isolated_p50_ms=4.0,
+            )
+        ]
+    )
+    row = replace(_row(40, "2026-02-01T00:00:00Z"), infer_p50_ms=5.0)
+    save_serving(store, [row])
+    assert serving_overheads(store, {"tiny": 40})["tiny-s"].service_scale == pytest.approx(1.25)
+    faster = replace(_row(40, "2026-03-01T00:00:00Z"), infer_p50_ms=3.0)
+    save_serving(store, [faster])  # never below the profile: no speed-up is assumed
+    assert serving_overheads(store, {"tiny": 40})["tiny-s"].service_scale == 1.0

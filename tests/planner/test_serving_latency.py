@@ -104,3 +104,17 @@ def test_a_variants_own_serving_path_wins_over_its_models():
     rest = predict(_dep(20.0), _profiles(), VARIANTS, rate_rps=20.0, serving={"*": [9.0] * 10})
     assert own["p50_ms"] - fam["p50_ms"] == pytest.approx(4.0, abs=0.05)
     assert rest["p50_ms"] - fam["p50_ms"] == pytest.approx(8.0, abs=0.05)
+
+
+def test_service_scale_stretches_cpu_instances_only():
+    from greenctl.planner.evaluate import ServingPath
+
+    path = ServingPath((1.0,) * 10, 0.0, 1.5)
+    plain = predict(_dep(100.0), _profiles(), VARIANTS, rate_rps=100.0, serving=[1.0] * 10)
+    slow = predict(_dep(100.0), _profiles(), VARIANTS, rate_rps=100.0, serving=path)
+    assert slow["p50_ms"] > plain["p50_ms"] + 0.8  # 2 ms runs become 3 ms
+    gpu = {("v", "gpu:A100", 1): Profile("v", "gpu:A100", 1, throughput_rps=480.0, **HOT)}
+    dep = [Deployment("m", "v", "gpu:A100", 1, 1, quota_rps=100.0)]
+    g_plain = predict(dep, gpu, VARIANTS, rate_rps=100.0, serving=[1.0] * 10)
+    g_slow = predict(dep, gpu, VARIANTS, rate_rps=100.0, serving=path)
+    assert g_slow["p50_ms"] == pytest.approx(g_plain["p50_ms"])  # measured on CPU: not applied
