@@ -243,7 +243,8 @@ def _render(plan: Any) -> None:
     console.print(
         f"solver: {s.get('name')} {label}"
         + (f", gap {fmt(float(gap) * 100)} %" if gap is not None else "")
-        + (f", {fmt(s.get('total_s'))} s" if s.get("total_s") is not None else ""),
+        + (f", {fmt(s.get('total_s'))} s" if s.get("total_s") is not None else "")
+        + (f" (within {s['scope']})" if s.get("scope") else ""),
         highlight=False,
     )
     for note in plan.extra.get("notes", []):

@@ -1803,6 +1803,9 @@ def plan_mix(
                     )
             raise _diagnose(problem, solver, terms)
     info["total_s"] = round(time.perf_counter() - t0, 4)
+    if strategy == "single":
+        # "optimal" is within the baseline's restriction, not over all plans
+        info["scope"] = "one variant per family (the Model-Switching / VPA baseline)"
     if problem.objective == "balanced" and problem.gamma > 0 and not terms.use_cc:
         problem.notes.append(
             "CC (carbon) term dropped from the balanced objective: some profiles have no "

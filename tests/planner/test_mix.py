@@ -261,6 +261,8 @@ def test_accuracy_objective_mixes_variants_under_a_budget():
     single = plan_mix(_resnet_like_problem(objective="accuracy", budget=8), strategy="single")
     assert {d.variant for d in single.deployments} == {"small"}
     assert plan.predicted["accuracy"] > single.predicted["accuracy"]
+    assert "one variant per family" in single.extra["solver"]["scope"]  # optimal only within it
+    assert "scope" not in plan.extra["solver"]
     assert plan.kind == "mix" and plan.extra["solver"]["status"] == "optimal"
     for key in (
         "rate_rps",
