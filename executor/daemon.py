@@ -234,12 +234,6 @@ def parse_prometheus(text: str) -> dict[str, float]:
 
 
 # -- batching ----------------------------------------------------------------------------
-#: Response headers with the executor's own timing of a request (ms): time queued for a
-#: batch to start, and the run time of the batch it rode in.
-QUEUE_HEADER = "Greenctl-Queue-Ms"
-INFER_HEADER = "Greenctl-Infer-Ms"
-
-
 class _Item:
     __slots__ = ("arr", "future", "queued_at", "ran_s", "rows", "started_at")
 
@@ -512,8 +506,8 @@ class ExecutorServer:
             self.model, [(OUTPUT_NAME, out)], request=doc, model_version="1"
         )
         self.metrics.observe("200", time.perf_counter() - t0)
-        headers[QUEUE_HEADER] = f"{queued_s * 1000.0:.4f}"
-        headers[INFER_HEADER] = f"{ran_s * 1000.0:.4f}"
+        headers[oip.QUEUE_MS_HEADER] = f"{queued_s * 1000.0:.4f}"
+        headers[oip.INFER_MS_HEADER] = f"{ran_s * 1000.0:.4f}"
         return web.Response(body=payload, headers=headers)
 
     async def metrics_page(self, request: Any) -> Any:

@@ -51,11 +51,6 @@ from greenctl.executor.upstream import UpstreamError, UpstreamPool
 POLICIES = ("fifo", "wrr", "batch")
 TOKEN_HEADER = "X-Greenctl-Token"
 _HEADER_LENGTH = "Inference-Header-Content-Length"
-#: The executor's own timing of a request, passed back to the client (lower-cased, as sent).
-_TIMING_HEADERS = (
-    ("greenctl-queue-ms", "Greenctl-Queue-Ms"),
-    ("greenctl-infer-ms", "Greenctl-Infer-Ms"),
-)
 _FORWARD_HEADERS = (
     "Content-Type",
     "Inference-Header-Content-Length",
@@ -390,9 +385,9 @@ class Dispatcher:
             out_headers = {"Content-Type": rh.get("content-type", "application/json")}
             if "inference-header-content-length" in rh:
                 out_headers[_HEADER_LENGTH] = rh["inference-header-content-length"]
-            for low, name in _TIMING_HEADERS:
-                if low in rh:
-                    out_headers[name] = rh[low]
+            for name in oip.TIMING_HEADERS:  # the executor's own timing, passed on
+                if (value := rh.get(name.lower())) is not None:
+                    out_headers[name] = value
             self._count(route.name, str(status), t0)
             return web.Response(status=status, body=data, headers=out_headers)
         raise AssertionError("unreachable")

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 from greenctl.data.errors import FileFormatError, InputError
+from greenctl.executor import oip
 
 
 @dataclass
@@ -138,8 +139,6 @@ def model_input(
     Raises:
         InputError: the endpoint does not answer or does not serve ``model``.
     """
-    from greenctl.executor import oip
-
     url = f"{endpoint.rstrip('/')}/v2/models/{model}"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
@@ -183,8 +182,8 @@ async def _run(
                     await resp.read()
                     code = str(resp.status)
                     timing = (
-                        _header_ms(resp.headers, "Greenctl-Queue-Ms"),
-                        _header_ms(resp.headers, "Greenctl-Infer-Ms"),
+                        _header_ms(resp.headers, oip.QUEUE_MS_HEADER),
+                        _header_ms(resp.headers, oip.INFER_MS_HEADER),
                     )
             except TimeoutError:
                 code = "timeout"

@@ -16,6 +16,11 @@ import numpy as np
 from greenctl.data.errors import InputError
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+#: greenctl's executors answer with their own timing of a request (ms): time queued for a
+#: batch to start, and the run time of the batch it rode in; the dispatcher passes them on.
+QUEUE_MS_HEADER = "Greenctl-Queue-Ms"
+INFER_MS_HEADER = "Greenctl-Infer-Ms"
+TIMING_HEADERS = (QUEUE_MS_HEADER, INFER_MS_HEADER)
 
 DTYPES: dict[str, str] = {
     "BOOL": "bool",
