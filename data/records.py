@@ -90,9 +90,17 @@ class Profile:
     @property
     def latency_ms(self) -> dict[str, float]:
         """The known latency percentiles, keyed ``p50``/``p95``/``p99``."""
+        return self._percentiles("latency")
+
+    @property
+    def isolated_ms(self) -> dict[str, float]:
+        """The known isolated-run latency percentiles, keyed ``p50``/``p95``/``p99``."""
+        return self._percentiles("isolated")
+
+    def _percentiles(self, prefix: str) -> dict[str, float]:
         out = {}
         for key in ("p50", "p95", "p99"):
-            value = getattr(self, f"latency_{key}_ms")
+            value = getattr(self, f"{prefix}_{key}_ms")
             if value is not None:
                 out[key] = float(value)
         return out

@@ -164,17 +164,7 @@ def warm_service(inst: Instance, rate_rps: float, busy_frac: float) -> ServiceTi
 
     Profiles without isolated latencies (imported, older) keep their service time.
     """
-    p = inst.profile
-    hot = p.latency_ms
-    cold = {
-        k: float(v)
-        for k, v in (
-            ("p50", p.isolated_p50_ms),
-            ("p95", p.isolated_p95_ms),
-            ("p99", p.isolated_p99_ms),
-        )
-        if v is not None
-    }
+    hot, cold = inst.profile.latency_ms, inst.profile.isolated_ms
     keys = [k for k in ("p50", "p95", "p99") if k in hot and k in cold]
     if "p50" not in keys or cold["p50"] <= hot["p50"]:
         return inst.service
@@ -230,18 +220,17 @@ def _path_for(
     return _as_path(serving)
 
 
-def _served(inst: Instance, svc: ServiceTime, path: ServingPath | None) -> ServiceTime:
-    """``svc`` stretched by the serving path's ``service_scale`` (CPU instances only)."""
-    if path is None or path.service_scale <= 1.0 or not inst.resource.startswith("cpu"):
-        return svc
-    return svc.scaled(path.service_scale)
-
-
-def _demand(inst: Instance, path: ServingPath | None) -> float:
-    """Per-request executor CPU that shares the instance's cores (CPU instances only)."""
+def _served(
+    inst: Instance, svc: ServiceTime, path: ServingPath | None
+) -> tuple[ServiceTime, float]:
+    """What the serving path does on the instance's own cores (CPU instances only, where it
+    was measured): ``svc`` stretched by ``service_scale``, and the executor's per-request
+    CPU as extra demand on the queue (see ``queueing.mgc_model``)."""
     if path is None or not inst.resource.startswith("cpu"):
-        return 0.0
-    return max(path.executor_cpu_ms, 0.0)
+        return svc, 0.0
+    if path.service_scale > 1.0:
+        svc = svc.scaled(path.service_scale)
+    return svc, max(path.executor_cpu_ms, 0.0)
 
 
 def profiles_by_key(profiles: Sequence[Profile]) -> dict[ProfileKey, Profile]:
@@ -504,7 +493,7 @@ def predict(
             model = None
             if rate > 0:
                 got = pooled_shares(rate, [i.service for i in members])
-                services = [
+                loaded = [
                     _served(
                         i,
                         warm_service(i, rate * float(g), rate * float(g) / i.capacity_rps),
@@ -512,17 +501,13 @@ def predict(
                     )
                     for i, g in zip(members, got, strict=True)
                 ]
-                first = members[0]
-                model = mgc_model(
-                    rate,
-                    services,
-                    demand_ms=_demand(first, _path_for(serving, m, first.variant)),
-                )
+                # one pooled queue: the first instance's executor CPU stands for all
+                model = mgc_model(rate, [s for s, _ in loaded], demand_ms=loaded[0][1])
             queue(rate, members, model)
         else:
             for i in members:
                 r = rate * shares[i.index]
-                svc = _served(
+                svc, demand = _served(
                     i,
                     warm_service(i, r / i.batch, _busy_fraction(i, r, policy)),
                     _path_for(serving, m, i.variant),
@@ -530,10 +515,7 @@ def predict(
                 if policy == "wrr":
                     # stride-scheduled share p of a Poisson stream: interarrival ca2 ~ p
                     lm = mgc_model(
-                        r,
-                        [svc],
-                        ca2=max(min(shares[i.index], 1.0), 0.05),
-                        demand_ms=_demand(i, _path_for(serving, m, i.variant)),
+                        r, [svc], ca2=max(min(shares[i.index], 1.0), 0.05), demand_ms=demand
                     )
                 else:
                     lm = batch_model(r, svc, i.batch, duty_cycle_ms=i.duty_cycle_ms)

@@ -275,6 +275,12 @@ class ServiceTime:
             return self.shift_ms - self.scale_ms * np.log(ndtr(-np.asarray(z)))
         return self.shift_ms + self.scale_ms * np.exp(self.sigma * np.asarray(z))
 
+    def shifted(self, extra_ms: float) -> ServiceTime:
+        """The same distribution plus a constant ``extra_ms`` (>= 0)."""
+        if extra_ms <= 0:
+            return self
+        return ServiceTime(self.kind, self.shift_ms + extra_ms, self.scale_ms, self.sigma)
+
     def scaled(self, factor: float) -> ServiceTime:
         """The same shape with every time multiplied by ``factor`` (> 0)."""
         if factor <= 0:

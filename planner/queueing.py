@@ -362,12 +362,6 @@ def _shifted(model: LatencyModel, delta_ms: float) -> LatencyModel:
     return LatencyModel(tail, bracket, lambda q: model.quantile(q) + delta_ms)
 
 
-def _plus(service: ServiceTime, extra_ms: float) -> ServiceTime:
-    if extra_ms <= 0:
-        return service
-    return ServiceTime(service.kind, service.shift_ms + extra_ms, service.scale_ms, service.sigma)
-
-
 @lru_cache(maxsize=16384)
 def _mgc_model(
     rate_rps: float, services: tuple[ServiceTime, ...], ca2: float, demand_ms: float = 0.0
@@ -376,7 +370,7 @@ def _mgc_model(
     lam = max(rate_rps, 0.0) / 1000.0
     if demand_ms > 0:
         # W + (S + d) of the loaded servers, less d: their wait, each request's plain service
-        full = _mgc_model(rate_rps, tuple(_plus(s, demand_ms) for s in services), ca2)
+        full = _mgc_model(rate_rps, tuple(s.shifted(demand_ms) for s in services), ca2)
         return None if full is None else _shifted(full, -demand_ms)
     if len(set(services)) == 1:
         service = services[0]
