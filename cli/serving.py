@@ -13,7 +13,8 @@ def profile_serving(
     variant: Annotated[
         str,
         typer.Option(
-            "--variant", help="Variant whose input shape and output size the no-op model copies."
+            "--variant",
+            help="Variant to serve (with --stand-in noop: whose tensor shapes the no-op copies).",
         ),
     ],
     rate: Annotated[
@@ -70,8 +71,9 @@ def profile_serving(
         if not dry_run:
             save_serving(store, rows)
     if json_out:
-        docs = [r.__dict__ for r in rows]
-        print_json(docs)
+        from dataclasses import asdict
+
+        print_json([asdict(r) for r in rows])
         return
     render_table(
         f"Serving path of {variant} requests ({stand_in} stand-in, measured)",

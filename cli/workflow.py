@@ -893,7 +893,7 @@ def run_demo(
         summary["profiles"] = store.profile_count()
         from greenctl.executor.serving import measure_serving, save_serving
 
-        progress("measuring the serving path (dispatcher + executor, no-op model)", 0.24)
+        progress("measuring the serving path (client, dispatcher, executor hops)", 0.24)
         save_serving(
             store,
             measure_serving(

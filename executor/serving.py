@@ -35,14 +35,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from greenctl.data.errors import InputError, NotFoundError
+from greenctl.data.errors import InputError
 from greenctl.data.records import Variant, utcnow_iso
 from greenctl.data.store import Store
 
 if TYPE_CHECKING:
     from greenctl.planner.evaluate import ServingPath
 
-NOOP_LOADER = "greenctl.executor.daemon:noop_loader"
 DEFAULT_RATES = (10.0, 40.0, 160.0)
 PATHS = ("dispatcher", "direct")
 STAND_INS = ("model", "noop")
@@ -97,15 +96,6 @@ def _noop(_msg: str, _frac: float) -> None:
     pass
 
 
-def _variant(store: Store, name: str) -> Variant:
-    try:
-        return store.get_variant(name)
-    except NotFoundError:
-        from greenctl.profiler.models import builtin_variant
-
-        return builtin_variant(name)  # NotFoundError names the known ones
-
-
 def output_elements_of(variant: Variant) -> int:
     """Elements per row of ``variant``'s output (loads it on the CPU and runs one row)."""
     from greenctl.profiler.models import load_model
@@ -124,6 +114,14 @@ def _cpu_s(pid: int | None) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _ms_per_request(before: float | None, pid: int | None, requests: int) -> float | None:
+    """CPU ms a process spent per request since ``before`` (None when unknown)."""
+    after = _cpu_s(pid)
+    if before is None or after is None or requests <= 0:
+        return None
+    return 1000.0 * (after - before) / requests
 
 
 def _midpoint_quantiles(values: Any, n: int = QUANTILE_POINTS) -> list[float]:
@@ -164,12 +162,12 @@ def measure_serving(
 
     Args:
         store: the store (for the variant record; the measurement runs in a scratch one).
-        variant: whose input shape and output size the no-op model copies.
+        variant: the variant served (``noop``: whose tensor shapes the no-op model copies).
         rates: offered loads in req/s.
         duration_s: seconds of load per rate and path.
         policy: the dispatcher's policy (``wrr``, ``fifo``).
         paths: ``dispatcher`` and/or ``direct``.
-        output_elements: output elements per row (default: load the variant and see).
+        output_elements: output elements per row of the no-op model (default: the variant's).
         cores: CPU cores the executor may use (default: this process's affinity).
         stand_in: ``model`` (the variant, its own queue and run times subtracted per
             request) or ``noop`` (module docstring).
@@ -182,10 +180,14 @@ def measure_serving(
         NotFoundError: unknown variant.
         ExecutorError: the executor or dispatcher did not start.
     """
+    import numpy as np
     from greenctl.data.plan import Deployment, Plan
     from greenctl.data.store import open_store
     from greenctl.executor.apply import apply_plan, down, status
+    from greenctl.executor.daemon import NOOP_LOADER
     from greenctl.executor.loadgen import model_input, run_load
+    from greenctl.profiler.harness import resolve_variants
+    from greenctl.profiler.hw import cpu_info
 
     rates = [float(r) for r in rates]
     if not rates or any(not (r > 0) for r in rates):
@@ -199,7 +201,7 @@ def measure_serving(
         raise InputError(
             f"unknown serving path {bad[0] if bad else ''!r}", hint="use dispatcher or direct"
         )
-    v = _variant(store, variant)
+    (v,) = resolve_variants(store, names=[variant])  # NotFoundError names the known ones
     if not v.input_shape:
         raise InputError(
             f"variant '{variant}' has no input shape",
@@ -210,7 +212,7 @@ def measure_serving(
         out_elems = int(output_elements) if output_elements else output_elements_of(v)
     else:
         out_elems = int(output_elements or 0)  # read from the executor's metadata below
-    hardware = _cpu_model()
+    hardware = cpu_info().model_name
     stamp = utcnow_iso()  # one stamp for the whole run: serving_overheads picks runs by it
     tmp = Path(tempfile.mkdtemp(prefix="greenctl-serving-"))
     rows: list[ServingMeasurement] = []
@@ -267,31 +269,25 @@ def measure_serving(
                         out = run_load(
                             urls[path], v.family, duration_s=duration_s, rate_rps=rate, seed=k
                         )
-                        cpu_ms: dict[str, float | None] = {}
-                        for n, p in pids.items():
-                            b, a = before[n], _cpu_s(p)
-                            use = n == "executor" or path == "dispatcher"
-                            ok = use and b is not None and a is not None and out.ok > 0
-                            cpu_ms[n] = 1000.0 * (a - b) / out.ok if ok else None  # type: ignore[operator]
-                        if stand_in == "model" and cpu_ms["executor"] is not None:
-                            # the daemon's own CPU per request: less the model's run (one thread)
-                            runs = [x for x in out.server_infer_ms if x == x]
-                            model_ms = sum(runs) / len(runs) if runs else 0.0
-                            cpu_ms["executor"] = max(cpu_ms["executor"] - model_ms, 0.0)
+                        cpu_ms = {
+                            n: _ms_per_request(before[n], p, out.ok)
+                            if n == "executor" or path == "dispatcher"
+                            else None
+                            for n, p in pids.items()
+                        }
                         if not out.latencies_ms:
                             raise InputError(
                                 f"no request succeeded through the {path} path at {rate:g} req/s",
                                 hint="lower the rate",
                             )
-                        import numpy as np
-
                         lat = np.asarray(out.latencies_ms)
-                        runs_ms = np.asarray(out.server_infer_ms)
-                        infer_p50 = (
-                            float(np.nanmedian(runs_ms))
-                            if stand_in == "model" and np.isfinite(runs_ms).any()
-                            else None
-                        )
+                        runs_ms = np.asarray(out.server_infer_ms, dtype=float)
+                        timed = stand_in == "model" and bool(np.isfinite(runs_ms).any())
+                        infer_p50 = float(np.nanmedian(runs_ms)) if timed else None
+                        if timed and cpu_ms["executor"] is not None:
+                            # the daemon's own CPU per request: less the model's run (one thread)
+                            own = cpu_ms["executor"] - float(np.nanmean(runs_ms))
+                            cpu_ms["executor"] = max(own, 0.0)
                         if stand_in == "model":
                             inside = np.asarray(out.server_queue_ms) + runs_ms
                             lat = np.clip(lat - np.nan_to_num(inside, nan=0.0), 0.0, None)
@@ -337,16 +333,6 @@ def _output_elements(url: str, model: str) -> int:
         meta = json.loads(resp.read())
     shape = [d for d in meta["outputs"][0]["shape"] if d >= 0]
     return max(math.prod(shape), 1)
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
 
 
 def save_serving(store: Store, rows: Iterable[ServingMeasurement]) -> list[int]:
