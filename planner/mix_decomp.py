@@ -1222,13 +1222,12 @@ def solve_decomposed(
             "rounds": rounds,
             "solve_s": round(time.perf_counter() - t0, 4),
             "proven_s": round(proven_s, 4),
-            "build_s": 0.0,
-            "columns": len(master.cost),
-            "rows": len(master.rows),
-            "integer_columns": sum(master.integer),
-            "independent_groups": len(mix.components(problem)),
-            "mip_rel_gap_tolerance": mix.MIP_REL_GAP,
-            "warm_start": None,
+            **_sizes(
+                problem,
+                columns=len(master.cost),
+                rows=len(master.rows),
+                integer=sum(master.integer),
+            ),
         }
         if tb is not None:
             info["tie_break"] = tb
@@ -1279,15 +1278,29 @@ def _finish(
         "prices": dict(zip(keys, lam, strict=True)),
         **info,
         "solve_s": round(time.perf_counter() - t0, 4),
+        **_sizes(
+            problem,
+            columns=sum(len(p) for p in pool),
+            rows=len(pool) + len(keys),
+            integer=sum(len(p) for p in pool),
+        ),
+    }
+    return alloc, out
+
+
+def _sizes(problem: MixProblem, *, columns: int, rows: int, integer: int) -> dict[str, Any]:
+    """The size keys a proven decomposition reports in ``extra.solver`` (as the joint ILP)."""
+    from greenctl.planner import mix
+
+    return {
         "build_s": 0.0,
-        "columns": sum(len(p) for p in pool),
-        "rows": len(pool) + len(keys),
-        "integer_columns": sum(len(p) for p in pool),
+        "columns": columns,
+        "rows": rows,
+        "integer_columns": integer,
         "independent_groups": len(mix.components(problem)),
         "mip_rel_gap_tolerance": mix.MIP_REL_GAP,
         "warm_start": None,
     }
-    return alloc, out
 
 
 def _tie_break_stage(
