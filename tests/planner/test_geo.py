@@ -155,7 +155,10 @@ def test_greedy_full_is_the_lp_optimum(cost: list[float], cap: list[float], frac
     assert (y <= u + 1e-12).all() and (y >= 0).all()
     ref = linprog(c[0], A_eq=np.ones((1, 5)), b_eq=demand, bounds=[(0, v) for v in cap])
     assert ref.status == 0
-    assert float(c[0] @ y[0]) == pytest.approx(ref.fun, rel=1e-9, abs=1e-7)
+    # the reference LP may leave up to its feasibility tolerance (1e-7 MW) unserved: the
+    # objectives agree within that much of the dearest site's cost
+    tol = 1e-7 * max(1.0, float(np.abs(c).max()))
+    assert float(c[0] @ y[0]) == pytest.approx(ref.fun, rel=1e-9, abs=tol)
 
 
 @settings(max_examples=25, deadline=None)
