@@ -19,7 +19,7 @@ from greenctl.planner.queueing import (
     mgc_wait_quantile_ms,
     pooled_latency_quantile_ms,
 )
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import brentq
 
@@ -176,6 +176,7 @@ def test_more_servers_never_raise_p95(service):
     servers=st.integers(1, 20),
     slo_factor=st.floats(0.5, 5.0),
 )
+@example(p50=1.0, spread=1.0000000000000002, servers=1, slo_factor=1.0000000000000002)
 def test_capacity_at_slo_is_the_boundary(p50, spread, servers, slo_factor):
     service = ServiceTime.from_percentiles(p50, p50 * spread)
     slo = service.quantile(0.95) * slo_factor
@@ -187,7 +188,8 @@ def test_capacity_at_slo_is_the_boundary(p50, spread, servers, slo_factor):
         assert latency_quantile_ms(1e-3, service, servers, 0.95) >= slo
         return
     assert 0 < cap < servers * 1000 / service.mean_ms
-    assert latency_quantile_ms(cap, service, servers, 0.95) <= slo
+    # latency_quantile_ms resolves a smooth tail to about 1e-6 of its bracket (_grid_quantile)
+    assert latency_quantile_ms(cap, service, servers, 0.95) <= slo * (1 + 1e-5)
     beyond = max(cap * 1.01, cap + 2e-4 * servers * 1000 / service.mean_ms)  # bisection tol.
     assert latency_quantile_ms(beyond, service, servers, 0.95) > slo
 
