@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 from greenctl.data.errors import InputError
+from greenctl.executor import httpserver as hs
 from greenctl.executor import oip
 from greenctl.executor.procs import proc_start_ticks, run_async, write_json_atomic
 
@@ -378,63 +379,39 @@ class ExecutorServer:
         self.output_shape = tuple(int(d) for d in out.shape[1:])
         self.output_dtype = oip.oip_datatype(out)
 
-    def app(self) -> Any:
-        from aiohttp import web
-
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+    def router(self) -> hs.Router:
+        router = hs.Router()
         oip.add_protocol_routes(
-            app.router, server_meta=self.server_meta, live=self.live, ready=self.health_ready,
+            router, server_meta=self.server_meta, live=self.live, ready=self.health_ready,
             model_meta=self.model_meta, model_ready=self.model_ready, infer=self.infer,
             metrics=self.metrics_page,
         )  # fmt: skip
-        app.on_startup.append(self._start_batcher)
-        app.on_cleanup.append(self._stop_batcher)
-        return app
-
-    async def _stop_batcher(self, app: Any) -> None:
-        task = app.get("batcher_task")
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _start_batcher(self, app: Any) -> None:
-        app["batcher_task"] = asyncio.get_running_loop().create_task(self.batcher.run_forever())
+        return router
 
     async def server_meta(self, request: Any) -> Any:
-        from aiohttp import web
-
-        return web.json_response(
+        return hs.json_response(
             {"name": "greenctl-executor", "version": "1", "extensions": ["binary_tensor_data"]}
         )
 
     async def live(self, request: Any) -> Any:
-        from aiohttp import web
-
-        return web.json_response({"live": True})
+        return hs.json_response({"live": True})
 
     async def health_ready(self, request: Any) -> Any:
-        from aiohttp import web
-
-        return web.json_response({"ready": self.ready}, status=200 if self.ready else 503)
+        return hs.json_response({"ready": self.ready}, status=200 if self.ready else 503)
 
     def _check_name(self, request: Any) -> Any:
-        from aiohttp import web
-
         name = request.match_info["name"]
         if name not in self.names:
-            return web.json_response(
+            return hs.json_response(
                 {"error": f"unknown model '{name}'; this executor serves '{self.model}'"},
                 status=404,
             )
         return None
 
     async def model_meta(self, request: Any) -> Any:
-        from aiohttp import web
-
         if (bad := self._check_name(request)) is not None:
             return bad
-        return web.json_response(
+        return hs.json_response(
             {
                 "name": self.model,
                 "versions": ["1"],
@@ -462,17 +439,13 @@ class ExecutorServer:
         )
 
     async def model_ready(self, request: Any) -> Any:
-        from aiohttp import web
-
         if (bad := self._check_name(request)) is not None:
             return bad
-        return web.json_response(
+        return hs.json_response(
             {"name": self.model, "ready": self.ready}, status=200 if self.ready else 503
         )
 
     async def infer(self, request: Any) -> Any:
-        from aiohttp import web
-
         t0 = time.perf_counter()
         if (bad := self._check_name(request)) is not None:
             self.metrics.observe("404", 0.0)
@@ -494,12 +467,12 @@ class ExecutorServer:
                 arr = arr.astype(self.input_dtype)
         except (InputError, ValueError) as exc:
             self.metrics.observe("400", time.perf_counter() - t0)
-            return web.json_response({"error": str(exc)}, status=400)
+            return hs.json_response({"error": str(exc)}, status=400)
         try:
             out, queued_s, ran_s = await self.batcher.submit_timed(arr)
         except Exception as exc:
             self.metrics.observe("500", time.perf_counter() - t0)
-            return web.json_response({"error": f"inference failed: {exc}"}, status=500)
+            return hs.json_response({"error": f"inference failed: {exc}"}, status=500)
         if squeeze:
             out = out[0]
         payload, headers = oip.encode_response(
@@ -508,13 +481,11 @@ class ExecutorServer:
         self.metrics.observe("200", time.perf_counter() - t0)
         headers[oip.QUEUE_MS_HEADER] = f"{queued_s * 1000.0:.4f}"
         headers[oip.INFER_MS_HEADER] = f"{ran_s * 1000.0:.4f}"
-        return web.Response(body=payload, headers=headers)
+        return hs.Response(body=payload, headers=headers)
 
     async def metrics_page(self, request: Any) -> Any:
-        from aiohttp import web
-
         labels = f'model="{self.model}",variant="{self.variant}",resource="{self.resource}"'
-        return web.Response(text=self.metrics.render(labels), content_type="text/plain")
+        return hs.Response(text=self.metrics.render(labels), content_type="text/plain")
 
 
 def _to_numpy(x: Any) -> Any:
@@ -633,18 +604,13 @@ def main(argv: list[str] | None = None) -> int:
 async def _serve(
     server: ExecutorServer, args: argparse.Namespace, report: Callable[[dict[str, Any]], None]
 ) -> int:
-    from aiohttp import web
-
-    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, backlog=2048)
+    http = hs.Server(server.router())
     try:
-        await site.start()
+        port = await http.start(args.host, args.port)
     except OSError as exc:
         report({"error": f"cannot bind {args.host}:{args.port}: {exc.strerror or exc}"})
-        await runner.cleanup()
         return 4
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    batcher_task = asyncio.get_running_loop().create_task(server.batcher.run_forever())
     server.ready = True
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -673,7 +639,10 @@ async def _serve(
     )
     await stop.wait()
     server.ready = False
-    await runner.cleanup()
+    await http.shutdown()
+    batcher_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await batcher_task
     server.batcher.pool.shutdown(wait=False, cancel_futures=True)
     return 0
 

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from greenctl.executor import httpserver as hs
 from greenctl.executor import oip
 from greenctl.executor.daemon import LATENCY_BUCKETS_S, _bucket, _histogram
 from greenctl.executor.procs import (
@@ -224,6 +225,7 @@ class Dispatcher:
         self.children: list[subprocess.Popen[bytes]] = []
         self.restart_tasks: set[asyncio.Task[None]] = set()
         self.timeout_s = 60.0
+        self._supervisor: asyncio.Task[None] | None = None
 
     # -- routing table ------------------------------------------------------------------
     def set_routes(self, doc: dict[str, Any]) -> None:
@@ -256,74 +258,76 @@ class Dispatcher:
         }
 
     # -- HTTP -----------------------------------------------------------------------------
-    def app(self) -> Any:
-        from aiohttp import web
-
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+    def router(self) -> hs.Router:
+        router = hs.Router()
         oip.add_protocol_routes(
-            app.router, server_meta=self.server_meta, live=self.live, ready=self.ready,
+            router, server_meta=self.server_meta, live=self.live, ready=self.ready,
             model_meta=self.model_meta, model_ready=self.model_ready, infer=self.infer,
             metrics=self.metrics_page,
         )  # fmt: skip
-        app.router.add_get("/admin/routes", self.admin_get)
-        app.router.add_post("/admin/routes", self.admin_set)
-        app.on_startup.append(self._startup)
-        app.on_cleanup.append(self._cleanup)
-        return app
+        router.add_get("/admin/routes", self.admin_get)
+        router.add_post("/admin/routes", self.admin_set)
+        return router
 
-    async def _startup(self, app: Any) -> None:
+    async def start(self, host: str, port: int) -> tuple[hs.Server, int]:
+        """Listen on ``host:port`` and start the supervisor; returns the server and its port.
+
+        Raises:
+            OSError: the address cannot be bound (nothing is left running).
+        """
         import aiohttp
 
+        server = hs.Server(self.router())
+        bound = await server.start(host, port)
+        # cold paths only (metadata, health checks); inference uses the lean upstream pools
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
             timeout=aiohttp.ClientTimeout(total=self.timeout_s),
             auto_decompress=False,
         )
-        app["supervisor"] = asyncio.get_running_loop().create_task(self.supervise())
+        self._supervisor = asyncio.get_running_loop().create_task(self.supervise())
+        return server, bound
 
-    async def _cleanup(self, app: Any) -> None:
-        app["supervisor"].cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await app["supervisor"]
+    async def stop(self, server: hs.Server) -> None:
+        """Stop serving (in-flight requests finish), the supervisor and pending restarts."""
+        await server.shutdown()
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
         # restarts still waiting for readiness would leave executors nobody knows about
         for task in list(self.restart_tasks):
             task.cancel()
         await asyncio.gather(*self.restart_tasks, return_exceptions=True)
-        await self.session.close()
+        if self.session is not None:
+            await self.session.close()
+        for route in self.routes.values():
+            for b in route.backends:
+                b.pool.close()
 
     async def server_meta(self, request: Any) -> Any:
-        from aiohttp import web
-
-        return web.json_response(
+        return hs.json_response(
             {"name": "greenctl-dispatcher", "version": "1", "extensions": ["binary_tensor_data"]}
         )
 
     async def live(self, request: Any) -> Any:
-        from aiohttp import web
-
-        return web.json_response({"live": True})
+        return hs.json_response({"live": True})
 
     async def ready(self, request: Any) -> Any:
-        from aiohttp import web
-
         ok = bool(self.routes) and all(any(b.up for b in r.backends) for r in self.routes.values())
-        return web.json_response({"ready": ok}, status=200 if ok else 503)
+        return hs.json_response({"ready": ok}, status=200 if ok else 503)
 
     def _route(self, request: Any) -> tuple[ModelRoute | None, Any]:
-        from aiohttp import web
-
         name = request.match_info["name"]
         route = self.routes.get(name)
         if route is None:
             known = ", ".join(sorted(self.routes)) or "none"
-            return None, web.json_response(
+            return None, hs.json_response(
                 {"error": f"unknown model '{name}' (this plan serves: {known})"}, status=404
             )
         return route, None
 
     async def model_meta(self, request: Any) -> Any:
-        from aiohttp import web
-
         route, bad = self._route(request)
         if route is None:
             return bad
@@ -333,23 +337,19 @@ class Dispatcher:
             with contextlib.suppress(Exception):
                 async with self.session.get(b.url + request.path) as resp:
                     body = await resp.read()
-                    return web.Response(
+                    return hs.Response(
                         status=resp.status, body=body, content_type="application/json"
                     )
-        return web.json_response({"error": f"no ready instance of '{route.name}'"}, status=503)
+        return hs.json_response({"error": f"no ready instance of '{route.name}'"}, status=503)
 
     async def model_ready(self, request: Any) -> Any:
-        from aiohttp import web
-
         route, bad = self._route(request)
         if route is None:
             return bad
         ok = any(b.up for b in route.backends)
-        return web.json_response({"name": route.name, "ready": ok}, status=200 if ok else 503)
+        return hs.json_response({"name": route.name, "ready": ok}, status=200 if ok else 503)
 
     async def infer(self, request: Any) -> Any:
-        from aiohttp import web
-
         t0 = time.perf_counter()
         route, bad = self._route(request)
         if route is None:
@@ -363,7 +363,7 @@ class Dispatcher:
             except QueueFull:
                 self.rejected += 1
                 self._count(route.name, "503", t0)
-                return web.json_response(
+                return hs.json_response(
                     {"error": f"model '{route.name}' is at capacity; retry later"},
                     status=503,
                     headers={"Retry-After": "1"},
@@ -377,7 +377,7 @@ class Dispatcher:
                     self.retries += 1
                     continue
                 self._count(route.name, "502", t0)
-                return web.json_response(
+                return hs.json_response(
                     {"error": f"instance {b.id} of '{route.name}' failed: {exc}"}, status=502
                 )
             finally:
@@ -389,7 +389,7 @@ class Dispatcher:
                 if (value := rh.get(name.lower())) is not None:
                     out_headers[name] = value
             self._count(route.name, str(status), t0)
-            return web.Response(status=status, body=data, headers=out_headers)
+            return hs.Response(status=status, body=data, headers=out_headers)
         raise AssertionError("unreachable")
 
     def _count(self, model: str, code: str, t0: float) -> None:
@@ -408,8 +408,6 @@ class Dispatcher:
                 route.fail_waiters()
 
     async def metrics_page(self, request: Any) -> Any:
-        from aiohttp import web
-
         lines = [
             "# HELP greenctl_dispatcher_requests_total Requests by model and status code.",
             "# TYPE greenctl_dispatcher_requests_total counter",
@@ -438,7 +436,7 @@ class Dispatcher:
             "# TYPE greenctl_dispatcher_restarts_total counter",
             f"greenctl_dispatcher_restarts_total {self.restarts}",
         ]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+        return hs.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def _admin_ok(self, request: Any) -> bool:
         remote = request.remote or ""
@@ -447,23 +445,19 @@ class Dispatcher:
         return hmac.compare_digest(request.headers.get(TOKEN_HEADER, ""), self.token)
 
     async def admin_get(self, request: Any) -> Any:
-        from aiohttp import web
-
         if not self._admin_ok(request):
-            return web.json_response({"error": "forbidden"}, status=403)
-        return web.json_response(self.routes_doc())
+            return hs.json_response({"error": "forbidden"}, status=403)
+        return hs.json_response(self.routes_doc())
 
     async def admin_set(self, request: Any) -> Any:
-        from aiohttp import web
-
         if not self._admin_ok(request):
-            return web.json_response({"error": "forbidden"}, status=403)
+            return hs.json_response({"error": "forbidden"}, status=403)
         try:
             doc = await request.json()
             self.set_routes(doc)
         except (ValueError, KeyError, TypeError) as exc:
-            return web.json_response({"error": f"bad routing table: {exc}"}, status=400)
-        return web.json_response(self.routes_doc())
+            return hs.json_response({"error": f"bad routing table: {exc}"}, status=400)
+        return hs.json_response(self.routes_doc())
 
     # -- supervisor ---------------------------------------------------------------------
     async def supervise(self, interval_s: float = 0.2) -> None:
@@ -619,22 +613,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _serve(disp: Dispatcher, args: argparse.Namespace, state_file: Path) -> int:
-    from aiohttp import web
-
     def report(doc: dict[str, Any]) -> None:
         doc.update(pid=os.getpid(), pid_start=proc_start_ticks(os.getpid()))
         write_json_atomic(state_file, doc)
 
-    runner = web.AppRunner(disp.app(), access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, backlog=2048)
     try:
-        await site.start()
+        server, port = await disp.start(args.host, args.port)
     except OSError as exc:
         report({"error": f"cannot bind {args.host}:{args.port}: {exc.strerror or exc}"})
-        await runner.cleanup()
         return 4
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -650,7 +637,7 @@ async def _serve(disp: Dispatcher, args: argparse.Namespace, state_file: Path) -
     )
     print(f"dispatcher ready at {args.host}:{port}", flush=True)
     await stop.wait()
-    await runner.cleanup()
+    await disp.stop(server)
     return 0
 
 

@@ -221,7 +221,10 @@ def add_protocol_routes(
     router: Any, *, server_meta: Any, live: Any, ready: Any, model_meta: Any, model_ready: Any,
     infer: Any, metrics: Any,
 ) -> None:  # fmt: skip
-    """Register the KServe v2 REST endpoints (and ``/metrics``) on an aiohttp router.
+    """Register the KServe v2 REST endpoints (and ``/metrics``) on a router.
+
+    ``router`` has aiohttp's ``add_get``/``add_post`` (greenctl's own servers use
+    :class:`greenctl.executor.httpserver.Router`).
 
     The executor daemon and the dispatcher speak the same protocol; this keeps their
     endpoint tables identical.

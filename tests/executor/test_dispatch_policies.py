@@ -151,11 +151,7 @@ def test_full_queue_answers_503_with_retry_after():
                 }
             }
         )
-        runner = web.AppRunner(d.app())
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        server, port = await d.start("127.0.0.1", 0)
         try:
             async with aiohttp.ClientSession() as session:
 
@@ -171,7 +167,7 @@ def test_full_queue_answers_503_with_retry_after():
                 release.set()
                 return await asyncio.gather(*tasks)
         finally:
-            await runner.cleanup()
+            await d.stop(server)
             await up_runner.cleanup()
 
     answers = asyncio.run(asyncio.wait_for(scenario(), 30))

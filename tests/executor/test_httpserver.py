@@ -1,0 +1,278 @@
+"""The lean inbound HTTP/1.1 server, spoken to over raw sockets.
+
+Raw bytes rather than a client library: the cases are what clients libraries send in the
+wild (keep-alive, pipelining, chunked bodies, ``Expect: 100-continue``, ``HEAD``) and what
+they must never see (a reordered answer, a hung connection after a malformed request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from greenctl.executor import httpserver as hs
+
+
+async def _serve(**kw: object) -> tuple[hs.Server, int, dict[str, asyncio.Event]]:
+    events = {"release": asyncio.Event(), "entered": asyncio.Event()}
+    router = hs.Router()
+
+    async def echo(request: hs.Request) -> hs.Response:
+        body = await request.read()
+        return hs.json_response(
+            {
+                "name": request.match_info.get("name"),
+                "len": len(body),
+                "body": body.decode(),
+                "ctype": request.headers.get("content-type"),
+                "remote": request.remote,
+                "query": request.query_string,
+            }
+        )
+
+    async def slow(request: hs.Request) -> hs.Response:
+        events["entered"].set()
+        await events["release"].wait()
+        return hs.Response(text="slow done")
+
+    async def fast(request: hs.Request) -> hs.Response:
+        return hs.Response(text="fast")
+
+    async def boom(request: hs.Request) -> hs.Response:
+        raise RuntimeError("kaput")
+
+    router.add_post("/v2/models/{name}/infer", echo)
+    router.add_get("/v2/models/{name}", echo)
+    router.add_get("/slow", slow)
+    router.add_get("/fast", fast)
+    router.add_get("/boom", boom)
+    server = hs.Server(router, **kw)  # type: ignore[arg-type]
+    port = await server.start("127.0.0.1", 0)
+    return server, port, events
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            k, _, v = line.partition(":")
+            headers[k.strip().lower()] = v.strip()
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, headers, body
+
+
+def _run(coro: object) -> object:
+    return asyncio.run(asyncio.wait_for(coro, 20))  # type: ignore[arg-type]
+
+
+def test_keep_alive_path_params_headers_and_query() -> None:
+    async def scenario() -> list[tuple[int, dict[str, str], bytes]]:
+        server, port, _ = await _serve()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        out = []
+        for i in range(3):  # three requests on one connection
+            body = json.dumps({"i": i}).encode()
+            writer.write(
+                b"POST /v2/models/m%d/infer?x=1 HTTP/1.1\r\nHost: h\r\n"
+                b"CONTENT-TYPE: application/json\r\nContent-Length: %d\r\n\r\n"
+                % (i, len(body))
+                + body
+            )
+            out.append(await _read_response(reader))
+        writer.close()
+        await server.shutdown()
+        return out
+
+    answers = _run(scenario())
+    for i, (status, headers, body) in enumerate(answers):  # type: ignore[union-attr]
+        assert status == 200
+        assert headers["content-type"] == "application/json"
+        assert "connection" not in headers  # kept alive
+        doc = json.loads(body)
+        assert doc == {
+            "name": f"m{i}",
+            "len": len(json.dumps({"i": i})),
+            "body": json.dumps({"i": i}),
+            "ctype": "application/json",  # looked up case-insensitively
+            "remote": "127.0.0.1",
+            "query": "x=1",
+        }
+
+
+def test_pipelined_requests_answer_in_order_even_when_the_first_is_slow() -> None:
+    async def scenario() -> list[bytes]:
+        server, port, ev = await _serve()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /slow HTTP/1.1\r\nHost: h\r\n\r\nGET /fast HTTP/1.1\r\nHost: h\r\n\r\n")
+        await ev["entered"].wait()
+        await asyncio.sleep(0.05)  # /fast is parsed by now, and must wait its turn
+        ev["release"].set()
+        first = await _read_response(reader)
+        second = await _read_response(reader)
+        writer.close()
+        await server.shutdown()
+        return [first[2], second[2]]
+
+    assert _run(scenario()) == [b"slow done", b"fast"]
+
+
+def test_chunked_body_expect_continue_and_head() -> None:
+    async def scenario() -> tuple[bytes, bytes, tuple[int, dict[str, str], bytes]]:
+        server, port, _ = await _serve()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /v2/models/c/infer HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+        )
+        chunked = (await _read_response(reader))[2]
+        writer.write(
+            b"POST /v2/models/e/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n"
+            b"Expect: 100-continue\r\n\r\n"
+        )
+        interim = await reader.readuntil(b"\r\n\r\n")  # before the body is sent
+        writer.write(b"abc")
+        expect = (await _read_response(reader))[2]
+        assert interim.startswith(b"HTTP/1.1 100 Continue")
+        writer.write(b"HEAD /v2/models/h HTTP/1.1\r\nHost: h\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"GET /fast HTTP/1.1\r\nHost: h\r\n\r\n")  # HEAD sent no body
+        after = await _read_response(reader)
+        writer.close()
+        await server.shutdown()
+        assert (
+            b"Content-Length: " in head
+            and int(head.split(b"Content-Length: ")[1].split(b"\r")[0]) > 0
+        )
+        return chunked, expect, after
+
+    chunked, expect, after = _run(scenario())  # type: ignore[misc]
+    assert json.loads(chunked)["body"] == "hello world"
+    assert json.loads(expect)["body"] == "abc"
+    assert after[2] == b"fast"
+
+
+def test_errors_404_405_500_and_malformed() -> None:
+    async def scenario() -> list[tuple[int, dict[str, str], bytes]]:
+        server, port, _ = await _serve()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        out = []
+        for req in (
+            b"GET /nope HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"DELETE /v2/models/m/infer HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"GET /v2/models/m/infer HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"GET /boom HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"GET /fast HTTP/1.1\r\nHost: h\r\n\r\n",  # the connection survives all of those
+        ):
+            writer.write(req)
+            out.append(await _read_response(reader))
+        writer.write(b"THIS IS NOT HTTP\r\n\r\n")
+        out.append(await _read_response(reader))
+        assert await reader.read() == b""  # and a malformed request closes it
+        writer.close()
+        await server.shutdown()
+        return out
+
+    answers = _run(scenario())
+    codes = [a[0] for a in answers]  # type: ignore[union-attr]
+    assert codes == [404, 405, 405, 500, 200, 400]
+    assert answers[1][1]["allow"] == "POST"  # type: ignore[index]
+    assert answers[2][1]["allow"] == "POST"  # type: ignore[index]
+    assert "kaput" in json.loads(answers[3][2])["error"]  # type: ignore[index]
+    assert answers[5][1]["connection"] == "close"  # type: ignore[index]
+
+
+def test_oversized_body_gets_413_and_the_connection_closes() -> None:
+    async def scenario() -> tuple[int, dict[str, str], bytes]:
+        server, port, _ = await _serve(max_body=1000)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 2000\r\n\r\n"
+            + b"x" * 2000
+        )
+        answer = await _read_response(reader)
+        assert await reader.read() == b""
+        writer.close()
+        # a chunked body that grows past the limit is refused too
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"3e8\r\n"
+            + b"y" * 1000
+            + b"\r\n3e8\r\n"
+            + b"y" * 1000
+            + b"\r\n0\r\n\r\n"
+        )
+        chunked = await _read_response(reader)
+        writer.close()
+        await server.shutdown()
+        assert chunked[0] == 413
+        return answer
+
+    status, headers, body = _run(scenario())  # type: ignore[misc]
+    assert status == 413
+    assert headers["connection"] == "close"
+    assert "1000 byte limit" in json.loads(body)["error"]
+
+
+def test_connection_close_and_http10() -> None:
+    async def scenario() -> list[tuple[int, dict[str, str], bytes]]:
+        server, port, _ = await _serve()
+        out = []
+        for req in (
+            b"GET /fast HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+            b"GET /fast HTTP/1.0\r\n\r\n",
+        ):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(req)
+            out.append(await _read_response(reader))
+            assert await reader.read() == b""
+            writer.close()
+        await server.shutdown()
+        return out
+
+    for status, headers, body in _run(scenario()):  # type: ignore[union-attr]
+        assert (status, headers["connection"], body) == (200, "close", b"fast")
+
+
+def test_shutdown_lets_in_flight_requests_finish_and_closes_idle_ones() -> None:
+    async def scenario() -> tuple[tuple[int, dict[str, str], bytes], bytes]:
+        server, port, ev = await _serve()
+        idle_r, idle_w = await asyncio.open_connection("127.0.0.1", port)
+        idle_w.write(b"GET /fast HTTP/1.1\r\nHost: h\r\n\r\n")
+        await _read_response(idle_r)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /slow HTTP/1.1\r\nHost: h\r\n\r\n")
+        await ev["entered"].wait()
+        stopping = asyncio.ensure_future(server.shutdown(timeout_s=10))
+        await asyncio.sleep(0.05)
+        assert await idle_r.read() == b""  # idle keep-alive connection closed at once
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", port)  # no longer accepting
+        ev["release"].set()
+        answer = await _read_response(reader)
+        rest = await reader.read()
+        await stopping
+        writer.close()
+        idle_w.close()
+        return answer, rest
+
+    (status, headers, body), rest = _run(scenario())  # type: ignore[misc]
+    assert (status, body, headers["connection"], rest) == (200, b"slow done", "close", b"")
+
+
+def test_idle_keepalive_connections_are_swept() -> None:
+    async def scenario() -> bytes:
+        server, port, _ = await _serve(keepalive_s=0.2)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /fast HTTP/1.1\r\nHost: h\r\n\r\n")
+        await _read_response(reader)
+        closed = await asyncio.wait_for(reader.read(), 5)  # closed by the sweep, not by us
+        writer.close()
+        await server.shutdown()
+        return closed
+
+    assert _run(scenario()) == b""
