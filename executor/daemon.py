@@ -39,7 +39,7 @@ import numpy as np
 from greenctl.data.errors import InputError
 from greenctl.executor import httpserver as hs
 from greenctl.executor import oip
-from greenctl.executor.procs import proc_start_ticks, run_async, write_json_atomic
+from greenctl.executor.procs import proc_start_ticks, run_async, settle_heap, write_json_atomic
 
 DEFAULT_LOADER = "greenctl.profiler.models:load_model"
 NOOP_LOADER = "greenctl.executor.daemon:noop_loader"
@@ -594,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
             max_wait_s=args.max_wait_ms / 1000.0,
         )
         server.warm_up()
+        settle_heap()  # no full-heap collection pauses (tens of ms with torch) while serving
     except Exception as exc:
         traceback.print_exc()
         report({"error": f"loading variant '{args.variant}' failed: {type(exc).__name__}: {exc}"})

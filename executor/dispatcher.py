@@ -43,6 +43,7 @@ from greenctl.executor.procs import (
     proc_start_ticks,
     read_json,
     run_async,
+    settle_heap,
     spawn_detached,
     terminate,
     write_json_atomic,
@@ -609,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     disp.timeout_s = args.timeout_s
     if args.routes:
         disp.set_routes(json.loads(Path(args.routes).read_text()))
+    settle_heap()
     return int(run_async(_serve(disp, args, state_file)))
 
 

@@ -194,15 +194,17 @@ async def _run(
                 latencies.append((loop.time() - at) * 1000.0)
                 server.append(timing)
 
-        tasks = []
-        for t in times:
+        pending: set[asyncio.Task[None]] = set()  # only those in flight: gathering every task
+        for t in times:  # ever sent at the end would stall the last answers by milliseconds
             at = start + t
             delay = at - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(loop.create_task(one(at)))
-        if tasks:
-            await asyncio.gather(*tasks)
+            task = loop.create_task(one(at))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        if pending:
+            await asyncio.gather(*pending)
         elapsed = loop.time() - start
     return latencies, server, codes, elapsed
 
@@ -251,8 +253,10 @@ def run_load(
         duration_s=duration_s, rate_rps=rate_rps, trace=trace, scale=scale, seed=seed
     )
     body, headers = model_input(endpoint, model, binary=binary)
+    from greenctl.executor.procs import run_async, settle_heap
+
+    settle_heap()  # a full collection mid-run would stall sending and show up as latency
     t0 = time.monotonic()
-    from greenctl.executor.procs import run_async
 
     latencies, server, codes, elapsed = run_async(
         _run(endpoint, model, times, body, headers, timeout_s, connections)

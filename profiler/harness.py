@@ -22,6 +22,7 @@ Library functions take ``progress(message, fraction)``; they never print.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -217,6 +218,10 @@ def measure(
     on_gpu = loaded.device.startswith("cuda")
     for _ in range(max(warmup, 0)):
         loaded.run(x)
+    # as the executors do before serving (greenctl.executor.procs.settle_heap): a full
+    # collection of torch's objects mid-loop would put a pause of tens of ms into the p99
+    gc.collect()
+    gc.freeze()
     if on_gpu:
         import torch
 

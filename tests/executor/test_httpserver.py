@@ -276,3 +276,26 @@ def test_idle_keepalive_connections_are_swept() -> None:
         return closed
 
     assert _run(scenario()) == b""
+
+
+def test_settle_heap_freezes_what_is_alive_and_still_collects_later_garbage() -> None:
+    """Run in a child so the test process's own collector is left as it was."""
+    import subprocess
+    import sys
+
+    code = """
+import gc, weakref
+from greenctl.executor.procs import settle_heap
+keep = [[i] for i in range(1000)]
+settle_heap()
+frozen = gc.get_freeze_count()
+class Node: pass
+a, b = Node(), Node()
+a.b, b.a = b, a
+gone = weakref.ref(a)
+del a, b
+gc.collect()
+print(frozen >= 1000, gone() is None)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]
