@@ -22,7 +22,12 @@ def profile_serving(
         typer.Option("--rate", help="Offered load in req/s (repeat; default 10, 40, 160)."),
     ] = None,
     duration: Annotated[
-        float, typer.Option("--duration", help="Seconds of load per rate and path.")
+        float,
+        typer.Option(
+            "--duration",
+            help="Seconds of load per rate and path (and at least 400 requests: low rates "
+            "run longer).",
+        ),
     ] = 5.0,
     path: Annotated[
         list[str] | None,

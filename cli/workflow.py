@@ -901,6 +901,7 @@ def run_demo(
                 variant="tiny-l",
                 rates=(rate_rps,),
                 duration_s=2.0 if quick else 4.0,
+                min_requests=80 if quick else 400,
                 paths=("dispatcher",),
             ),
         )

@@ -145,6 +145,11 @@ def _env(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
+#: Requests per rate and path at the least (``measure_serving``): the p95 and p99 of fewer
+#: are set by a handful of requests.
+MIN_REQUESTS = 400
+
+
 def measure_serving(
     store: Store,
     *,
@@ -156,6 +161,7 @@ def measure_serving(
     output_elements: int | None = None,
     cores: list[int] | None = None,
     stand_in: str = "model",
+    min_requests: int = MIN_REQUESTS,
     progress: Progress = _noop,
 ) -> list[ServingMeasurement]:
     """Measure the serving path for ``variant``'s tensor shapes at each rate (nothing saved).
@@ -164,7 +170,9 @@ def measure_serving(
         store: the store (for the variant record; the measurement runs in a scratch one).
         variant: the variant served (``noop``: whose tensor shapes the no-op model copies).
         rates: offered loads in req/s.
-        duration_s: seconds of load per rate and path.
+        duration_s: seconds of load per rate and path ...
+        min_requests: ... and at least this many requests (low rates run longer: the
+            stored 100 quantiles of 80 requests would be mostly noise).
         policy: the dispatcher's policy (``wrr``, ``fifo``).
         paths: ``dispatcher`` and/or ``direct``.
         output_elements: output elements per row of the no-op model (default: the variant's).
@@ -267,7 +275,11 @@ def measure_serving(
                         k += 1
                         before = {n: _cpu_s(p) for n, p in pids.items()}
                         out = run_load(
-                            urls[path], v.family, duration_s=duration_s, rate_rps=rate, seed=k
+                            urls[path],
+                            v.family,
+                            duration_s=max(duration_s, min_requests / rate),
+                            rate_rps=rate,
+                            seed=k,
                         )
                         cpu_ms = {
                             n: _ms_per_request(before[n], p, out.ok)
@@ -377,15 +389,16 @@ def serving_overheads(
     from greenctl.planner.evaluate import ServingPath
 
     def as_path(row: ServingMeasurement) -> ServingPath:
-        # how much slower the model runs inside the served executor than the profile says
-        scale = 1.0
+        # how much slower the model runs inside the served executor than back-to-back in
+        # the profile (evaluate.ServingPath.service_scale); never a speed-up
+        scale = None
         if row.infer_p50_ms:
             prof = [
                 p
                 for p in store.latest_profiles(variant=row.variant, resource="cpu:1")
                 if p.batch == 1
             ]
-            base = (prof[0].isolated_p50_ms or prof[0].latency_p50_ms) if prof else None
+            base = prof[0].latency_p50_ms if prof else None
             if base:
                 scale = max(float(row.infer_p50_ms) / float(base), 1.0)
         return ServingPath(

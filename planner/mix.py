@@ -374,11 +374,15 @@ def _percentile_latency(p: Profile, pct: str) -> float | None:
     return None
 
 
-def _capacity_from_latency(p: Profile, *, slo_ms: float, q: float) -> tuple[float, float, str]:
+def _capacity_from_latency(
+    p: Profile, *, slo_ms: float, q: float, stretch: float = 1.0
+) -> tuple[float, float, str]:
     """Capacity (rps) of one instance at the SLO derived from its latency profile.
 
     The evaluation core's queueing model: ``capacity_at_slo`` (one G/G/1 server, batch 1)
     or ``batch_capacity_at_slo`` (a batching instance with its default duty cycle).
+    ``stretch`` > 1 lengthens the service time (a served CPU instance: see
+    :func:`serving_stretch`).
 
     Returns:
         (capacity_rps, service latency at quantile ``q`` in ms, source)
@@ -387,14 +391,35 @@ def _capacity_from_latency(p: Profile, *, slo_ms: float, q: float) -> tuple[floa
     from greenctl.planner.queueing import batch_capacity_at_slo, capacity_at_slo
 
     service = ServiceTime.from_profile(p)
+    source = "queueing"
+    if stretch > 1.0:
+        service = service.scaled(stretch)
+        source = f"queueing, served x{stretch:.2f}"
     lat = float(service.quantile(q))
     if lat > slo_ms:
-        return 0.0, lat, "queueing"
+        return 0.0, lat, source
     if p.batch > 1:
         cap = batch_capacity_at_slo(service, p.batch, slo_ms=slo_ms, percentile=q)
     else:
         cap = capacity_at_slo(service, servers=1, slo_ms=slo_ms, percentile=q)
-    return max(float(cap), 0.0), lat, "queueing"
+    return max(float(cap), 0.0), lat, source
+
+
+def serving_stretch(path: Any, res: Resource, p: Profile) -> float:
+    """How much longer a served CPU instance holds its core per request than the profile's
+    back-to-back run: the served run (``ServingPath.service_scale``) plus the executor's own
+    CPU per request (``executor_cpu_ms``, counted on the request's own latency too, which
+    errs on the safe side by that much). 1 off CPU (the path was measured on CPU) or
+    without a measured path."""
+    if path is None or res.kind != "cpu" or not hasattr(path, "executor_cpu_ms"):
+        return 1.0
+    from greenctl.planner.latency import ServiceTime
+
+    mean = ServiceTime.from_profile(p).mean_ms
+    if mean <= 0:
+        return 1.0
+    scale = path.service_scale if path.service_scale is not None else 1.0
+    return max((scale * mean + max(path.executor_cpu_ms, 0.0)) / mean, 1.0)
 
 
 def _energy(p: Profile) -> float | None:
@@ -484,6 +509,7 @@ def build_mix_problem(
                 req["percentile"],
                 q,
                 path_ms=_path_quantile(own, q) if own is not None else path_ms,
+                path=own if own is not None else (serving or {}).get(fam["model"]),
             )
             if isinstance(opt, str):
                 ineligible.append(f"{vname} on {label} batch {batch}: {opt}")
@@ -578,12 +604,14 @@ def _make_option(
     q: float,
     *,
     path_ms: float = 0.0,
+    path: Any = None,
 ) -> MixOption | str:
     """The option for one (variant, resource, batch), or why it is not eligible.
 
     ``path_ms``: the serving path's latency at the percentile; an option derived from a
     latency profile must meet the SLO less that (load-tested capacities were measured
-    through a real server and keep the whole SLO).
+    through a real server and keep the whole SLO). ``path``: the serving path itself; on
+    CPU its served run time and executor CPU lengthen the service (:func:`serving_stretch`).
     """
     tested = [
         p
@@ -628,7 +656,9 @@ def _make_option(
     budget = slo_ms - path_ms
     if budget <= 0:
         return f"the serving path alone takes {path_ms:.4g} ms at {pct}"
-    cap, lat, source = _capacity_from_latency(base, slo_ms=budget, q=q)
+    cap, lat, source = _capacity_from_latency(
+        base, slo_ms=budget, q=q, stretch=serving_stretch(path, res, base)
+    )
     if lat > budget:
         if path_ms > 0:
             return f"{pct} latency {lat:.4g} ms plus the serving path's {path_ms:.3g} ms exceeds the SLO"
@@ -1941,7 +1971,10 @@ def _predict_with_core(
         for f in problem.families
         for o in f.options
     }
-    if any(sources.get((d.variant, d.resource, d.batch)) != "queueing" for d in deployments):
+    if any(
+        not str(sources.get((d.variant, d.resource, d.batch))).startswith("queueing")
+        for d in deployments
+    ):
         # Load-tested capacities come from the real server (its concurrency included); the
         # queueing model of a single-server instance would contradict them.
         return predicted

@@ -518,3 +518,39 @@ def test_sublinear_sizes_are_pruned():
     super_ = MixOption("v", "cpu:4", 1, 45.0, 0.16, 1.1, None, {"cpu": 4.0})  # superlinear
     kept, pruned = prune_dominated([small, big, super_])
     assert pruned == 1 and kept == [small, super_]
+
+
+def test_a_slow_served_run_sizes_the_plan_on_served_capacity():
+    """A CPU variant whose served runs take 2x its back-to-back profile (plus executor CPU)
+    gets about half the capacity per instance, so the plan needs about twice the cores; the
+    predicted latency counts the served runs; off CPU the CPU-measured path is not applied."""
+    from greenctl.planner.evaluate import ServingPath
+
+    variants = [Variant("v", "m", accuracy=0.8)]
+    profiles = [
+        Profile("v", "cpu:1", 1, throughput_rps=400.0, latency_p50_ms=2.5, latency_p95_ms=3.0),
+        Profile("v", "gpu:A100", 1, throughput_rps=400.0, latency_p50_ms=2.5, latency_p95_ms=3.0),
+    ]
+    request = {"families": [{"model": "m", "rate_rps": 1000.0, "slo_ms": 40.0}]}
+
+    def cpu_plan(serving):
+        req = dict(request, budgets={"gpu": 0})
+        return plan_mix(build_mix_problem(req, variants, profiles, serving=serving))
+
+    plain = cpu_plan({"m": ServingPath((1.0,) * 10, 0.0, None)})
+    slow = cpu_plan({"m": ServingPath((1.0,) * 10, 0.5, 2.0)})
+    n_plain = sum(d.count for d in plain.deployments)
+    n_slow = sum(d.count for d in slow.deployments)
+    assert n_slow >= 2 * n_plain - 1
+    (cap,) = [c for c in slow.extra["capacity"] if c["resource"] == "cpu:1"]
+    assert cap["source"].startswith("queueing, served x2.")
+    assert slow.predicted["p50_ms"] > 5.0 + 1.0  # served runs of ~5 ms, plus the 1 ms path
+    assert not slow.predicted["overloaded"]
+    problem = build_mix_problem(
+        dict(request, budgets={"cpu": 0}),
+        variants,
+        profiles,
+        serving={"m": ServingPath((1.0,) * 10, 0.5, 2.0)},
+    )
+    (gpu_opt,) = problem.families[0].options
+    assert gpu_opt.capacity_source == "queueing"  # measured on CPU: the GPU keeps its profile

@@ -7,7 +7,13 @@ import pytest
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
-from greenctl.planner.evaluate import build_instances, cold_fraction, predict, warm_service
+from greenctl.planner.evaluate import (
+    ServingPath,
+    build_instances,
+    cold_fraction,
+    predict,
+    warm_service,
+)
 from greenctl.planner.latency import ServiceTime
 from greenctl.planner.queueing import mgc_model, with_overhead
 
@@ -118,3 +124,44 @@ def test_service_scale_stretches_cpu_instances_only():
     g_plain = predict(dep, gpu, VARIANTS, rate_rps=100.0, serving=[1.0] * 10)
     g_slow = predict(dep, gpu, VARIANTS, rate_rps=100.0, serving=path)
     assert g_slow["p50_ms"] == pytest.approx(g_plain["p50_ms"])  # measured on CPU: not applied
+
+
+def test_a_measured_served_run_replaces_the_cold_shift_at_every_load():
+    """With service_scale measured, a CPU instance serves at back-to-back x scale whatever the
+    load (no cold-run shift); without it (noop stand-in) the cold shift still applies."""
+    from greenctl.planner.evaluate import served_service
+
+    (inst,) = build_instances(_dep(10.0), _profiles(**COLD))
+    measured = ServingPath((0.5,) * 10, 0.0, 1.8)  # served runs 1.8x the 2.0 ms back-to-back
+    untimed = ServingPath((0.5,) * 10, 0.0, None)
+    for rate in (5.0, 100.0, 400.0):
+        busy = rate / inst.capacity_rps
+        svc, _ = served_service(inst, rate, busy, measured)
+        assert svc.quantile(0.5) == pytest.approx(3.6, rel=1e-6)  # not 3.6 shifted further
+        cold, _ = served_service(inst, rate, busy, untimed)
+        assert cold.quantile(0.5) == pytest.approx(
+            warm_service(inst, rate, busy).quantile(0.5), rel=1e-9
+        )
+    gpu = build_instances(
+        [Deployment("m", "v", "gpu:A100", 1, 1, quota_rps=10.0)],
+        {("v", "gpu:A100", 1): Profile("v", "gpu:A100", 1, throughput_rps=480.0, **HOT)},
+    )[0]
+    svc, demand = served_service(gpu, 5.0, 0.01, measured)  # measured on CPU: not applied
+    assert (svc.quantile(0.5), demand) == (pytest.approx(2.0), 0.0)
+
+
+def test_served_cpu_time_counts_in_utilisation_and_energy():
+    prof = _profiles(power_w=40.0, idle_power_w=10.0)
+    path = ServingPath((0.5,) * 10, 0.4, 2.0)
+    plain = predict(_dep(100.0), prof, VARIANTS, rate_rps=100.0, serving=[0.5] * 10)
+    served = predict(_dep(100.0), prof, VARIANTS, rate_rps=100.0, serving=path)
+    mean = build_instances(_dep(100.0), prof)[0].service.mean_ms
+    stretch = (2.0 * mean + 0.4) / mean
+    assert served["utilisation"] == pytest.approx(plain["utilisation"] * stretch, rel=1e-6)
+    assert served["energy_j_per_request"] > plain["energy_j_per_request"]
+    # 480 req/s back-to-back, but served it holds the core 2x + 0.4 ms per request: 240 req/s
+    # would overload it
+    assert predict(_dep(240.0), prof, VARIANTS, rate_rps=240.0, serving=path)["overloaded"]
+    assert not predict(_dep(240.0), prof, VARIANTS, rate_rps=240.0, serving=[0.5] * 10)[
+        "overloaded"
+    ]
