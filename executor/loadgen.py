@@ -174,9 +174,15 @@ async def _run(
         connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)
     ) as session:
         loop = asyncio.get_running_loop()
-        start = loop.time() + 0.05
+        # perf_counter, not loop.time(): uvloop's clock is cached per loop pass at 1 ms
+        # resolution, which rounded every latency to whole milliseconds (even below zero)
+        clock = time.perf_counter
+        start = clock() + 0.05
 
         async def one(at: float) -> None:
+            # from the scheduled time (no coordinated omission), or from the actual send
+            # when the millisecond timer woke the sender a little early
+            at = min(at, clock())
             try:
                 async with session.post(url, data=body, headers=headers) as resp:
                     await resp.read()
@@ -191,13 +197,13 @@ async def _run(
                 code = type(exc).__name__
             codes[code] = codes.get(code, 0) + 1
             if code == "200":
-                latencies.append((loop.time() - at) * 1000.0)
+                latencies.append((clock() - at) * 1000.0)
                 server.append(timing)
 
         pending: set[asyncio.Task[None]] = set()  # only those in flight: gathering every task
         for t in times:  # ever sent at the end would stall the last answers by milliseconds
             at = start + t
-            delay = at - loop.time()
+            delay = at - clock()
             if delay > 0:
                 await asyncio.sleep(delay)
             task = loop.create_task(one(at))
@@ -205,7 +211,7 @@ async def _run(
             task.add_done_callback(pending.discard)
         if pending:
             await asyncio.gather(*pending)
-        elapsed = loop.time() - start
+        elapsed = clock() - start
     return latencies, server, codes, elapsed
 
 

@@ -71,6 +71,9 @@ class ServingMeasurement:
     samples: int
     #: median model run inside the served executor (model stand-in; None for noop)
     infer_p50_ms: float | None = None
+    #: ... and its tail (served runs at low load have a longer one than back-to-back runs)
+    infer_p95_ms: float | None = None
+    infer_p99_ms: float | None = None
     hardware: str | None = None
     hostname: str = field(default_factory=platform.node)
     source: str = "measured"
@@ -295,7 +298,11 @@ def measure_serving(
                         lat = np.asarray(out.latencies_ms)
                         runs_ms = np.asarray(out.server_infer_ms, dtype=float)
                         timed = stand_in == "model" and bool(np.isfinite(runs_ms).any())
-                        infer_p50 = float(np.nanmedian(runs_ms)) if timed else None
+                        infer_q = (
+                            [float(x) for x in np.nanpercentile(runs_ms, [50, 95, 99])]
+                            if timed
+                            else [None, None, None]
+                        )
                         if timed and cpu_ms["executor"] is not None:
                             # the daemon's own CPU per request: less the model's run (one thread)
                             own = cpu_ms["executor"] - float(np.nanmean(runs_ms))
@@ -320,7 +327,9 @@ def measure_serving(
                                 quantiles_ms=q,
                                 executor_cpu_ms_per_request=cpu_ms["executor"],
                                 dispatcher_cpu_ms_per_request=cpu_ms["dispatcher"],
-                                infer_p50_ms=infer_p50,
+                                infer_p50_ms=infer_q[0],
+                                infer_p95_ms=infer_q[1],
+                                infer_p99_ms=infer_q[2],
                                 samples=len(lat),
                                 hardware=hardware,
                                 created_at=stamp,
@@ -387,22 +396,28 @@ def serving_overheads(
     import math
 
     from greenctl.planner.evaluate import ServingPath
+    from greenctl.planner.latency import ServiceTime
 
     def as_path(row: ServingMeasurement) -> ServingPath:
         # how much slower the model runs inside the served executor than back-to-back in
-        # the profile (evaluate.ServingPath.service_scale); never a speed-up
-        scale = None
+        # the profile (evaluate.ServingPath.service_scale, .tail_scale); never a speed-up
+        scale, tail = None, None
         if row.infer_p50_ms:
             prof = [
                 p
                 for p in store.latest_profiles(variant=row.variant, resource="cpu:1")
                 if p.batch == 1
             ]
-            base = prof[0].latency_p50_ms if prof else None
-            if base:
-                scale = max(float(row.infer_p50_ms) / float(base), 1.0)
+            if prof and prof[0].latency_p50_ms:
+                hot = ServiceTime.from_profile(prof[0])
+                scale = max(float(row.infer_p50_ms) / float(prof[0].latency_p50_ms), 1.0)
+                if row.infer_p95_ms and row.infer_p99_ms:
+                    tail = (
+                        max(float(row.infer_p95_ms) / hot.quantile(0.95), scale),
+                        max(float(row.infer_p99_ms) / hot.quantile(0.99), scale),
+                    )
         return ServingPath(
-            tuple(row.quantiles_ms), float(row.executor_cpu_ms_per_request or 0.0), scale
+            tuple(row.quantiles_ms), float(row.executor_cpu_ms_per_request or 0.0), scale, tail
         )
 
     out: dict[str, ServingPath] = {}

@@ -375,26 +375,18 @@ def _percentile_latency(p: Profile, pct: str) -> float | None:
 
 
 def _capacity_from_latency(
-    p: Profile, *, slo_ms: float, q: float, stretch: float = 1.0
+    p: Profile, *, slo_ms: float, q: float, path: Any = None, res: Resource | None = None
 ) -> tuple[float, float, str]:
     """Capacity (rps) of one instance at the SLO derived from its latency profile.
 
     The evaluation core's queueing model: ``capacity_at_slo`` (one G/G/1 server, batch 1)
-    or ``batch_capacity_at_slo`` (a batching instance with its default duty cycle).
-    ``stretch`` > 1 lengthens the service time (a served CPU instance: see
-    :func:`serving_stretch`).
-
-    Returns:
-        (capacity_rps, service latency at quantile ``q`` in ms, source)
+    or ``batch_capacity_at_slo`` (a batching instance with its default duty cycle). A
+    served CPU instance's service is longer (:func:`served_service_of`).
     """
-    from greenctl.planner.latency import ServiceTime
     from greenctl.planner.queueing import batch_capacity_at_slo, capacity_at_slo
 
-    service = ServiceTime.from_profile(p)
-    source = "queueing"
-    if stretch > 1.0:
-        service = service.scaled(stretch)
-        source = f"queueing, served x{stretch:.2f}"
+    service, stretch = served_service_of(path, res, p)
+    source = f"queueing, served x{stretch:.2f}" if stretch > 1.0 else "queueing"
     lat = float(service.quantile(q))
     if lat > slo_ms:
         return 0.0, lat, source
@@ -405,21 +397,27 @@ def _capacity_from_latency(
     return max(float(cap), 0.0), lat, source
 
 
-def serving_stretch(path: Any, res: Resource, p: Profile) -> float:
-    """How much longer a served CPU instance holds its core per request than the profile's
-    back-to-back run: the served run (``ServingPath.service_scale``) plus the executor's own
-    CPU per request (``executor_cpu_ms``, counted on the request's own latency too, which
-    errs on the safe side by that much). 1 off CPU (the path was measured on CPU) or
-    without a measured path."""
-    if path is None or res.kind != "cpu" or not hasattr(path, "executor_cpu_ms"):
-        return 1.0
+def served_service_of(path: Any, res: Resource | None, p: Profile) -> tuple[Any, float]:
+    """The service time of a profile as served, and its mean over the profile's.
+
+    On CPU with a measured serving path: the served run (``ServingPath.service_scale`` and
+    ``tail_scale``, see ``evaluate.stretched_service``), then stretched by the executor's own
+    CPU per request (``executor_cpu_ms``, which also lands on the request's own latency
+    here: on the safe side by that much). Otherwise (off CPU: the path was measured on CPU)
+    the profile's back-to-back service and 1.
+    """
+    from greenctl.planner.evaluate import stretched_service
     from greenctl.planner.latency import ServiceTime
 
-    mean = ServiceTime.from_profile(p).mean_ms
-    if mean <= 0:
-        return 1.0
-    scale = path.service_scale if path.service_scale is not None else 1.0
-    return max((scale * mean + max(path.executor_cpu_ms, 0.0)) / mean, 1.0)
+    hot = ServiceTime.from_profile(p)
+    if path is None or res is None or res.kind != "cpu" or not hasattr(path, "executor_cpu_ms"):
+        return hot, 1.0
+    served = stretched_service(hot, path)
+    demand = max(path.executor_cpu_ms, 0.0)
+    if demand > 0 and served.mean_ms > 0:
+        served = served.scaled((served.mean_ms + demand) / served.mean_ms)
+    stretch = served.mean_ms / hot.mean_ms if hot.mean_ms > 0 else 1.0
+    return served, max(stretch, 1.0)
 
 
 def _energy(p: Profile) -> float | None:
@@ -611,7 +609,7 @@ def _make_option(
     ``path_ms``: the serving path's latency at the percentile; an option derived from a
     latency profile must meet the SLO less that (load-tested capacities were measured
     through a real server and keep the whole SLO). ``path``: the serving path itself; on
-    CPU its served run time and executor CPU lengthen the service (:func:`serving_stretch`).
+    CPU its served run time and executor CPU lengthen the service (:func:`served_service_of`).
     """
     tested = [
         p
@@ -656,9 +654,7 @@ def _make_option(
     budget = slo_ms - path_ms
     if budget <= 0:
         return f"the serving path alone takes {path_ms:.4g} ms at {pct}"
-    cap, lat, source = _capacity_from_latency(
-        base, slo_ms=budget, q=q, stretch=serving_stretch(path, res, base)
-    )
+    cap, lat, source = _capacity_from_latency(base, slo_ms=budget, q=q, path=path, res=res)
     if lat > budget:
         if path_ms > 0:
             return f"{pct} latency {lat:.4g} ms plus the serving path's {path_ms:.3g} ms exceeds the SLO"

@@ -16,6 +16,7 @@ from greenctl.executor.serving import (
     serving_rows,
 )
 from greenctl.planner.evaluate import ServingPath
+from greenctl.planner.latency import ServiceTime
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -220,6 +221,17 @@ def test_served_runs_slower_than_the_profile_stretch_the_service(store):
     faster = replace(_row(40, "2026-03-01T00:00:00Z"), infer_p50_ms=1.5)
     save_serving(store, [faster])  # never below the profile: no speed-up is assumed
     assert serving_overheads(store, {"tiny": 40})["tiny-s"].service_scale == 1.0
+    tailed = replace(
+        _row(40, "2026-03-15T00:00:00Z"), infer_p50_ms=5.0, infer_p95_ms=9.0, infer_p99_ms=12.0
+    )
+    save_serving(store, [tailed])  # the served runs' own tail, against the profile's fit
+    path = serving_overheads(store, {"tiny": 40})["tiny-s"]
+    hot = ServiceTime.from_profile(store.latest_profiles(variant="tiny-s")[0])
+    assert path.service_scale == pytest.approx(2.5)
+    assert path.tail_scale == pytest.approx((9.0 / hot.quantile(0.95), 12.0 / hot.quantile(0.99)))
+    (stored,) = [r for r in serving_rows(store) if r.created_at == "2026-03-15T00:00:00Z"]
+    assert (stored.infer_p95_ms, stored.infer_p99_ms) == (9.0, 12.0)
     untimed = replace(_row(40, "2026-04-01T00:00:00Z"), infer_p50_ms=None)
     save_serving(store, [untimed])  # a noop stand-in times no model run: not measured
     assert serving_overheads(store, {"tiny": 40})["tiny-s"].service_scale is None
+    assert serving_overheads(store, {"tiny": 40})["tiny-s"].tail_scale is None

@@ -165,3 +165,27 @@ def test_served_cpu_time_counts_in_utilisation_and_energy():
     assert not predict(_dep(240.0), prof, VARIANTS, rate_rps=240.0, serving=[0.5] * 10)[
         "overloaded"
     ]
+
+
+def test_a_measured_served_tail_shapes_the_service():
+    """Served p50/p95/p99 are the back-to-back ones times the measured ratios; p50 alone
+    stretches the back-to-back shape; the served instance's p95 then exceeds the plain
+    stretch."""
+    from greenctl.planner.evaluate import served_service, stretched_service
+
+    (inst,) = build_instances(_dep(10.0), _profiles())
+    hot = inst.service
+    tailed = ServingPath((0.5,) * 10, 0.0, 2.0, (3.0, 3.5))
+    svc = stretched_service(hot, tailed)
+    for q, r in ((0.5, 2.0), (0.95, 3.0), (0.99, 3.5)):  # a 3-parameter fit: p99 to 2 %
+        assert svc.quantile(q) == pytest.approx(hot.quantile(q) * r, rel=0.02)
+    plain = stretched_service(hot, ServingPath((0.5,) * 10, 0.0, 2.0))
+    assert plain.quantile(0.95) == pytest.approx(hot.quantile(0.95) * 2.0, rel=1e-6)
+    assert stretched_service(hot, ServingPath((0.5,) * 10)) is hot  # nothing measured
+    assert served_service(inst, 10.0, 0.02, tailed)[0].quantile(0.95) > plain.quantile(0.95)
+    low = predict(_dep(10.0), _profiles(), VARIANTS, rate_rps=10.0, serving=tailed)
+    flat = predict(
+        _dep(10.0), _profiles(), VARIANTS, rate_rps=10.0, serving=ServingPath((0.5,) * 10, 0.0, 2.0)
+    )
+    assert low["p95_ms"] > flat["p95_ms"] + 1.0  # 2.6 ms x 3 against x 2
+    assert low["p50_ms"] == pytest.approx(flat["p50_ms"], rel=0.05)
