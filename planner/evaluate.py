@@ -492,9 +492,14 @@ def predict(
     # path (served runs and the executor's own CPU occupy the cores longer)
     stretch = [1.0] * len(instances)
 
-    def _stretch(i: Instance, svc: ServiceTime, demand: float) -> None:
-        if _path_for(serving, i.model, i.variant) is not None and i.resource.startswith("cpu"):
+    def served_at(
+        i: Instance, rate: float, busy_frac: float
+    ) -> tuple[ServiceTime, float]:  # served_service, noting the instance's busy stretch
+        path = _path_for(serving, i.model, i.variant)
+        svc, demand = served_service(i, rate, busy_frac, path)
+        if path is not None and i.resource.startswith("cpu"):
             stretch[i.index] = (svc.mean_ms + demand) / i.service.mean_ms
+        return svc, demand
 
     parts: list[tuple[float, LatencyModel]] = []
     violation = 0.0
@@ -536,26 +541,16 @@ def predict(
             if rate > 0:
                 got = pooled_shares(rate, [i.service for i in members])
                 loaded = [
-                    served_service(
-                        i,
-                        rate * float(g),
-                        rate * float(g) / i.capacity_rps,
-                        _path_for(serving, m, i.variant),
-                    )
+                    served_at(i, rate * float(g), rate * float(g) / i.capacity_rps)
                     for i, g in zip(members, got, strict=True)
                 ]
-                for i, (svc, demand) in zip(members, loaded, strict=True):
-                    _stretch(i, svc, demand)
                 # one pooled queue: the first instance's executor CPU stands for all
                 model = mgc_model(rate, [s for s, _ in loaded], demand_ms=loaded[0][1])
             queue(rate, members, model)
         else:
             for i in members:
                 r = rate * shares[i.index]
-                svc, demand = served_service(
-                    i, r / i.batch, _busy_fraction(i, r, policy), _path_for(serving, m, i.variant)
-                )
-                _stretch(i, svc, demand)
+                svc, demand = served_at(i, r / i.batch, _busy_fraction(i, r, policy))
                 if policy == "wrr":
                     # stride-scheduled share p of a Poisson stream: interarrival ca2 ~ p
                     lm = mgc_model(

@@ -382,6 +382,9 @@ def _capacity_from_latency(
     The evaluation core's queueing model: ``capacity_at_slo`` (one G/G/1 server, batch 1)
     or ``batch_capacity_at_slo`` (a batching instance with its default duty cycle). A
     served CPU instance's service is longer (:func:`served_service_of`).
+
+    Returns:
+        (capacity_rps, service latency at quantile ``q`` in ms, source)
     """
     from greenctl.planner.queueing import batch_capacity_at_slo, capacity_at_slo
 

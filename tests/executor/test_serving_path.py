@@ -43,6 +43,14 @@ def _row(rate: float, stamp: str, *, family="tiny", variant="tiny-s", path="disp
     )
 
 
+def _tiny_s_profile(store, **fields):
+    """The tiny-s variant and one cpu:1 batch-1 profile of it with ``fields``."""
+    from greenctl.data.records import Profile, Variant
+
+    store.upsert_variant(Variant("tiny-s", "tiny", accuracy=0.6, input_shape="3,32,32"))
+    store.add_profiles([Profile("tiny-s", "cpu:1", 1, **fields)])
+
+
 def test_measure_serving_leaves_the_running_plan_alone(run_store, leftovers):
     from greenctl.executor.apply import apply_plan, status
 
@@ -140,21 +148,8 @@ def test_overheads_pick_the_newest_run_and_the_nearest_rate(store):
 
 
 def test_plan_mix_adds_the_stored_serving_path(cli, store):
-    from greenctl.data.records import Profile, Variant
-
-    store.upsert_variant(Variant("tiny-s", "tiny", accuracy=0.6, input_shape="3,32,32"))
-    store.add_profiles(
-        [
-            Profile(
-                "tiny-s",
-                "cpu:1",
-                1,
-                throughput_rps=2000.0,
-                latency_p50_ms=0.5,
-                latency_p95_ms=0.6,
-                latency_p99_ms=0.7,
-            )
-        ]
+    _tiny_s_profile(
+        store, throughput_rps=2000.0, latency_p50_ms=0.5, latency_p95_ms=0.6, latency_p99_ms=0.7
     )
     args = ["plan", "mix", "--model", "tiny", "--rate", "50", "--slo-ms", "50", "--json"]
     r = cli(*args)
@@ -200,21 +195,7 @@ def test_plan_mix_budgets_the_serving_path_within_the_slo(cli, store):
 def test_served_runs_slower_than_the_profile_stretch_the_service(store):
     from dataclasses import replace
 
-    from greenctl.data.records import Profile, Variant
-
-    store.upsert_variant(Variant("tiny-s", "tiny", accuracy=0.6, input_shape="3,32,32"))
-    store.add_profiles(
-        [
-            Profile(
-                "tiny-s",
-                "cpu:1",
-                1,
-                throughput_rps=500.0,
-                latency_p50_ms=2.0,
-                isolated_p50_ms=4.0,
-            )
-        ]
-    )
+    _tiny_s_profile(store, throughput_rps=500.0, latency_p50_ms=2.0, isolated_p50_ms=4.0)
     row = replace(_row(40, "2026-02-01T00:00:00Z"), infer_p50_ms=5.0)
     save_serving(store, [row])  # against the back-to-back median, not the isolated one
     assert serving_overheads(store, {"tiny": 40})["tiny-s"].service_scale == pytest.approx(2.5)
