@@ -52,6 +52,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="load rounds per plan")
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per round")
     ap.add_argument("--quick", action="store_true", help="2 plans, 2 rounds of 4 s")
+    ap.add_argument(
+        "--dump",
+        metavar="DIR",
+        help="also write the scratch store and every measured latency (measured.json) here, "
+        "to study other predictors offline against the same run",
+    )
     args = ap.parse_args()
     plans = PLANS
     if args.quick:
@@ -104,6 +110,7 @@ def main() -> int:
         for k, p in profiles.items()
     }
     rows = []
+    measured: dict[str, dict[str, object]] = {}
     try:
         for label, members, rate in plans:
             quota = rate / len(members)
@@ -125,12 +132,23 @@ def main() -> int:
             run_load(url, "tiny", duration_s=1.0, rate_rps=rate, seed=99)  # warm up
             lat: list[float] = []
             runs: list[float] = []
+            queued: list[float] = []
             p95s = []
             for r in range(args.rounds):
                 out = run_load(url, "tiny", duration_s=args.duration, rate_rps=rate, seed=r)
                 lat += out.latencies_ms
                 runs += out.server_infer_ms
+                queued += out.server_queue_ms
                 p95s.append(float(np.percentile(out.latencies_ms, 95)))
+            measured[label] = {
+                "rate_rps": rate,
+                "members": members,
+                "latencies_ms": lat,
+                "server_infer_ms": runs,
+                "server_queue_ms": queued,
+                "round_p95_ms": p95s,
+                "predicted": {k: dict(v) for k, v in preds.items()},
+            }
             m50, m95 = (float(x) for x in np.percentile(lat, [50, 95]))
             util = (
                 float(preds["model"]["utilisation"] or 0.0),
@@ -146,6 +164,14 @@ def main() -> int:
         with contextlib.suppress(Exception):
             down(store)
         store.close()
+    if args.dump:
+        import json
+        import shutil
+
+        dump = Path(args.dump)
+        dump.mkdir(parents=True, exist_ok=True)
+        shutil.copy(tmp / "bench.db", dump / "bench.db")
+        (dump / "measured.json").write_text(json.dumps(measured, default=str))
 
     print()
     print(

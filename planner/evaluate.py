@@ -197,7 +197,9 @@ class ServingPath:
             stand-in); the cold-run shift applies.
         tail_scale: the same ratio at p95 and p99 (served runs have a longer tail than
             back-to-back ones, the more so at low load: ``tiny-l`` served at 20 req/s had a
-            p95 of 9 ms against its 4.8 ms median), when measured; ``None``: the
+            p95 of 9 ms against its 4.8 ms median), when measured (the median over the
+            rates of one ``profile serving`` run, see
+            :func:`greenctl.executor.serving.serving_overheads`); ``None``: the
             back-to-back shape is stretched by ``service_scale`` alone.
     """
 

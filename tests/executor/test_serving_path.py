@@ -216,3 +216,48 @@ def test_served_runs_slower_than_the_profile_stretch_the_service(store):
     save_serving(store, [untimed])  # a noop stand-in times no model run: not measured
     assert serving_overheads(store, {"tiny": 40})["tiny-s"].service_scale is None
     assert serving_overheads(store, {"tiny": 40})["tiny-s"].tail_scale is None
+
+
+def test_one_stalled_rate_cannot_drag_the_served_tail(store):
+    """The device run that found it: tiny-l's served p99 at 40 req/s was 19.3 ms against
+    4.4-13.4 ms at the other rates; fitted alone, that tail put a 0.21-utilisation plan at a
+    629 ms p95. The tail ratios are the median over the run's rates."""
+    from dataclasses import replace
+
+    from greenctl.data.records import Variant
+    from greenctl.planner.evaluate import predict, profiles_by_key
+
+    _tiny_s_profile(
+        store, throughput_rps=380.0, latency_p50_ms=2.59, latency_p95_ms=3.19, latency_p99_ms=3.25
+    )
+    stamp = "2026-11-22T15:00:00Z"
+    measured = {  # rate: served infer p50, p95, p99 (ms), as measured on the H100 host
+        20.0: (3.64, 5.03, 7.86),
+        40.0: (3.53, 5.85, 19.31),
+        80.0: (3.41, 4.05, 4.41),
+        100.0: (3.41, 5.30, 13.42),
+        160.0: (3.38, 5.04, 9.87),
+    }
+    save_serving(
+        store,
+        [
+            replace(_row(rate, stamp), infer_p50_ms=a, infer_p95_ms=b, infer_p99_ms=c)
+            for rate, (a, b, c) in measured.items()
+        ],
+    )
+    hot = ServiceTime.from_profile(store.latest_profiles(variant="tiny-s")[0])
+    paths = {rate: serving_overheads(store, {"tiny": rate})["tiny-s"] for rate in measured}
+    pooled = (5.04 / hot.quantile(0.95), 9.87 / hot.quantile(0.99))  # the medians
+    for rate, path in paths.items():
+        assert path.service_scale == pytest.approx(measured[rate][0] / 2.59)  # the rate's own
+        assert path.tail_scale == pytest.approx(pooled)
+    profiles = profiles_by_key(store.latest_profiles(variant="tiny-s"))
+    variants = {"tiny-s": Variant("tiny-s", "tiny", accuracy=0.6, input_shape="3,32,32")}
+    dep = [Deployment("tiny", "tiny-s", "cpu:1", 1, 1, quota_rps=40.0)]
+    p95 = {
+        rate: predict(dep, profiles, variants, rate_rps=rate, policy="wrr", serving=paths[rate])[
+            "p95_ms"
+        ]
+        for rate in (20.0, 40.0)
+    }
+    assert p95[40.0] < 2 * p95[20.0] < 60.0  # was 629 ms at 40 with the rate's own tail
