@@ -32,6 +32,7 @@ server CPU idling near 100 W, per core. Override with ``GREENCTL_CPU_TDP_W_PER_C
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -111,6 +112,42 @@ class NvmlEnergyMeter:
             self._idle_w = self.backend.power_w(self.gpu_index)
         except HardwareError:
             self._idle_w = None  # power readings are optional
+
+    def settle_idle(
+        self,
+        *,
+        max_s: float = 5.0,
+        interval_s: float = 0.1,
+        window: int = 5,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> float | None:
+        """Read the GPU's power until it stops falling, and keep that as its idle power.
+
+        Call it with the model loaded and idle. After work a GPU's power falls for about a
+        second (H100: 255 W to 123 W within 1 s of the last run), so one reading taken then
+        is the tail of that work. Returns the idle power (W, whole device), the median of
+        the last ``window`` readings once they lie within 2 % (at least 2 W) of each other,
+        or of the last ones read when ``max_s`` runs out; ``None`` without power readings.
+        """
+        self._idle_sampled = True
+        readings: list[float] = []
+        start = self._clock()
+        while True:
+            try:
+                readings.append(self.backend.power_w(self.gpu_index))
+            except HardwareError:
+                self._idle_w = None  # power readings are optional
+                return None
+            last = readings[-window:]
+            if len(last) == window:
+                spread = max(last) - min(last)
+                if spread <= max(2.0, 0.02 * statistics.median(last)):
+                    break
+            if self._clock() - start >= max_s:
+                break
+            sleep(interval_s)
+        self._idle_w = float(statistics.median(readings[-window:]))
+        return self._idle_w
 
     def _sample_loop(self, stop: threading.Event) -> None:
         while not stop.wait(self.sample_s):

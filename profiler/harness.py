@@ -49,6 +49,11 @@ Progress = Callable[[str, float], None]
 
 MIN_BATCHES = 3
 DEFAULT_WARMUP = 3
+#: On a GPU the warm-up also lasts at least this long. Three runs were not enough on the
+#: H100 host: the first run took 700 ms (library start-up), resnet18 at batch 1 then ran at
+#: 2.8 ms for about 1.2 s before settling at 1.5 ms, and a profile taken after three runs
+#: put resnet50 at batch 1 at 6.2 ms p50 against 3.6-3.9 ms warm (slower than at batch 8).
+GPU_WARMUP_S = 2.0
 DEFAULT_DURATION_S = 1.0
 #: Requests measured one at a time after an idle gap (the open-loop, low-load case).
 DEFAULT_ISOLATED = 20
@@ -216,8 +221,7 @@ def measure(
         raise InputError("give a positive --duration or --requests")
     x = loaded.example(batch)
     on_gpu = loaded.device.startswith("cuda")
-    for _ in range(max(warmup, 0)):
-        loaded.run(x)
+    warm_up(loaded, x, runs=warmup, min_s=GPU_WARMUP_S if on_gpu else 0.0)
     # as the executors do before serving (greenctl.executor.procs.settle_heap): a full
     # collection of torch's objects mid-loop would put a pause of tens of ms into the p99
     gc.collect()
@@ -267,6 +271,24 @@ def measure(
     return Measurement(
         batch, lat, duration, round(memory, 2) if memory is not None else None, energy, iso
     )
+
+
+def warm_up(
+    loaded: Any,
+    x: Any,
+    *,
+    runs: int,
+    min_s: float = 0.0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> int:
+    """Run ``x`` un-timed ``runs`` times, and on until ``min_s`` seconds have passed (GPUs:
+    ``GPU_WARMUP_S``); returns the runs made."""
+    done = 0
+    start = clock()
+    while done < max(runs, 0) or (min_s > 0 and clock() - start < min_s):
+        loaded.run(x)
+        done += 1
+    return done
 
 
 def _isolated(loaded: LoadedModel, x: Any, count: int, *, budget_s: float) -> list[float]:
@@ -506,12 +528,17 @@ def measure_variant(
     meter, close = make_meter(spec.get("meter") or {})
     try:
         with slice_ctx:
-            sample_idle = getattr(meter, "sample_idle", None)
-            if sample_idle is not None:
-                sample_idle()  # the device's power before this model touches it
             base = rss_mb()
             loaded = load_model(variant, device=spec.get("device") or "cpu")
             params = sum(int(p.numel()) for p in loaded.module.parameters())
+            settle_idle = getattr(meter, "settle_idle", None)
+            if settle_idle is not None:
+                # A GPU's idle power as a served instance sees it: the model loaded and run
+                # once (its CUDA context open), then left until the reading stops falling.
+                # Read before loading, it was the previous variant's cooling tail: 70, 133
+                # and 159 W for three variants on the same H100 (settled: 123 W).
+                warm_up(loaded, loaded.example(batches[0] if batches else 1), runs=1)
+                settle_idle()
             for i, b in enumerate(batches):
 
                 def inner(msg: str, frac: float, i: int = i) -> None:

@@ -93,6 +93,55 @@ def test_nvml_without_energy_counter_integrates_sampled_power():
     assert r.idle_power_w == pytest.approx(100.0)
 
 
+class _Cooling:
+    """A GPU whose power reading follows a script, one value per read (the last repeats)."""
+
+    def __init__(self, watts: list[float], fail: bool = False) -> None:
+        self.watts = list(watts)
+        self.reads = 0
+        self.fail = fail
+
+    def power_w(self, gpu_index: int) -> float:
+        if self.fail:
+            raise HardwareError("power readings not supported")
+        self.reads += 1
+        return self.watts.pop(0) if len(self.watts) > 1 else self.watts[0]
+
+    def energy_mj(self, gpu_index: int) -> int:
+        return 0
+
+
+def test_settled_idle_power_waits_out_the_cooling_tail():
+    """H100 readings 0.25 s apart after a run: 255 W falling to 123 W. One reading at once
+    would have kept the 255 W tail as the idle power."""
+    clock = Clock()
+    gpu = _Cooling([254.8, 201.4, 168.7, 124.9, 123.2, 123.1, 123.1, 123.0, 122.9, 122.9])
+    meter = NvmlEnergyMeter(gpu, 0, share=0.5, clock=clock)  # type: ignore[arg-type]
+
+    def sleep(s: float) -> None:
+        clock.t += s
+
+    assert meter.settle_idle(sleep=sleep, interval_s=0.25) == pytest.approx(123.1)
+    assert gpu.reads == 8  # stopped once five readings agreed, not at max_s
+    meter.start()  # keeps the settled figure rather than reading again
+    clock.t += 1.0
+    assert meter.stop(requests=1).idle_power_w == pytest.approx(123.1 * 0.5)
+
+
+def test_idle_power_that_never_settles_stops_at_max_s():
+    clock = Clock()
+    gpu = _Cooling([100.0, 200.0] * 100)
+
+    def sleep(s: float) -> None:
+        clock.t += s
+
+    meter = NvmlEnergyMeter(gpu, 0, clock=clock)  # type: ignore[arg-type]
+    assert meter.settle_idle(sleep=sleep, max_s=2.0, interval_s=0.1) == pytest.approx(100.0)
+    assert gpu.reads == 21
+    silent = NvmlEnergyMeter(_Cooling([1.0], fail=True), 0, clock=clock)  # type: ignore[arg-type]
+    assert silent.settle_idle(sleep=sleep) is None
+
+
 def _rapl(tmp_path: Path, value: int, max_range: int) -> Path:
     d = tmp_path / "intel-rapl:0"
     d.mkdir(exist_ok=True)

@@ -142,6 +142,67 @@ def test_measure_records_isolated_runs_after_idle_gaps(monkeypatch):
     )
 
 
+def test_gpu_warm_up_lasts_its_minimum_time():
+    """Three warm-up runs left resnet50 (batch 1, H100) at 6.2 ms p50 against 3.6-3.9 ms
+    warm: on a GPU the warm-up also lasts GPU_WARMUP_S."""
+
+    class Model:
+        def __init__(self) -> None:
+            self.t = 0.0
+            self.runs = 0
+
+        def run(self, x: object) -> None:
+            self.runs += 1
+            self.t += 0.1
+
+    m = Model()
+    assert harness.warm_up(m, None, runs=3, clock=lambda: m.t) == 3  # CPU: the count
+    m = Model()
+    assert harness.warm_up(m, None, runs=3, min_s=2.0, clock=lambda: m.t) == 20
+    m = Model()
+    assert harness.warm_up(m, None, runs=50, min_s=2.0, clock=lambda: m.t) == 50
+    assert harness.GPU_WARMUP_S >= 1.5  # covers the 1.2 s slow start seen on the H100
+
+
+def test_gpu_idle_power_is_read_with_the_model_loaded_and_settled(monkeypatch):
+    """Read before the model was loaded, the idle power was whatever the previous variant
+    left (70, 133 and 159 W for three variants on one H100)."""
+    from greenctl.profiler import models
+    from greenctl.profiler.energy import EnergyReading
+
+    events: list[str] = []
+    real_load = models.load_model
+
+    def load(variant, *, device="cpu"):
+        events.append("load")
+        return real_load(variant, device=device)
+
+    class Meter:
+        method = "nvml"
+
+        def settle_idle(self) -> float:
+            events.append("settle")
+            return 123.0
+
+        def start(self) -> None:
+            events.append("start")
+
+        def stop(self, *, requests: int) -> EnergyReading:
+            return EnergyReading("nvml", 200.0, 123.0, 1.0, 1.0)
+
+    monkeypatch.setattr(models, "load_model", load)
+    monkeypatch.setattr(harness, "make_meter", lambda spec: (Meter(), lambda: None))
+    spec = {
+        "variant": {"name": "tiny-s", "family": "tiny", "input_shape": "3,32,32"},
+        "batches": [1, 2],
+        "requests": 4,
+        "warmup": 0,
+    }
+    (a, b), _load_s, _facts = harness.measure_variant(spec)
+    assert events == ["load", "settle", "start", "start"]  # once per variant, after loading
+    assert a.energy.idle_power_w == 123.0 and b.batch == 2
+
+
 def test_profile_tiny_family_stores_one_transaction(store):
     result = profile(store, cpus=[1], batches=[1, 2], requests=4, warmup=1)
     rows = store.latest_profiles(family="tiny")
@@ -195,6 +256,7 @@ def test_child_process_run_with_mig_environment_and_attributed_energy(gpu_invent
     assert m.energy.method == "nvml-attributed"
     # the fake GPU draws 280 W: the instance is charged 3/7 of it
     assert m.energy.power_w == pytest.approx(280.0 * 3 / 7, rel=0.05)
+    assert m.energy.idle_power_w == pytest.approx(280.0 * 3 / 7)  # settled with the model loaded
     p = m.to_profile("tiny-s", item.resource, item.hardware)
     assert p.energy_method == "nvml-attributed" and p.hardware == "NVIDIA A100-SXM4-40GB"
 
