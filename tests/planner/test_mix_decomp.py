@@ -167,8 +167,13 @@ def test_decomposition_equals_the_joint_ilp(objective: str, data: st.DataObject)
         assert info["objective_bound"] >= a - TOL
     else:
         assert info["objective_bound"] <= a + TOL
-    # the tie-break as the joint ILP does it: never worse than the joint plan's
+    # the tie-break as the joint ILP does it: never worse than the joint plan's, when the two
+    # plans tie on the objective (hypothesis found a decomposition plan better by 5e-7 on
+    # carbon, a 1e-5 req/s sliver on a greener variant, and so 0.005/h dearer: no tie)
     s_new, s_old = secondary(problem, new), secondary(problem, old)
+    better = a > b if mix.is_maximise(problem.objective) else a < b
+    if better and abs(a - b) > 1e-12 * max(1.0, abs(b)):
+        s_new = None
     if s_new is not None and s_old is not None:
         assert s_new <= s_old + 1e-6 * max(1.0, abs(s_old)), (s_new, s_old)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from greenctl.data.errors import InputError
 from greenctl.data.records import Profile
-from greenctl.planner.latency import ServiceTime
+from greenctl.planner.latency import SIGMA_MAX, ServiceTime
 from greenctl.planner.queueing import (
     batch_capacity_at_slo,
     batch_latency_quantile_ms,
@@ -37,8 +37,11 @@ def test_three_percentile_fit_reproduces_or_bounds_them(p50, r95, r99):
     s = ServiceTime.from_percentiles(p50=p50, p95=p95, p99=p99)
     assert s.quantile(0.5) == pytest.approx(p50, rel=1e-6)
     assert s.quantile(0.95) == pytest.approx(p95, rel=1e-6)
-    # Either exact, or the conservative fallback that over-states p99.
-    assert s.quantile(0.99) >= p99 * (1 - 1e-6)
+    # Exact; or the fallback without a shift, which over-states p99; or, where the exact fit
+    # is wider than SIGMA_MAX, the capped one, which under-states it (a few runs' straggler).
+    if s.quantile(0.99) < p99 * (1 - 1e-6):
+        assert s.sigma == pytest.approx(SIGMA_MAX)
+    assert s.sigma <= SIGMA_MAX * (1 + 1e-9) or s.shift_ms == 0
     assert s.shift_ms >= 0
     assert s.mean_ms > 0 and s.scv >= 0
 
@@ -50,6 +53,18 @@ def test_two_percentile_fit_and_deterministic():
     d = ServiceTime.from_percentiles(p50=12.0)
     assert d.kind == "deterministic" and d.mean_ms == 12.0 and d.scv == 0.0
     assert ServiceTime.from_percentiles(10, 10, 10).kind == "deterministic"
+
+
+def test_a_straggler_p99_does_not_fit_an_unbounded_tail():
+    """tiny-l's back-to-back profile on the 2-core VM: 545 runs, p99 set by about five of
+    them. The exact fit had sigma 2.6, p99.99 159 ms and scv 4.9."""
+    s = ServiceTime.from_percentiles(3.62, 4.31, 7.71)
+    assert s.sigma == pytest.approx(SIGMA_MAX)
+    assert s.quantile(0.5) == pytest.approx(3.62) and s.quantile(0.95) == pytest.approx(4.31)
+    assert 4.31 < s.quantile(0.99) < 7.71
+    assert s.scv < 0.1 and s.quantile(0.9999) < 25.0
+    exact = ServiceTime.from_percentiles(3.62, 4.31, 5.2)  # a tail within the cap stays exact
+    assert exact.quantile(0.99) == pytest.approx(5.2) and exact.sigma < SIGMA_MAX
 
 
 def test_exact_three_point_fit_matches_a_known_shifted_lognormal():
