@@ -154,6 +154,75 @@ def model_input(
     return oip.encode_request([(spec["name"], arr)], binary=binary)
 
 
+def open_session(connections: int = 256, timeout_s: float = 30.0) -> Any:
+    """An aiohttp client session with keep-alive connections, as the load generator uses
+    (call inside a running event loop; close it when done)."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=30)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)
+    )
+
+
+async def send_load(
+    session: Any,
+    endpoint: str,
+    model: str,
+    times: list[float],
+    body: bytes,
+    headers: dict[str, str],
+) -> tuple[list[float], list[tuple[float, float]], dict[str, int], float]:
+    """Send one request at each of ``times`` (seconds from now) over ``session``; returns
+    the successful requests' latencies (ms) and server timings, the status counts and the
+    seconds it took."""
+    import aiohttp
+
+    url = f"{endpoint.rstrip('/')}/v2/models/{model}/infer"
+    latencies: list[float] = []
+    server: list[tuple[float, float]] = []
+    codes: dict[str, int] = {}
+    loop = asyncio.get_running_loop()
+    # perf_counter, not loop.time(): uvloop's clock is cached per loop pass at 1 ms
+    # resolution, which rounded every latency to whole milliseconds (even below zero)
+    clock = time.perf_counter
+    start = clock() + 0.05
+
+    async def one(at: float) -> None:
+        # from the scheduled time (no coordinated omission), or from the actual send
+        # when the millisecond timer woke the sender a little early
+        at = min(at, clock())
+        try:
+            async with session.post(url, data=body, headers=headers) as resp:
+                await resp.read()
+                code = str(resp.status)
+                timing = (
+                    _header_ms(resp.headers, oip.QUEUE_MS_HEADER),
+                    _header_ms(resp.headers, oip.INFER_MS_HEADER),
+                )
+        except TimeoutError:
+            code = "timeout"
+        except aiohttp.ClientError as exc:
+            code = type(exc).__name__
+        codes[code] = codes.get(code, 0) + 1
+        if code == "200":
+            latencies.append((clock() - at) * 1000.0)
+            server.append(timing)
+
+    pending: set[asyncio.Task[None]] = set()  # only those in flight: gathering every task
+    for t in times:  # ever sent at the end would stall the last answers by milliseconds
+        at = start + t
+        delay = at - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = loop.create_task(one(at))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+    if pending:
+        await asyncio.gather(*pending)
+    return latencies, server, codes, clock() - start
+
+
 async def _run(
     endpoint: str,
     model: str,
@@ -163,56 +232,8 @@ async def _run(
     timeout_s: float,
     connections: int,
 ) -> tuple[list[float], list[tuple[float, float]], dict[str, int], float]:
-    import aiohttp
-
-    url = f"{endpoint.rstrip('/')}/v2/models/{model}/infer"
-    latencies: list[float] = []
-    server: list[tuple[float, float]] = []
-    codes: dict[str, int] = {}
-    connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=30)
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)
-    ) as session:
-        loop = asyncio.get_running_loop()
-        # perf_counter, not loop.time(): uvloop's clock is cached per loop pass at 1 ms
-        # resolution, which rounded every latency to whole milliseconds (even below zero)
-        clock = time.perf_counter
-        start = clock() + 0.05
-
-        async def one(at: float) -> None:
-            # from the scheduled time (no coordinated omission), or from the actual send
-            # when the millisecond timer woke the sender a little early
-            at = min(at, clock())
-            try:
-                async with session.post(url, data=body, headers=headers) as resp:
-                    await resp.read()
-                    code = str(resp.status)
-                    timing = (
-                        _header_ms(resp.headers, oip.QUEUE_MS_HEADER),
-                        _header_ms(resp.headers, oip.INFER_MS_HEADER),
-                    )
-            except TimeoutError:
-                code = "timeout"
-            except aiohttp.ClientError as exc:
-                code = type(exc).__name__
-            codes[code] = codes.get(code, 0) + 1
-            if code == "200":
-                latencies.append((clock() - at) * 1000.0)
-                server.append(timing)
-
-        pending: set[asyncio.Task[None]] = set()  # only those in flight: gathering every task
-        for t in times:  # ever sent at the end would stall the last answers by milliseconds
-            at = start + t
-            delay = at - clock()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            task = loop.create_task(one(at))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-        if pending:
-            await asyncio.gather(*pending)
-        elapsed = clock() - start
-    return latencies, server, codes, elapsed
+    async with open_session(connections, timeout_s) as session:
+        return await send_load(session, endpoint, model, times, body, headers)
 
 
 def _header_ms(headers: Any, name: str) -> float:
@@ -262,12 +283,9 @@ def run_load(
     from greenctl.executor.procs import run_async, settle_heap
 
     settle_heap()  # a full collection mid-run would stall sending and show up as latency
-    t0 = time.monotonic()
-
     latencies, server, codes, elapsed = run_async(
         _run(endpoint, model, times, body, headers, timeout_s, connections)
     )
-    del t0
     lat = np.asarray(latencies) if latencies else None
     ok = codes.get("200", 0)
     sent = len(times)
