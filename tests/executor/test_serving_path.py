@@ -261,3 +261,37 @@ def test_one_stalled_rate_cannot_drag_the_served_tail(store):
         for rate in (20.0, 40.0)
     }
     assert p95[40.0] < 2 * p95[20.0] < 60.0  # was 629 ms at 40 with the rate's own tail
+
+
+def test_plan_mix_says_gpu_latency_is_the_profiled_run_time(cli, store):
+    """Served GPU runs are not measured (an H100 plan predicted at 15.6 ms p95 measured
+    67-98 ms): the plan says so where it says what its latency includes."""
+    from greenctl.data.records import Profile, Variant
+
+    store.upsert_variant(Variant("tiny-s", "tiny", accuracy=0.6, input_shape="3,32,32"))
+    store.add_profiles(
+        [
+            Profile(
+                "tiny-s",
+                "gpu:A100",
+                1,
+                throughput_rps=2000.0,
+                latency_p50_ms=0.5,
+                latency_p95_ms=0.6,
+                latency_p99_ms=0.7,
+            )
+        ]
+    )
+    args = ["plan", "mix", "--model", "tiny", "--rate", "50", "--slo-ms", "50", "--json"]
+    r = cli(*args)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["deployments"][0]["resource"] == "gpu:A100"
+    assert (
+        "GPU, MIG and MPS instances at their profiled run time"
+        in doc["predicted"]["latency_includes"]
+    )
+    _tiny_s_profile(store, throughput_rps=500.0, latency_p50_ms=2.0, latency_p95_ms=2.4)
+    r = cli(*args, "--budget", "gpu=0")  # CPU only: nothing to say about GPUs
+    assert r.exit_code == 0, r.output
+    assert "GPU" not in json.loads(r.stdout)["predicted"]["latency_includes"]
