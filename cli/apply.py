@@ -362,6 +362,7 @@ def loadgen_cmd(
             "p50 ms",
             "p95 ms",
             "p99 ms",
+            "batch rows",
         ],
         [
             [
@@ -374,8 +375,10 @@ def loadgen_cmd(
                 res.p50_ms,
                 res.p95_ms,
                 res.p99_ms,
+                res.mean_batch_rows,
             ]
         ],
+        caption="batch rows: mean rows of the batches the requests ran in (from the executors)",
     )
 
 

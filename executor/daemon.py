@@ -236,7 +236,7 @@ def parse_prometheus(text: str) -> dict[str, float]:
 
 # -- batching ----------------------------------------------------------------------------
 class _Item:
-    __slots__ = ("arr", "future", "queued_at", "ran_s", "rows", "started_at")
+    __slots__ = ("arr", "batch_rows", "future", "queued_at", "ran_s", "rows", "started_at")
 
     def __init__(self, arr: np.ndarray, future: asyncio.Future[np.ndarray]) -> None:
         self.arr = arr
@@ -245,6 +245,7 @@ class _Item:
         self.queued_at = time.perf_counter()
         self.started_at = self.queued_at
         self.ran_s = 0.0
+        self.batch_rows = self.rows
 
 
 class Batcher:
@@ -262,13 +263,14 @@ class Batcher:
     async def submit(self, arr: np.ndarray) -> np.ndarray:
         return (await self.submit_timed(arr))[0]
 
-    async def submit_timed(self, arr: np.ndarray) -> tuple[np.ndarray, float, float]:
-        """The output, the seconds queued before its batch started, and the batch's run time."""
+    async def submit_timed(self, arr: np.ndarray) -> tuple[np.ndarray, float, float, int]:
+        """The output, the seconds queued before its batch started, the batch's run time and
+        the rows of that batch."""
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         item = _Item(arr, future)
         self.queue.put_nowait(item)
         out = await future
-        return out, item.started_at - item.queued_at, item.ran_s
+        return out, item.started_at - item.queued_at, item.ran_s, item.batch_rows
 
     async def run_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -308,7 +310,7 @@ class Batcher:
             ran = time.perf_counter() - started
             start = 0
             for i in items:
-                i.started_at, i.ran_s = started, ran
+                i.started_at, i.ran_s, i.batch_rows = started, ran, rows
                 if not i.future.done():
                     i.future.set_result(out[start : start + i.rows])
                 start += i.rows
@@ -469,7 +471,7 @@ class ExecutorServer:
             self.metrics.observe("400", time.perf_counter() - t0)
             return hs.json_response({"error": str(exc)}, status=400)
         try:
-            out, queued_s, ran_s = await self.batcher.submit_timed(arr)
+            out, queued_s, ran_s, batch_rows = await self.batcher.submit_timed(arr)
         except Exception as exc:
             self.metrics.observe("500", time.perf_counter() - t0)
             return hs.json_response({"error": f"inference failed: {exc}"}, status=500)
@@ -481,6 +483,7 @@ class ExecutorServer:
         self.metrics.observe("200", time.perf_counter() - t0)
         headers[oip.QUEUE_MS_HEADER] = f"{queued_s * 1000.0:.4f}"
         headers[oip.INFER_MS_HEADER] = f"{ran_s * 1000.0:.4f}"
+        headers[oip.BATCH_ROWS_HEADER] = str(batch_rows)
         return hs.Response(body=payload, headers=headers)
 
     async def metrics_page(self, request: Any) -> Any:

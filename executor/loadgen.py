@@ -43,17 +43,21 @@ class LoadResult:
     p99_ms: float | None
     mean_ms: float | None
     max_ms: float | None
+    #: mean rows of the batches the requests ran in (the executor's ``Greenctl-Batch-Rows``:
+    #: how much the dynamic batching gathered); None when the server does not say
+    mean_batch_rows: float | None = None
     status_counts: dict[str, int] = field(default_factory=dict)
     latencies_ms: list[float] = field(default_factory=list, repr=False)
     #: Per successful request, beside ``latencies_ms``: the executor's own queue and batch run
     #: times from its ``Greenctl-Queue-Ms``/``Greenctl-Infer-Ms`` headers (NaN without them).
     server_queue_ms: list[float] = field(default_factory=list, repr=False)
     server_infer_ms: list[float] = field(default_factory=list, repr=False)
+    server_batch_rows: list[float] = field(default_factory=list, repr=False)
 
     def to_dict(self, *, with_latencies: bool = False) -> dict[str, Any]:
         doc = asdict(self)
         if not with_latencies:
-            for key in ("latencies_ms", "server_queue_ms", "server_infer_ms"):
+            for key in ("latencies_ms", "server_queue_ms", "server_infer_ms", "server_batch_rows"):
                 doc.pop(key)
         return doc
 
@@ -172,15 +176,15 @@ async def send_load(
     times: list[float],
     body: bytes,
     headers: dict[str, str],
-) -> tuple[list[float], list[tuple[float, float]], dict[str, int], float]:
+) -> tuple[list[float], list[tuple[float, float, float]], dict[str, int], float]:
     """Send one request at each of ``times`` (seconds from now) over ``session``; returns
-    the successful requests' latencies (ms) and server timings, the status counts and the
-    seconds it took."""
+    the successful requests' latencies (ms) and what the server said of each (queue ms,
+    run ms, batch rows; NaN where it did not), the status counts and the seconds it took."""
     import aiohttp
 
     url = f"{endpoint.rstrip('/')}/v2/models/{model}/infer"
     latencies: list[float] = []
-    server: list[tuple[float, float]] = []
+    server: list[tuple[float, float, float]] = []
     codes: dict[str, int] = {}
     loop = asyncio.get_running_loop()
     # perf_counter, not loop.time(): uvloop's clock is cached per loop pass at 1 ms
@@ -197,8 +201,9 @@ async def send_load(
                 await resp.read()
                 code = str(resp.status)
                 timing = (
-                    _header_ms(resp.headers, oip.QUEUE_MS_HEADER),
-                    _header_ms(resp.headers, oip.INFER_MS_HEADER),
+                    _header_float(resp.headers, oip.QUEUE_MS_HEADER),
+                    _header_float(resp.headers, oip.INFER_MS_HEADER),
+                    _header_float(resp.headers, oip.BATCH_ROWS_HEADER),
                 )
         except TimeoutError:
             code = "timeout"
@@ -231,12 +236,12 @@ async def _run(
     headers: dict[str, str],
     timeout_s: float,
     connections: int,
-) -> tuple[list[float], list[tuple[float, float]], dict[str, int], float]:
+) -> tuple[list[float], list[tuple[float, float, float]], dict[str, int], float]:
     async with open_session(connections, timeout_s) as session:
         return await send_load(session, endpoint, model, times, body, headers)
 
 
-def _header_ms(headers: Any, name: str) -> float:
+def _header_float(headers: Any, name: str) -> float:
     try:
         return float(headers.get(name, "nan"))
     except ValueError:
@@ -307,6 +312,13 @@ def run_load(
         max_ms=None if lat is None else float(lat.max()),
         status_counts=codes,
         latencies_ms=latencies,
-        server_queue_ms=[q for q, _ in server],
-        server_infer_ms=[i for _, i in server],
+        mean_batch_rows=_finite_mean([r for _, _, r in server]),
+        server_queue_ms=[q for q, _, _ in server],
+        server_infer_ms=[i for _, i, _ in server],
+        server_batch_rows=[r for _, _, r in server],
     )
+
+
+def _finite_mean(values: list[float]) -> float | None:
+    finite = [v for v in values if math.isfinite(v)]
+    return round(sum(finite) / len(finite), 3) if finite else None

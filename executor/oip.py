@@ -20,7 +20,9 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 #: batch to start, and the run time of the batch it rode in; the dispatcher passes them on.
 QUEUE_MS_HEADER = "Greenctl-Queue-Ms"
 INFER_MS_HEADER = "Greenctl-Infer-Ms"
-TIMING_HEADERS = (QUEUE_MS_HEADER, INFER_MS_HEADER)
+#: rows of the batch the request ran in (what dynamic batching achieved)
+BATCH_ROWS_HEADER = "Greenctl-Batch-Rows"
+TIMING_HEADERS = (QUEUE_MS_HEADER, INFER_MS_HEADER, BATCH_ROWS_HEADER)
 
 DTYPES: dict[str, str] = {
     "BOOL": "bool",

@@ -106,6 +106,7 @@ def test_apply_status_loadgen_verify_down(cli, plan_file, state_dir, store):
     assert r.exit_code == 0, r.output
     load = json.loads(r.stdout)
     assert load["ok"] == load["sent"] > 0 and load["rejected_503"] == 0
+    assert load["mean_batch_rows"] == 1.0  # the executor's Greenctl-Batch-Rows, via the dispatcher
 
     r = cli("apply", plan_file, "--loader", NOOP)
     assert r.exit_code == 0 and "already running" in r.output

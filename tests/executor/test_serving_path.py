@@ -111,6 +111,7 @@ def test_model_stand_in_subtracts_the_executors_own_queue_and_run(run_store):
     assert out.ok == len(out.server_infer_ms) == len(out.server_queue_ms) > 0
     assert all(0 < i < lat for i, lat in zip(out.server_infer_ms, out.latencies_ms, strict=True))
     assert all(q >= 0 for q in out.server_queue_ms)
+    assert out.server_batch_rows == [1.0] * out.ok and out.mean_batch_rows == 1.0  # batch 1
 
 
 def test_bad_requests_fail_before_starting_anything(store):
