@@ -44,6 +44,18 @@ def profile_serving(
             "request (default); noop: a no-op model of its tensor shapes.",
         ),
     ] = "model",
+    resource: Annotated[
+        str,
+        typer.Option(
+            "--resource",
+            help="Where the executor runs: cpu:1 (default), or gpu:MODEL, mig:PROFILE, "
+            "mps:PCT to measure served runs on that accelerator for plans that use it.",
+        ),
+    ] = "cpu:1",
+    batch: Annotated[
+        int,
+        typer.Option("--batch", help="The executor's largest batch (batched dynamically).", min=1),
+    ] = 1,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Measure and print, but store nothing.")
     ] = False,
@@ -52,8 +64,8 @@ def profile_serving(
 ) -> None:
     """Measure what a request spends outside the model, and store it for planning.
 
-    Starts an executor of VARIANT on one core (or, with --stand-in noop, a no-op model of
-    its tensor shapes) and a dispatcher in a scratch state folder (what runs now is not
+    Starts an executor of VARIANT on one core or on --resource (or, with --stand-in noop, a
+    no-op model of its tensor shapes) and a dispatcher in a scratch state folder (what runs now is not
     touched), sends open-loop Poisson loads, and stores the quantiles of the time each
     request spends outside the executor's queue and model run, per rate and path. `plan
     mix` then adds the dispatcher path to its predicted latencies (and `apply --verify`
@@ -71,6 +83,8 @@ def profile_serving(
                 policy=policy,
                 paths=path or PATHS,
                 stand_in=stand_in,
+                resource=resource,
+                batch=batch,
                 progress=lambda m, f: status.update(f"serving path: {m} ({100 * f:.0f}%)"),
             )
         if not dry_run:
@@ -81,7 +95,7 @@ def profile_serving(
         print_json([asdict(r) for r in rows])
         return
     render_table(
-        f"Serving path of {variant} requests ({stand_in} stand-in, measured)",
+        f"Serving path of {variant} requests on {resource} ({stand_in} stand-in, measured)",
         [
             "path",
             "req/s",
@@ -90,6 +104,8 @@ def profile_serving(
             "p99 ms",
             "executor CPU ms/req",
             "dispatcher CPU ms/req",
+            "served run p50 ms",
+            "batch rows",
             "samples",
         ],
         [
@@ -101,6 +117,8 @@ def profile_serving(
                 r.p99_ms,
                 r.executor_cpu_ms_per_request,
                 r.dispatcher_cpu_ms_per_request,
+                r.infer_p50_ms,
+                r.infer_rows_p50,
                 r.samples,
             )
             for r in rows

@@ -74,6 +74,11 @@ class ServingMeasurement:
     #: ... and its tail (served runs at low load have a longer one than back-to-back runs)
     infer_p95_ms: float | None = None
     infer_p99_ms: float | None = None
+    #: where the executor ran and the batch size it was given (None: cpu:1 and 1, the only
+    #: choice before ``--resource``/``--batch``), and the median rows its batches carried
+    resource: str | None = None
+    batch: int | None = None
+    infer_rows_p50: float | None = None
     hardware: str | None = None
     hostname: str = field(default_factory=platform.node)
     source: str = "measured"
@@ -165,6 +170,8 @@ def measure_serving(
     cores: list[int] | None = None,
     stand_in: str = "model",
     min_requests: int = MIN_REQUESTS,
+    resource: str = "cpu:1",
+    batch: int = 1,
     progress: Progress = _noop,
 ) -> list[ServingMeasurement]:
     """Measure the serving path for ``variant``'s tensor shapes at each rate (nothing saved).
@@ -182,9 +189,13 @@ def measure_serving(
         cores: CPU cores the executor may use (default: this process's affinity).
         stand_in: ``model`` (the variant, its own queue and run times subtracted per
             request) or ``noop`` (module docstring).
+        resource: where the executor runs (default one CPU core; ``gpu:MODEL``, ``mig:...``
+            or ``mps:PCT`` measure served runs on that accelerator, which planning then
+            applies to instances on the same resource).
+        batch: the executor's largest batch (requests are batched dynamically; each row
+            keeps the median rows its batches carried).
 
-    The executor runs on one CPU core of this machine (GPU variants too: the path is
-    measured on the CPU). Measure while nothing else loads the machine for figures that hold.
+    Measure while nothing else loads the machine for figures that hold.
 
     Raises:
         InputError: bad rates, duration, path, or a variant without an input shape.
@@ -212,6 +223,11 @@ def measure_serving(
         raise InputError(
             f"unknown serving path {bad[0] if bad else ''!r}", hint="use dispatcher or direct"
         )
+    from greenctl.data.resources import parse_resource
+
+    where = parse_resource(resource)
+    if not isinstance(batch, int) or batch < 1:
+        raise InputError(f"--batch must be a whole number >= 1, got {batch!r}")
     (v,) = resolve_variants(store, names=[variant])  # NotFoundError names the known ones
     if not v.input_shape:
         raise InputError(
@@ -223,7 +239,7 @@ def measure_serving(
         out_elems = int(output_elements) if output_elements else output_elements_of(v)
     else:
         out_elems = int(output_elements or 0)  # read from the executor's metadata below
-    hardware = cpu_info().model_name
+    hardware = cpu_info().model_name if where.kind == "cpu" else where.label
     stamp = utcnow_iso()  # one stamp for the whole run: serving_overheads picks runs by it
     tmp = Path(tempfile.mkdtemp(prefix="greenctl-serving-"))
     rows: list[ServingMeasurement] = []
@@ -238,9 +254,9 @@ def measure_serving(
                     Deployment(
                         model=v.family,
                         variant=v.name,
-                        resource="cpu:1",
+                        resource=where.label,
                         count=1,
-                        batch=1,
+                        batch=batch,
                         quota_rps=max(rates),
                     )
                 ],
@@ -255,7 +271,7 @@ def measure_serving(
                         store=scratch,
                         loader=NOOP_LOADER if stand_in == "noop" else None,
                         policy=policy,
-                        cores=cores,
+                        cores=cores if where.kind == "cpu" else None,
                         max_queue=4096,
                         max_wait_ms=0.0,
                     )
@@ -303,6 +319,12 @@ def measure_serving(
                             if timed
                             else [None, None, None]
                         )
+                        rows_run = np.asarray(out.server_batch_rows, dtype=float)
+                        rows_p50 = (
+                            float(np.nanmedian(rows_run))
+                            if timed and bool(np.isfinite(rows_run).any())
+                            else None
+                        )
                         if timed and cpu_ms["executor"] is not None:
                             # the daemon's own CPU per request: less the model's run (one thread)
                             own = cpu_ms["executor"] - float(np.nanmean(runs_ms))
@@ -330,6 +352,9 @@ def measure_serving(
                                 infer_p50_ms=infer_q[0],
                                 infer_p95_ms=infer_q[1],
                                 infer_p99_ms=infer_q[2],
+                                resource=where.label,
+                                batch=batch,
+                                infer_rows_p50=rows_p50,
                                 samples=len(lat),
                                 hardware=hardware,
                                 created_at=stamp,
@@ -385,21 +410,50 @@ def serving_overheads(
     path: str = "dispatcher",
     stand_in: str | None = None,
 ) -> dict[str, ServingPath]:
-    """The serving path for ``{family: rate}``, keyed by family and by variant.
+    """The serving path for ``{family: rate}``, keyed by family, by variant, and by
+    ``variant@resource`` for runs measured off the CPU.
 
     Each measured variant of a family gets its newest run on ``path``, at the measured rate
-    nearest the family's (in ratio); the family's own entry is the newest run of any of its
-    variants (what a variant never measured falls back to). ``stand_in`` limits the choice to
-    ``model`` or ``noop`` measurements (default: either). Families never measured are left
-    out (their latency stays the model's). A variant's served run time (the path's
-    ``service_scale``) is the chosen rate's; its tail (``tail_scale``) is the median over all
-    the run's rates, which a single stalled rate cannot drag.
+    nearest the family's (in ratio): its newest CPU run under the variant's name, and its
+    newest run on each GPU, MIG or MPS resource under ``variant@resource``. The family's own
+    entry is the newest run of any of its variants (what a variant never measured falls back
+    to). ``stand_in`` limits the choice to ``model`` or ``noop`` measurements (default:
+    either). Families never measured are left out (their latency stays the model's).
+
+    A variant's served run time (the path's ``service_scale``) is the chosen rate's median
+    run over the profile's back-to-back run of the same size: on the resource measured, at
+    the median rows the served batches carried (between two profiled batch sizes, linearly
+    interpolated). Its tail (``tail_scale``) is the median over all the run's rates, which a
+    single stalled rate cannot drag.
     """
     import math
     import statistics
 
     from greenctl.planner.evaluate import ServingPath
     from greenctl.planner.latency import ServiceTime
+
+    def profile_run(row: ServingMeasurement) -> tuple[float, ServiceTime] | None:
+        """The profile's back-to-back p50 (ms) and service time for the served batches."""
+        where = row.resource or "cpu:1"
+        size = float(row.infer_rows_p50 or row.batch or 1)
+        by_batch = {
+            p.batch: p
+            for p in reversed(store.latest_profiles(variant=row.variant, resource=where))
+            if p.latency_p50_ms
+        }
+        if not by_batch:
+            return None
+        near = min(by_batch, key=lambda b: (abs(math.log(b / size)), b))
+        lower = max((b for b in by_batch if b <= size), default=None)
+        upper = min((b for b in by_batch if b >= size), default=None)
+        p50 = float(by_batch[near].latency_p50_ms or 0.0)
+        if lower is not None and upper is not None and upper > lower:
+            lo, hi = (float(by_batch[b].latency_p50_ms or 0.0) for b in (lower, upper))
+            p50 = lo + (hi - lo) * (size - lower) / (upper - lower)
+        hot = ServiceTime.from_profile(by_batch[near])
+        if hot.mean_ms > 0 and by_batch[near].latency_p50_ms:
+            hot = hot.scaled(p50 / float(by_batch[near].latency_p50_ms))
+        return p50, hot
 
     def ratios(
         row: ServingMeasurement,
@@ -408,15 +462,13 @@ def serving_overheads(
         # the profile (evaluate.ServingPath.service_scale, .tail_scale); never a speed-up
         if not row.infer_p50_ms:
             return None, None
-        prof = [
-            p for p in store.latest_profiles(variant=row.variant, resource="cpu:1") if p.batch == 1
-        ]
-        if not prof or not prof[0].latency_p50_ms:
+        prof = profile_run(row)
+        if prof is None or prof[0] <= 0:
             return None, None
-        scale = max(float(row.infer_p50_ms) / float(prof[0].latency_p50_ms), 1.0)
+        p50, hot = prof
+        scale = max(float(row.infer_p50_ms) / p50, 1.0)
         if not (row.infer_p95_ms and row.infer_p99_ms):
             return scale, None
-        hot = ServiceTime.from_profile(prof[0])
         return scale, (
             float(row.infer_p95_ms) / hot.quantile(0.95),
             float(row.infer_p99_ms) / hot.quantile(0.99),
@@ -437,8 +489,13 @@ def serving_overheads(
                     max(statistics.median(t[0] for t in tails), scale),
                     max(statistics.median(t[1] for t in tails), scale),
                 )
+        where = row.resource or "cpu:1"
         return ServingPath(
-            tuple(row.quantiles_ms), float(row.executor_cpu_ms_per_request or 0.0), scale, tail
+            tuple(row.quantiles_ms),
+            float(row.executor_cpu_ms_per_request or 0.0),
+            scale,
+            tail,
+            resource=None if where.startswith("cpu") else where,
         )
 
     out: dict[str, ServingPath] = {}
@@ -454,14 +511,21 @@ def serving_overheads(
         ]
         target = max(float(rate), 1e-9)
         runs: dict[str, list[ServingMeasurement]] = {}
-        for r in rows:  # newest first: each variant's newest run
-            run = runs.setdefault(r.variant, [])
+        for r in rows:  # newest first: each variant's newest run on each (CPU or other) key
+            where = r.resource or "cpu:1"
+            key = r.variant if where.startswith("cpu") else f"{r.variant}@{where}"
+            run = runs.setdefault(key, [])
             if not run or run[0].created_at == r.created_at:
                 run.append(r)
-        for variant, run in runs.items():
+        newest = rows[0] if rows else None
+        for key, run in runs.items():
             best = min(run, key=lambda r: abs(math.log(r.rate_rps / target)))
             if best.quantiles_ms:
-                out[variant] = as_path(best, run)
-                if rows and variant == rows[0].variant:
-                    out[family] = out[variant]
+                out[key] = as_path(best, run)
+                if (
+                    newest is not None
+                    and run[0].created_at == newest.created_at
+                    and (run[0].variant == newest.variant and run[0].resource == newest.resource)
+                ):
+                    out[family] = out[key]
     return out

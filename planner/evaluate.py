@@ -201,12 +201,17 @@ class ServingPath:
             rates of one ``profile serving`` run, see
             :func:`greenctl.executor.serving.serving_overheads`); ``None``: the
             back-to-back shape is stretched by ``service_scale`` alone.
+        resource: where the path was measured when not on a CPU core (``gpu:MODEL``,
+            ``mig:PROFILE``, ``mps:PCT``; ``profile serving --resource``): its scales then
+            apply to instances on that resource only, with no executor CPU charged to them.
+            ``None``: measured on a CPU core, applying to CPU instances.
     """
 
     overhead_ms: tuple[float, ...]
     executor_cpu_ms: float = 0.0
     service_scale: float | None = None
     tail_scale: tuple[float, float] | None = None
+    resource: str | None = None
 
 
 ServingInput = Mapping[str, "ServingPath | Sequence[float]"] | ServingPath | Sequence[float]
@@ -219,13 +224,18 @@ def _as_path(value: ServingPath | Sequence[float] | None) -> ServingPath | None:
 
 
 def _path_for(
-    serving: ServingInput | None, model: str, variant: str | None = None
+    serving: ServingInput | None,
+    model: str,
+    variant: str | None = None,
+    resource: str | None = None,
 ) -> ServingPath | None:
-    """The serving path of a variant: its own entry, else its model's, else ``"*"``."""
+    """The serving path of a variant: measured on its own resource (``variant@resource``),
+    else its own entry, else its model's, else ``"*"``."""
     if serving is None or isinstance(serving, ServingPath):
         return serving
     if isinstance(serving, Mapping):
-        for key in (variant, model, "*"):
+        on = f"{variant}@{resource}" if variant and resource else None
+        for key in (on, variant, model, "*"):
             if key is not None and serving.get(key) is not None:
                 return _as_path(serving[key])
         return None
@@ -238,10 +248,15 @@ def served_service(
     """The service time of ``inst`` as served at ``rate_rps`` (per batch), and the executor
     CPU (ms per request) that shares its cores.
 
-    The serving path was measured on CPU, so only CPU instances take its ``service_scale``
-    and ``executor_cpu_ms`` (see :class:`ServingPath`); other instances, and CPU instances
+    A path measured on a CPU core lends its ``service_scale`` and ``executor_cpu_ms`` to CPU
+    instances; one measured on a GPU, MIG or MPS resource lends its scale to instances on
+    that resource (their executor's CPU is not the device's). Other instances, and those
     without a measured scale, get :func:`warm_service`.
     """
+    if path is not None and path.resource is not None:
+        if path.resource == inst.resource and path.service_scale is not None:
+            return stretched_service(inst.service, path), 0.0
+        return warm_service(inst, rate_rps, busy_frac), 0.0
     if path is None or not inst.resource.startswith("cpu"):
         return warm_service(inst, rate_rps, busy_frac), 0.0
     demand = max(path.executor_cpu_ms, 0.0)
@@ -490,16 +505,16 @@ def predict(
 
     served = [0.0] * len(instances)
     busy = [0.0] * len(instances)
-    # busy time per unit of profiled busy time, on CPU instances with a measured serving
-    # path (served runs and the executor's own CPU occupy the cores longer)
+    # busy time per unit of profiled busy time, on instances with a serving path measured on
+    # their kind of resource (served runs, and on CPU the executor's own CPU, take longer)
     stretch = [1.0] * len(instances)
 
     def served_at(
         i: Instance, rate: float, busy_frac: float
     ) -> tuple[ServiceTime, float]:  # served_service, noting the instance's busy stretch
-        path = _path_for(serving, i.model, i.variant)
+        path = _path_for(serving, i.model, i.variant, i.resource)
         svc, demand = served_service(i, rate, busy_frac, path)
-        if path is not None and i.resource.startswith("cpu"):
+        if path is not None and (i.resource.startswith("cpu") or path.resource == i.resource):
             stretch[i.index] = (svc.mean_ms + demand) / i.service.mean_ms
         return svc, demand
 
@@ -511,7 +526,7 @@ def predict(
         nonlocal violation, overloaded
         if rate <= 0:
             return
-        path = _path_for(serving, members[0].model, members[0].variant)
+        path = _path_for(serving, members[0].model, members[0].variant, members[0].resource)
         if model is not None and path is not None and path.overhead_ms:
             model = with_overhead(model, path.overhead_ms)
         if model is None:

@@ -403,17 +403,26 @@ def _capacity_from_latency(
 def served_service_of(path: Any, res: Resource | None, p: Profile) -> tuple[Any, float]:
     """The service time of a profile as served, and its mean over the profile's.
 
-    On CPU with a measured serving path: the served run (``ServingPath.service_scale`` and
-    ``tail_scale``, see ``evaluate.stretched_service``), then stretched by the executor's own
-    CPU per request (``executor_cpu_ms``, which also lands on the request's own latency
-    here: on the safe side by that much). Otherwise (off CPU: the path was measured on CPU)
-    the profile's back-to-back service and 1.
+    On CPU with a serving path measured on a CPU core: the served run
+    (``ServingPath.service_scale`` and ``tail_scale``, see ``evaluate.stretched_service``),
+    then stretched by the executor's own CPU per request (``executor_cpu_ms``, which also
+    lands on the request's own latency here: on the safe side by that much). On a GPU, MIG
+    or MPS resource with a path measured on that same resource: the served run alone.
+    Otherwise the profile's back-to-back service and 1.
     """
     from greenctl.planner.evaluate import stretched_service
     from greenctl.planner.latency import ServiceTime
 
     hot = ServiceTime.from_profile(p)
-    if path is None or res is None or res.kind != "cpu" or not hasattr(path, "executor_cpu_ms"):
+    if path is None or res is None or not hasattr(path, "executor_cpu_ms"):
+        return hot, 1.0
+    measured_on = getattr(path, "resource", None)
+    if measured_on is not None:
+        if measured_on != res.label or path.service_scale is None:
+            return hot, 1.0
+        served = stretched_service(hot, path)
+        return served, max(served.mean_ms / hot.mean_ms if hot.mean_ms > 0 else 1.0, 1.0)
+    if res.kind != "cpu":
         return hot, 1.0
     served = stretched_service(hot, path)
     demand = max(path.executor_cpu_ms, 0.0)
@@ -499,7 +508,7 @@ def build_mix_problem(
         ):
             res = parse_resource(label)
             seen_resources.add(res)
-            own = (serving or {}).get(vname)
+            own = (serving or {}).get(f"{vname}@{label}") or (serving or {}).get(vname)
             opt = _make_option(
                 vname,
                 res,
@@ -2021,12 +2030,19 @@ def _predict_with_core(
         if problem.serving
         else "model only: run `greenctl profile serving` to add the serving path"
     )
-    if any(not d.resource.startswith("cpu") for d in deployments):
+    unmeasured = [
+        d
+        for d in deployments
+        if not d.resource.startswith("cpu")
+        and f"{d.variant}@{d.resource}" not in (problem.serving or {})
+    ]
+    if unmeasured:
         # `profile serving` measures served runs on a CPU core only. On the H100 host resnet50
         # served at batch 8 ran 5.2-9.4 ms per batch against 3.6 ms profiled, and a plan
         # predicted at 15.6 ms p95 measured 67-98 ms: say so beside the figure.
         merged["latency_includes"] += (
-            "; GPU, MIG and MPS instances at their profiled run time (served GPU runs are not "
-            "measured and can be several times slower: check with `apply --verify`)"
+            "; GPU, MIG and MPS instances at their profiled run time (served runs there are "
+            "not measured and can be several times slower: measure them with `greenctl "
+            "profile serving --resource RESOURCE --batch B`, or check with `apply --verify`)"
         )
     return merged

@@ -296,3 +296,120 @@ def test_plan_mix_says_gpu_latency_is_the_profiled_run_time(cli, store):
     r = cli(*args, "--budget", "gpu=0")  # CPU only: nothing to say about GPUs
     assert r.exit_code == 0, r.output
     assert "GPU" not in json.loads(r.stdout)["predicted"]["latency_includes"]
+
+
+def _gpu_profiles(store):
+    """tiny-s on an A100 (batches 1 and 8) and an H100 (batch 8)."""
+    from greenctl.data.records import Profile, Variant
+
+    store.upsert_variant(Variant("tiny-s", "tiny", accuracy=0.6, input_shape="3,32,32"))
+    store.add_profiles(
+        [
+            Profile("tiny-s", "gpu:A100", 1, throughput_rps=1000.0, latency_p50_ms=1.0),
+            Profile("tiny-s", "gpu:A100", 8, throughput_rps=2667.0, latency_p50_ms=3.0),
+            Profile("tiny-s", "gpu:H100", 8, throughput_rps=4000.0, latency_p50_ms=2.0),
+        ]
+    )
+
+
+def test_served_runs_measured_on_a_gpu_apply_to_that_gpu_only(store):
+    """The H100 host served resnet50 at batch 8 in 5.2-9.4 ms runs against 3.6 ms profiled:
+    a path measured on a GPU stretches instances on that GPU, compared at the rows its
+    batches carried (here 4, between the profiled 1 and 8: 1.857 ms)."""
+    from dataclasses import replace
+
+    from greenctl.planner.evaluate import build_instances, served_service
+
+    _gpu_profiles(store)
+    row = replace(
+        _row(300, "2026-11-22T16:00:00Z"),
+        resource="gpu:A100",
+        batch=8,
+        infer_rows_p50=4.0,
+        infer_p50_ms=4.0,
+    )
+    save_serving(store, [row])
+    (back,) = serving_rows(store)
+    assert (back.resource, back.batch, back.infer_rows_p50) == ("gpu:A100", 8, 4.0)
+    paths = serving_overheads(store, {"tiny": 300})
+    path = paths["tiny-s@gpu:A100"]
+    assert "tiny-s" not in paths  # no CPU run of the variant
+    assert path.resource == "gpu:A100"
+    assert path.service_scale == pytest.approx(4.0 / (1.0 + 2.0 * 3 / 7))
+    profiles = {(p.variant, p.resource, p.batch): p for p in store.latest_profiles()}
+    a100, h100 = build_instances(
+        [
+            Deployment("tiny", "tiny-s", "gpu:A100", 1, 8, quota_rps=150.0),
+            Deployment("tiny", "tiny-s", "gpu:H100", 1, 8, quota_rps=150.0),
+        ],
+        profiles,
+    )
+    served, cpu_ms = served_service(a100, 150.0, 0.3, path)
+    assert served.quantile(0.5) == pytest.approx(3.0 * path.service_scale, rel=1e-6)
+    assert cpu_ms == 0.0  # the executor's CPU is not the GPU's
+    plain, _ = served_service(h100, 150.0, 0.3, None)
+    other, _ = served_service(h100, 150.0, 0.3, path)  # measured on another GPU: no stretch
+    assert other.quantile(0.5) == pytest.approx(plain.quantile(0.5))
+
+
+def test_plan_mix_sizes_gpu_options_on_their_served_runs(cli, store):
+    from dataclasses import replace
+
+    from greenctl.data.records import Profile, Variant
+
+    store.upsert_variant(Variant("tiny-s", "tiny", accuracy=0.6, input_shape="3,32,32"))
+    store.add_profiles(
+        [Profile("tiny-s", "gpu:A100", 8, throughput_rps=2667.0, latency_p50_ms=3.0)]
+    )
+    args = ["plan", "mix", "--model", "tiny", "--rate", "300", "--slo-ms", "60", "--json"]
+    before = json.loads(cli(*args).stdout)
+    (cap,) = before["capacity"]
+    assert cap["source"] == "queueing"
+    assert (
+        "GPU, MIG and MPS instances at their profiled run time"
+        in (before["predicted"]["latency_includes"])
+    )
+    save_serving(
+        store,
+        [
+            replace(
+                _row(300, "2026-11-22T16:00:00Z"),
+                resource="gpu:A100",
+                batch=8,
+                infer_rows_p50=8.0,
+                infer_p50_ms=6.0,
+            )
+        ],
+    )
+    r = cli(*args)
+    assert r.exit_code == 0, r.output
+    after = json.loads(r.stdout)
+    (dep,) = after["deployments"]
+    assert (dep["resource"], dep["batch"]) == ("gpu:A100", 8)
+    (cap_after,) = after["capacity"]
+    assert cap_after["source"] == "queueing, served x2.00"  # 6.0 ms served against 3.0
+    assert cap_after["capacity_rps_per_instance"] < cap["capacity_rps_per_instance"]
+    assert "GPU" not in after["predicted"]["latency_includes"]  # measured on that GPU
+    assert after["predicted"]["p50_ms"] > before["predicted"]["p50_ms"] + 3.0
+
+
+def test_measure_serving_on_a_resource_and_batch(run_store):
+    """A batching executor (here cpu:1 at batch 2, the same code path as a GPU's) records
+    where it ran, its batch and the median rows its batches carried."""
+    (row,) = measure_serving(
+        run_store,
+        variant="tiny-s",
+        rates=(40.0,),
+        duration_s=0.5,
+        min_requests=30,
+        paths=("direct",),
+        resource="cpu:1",
+        batch=2,
+    )
+    assert (row.resource, row.batch) == ("cpu:1", 2)
+    assert row.infer_rows_p50 is not None and 1.0 <= row.infer_rows_p50 <= 2.0
+    assert row.infer_p50_ms is not None and row.infer_p50_ms > 0
+    with pytest.raises(InputError, match="batch"):
+        measure_serving(run_store, variant="tiny-s", batch=0)
+    with pytest.raises(InputError, match="resource"):
+        measure_serving(run_store, variant="tiny-s", resource="tpu")
