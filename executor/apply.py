@@ -429,7 +429,8 @@ def _validate_gpu(specs: list[InstanceSpec], *, time_shared: bool = False) -> No
     if not gpu_specs:
         return
     backend = partition.gpu_backend()
-    indices = {g.index for g in backend.gpus()}
+    found = {g.index: g for g in backend.gpus()}
+    indices = set(found)
     share: dict[int, int] = {}
     for s in gpu_specs:
         r = parse_resource(s.resource)
@@ -440,6 +441,14 @@ def _validate_gpu(specs: list[InstanceSpec], *, time_shared: bool = False) -> No
                 f"{sorted(indices) or 'none'}",
                 hint="see `greenctl hw`",
             )
+        if r.kind == "gpu" and gpu is not None and not _same_gpu(r.size, found[gpu].label):
+            # its profile, so its predictions, are of another GPU model
+            raise HardwareError(
+                f"the plan puts {s.variant} on {s.resource}, but GPU {gpu} here is "
+                f"gpu:{found[gpu].label}",
+                hint="plan for this machine's GPUs (`greenctl hw`), or place the deployment "
+                "on a GPU of that model (its `device`)",
+            )
         if r.kind == "mps" and s.gpu is not None and not time_shared:
             share[s.gpu] = share.get(s.gpu, 0) + (r.mps_percent or 0)
     for gpu, pct in share.items():
@@ -447,6 +456,13 @@ def _validate_gpu(specs: list[InstanceSpec], *, time_shared: bool = False) -> No
             from greenctl.data.errors import InfeasiblePlan
 
             raise InfeasiblePlan(f"MPS shares on GPU {gpu} add up to {pct} % (> 100 %)")
+
+
+def _same_gpu(planned: str, here: str) -> bool:
+    """Whether a plan's ``gpu:MODEL`` size names the GPU model here: the same label, or a
+    shorter name inside it (``A100`` for ``A100-SXM4-40GB``), ignoring case."""
+    a, b = planned.lower(), here.lower()
+    return a == b or a in b.split("-") or b.startswith(f"{a}-")
 
 
 def _reconcile_dead(

@@ -303,3 +303,44 @@ def test_mig_rollback_brings_back_executors_on_recreated_slices(
         time.sleep(0.2)
     assert now["pid"] != small["pid"] and now["ready"] and now["restarts"] == 1
     assert _executor_env(run_store)["small"]["CUDA_VISIBLE_DEVICES"] == new_uuid
+
+
+def test_serving_path_measured_on_a_whole_gpu(run_store, tmp_path, monkeypatch):
+    """`profile serving --resource gpu:...` applies its scratch plan on that GPU (checked
+    against the fake NVML) and records where it ran; the no-op stand-in runs without CUDA.
+    A GPU this machine does not have is refused before anything starts."""
+    from greenctl.executor.serving import measure_serving
+    from greenctl.profiler.hw import discover
+
+    _fake(tmp_path, monkeypatch, mig=False)
+    (gpu,) = discover().gpus
+    label = f"gpu:{gpu.model_name.removeprefix('NVIDIA ').replace(' ', '-')}"
+    (row,) = measure_serving(
+        run_store,
+        variant="tiny-s",
+        rates=(20.0,),
+        duration_s=0.5,
+        min_requests=20,
+        paths=("direct",),
+        stand_in="noop",
+        output_elements=10,
+        resource=label,
+        batch=4,
+    )
+    assert (row.resource, row.batch, row.hardware) == (label, 4, label)
+    assert row.samples >= 20 and row.infer_p50_ms is None  # a no-op times no model run
+    from greenctl.executor.apply import _same_gpu
+
+    assert _same_gpu("A100", "A100-SXM4-40GB") and _same_gpu("a100-sxm4-40gb", "A100-SXM4-40GB")
+    assert not _same_gpu("H100-80GB-HBM3", "A100-SXM4-40GB") and not _same_gpu("A10", "A100")
+    with pytest.raises(HardwareError, match="GPU 0 here is gpu:A100-SXM4-40GB"):
+        measure_serving(
+            run_store,
+            variant="tiny-s",
+            stand_in="noop",
+            output_elements=10,
+            resource="gpu:H100-80GB-HBM3",
+            rates=(20.0,),
+            duration_s=0.5,
+            min_requests=20,
+        )
