@@ -3,9 +3,10 @@
 A model's profile times inference in-process. A served request also crosses the client's
 HTTP stack, the dispatcher (parse, route, forward) and the executor daemon (parse, batch
 queue, worker thread, encode) and back. :func:`measure_serving` measures exactly that part:
-it starts, in a scratch state folder (the running plan is never touched), one executor on
-one core and a dispatcher, and sends open-loop Poisson loads at a few rates through the
-dispatcher (``path="dispatcher"``) and straight to the executor (``path="direct"``).
+it starts, in a scratch state folder (the running plan is never touched), one executor (on
+one core, or on the GPU, MIG or MPS resource given, at the batch given) and a dispatcher,
+and sends open-loop Poisson loads at a few rates through the dispatcher
+(``path="dispatcher"``) and straight to the executor (``path="direct"``).
 
 The executor runs a stand-in:
 
