@@ -404,6 +404,13 @@ def serving_rows(store: Store, *, variant: str | None = None) -> list[ServingMea
     return [ServingMeasurement.from_row(r) for r in store.db.query(sql, params)]
 
 
+def _off_cpu(row: ServingMeasurement) -> str | None:
+    """The GPU, MIG or MPS resource a row was measured on; None for a CPU core (older rows,
+    without a resource, were all measured on ``cpu:1``)."""
+    where = row.resource or "cpu:1"
+    return None if where.startswith("cpu") else where
+
+
 def serving_overheads(
     store: Store,
     rates: Mapping[str, float],
@@ -433,15 +440,19 @@ def serving_overheads(
     from greenctl.planner.evaluate import ServingPath
     from greenctl.planner.latency import ServiceTime
 
+    profiles: dict[tuple[str, str], dict[int, Any]] = {}  # one query per (variant, resource)
+
     def profile_run(row: ServingMeasurement) -> tuple[float, ServiceTime] | None:
         """The profile's back-to-back p50 (ms) and service time for the served batches."""
-        where = row.resource or "cpu:1"
+        key = (row.variant, row.resource or "cpu:1")
+        if key not in profiles:
+            profiles[key] = {
+                p.batch: p
+                for p in store.latest_profiles(variant=key[0], resource=key[1])
+                if p.latency_p50_ms
+            }
+        by_batch = profiles[key]
         size = float(row.infer_rows_p50 or row.batch or 1)
-        by_batch = {
-            p.batch: p
-            for p in reversed(store.latest_profiles(variant=row.variant, resource=where))
-            if p.latency_p50_ms
-        }
         if not by_batch:
             return None
         near = min(by_batch, key=lambda b: (abs(math.log(b / size)), b))
@@ -490,13 +501,12 @@ def serving_overheads(
                     max(statistics.median(t[0] for t in tails), scale),
                     max(statistics.median(t[1] for t in tails), scale),
                 )
-        where = row.resource or "cpu:1"
         return ServingPath(
             tuple(row.quantiles_ms),
             float(row.executor_cpu_ms_per_request or 0.0),
             scale,
             tail,
-            resource=None if where.startswith("cpu") else where,
+            resource=_off_cpu(row),
         )
 
     out: dict[str, ServingPath] = {}
@@ -513,20 +523,14 @@ def serving_overheads(
         target = max(float(rate), 1e-9)
         runs: dict[str, list[ServingMeasurement]] = {}
         for r in rows:  # newest first: each variant's newest run on each (CPU or other) key
-            where = r.resource or "cpu:1"
-            key = r.variant if where.startswith("cpu") else f"{r.variant}@{where}"
-            run = runs.setdefault(key, [])
+            off = _off_cpu(r)
+            run = runs.setdefault(r.variant if off is None else f"{r.variant}@{off}", [])
             if not run or run[0].created_at == r.created_at:
                 run.append(r)
-        newest = rows[0] if rows else None
         for key, run in runs.items():
             best = min(run, key=lambda r: abs(math.log(r.rate_rps / target)))
             if best.quantiles_ms:
                 out[key] = as_path(best, run)
-                if (
-                    newest is not None
-                    and run[0].created_at == newest.created_at
-                    and (run[0].variant == newest.variant and run[0].resource == newest.resource)
-                ):
+                if run[0] is rows[0]:  # the family's newest run of all
                     out[family] = out[key]
     return out

@@ -242,6 +242,15 @@ def _path_for(
     return _as_path(serving)
 
 
+def path_serves(path: ServingPath, resource: str) -> bool:
+    """Whether ``path``'s served run (and executor CPU) holds on ``resource``: a path
+    measured on a CPU core for CPU instances, one measured on a GPU, MIG or MPS resource for
+    instances on that very resource."""
+    if path.resource is not None:
+        return path.resource == resource
+    return resource.startswith("cpu")
+
+
 def served_service(
     inst: Instance, rate_rps: float, busy_frac: float, path: ServingPath | None
 ) -> tuple[ServiceTime, float]:
@@ -253,13 +262,9 @@ def served_service(
     that resource (their executor's CPU is not the device's). Other instances, and those
     without a measured scale, get :func:`warm_service`.
     """
-    if path is not None and path.resource is not None:
-        if path.resource == inst.resource and path.service_scale is not None:
-            return stretched_service(inst.service, path), 0.0
+    if path is None or not path_serves(path, inst.resource):
         return warm_service(inst, rate_rps, busy_frac), 0.0
-    if path is None or not inst.resource.startswith("cpu"):
-        return warm_service(inst, rate_rps, busy_frac), 0.0
-    demand = max(path.executor_cpu_ms, 0.0)
+    demand = max(path.executor_cpu_ms, 0.0) if path.resource is None else 0.0
     if path.service_scale is None:
         return warm_service(inst, rate_rps, busy_frac), demand
     return stretched_service(inst.service, path), demand
@@ -514,7 +519,7 @@ def predict(
     ) -> tuple[ServiceTime, float]:  # served_service, noting the instance's busy stretch
         path = _path_for(serving, i.model, i.variant, i.resource)
         svc, demand = served_service(i, rate, busy_frac, path)
-        if path is not None and (i.resource.startswith("cpu") or path.resource == i.resource):
+        if path is not None and path_serves(path, i.resource):
             stretch[i.index] = (svc.mean_ms + demand) / i.service.mean_ms
         return svc, demand
 

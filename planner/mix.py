@@ -410,22 +410,14 @@ def served_service_of(path: Any, res: Resource | None, p: Profile) -> tuple[Any,
     or MPS resource with a path measured on that same resource: the served run alone.
     Otherwise the profile's back-to-back service and 1.
     """
-    from greenctl.planner.evaluate import stretched_service
+    from greenctl.planner.evaluate import ServingPath, path_serves, stretched_service
     from greenctl.planner.latency import ServiceTime
 
     hot = ServiceTime.from_profile(p)
-    if path is None or res is None or not hasattr(path, "executor_cpu_ms"):
-        return hot, 1.0
-    measured_on = getattr(path, "resource", None)
-    if measured_on is not None:
-        if measured_on != res.label or path.service_scale is None:
-            return hot, 1.0
-        served = stretched_service(hot, path)
-        return served, max(served.mean_ms / hot.mean_ms if hot.mean_ms > 0 else 1.0, 1.0)
-    if res.kind != "cpu":
+    if not isinstance(path, ServingPath) or res is None or not path_serves(path, res.label):
         return hot, 1.0
     served = stretched_service(hot, path)
-    demand = max(path.executor_cpu_ms, 0.0)
+    demand = max(path.executor_cpu_ms, 0.0) if path.resource is None else 0.0
     if demand > 0 and served.mean_ms > 0:
         served = served.scaled((served.mean_ms + demand) / served.mean_ms)
     stretch = served.mean_ms / hot.mean_ms if hot.mean_ms > 0 else 1.0
