@@ -132,7 +132,12 @@ def _objectives(r: dict[str, object]) -> str:
 def cron_install_cmd(
     ctx: typer.Context,
     every: Annotated[
-        str, typer.Option("--every", help="Interval: 1m..59m, 1h..23h or 1d.")
+        str,
+        typer.Option(
+            "--every",
+            help="An interval that divides the hour or the day: 1, 2, 3, 4, 5, 6, 10, 12, 15, "
+            "20 or 30m; 1, 2, 3, 4, 6, 8 or 12h; or 1d.",
+        ),
     ] = "15m",
     name: Annotated[
         str, typer.Option("--name", help="Tag of the line (one line per tag).")
@@ -155,6 +160,10 @@ def cron_install_cmd(
     from greenctl.data.store import resolve_db_path
 
     args = list(ctx.args)
+    if args and args[0] == "greenctl":
+        args = args[1:]
+    if args:
+        check_greenctl_args(args)
     db_path = resolve_db_path(db or ROOT_DB.get()).resolve()
     line = workflow.cron_line(args, every=every, db_path=db_path, log=log, name=name)
     if print_only:
@@ -162,6 +171,77 @@ def cron_install_cmd(
         return
     where = workflow.cron_install(line, name=name, crontab_file=crontab_file)
     console.print(f"installed in {where}:\n{line}", highlight=False, soft_wrap=True)
+
+
+def check_greenctl_args(args: list[str]) -> None:
+    """Parse ``greenctl ARGS`` with greenctl's own command tree, running nothing, so a
+    misspelt or unknown command or option is refused when the line is installed rather than
+    failing every N minutes in a log nobody reads.
+
+    Raises:
+        InputError: the arguments do not parse, with a "did you mean" hint where one is close.
+    """
+    import difflib
+    import shlex
+
+    from greenctl.cli.main import app
+    from greenctl.data.errors import InputError
+
+    try:
+        from typer._click.exceptions import UsageError  # typer >= 0.23 vendors click
+    except ImportError:  # pragma: no cover - older typer runs on click itself
+        from click.exceptions import UsageError  # type: ignore[assignment,no-redef]
+
+    shown = f"greenctl {shlex.join(args)}"
+    for token in args:
+        if token in ("--help", "--version"):  # eager options would print while parsing
+            raise InputError(
+                f"cannot schedule `{shown}`: {token} only prints and exits",
+                hint="schedule a command that does work, e.g. `-- replan --plan 3 --apply`",
+            )
+    cmd = typer.main.get_command(app)
+    name, rest, parent = "greenctl", list(args), None
+    try:
+        while True:
+            commands = getattr(cmd, "commands", None)
+            if commands is not None and not rest:  # (a group without arguments prints help)
+                path = " ".join([*(parent.command_path.split() if parent else []), name])
+                raise InputError(
+                    f"cannot schedule `{shown}`: `{path}` needs a command",
+                    hint="one of: " + ", ".join(sorted(commands)),
+                )
+            ctx = cmd.make_context(name, rest, parent=parent, resilient_parsing=False)
+            if commands is None:  # a leaf command: parsed, options and arguments checked
+                return
+            rest = [*getattr(ctx, "_protected_args", []), *ctx.args]
+            if not rest:
+                raise InputError(
+                    f"cannot schedule `{shown}`: `{ctx.command_path}` needs a command",
+                    hint="one of: " + ", ".join(sorted(commands)),
+                )
+            sub = commands.get(rest[0])
+            if sub is None:
+                close = difflib.get_close_matches(rest[0], list(commands), n=3)
+                raise InputError(
+                    f"cannot schedule `{shown}`: `{ctx.command_path}` has no command {rest[0]!r}",
+                    hint=(
+                        "did you mean " + " or ".join(close) + "?"
+                        if close
+                        else "one of: " + ", ".join(sorted(commands))
+                    ),
+                )
+            name, rest, parent, cmd = rest[0], rest[1:], ctx, sub
+    except UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "greenctl"
+        possible = sorted(getattr(exc, "possibilities", None) or [])
+        raise InputError(
+            f"cannot schedule `{shown}`: {exc.message if possible else exc.format_message()}",
+            hint=(
+                "did you mean " + " or ".join(possible) + "?"
+                if possible
+                else f"see `{where} --help`"
+            ),
+        ) from None
 
 
 def cron_remove_cmd(

@@ -708,25 +708,57 @@ def simulate_replans(
 
 # -- cron -------------------------------------------------------------------------------------
 CRON_TAG = "# greenctl:"
+# cron's */N restarts at every hour (minutes) or day (hours): only divisors run evenly
+EVEN_MINUTES = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30)
+EVEN_HOURS = (1, 2, 3, 4, 6, 8, 12)
+PERCENT_ESCAPED = "\\%"
+
+
+def _interval_text(minutes: int) -> str:
+    if minutes % 1440 == 0:
+        return f"{minutes // 1440}d"
+    return f"{minutes // 60}h" if minutes % 60 == 0 else f"{minutes}m"
 
 
 def cron_schedule(every: str) -> str:
-    """The crontab schedule of ``--every``: ``Nm`` (1..59), ``Nh`` (1..23) or ``1d``.
+    """The crontab schedule of ``--every``: an interval that divides the hour (1, 2, 3, 4, 5,
+    6, 10, 12, 15, 20 or 30 minutes) or the day (1, 2, 3, 4, 6, 8 or 12 hours), or ``1d``.
 
     Raises:
-        InputError: an interval cron cannot express evenly.
+        InputError: an interval cron cannot run evenly (``*/7`` leaves a 4-minute gap after
+            :56, ``*/5`` hours a 4-hour gap at midnight), naming the nearest even ones.
     """
-    s = every.strip().lower()
-    hint = "use 5m, 15m, 30m, 1h, 6h or 1d"
-    if len(s) >= 2 and s[:-1].isdigit():
-        n, unit = int(s[:-1]), s[-1]
-        if unit == "m" and 1 <= n <= 59:
-            return "* * * * *" if n == 1 else f"*/{n} * * * *"
-        if unit == "h" and 1 <= n <= 23:
-            return "0 * * * *" if n == 1 else f"0 */{n} * * *"
-        if unit == "d" and n == 1:
-            return "0 0 * * *"
-    raise InputError(f"--every '{every}' is not an interval cron can run", hint=hint)
+    import math
+
+    even = [*EVEN_MINUTES, *(60 * h for h in EVEN_HOURS), 1440]
+    seconds = parse_duration(every, option="--every")
+    if not math.isfinite(seconds) or seconds < 60 or seconds % 60:
+        raise InputError(
+            f"--every '{every}' is not a whole number of minutes (cron's step is one minute)",
+            hint="write the unit: e.g. 5m, 15m, 1h, 6h or 1d",
+        )
+    minutes = int(seconds // 60)
+    if minutes in EVEN_MINUTES:
+        return "* * * * *" if minutes == 1 else f"*/{minutes} * * * *"
+    if minutes % 60 == 0 and minutes // 60 in EVEN_HOURS:
+        hours = minutes // 60
+        return "0 * * * *" if hours == 1 else f"0 */{hours} * * *"
+    if minutes == 1440:
+        return "0 0 * * *"
+    if minutes < 60:
+        why = f"*/{minutes} leaves a {60 - 59 // minutes * minutes}-minute gap every hour"
+    elif minutes < 1440 and minutes % 60 == 0:
+        hours = minutes // 60
+        why = f"*/{hours} hours leaves a {24 - 23 // hours * hours}-hour gap every day"
+    else:
+        why = "cron's */N repeats only within an hour or a day"
+    near = [max((e for e in even if e < minutes), default=None)]
+    near.append(min((e for e in even if e > minutes), default=None))
+    nearest = " or ".join(_interval_text(e) for e in near if e is not None)
+    raise InputError(
+        f"--every '{every}' does not divide the hour or the day evenly ({why})",
+        hint=f"use {nearest} (even intervals: " + ", ".join(_interval_text(e) for e in even) + ")",
+    )
 
 
 def greenctl_executable() -> list[str]:
@@ -749,8 +781,11 @@ def cron_line(
 ) -> str:
     """A crontab line running ``greenctl ARGS`` with absolute paths and the store location.
 
+    The arguments are shell-quoted and ``%`` (a newline to cron) escaped; a ``--db`` among
+    them is made absolute (cron starts in the home directory).
+
     Raises:
-        InputError: no command given, or a bad interval or name.
+        InputError: no command given, a bad interval or name, or an argument cron cannot carry.
     """
     import shlex
 
@@ -764,13 +799,28 @@ def cron_line(
         args = args[1:]
     if not name.replace("-", "").replace("_", "").isalnum():
         raise InputError(f"--name '{name}' must be letters, digits, - or _")
+    bad = [a for a in args if "\n" in a or "\r" in a]
+    if bad:
+        raise InputError(
+            f"argument {bad[0]!r} holds a line break, which a crontab line cannot carry"
+        )
     schedule = cron_schedule(every)
     log_path = Path(log).absolute() if log else db_path.parent / f"greenctl-{name}.log"
-    cmd = " ".join(shlex.quote(a) for a in [*greenctl_executable(), *args])
-    return (
-        f"{schedule} GREENCTL_DB={shlex.quote(str(db_path))} {cmd} "
-        f">> {shlex.quote(str(log_path))} 2>&1 {CRON_TAG}{name}"
-    )
+    cmd = " ".join(shlex.quote(a) for a in [*greenctl_executable(), *absolute_db_args(args)])
+    line = f"GREENCTL_DB={shlex.quote(str(db_path))} {cmd} >> {shlex.quote(str(log_path))} 2>&1"
+    # cron turns an unescaped % into a newline, even inside quotes
+    return f"{schedule} {line.replace('%', PERCENT_ESCAPED)} {CRON_TAG}{name}"
+
+
+def absolute_db_args(args: list[str]) -> list[str]:
+    """``args`` with the value of every ``--db`` made absolute (relative to this directory)."""
+    out = list(args)
+    for i, a in enumerate(out):
+        if a.startswith("--db=") and len(a) > 5:
+            out[i] = "--db=" + str(Path(a[5:]).absolute())
+        elif a == "--db" and i + 1 < len(out):
+            out[i + 1] = str(Path(out[i + 1]).absolute())
+    return out
 
 
 def _read_crontab(crontab_file: str | None) -> str:
