@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from greenctl.data.eglb_convert import convert_eglb
 from greenctl.data.geo_io import GeoProblem, load_geo_problem
+from greenctl.planner import solvers
 from greenctl.planner.geo import (
     ALGORITHMS,
     DEFAULT_MU_CARBON,
@@ -68,10 +69,12 @@ def plain_pulp(p: GeoProblem) -> tuple[float, float, float]:
     pairs = [(g, s) for g in range(G) for s in range(S) if allowed[g, s]]
     prob = pulp.LpProblem("eglb_plain", pulp.LpMinimize)
     x = {
-        (t, g, s): pulp.LpVariable(f"x_{t}_{g}_{s}", lowBound=0) for t in range(T) for g, s in pairs
+        (t, g, s): prob.add_variable(f"x_{t}_{g}_{s}", lowBound=0)
+        for t in range(T)
+        for g, s in pairs
     }
-    zc = pulp.LpVariable("zc", lowBound=0)
-    zw = pulp.LpVariable("zw", lowBound=0)
+    zc = prob.add_variable("zc", lowBound=0)
+    zw = prob.add_variable("zw", lowBound=0)
     prob += pulp.lpSum(float(a[t, s]) * v for (t, _, s), v in x.items()) + MU_C * zc + MU_W * zw
     for t in range(T):
         for g in range(G):
@@ -97,9 +100,9 @@ def plain_pulp(p: GeoProblem) -> tuple[float, float, float]:
         )
     build = time.perf_counter() - t0
     t0 = time.perf_counter()
-    prob.solve(pulp.HiGHS(msg=False))
+    prob.solve(solvers.pulp_highs())  # pulp's HiGHS adapter, on greenctl's silent Highs
     solve_s = time.perf_counter() - t0
-    assert pulp.LpStatus[prob.status] == "Optimal", pulp.LpStatus[prob.status]
+    assert solvers.highs_outcome(prob.solverModel, what="plain pulp") == solvers.OPTIMAL
     return build, solve_s, float(pulp.value(prob.objective))
 
 

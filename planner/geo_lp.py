@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from greenctl.planner import solvers
 
 INF = float("inf")
 
@@ -124,18 +125,16 @@ def _colwise_lp(
     return lp
 
 
-def _highs(threads: int | None = None):  # -> highspy.Highs
-    import highspy
-
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    if threads:
-        h.setOptionValue("threads", threads)
-    return h
+# Small LPs (one MPC window): presolve costs more than it saves. (Threads: one count for
+# the whole process, see greenctl.planner.solvers.)
+SMALL_LP_OPTIONS: dict[str, object] = {"presolve": "off"}
 
 
-# Small LPs (one MPC window): presolve and extra threads cost more than they save.
-SMALL_LP_OPTIONS: dict[str, object] = {"presolve": "off", "threads": 1}
+def _status(h: Any, what: str) -> str:
+    """HiGHS's model status text when it is optimal or infeasible; raises a solver failure
+    (exit 1) for anything else (see :func:`solvers.highs_outcome`)."""
+    solvers.highs_outcome(h, what=what)
+    return str(h.modelStatusToString(h.getModelStatus()))
 
 
 def solve_flow_lp(
@@ -167,8 +166,11 @@ def solve_flow_lp(
         edge_cost: ``[H, E]`` costs per edge instead of ``cost`` per site (nearest).
 
     Returns:
-        The optimal edge flows; ``status`` is HiGHS's model status (``Optimal``,
-        ``Infeasible``, ...). The flows are meaningless unless the status is ``Optimal``.
+        The optimal edge flows; ``status`` is HiGHS's model status, ``Optimal`` or an
+        infeasible one. The flows are meaningless unless the status is ``Optimal``.
+
+    Raises:
+        GreenctlError: HiGHS failed (any other status; exit 1, not an infeasible plan).
     """
     import time
 
@@ -245,14 +247,12 @@ def solve_flow_lp(
         np.concatenate(col_cost), np.zeros(n_cols), np.concatenate(col_upper), row_lower,
         row_upper, np.concatenate(start), np.concatenate(index), np.concatenate(value),
     )  # fmt: skip
-    h = _highs()
-    for key, opt in (options or {}).items():
-        h.setOptionValue(key, opt)
+    h = solvers.new_highs(options)
     h.passModel(lp)
     t0 = time.perf_counter()
     h.run()
     solve_s = time.perf_counter() - t0
-    status = h.modelStatusToString(h.getModelStatus())
+    status = _status(h, "the geo flow LP")
     if status != "Optimal":
         return LPResult(np.zeros((H, E)), float("nan"), status, solve_s)
     x = np.asarray(h.getSolution().col_value)[:n]
@@ -332,6 +332,9 @@ def solve_site_lp(
     past (``past_accuracy_surplus`` = sum over past load of accuracy - min_accuracy) must
     reach ``min_accuracy``. ``allowed`` ``[M, S]`` restricts variants to sites.
     ``LPResult.variant_load`` then holds ``z``.
+
+    Raises:
+        GreenctlError: HiGHS failed (neither optimal nor infeasible; exit 1).
     """
     import time
 
@@ -421,16 +424,14 @@ def solve_site_lp(
     )  # fmt: skip
     h = warm.get("highs") if warm else None
     if h is None:
-        h = _highs()
-        for key, opt in (options or {}).items():
-            h.setOptionValue(key, opt)
+        h = solvers.new_highs(options)
     h.passModel(lp)
     if warm and "basis" in warm:
         _shifted_basis(h, warm["basis"], H, S, M, n_cols, n_rows, Mc, cap_rows)
     t0 = time.perf_counter()
     h.run()
     solve_s = time.perf_counter() - t0
-    status = h.modelStatusToString(h.getModelStatus())
+    status = _status(h, "the geo site-load LP")
     if warm is not None:
         warm["highs"] = h
         warm["key"] = (H, S, M, Mc, use_c, use_w, use_a)
@@ -502,7 +503,9 @@ def recover_flows(net: Network, site_load: np.ndarray, cap: np.ndarray | None = 
                 )
                 flow[:, cols] *= scale
             return flow
-    raise ValueError(f"site loads cannot be routed ({res.status if res else '?'})")
+    raise solvers.solver_failed(
+        "routing the site loads to gateways", f"no routing found ({res.status if res else '?'})"
+    )
 
 
 class StepLP:
@@ -533,12 +536,11 @@ class StepLP:
             np.zeros(E), np.zeros(E), np.full(E, INF), np.zeros(n_rows), np.zeros(n_rows),
             starts, idx, np.ones(len(idx)),
         )  # fmt: skip
-        self.h = _highs(threads=1)
-        self.h.setOptionValue("presolve", "off")  # warm starts skip presolve anyway
-        # Primal simplex: from one step to the next the previous optimum mostly stays a
-        # good primal start; on 100 route sets it needs ~130 iterations a step where the
-        # dual simplex needs ~720 (bench_geo, scale with routes).
-        self.h.setOptionValue("simplex_strategy", 4)
+        # presolve off: warm starts skip it anyway. Primal simplex: from one step to the
+        # next the previous optimum mostly stays a good primal start; on 100 route sets it
+        # needs ~130 iterations a step where the dual simplex needs ~720 (bench_geo, scale
+        # with routes).
+        self.h = solvers.new_highs({"presolve": "off", "simplex_strategy": 4})
         self.h.passModel(lp)
         self.cols = np.arange(E, dtype=np.int32)
         self.rows = np.arange(n_rows, dtype=np.int32)
@@ -547,7 +549,11 @@ class StepLP:
     def solve(
         self, cost_s: np.ndarray, cap_s: np.ndarray, demand_k: np.ndarray
     ) -> np.ndarray | None:
-        """Edge flows of one step, or None when the step is infeasible."""
+        """Edge flows of one step, or None when the step is infeasible.
+
+        Raises:
+            GreenctlError: HiGHS failed (neither optimal nor infeasible; exit 1).
+        """
         es = self.net.edge_site
         h = self.h
         h.changeColsCost(self.E, self.cols, cost_s[es])
@@ -556,7 +562,7 @@ class StepLP:
         upper = np.concatenate([demand_k, cap_s[self.cap_sites]])
         h.changeRowsBounds(self.rows.size, self.rows, lower, upper)
         h.run()
-        if h.modelStatusToString(h.getModelStatus()) != "Optimal":
+        if solvers.highs_outcome(h, what="the geo step LP") != solvers.OPTIMAL:
             return None
         return np.clip(np.asarray(h.getSolution().col_value), 0.0, None)
 

@@ -13,8 +13,8 @@ Variables (see :mod:`greenctl.planner.mig` for the serving model):
   load-weighted sums over instances, idle power is fixed by ``N``).
 
 The size is ``|multisets| + 2 |pairs|`` variables and ``|profiles| + |pairs| + 2``
-constraints whatever ``N`` is; only the bounds grow. Solved with HiGHS through PuLP,
-relative gap 0.
+constraints whatever ``N`` is; only the bounds grow. Solved with HiGHS through PuLP
+(on greenctl's HiGHS object, :func:`greenctl.planner.solvers.pulp_highs`), relative gap 0.
 
 Verification: the winner is re-evaluated with the evaluation core (per-instance M/G/1 p95
 and their mixture) and, when a discrete-event simulator is available
@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from greenctl.data.errors import InfeasiblePlan
+from greenctl.planner import solvers
 from greenctl.planner.mig import (
     CAPACITY_TOL,
     Config,
@@ -50,15 +51,15 @@ def solve_exact(model: MigModel, *, time_limit_s: float | None = None) -> SolveR
     rate = prob.rate_rps
     lp = pulp.LpProblem("greenctl_mig", pulp.LpMaximize)
     y = [
-        pulp.LpVariable(f"y{i}", lowBound=0, upBound=n_gpus, cat="Integer")
+        lp.add_variable(f"y{i}", lowBound=0, upBound=n_gpus, cat=pulp.LpInteger)
         for i in range(len(model.multisets))
     ]
     n_vars = []
     x_vars = []
     for k, _o in enumerate(model.pairs):
         upper = model.max_instances(model.pairs[k].profile)
-        nk = pulp.LpVariable(f"n{k}", lowBound=0, upBound=upper, cat="Integer")
-        xk = pulp.LpVariable(f"x{k}", lowBound=0, upBound=rate)
+        nk = lp.add_variable(f"n{k}", lowBound=0, upBound=upper, cat=pulp.LpInteger)
+        xk = lp.add_variable(f"x{k}", lowBound=0, upBound=rate)
         n_vars.append(nk)
         x_vars.append(xk)
         # the evaluator accepts the capacity bisection's rounding (CAPACITY_TOL) too
@@ -80,10 +81,14 @@ def solve_exact(model: MigModel, *, time_limit_s: float | None = None) -> SolveR
             "accuracy_floor",
         )
     lp += pulp.lpSum(model.coef[k] * x_vars[k] for k in range(len(x_vars)))
-    solver = pulp.HiGHS(msg=False, gapRel=0.0, timeLimit=time_limit_s)
+    options: dict[str, object] = {"mip_rel_gap": 0.0}
+    if time_limit_s is not None:
+        options["time_limit"] = float(time_limit_s)
     t0 = time.perf_counter()
-    lp.solve(solver)
+    lp.solve(solvers.pulp_highs(options))
     solve_s = time.perf_counter() - t0
+    # HiGHS's own status, through the one mapping (pulp folds "not run" into "Not Solved")
+    outcome = solvers.highs_outcome(lp.solverModel, what="the MIG ILP", limits=True)
     status = pulp.LpStatus[lp.status]
     info: dict[str, Any] = {
         "name": "exact",
@@ -91,15 +96,18 @@ def solve_exact(model: MigModel, *, time_limit_s: float | None = None) -> SolveR
         "status": status,
         "solve_s": solve_s,
         "variables": len(lp.variables()),
-        "constraints": len(lp.constraints),
+        "constraints": len(lp.constraints()),
         "capacity_slo_ms": model.cap_slo_ms,
     }
-    values_known = all(v.varValue is not None for v in (*y, *n_vars))
-    if status != "Optimal" and not (values_known and status == "Not Solved"):
+    if outcome == solvers.INFEASIBLE:
         return SolveResult(None, info)
-    if not values_known:
-        if time_limit_s is not None and solve_s >= time_limit_s * 0.95:
-            info["reason"] = f"time limit of {time_limit_s:g} s reached without a solution"
+    has_incumbent = lp.solverModel.getInfo().primal_solution_status == 2
+    if outcome == solvers.LIMIT and not has_incumbent:
+        info["reason"] = (
+            f"time limit of {time_limit_s:g} s reached without a solution"
+            if time_limit_s is not None
+            else "the solver stopped at a limit without a solution"
+        )
         return SolveResult(None, info)
     yv = tuple(round(v.varValue or 0) for v in y)
     nv = tuple(round(v.varValue or 0) for v in n_vars)
@@ -109,7 +117,7 @@ def solve_exact(model: MigModel, *, time_limit_s: float | None = None) -> SolveR
     except ValueError:
         info["reason"] = "the solver stopped (time limit) with no consistent incumbent"
         return SolveResult(None, info)
-    if status != "Optimal":
+    if outcome != solvers.OPTIMAL:
         if not model.evaluate(cfg).feasible:
             info["reason"] = "the solver stopped (time limit) with no feasible incumbent"
             return SolveResult(None, info)

@@ -40,6 +40,7 @@ from greenctl.data.errors import InfeasiblePlan, InputError, NotFoundError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Profile, Variant
 from greenctl.data.resources import KNOWN_KINDS, Resource, parse_resource
+from greenctl.planner import solvers
 
 OBJECTIVES = ("accuracy", "cost", "carbon", "balanced")
 STRATEGIES = ("ilp", "greedy", "single")
@@ -1074,7 +1075,7 @@ def _mir_cuts(caps: list[float], load: float) -> list[tuple[list[int], list[floa
 
 @dataclass
 class _SolveResult:
-    status: str  # optimal | time_limit | infeasible | error
+    status: str  # optimal | time_limit | time_limit_no_solution | infeasible
     x: list[float] | None
     objective: float | None  # in the model's (minimisation) sense
     bound: float | None
@@ -1146,16 +1147,13 @@ def _solve_highs(
             highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
             for i in model.integer
         ]
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("mip_rel_gap", rel_gap)
-    h.setOptionValue("mip_abs_gap", 1e-9)
-    h.setOptionValue("threads", 1)
+    options: dict[str, object] = {"mip_rel_gap": rel_gap, "mip_abs_gap": 1e-9}
     # more primal heuristics than HiGHS's default 0.05: on the 100-family benchmark the
     # default left the incumbent at the greedy warm start within a 10 s limit
-    h.setOptionValue("mip_heuristic_effort", 0.3)
+    options["mip_heuristic_effort"] = 0.3
     if time_limit_s is not None:
-        h.setOptionValue("time_limit", float(time_limit_s))
+        options["time_limit"] = float(time_limit_s)
+    h = solvers.new_highs(options)
     h.passModel(lp)
     if start is not None:  # a feasible plan (the greedy one) as the first incumbent
         sol = highspy.HighsSolution()
@@ -1165,18 +1163,15 @@ def _solve_highs(
     build = time.perf_counter() - t0
     h.run()
     seconds = time.perf_counter() - t0
-    st = h.getModelStatus()
+    outcome = solvers.highs_outcome(
+        h, what="the mix LP relaxation" if relax else "the mix ILP", limits=True
+    )
     info = h.getInfo()
-    ms = highspy.HighsModelStatus
     has_sol = info.primal_solution_status == 2
-    if st == ms.kOptimal:
-        status = "optimal"
-    elif st in (ms.kInfeasible, ms.kUnboundedOrInfeasible):
-        status = "infeasible"
-    elif st in (ms.kTimeLimit, ms.kInterrupt, ms.kIterationLimit):
+    if outcome == solvers.LIMIT:
         status = "time_limit" if has_sol else "time_limit_no_solution"
     else:
-        status = "error"
+        status = outcome  # optimal | infeasible
     x = list(h.getSolution().col_value) if has_sol else None
     obj = info.objective_function_value if has_sol else None
     gap = None
@@ -1194,10 +1189,11 @@ def _solve_cbc(model: _Model, time_limit_s: float | None) -> _SolveResult:
     """CBC through pulp (a separate process reading an MPS file)."""
     import pulp
 
+    solver = solvers.cbc_solver(time_limit_s=time_limit_s, gap_rel=MIP_REL_GAP, gap_abs=1e-9)
     t0 = time.perf_counter()
     prob = pulp.LpProblem("mix", pulp.LpMinimize)
     xs = [
-        pulp.LpVariable(
+        prob.add_variable(
             f"x{i}",
             lowBound=lb,
             upBound=None if math.isinf(ub) else ub,
@@ -1218,17 +1214,14 @@ def _solve_cbc(model: _Model, time_limit_s: float | None) -> _SolveResult:
         if not math.isinf(hi):
             prob.addConstraint(pulp.LpConstraint(expr, pulp.LpConstraintLE, f"u{r}", hi))
     build = time.perf_counter() - t0
-    solver = pulp.PULP_CBC_CMD(
-        msg=False, timeLimit=time_limit_s, gapRel=MIP_REL_GAP, gapAbs=1e-9, threads=1
-    )
-    prob.solve(solver)
+    solvers.pulp_solve(prob, solver, what="the mix ILP")
     seconds = time.perf_counter() - t0
-    sol = prob.sol_status
-    if prob.status == pulp.LpStatusInfeasible or sol == pulp.LpSolutionInfeasible:
+    outcome = solvers.pulp_outcome(prob, what="the mix ILP", time_limit_s=time_limit_s)
+    if outcome == solvers.INFEASIBLE:
         return _SolveResult("infeasible", None, None, None, None, seconds, build)
-    if sol == pulp.LpSolutionOptimal:
+    if outcome == solvers.OPTIMAL:
         status = "optimal"
-    elif sol == pulp.LpSolutionIntegerFeasible:
+    elif prob.sol_status == pulp.LpSolutionIntegerFeasible:
         status = "time_limit"
     else:
         return _SolveResult("time_limit_no_solution", None, None, None, None, seconds, build)
@@ -1793,13 +1786,16 @@ def plan_mix(
         ``extra["actions"]`` the scaling actions when ``problem.current`` is set.
 
     Raises:
-        InputError: unknown strategy or solver.
+        InputError: unknown strategy or solver, or ``cbc`` without CBC installed.
         InfeasiblePlan: naming the binding constraint and the closest feasible alternative.
+        GreenctlError: the solver failed (exit 1; see :mod:`greenctl.planner.solvers`).
     """
     if strategy not in STRATEGIES:
         raise InputError(f"unknown strategy {strategy!r}", hint="use ilp, greedy or single")
     if solver not in SOLVERS:
         raise InputError(f"unknown solver {solver!r}", hint="use highs or cbc")
+    if solver == "cbc" and strategy != "greedy":
+        solvers.require_cbc()  # before any work: exit 2 with the install hint
     t0 = time.perf_counter()
     terms = objective_terms(problem)
     if any(not f.options for f in problem.families):
