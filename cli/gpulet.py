@@ -6,7 +6,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, store_for
+from greenctl.cli.common import (
+    DbOpt,
+    JsonOpt,
+    err_console,
+    print_json,
+    render_table,
+    store_for,
+)
 
 gpulet_app = typer.Typer(
     no_args_is_help=True, help="gpulet reference data: import MPS profiles, utilisations, pairs."
@@ -22,6 +29,22 @@ def gpulet_import_cmd(
     hardware: Annotated[
         str, typer.Option("--hardware", help="Hardware label stored on the imported profiles.")
     ] = "gpulet-reference",
+    prefix: Annotated[
+        str | None,
+        typer.Option(
+            "--prefix",
+            help="Import every model as PREFIX-MODEL (resnet50 -> gpulet-resnet50 of family "
+            "gpulet-resnet), to keep them apart from another data set's variants.",
+        ),
+    ] = None,
+    merge: Annotated[
+        bool,
+        typer.Option(
+            "--merge",
+            help="Add the profiles to variants/families that hold another data set's on "
+            "purpose (refused otherwise).",
+        ),
+    ] = False,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -29,7 +52,9 @@ def gpulet_import_cmd(
     from greenctl.data.gpulet_import import import_gpulet
 
     with store_for(db) as store:
-        summary = import_gpulet(store, directory, hardware=hardware)
+        summary = import_gpulet(store, directory, hardware=hardware, prefix=prefix, merge=merge)
+    for line in summary.merged:
+        err_console.print(f"note: merged on purpose (--merge): {line}", highlight=False)
     if json_out:
         print_json(summary.to_dict())
         return

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, store_for
+
+if TYPE_CHECKING:
+    from greenctl.data.plan import Plan
+    from greenctl.data.store import Store
 
 plan_app = typer.Typer(
     no_args_is_help=True, help="Plan configurations (mix, mig, glet, geo) and list saved plans."
@@ -42,6 +48,108 @@ def plan_show(
     with store_for(db) as store:
         plan = store.get_plan(plan_id)
     print_json(plan.to_dict())
+
+
+# -- shared by the plan commands ------------------------------------------------------------
+
+RegionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--region",
+        "-r",
+        help="Carbon intensity from this region's stored signal (see `greenctl carbon "
+        "regions`) when --carbon-intensity is not given.",
+    ),
+]
+AtOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--at", help="With --region: the signal in force at this time (ISO; default now)."
+    ),
+]
+
+
+def check_writable(path: str | Path | None, *, option: str = "-o") -> Path | None:
+    """Refuse an output file that cannot be written, before any planning or saving.
+
+    Raises:
+        InputError: the folder is missing or read-only, or the path is a folder.
+    """
+    from greenctl.data.errors import InputError
+
+    if path is None:
+        return None
+    p = Path(path)
+    folder = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise InputError(f"{option} {p} is a folder", hint="name a file, e.g. plan.json")
+    if not folder.is_dir():
+        raise InputError(
+            f"{option} {p}: folder {folder} does not exist",
+            hint="create the folder first or write somewhere else",
+        )
+    if not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise InputError(f"{option} {p} is not writable", hint="write somewhere else")
+    return p
+
+
+def save_plan(store: Store, plan: Plan, output: str | Path | None) -> None:
+    """Save ``plan`` in the store and write it to ``output`` as one unit: the file is written
+    inside the store transaction (so it carries the plan id), and a file that cannot be
+    written rolls the plan back; a failed commit removes the file again.
+
+    Raises:
+        InputError: ``output`` cannot be written (nothing saved).
+    """
+    from greenctl.data.errors import InputError
+    from greenctl.data.plan import write_plan_file
+
+    written = False
+    try:
+        with store.transaction():
+            store.save_plan(plan)
+            if output is not None:
+                try:
+                    write_plan_file(plan, output)
+                except OSError as exc:
+                    raise InputError(
+                        f"cannot write plan file {output}: {exc.strerror or exc}",
+                        hint="nothing was saved; write somewhere else",
+                    ) from None
+                written = True
+    except BaseException:
+        plan.id = None
+        if written and output is not None:
+            Path(output).unlink(missing_ok=True)
+        raise
+
+
+def apply_intensity(plan: Plan, carbon: dict[str, Any]) -> None:
+    """Record the carbon intensity a plan used and where it came from (``plan_intensity``):
+    ``request.carbon_intensity`` and a ``carbon_source`` beside the deployments; a signal's
+    region also becomes the plan's ``carbon_region``, the region ``replan`` follows."""
+    plan.request["carbon_intensity"] = carbon["carbon_g_per_kwh"]
+    plan.extra["carbon_source"] = dict(carbon["source"])
+    if carbon["source"].get("region"):
+        plan.extra["carbon_region"] = carbon["source"]["region"]
+
+
+def carbon_caption(plan: Plan) -> str:
+    """One line saying which carbon intensity a plan used and where it came from."""
+    src = plan.extra.get("carbon_source") or {}
+    value = plan.request.get("carbon_intensity")
+    kind = src.get("kind")
+    text = f"carbon intensity {value:g} gCO2/kWh" if isinstance(value, int | float) else ""
+    if kind == "signal":
+        text += (
+            f" (signal {src.get('region')}, {src.get('signal_kind')}, value of "
+            f"{src.get('signal_time')}{'; STALE' if src.get('stale') else ''})"
+        )
+    elif kind == "flag":
+        text += " (--carbon-intensity)"
+    elif kind == "default":
+        text += " (DEFAULT: no --carbon-intensity or --region)"
+    return text
 
 
 def register(app: typer.Typer) -> None:

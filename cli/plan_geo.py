@@ -120,8 +120,12 @@ def plan_geo_cmd(
 
     The plan (kind geo) is saved in the store; all figures are modeled from the traces.
     """
+    from greenctl.cli.plan import check_writable, save_plan
     from greenctl.planner.geo import run_geo_files
 
+    check_writable(output)
+    check_writable(allocations, option="--allocations")
+    check_writable(plot, option="--plot")
     store_variants = None
     if family is not None:
         from greenctl.data.geo_io import variants_from_store
@@ -151,12 +155,8 @@ def plan_geo_cmd(
         run.write_allocations(allocations)
     if plot is not None:
         _plot(run, plot)
-    if output is not None:
-        from greenctl.data.plan import write_plan_file
-
-        write_plan_file(run.plan, output)
     with store_for(db) as store:
-        store.save_plan(run.plan)
+        save_plan(store, run.plan, output)
     if json_out:
         print_json(run.plan.to_dict())
         return

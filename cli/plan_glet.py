@@ -79,6 +79,7 @@ def plan_glet_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Pack models onto the fewest GPUs with partitions (glets) and time sharing (gpulet)."""
+    from greenctl.cli.plan import check_writable, save_plan
     from greenctl.data.errors import InputError
     from greenctl.data.gpulet_import import (
         get_interference_model,
@@ -86,7 +87,6 @@ def plan_glet_cmd(
         load_utilisation,
         resolve_variant,
     )
-    from greenctl.data.plan import write_plan_file
     from greenctl.planner.glet import DEFAULT_PARTITIONS, GletModel, GletProblem, plan_glet
     from greenctl.planner.glet_spec import (
         GletSpec,
@@ -96,6 +96,7 @@ def plan_glet_cmd(
     )
     from greenctl.planner.interference import InterferenceModel
 
+    check_writable(output)
     spec_doc = load_glet_spec(spec) if spec is not None else GletSpec()
     models = list(spec_doc.models) + [parse_model_arg(m) for m in model or []]
     if not models:
@@ -156,9 +157,7 @@ def plan_glet_cmd(
         )
         if notes:
             plan.extra.setdefault("notes", []).extend(notes)
-        store.save_plan(plan)
-    if output is not None:
-        write_plan_file(plan, output)
+        save_plan(store, plan, output)
     if json_out:
         print_json(plan.to_dict())
         return

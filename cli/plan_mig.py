@@ -6,7 +6,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, store_for
+from greenctl.cli.common import (
+    DbOpt,
+    JsonOpt,
+    console,
+    err_console,
+    print_json,
+    render_table,
+    store_for,
+)
+from greenctl.cli.plan import AtOpt, RegionOpt
 
 
 def plan_mig_cmd(
@@ -18,8 +27,15 @@ def plan_mig_cmd(
     model: Annotated[str, typer.Option("--model", help="Model family to serve.")],
     rate: Annotated[float, typer.Option("--rate", help="Poisson request rate, req/s.")],
     carbon_intensity: Annotated[
-        float, typer.Option("--carbon-intensity", help="Current grid carbon intensity, gCO2/kWh.")
-    ],
+        float | None,
+        typer.Option(
+            "--carbon-intensity",
+            help="Current grid carbon intensity, gCO2/kWh (default: the --region signal, "
+            "else the only region's in the store).",
+        ),
+    ] = None,
+    region: RegionOpt = None,
+    at: AtOpt = None,
     sla_ms: Annotated[
         float | None,
         typer.Option("--sla-ms", help="p95 latency SLA in ms (default: BASE's p95 at --rate)."),
@@ -84,18 +100,24 @@ def plan_mig_cmd(
     Profiles come from the store: batch-1 rows on mig:<profile> resources whose hardware
     names the GPU model. The plan is saved in the store and printed.
     """
+    from greenctl.cli.plan import apply_intensity, check_writable, save_plan
+    from greenctl.data import carbon
     from greenctl.data.errors import InputError
     from greenctl.data.mig_geometry import resolve_gpu
-    from greenctl.data.plan import load_plan_file, write_plan_file
+    from greenctl.data.plan import load_plan_file
     from greenctl.planner.mig import build_problem, plan_mig
 
     if export is not None and export[0] != "mig-parted":
         raise InputError(
             f"--export format '{export[0]}' is not supported", hint="use --export mig-parted FILE"
         )
+    check_writable(output)
+    if export is not None:
+        check_writable(export[1], option="--export mig-parted")
     geo = resolve_gpu(gpu)
     current_plan = load_plan_file(current) if current is not None else None
     with store_for(db) as store:
+        ci = carbon.plan_intensity(store, carbon_intensity=carbon_intensity, region=region, at=at)
         profiles = store.latest_profiles(family=model)
         variants = store.variants(model)
         problem = build_problem(
@@ -105,7 +127,7 @@ def plan_mig_cmd(
             family=model,
             gpus=gpus,
             rate_rps=rate,
-            carbon_intensity=carbon_intensity,
+            carbon_intensity=ci["carbon_g_per_kwh"],
             sla_ms=sla_ms,
             lam=lam,
             base_carbon_intensity=base_carbon_intensity,
@@ -119,6 +141,10 @@ def plan_mig_cmd(
             time_limit_s=time_limit,
             seed=seed,
         )
+        apply_intensity(plan, ci)
+        if ci["note"]:
+            model_info = plan.extra.setdefault("model", {})
+            model_info["notes"] = [*model_info.get("notes", []), ci["note"]]
         if export is not None:
             from greenctl.data.mig_parted import write_mig_parted
 
@@ -129,12 +155,9 @@ def plan_mig_cmd(
                 label="greenctl-mig",
                 order=order,
             )
-        store.save_plan(plan)
-    if output is not None:
-        try:
-            write_plan_file(plan, output)
-        except OSError as exc:
-            raise InputError(f"cannot write plan file {output}: {exc.strerror}") from None
+        save_plan(store, plan, output)
+    if ci["note"]:
+        err_console.print(f"note: {ci['note']}", highlight=False)
     if json_out:
         print_json(plan.to_dict())
         return
@@ -146,6 +169,8 @@ def plan_mig_cmd(
 
 
 def _render(plan: Any) -> None:
+    from greenctl.cli.plan import carbon_caption
+
     pred = plan.predicted
     rows = [["plan", pred, plan.extra["solver"].get("name", "")]]
     for name, b in plan.extra["baselines"].items():
@@ -174,7 +199,7 @@ def _render(plan: Any) -> None:
             for n, b, what in rows
         ],
         caption=f"energy: {pred.get('energy_method')}; solver {plan.extra['solver'].get('name')} "
-        f"in {plan.extra['solver'].get('wall_s', 0):.2f} s",
+        f"in {plan.extra['solver'].get('wall_s', 0):.2f} s; {carbon_caption(plan)}",
     )
     render_table(
         "Deployments",

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, console, fmt, print_json, render_table, store_for
-from greenctl.data.errors import FileFormatError, InputError
+from greenctl.cli.common import (
+    DbOpt,
+    JsonOpt,
+    console,
+    err_console,
+    fmt,
+    print_json,
+    render_table,
+    store_for,
+)
+from greenctl.cli.plan import AtOpt, RegionOpt
+from greenctl.data.errors import InputError
 
 
 def _parse_budgets(items: list[str] | None) -> dict[str, float]:
@@ -25,37 +33,6 @@ def _parse_budgets(items: list[str] | None) -> dict[str, float]:
         except ValueError:
             raise InputError(f"--budget '{item}': '{value}' is not a number") from None
     return out
-
-
-def load_spec(path: str) -> dict[str, Any]:
-    """Read a ``--spec`` file (TOML, or JSON when it ends in .json or starts with '{')."""
-    import tomllib
-
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise InputError(f"spec file {p} does not exist") from None
-    except OSError as exc:
-        raise InputError(f"cannot read spec file {p}: {exc.strerror}") from None
-    if p.suffix.lower() == ".json" or text.lstrip().startswith("{"):
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise FileFormatError(
-                str(p), f"invalid JSON: {exc.msg} (column {exc.colno})", line=exc.lineno
-            ) from None
-    else:
-        try:
-            doc = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise FileFormatError(str(p), f"invalid TOML: {exc}") from None
-    if not isinstance(doc, dict):
-        raise FileFormatError(str(p), "a spec must be a table/object of request fields")
-    doc = dict(doc)
-    if "budget" in doc and "budgets" not in doc:
-        doc["budgets"] = doc.pop("budget")
-    return doc
 
 
 def plan_mix_cmd(
@@ -94,8 +71,14 @@ def plan_mix_cmd(
     ] = None,
     carbon_intensity: Annotated[
         float | None,
-        typer.Option("--carbon-intensity", help="Grid carbon intensity in gCO2/kWh."),
+        typer.Option(
+            "--carbon-intensity",
+            help="Grid carbon intensity in gCO2/kWh (default: the --region signal, else the "
+            "only region's, else the reference 400).",
+        ),
     ] = None,
+    region: RegionOpt = None,
+    at: AtOpt = None,
     headroom: Annotated[
         float | None,
         typer.Option("--headroom", help="Spare capacity: cover rate x (1 + F) (default 0)."),
@@ -105,9 +88,9 @@ def plan_mix_cmd(
         typer.Option("--current", help="The plan running now (JSON): no loading cost for it."),
     ] = None,
     strategy: Annotated[
-        str, typer.Option("--strategy", help="ilp (exact, default) | greedy | single.")
-    ] = "ilp",
-    solver: Annotated[str, typer.Option("--solver", help="highs (default) | cbc.")] = "highs",
+        str | None, typer.Option("--strategy", help="ilp (exact, default) | greedy | single.")
+    ] = None,
+    solver: Annotated[str | None, typer.Option("--solver", help="highs (default) | cbc.")] = None,
     time_limit: Annotated[
         float | None,
         typer.Option("--time-limit", help="Solver time limit (s): best plan found + its gap."),
@@ -123,12 +106,25 @@ def plan_mix_cmd(
     db: DbOpt = None,
 ) -> None:
     """Choose variants, resources, counts and request quotas for a load under an SLO."""
-    from greenctl.data.plan import load_plan_file, write_plan_file
-    from greenctl.planner.mix import build_mix_problem, plan_mix
+    from greenctl.cli.plan import apply_intensity, check_writable, save_plan
+    from greenctl.data import carbon
+    from greenctl.data.plan import load_plan_file
+    from greenctl.data.spec_io import read_mix_spec
+    from greenctl.planner.mix import (
+        OBJECTIVES,
+        REFERENCE_CARBON_INTENSITY,
+        SOLVERS,
+        STRATEGIES,
+        build_mix_problem,
+        plan_mix,
+    )
 
+    check_writable(output)
     request: dict[str, Any] = {}
     if spec is not None:
-        request = load_spec(spec)
+        request = read_mix_spec(
+            spec, choices={"objective": OBJECTIVES, "strategy": STRATEGIES, "solver": SOLVERS}
+        )
         if model is not None or rate is not None:
             raise InputError(
                 "--model/--rate cannot be combined with --spec",
@@ -149,15 +145,25 @@ def plan_mix_cmd(
         "carbon_intensity": carbon_intensity,
         "headroom": headroom,
         "time_limit_s": time_limit,
+        "strategy": strategy,
+        "solver": solver,
     }
     request.update({k: v for k, v in flags.items() if v is not None})
     if budget:
         request["budgets"] = {**(request.get("budgets") or {}), **_parse_budgets(budget)}
-    request["strategy"] = strategy
-    request["solver"] = solver
     if current is not None:
         request["current"] = [d.to_dict() for d in load_plan_file(current).deployments]
     with store_for(db) as store:
+        ci = carbon.plan_intensity(
+            store,
+            carbon_intensity=request.get("carbon_intensity"),
+            region=region,
+            at=at,
+            default=request.get("reference_carbon_intensity") or REFERENCE_CARBON_INTENSITY,
+        )
+        if carbon_intensity is None and "carbon_intensity" in request:
+            ci["source"] = {**ci["source"], "kind": "spec", "file": str(spec)}
+        request["carbon_intensity"] = ci["carbon_g_per_kwh"]
         names = _families(request)
         variants = store.variants()
         profiles = [p for f in names for p in store.latest_profiles(family=f)]
@@ -168,14 +174,17 @@ def plan_mix_cmd(
         )
         plan = plan_mix(
             problem,
-            strategy=strategy,
-            solver=solver,
+            strategy=problem.request["strategy"],
+            solver=problem.request["solver"],
             time_limit_s=problem.request.get("time_limit_s"),
         )
-        store.save_plan(plan)
-    if output:
-        write_plan_file(plan, output)
+        apply_intensity(plan, ci)
+        if ci["note"]:
+            plan.extra["notes"] = [*plan.extra.get("notes", []), ci["note"]]
+        save_plan(store, plan, output)
     if json_out:
+        if ci["note"]:
+            err_console.print(f"note: {ci['note']}", highlight=False)
         print_json(plan.to_dict())
         return
     _render(plan)
@@ -189,6 +198,8 @@ def _families(request: dict[str, Any]) -> list[str]:
 
 
 def _render(plan: Any) -> None:
+    from greenctl.cli.plan import carbon_caption
+
     pred = plan.predicted
     cap = {(c["variant"], c["resource"], c["batch"]): c for c in plan.extra.get("capacity", [])}
     render_table(
@@ -225,7 +236,7 @@ def _render(plan: Any) -> None:
                 pred.get("objective"),
             ]
         ],
-        caption=f"objective: {pred.get('objective_name')}",
+        caption=f"objective: {pred.get('objective_name')}; {carbon_caption(plan)}",
     )
     if plan.extra.get("actions"):
         render_table(

@@ -150,3 +150,102 @@ def now(
         age_s = (datetime.now(UTC) - parse_time(row["time"])).total_seconds()
         out["stale"] = age_s > 2 * 3600
     return out
+
+
+def region_names(store: Any) -> list[str]:
+    """The regions with a stored signal, sorted."""
+    return sorted({r["region"] for r in regions(store)})
+
+
+def plan_intensity(
+    store: Any,
+    *,
+    carbon_intensity: float | None = None,
+    region: str | None = None,
+    at: str | None = None,
+    default: float | None = None,
+) -> dict[str, Any]:
+    """The carbon intensity a planner uses and where it comes from (one rule for every plan).
+
+    In order: an explicit ``carbon_intensity`` (``--carbon-intensity``); the stored signal of
+    ``region`` in force at ``at`` (default now; the newest value when the trace lies in the
+    past, as ``replan`` reads it, see :func:`now`); with neither, the signal of the only
+    region in the store; else ``default`` (a planner's reference intensity).
+
+    Returns:
+        ``{"carbon_g_per_kwh": value, "source": {"kind": "flag" | "signal" | "default",
+        "region", "at", ...}, "note": text or None}``; a signal's source also has
+        ``signal_time``, ``signal_kind`` and ``stale``.
+
+    Raises:
+        NotFoundError: ``region`` has no stored signal (names the regions that have one), or
+            none at ``at``.
+        InputError: a bad value or ``--at``; ``at`` with an explicit intensity; no
+            intensity at all when there is no ``default``.
+    """
+    import math
+
+    if carbon_intensity is not None:
+        value = carbon_intensity
+        if isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise InputError(
+                f"--carbon-intensity must be a finite number >= 0 gCO2/kWh, got {value!r}"
+            )
+        if at is not None:
+            raise InputError(
+                "--at reads the stored signal at a time; it cannot be combined with "
+                "--carbon-intensity",
+                hint="pass --region R --at TIME, or --carbon-intensity G alone",
+            )
+        return {
+            "carbon_g_per_kwh": float(value),
+            "source": {"kind": "flag", "region": region, "at": None},
+            "note": None,
+        }
+    when = _time_arg(at, "--at")
+    note = None
+    if region is None:
+        known = region_names(store)
+        if len(known) == 1:
+            region = known[0]
+            note = f"carbon intensity from the signal of {region}, the only region in the store"
+        elif default is None or when is not None:
+            raise InputError(
+                "no carbon intensity: pass --carbon-intensity G or --region R"
+                + (" (--at needs a region)" if when is not None else ""),
+                hint=f"regions with signals: {', '.join(known)}"
+                if known
+                else "or import a signal with `greenctl carbon import FILE --region R`",
+            )
+        else:
+            why = (
+                f"{len(known)} regions in the store ({', '.join(known)}), none chosen"
+                if known
+                else "no carbon signal in the store"
+            )
+            return {
+                "carbon_g_per_kwh": float(default),
+                "source": {"kind": "default", "region": None, "at": None},
+                "note": f"carbon intensity: the reference {default:g} gCO2/kWh ({why}); "
+                "pass --region R or --carbon-intensity G",
+            }
+    row = now(store, region, at=when)
+    from greenctl.data.records import utcnow_iso
+
+    stale = bool(row.get("stale"))
+    if stale:
+        note = (note + "; " if note else "carbon intensity: ") + (
+            f"{region}'s newest stored value ({row['time']}) is not current"
+        )
+    return {
+        "carbon_g_per_kwh": float(row["carbon_g_per_kwh"]),
+        "source": {
+            "kind": "signal",
+            "region": region,
+            "at": when or utcnow_iso(),
+            "signal_time": row["time"],
+            "signal_kind": row["kind"],
+            "stale": stale,
+        },
+        "note": note,
+    }

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data.errors import FileFormatError, InputError, NotFoundError
+from greenctl.data.provenance import check_import_merge
 from greenctl.data.records import Profile, Variant, utcnow_iso
 from greenctl.data.store import Store
 
@@ -33,6 +34,8 @@ MEM_UTIL = "mem_util.csv"
 INTERFERENCE = "interference.csv"
 DEFAULT_HARDWARE = "gpulet-reference"
 _SOURCE = "gpulet-reference"
+#: A model name in the reference files (and a --prefix).
+_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9._-]*")
 
 
 @dataclass
@@ -97,6 +100,8 @@ class ImportSummary:
     utilisations: int
     colocations: int
     models: list[str]
+    prefix: str | None = None
+    merged: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -148,7 +153,7 @@ class _Fields:
 
     def name(self, col: str) -> str:
         value = self._cell(col)
-        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9._-]*", value):
+        if not _NAME_RE.fullmatch(value):
             raise FileFormatError(
                 str(self.path), f"'{value}' is not a model name", line=self.line, column=col
             )
@@ -298,18 +303,61 @@ def read_gpulet_dir(directory: str | Path) -> GpuletData:
 # -- writing ------------------------------------------------------------------------------
 
 
+def with_prefix(data: GpuletData, prefix: str) -> GpuletData:
+    """The same measurements with every model named ``PREFIX-MODEL`` (co-runners too), so
+    ``resnet50`` becomes ``gpulet-resnet50`` of family ``gpulet-resnet``.
+
+    Raises:
+        InputError: ``prefix`` is not a name (a letter, then letters, digits, ``._-``).
+    """
+    stem = prefix.rstrip("-")
+    if not _NAME_RE.fullmatch(stem):
+        raise InputError(
+            f"--prefix '{prefix}' is not a name",
+            hint="start with a letter; letters, digits, '.', '_' and '-' only (e.g. gpulet)",
+        )
+
+    def n(model: str) -> str:
+        return f"{stem}-{model}"
+
+    return GpuletData(
+        solo=[SoloRow(**{**r.__dict__, "model": n(r.model)}) for r in data.solo],
+        utilisation=[UtilRow(**{**u.__dict__, "model": n(u.model)}) for u in data.utilisation],
+        colocations=[
+            ColocationRow(
+                **{**c.__dict__, "model": n(c.model), "corunner_model": n(c.corunner_model)}
+            )
+            for c in data.colocations
+        ],
+    )
+
+
 def import_gpulet(
-    store: Store, directory: str | Path, *, hardware: str = DEFAULT_HARDWARE
+    store: Store,
+    directory: str | Path,
+    *,
+    hardware: str = DEFAULT_HARDWARE,
+    prefix: str | None = None,
+    merge: bool = False,
 ) -> ImportSummary:
     """Import the gpulet reference folder into ``store`` in one transaction.
 
     Variants that already exist keep their fields; profiles are appended (the newest of a
     point wins in ``latest_profiles``); utilisations and co-locations are replaced point by point.
+    An import that would add its profiles to a variant or family holding another data set's
+    (another hardware label, e.g. the InfAdapter CPU ``resnet`` family) is refused unless
+    ``merge``; ``prefix`` imports every model as ``PREFIX-MODEL`` instead.
 
     Raises:
         InputError / FileFormatError: nothing is written then.
     """
     data = read_gpulet_dir(directory)
+    if prefix:
+        data = with_prefix(data, prefix)
+    elif prefix is not None:
+        raise InputError("--prefix is empty", hint="for example --prefix gpulet")
+    if not hardware.strip():
+        raise InputError("--hardware is empty", hint=f"the default is {DEFAULT_HARDWARE}")
     now = utcnow_iso()
     models = sorted({r.model for r in data.solo if r.valid})
     profiles = [
@@ -328,7 +376,22 @@ def import_gpulet(
         if r.valid
     ]
     new_variants = 0
+    example = "resnet50" if "resnet50" in models else next(iter(models), "resnet50")
+    rename = (
+        f"choose another --prefix than '{prefix}'"
+        if prefix
+        else f"import under other names with --prefix gpulet ({example} becomes "
+        f"gpulet-{example} of family gpulet-{_family(example)})"
+    )
     with store.transaction():
+        merged = check_import_merge(
+            store,
+            [(m, _family(m), hardware) for m in models],
+            what=f"gpulet import of {directory}",
+            hint=f"{rename}, or pass --merge to add these profiles to the existing "
+            "variants and families on purpose",
+            merge=merge,
+        )
         known = {v.name for v in store.variants()}
         for m in models:
             if m not in known:
@@ -388,6 +451,8 @@ def import_gpulet(
         utilisations=len(data.utilisation),
         colocations=len(valid_colo),
         models=models,
+        prefix=prefix,
+        merged=merged,
     )
 
 

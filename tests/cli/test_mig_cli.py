@@ -122,3 +122,23 @@ def test_plan_mig_reads_imported_profiles_of_that_gpu_only(cli, store):
     assert ("large", "mig:1g.6gb") not in used and ("large", "mig:1g.10gb") not in used
     assert any("does not fit" in n for n in plan["model"]["notes"])
     assert plan["predicted"]["p95_ms"] <= plan["predicted"]["sla_ms"] * 1.001
+
+
+def test_plan_mig_unwritable_output_saves_nothing(cli, tmp_path, monkeypatch):
+    assert cli("mig", "synth", "--gpu", "A30", "--family", "albert").exit_code == 0
+    base = ["plan", "mig", "--gpu", "A30", "--gpus", "2", "--model", "albert", "--rate", "1",
+            "--sla-ms", "5000", "--carbon-intensity", "100"]  # fmt: skip
+    missing = tmp_path / "missing"
+    r = cli(*base, "-o", missing / "plan.json")
+    assert r.exit_code == 2 and "does not exist" in r.output
+    r = cli(*base, "--export", "mig-parted", missing / "mig.yaml")
+    assert r.exit_code == 2 and "--export mig-parted" in r.output
+    import greenctl.data.plan as plan_mod
+
+    def fail(plan, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(plan_mod, "write_plan_file", fail)
+    r = cli(*base, "-o", tmp_path / "plan.json")
+    assert r.exit_code == 2 and "No space left" in r.output
+    assert cli("plan", "list", "--json").stdout.strip() == "[]"

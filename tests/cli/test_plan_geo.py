@@ -205,3 +205,24 @@ def test_variants_and_min_accuracy(cli, eglb: dict[str, Path], tmp_path: Path) -
     assert r.exit_code == 3 and "min-accuracy" in r.output
     r = cli("plan", "geo", *_args(eglb), "--family", "nothing")
     assert r.exit_code == 2 and "no variants of family 'nothing'" in r.output
+
+
+def test_unwritable_outputs_exit_2_and_save_nothing(
+    cli, eglb: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "missing" / "x"
+    for opt in ("-o", "--allocations", "--plot"):
+        r = cli("plan", "geo", *_args(eglb), "-a", "glb-energy", opt, missing)
+        assert r.exit_code == 2, r.output
+        assert f"{opt} {missing}: folder" in " ".join(r.output.split())
+    r = cli("plan", "geo", *_args(eglb), "-a", "glb-energy", "-o", tmp_path)
+    assert r.exit_code == 2 and "is a folder" in r.output
+    import greenctl.data.plan as plan_mod
+
+    def fail(plan, path):
+        raise OSError(13, "Permission denied")
+
+    monkeypatch.setattr(plan_mod, "write_plan_file", fail)
+    r = cli("plan", "geo", *_args(eglb), "-a", "glb-energy", "-o", tmp_path / "p.json")
+    assert r.exit_code == 2 and "Permission denied" in r.output
+    assert cli("plan", "list", "--json").stdout.strip() == "[]"

@@ -171,3 +171,9 @@ def test_plan_without_interference_model_notes_it(cli, tmp_path):
     assert any("no interference model" in n for n in json.loads(r.stdout)["notes"])
     r = cli("interference", "fit", "--db", db)
     assert r.exit_code == 2 and "only 0 usable" in r.output
+
+
+def test_unwritable_output_exit_2_and_saves_nothing(cli, db, tmp_path):
+    r = cli("plan", "glet", *MODELS, "--db", db, "-o", tmp_path / "missing" / "plan.json")
+    assert r.exit_code == 2 and "does not exist" in r.output
+    assert cli("plan", "list", "--db", db, "--json").stdout.strip() == "[]"

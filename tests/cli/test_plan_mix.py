@@ -164,3 +164,58 @@ def test_spec_toml_and_json_share_budgets(cli, tiny_store, tmp_path):
     assert r.exit_code == 2 and "bad.toml" in r.output
     r = cli("plan", "mix", "--spec", js, "--model", "m")
     assert r.exit_code == 2 and "cannot be combined" in r.output
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "text"),
+    [
+        ("bin.toml", bytes(range(128, 256)) * 4, "not a UTF-8 text file"),
+        ("count.json", json.dumps({"families": [{"model": "m", "rate_rps": 5}], "slo_ms": 60,
+         "current": [{"variant": "m-big", "resource": "cpu:1", "count": "two"}]}),
+         "field 'current[0].count' must be a whole number"),
+        ("count.toml", 'slo_ms = 60\n[[families]]\nmodel = "m"\nrate_rps = 5\n'
+         '[[current]]\nvariant = "m-big"\nresource = "cpu:1"\ncount = 1.5\n',
+         "field 'current[0].count' must be a whole number"),
+        ("deep.json", '{"families":' + "[" * 50_000 + "]" * 50_000 + "}", "nested too deeply"),
+        ("deep.toml", "slo_ms = " + "[" * 50_000 + "]" * 50_000 + "\n", "nested too deeply"),
+    ],
+)  # fmt: skip
+def test_bad_spec_files_exit_2_naming_file_and_field(
+    cli, tiny_store, tmp_path, name, content, text
+):
+    spec = tmp_path / name
+    if isinstance(content, bytes):
+        spec.write_bytes(content)
+    else:
+        spec.write_text(content)
+    r = cli("plan", "mix", "--spec", spec)  # a traceback would raise here
+    assert r.exit_code == 2, r.output
+    out = " ".join(r.output.split())
+    assert str(spec) in out and text in out
+    assert cli("plan", "list", "--json").stdout.strip() == "[]"
+
+
+def test_spec_strategy_is_not_overridden_by_the_flag_default(cli, tiny_store, tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text('slo_ms = 60\nstrategy = "single"\nmodel = "m"\nrate_rps = 20\n')
+    r = cli("plan", "mix", "--spec", spec, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["request"]["strategy"] == "single"
+
+
+def test_output_that_cannot_be_written_saves_nothing(cli, tiny_store, tmp_path, monkeypatch):
+    args = ["plan", "mix", "--model", "m", "--rate", "20", "--slo-ms", "60", "--json"]
+    r = cli(*args, "-o", tmp_path / "missing" / "plan.json")
+    assert r.exit_code == 2 and "missing does not exist" in r.output
+    assert cli("plan", "list", "--json").stdout.strip() == "[]"
+    # a write that fails after planning rolls the saved plan back
+    import greenctl.data.plan as plan_mod
+
+    def fail(plan, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(plan_mod, "write_plan_file", fail)
+    r = cli(*args, "-o", tmp_path / "plan.json")
+    assert r.exit_code == 2 and "No space left on device" in r.output
+    assert cli("plan", "list", "--json").stdout.strip() == "[]"
+    assert not (tmp_path / "plan.json").exists()

@@ -139,3 +139,104 @@ def test_cli_import(cli, tmp_path):
     (bad / "inference.csv").write_text("oops\n")
     r = cli("gpulet", "import", str(bad))
     assert r.exit_code == 2 and "line 1" in r.output
+
+
+def _snapshot(store) -> list[str]:
+    return list(store.db.conn.iterdump())
+
+
+def _cpu_family(store, family: str = "m", variant: str = "m1") -> None:
+    """Another data set's family: a CPU profile (with energy) under hardware 'cpu-ds'."""
+    from greenctl.data.records import Profile, Variant
+
+    store.upsert_variant(Variant(variant, family, accuracy=0.7, source="imported"))
+    store.add_profiles(
+        [Profile(variant, "cpu:1", 1, 10.0, latency_p50_ms=100.0, energy_j=1.0, hardware="cpu-ds")]
+    )
+
+
+def test_import_into_another_data_sets_variant_is_refused(store, tmp_path):
+    _cpu_family(store)
+    before = _snapshot(store)
+    d = _write(tmp_path, GOOD, mem=MEM, inter=INTER)
+    with pytest.raises(InputError) as e:
+        import_gpulet(store, d)
+    msg = str(e.value)
+    assert e.value.exit_code == 2
+    assert "variant 'm1' (family 'm') holds profiles of data set cpu-ds" in msg
+    assert "adds gpulet-reference" in msg and "--prefix" in msg and "--merge" in msg
+    assert _snapshot(store) == before  # nothing written
+
+
+def test_import_into_another_data_sets_family_is_refused(store, tmp_path):
+    _cpu_family(store, variant="m7")  # gpulet's m1 would join family m beside m7
+    before = _snapshot(store)
+    with pytest.raises(InputError, match=r"family 'm' holds profiles of data set cpu-ds \(m7\)"):
+        import_gpulet(store, _write(tmp_path, GOOD))
+    assert _snapshot(store) == before
+
+
+def test_prefix_imports_beside_the_other_data_set(store, tmp_path):
+    _cpu_family(store)
+    s = import_gpulet(store, _write(tmp_path, GOOD, mem=MEM, inter=INTER), prefix="gpulet")
+    assert s.models == ["gpulet-m1"] and s.variants == 1 and s.merged == []
+    assert store.get_variant("gpulet-m1").family == "gpulet-m"
+    assert {p.hardware for p in store.latest_profiles(family="m")} == {"cpu-ds"}
+    assert load_solo_latency(store)[("gpulet-m1", 1, 50)] == pytest.approx(10.0)
+    assert ("gpulet-m1", 1, 50) in load_utilisation(store)
+    colo = load_colocations(store)
+    assert [(c.model, c.corunner_model) for c in colo] == [("gpulet-m1", "gpulet-m1")]
+    # the same data set again is no merge
+    assert import_gpulet(store, _write(tmp_path, GOOD), prefix="gpulet").merged == []
+    with pytest.raises(InputError, match="--prefix '9x' is not a name"):
+        import_gpulet(store, _write(tmp_path, GOOD), prefix="9x")
+
+
+def test_merge_on_purpose(store, tmp_path):
+    _cpu_family(store)
+    s = import_gpulet(store, _write(tmp_path, GOOD), merge=True)
+    assert s.merged and "variant 'm1'" in s.merged[0]
+    assert {p.hardware for p in store.latest_profiles(variant="m1")} == {
+        "cpu-ds",
+        "gpulet-reference",
+    }
+
+
+def test_cli_refuses_a_merge_with_exit_2(cli, store, tmp_path):
+    _cpu_family(store)
+    d = _write(tmp_path, GOOD)
+    r = cli("gpulet", "import", str(d))
+    assert r.exit_code == 2, r.output
+    assert "never merges data sets silently" in r.output and "--prefix gpulet" in r.output
+    r = cli("gpulet", "import", str(d), "--prefix", "gpulet", "--json")
+    assert r.exit_code == 0, r.output
+    assert '"gpulet-m1"' in r.stdout
+    r = cli("gpulet", "import", str(d), "--merge", "--json")
+    assert r.exit_code == 0, r.output
+    assert "merged on purpose" in r.stderr
+
+
+def test_cpu_resnet_family_then_gpulet_reference_is_refused(cli, store, reference):
+    """Issue 16 item 10: gpulet's GPU resnet50/101/152 must not join a CPU `resnet` family
+    of another data set (InfAdapter's) silently: plan mix would drop its carbon term."""
+    from greenctl.data.records import Profile, Variant
+
+    for name, acc, ms in (("resnet18", 0.70, 40.0), ("resnet50", 0.76, 90.0)):
+        store.upsert_variant(Variant(name, "resnet", accuracy=acc, source="imported"))
+        store.add_profiles(
+            Profile(name, f"cpu:{c}", 1, 1000.0 / ms * c, latency_p50_ms=ms / c,
+                    latency_p99_ms=1.5 * ms / c, power_w=10.0 * c, cost_per_hour=0.04 * c,
+                    hardware="infadapter-cpu")
+            for c in (1, 2, 4)
+        )  # fmt: skip
+    plan = ["plan", "mix", "--model", "resnet", "--rate", "20", "--slo-ms", "500", "--json"]
+    before = cli(*plan)
+    assert before.exit_code == 0 and "CC (carbon) term dropped" not in before.output
+    r = cli("gpulet", "import", reference / "gpulet" / "data")
+    assert r.exit_code == 2 and "variant 'resnet50' (family 'resnet')" in r.output
+    assert {p.hardware for p in store.latest_profiles(family="resnet")} == {"infadapter-cpu"}
+    r = cli("gpulet", "import", reference / "gpulet" / "data", "--prefix", "gpulet")
+    assert r.exit_code == 0, r.output
+    assert store.get_variant("gpulet-resnet50").family == "gpulet-resnet"
+    after = cli(*plan)
+    assert after.exit_code == 0 and "CC (carbon) term dropped" not in after.output

@@ -1,0 +1,311 @@
+"""Read ``plan mix --spec`` files: a request document in TOML, or JSON (a ``.json`` name or
+text starting with ``{``).
+
+Every field is checked for its type and range here, so a bad spec is refused naming the
+file and the field (``families[1].rate_rps``, ``current[0].count``) instead of failing deep
+in the planner; the planner's ``normalize_request`` then checks how the fields combine.
+
+Fields (all optional here; the planner says which it needs)::
+
+    model = "resnet"            # one family ...
+    rate_rps = 40.0
+    [[families]]                # ... or several: model, rate_rps, slo_ms, min_accuracy
+    slo_ms = 500.0              # > 0
+    percentile = "p95"          # p95 | p99 (or 0.95 / 95)
+    objective = "balanced"      # accuracy | cost | carbon | balanced
+    min_accuracy = 0.7          # 0..1
+    alpha = 0.05                # >= 0, also beta, gamma, headroom, carbon_intensity
+    reference_carbon_intensity = 400.0  # > 0
+    pue = 1.2                   # >= 1
+    strategy = "ilp"            # ilp | greedy | single
+    solver = "highs"            # highs | cbc
+    time_limit_s = 10.0         # > 0
+    [budgets]                   # or [budget]: KIND or LABEL = amount >= 0
+    cpu = 14
+    [[current]]                 # the running deployments: variant, resource, count, batch, ...
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from greenctl.data.errors import FileFormatError, InputError
+from greenctl.data.resources import parse_resource
+
+#: Larger spec files are refused before parsing (a spec is a few lines).
+MAX_SPEC_BYTES = 1_000_000
+#: The most instances or the largest batch one deployment of ``current`` may name.
+MAX_COUNT = 1_000_000
+
+_Check = Callable[[Any, str], Any]
+
+
+class _Spec:
+    """Field checks that fail naming the spec file and the field."""
+
+    def __init__(self, path: str, choices: Mapping[str, Sequence[str]]) -> None:
+        self.path, self.choices = path, choices
+
+    def fail(self, field: str, reason: str, hint: str | None = None) -> FileFormatError:
+        return FileFormatError(self.path, f"field '{field}' {reason}", hint=hint)
+
+    def number(
+        self, value: Any, field: str, *, minimum: float = 0.0, strict: bool = False
+    ) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(field, f"must be a number, got {_show(value)}")
+        x = float(value)
+        if not math.isfinite(x):
+            raise self.fail(field, f"must be a finite number, got {_show(value)}")
+        if x < minimum or (strict and x == minimum):
+            raise self.fail(field, f"must be {'>' if strict else '>='} {minimum:g}, got {x:g}")
+        return value if isinstance(value, int) else x
+
+    def fraction(self, value: Any, field: str) -> float:
+        x = self.number(value, field)
+        if x > 1:
+            raise self.fail(field, f"must be a fraction between 0 and 1, got {x:g}")
+        return x
+
+    def whole(self, value: Any, field: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(field, f"must be a whole number >= 1, got {_show(value)}")
+        if not 1 <= value <= MAX_COUNT:
+            raise self.fail(field, f"must be a whole number between 1 and {MAX_COUNT}")
+        return value
+
+    def text(self, value: Any, field: str) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(field, f"must be a non-empty string, got {_show(value)}")
+        if any(ord(c) < 32 for c in value):
+            raise self.fail(field, "must not hold control characters")
+        return value
+
+    def choice(self, value: Any, field: str) -> str:
+        text = self.text(value, field)
+        allowed = self.choices.get(field.rsplit(".", 1)[-1])
+        if allowed and text not in allowed:
+            raise self.fail(field, f"is {text!r}", hint=f"use one of {', '.join(allowed)}")
+        return text
+
+    def percentile(self, value: Any, field: str) -> Any:
+        if isinstance(value, str):
+            return self.choice(value, field)
+        x = self.number(value, field, strict=True)
+        if x >= 100:
+            raise self.fail(field, f"must be p95 or p99 (or 0.95 / 95), got {x:g}")
+        return value
+
+    def resource(self, value: Any, field: str) -> str:
+        text = self.text(value, field)
+        try:
+            return parse_resource(text).label
+        except InputError as exc:
+            raise self.fail(field, f"is not a resource label: {exc.message}", exc.hint) from None
+
+    def table(
+        self, value: Any, field: str, fields: Mapping[str, _Check], required: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(field, f"must be a table/object, got {_show(value)}")
+        unknown = sorted(str(k) for k in value if k not in fields)
+        if unknown:
+            raise self.fail(
+                f"{field}.{unknown[0]}" if field else unknown[0],
+                "is not a known field",
+                hint=f"known fields{' of ' + field if field else ''}: {', '.join(fields)}",
+            )
+        for key in required:
+            if value.get(key) is None:
+                raise self.fail(f"{field}.{key}" if field else key, "is missing")
+        # null (JSON) means absent: the planner's default applies
+        return {
+            k: fields[k](v, f"{field}.{k}" if field else k)
+            for k, v in value.items()
+            if v is not None
+        }
+
+    def rows(self, value: Any, field: str, check: _Check, *, empty: bool = True) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.fail(field, f"must be a list, got {_show(value)}")
+        if not value and not empty:
+            raise self.fail(field, "must not be empty")
+        return [check(item, f"{field}[{i}]") for i, item in enumerate(value)]
+
+    def budgets(self, value: Any, field: str) -> dict[str, float]:
+        if not isinstance(value, dict):
+            raise self.fail(
+                field, f"must be a table of KIND = AMOUNT (cpu = 14), got {_show(value)}"
+            )
+        return {
+            self.text(k, f"{field} key"): self.number(v, f"{field}.{k}") for k, v in value.items()
+        }
+
+    def family(self, value: Any, field: str) -> dict[str, Any]:
+        return self.table(
+            value,
+            field,
+            {
+                "model": self.text,
+                "rate_rps": self.number,
+                "slo_ms": lambda v, f: self.number(v, f, strict=True),
+                "min_accuracy": self.fraction,
+            },
+            required=("model",),
+        )
+
+    def deployment(self, value: Any, field: str) -> dict[str, Any]:
+        return self.table(
+            value,
+            field,
+            {
+                "model": self.text,
+                "variant": self.text,
+                "resource": self.resource,
+                "count": self.whole,
+                "batch": self.whole,
+                "quota_rps": self.number,
+                "device": self.text,
+                "placement": _scalar_or_table,
+            },
+            required=("variant", "resource"),
+        )
+
+    def request(self, doc: Any) -> dict[str, Any]:
+        strict: _Check = lambda v, f: self.number(v, f, strict=True)  # noqa: E731
+        return self.table(
+            doc,
+            "",
+            {
+                "model": self.text,
+                "rate_rps": self.number,
+                "families": lambda v, f: self.rows(v, f, self.family, empty=False),
+                "slo_ms": strict,
+                "percentile": self.percentile,
+                "budgets": self.budgets,
+                "objective": self.choice,
+                "min_accuracy": self.fraction,
+                "alpha": self.number,
+                "beta": self.number,
+                "gamma": self.number,
+                "carbon_intensity": self.number,
+                "reference_carbon_intensity": strict,
+                "pue": lambda v, f: self.number(v, f, minimum=1.0),
+                "headroom": self.number,
+                "current": lambda v, f: self.rows(v, f, self.deployment),
+                "strategy": self.choice,
+                "solver": self.choice,
+                "time_limit_s": strict,
+            },
+        )
+
+
+def _scalar_or_table(value: Any, field: str) -> Any:
+    """A placement is kind-specific: kept as given (``plan mix`` ignores it)."""
+    return value
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def read_mix_spec(
+    path: str | Path, *, choices: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, Any]:
+    """Read and check a ``plan mix --spec`` file.
+
+    Args:
+        path: the TOML or JSON file.
+        choices: allowed values of the enumerated fields (``objective``, ``strategy``,
+            ``solver``, ``percentile``), from the planner that owns them.
+
+    Returns:
+        The request fields (``budget`` renamed ``budgets``; ``None`` values dropped).
+
+    Raises:
+        InputError: the file is missing or unreadable.
+        FileFormatError: not UTF-8 text, invalid TOML/JSON, nested too deeply, or a field
+            of the wrong type or out of range (naming the file, line where known, and field).
+    """
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if p.is_dir():
+            raise InputError(f"spec file {p} is a folder", hint="name a TOML or JSON file")
+        if size > MAX_SPEC_BYTES:
+            raise FileFormatError(
+                str(p), f"{size} bytes is too large for a spec (at most {MAX_SPEC_BYTES})"
+            )
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"spec file {p} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(
+            f"cannot read spec file {p}: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise FileFormatError(
+            str(p),
+            f"not a UTF-8 text file (byte {exc.start})",
+            hint="a spec is a TOML or JSON text file",
+        ) from None
+    if "\x00" in text:
+        raise FileFormatError(
+            str(p), "not a text file (NUL bytes)", hint="a spec is a TOML or JSON text file"
+        )
+    doc = _parse(p, text)
+    if isinstance(doc, dict) and "budget" in doc:
+        if "budgets" in doc:
+            raise FileFormatError(str(p), "give 'budget' or 'budgets', not both")
+        doc = dict(doc)
+        doc["budgets"] = doc.pop("budget")
+    return _Spec(str(p), choices or {}).request(doc)
+
+
+def _parse(p: Path, text: str) -> Any:
+    import tomllib
+
+    try:
+        if p.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+            try:
+                doc = json.loads(text, parse_constant=_no_constant)
+            except json.JSONDecodeError as exc:
+                raise FileFormatError(
+                    str(p), f"invalid JSON: {exc.msg} (column {exc.colno})", line=exc.lineno
+                ) from None
+            except ValueError as exc:  # NaN / Infinity, or an integer too long to convert
+                raise FileFormatError(str(p), f"invalid JSON: {exc}") from None
+        else:
+            try:
+                doc = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as exc:
+                raise FileFormatError(str(p), f"invalid TOML: {exc}") from None
+            except ValueError as exc:  # an integer too long to convert
+                raise FileFormatError(str(p), f"invalid TOML: {exc}") from None
+    except RecursionError:
+        raise FileFormatError(
+            str(p), "nested too deeply", hint="a spec nests at most a few tables"
+        ) from None
+    if not isinstance(doc, dict):
+        raise FileFormatError(
+            str(p), "a spec must be a table/object of request fields", hint=_FIELDS_HINT
+        )
+    return doc
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a spec may hold")
+
+
+_FIELDS_HINT = 'for example: model = "resnet", rate_rps = 40, slo_ms = 500'
