@@ -64,6 +64,12 @@ class InfeasiblePlan(GreenctlError):
     exit_code = 3
 
 
+class SolverError(GreenctlError):
+    """A solver stopped without an answer (not an infeasible plan: a failure). Exit code 1."""
+
+    exit_code = 1
+
+
 class HardwareError(GreenctlError):
     """The hardware (NVML, MIG, CPU affinity) refused or failed. Exit code 1."""
 

@@ -30,7 +30,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from greenctl.data.errors import GreenctlError, InputError
+from greenctl.data.errors import InputError, SolverError
 
 #: HiGHS threads of every solve in this process. One: greenctl's LPs and MIPs are small
 #: (simplex is serial anyway), one thread keeps MIP runs reproducible, and a pool of one
@@ -46,10 +46,9 @@ OPTIMAL = "optimal"
 INFEASIBLE = "infeasible"
 LIMIT = "limit"
 
-# (no square brackets: the CLI prints messages as rich markup, so "pulp[cbc]" would lose them)
 CBC_INSTALL_HINT = (
-    "install CBC with `pip install cbcbox` (what pulp's cbc extra installs) or put a cbc "
-    "executable on PATH, or use --solver highs"
+    "install CBC with `pip install 'greenctl[cbc]'` (cbcbox, what pulp's cbc extra installs) "
+    "or put a cbc executable on PATH, or use --solver highs"
 )
 
 
@@ -161,7 +160,7 @@ def highs_outcome(h: Any, *, what: str, limits: bool = False) -> str:
     raise solver_failed(what, f"HiGHS model status '{h.modelStatusToString(st)}'", st == ms.kNotset)
 
 
-def solver_failed(what: str, status: str, not_run: bool = False) -> GreenctlError:
+def solver_failed(what: str, status: str, not_run: bool = False) -> SolverError:
     """The error of a solver that stopped without an answer (exit 1, not an infeasible plan)."""
     hint = "this is a solver failure, not an infeasible plan; please report it with the command"
     if not_run:
@@ -169,7 +168,7 @@ def solver_failed(what: str, status: str, not_run: bool = False) -> GreenctlErro
             "HiGHS did not solve (in a process that embeds greenctl, another HiGHS user may "
             f"have started HiGHS's thread pool with a size other than {HIGHS_THREADS}); " + hint
         )
-    return GreenctlError(f"the solver failed on {what}: {status}", hint=hint)
+    return SolverError(f"the solver failed on {what}: {status}", hint=hint)
 
 
 def pulp_highs(options: Mapping[str, object] | None = None) -> Any:  # -> pulp.HiGHS

@@ -91,9 +91,13 @@ def test_errors_and_exit_codes(cli, tiny_store, args, code, text):
 
 
 def test_strategies_and_cbc(cli, tiny_store):
+    from greenctl.planner.solvers import find_cbc
+
     values = {}
-    for extra in (["--strategy", "ilp"], ["--strategy", "greedy"], ["--strategy", "single"],
-                  ["--solver", "cbc"]):  # fmt: skip
+    runs = [["--strategy", "ilp"], ["--strategy", "greedy"], ["--strategy", "single"]]
+    if find_cbc() is not None:  # PuLP 4 ships no CBC: `pip install greenctl[cbc]`
+        runs.append(["--solver", "cbc"])
+    for extra in runs:
         r = cli(
             "plan", "mix", "--model", "m", "--rate", "100", "--slo-ms", "60",
             "--budget", "cpu=8", "--objective", "accuracy", "--json", *extra,
@@ -103,7 +107,8 @@ def test_strategies_and_cbc(cli, tiny_store):
     ilp = values["--strategy ilp"]
     assert values["--strategy greedy"] <= ilp + 1e-9
     assert values["--strategy single"] <= ilp + 1e-9
-    assert values["--solver cbc"] == pytest.approx(ilp, rel=1e-5)
+    if "--solver cbc" in values:
+        assert values["--solver cbc"] == pytest.approx(ilp, rel=1e-5)
 
 
 def test_current_plan_gives_actions(cli, tiny_store, tmp_path):
