@@ -216,6 +216,19 @@ def status_cmd(
         if json_out:
             print_json(doc)
             return
+        if doc["app"] is None:
+            where = f"the Ray cluster at {doc['address']}" if doc["address"] else "Ray"
+            console.print(
+                f"Nothing greenctl applied runs on {where} (apply a plan with "
+                "`greenctl apply PLAN.json --backend ray --address HOST:PORT`)."
+            )
+            return
+        if not doc["running"]:
+            console.print(
+                f"Ray application {doc['app']} (plan {doc['plan_id']}) is not on the cluster at "
+                f"{doc['address']}: it was deleted or the cluster restarted; apply the plan again."
+            )
+            return
         url = (doc.get("dispatcher") or {}).get("url")
         console.print(
             f"Ray application {doc.get('app') or '-'} at {url or '-'} (plan {doc.get('plan_id')})"

@@ -25,8 +25,12 @@ Ray is an optional extra: ``pip install 'greenctl[ray]'``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
+import re
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -263,17 +267,97 @@ def _serve_classes() -> tuple[Any, Any, Any]:
 # apply / status / down
 
 
+START_HINT = (
+    "start a cluster with `ray start --head` (it prints the address to pass, host:6379), "
+    "or check --address"
+)
+PROBE_TIMEOUT_S = 3.0  # in total: an unreachable cluster must fail fast, not hang in ray.init
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """(host, port) of a Ray cluster address: ``host:port`` of the head's GCS, or
+    ``ray://host:port`` of a Ray Client server; ``[v6-address]:port`` for IPv6.
+
+    Raises:
+        InputError: not such an address.
+    """
+    text = address.strip()
+    rest = text[len("ray://") :] if text.startswith("ray://") else text
+    host, sep, port_text = rest.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):  # [IPv6]:port
+        host = host[1:-1] if re.fullmatch(r"[0-9A-Fa-f:.]+", host[1:-1]) else ""
+    elif not re.fullmatch(r"[A-Za-z0-9._-]+", host):
+        host = ""
+    port = int(port_text) if re.fullmatch(r"[0-9]{1,5}", port_text) else -1
+    if not sep or not host or not 0 < port < 65536:
+        raise InputError(
+            f"--address {address!r} is not a Ray cluster address",
+            hint="write HOST:PORT of the head node, e.g. 127.0.0.1:6379 (or ray://HOST:10001)",
+        )
+    return host, port
+
+
+def probe_address(address: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Fail fast when nothing listens at a Ray cluster address (a TCP connect, ``timeout_s``
+    in total), instead of letting ``ray.init`` retry the GCS for minutes.
+
+    Raises:
+        InputError: a malformed address.
+        ExecutorError: nothing answers there.
+    """
+    import socket
+
+    host, port = parse_address(address)
+    deadline = time.monotonic() + timeout_s
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, ValueError) as exc:  # (an IDNA label too long is a UnicodeError)
+        raise ExecutorError(
+            f"cannot reach the Ray cluster at {address}: host {host!r} is unknown ({exc})",
+            hint=START_HINT,
+        ) from None
+    reason = "no address to try"
+    for family, kind, proto, _name, sockaddr in infos:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            reason = f"timed out after {timeout_s:g} s"
+            break
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(left)
+            try:
+                sock.connect(sockaddr)
+                return
+            except TimeoutError:
+                reason = f"timed out after {timeout_s:g} s"
+            except OSError as exc:
+                reason = exc.strerror or str(exc)
+    raise ExecutorError(
+        f"no Ray cluster answers at {address} ({reason})",
+        hint=START_HINT,
+    )
+
+
 def _connect(address: str) -> Any:
+    loaded = sys.modules.get("ray")
+    connected = loaded is not None and loaded.is_initialized()
+    if not connected and address not in ("auto", "local"):  # Ray resolves these itself, fast
+        probe_address(address)  # before importing Ray: a wrong address fails in a blink
     ray = _ray()
     if not ray.is_initialized():
         try:
-            ray.init(
-                address=address, namespace=NAMESPACE, log_to_driver=False, include_dashboard=False
-            )
+            # Ray's own log lines go to stderr (never stdout: --json output stays one document)
+            with contextlib.redirect_stdout(sys.stderr):
+                ray.init(
+                    address=address,
+                    namespace=NAMESPACE,
+                    log_to_driver=False,
+                    include_dashboard=False,
+                    logging_level=logging.WARNING,
+                )
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ExecutorError(
                 f"cannot connect to the Ray cluster at {address}: {exc}",
-                hint="start one with `ray start --head` and pass its address (host:6379)",
+                hint=START_HINT,
             ) from None
     return ray
 
@@ -374,14 +458,14 @@ def apply_ray(
     from ray import serve
 
     _check_cluster(ray, plan)
-    serve.start(http_options={"host": "127.0.0.1", "port": http_port})
-    previous = _active_app(serve)
+    previous = _active_app(serve)  # (serve.status() reads; it starts nothing)
     if previous == app:
         result.changed = False
         result.actions = ["the running plan version is this plan: nothing to do"]
         return result
-    if dry_run:
+    if dry_run:  # a dry run leaves the cluster as it was: Serve is not started
         return result
+    serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     replica_cls, group_cls, router_cls = _serve_classes()
     variants = _variants(store, plan)
     handles: list[Any] = []
@@ -471,10 +555,27 @@ def _record(store: Store, plan: Plan, *, address: str, app: str, url: str) -> No
 
 
 def status_ray(*, store: Store, address: str | None = None) -> dict[str, Any]:
-    """The active Ray deployment: router URL and each deployment's replica states."""
+    """The active Ray deployment: router URL and each deployment's replica states.
+
+    ``running`` says whether the application greenctl last applied is on the cluster.
+
+    Raises:
+        InputError: a malformed address.
+        ExecutorError: the cluster (``address``, else the one recorded) does not answer.
+    """
     rows = list(store.db.table("ray_apps").rows_where("active = 1", limit=1))
     if not rows:
-        return {"backend": "ray", "dispatcher": None, "instances": []}
+        if address is not None:  # nothing recorded: still say whether the cluster answers
+            _connect(address)
+        return {
+            "backend": "ray",
+            "address": address,
+            "plan_id": None,
+            "app": None,
+            "running": False,
+            "dispatcher": None,
+            "instances": [],
+        }
     row = rows[0]
     _connect(address or row["address"])
     from ray import serve
@@ -501,6 +602,7 @@ def status_ray(*, store: Store, address: str | None = None) -> dict[str, Any]:
         "address": row["address"],
         "plan_id": row["plan_id"],
         "app": row["app"],
+        "running": status is not None,
         "dispatcher": {"url": row["url"]},
         "instances": instances,
     }

@@ -1,4 +1,5 @@
-"""Ray backend against a real local Ray cluster: a head and a second node on this machine."""
+"""Ray backend: without a cluster (fast: addresses refused in a blink) and against a real
+local Ray cluster (a head and a second node on this machine; slow)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Variant
 from greenctl.executor import ray_backend
 from greenctl.executor.ray_backend import actor_options, apply_ray, status_ray
-
-ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def _free_port() -> int:
@@ -28,6 +28,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    ray = pytest.importorskip("ray")
     ray_bin = shutil.which("ray")
     if ray_bin is None:
         pytest.skip("the ray command is not installed")
@@ -102,6 +103,7 @@ def test_actor_options_pin_resources():
     assert actor_options("gpu:H100")["num_gpus"] == 1.0
 
 
+@pytest.mark.slow
 def test_apply_infer_scale_rollback_down(cluster, store, cli, tmp_path):
     http_port = _free_port()
     first = plan(Deployment("tiny", "tiny-s", "cpu:1", count=1, batch=4, quota_rps=10.0), plan_id=1)
@@ -186,3 +188,103 @@ def test_apply_infer_scale_rollback_down(cluster, store, cli, tmp_path):
     assert down.exit_code == 0, down.output
     assert ray_backend.ROUTER_APP in json.loads(down.stdout)["deleted"]
     assert status_ray(store=store)["instances"] == []
+
+
+# -- without a cluster: fast failures, no Ray import, nothing on stdout ------------------------
+@pytest.fixture
+def no_ray_init(monkeypatch):
+    """Fail the test if Ray would be imported and initialised (an unreachable address must be
+    refused before ``ray.init``, which retries the GCS for minutes)."""
+
+    def refuse():
+        raise AssertionError("ray.init reached with an unreachable or malformed address")
+
+    monkeypatch.setattr(ray_backend, "_ray", refuse)
+
+
+@pytest.fixture
+def closed_port() -> int:
+    return _free_port()  # bound and released: nothing listens there
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    f = tmp_path / "plan.json"
+    f.write_text(plan(Deployment("tiny", "tiny-s", "cpu:1"), plan_id=1).to_json())
+    return f
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_apply_without_a_cluster_fails_fast(cli, plan_file, closed_port, no_ray_init, json_out):
+    address = f"127.0.0.1:{closed_port}"
+    args = ["apply", plan_file, "--dry-run", "--backend", "ray", "--address", address]
+    r = cli(*args, *(["--json"] if json_out else []))
+    assert r.exit_code == 1, r.output
+    assert f"no Ray cluster answers at {address}" in r.stderr
+    assert "ray start --head" in r.stderr
+    assert r.stdout == ""  # (with --json: no half document, no Ray log lines)
+
+
+@pytest.mark.parametrize(
+    "address", ["127.0.0.1", "127.0.0.1:99999", "head:port", ":6379", "http://h:1/x", "a b:1"]
+)
+def test_a_malformed_address_is_refused(cli, plan_file, no_ray_init, address):
+    r = cli("apply", plan_file, "--dry-run", "--backend", "ray", "--address", address)
+    assert r.exit_code == 2, r.output
+    assert f"--address {address!r} is not a Ray cluster address" in r.stderr
+    assert "HOST:PORT" in r.stderr
+    r = cli("status", "--backend", "ray", "--address", address)
+    assert r.exit_code == 2, r.output
+
+
+def test_status_with_an_unreachable_cluster_is_an_error(cli, store, closed_port, no_ray_init):
+    address = f"127.0.0.1:{closed_port}"
+    r = cli("status", "--backend", "ray", "--address", address)
+    assert r.exit_code == 1, r.output
+    assert f"no Ray cluster answers at {address}" in r.stderr and "Deployments" not in r.stdout
+    # the cluster recorded by the last apply is gone: no empty table either
+    store.db.table("ray_apps").insert(
+        {"plan_id": 1, "address": address, "app": "greenctl-p1-x", "url": "http://h:1",
+         "applied_at": "2026-01-01T00:00:00Z", "active": 1}
+    )  # fmt: skip
+    r = cli("status", "--backend", "ray", "--json")
+    assert r.exit_code == 1 and r.stdout == ""
+    assert f"no Ray cluster answers at {address}" in r.stderr
+
+
+def test_status_with_nothing_applied_says_so(cli, no_ray_init):
+    r = cli("status", "--backend", "ray")
+    assert r.exit_code == 0, r.output
+    assert "Nothing greenctl applied runs on Ray" in r.stdout and "Deployments" not in r.stdout
+    doc = json.loads(cli("status", "--backend", "ray", "--json").stdout)
+    assert doc["app"] is None and doc["running"] is False and doc["instances"] == []
+
+
+def test_probe_accepts_a_listening_address():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        ray_backend.probe_address(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=2)
+        ray_backend.probe_address(f"ray://127.0.0.1:{server.getsockname()[1]}", timeout_s=2)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.one_of(
+        st.text(max_size=40),
+        st.builds(
+            lambda scheme, host, port: f"{scheme}{host}:{port}",
+            st.sampled_from(["", "ray://", "http://"]),
+            st.text(alphabet="abc.-_:[]1 /\x00é", max_size=12),
+            st.one_of(st.integers(-5, 70000).map(str), st.text(max_size=6)),
+        ),
+    )
+)
+def test_parse_address_fuzz(text):
+    """Any --address text parses to (host, port 1..65535) or is an InputError (exit 2)."""
+    try:
+        host, port = ray_backend.parse_address(text)
+    except InputError as exc:
+        assert exc.exit_code == 2 and "is not a Ray cluster address" in exc.message
+        return
+    assert host and 0 < port < 65536 and text.strip().endswith(f":{port}")
