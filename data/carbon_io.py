@@ -17,6 +17,11 @@ Formats (``--format``):
 - ``clover``: Clover's hourly traces (one header line, one value per line, no timestamps;
   placed hourly from ``start``, default :data:`CLOVER_DEFAULT_START`);
 - ``eglb``: eGLB site traces (``Time (UTC)``, ``Carbon (kg/kWh)``).
+
+Every value is checked before anything is stored: a finite carbon intensity between 0 and
+:data:`MAX_CARBON_G_PER_KWH` after unit conversion, a parseable time, a short printable
+region name. The first bad one raises :class:`FileFormatError` naming the file, line (or
+JSON path) and column with a hint (exit code 2).
 """
 
 from __future__ import annotations
@@ -53,6 +58,14 @@ KINDS = ("average", "marginal")
 # user passes --start. (Clover's traces are March/September days; the date is nominal.)
 CLOVER_DEFAULT_START = "2021-03-01T00:00:00Z"
 LBS_PER_MWH_TO_G_PER_KWH = 453.59237 / 1000.0
+# The highest grid carbon intensity greenctl accepts, in gCO2/kWh. The dirtiest grids
+# average about 1,000-1,200 g/kWh and lignite plants emit about 1,100-1,300, so nothing real
+# is above 2,000; a larger value is a unit mistake (kg vs g, lbs/MWh) or garbage. Every
+# reader of carbon intensities (signal files, geo sites CSVs, eGLB traces) checks this one
+# bound through :func:`check_carbon_g_per_kwh`.
+MAX_CARBON_G_PER_KWH = 2000.0
+# Region / zone names are short identifiers (CISO, DE, US-CAL-CISO, CAISO_NORTH).
+MAX_REGION_CHARS = 100
 
 # The bundled traces (under data/datasets): name -> (file, format, default region). The eGLB
 # sites' carbon traces are the copies that `plan geo` ships in datasets/eglb/.
@@ -85,11 +98,44 @@ class CarbonPoint:
 
 
 # -- time helpers -----------------------------------------------------------------------------
+def shown(raw: Any, limit: int = 40) -> str:
+    """A value as it goes into an error message: control characters escaped, long text cut."""
+    text = raw if isinstance(raw, str) else repr(raw)
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def read_utf8(path: str | Path, *, what: str = "", hint: str | None = None) -> str:
+    """The text of a UTF-8 file (a BOM dropped), newlines untouched.
+
+    Raises:
+        InputError: missing, a directory, unreadable. FileFormatError: not UTF-8, naming
+            the line of the first bad byte.
+    """
+    p = Path(path)
+    name = f"{what} {p}" if what else str(p)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{name} does not exist", hint=hint) from None
+    except OSError as exc:  # a directory, no permission
+        raise InputError(f"cannot read {name}: {exc.strerror or exc}", hint=hint) from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise FileFormatError(
+            str(p),
+            f"not UTF-8 text (byte {exc.start + 1} is {data[exc.start]:#04x})",
+            line=data.count(b"\n", 0, exc.start) + 1,
+            hint="save the file as UTF-8 text; a binary file is no input",
+        ) from None
+
+
 def parse_time(text: Any) -> datetime:
     """Parse an ISO-8601-like time (``Z``/offset/naive = UTC, ``YYYY-MM-DD HH`` too).
 
     Raises:
-        ValueError: not a recognisable time.
+        ValueError: not a recognisable time, or one that leaves years 1-9999 in UTC.
     """
     if isinstance(text, datetime):
         dt = text
@@ -104,10 +150,13 @@ def parse_time(text: Any) -> datetime:
         try:
             dt = datetime.fromisoformat(s)
         except ValueError:
-            raise ValueError(f"'{text}' is not an ISO 8601 time") from None
+            raise ValueError(f"'{shown(text)}' is not an ISO 8601 time") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
-    return dt.astimezone(UTC)
+    try:
+        return dt.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
+        raise ValueError(f"'{shown(text)}' is outside years 1-9999 in UTC") from None
 
 
 def iso(dt: datetime) -> str:
@@ -120,18 +169,99 @@ def normalise_time(text: Any) -> str:
     return iso(parse_time(text))
 
 
+CARBON_RANGE_HINT = (
+    f"carbon intensity is gCO2/kWh between 0 and {MAX_CARBON_G_PER_KWH:g} (the dirtiest grids "
+    "are about 1,000-1,200); check the value's unit (kg/kWh and lbs/MWh need their own "
+    "column or units field)"
+)
+
+
+class _BadValue(ValueError):
+    """A value a reader refuses, with the hint its FileFormatError carries."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+def check_carbon_g_per_kwh(value: float) -> float:
+    """``value`` if it is a finite carbon intensity in 0..:data:`MAX_CARBON_G_PER_KWH` g/kWh.
+
+    Raises:
+        ValueError: NaN, infinite, negative or above the ceiling (``hint`` names the fix).
+    """
+    if math.isnan(value):
+        raise _BadValue("NaN is not a number", CARBON_RANGE_HINT)
+    if value < 0:
+        raise _BadValue(f"{value:g} g/kWh is negative", CARBON_RANGE_HINT)
+    if value > MAX_CARBON_G_PER_KWH:
+        raise _BadValue(
+            f"{value:g} g/kWh is above {MAX_CARBON_G_PER_KWH:g} g/kWh, more than any grid emits",
+            CARBON_RANGE_HINT,
+        )
+    return value
+
+
 def _value(raw: Any, *, factor: float = 1.0) -> float:
     if isinstance(raw, bool) or raw is None:
-        raise ValueError(f"{raw!r} is not a number")
+        raise _BadValue(f"{raw!r} is not a number", CARBON_RANGE_HINT)
     try:
         value = float(str(raw).strip()) if isinstance(raw, str) else float(raw)
+    except OverflowError:  # a JSON integer beyond 1e308
+        raise _BadValue(f"{shown(raw)} is too large", CARBON_RANGE_HINT) from None
     except (TypeError, ValueError):
-        raise ValueError(f"'{raw}' is not a number") from None
+        raise _BadValue(f"'{shown(raw)}' is not a number", CARBON_RANGE_HINT) from None
     if not math.isfinite(value):
-        raise ValueError(f"'{raw}' is not a finite number")
-    if value < 0:
-        raise ValueError(f"{value} is negative; carbon intensity is >= 0")
-    return value * factor
+        raise _BadValue(f"'{shown(raw)}' is not a finite number", CARBON_RANGE_HINT)
+    return check_carbon_g_per_kwh(value * factor)
+
+
+def _refuse(
+    path: str, exc: ValueError, *, line: int | None = None, column: str | None = None
+) -> FileFormatError:
+    """The FileFormatError of a value a check refused (keeps the check's hint)."""
+    hint = exc.hint if isinstance(exc, _BadValue) else None
+    return FileFormatError(path, str(exc), line=line, column=column, hint=hint)
+
+
+TIME_HINT = "write times as ISO 8601, e.g. 2022-09-22T13:00:00Z"
+
+
+def _time(path: str, raw: Any, *, line: int | None = None, column: str | None = None) -> str:
+    """A time read from a file as ISO UTC (``YYYY-MM-DDTHH:MM:SSZ``)."""
+    try:
+        return normalise_time(raw)
+    except ValueError as exc:
+        raise FileFormatError(path, str(exc), line=line, column=column, hint=TIME_HINT) from None
+
+
+REGION_HINT = f"use a short name like CISO or DE (printable, at most {MAX_REGION_CHARS} characters)"
+
+
+def check_region_name(raw: Any, what: str = "region") -> str:
+    """``raw`` stripped if it is a region / site name: non-empty, printable, short.
+
+    Raises:
+        ValueError: anything else (``hint`` names the fix).
+    """
+    if not isinstance(raw, str):
+        raise _BadValue(f"{what} {shown(raw)} is not a string", REGION_HINT)
+    name = raw.strip()
+    if not name:
+        raise _BadValue(f"empty {what}", REGION_HINT)
+    if len(name) > MAX_REGION_CHARS or not name.isprintable():
+        raise _BadValue(f"{what} '{shown(name)}' is not a name", REGION_HINT)
+    return name
+
+
+def _region(
+    path: str, raw: Any, *, line: int | None = None, column: str | None = None, what: str = "region"
+) -> str:
+    """A region name read from a file (see :func:`check_region_name`)."""
+    try:
+        return check_region_name(raw, what)
+    except ValueError as exc:
+        raise _refuse(path, exc, line=line, column=column) from None
 
 
 # -- format detection ---------------------------------------------------------------------------
@@ -144,12 +274,7 @@ def detect_format(path: str | Path, text: str) -> str:
     stripped = text.lstrip("\ufeff \t\r\n")
     hint = f"pass --format, one of {', '.join(FORMATS[1:])}"
     if stripped.startswith(("{", "[")):
-        try:
-            doc = json.loads(stripped)
-        except json.JSONDecodeError as exc:
-            raise FileFormatError(
-                str(path), f"invalid JSON: {exc.msg} (column {exc.colno})", line=exc.lineno
-            ) from None
+        doc = _load_json(str(path), text)
         if isinstance(doc, dict):
             if "data" in doc and isinstance(doc.get("meta"), dict):
                 return "watttime"
@@ -187,11 +312,27 @@ def detect_format(path: str | Path, text: str) -> str:
 # -- readers -----------------------------------------------------------------------------------
 def _csv_rows(path: str, text: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
     reader = csv.reader(io.StringIO(text.lstrip("\ufeff")))
-    rows = [(i + 1, r) for i, r in enumerate(reader)]
-    rows = [(n, r) for n, r in rows if any(c.strip() for c in r)]
+    rows: list[tuple[int, list[str]]] = []
+    try:
+        for r in reader:
+            if any(c.strip() for c in r):
+                rows.append((reader.line_num, r))
+    except csv.Error as exc:  # e.g. a field over csv's 128 KiB limit
+        raise FileFormatError(path, f"not a CSV row: {exc}", line=reader.line_num) from None
     if not rows:
         raise FileFormatError(path, "the file is empty", line=1)
     header = [h.strip() for h in rows[0][1]]
+    seen: set[str] = set()
+    for h in header:
+        if h and h.lower() in seen:
+            raise FileFormatError(
+                path,
+                f"column '{shown(h)}' appears twice in the header",
+                line=rows[0][0],
+                column=shown(h),
+                hint="keep one column of each name",
+            )
+        seen.add(h.lower())
     return header, rows[1:]
 
 
@@ -240,19 +381,18 @@ def read_plain_csv(
         raise InputError(f"{path} has no 'region' column", hint="pass --region REGION")
     out = []
     for line, row in rows:
-        try:
-            t = normalise_time(_cell(path, header, row, line, t_col))
-        except ValueError as exc:
-            raise FileFormatError(path, str(exc), line=line, column=header[t_col]) from None
-        row_region = _cell(path, header, row, line, r_col).strip() if r_col is not None else ""
-        if r_col is not None and not row_region:
-            raise FileFormatError(path, "empty region", line=line, column=header[r_col])
+        t = _time(path, _cell(path, header, row, line, t_col), line=line, column=header[t_col])
+        row_region = (
+            _region(path, _cell(path, header, row, line, r_col), line=line, column=header[r_col])
+            if r_col is not None
+            else ""
+        )
         if region and r_col is not None and row_region != region:
             continue  # --region selects one region of a multi-region file
         try:
             value = _value(_cell(path, header, row, line, v_col), factor=factor)
         except ValueError as exc:
-            raise FileFormatError(path, str(exc), line=line, column=header[v_col]) from None
+            raise _refuse(path, exc, line=line, column=header[v_col]) from None
         row_kind = kind
         if k_col is not None and k_col < len(row) and row[k_col].strip():
             row_kind = _check_kind(row[k_col].strip(), path=path, line=line, column=header[k_col])
@@ -268,7 +408,7 @@ def _check_kind(
     v = value.lower()
     if v not in KINDS:
         raise FileFormatError(
-            path, f"kind '{value}' is not average or marginal", line=line, column=column
+            path, f"kind '{shown(value)}' is not average or marginal", line=line, column=column
         )
     return v
 
@@ -285,6 +425,10 @@ def _load_json(path: str, text: str) -> Any:
         raise FileFormatError(
             path, f"invalid JSON: {exc.msg} (column {exc.colno})", line=exc.lineno
         ) from None
+    except RecursionError:
+        raise FileFormatError(path, "invalid JSON: nested too deeply") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise FileFormatError(path, f"invalid JSON: {shown(str(exc), 80)}") from None
 
 
 def _field(path: str, obj: Any, key: str, where: str) -> Any:
@@ -307,15 +451,11 @@ def _json_point(
     source: str,
     factor: float = 1.0,
 ) -> CarbonPoint:
-    raw_t = _field(path, obj, time_key, where)
-    try:
-        t = normalise_time(raw_t)
-    except ValueError as exc:
-        raise FileFormatError(path, str(exc), column=f"{where}.{time_key}") from None
+    t = _time(path, _field(path, obj, time_key, where), column=f"{where}.{time_key}")
     try:
         value = _value(_field(path, obj, value_key, where), factor=factor)
     except ValueError as exc:
-        raise FileFormatError(path, str(exc), column=f"{where}.{value_key}") from None
+        raise _refuse(path, exc, column=f"{where}.{value_key}") from None
     return CarbonPoint(region, t, value, kind, source)
 
 
@@ -336,7 +476,9 @@ def read_carbon_aware_sdk(
                 )
             for j, p in enumerate(points):
                 w = f"{where}.forecastData[{j}]"
-                loc = region or str(_field(path, p, "location", w))
+                loc = region or _region(
+                    path, _field(path, p, "location", w), column=f"{w}.location"
+                )
                 out.append(
                     _json_point(
                         path,
@@ -350,7 +492,9 @@ def read_carbon_aware_sdk(
                     )
                 )
         else:
-            loc = region or str(_field(path, item, "location", where))
+            loc = region or _region(
+                path, _field(path, item, "location", where), column=f"{where}.location"
+            )
             out.append(
                 _json_point(
                     path,
@@ -390,20 +534,21 @@ def read_watttime(
     if units not in _WATTTIME_UNITS:
         raise FileFormatError(
             path,
-            f"meta.units '{units}' is not a carbon intensity",
+            f"meta.units '{shown(units)}' is not a carbon intensity",
             column="meta.units",
             hint="greenctl imports co2_moer in lbs_co2_per_mwh (WattTime's default)",
         )
     factor = _WATTTIME_UNITS[units]
     loc = region or meta.get("region")
-    if not loc:
+    if loc is None or loc == "":
         raise InputError(f"{path} names no region (meta.region)", hint="pass --region REGION")
+    loc = _region(path, loc, column="meta.region")
     data = doc["data"]
     # v3 forecasts nest: data: [{generated_at, forecast: [...]}]
     if data and isinstance(data[0], dict) and "forecast" in data[0]:
         flat: list[tuple[str, Any]] = []
         for i, d in enumerate(data):
-            fc = d.get("forecast")
+            fc = d.get("forecast") if isinstance(d, dict) else None
             if not isinstance(fc, list):
                 raise FileFormatError(
                     path, f"data[{i}].forecast must be a list", column=f"data[{i}].forecast"
@@ -418,7 +563,7 @@ def read_watttime(
             w,
             time_key="point_time",
             value_key="value",
-            region=str(loc),
+            region=loc,
             kind=kind,
             source=source,
             factor=factor,
@@ -453,8 +598,9 @@ def read_electricitymaps(
     out = []
     for where, e, suffix in entries:
         loc = zone or (e.get("zone") if isinstance(e, dict) else None)
-        if not loc:
+        if loc is None or loc == "":
             raise InputError(f"{path} names no zone", hint="pass --region REGION")
+        zone_column = "zone" if zone else f"{where}.zone"
         out.append(
             _json_point(
                 path,
@@ -462,7 +608,7 @@ def read_electricitymaps(
                 where,
                 time_key="datetime",
                 value_key="carbonIntensity",
-                region=str(loc),
+                region=_region(path, loc, column=zone_column, what="zone"),
                 kind=kind,
                 source=_forecast_source(source) if suffix else source,
             )
@@ -497,18 +643,19 @@ def read_electricitymaps_csv(
         )
     z_col = lower.index("zone id") if "zone id" in lower else None
     out = []
+    if not region and z_col is None:
+        raise InputError(f"{path} has no 'Zone Id' column", hint="pass --region REGION")
     for line, row in rows:
-        try:
-            t = normalise_time(_cell(path, header, row, line, t_col))
-        except ValueError as exc:
-            raise FileFormatError(path, str(exc), line=line, column=header[t_col]) from None
-        loc = region or (_cell(path, header, row, line, z_col).strip() if z_col is not None else "")
-        if not loc:
-            raise InputError(f"{path} has no 'Zone Id' column", hint="pass --region REGION")
+        t = _time(path, _cell(path, header, row, line, t_col), line=line, column=header[t_col])
+        if region or z_col is None:  # z_col is None only with --region (checked above)
+            loc = str(region)
+        else:
+            cell = _cell(path, header, row, line, z_col)
+            loc = _region(path, cell, line=line, column=header[z_col], what="zone")
         try:
             value = _value(_cell(path, header, row, line, v_col))
         except ValueError as exc:
-            raise FileFormatError(path, str(exc), line=line, column=header[v_col]) from None
+            raise _refuse(path, exc, line=line, column=header[v_col]) from None
         out.append(CarbonPoint(loc, t, value, kind, f"{source}:{basis}"))
     return out
 
@@ -535,7 +682,8 @@ def read_clover(
         t0 = parse_time(start or CLOVER_DEFAULT_START)
     except ValueError as exc:
         raise InputError(f"--start: {exc}") from None
-    loc = region or name.split("_")[0]
+    name = _region(path, name, line=1, what="trace name")
+    loc = region or _region(path, name.split("_")[0], line=1)
     out = []
     step = 0
     for i, raw in enumerate(lines[1:], start=2):
@@ -544,10 +692,18 @@ def read_clover(
         try:
             value = _value(raw)
         except ValueError as exc:
-            raise FileFormatError(path, str(exc), line=i, column=name) from None
-        out.append(
-            CarbonPoint(loc, iso(t0 + timedelta(hours=step)), value, kind, f"{source}:{name}")
-        )
+            raise _refuse(path, exc, line=i, column=name) from None
+        try:
+            t = iso(t0 + timedelta(hours=step))
+        except OverflowError:
+            raise FileFormatError(
+                path,
+                f"value {step + 1} falls after year 9999 (hourly from {iso(t0)})",
+                line=i,
+                column=name,
+                hint="pass an earlier --start",
+            ) from None
+        out.append(CarbonPoint(loc, t, value, kind, f"{source}:{name}"))
         step += 1
     return out
 
@@ -564,17 +720,18 @@ def read_eglb(
     if v_col is None:
         raise FileFormatError(path, "no 'Carbon (kg/kWh)' column", line=1)
     t_col = lower.index("time (utc)")
-    loc = region or Path(path).name.split("_carbon")[0].removeprefix("eglb_")
+    loc = region or _region(
+        path,
+        Path(path).name.split("_carbon")[0].removeprefix("eglb_"),
+        what="region (from the file name; pass --region)",
+    )
     out = []
     for line, row in rows:
-        try:
-            t = normalise_time(_cell(path, header, row, line, t_col))
-        except ValueError as exc:
-            raise FileFormatError(path, str(exc), line=line, column=header[t_col]) from None
+        t = _time(path, _cell(path, header, row, line, t_col), line=line, column=header[t_col])
         try:
             value = _value(_cell(path, header, row, line, v_col), factor=1000.0)
         except ValueError as exc:
-            raise FileFormatError(path, str(exc), line=line, column=header[v_col]) from None
+            raise _refuse(path, exc, line=line, column=header[v_col]) from None
         out.append(CarbonPoint(loc, t, value, kind, source))
     return out
 
@@ -610,6 +767,11 @@ def parse_carbon_text(
         raise InputError(f"--format '{fmt}' is unknown", hint=f"use one of {', '.join(FORMATS)}")
     if kind is not None and kind not in KINDS:
         raise InputError(f"--kind '{kind}' is unknown", hint="use average or marginal")
+    if region is not None:
+        try:
+            region = _region("--region", region)
+        except FileFormatError as exc:
+            raise InputError(f"--region: {exc.reason}", hint=exc.hint) from None
     if fmt == "auto":
         fmt = detect_format(path, text)
     use_kind = kind or _DEFAULT_KIND.get(fmt, "average")
@@ -644,14 +806,8 @@ def read_carbon_file(
 ) -> tuple[str, list[CarbonPoint]]:
     """Read a carbon file; see :func:`parse_carbon_text`."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"carbon file {p} does not exist") from None
-    except UnicodeDecodeError:
-        raise FileFormatError(str(p), "not UTF-8 text") from None
-    except OSError as exc:
-        raise InputError(f"cannot read {p}: {exc.strerror}") from None
+    text = read_utf8(p, what="carbon file")
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines
     return parse_carbon_text(text, path=str(p), region=region, fmt=fmt, kind=kind, start=start)
 
 

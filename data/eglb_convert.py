@@ -18,12 +18,15 @@ WUE already holds the indirect part). With that reading the authors' weights
 from __future__ import annotations
 
 import csv
-import math
+import io
+from dataclasses import dataclass
 from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
 
+from greenctl.data.carbon_io import read_utf8, shown
 from greenctl.data.errors import FileFormatError, InputError
+from greenctl.data.geo_io import LIMITS
 
 # The authors' site order (their `country_list`); "Belguim" is their spelling.
 EGLB_SITES = (
@@ -48,54 +51,77 @@ def bundled_eglb_dir() -> Path:
     return Path(str(files("greenctl.data") / "datasets" / "eglb"))
 
 
-def _read_column(path: Path, column: str, *, signed: bool = False) -> tuple[list[str], list[float]]:
-    try:
-        fh = path.open(newline="", encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise InputError(
-            f"{path} does not exist",
-            hint="SRC_DIR needs carbon/, price/, water/ and AI_workload.csv (the eGLB layout)",
-        ) from None
+LAYOUT_HINT = "SRC_DIR needs carbon/, price/, water/ and AI_workload.csv (the eGLB layout)"
+
+
+@dataclass
+class _Column:
+    """One numeric column of an eGLB file: times, values and the line of each row."""
+
+    times: list[str]
+    values: list[float]
+    lines: list[int]
+
+
+def _read_column(path: Path, column: str, *, limit: str, scale: float = 1.0) -> _Column:
+    """Read ``Time (UTC)`` and ``column``; ``value x scale`` must lie in ``LIMITS[limit]``."""
+    fh = io.StringIO(read_utf8(path, hint=LAYOUT_HINT), newline="")
+    out = _Column([], [], [])
+    low, high = LIMITS[limit]
     with fh:
         reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None:
-            raise FileFormatError(str(path), "the file is empty", line=1)
-        # the water files name their column ' WUE (L/kWh)' with a leading space
-        names = [h.strip() for h in header]
-        if column not in names or "Time (UTC)" not in names:
-            raise FileFormatError(str(path), f"missing column '{column}' or 'Time (UTC)'", line=1)
-        it, iv = names.index("Time (UTC)"), names.index(column)
-        times, values = [], []
-        for row in reader:
-            if not row:
-                continue
-            try:
-                value = float(row[iv])
-            except (ValueError, IndexError):
+        try:
+            header = next(reader, None)
+            if header is None:
+                raise FileFormatError(str(path), "the file is empty", line=1)
+            # the water files name their column ' WUE (L/kWh)' with a leading space
+            names = [h.strip() for h in header]
+            if column not in names or "Time (UTC)" not in names:
                 raise FileFormatError(
-                    str(path),
-                    f"'{row[iv] if iv < len(row) else ''}' is not a number",
-                    line=reader.line_num,
-                    column=column,
-                ) from None
-            if not math.isfinite(value) or (value < 0 and not signed):
-                raise FileFormatError(
-                    str(path),
-                    f"{value} is not a finite number >= 0",
-                    line=reader.line_num,
-                    column=column,
+                    str(path), f"missing column '{column}' or 'Time (UTC)'", line=1
                 )
-            times.append(row[it].strip())
-            values.append(value)
-    return times, values
+            it, iv = names.index("Time (UTC)"), names.index(column)
+            for row in reader:
+                if not row or all(not c.strip() for c in row):
+                    continue
+                line = reader.line_num
+                if max(it, iv) >= len(row):
+                    raise FileFormatError(
+                        str(path), f"{len(row)} fields, the header has {len(names)}", line=line
+                    )
+                try:
+                    value = float(row[iv])
+                except ValueError:
+                    raise FileFormatError(
+                        str(path), f"'{shown(row[iv])}' is not a number", line=line, column=column
+                    ) from None
+                if not low <= value * scale <= high:  # NaN fails both
+                    raise FileFormatError(
+                        str(path),
+                        f"{value:g} is not a finite number from {low / scale:g} to {high / scale:g}",
+                        line=line,
+                        column=column,
+                    )
+                out.times.append(row[it].strip())
+                out.values.append(value)
+                out.lines.append(line)
+        except csv.Error as exc:
+            raise FileFormatError(
+                str(path), f"not a CSV row: {exc}", line=reader.line_num
+            ) from None
+    return out
 
 
-def _iso(text: str, path: Path) -> str:
+def _iso(text: str, path: Path, line: int) -> str:
     try:
         return datetime.strptime(text, "%Y-%m-%d %H").strftime("%Y-%m-%dT%H:00:00Z")
     except ValueError:
-        raise FileFormatError(str(path), f"time '{text}' is not like 2022-09-22 00") from None
+        raise FileFormatError(
+            str(path),
+            f"time '{shown(text)}' is not like 2022-09-22 00",
+            line=line,
+            column="Time (UTC)",
+        ) from None
 
 
 def convert_eglb(
@@ -132,36 +158,58 @@ def convert_eglb(
             f"unknown eGLB site(s): {', '.join(unknown)}", hint=f"sites: {', '.join(EGLB_SITES)}"
         )
     wpath = src / "AI_workload.csv"
-    wtimes, power_w = _read_column(wpath, "Power (Watt)")
+    # each gateway's load is power / PEAK_W MW: the power's bound follows load_mw's
+    work = _read_column(wpath, "Power (Watt)", scale=1.0 / PEAK_W, limit="load_mw")
+    wtimes, power_w = work.times, work.values
+    if not wtimes:
+        raise FileFormatError(str(wpath), "no data rows", line=2)
     n = len(wtimes) if steps is None else int(steps)
     if n < 1 or n > len(wtimes):
         raise InputError(f"steps must be between 1 and {len(wtimes)}, got {steps}")
+    iso = [_iso(t, wpath, line) for t, line in zip(wtimes[:n], work.lines, strict=False)]
     traces: dict[str, dict[str, list[float]]] = {}
     for site in chosen:
         traces[site] = {}
-        for key, rel, column in (
-            ("price", f"price/{site}_Price.csv", "Price (USD/MWh)"),
-            ("carbon", f"carbon/{site}_carbon.csv", "Carbon (kg/kWh)"),
-            ("water", f"water/{site}_water.csv", "WUE (L/kWh)"),
+        for key, rel, column, scale, limit in (
+            # market prices go negative at times (Belgium, Germany): LIMITS keeps them
+            ("price", f"price/{site}_Price.csv", "Price (USD/MWh)", 1.0, "price_usd_per_mwh"),
+            ("carbon", f"carbon/{site}_carbon.csv", "Carbon (kg/kWh)", 1000.0, "carbon_g_per_kwh"),
+            ("water", f"water/{site}_water.csv", "WUE (L/kWh)", 1.0, "wue_l_per_kwh"),
         ):
             path = src / rel
-            # market prices go negative at times (Belgium, Germany): keep them
-            times, values = _read_column(path, column, signed=key == "price")
-            if len(values) < n:
+            col = _read_column(path, column, scale=scale, limit=limit)
+            if len(col.values) < n:
                 raise FileFormatError(
-                    str(path), f"{len(values)} rows, {n} needed (the workload's length)"
+                    str(path), f"{len(col.values)} rows, {n} needed (the workload's length)"
                 )
-            if times[:n] != wtimes[:n]:
-                k = next(i for i in range(n) if times[i] != wtimes[i])
+            if col.times[:n] != wtimes[:n]:
+                k = next(i for i in range(n) if col.times[i] != wtimes[i])
                 raise FileFormatError(
                     str(path),
-                    f"time '{times[k]}' does not match the workload's '{wtimes[k]}'",
-                    line=k + 2,
+                    f"time '{shown(col.times[k])}' does not match the workload's "
+                    f"'{wtimes[k]}' (line {work.lines[k]})",
+                    line=col.lines[k],
+                    column="Time (UTC)",
                 )
-            traces[site][key] = values[:n]  # Japan & co. have 481 price rows: keep n
-    out = Path(out_dir)
+            traces[site][key] = col.values[:n]  # Japan & co. have 481 price rows: keep n
+    try:
+        return _write(Path(out_dir), iso, chosen, traces, power_w, routes)
+    except OSError as exc:
+        raise InputError(
+            f"cannot write the CSVs to {out_dir}: {exc.strerror or exc}",
+            hint="pass --output a folder you can write to",
+        ) from None
+
+
+def _write(
+    out: Path,
+    iso: list[str],
+    chosen: tuple[str, ...],
+    traces: dict[str, dict[str, list[float]]],
+    power_w: list[float],
+    routes: str,
+) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
-    iso = [_iso(t, wpath) for t in wtimes[:n]]
     paths = {"sites": out / "sites.csv", "demand": out / "demand.csv"}
     with paths["sites"].open("w", newline="") as fh:
         w = csv.writer(fh)

@@ -9,7 +9,10 @@ Three inputs, units in the column names, times ISO 8601 with equal steps:
 - demand: ``time,gateway,load_mw``; a missing (time, gateway) row means no load.
 - routes (optional): ``gateway,site`` allowed pairs and an optional ``latency_ms``.
 
-Every reader names the file, line and column of the first bad value and raises
+Every number must be finite and inside :data:`LIMITS` (generous physical bounds: a value
+outside is a unit mistake or garbage, and would only break the solvers' numerics); names are
+short printable strings; a column name may appear once in a header. Every reader names the
+file, line and column of the first bad value and raises
 :class:`~greenctl.data.errors.FileFormatError` (exit code 2). The result is one
 :class:`GeoProblem` holding dense ``[time, site]`` / ``[time, gateway]`` arrays.
 """
@@ -17,6 +20,7 @@ Every reader names the file, line and column of the first bad value and raises
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import math
 from collections.abc import Iterable, Iterator
@@ -26,6 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from greenctl.data.carbon_io import (
+    CARBON_RANGE_HINT,
+    MAX_CARBON_G_PER_KWH,
+    check_region_name,
+    read_utf8,
+    shown,
+)
 from greenctl.data.errors import FileFormatError, InputError
 
 SITES_REQUIRED = (
@@ -41,6 +52,22 @@ DEMAND_REQUIRED = ("time", "gateway", "load_mw")
 ROUTES_REQUIRED = ("gateway", "site")
 ROUTES_OPTIONAL = ("latency_ms",)
 ALLOCATION_COLUMNS = ("time", "gateway", "site", "load_mw")
+
+# The accepted range (lowest, highest) of every number the geo CSVs hold.
+LIMITS: dict[str, tuple[float, float]] = {
+    # market price caps: ERCOT 5,000 USD/MWh, Australia's NEM ~17,500 AUD/MWh; floors ~ -1,000
+    "price_usd_per_mwh": (-1e5, 1e5),
+    "carbon_g_per_kwh": (0.0, MAX_CARBON_G_PER_KWH),  # one bound for every carbon reader
+    # WUE of evaporative cooling is a few L/kWh; hydro's EWIF reaches tens to a few hundred
+    "wue_l_per_kwh": (0.0, 1000.0),
+    "ewif_l_per_kwh": (0.0, 1000.0),
+    "pue": (1.0, 10.0),  # facility energy over IT energy; real sites are 1.05-2.5
+    "capacity_mw": (0.0, 1e6),  # a terawatt: a third of the world's electricity
+    "load_mw": (0.0, 1e6),
+    "latency_ms": (0.0, 1e6),
+    "energy_j_per_request": (0.0, 1e9),
+    "accuracy": (0.0, 1.0),
+}
 
 
 @dataclass
@@ -92,12 +119,7 @@ class GeoProblem:
 
 # -- low-level CSV helpers ------------------------------------------------------------------
 def _open_rows(path: Path, required: Iterable[str]) -> tuple[list[str], Iterator[list[str]], Any]:
-    try:
-        fh = path.open(newline="", encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise InputError(f"{path} does not exist") from None
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}") from None
+    fh = io.StringIO(read_utf8(path), newline="")
     reader = csv.reader(fh)
     try:
         header = [h.strip() for h in next(reader)]
@@ -118,6 +140,16 @@ def _open_rows(path: Path, required: Iterable[str]) -> tuple[list[str], Iterator
                 line=1,
                 hint=f"the header needs {','.join(required)}",
             )
+    for k, col in enumerate(header):
+        if col and col in header[:k]:
+            fh.close()
+            raise FileFormatError(
+                str(path),
+                f"column '{shown(col)}' appears twice in the header",
+                line=1,
+                column=shown(col),
+                hint="keep one column of each name",
+            )
     return header, reader, fh
 
 
@@ -137,9 +169,8 @@ def _rows(path: Path, reader: Any, ncols: int) -> Iterator[tuple[int, list[str]]
         raise FileFormatError(str(path), f"not a CSV row: {exc}", line=reader.line_num) from None
 
 
-def _number(
-    path: Path, line: int, column: str, text: str, *, minimum: float = 0.0, default: float | None
-) -> float:
+def _number(path: Path, line: int, column: str, text: str, *, default: float | None) -> float:
+    """The number in ``column``, checked against :data:`LIMITS`."""
     text = text.strip()
     if not text:
         if default is not None:
@@ -149,25 +180,41 @@ def _number(
         value = float(text)
     except ValueError:
         raise FileFormatError(
-            str(path), f"'{text}' is not a number", line=line, column=column
+            str(path), f"'{shown(text)}' is not a number", line=line, column=column
         ) from None
-    if not math.isfinite(value):
+    if math.isnan(value):
         raise FileFormatError(
-            str(path), f"'{text}' is not a finite number", line=line, column=column
+            str(path), f"'{shown(text)}' is not a finite number", line=line, column=column
         )
-    if value < minimum:
-        what = "negative" if minimum == 0.0 else f"below {minimum:g}"
+    low, high = LIMITS[column]
+    if not low <= value <= high:
+        what = f"above {high:g}" if value > high else "negative" if low == 0 else f"below {low:g}"
         raise FileFormatError(
-            str(path), f"{value:g} is {what}", line=line, column=column, hint=_HINTS.get(column)
+            str(path), f"{value:g} is {what}", line=line, column=column, hint=limit_hint(column)
         )
     return value
 
 
-_HINTS = {
-    "pue": "PUE is facility energy over IT energy, at least 1.0",
-    "capacity_mw": "capacity is the IT load a site can serve, in MW (0 or more)",
-    "load_mw": "load is the power the requests need, in MW (0 or more)",
+_MEANING = {
+    "price_usd_per_mwh": "prices are USD per MWh",
+    "wue_l_per_kwh": "water is litres per kWh",
+    "ewif_l_per_kwh": "water is litres per kWh",
+    "pue": "PUE is facility energy over IT energy",
+    "capacity_mw": "capacity is the IT load a site can serve, in MW",
+    "load_mw": "load is the power the requests need, in MW",
+    "latency_ms": "latency is milliseconds",
+    "energy_j_per_request": "energy is joules per request",
+    "accuracy": "write accuracy as a fraction (0.761, not 76.1)",
 }
+
+
+def limit_hint(column: str) -> str:
+    """The hint of a value outside ``LIMITS[column]``: what it means and its range."""
+    if column == "carbon_g_per_kwh":
+        return CARBON_RANGE_HINT
+    low, high = LIMITS[column]
+    return f"{_MEANING[column]}, from {low:g} to {high:g}"
+
 
 _TIME_CACHE: dict[str, datetime] = {}
 
@@ -179,25 +226,27 @@ def _time(path: Path, line: int, text: str) -> datetime:
         return cached
     try:
         value = datetime.fromisoformat(text)
-    except ValueError:
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except (ValueError, OverflowError):  # OverflowError: before year 1 or after 9999 in UTC
         raise FileFormatError(
             str(path),
-            f"'{text}' is not an ISO 8601 time",
+            f"'{shown(text)}' is not an ISO 8601 time in years 1-9999",
             line=line,
             column="time",
             hint="write times like 2022-09-22T00:00:00Z",
         ) from None
-    value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     if len(_TIME_CACHE) < 1_000_000:
         _TIME_CACHE[text] = value
     return value
 
 
 def _name(path: Path, line: int, column: str, text: str) -> str:
-    name = text.strip()
-    if not name:
-        raise FileFormatError(str(path), "empty name", line=line, column=column)
-    return name
+    try:
+        return check_region_name(text, column)
+    except ValueError as exc:
+        raise FileFormatError(
+            str(path), str(exc), line=line, column=column, hint=getattr(exc, "hint", None)
+        ) from None
 
 
 # -- readers ----------------------------------------------------------------------------------
@@ -228,21 +277,14 @@ def read_sites(path: str | Path) -> _Sites:
         for line, row in _rows(p, reader, len(header)):
             t = _time(p, line, row[idx["time"]])
             site = _name(p, line, "site", row[idx["site"]])
-            # market prices may be negative; every other quantity is >= 0
-            nums = [
-                _number(p, line, c, row[idx[c]], default=None, minimum=-math.inf if k == 0 else 0.0)
-                for k, c in enumerate(cols)
-            ]
+            # market prices may be negative (LIMITS); every other quantity is >= 0
+            nums = [_number(p, line, c, row[idx[c]], default=None) for c in cols]
             ewif = (
                 _number(p, line, "ewif_l_per_kwh", row[idx["ewif_l_per_kwh"]], default=0.0)
                 if "ewif_l_per_kwh" in idx
                 else 0.0
             )
-            pue = (
-                _number(p, line, "pue", row[idx["pue"]], minimum=1.0, default=1.0)
-                if "pue" in idx
-                else 1.0
-            )
+            pue = _number(p, line, "pue", row[idx["pue"]], default=1.0) if "pue" in idx else 1.0
             key = (t, site)
             if key in values:
                 raise FileFormatError(
@@ -604,15 +646,7 @@ def read_variants(path: str | Path, sites: list[str] | None = None) -> GeoVarian
                     line=line,
                     column="energy_j_per_request",
                 )
-            acc = _number(p, line, "accuracy", row[ia], default=None)
-            if acc > 1:
-                raise FileFormatError(
-                    str(p),
-                    f"accuracy {acc:g} is above 1",
-                    line=line,
-                    column="accuracy",
-                    hint="write accuracy as a fraction (0.761, not 76.1)",
-                )
+            acc = _number(p, line, "accuracy", row[ia], default=None)  # 0..1 (LIMITS)
             site = row[isite].strip() if isite is not None else ""
             if name in names:
                 first = names[name]
@@ -627,7 +661,7 @@ def read_variants(path: str | Path, sites: list[str] | None = None) -> GeoVarian
             if site:
                 if sites is not None and site not in s_index:
                     raise FileFormatError(
-                        str(p), f"unknown site '{site}'", line=line, column="site"
+                        str(p), f"unknown site '{shown(site)}'", line=line, column="site"
                     )
                 prev = where.setdefault(name, set())
                 if prev is None:

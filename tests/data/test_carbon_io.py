@@ -335,3 +335,163 @@ def test_live_adapters_build_requests_without_network(store):
 
     with pytest.raises(GreenctlError, match="connection refused"):
         carbon_io.fetch_live(store, "watttime", "X", env={"WATTTIME_TOKEN": "a"}, opener=failing)
+
+
+# -- refused values (issue 16): each names file, line/field and fix, and stores nothing -----
+def _refused(store, path: Path, needles: list[str], **kw) -> FileFormatError | InputError:
+    carbon_io.import_bundled(store, "clover-eso-march")
+    before = list(store.db.query("select * from carbon_signals order by region, time, kind"))
+    with pytest.raises((FileFormatError, InputError)) as info:
+        carbon_io.import_carbon(store, path, **kw)
+    assert info.value.exit_code == 2
+    for needle in needles:
+        assert needle in str(info.value)
+    assert list(store.db.query("select * from carbon_signals order by region, time, kind")) == (
+        before
+    )
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "fmt", "needles"),
+    [
+        (
+            "a.csv",
+            "time,region,carbon_g_per_kwh\n2024-01-01T00:00Z,DE,300\n2024-01-01T01:00Z,DE,1e300\n",
+            "auto",
+            ["line 3, column 'carbon_g_per_kwh'", "above 2000 g/kWh", "hint: "],
+        ),
+        (
+            "b.csv",
+            "time,region,carbon_kg_per_kwh\n2024-01-01T00:00Z,DE,2.5\n",
+            "csv",
+            ["line 2, column 'carbon_kg_per_kwh'", "2500 g/kWh is above", "unit"],
+        ),
+        (
+            "c.json",
+            '{"data": [{"point_time": "2023-03-01T00:00Z", "value": 5000}],'
+            ' "meta": {"region": "X", "units": "lbs_co2_per_mwh"}}',
+            "auto",
+            ["column 'data[0].value'", "above 2000"],
+        ),
+        (
+            "d.json",
+            '[{"location": "x", "time": "2022-01-01T00:00Z", "rating": 2000.5}]',
+            "carbon-aware-sdk",
+            ["column '[0].rating'", "2000.5 g/kWh is above"],
+        ),
+        (
+            "e.json",
+            '{"zone": "DE", "history": [{"carbonIntensity": 1e300, "datetime": "2024-01-01"}]}',
+            "electricitymaps",
+            ["column 'history[0].carbonIntensity'", "above 2000"],
+        ),
+        ("f.csv", "CISO_March\n120\n2001\n", "clover", ["line 3, column 'CISO_March'", "above"]),
+        (
+            "Texas_carbon.csv",
+            "Time (UTC),Carbon (kg/kWh)\n2022-09-22 00,0.4\n2022-09-22 01,3\n",
+            "eglb",
+            ["line 3, column 'Carbon (kg/kWh)'", "3000 g/kWh is above"],
+        ),
+        (
+            "g.csv",
+            "Datetime (UTC),Zone Id,Carbon Intensity gCO₂eq/kWh (LCA)\n2024-01-01T00:00Z,DE,9e9\n",
+            "electricitymaps-csv",
+            ["line 2, column 'Carbon Intensity gCO₂eq/kWh (LCA)'", "above"],
+        ),
+    ],
+)
+def test_carbon_above_the_ceiling_is_refused(tmp_path, store, name, text, fmt, needles):
+    # today's main stores 1e300 g/kWh and exits 0
+    _refused(store, _write(tmp_path, name, text), needles, fmt=fmt)
+    assert carbon_io.MAX_CARBON_G_PER_KWH == 2000.0
+
+
+def test_the_ceiling_itself_and_zero_are_accepted(tmp_path, store):
+    p = _write(
+        tmp_path,
+        "a.csv",
+        "time,region,carbon_g_per_kwh\n2024-01-01T00:00Z,DE,2000\n2024-01-01T01:00Z,DE,0\n",
+    )
+    assert carbon_io.import_carbon(store, p)["rows"] == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "needles"),
+    [
+        # RecursionError escaped from json.loads
+        ("deep.json", "[" * 100_000 + "]" * 100_000, ["deep.json", "nested too deeply"]),
+        # OverflowError: float() of a 400-digit JSON integer
+        (
+            "big.json",
+            '{"data": [{"point_time": "2023-03-01T00:00Z", "value": ' + "9" * 400 + "}],"
+            ' "meta": {"region": "X"}}',
+            ["column 'data[0].value'", "too large"],
+        ),
+        # ValueError (not a JSONDecodeError): an integer over Python's 4300-digit limit
+        (
+            "huge.json",
+            '{"zone": "DE", "carbonIntensity": ' + "9" * 5000 + ', "datetime": "2024-01-01"}',
+            ["huge.json", "invalid JSON"],
+        ),
+        # AttributeError: a WattTime forecast list holding a non-object
+        (
+            "fc.json",
+            '{"data": [{"forecast": []}, 5], "meta": {"region": "X"}}',
+            ["column 'data[1].forecast'", "must be a list"],
+        ),
+        # OverflowError: a time before year 1 once moved to UTC
+        (
+            "t.csv",
+            "time,region,carbon_g_per_kwh\n0001-01-01T00:00:00+01:00,DE,300\n",
+            ["line 2, column 'time'", "outside years 1-9999", "ISO 8601"],
+        ),
+        # csv.Error: a field over csv's 128 KiB limit
+        (
+            "wide.csv",
+            'time,region,carbon_g_per_kwh\n2024-01-01T00:00Z,"' + "x" * 200_000 + '",300\n',
+            ["wide.csv, line 2", "field larger than field limit"],
+        ),
+        # a NUL byte in a region was stored as is
+        (
+            "nul.csv",
+            "time,region,carbon_g_per_kwh\n2024-01-01T00:00Z,D\x00E,300\n",
+            ["line 2, column 'region'", "D\\x00E", "hint: "],
+        ),
+        # a 150-character region was stored as is
+        (
+            "long.csv",
+            "time,region,carbon_g_per_kwh\n2024-01-01T00:00Z," + "R" * 150 + ",300\n",
+            ["line 2, column 'region'", "(150 characters)"],
+        ),
+        # a zone that is not a string was stored as its repr
+        (
+            "zone.json",
+            '{"zone": {"a": 1}, "history": [{"carbonIntensity": 3, "datetime": "2024-01-01"}]}',
+            ["column 'zone'", "not a string"],
+        ),
+        # a duplicated column: the first was read, the second ignored
+        (
+            "dup.csv",
+            "time,region,carbon_g_per_kwh,carbon_g_per_kwh\n2024-01-01T00:00Z,DE,300,200\n",
+            ["line 1, column 'carbon_g_per_kwh'", "appears twice"],
+        ),
+    ],
+)
+def test_malformed_files_that_crashed_or_passed(tmp_path, store, name, text, needles):
+    _refused(store, _write(tmp_path, name, text), needles)
+
+
+def test_clover_start_near_year_9999_is_refused(tmp_path, store):
+    # OverflowError: the hourly times ran past 9999-12-31
+    p = _write(tmp_path, "c.csv", "CISO_March\n120\n130\n")
+    err = _refused(
+        store, p, ["line 3", "after year 9999", "earlier --start"], fmt="clover",
+        start="9999-12-31T23:00:00Z",
+    )  # fmt: skip
+    assert isinstance(err, FileFormatError)
+
+
+def test_region_option_must_be_a_name(tmp_path, store):
+    p = _write(tmp_path, "a.csv", "time,carbon_g_per_kwh\n2024-01-01T00:00Z,1\n")
+    _refused(store, p, ["--region", "not a name"], region="A\nB")

@@ -218,7 +218,7 @@ def test_read_variants(tmp_path: Path) -> None:
     ("line", "match"),
     [
         ("r50,0,0.761", r"line 3, column 'energy_j_per_request'"),
-        ("r50,5,76.1", r"line 3, column 'accuracy': accuracy 76.1 is above 1"),
+        ("r50,5,76.1", r"line 3, column 'accuracy': 76.1 is above 1\n  hint: .*fraction"),
         ("r50,5,-0.1", r"line 3, column 'accuracy'.*negative"),
         ("r152,9,0.783", r"line 3: variant 'r152' has different figures"),
     ],
@@ -257,3 +257,219 @@ def test_variants_from_store(store) -> None:
     assert set(got) == {"resnet50", "resnet18"}  # resnet34 has no accuracy
     assert got["resnet50"] == (2.5, 0.761)  # the lowest energy per request measured
     assert got["resnet18"][1] == pytest.approx(0.69758)  # stored as a percentage
+
+
+# -- refused inputs (issue 16): exit 2 naming file, line, column and fix -------------------
+@pytest.mark.parametrize(
+    ("which", "line", "text", "match"),
+    [
+        # accepted with exit 0 on main: 1e300 g/kWh, capacity 1e300, PUE 11, 1e4 L/kWh
+        (
+            "sites",
+            3,
+            "2024-01-01T00:00:00Z,b,80,1e300,1.0,1.0,,",
+            r"line 3, column 'carbon_g_per_kwh': 1e\+300 is above 2000\n  hint: carbon",
+        ),
+        (
+            "sites",
+            3,
+            "2024-01-01T00:00:00Z,b,80,2000.5,1.0,1.0,,",
+            r"line 3, column 'carbon_g_per_kwh': 2000.5 is above 2000",
+        ),
+        (
+            "sites",
+            3,
+            "2024-01-01T00:00:00Z,b,80,100,1.0,1e300,,",
+            r"line 3, column 'capacity_mw': 1e\+300 is above 1e\+06",
+        ),
+        ("sites", 3, "2024-01-01T00:00:00Z,b,80,100,1.0,1.0,,11", r"column 'pue': 11 is above 10"),
+        (
+            "sites",
+            3,
+            "2024-01-01T00:00:00Z,b,80,100,1e4,1.0,,",
+            r"column 'wue_l_per_kwh': 10000 is above 1000",
+        ),
+        (
+            "sites",
+            3,
+            "2024-01-01T00:00:00Z,b,80,100,1.0,1.0,-1e-9,",
+            r"column 'ewif_l_per_kwh': -1e-09 is negative",
+        ),
+        # exit 3 "infeasible" on main (the LP's numerics broke), not a named bad value
+        (
+            "sites",
+            3,
+            "2024-01-01T00:00:00Z,b,1e30,100,1.0,1.0,,",
+            r"line 3, column 'price_usd_per_mwh': 1e\+30 is above 100000",
+        ),
+        (
+            "sites",
+            3,
+            "2024-01-01T00:00:00Z,b,-1e30,100,1.0,1.0,,",
+            r"column 'price_usd_per_mwh': -1e\+30 is below -100000",
+        ),
+        ("demand", 3, "2024-01-01T00:00:00Z,b,2e6", r"line 3, column 'load_mw': 2e\+06 is above"),
+        ("routes", 3, "a,b,1e7", r"line 3, column 'latency_ms': 1e\+07 is above 1e\+06"),
+        # OverflowError on main: before year 1 once moved to UTC
+        (
+            "sites",
+            3,
+            "0001-01-01T00:00:00+01:00,b,80,100,1.0,1.0,,",
+            r"line 3, column 'time': .* in years 1-9999\n  hint: write times",
+        ),
+        (
+            "demand",
+            3,
+            "0001-01-01T00:30:00+01:00,b,0.3",
+            r"demand.csv, line 3, column 'time'.*years 1-9999",
+        ),
+        # silently accepted on main: a second 'site' column (ignored), names with NUL or 150
+        # characters
+        (
+            "sites",
+            1,
+            SITES_HEADER + ",ewif_l_per_kwh,site",
+            r"sites.csv, line 1, column 'site': column 'site' appears twice",
+        ),
+        ("demand", 1, "time,gateway,load_mw,load_mw", r"column 'load_mw' appears twice"),
+        (
+            "sites",
+            3,
+            "2024-01-01T00:00:00Z,b\x00,80,100,1.0,1.0,,",
+            r"line 3, column 'site': site 'b\\x00' is not a name",
+        ),
+        ("routes", 3, "a," + "s" * 150 + ",20", r"line 3, column 'site': .*\(150 characters\)"),
+    ],
+)
+def test_values_outside_limits_and_garbage_refused(
+    files: dict[str, Path], which: str, line: int, text: str, match: str
+) -> None:
+    _edit(files[which], line, text)
+    with pytest.raises(FileFormatError, match=match) as err:
+        load_geo_problem(files["sites"], files["demand"], files["routes"])
+    assert err.value.exit_code == 2
+    assert Path(err.value.path).name == f"{which}.csv"
+
+
+def test_the_limits_themselves_are_accepted(files: dict[str, Path]) -> None:
+    _edit(files["sites"], 3, "2024-01-01T00:00:00Z,b,-1e5,2000,1000,1e6,1000,10")
+    _edit(files["routes"], 3, "a,b,1e6")
+    p = load_geo_problem(files["sites"], files["demand"], files["routes"])
+    assert p.carbon_g_per_kwh[0, 1] == 2000 and p.pue[0, 1] == 10
+
+
+@pytest.mark.parametrize("which", ["sites", "demand", "routes"])
+def test_binary_files_refused(files: dict[str, Path], which: str) -> None:
+    # UnicodeDecodeError escaped on main
+    text = files[which].read_bytes()
+    files[which].write_bytes(text + b"\xff\xfe\x00\x89PNG\n")
+    with pytest.raises(FileFormatError, match=r"line \d+: not UTF-8 text.*\n  hint: save") as err:
+        load_geo_problem(files["sites"], files["demand"], files["routes"])
+    assert err.value.line == text.count(b"\n") + 1
+    assert Path(err.value.path).name == f"{which}.csv"
+
+
+def test_binary_variants_file_refused(tmp_path: Path) -> None:
+    from greenctl.data.geo_io import read_variants
+
+    f = tmp_path / "v.csv"
+    f.write_bytes(b"\x80\x81\x82")
+    with pytest.raises(FileFormatError, match="line 1: not UTF-8 text"):
+        read_variants(f, ["a"])
+
+
+def test_variants_above_limits_refused(tmp_path: Path) -> None:
+    from greenctl.data.geo_io import read_variants
+
+    f = write(tmp_path / "v.csv", ["variant,energy_j_per_request,accuracy", "r,1e300,0.5"])
+    with pytest.raises(FileFormatError, match=r"line 2, column 'energy_j_per_request'.*above"):
+        read_variants(f, ["a"])
+
+
+# -- the eGLB converter on broken copies of its input -----------------------------------
+@pytest.fixture
+def eglb_src(tmp_path: Path) -> Path:
+    """The first 6 hours of the bundled eGLB layout for two sites."""
+    src = bundled_eglb_dir()
+    out = tmp_path / "src"
+    for rel in (
+        "AI_workload.csv",
+        *(f"{d}/{s}_{n}.csv" for s in ("Texas", "Japan") for d, n in _EGLB_KINDS),
+    ):
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        lines = (src / rel).read_text().splitlines()[:7]
+        (out / rel).write_text("\n".join(lines) + "\n")
+    return out
+
+
+_EGLB_KINDS = (("carbon", "carbon"), ("price", "Price"), ("water", "water"))
+
+
+def _convert(src: Path, tmp_path: Path) -> dict[str, Path]:
+    return convert_eglb(src, tmp_path / "out", sites=("Texas", "Japan"), routes="partial")
+
+
+def test_converter_reads_a_trimmed_copy(eglb_src: Path, tmp_path: Path) -> None:
+    paths = _convert(eglb_src, tmp_path)
+    p = load_geo_problem(paths["sites"], paths["demand"], paths["routes"])
+    assert p.sites == ["Texas", "Japan"] and p.n_steps == 6
+
+
+@pytest.mark.parametrize(
+    ("rel", "content", "error", "match"),
+    [
+        # accepted on main: 2.5 kg/kWh became 2500 g/kWh in sites.csv
+        (
+            "carbon/Japan_carbon.csv",
+            "Time (UTC),Carbon (kg/kWh)\n2022-09-22 00,2.5\n",
+            FileFormatError,
+            r"Japan_carbon.csv, line 2, column 'Carbon \(kg/kWh\)': 2.5 is not a finite number "
+            r"from 0 to 2",
+        ),
+        # UnicodeDecodeError on main
+        (
+            "AI_workload.csv",
+            b"Time (UTC),Power (Watt)\n\xff\xfe\n",
+            FileFormatError,
+            "line 2: not UTF-8",
+        ),
+        # IndexError on main: the time column after a row's last field
+        (
+            "price/Texas_Price.csv",
+            "Price (USD/MWh),Time (UTC)\n38.35\n",
+            FileFormatError,
+            r"Texas_Price.csv, line 2: 1 fields, the header has 2",
+        ),
+        # csv.Error on main: a field over csv's limit
+        (
+            "water/Texas_water.csv",
+            'Time (UTC), WUE (L/kWh)\n"' + "9" * 200_000 + '",1\n',
+            FileFormatError,
+            r"Texas_water.csv, line 2: not a CSV row",
+        ),
+        # IsADirectoryError on main
+        ("carbon/Texas_carbon.csv", None, InputError, r"cannot read .*Texas_carbon.csv"),
+    ],
+)
+def test_converter_refuses_broken_sources(
+    eglb_src: Path, tmp_path: Path, rel: str, content: str | bytes | None, error: type, match: str
+) -> None:
+    path = eglb_src / rel
+    if content is None:
+        path.unlink()
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(error, match=match) as err:
+        _convert(eglb_src, tmp_path)
+    assert err.value.exit_code == 2
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_converter_output_onto_a_file_refused(eglb_src: Path, tmp_path: Path) -> None:
+    (tmp_path / "out").write_text("a file")  # FileExistsError on main
+    with pytest.raises(InputError, match=r"cannot write the CSVs to .*out") as err:
+        _convert(eglb_src, tmp_path)
+    assert err.value.exit_code == 2
