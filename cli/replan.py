@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from greenctl.cli.common import (
@@ -163,7 +163,7 @@ def cron_install_cmd(
     if args and args[0] == "greenctl":
         args = args[1:]
     if args:
-        check_greenctl_args(args)
+        check_greenctl_args(args, root=ctx.find_root().command)
     db_path = resolve_db_path(db or ROOT_DB.get()).resolve()
     line = workflow.cron_line(args, every=every, db_path=db_path, log=log, name=name)
     if print_only:
@@ -173,10 +173,11 @@ def cron_install_cmd(
     console.print(f"installed in {where}:\n{line}", highlight=False, soft_wrap=True)
 
 
-def check_greenctl_args(args: list[str]) -> None:
-    """Parse ``greenctl ARGS`` with greenctl's own command tree, running nothing, so a
-    misspelt or unknown command or option is refused when the line is installed rather than
-    failing every N minutes in a log nobody reads.
+def check_greenctl_args(args: list[str], *, root: Any = None) -> None:
+    """Parse ``greenctl ARGS`` with greenctl's own command tree (``root``, the click command
+    of the running app, else built from it), running nothing, so a misspelt or unknown
+    command or option is refused when the line is installed rather than failing every N
+    minutes in a log nobody reads.
 
     Raises:
         InputError: the arguments do not parse, with a "did you mean" hint where one is close.
@@ -184,7 +185,6 @@ def check_greenctl_args(args: list[str]) -> None:
     import difflib
     import shlex
 
-    from greenctl.cli.main import app
     from greenctl.data.errors import InputError
 
     try:
@@ -199,7 +199,11 @@ def check_greenctl_args(args: list[str]) -> None:
                 f"cannot schedule `{shown}`: {token} only prints and exits",
                 hint="schedule a command that does work, e.g. `-- replan --plan 3 --apply`",
             )
-    cmd = typer.main.get_command(app)
+    if root is None:
+        from greenctl.cli.main import app
+
+        root = typer.main.get_command(app)
+    cmd = root
     name, rest, parent = "greenctl", list(args), None
     try:
         while True:

@@ -249,11 +249,6 @@ def _resolve_plan(store: Any, plan: str | int) -> tuple[str, Any]:
         return f"plan:{int(text)}", store.get_plan(int(text))
     path = Path(text).resolve()
     lineage = f"file:{path}"
-    first = list(
-        store.db.table("decisions").rows_where("lineage = ?", [lineage], order_by="id", limit=1)
-    )
-    if first and first[0].get("running_plan_id"):
-        return lineage, store.get_plan(int(first[0]["running_plan_id"]))
     base = load_plan_file(path)
     if base.id is not None:  # a plan written by greenctl: reuse the stored copy if it matches
         try:
@@ -263,8 +258,28 @@ def _resolve_plan(store: Any, plan: str | int) -> tuple[str, Any]:
         if stored is not None and stored.kind == base.kind and _same_config(stored, base):
             return lineage, stored
         base.id = None
+    # the copy an earlier round saved of this file (decisions record the plan that serves,
+    # which need not be the file's)
+    doc = json.loads(base.to_json())
+    for row in store.db.table("plans").rows_where(
+        "source = ? and kind = ?", ["file", base.kind], order_by="id"
+    ):
+        stored_doc = json.loads(row["document"])
+        stored_doc.pop("id", None)
+        if stored_doc == doc:
+            return lineage, store.get_plan(int(row["id"]))
     store.save_plan(base, source="file")
     return lineage, base
+
+
+def _lineage_plan_ids(store: Any, lineage: str, base: Any) -> set[int]:
+    """The base plan of ``lineage`` and every plan its rounds made (applied or proposed)."""
+    ids = {int(base.id)} if base.id is not None else set()
+    for row in store.db.table("decisions").rows_where(
+        "lineage = ? and new_plan_id is not null", [lineage], select="new_plan_id"
+    ):
+        ids.add(int(row["new_plan_id"]))
+    return ids
 
 
 def _last_change(store: Any, lineage: str) -> dict[str, Any] | None:
@@ -478,6 +493,12 @@ def replan_once(
     forecaster and ``sample_load``, the running dispatcher's request counters are first
     turned into a ``load_history`` sample (so cron runs collect the load they forecast).
 
+    What serves is read from the executor layer (live processes, :func:`serving_state`), and
+    ``running_plan_id`` records it (None: nothing serves). When nothing serves (after
+    ``greenctl down`` or a reboot), ``apply`` applies the best plan at once, whatever the
+    dwell, threshold and margin. A plan of another lineage serving is left alone (``hold``,
+    naming it); a plan this lineage proposed and someone applied by hand is the running one.
+
     Returns:
         The decision record (``action`` one of apply | propose | keep | hold).
 
@@ -495,6 +516,14 @@ def replan_once(
         lineage, base = _resolve_plan(store, plan)
         last = _last_change(store, lineage)
         running = store.get_plan(int(last["new_plan_id"])) if last else base
+        serving = serving_state(store)
+        serving_id = serving["plan_id"]
+        foreign = None  # a plan of another lineage serves
+        if serving["live"] and serving_id != running.id:
+            if serving_id is not None and serving_id in _lineage_plan_ids(store, lineage, base):
+                running = store.get_plan(serving_id)  # this lineage's proposal, applied by hand
+            elif not _serves_config_of(store, serving_id, running):
+                foreign = serving_id
         if running.kind not in ("mix", "mig"):
             raise InputError(
                 f"replan supports mix and mig plans; plan {running.id} is a {running.kind} plan",
@@ -521,7 +550,7 @@ def replan_once(
                     "at": when,
                     "lineage": lineage,
                     "region": reg,
-                    "running_plan_id": running.id,
+                    "running_plan_id": serving_id,
                     "action": "failed",
                     "applied": 0,
                     "reason": f"no carbon signal: {exc.message}; the running plan is unchanged",
@@ -545,7 +574,7 @@ def replan_once(
             "signal_change": change,
             "forecaster": forecaster,
             "forecast_rps": None,
-            "running_plan_id": running.id,
+            "running_plan_id": serving_id,  # what really serves (None: nothing)
             "new_plan_id": None,
             "old_objective": running.predicted.get("objective"),
             "new_objective": None,
@@ -555,7 +584,21 @@ def replan_once(
             "reason": "",
         }
         try:
-            if last is not None and min_dwell_s > 0:
+            if foreign is not None or (serving["live"] and serving_id is None):
+                which = "a plan greenctl has no id for" if foreign is None else f"plan {foreign}"
+                record["reason"] = (
+                    f"{which} serves, not plan {running.id} of {lineage}: it was applied "
+                    "outside this lineage and is left as it is"
+                    + (
+                        ""
+                        if foreign is None
+                        else f" (keep it current with `greenctl replan --plan {foreign}`, "
+                        f"or `greenctl apply` plan {running.id} to return to this lineage)"
+                    )
+                )
+                return _record(store, record)
+            recover = apply and not serving["live"]  # nothing serves: apply the best plan now
+            if last is not None and min_dwell_s > 0 and not recover:
                 since = (parse_time(when) - parse_time(last["at"] or last["time"])).total_seconds()
                 if since < min_dwell_s:
                     record["reason"] = (
@@ -594,9 +637,26 @@ def replan_once(
             sig_txt = f"carbon intensity {signal:.1f} g/kWh" + (
                 "" if change is None else f" moved {change * 100:.1f} % from {ref:.1f}"
             )
-            if _same_config(new, running):
+            if recover:
+                target = running if _same_config(new, running) else new
+                if target is new:
+                    store.save_plan(new, source="replan")
+                record["new_plan_id"] = target.id
+                record["new_objective"] = target.predicted.get("objective")
+                record["reason"] = (
+                    f"nothing is serving ({serving['why']}); {sig_txt}; applied the best plan, "
+                    f"plan {target.id}"
+                )
+                (apply_fn or _default_apply)(target, store=store, **(apply_options or {}))
+                record["action"] = "apply"
+                record["applied"] = 1
+            elif _same_config(new, running):
                 record["action"] = "keep"
-                record["reason"] = f"{sig_txt}; the best plan is the running configuration"
+                record["reason"] = (
+                    f"{sig_txt}; the best plan is the running configuration"
+                    if serving["live"]
+                    else f"{sig_txt}; the best plan is plan {running.id}'s configuration"
+                )
             else:
                 triggers = []
                 if change is None or change > threshold:
@@ -629,9 +689,11 @@ def replan_once(
                     else:
                         record["action"] = "propose"
                         record["reason"] += f"; apply with `greenctl apply` plan {new.id}"
-            serving = _serving_plan_id(store)
-            if serving is not None and serving != running.id and not record["applied"]:
-                notes.append(f"note: the dispatcher serves plan {serving}, not plan {running.id}")
+            if not serving["live"] and not record["applied"]:
+                notes.append(
+                    f"nothing is serving: {serving['why']}; `greenctl apply` the plan, or "
+                    "replan with --apply"
+                )
             if notes:
                 record["reason"] += " (" + "; ".join(notes) + ")"
             return _record(store, record)
@@ -644,16 +706,38 @@ def replan_once(
             raise
 
 
-def _serving_plan_id(store: Any) -> int | None:
-    """The plan the running dispatcher serves (executor state), if any."""
-    if "executor_dispatcher" not in store.db.table_names():
-        return None
-    rows = list(
-        store.db.table("executor_dispatcher").rows_where(
-            "state = ?", ["running"], order_by="id desc", limit=1
+def serving_state(store: Any) -> dict[str, Any]:
+    """What really serves, from the executor layer's status (live processes, not the rows
+    of the last apply): ``live`` (a dispatcher and at least one executor run), ``plan_id``
+    (the dispatcher's plan) and ``why`` nothing serves when not ``live``."""
+    from greenctl.executor.apply import status
+
+    st = status(store, timeout_s=1.0)
+    disp = st["dispatcher"]
+    plan_id = None if disp is None or disp["plan_id"] is None else int(disp["plan_id"])
+    why = None
+    if disp is None:
+        why = "no dispatcher runs, after `greenctl down` or before any apply"
+    elif not disp["alive"]:
+        why = (
+            f"the dispatcher of plan {plan_id}, pid {disp['pid']}, is gone after a restart "
+            "or a kill"
         )
-    )
-    return int(rows[0]["plan_id"]) if rows and rows[0].get("plan_id") is not None else None
+    elif not any(i["alive"] for i in st["instances"]):
+        why = f"no executor of plan {plan_id} is alive"
+    return {"live": why is None, "plan_id": plan_id if why is None else None, "why": why}
+
+
+def _serves_config_of(store: Any, plan_id: int | None, plan: Any) -> bool:
+    """Whether stored plan ``plan_id`` is ``plan``'s configuration (e.g. the same plan file
+    applied with `greenctl apply`, which stores a copy)."""
+    if plan_id is None:
+        return False
+    try:
+        other = store.get_plan(plan_id)
+    except NotFoundError:
+        return False
+    return bool(other.kind == plan.kind and _same_config(other, plan))
 
 
 def _single_family(plan: Any) -> str | None:

@@ -7,7 +7,7 @@ import shlex
 import pytest
 from greenctl.cli import workflow
 from greenctl.data.errors import InputError
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 
@@ -134,3 +134,29 @@ def test_the_line_quotes_arguments_and_uses_absolute_paths(cli, tmp_path, monkey
 def test_a_line_break_in_an_argument_is_refused(tmp_path):
     with pytest.raises(InputError, match="line break"):
         workflow.cron_line(["replan", "--plan", "3\n* * * * * rm"], every="15m", db_path=tmp_path)
+
+
+WORDS = ["replan", "replna", "--plan", "3", "--apply", "carbon", "fetch", "--region", "CISO",
+         "--db", "x.db", "--every", "-f", "last", "--help", "plan", "mix", "--", "%", "a b", ""]  # fmt: skip
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    args=st.lists(st.one_of(st.sampled_from(WORDS), st.text(max_size=8)), max_size=6),
+    every=st.one_of(st.sampled_from(["15m", "7m", "1h", "5h", "1d"]), st.text(max_size=6)),
+)
+def test_cron_install_fuzz(cli, tmp_path, args, every):
+    """Any command words and interval: installed (exit 0) or refused with exit 2, never a
+    traceback, and a refused line leaves the crontab as it was."""
+    tab = tmp_path / "crontab"
+    tab.write_text("0 1 * * * /usr/bin/backup\n")
+    r = cli("cron", "install", "--every", every, "--crontab-file", tab, "--", *args)
+    assert r.exit_code in (0, 2), r.output
+    if r.exit_code == 2:
+        assert r.output.startswith("Error: ") and "Traceback" not in r.output
+        assert tab.read_text() == "0 1 * * * /usr/bin/backup\n"
+    else:
+        lines = tab.read_text().splitlines()
+        assert len(lines) == 2 and lines[1].endswith("# greenctl:replan")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 
 import pytest
 from greenctl.cli import workflow
@@ -63,7 +64,38 @@ def tiny(store):
         mix.build_mix_problem(req, store.variants("tiny"), store.latest_profiles(family="tiny"))
     )
     plan.extra["carbon_region"] = "CISO"  # replan's default region
-    return store, store.save_plan(plan)
+    pid = store.save_plan(plan)
+    _serve(store, pid)  # applied: it serves when the cron rounds begin
+    return store, pid
+
+
+def _serve(store, plan_id, *, alive=True):
+    """Record ``plan_id`` as serving in the executor state, as ``apply_plan`` does, with this
+    test process standing in for the dispatcher and its executor (``alive=False``: the rows
+    of a machine that rebooted, their pid now another process's)."""
+    from greenctl.executor.procs import proc_start_ticks
+
+    _stop(store)
+    pid = os.getpid()
+    ticks = proc_start_ticks(pid) if alive else "1"
+    n = store.db.table("executor_instances").count
+    with store.transaction():
+        store.db.table("executor_dispatcher").insert(
+            {"plan_id": plan_id, "host": "127.0.0.1", "port": 1, "pid": pid,
+             "pid_start": ticks, "state": "running"}
+        )  # fmt: skip
+        store.db.table("executor_instances").insert(
+            {"id": f"t-{n}", "plan_id": plan_id, "model": "tiny", "variant": "tiny-s",
+             "resource": "cpu:1", "host": "127.0.0.1", "port": 1, "pid": pid,
+             "pid_start": ticks, "state": "ready"}
+        )  # fmt: skip
+
+
+def _stop(store):
+    """What `greenctl down` leaves in the executor state."""
+    with store.transaction():
+        store.db.execute("update executor_dispatcher set state = 'stopped'")
+        store.db.execute("update executor_instances set state = 'stopped'")
 
 
 class _Applier:
@@ -75,6 +107,7 @@ class _Applier:
         if self.fail:
             raise ExecutorError("executor tiny-l failed to load; rolled back")
         self.applied.append(plan.id)
+        _serve(store, plan.id)
 
 
 def _replan(store, pid, at, **kw):
@@ -283,6 +316,7 @@ def test_mig_plan_replans_with_clover_objective(store):
     plan = mig.plan_mig(problem)
     plan.extra["carbon_region"] = "CISO"
     pid = store.save_plan(plan)
+    _serve(store, pid)
     d = workflow.replan_once(
         store, plan=str(pid), at="2021-03-01T14:00:00Z", apply=True, apply_fn=_Applier()
     )
@@ -364,6 +398,7 @@ def test_replan_invariants_on_random_signals(tiny, signals, dwell_h, threshold):
     store.db.execute("delete from decisions")
     store.db.execute("delete from carbon_signals where region = 'RND'")
     store.db.conn.commit()
+    _serve(store, pid)
     points = [
         carbon_io.CarbonPoint("RND", f"2030-01-01T{h:02d}:00:00Z", v) for h, v in enumerate(signals)
     ]
@@ -383,3 +418,118 @@ def test_replan_invariants_on_random_signals(tiny, signals, dwell_h, threshold):
             assert d["new_objective"] >= d["old_objective"] - 1e-9
         if d["action"] == "hold" and "min dwell" not in d["reason"]:
             assert d["signal_change"] <= threshold
+
+
+# -- what really serves (issue 16, item 8) -------------------------------------------------------
+def test_nothing_serving_apply_recovers_at_once(tiny):
+    """After `greenctl down` a cron round with --apply starts the best plan, whatever the
+    dwell and threshold; without --apply it says that nothing serves."""
+    store, pid = tiny
+    _stop(store)
+    d = _replan(store, pid, T0, threshold=0.10)
+    assert d["action"] == "keep" and d["running_plan_id"] is None
+    assert "nothing is serving: no dispatcher runs" in d["reason"]
+    assert "running configuration" not in d["reason"]
+    app = _Applier()
+    d = _replan(store, pid, T0, apply=True, apply_fn=app, threshold=0.10)
+    assert d["action"] == "apply" and d["applied"] is True and d["running_plan_id"] is None
+    assert d["reason"].startswith("nothing is serving (no dispatcher runs")
+    assert app.applied == [pid] == [d["new_plan_id"]]  # the best plan is the one it ran
+    # serving again: the usual rules hold (30 min later: within the dwell)
+    d = _replan(store, pid, "2021-03-01T00:30:00Z", apply=True, apply_fn=app)
+    assert d["action"] == "hold" and "min dwell" in d["reason"] and d["running_plan_id"] == pid
+    assert app.applied == [pid]
+
+
+def test_after_a_reboot_stale_rows_do_not_count_as_serving(tiny):
+    store, pid = tiny
+    d = _replan(store, pid, "2021-03-01T05:00:00Z", apply=True)
+    _serve(store, d["new_plan_id"], alive=False)  # rows still say running; the pids are gone
+    app = _Applier()
+    d = _replan(store, pid, "2021-03-01T05:10:00Z", apply=True, apply_fn=app)  # within dwell
+    assert d["action"] == "apply" and d["running_plan_id"] is None
+    assert "nothing is serving (the dispatcher of plan" in d["reason"]
+    assert app.applied == [d["new_plan_id"]]
+
+
+def _other_plan(store):
+    from greenctl.planner import mix
+
+    req = {"model": "tiny", "rate_rps": 250, "slo_ms": 100, "budgets": {"cpu": 4},
+           "carbon_intensity": 124.57, "gamma": 0.5}  # fmt: skip
+    plan = mix.plan_mix(
+        mix.build_mix_problem(req, store.variants("tiny"), store.latest_profiles(family="tiny"))
+    )
+    plan.extra["carbon_region"] = "CISO"
+    return store.save_plan(plan)
+
+
+def test_running_plan_id_is_the_plan_that_really_serves(tiny, cli):
+    """Plan 2 (another lineage) serves: replanning plan 1 says so, and changes nothing."""
+    store, p1 = tiny
+    p2 = _other_plan(store)
+    assert not workflow._same_config(store.get_plan(p1), store.get_plan(p2))
+    _serve(store, p2)
+    plans = store.db.table("plans").count
+    app = _Applier()
+    d = _replan(store, p1, "2021-03-01T05:00:00Z", apply=True, apply_fn=app)
+    assert d["running_plan_id"] == p2 and d["action"] == "hold" and app.applied == []
+    assert f"plan {p2} serves, not plan {p1} of plan:{p1}" in d["reason"]
+    assert f"greenctl replan --plan {p2}" in d["reason"]
+    assert store.db.table("plans").count == plans
+    r = cli("replan", "--plan", p1, "--at", "2021-03-01T06:00:00Z", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["running_plan_id"] == p2
+
+
+def test_a_proposal_applied_by_hand_is_the_running_plan(tiny):
+    store, p1 = tiny
+    proposed = _replan(store, p1, "2021-03-01T05:00:00Z")["new_plan_id"]
+    _serve(store, proposed)  # `greenctl apply` of the proposal
+    d = _replan(store, p1, "2021-03-01T05:00:00Z")
+    assert d["running_plan_id"] == proposed and d["action"] == "keep"
+    assert d["reason"].endswith("the best plan is the running configuration")
+
+
+def test_a_plan_file_lineage_keeps_its_plan_when_another_serves(tiny, tmp_path):
+    from greenctl.data.plan import write_plan_file
+
+    store, p1 = tiny
+    doc = store.get_plan(p1)
+    doc.id = None  # a plan file that is not in the store
+    f = tmp_path / "plan.json"
+    write_plan_file(doc, f)
+    p2 = _other_plan(store)
+    _serve(store, p2)
+    d = workflow.replan_once(store, plan=str(f), at=T0, region="CISO")
+    assert d["action"] == "hold" and d["running_plan_id"] == p2
+    _stop(store)
+    app = _Applier()
+    d = workflow.replan_once(store, plan=str(f), at=T0, region="CISO", apply=True, apply_fn=app)
+    (copy,) = [r["id"] for r in store.db.table("plans").rows_where("source = 'file'")]
+    assert d["action"] == "apply" and app.applied == [copy]  # the file's plan, saved once
+
+
+@pytest.mark.timeout(120)
+def test_nothing_serving_recovers_with_real_executors(tiny, tmp_path, monkeypatch):
+    """Real tiny executors: apply, `down`, then one replan --apply round starts them again."""
+    from greenctl.executor.apply import apply_plan, down, status
+
+    monkeypatch.setenv("GREENCTL_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("GREENCTL_NOOP_SERVICE_MS", "0")
+    store, pid = tiny
+    _stop(store)
+    opts = {"loader": "greenctl.executor.daemon:noop_loader", "cores": [0]}
+    try:
+        apply_plan(store.get_plan(pid), store=store, **opts)
+        assert status(store)["dispatcher"]["plan_id"] == pid
+        down(store)
+        d = workflow.replan_once(
+            store, plan=str(pid), at=T0, region="CISO", apply=True, apply_options=opts
+        )
+        assert d["action"] == "apply" and "nothing is serving" in d["reason"]
+        st = status(store)
+        assert st["dispatcher"]["alive"] and st["dispatcher"]["plan_id"] == d["new_plan_id"]
+        assert all(i["alive"] for i in st["instances"]) and st["instances"]
+    finally:
+        down(store)
