@@ -15,16 +15,19 @@ from rich.table import Table
 if TYPE_CHECKING:
     from greenctl.data.store import Store
 
-console = Console()
-err_console = Console(stderr=True)
+# emoji=False: ":abc:" in a name or message stays ":abc:". Text that quotes user input
+# (names, paths) is printed with markup=False or through rich.markup.escape.
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
+# No envvar: GREENCTL_DB is read by the store (data.store.resolve_db_path) only when no --db
+# is given anywhere; as an envvar here it would beat the root's `greenctl --db PATH`.
 DbOpt = Annotated[
     str | None,
     typer.Option(
         "--db",
-        help="Path of the SQLite store (default: $GREENCTL_DB, else the user's data directory).",
-        envvar="GREENCTL_DB",
-        show_envvar=True,
+        help="Path of the SQLite store (default: the root's --db, else $GREENCTL_DB, else the "
+        "user's data directory).",
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for machines instead of tables.")]
@@ -34,12 +37,16 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for machines i
 ROOT_DB: ContextVar[str | None] = ContextVar("greenctl_root_db", default=None)
 
 
-def store_for(db: str | None) -> Store:
-    """Open the store named by ``--db`` on the command, else on the root command."""
+def store_for(db: str | None, *, create: bool = True) -> Store:
+    """Open the store named by ``--db`` on the command, else on the root command.
+
+    Read-only commands pass ``create=False``: a store that does not exist is then not
+    created (see :func:`greenctl.data.store.open_store`).
+    """
     # imported here: sqlite-utils pulls in pandas and numpy, which `--help` must not pay for
     from greenctl.data.store import open_store
 
-    return open_store(db or ROOT_DB.get())
+    return open_store(db or ROOT_DB.get(), create=create)
 
 
 def print_json(obj: Any) -> None:
@@ -80,12 +87,18 @@ def render_table(
     *,
     caption: str | None = None,
 ) -> None:
-    """Print a rich table with formatted cells."""
+    """Print a rich table with formatted cells.
+
+    Cells are printed as they are (escaped: a name like ``x[red]y`` is not markup); the
+    title and caption are markup, so callers escape user text in them.
+    """
+    from rich.markup import escape
+
     table = Table(title=title, caption=caption, header_style="bold")
     for col in columns:
         table.add_column(col, overflow="fold")
     for row in rows:
-        table.add_row(*(fmt(v) for v in row))
+        table.add_row(*(escape(fmt(v)) for v in row))
     console.print(table)
 
 

@@ -19,9 +19,14 @@ class GreenctlGroup(TyperGroup):
             return super().invoke(ctx)
         except GreenctlError as exc:
             from greenctl.cli.common import err_console
+            from rich.text import Text
 
+            # the message quotes user text (names, paths, values): print it as it is, never
+            # as rich markup ([red]) or emoji codes (:abc:)
             err_console.print(
-                f"[bold red]Error:[/] {exc}", highlight=False, markup=True, soft_wrap=True
+                Text.assemble(("Error:", "bold red"), " ", str(exc)),
+                highlight=False,
+                soft_wrap=True,
             )
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
@@ -51,8 +56,12 @@ def _version(value: bool) -> None:
 def root(
     db: Annotated[
         str | None,
+        # no envvar here: GREENCTL_DB is read when the store opens, after every --db flag
+        # (the command's own, then this one), so that a flag always wins over the environment
         typer.Option(
-            "--db", help="Path of the SQLite store for every command.", envvar="GREENCTL_DB"
+            "--db",
+            help="Path of the SQLite store for every command (default: $GREENCTL_DB, else the "
+            "user's data directory); a command's own --db wins.",
         ),
     ] = None,
     version: Annotated[

@@ -76,6 +76,7 @@ def profile_measure(
 ) -> None:
     """Measure variants on this machine (default: the tiny family on cpu:1), store, list."""
     if ctx.invoked_subcommand is not None:
+        _hand_down(ctx, ctx.invoked_subcommand)
         return
     from greenctl.cli.common import err_console, parse_int_list
     from greenctl.data.errors import InputError
@@ -164,7 +165,52 @@ def profile_measure(
         profiles, f"Measured {len(profiles)} point(s) in {result.wall_s:.1f} s (stored)"
     )
     for note in result.notes:
-        err_console.print(note)
+        err_console.print(note, markup=False, highlight=False)
+
+
+# Options of `profile` that also mean something to a subcommand that has an option of the same
+# name: `profile --json list` is `profile list --json`, `profile --model resnet export` filters.
+_HANDED_DOWN = ("db", "json_out", "model", "variant")
+
+
+def _hand_down(ctx: typer.Context, name: str) -> None:
+    """Apply the `profile` options given before subcommand ``name`` to it, or refuse them.
+
+    --db, --json, --model and --variant become the subcommand's own option of that name
+    (its own flag, given after it, still wins); the options that only measure, and any
+    option the subcommand lacks, are an error (exit 2) rather than silently ignored.
+    """
+    from greenctl.data.errors import InputError
+
+    sub = ctx.command.get_command(ctx, name)  # type: ignore[attr-defined]
+    own = {p.name: p for p in sub.params if p.param_type_name == "option"} if sub else {}
+    # compared by name: typer >= 0.24 vendors click, so click's own enum is another class
+    given = {
+        p.name: p
+        for p in ctx.command.params
+        if p.name and getattr(ctx.get_parameter_source(p.name), "name", "") == "COMMANDLINE"
+    }
+    handed: dict[str, Any] = {}
+    for key, param in given.items():
+        flag = param.opts[0]
+        value = ctx.params[key]
+        if (
+            key in _HANDED_DOWN
+            and key in own
+            and not (isinstance(value, list) and len(value) != 1 and not own[key].multiple)
+        ):
+            if isinstance(value, list) and not own[key].multiple:
+                value = value[0]
+            handed[key] = value
+            continue
+        raise InputError(
+            f"`greenctl profile {flag}` does not apply to `profile {name}`"
+            + ("" if key in _HANDED_DOWN else f": {flag} is an option of measuring"),
+            hint=f"put options after the subcommand (`greenctl profile {name} --help` lists "
+            f"them), or leave out `{name}` to measure",
+        )
+    if handed:
+        ctx.default_map = {**(ctx.default_map or {}), name: handed}
 
 
 @profile_app.command("list")
@@ -178,7 +224,11 @@ def profile_list(
     json_out: JsonOpt = False,
 ) -> None:
     """List the latest profile of every (variant, resource, batch) point."""
-    with store_for(db) as store:
+    with store_for(db, create=False) as store:
+        if model is not None:
+            store.require_family(model)
+        if variant is not None:
+            store.get_variant(variant)  # NotFoundError naming the known variants
         profiles = store.latest_profiles(family=model, variant=variant, resource=resource)
     if json_out:
         from dataclasses import asdict
@@ -195,7 +245,12 @@ def _modeled_caption() -> str:
 
 
 def render_profiles(profiles: list[Any], title: str) -> None:
-    """The profile table of `profile list` (also shown after measuring)."""
+    """The profile table of `profile list` (also shown after measuring).
+
+    Load-tested points add their capacity and its SLO: without them rows of one point tested
+    at several SLOs would look like duplicates.
+    """
+    capacity = any(p.capacity_slo_ms is not None for p in profiles)
     render_table(
         title,
         [
@@ -206,6 +261,7 @@ def render_profiles(profiles: list[Any], title: str) -> None:
             "p95 ms",
             "p99 ms",
             "req/s",
+            *(["cap req/s", "cap SLO ms"] if capacity else []),
             "power W",
             "J/req",
             "energy",
@@ -220,6 +276,7 @@ def render_profiles(profiles: list[Any], title: str) -> None:
                 p.latency_p95_ms,
                 p.latency_p99_ms,
                 p.throughput_rps,
+                *([p.capacity_rps, p.capacity_slo_ms] if capacity else []),
                 p.power_w,
                 p.energy_j,
                 p.energy_method,
@@ -238,7 +295,7 @@ def profile_show(
     json_out: JsonOpt = False,
 ) -> None:
     """Show one variant and its latest profiles."""
-    with store_for(db) as store:
+    with store_for(db, create=False) as store:
         v = store.get_variant(variant)
         profiles = store.latest_profiles(variant=variant)
     if json_out:
@@ -246,8 +303,10 @@ def profile_show(
 
         print_json({"variant": asdict(v), "profiles": [asdict(p) for p in profiles]})
         return
+    from rich.markup import escape
+
     render_table(
-        f"{v.name} ({v.family})",
+        escape(f"{v.name} ({v.family})"),
         ["accuracy", "metric", "source", "params", "memory MB", "load s"],
         [[v.accuracy, v.accuracy_metric, v.accuracy_source, v.params, v.memory_mb, v.load_time_s]],
     )
@@ -263,6 +322,8 @@ def profile_show(
             "power W",
             "J/req",
             "energy",
+            "cap req/s",
+            "cap SLO ms",
             "samples",
             "created_at",
         ],
@@ -274,6 +335,8 @@ def profile_show(
                 p.latency_p95_ms,
                 p.latency_p99_ms,
                 p.throughput_rps,
+                p.capacity_rps,
+                p.capacity_slo_ms,
                 p.power_w,
                 p.energy_j,
                 p.energy_method,

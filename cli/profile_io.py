@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, store_for
 from greenctl.cli.profile import profile_app
-from greenctl.data.profile_io import export_profiles, import_profiles, profile_rows
+from greenctl.data.profile_io import export_profiles, import_parsed, profile_rows, read_profiles
 
 
 def profile_import(
@@ -22,17 +22,29 @@ def profile_import(
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Import profiles from CSV or JSON; a bad row fails the whole import and writes nothing."""
+    """Import profiles from CSV or JSON; a bad row fails the whole import and writes nothing.
+
+    Rows the store holds already are not stored twice: importing a file again is a no-op.
+    """
+    parsed = read_profiles(file, fmt=fmt)  # a bad file fails before any store is opened
     with store_for(db) as store:
-        result = import_profiles(store, file, fmt=fmt)
+        result = import_parsed(store, parsed)
     if json_out:
         print_json(result.__dict__)
         return
+    already = (
+        f"; {result.already_present} already in the store or repeated in the file"
+        if result.already_present
+        else ""
+    )
     console.print(
         f"Imported {result.profiles} profile rows from {result.path} "
         f"({len(result.variants_created)} new variants"
         + (f", updated {', '.join(result.variants_updated)}" if result.variants_updated else "")
-        + ")."
+        + f"{already}).",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
     )
 
 
@@ -49,15 +61,27 @@ def profile_export(
     db: DbOpt = None,
 ) -> None:
     """Export profiles as CSV or JSON (importable again with `profile import`)."""
-    with store_for(db) as store:
+    with store_for(db, create=False) as store:
+        if model is not None:
+            store.require_family(model)
+        if variant is not None:
+            store.get_variant(variant)
         text = export_profiles(
             profile_rows(store, family=model, variant=variant, history=history), fmt=fmt
         )
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text)
-        console.print(f"Wrote {output}")
+        try:
+            output.write_text(text)
+        except OSError as exc:  # a missing folder, a folder, no permission
+            from greenctl.data.errors import InputError
+
+            raise InputError(
+                f"cannot write {output}: {exc.strerror or exc}",
+                hint="give -o a file in an existing, writable folder",
+            ) from None
+        console.print(f"Wrote {output}", markup=False, highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,6 +14,18 @@ Column contract (names are shared with other tools; keep them stable):
   ``torch_version``, ``source``.
 
 A bad row fails the whole import (file, line, column and reason) and nothing is written.
+Every rule about an imported value lives here: names are printable and short
+(:data:`~greenctl.data.records.MAX_NAME_CHARS`), ``batch`` is a whole number from 1 to
+:data:`~greenctl.data.records.MAX_BATCH`, measured numbers are finite, positive where a zero
+means nothing and below :data:`LIMITS`, and ``created_at`` is an ISO 8601 time (stored as UTC).
+
+Importing is idempotent: a row the store holds already (every value equal; without a
+``created_at``, equal to the latest measurement of its point) is not stored again, and rows
+repeated within a file count once. Two rows of one file for the same point and time that
+disagree are refused, naming both lines. A point is what ``Store.latest_profiles`` keeps one
+row of: (variant, resource, batch, hardware, capacity_slo_ms); rows at several
+``capacity_slo_ms`` are load tests at several SLOs, each with its own ``capacity_rps`` and
+what it measured at that load (InfAdapter's p99 per SLA, for instance), and are kept.
 """
 
 from __future__ import annotations
@@ -28,7 +40,16 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data.errors import FileFormatError, InputError
-from greenctl.data.records import ENERGY_METHODS, Profile, Variant, utcnow_iso
+from greenctl.data.records import (
+    ENERGY_METHODS,
+    MAX_BATCH,
+    Profile,
+    Variant,
+    name_problem,
+    normalise_time,
+    record_to_row,
+    utcnow_iso,
+)
 from greenctl.data.resources import parse_resource
 from greenctl.data.store import Store
 
@@ -92,17 +113,57 @@ EXPORT_COLUMNS = (
     "created_at",
 )
 KNOWN = set(REQUIRED) | set(LATENCY) | set(OPTIONAL_FLOAT) | set(OPTIONAL_TEXT) | set(OPTIONAL_INT)
+# Largest accepted value per number column: beyond these a value is a unit mistake (s vs ms,
+# W vs mW) or garbage, and products of such values overflow in the planners.
+LIMITS: dict[str, float] = {
+    "throughput_rps": 1e9,
+    "latency_ms": 1e8,  # ~28 hours
+    "latency_p50_ms": 1e8,
+    "latency_p95_ms": 1e8,
+    "latency_p99_ms": 1e8,
+    "isolated_p50_ms": 1e8,
+    "isolated_p95_ms": 1e8,
+    "isolated_p99_ms": 1e8,
+    "power_w": 1e6,
+    "idle_power_w": 1e6,
+    "energy_j": 1e9,
+    "memory_mb": 1e9,  # a petabyte
+    "load_time_s": 1e6,
+    "cost_per_hour": 1e6,
+    "capacity_rps": 1e9,
+    "capacity_slo_ms": 1e8,
+    "duration_s": 1e8,
+    "samples": 1e12,
+    "batch": float(MAX_BATCH),
+}
+# Number columns where zero means nothing (a row that served no request, an SLO of 0 ms).
+POSITIVE = (
+    "throughput_rps",
+    "latency_p50_ms",
+    "latency_p95_ms",
+    "latency_p99_ms",
+    "isolated_p50_ms",
+    "isolated_p95_ms",
+    "isolated_p99_ms",
+    "capacity_slo_ms",
+    "batch",
+)
 
 
 @dataclass
 class ImportResult:
-    """What an import wrote."""
+    """What an import wrote.
+
+    ``rows`` were read; ``profiles`` of them were stored; ``already_present`` were not,
+    because the store held them already or an earlier row of the file repeats them.
+    """
 
     path: str
     rows: int
     profiles: int
     variants_created: list[str]
     variants_updated: list[str]
+    already_present: int = 0
 
 
 @dataclass
@@ -113,32 +174,77 @@ class _Row:
     accuracy: float | None
     accuracy_metric: str | None
     load_time_s: float | None
+    timed: bool  # the file gave created_at (else it is the time of the import)
+    repeated: bool = False  # an earlier row of the file holds the same profile
 
 
 def _is_blank(value: Any) -> bool:
     return value is None or (isinstance(value, str) and value.strip() == "")
 
 
+def shown(value: Any, limit: int = 40) -> str:
+    """A value as it goes into an error message: non-printables escaped, long text cut."""
+    text = value if isinstance(value, str) else repr(value)
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _number(path: str, line: int, column: str, value: Any) -> float:
-    if isinstance(value, bool):
-        raise FileFormatError(path, f"'{value}' is not a number", line=line, column=column)
+    """A finite number >= 0 (> 0 in POSITIVE columns) and at most LIMITS[column]."""
+    bad = f"'{shown(value)}' is not a number"
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise FileFormatError(path, bad, line=line, column=column)
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        raise FileFormatError(
-            path, f"'{value}' is not a number", line=line, column=column
-        ) from None
+    except (ValueError, OverflowError):  # OverflowError: a JSON integer of 400 digits
+        raise FileFormatError(path, bad, line=line, column=column) from None
     if not math.isfinite(number):
-        raise FileFormatError(path, f"'{value}' is not a finite number", line=line, column=column)
+        raise FileFormatError(
+            path, f"'{shown(value)}' is not a finite number", line=line, column=column
+        )
     if number < 0:
         raise FileFormatError(path, f"{number:g} is negative", line=line, column=column)
+    if number == 0 and column in POSITIVE:
+        raise FileFormatError(path, f"{column} must be > 0", line=line, column=column)
+    limit = LIMITS.get(column)
+    if limit is not None and number > limit:
+        raise FileFormatError(
+            path,
+            f"{shown(value)} is above {limit:g}",
+            line=line,
+            column=column,
+            hint=f"{column} is at most {limit:g}; check the unit (the column name says it)",
+        )
     return number
 
 
-def _parse_row(path: str, line: int, raw: dict[str, Any]) -> _Row:
+def _text(path: str, line: int, column: str, value: Any) -> str | None:
+    """A printable text value of at most MAX_NAME_CHARS characters, stripped; None if blank."""
+    if _is_blank(value):
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        kinds: dict[type, str] = {dict: "a JSON object", list: "a JSON list"}
+        kind = kinds.get(type(value), shown(value))
+        raise FileFormatError(
+            path, f"must be text, not {kind}", line=line, column=column, hint=_TEXT_HINT
+        )
+    text = str(value).strip()
+    problem = name_problem(text)
+    if problem:
+        raise FileFormatError(
+            path, f"'{shown(text)}' {problem}", line=line, column=column, hint=_TEXT_HINT
+        )
+    return text
+
+
+_TEXT_HINT = "names are short printable text, for example resnet50, cpu:4 or NVIDIA A100"
+
+
+def _parse_row(path: str, line: int, raw: dict[str, Any], now: str) -> _Row:
+    """One checked row; ``now`` is the import's time, for rows without created_at."""
+
     def text(col: str) -> str | None:
-        v = raw.get(col)
-        return None if _is_blank(v) else str(v).strip()
+        return _text(path, line, col, raw.get(col))
 
     def num(col: str) -> float | None:
         v = raw.get(col)
@@ -147,22 +253,25 @@ def _parse_row(path: str, line: int, raw: dict[str, Any]) -> _Row:
     for col in REQUIRED:
         if _is_blank(raw.get(col)):
             raise FileFormatError(path, "required value is empty", line=line, column=col)
-    variant = str(raw["variant"]).strip()
+    texts = {col: text(col) for col in (*OPTIONAL_TEXT, "variant", "resource")}
+    variant = texts["variant"]
+    assert variant is not None  # REQUIRED
     try:
-        resource = parse_resource(str(raw["resource"])).label
+        resource = parse_resource(str(texts["resource"])).label
     except InputError as exc:
         raise FileFormatError(
             path, exc.message, line=line, column="resource", hint=exc.hint
         ) from None
     batch_raw = raw["batch"]
     batch_num = _number(path, line, "batch", batch_raw)
-    if batch_num < 1 or batch_num != int(batch_num):
+    if batch_num != int(batch_num):
         raise FileFormatError(
-            path, f"batch must be a whole number >= 1, got '{batch_raw}'", line=line, column="batch"
+            path,
+            f"batch must be a whole number from 1 to {MAX_BATCH}, got '{shown(batch_raw)}'",
+            line=line,
+            column="batch",
         )
     throughput = _number(path, line, "throughput_rps", raw["throughput_rps"])
-    if throughput <= 0:
-        raise FileFormatError(path, "throughput must be > 0", line=line, column="throughput_rps")
     p50 = num("latency_p50_ms")
     plain = num("latency_ms")
     if p50 is None:
@@ -182,13 +291,6 @@ def _parse_row(path: str, line: int, raw: dict[str, Any]) -> _Row:
             line=line,
             hint="fill at least one of latency_ms, latency_p50_ms, latency_p95_ms, latency_p99_ms",
         )
-    for name, value in (("latency_p50_ms", p50), ("latency_p95_ms", p95), ("latency_p99_ms", p99)):
-        if value is not None and value <= 0:
-            raise FileFormatError(path, "latency must be > 0", line=line, column=name)
-    for name in ("isolated_p50_ms", "isolated_p95_ms", "isolated_p99_ms"):
-        value = num(name)
-        if value is not None and value <= 0:
-            raise FileFormatError(path, "latency must be > 0", line=line, column=name)
     known = [v for v in (p50, p95, p99) if v is not None]
     if known != sorted(known):
         raise FileFormatError(
@@ -209,7 +311,7 @@ def _parse_row(path: str, line: int, raw: dict[str, Any]) -> _Row:
             column="accuracy",
             hint="give accuracy as a fraction (0.7613), not a percentage",
         )
-    method = text("energy_method")
+    method = texts["energy_method"]
     energy = num("energy_j")
     if method is None:
         method = "imported"
@@ -230,6 +332,19 @@ def _parse_row(path: str, line: int, raw: dict[str, Any]) -> _Row:
                 path, "samples must be a whole number", line=line, column="samples"
             )
         samples = int(s)
+    created_at = texts["created_at"]
+    if created_at is not None:
+        try:
+            created_at = normalise_time(created_at)
+        except ValueError as exc:
+            raise FileFormatError(
+                path,
+                f"'{shown(created_at)}' is {exc}",
+                line=line,
+                column="created_at",
+                hint="write the time of the measurement as ISO 8601, e.g. 2026-11-22T10:00:00Z "
+                "(no offset: UTC), or leave it empty for the time of the import",
+            ) from None
     profile = Profile(
         variant=variant,
         resource=resource,
@@ -238,7 +353,7 @@ def _parse_row(path: str, line: int, raw: dict[str, Any]) -> _Row:
         latency_p50_ms=p50,
         latency_p95_ms=p95,
         latency_p99_ms=p99,
-        hardware=text("hardware"),
+        hardware=texts["hardware"],
         power_w=num("power_w"),
         idle_power_w=num("idle_power_w"),
         energy_j=energy,
@@ -252,22 +367,45 @@ def _parse_row(path: str, line: int, raw: dict[str, Any]) -> _Row:
         isolated_p50_ms=num("isolated_p50_ms"),
         isolated_p95_ms=num("isolated_p95_ms"),
         isolated_p99_ms=num("isolated_p99_ms"),
-        torch_version=text("torch_version"),
-        source=text("source") or "imported",
-        created_at=text("created_at") or utcnow_iso(),
+        torch_version=texts["torch_version"],
+        source=texts["source"] or "imported",
+        created_at=created_at or now,
     )
-    return _Row(line, profile, text("model"), accuracy, text("accuracy_metric"), num("load_time_s"))
+    return _Row(
+        line,
+        profile,
+        texts["model"],
+        accuracy,
+        texts["accuracy_metric"],
+        num("load_time_s"),
+        timed=created_at is not None,
+    )
 
 
 def _read_rows(path: Path, fmt: str) -> list[tuple[int, dict[str, Any]]]:
     """Rows with their line numbers (CSV: file line; JSON: 1-based record index)."""
     p = str(path)
+    if fmt not in ("auto", "csv", "json"):
+        raise InputError(f"unknown format '{shown(fmt)}'", hint="use csv, json or auto")
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        data = path.read_bytes()
     except FileNotFoundError:
-        raise InputError(f"{p} does not exist") from None
-    except UnicodeDecodeError:
-        raise FileFormatError(p, "not a UTF-8 text file") from None
+        raise InputError(
+            f"{p} does not exist", hint="give the path of a CSV or JSON file"
+        ) from None
+    except OSError as exc:  # a folder, no permission
+        raise InputError(
+            f"cannot read {p}: {exc.strerror or exc}", hint="give the path of a CSV or JSON file"
+        ) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise FileFormatError(
+            p,
+            f"not UTF-8 text (byte {exc.start + 1} is {data[exc.start]:#04x})",
+            line=data.count(b"\n", 0, exc.start) + 1,
+            hint="save the file as UTF-8 CSV or JSON",
+        ) from None
     if fmt == "auto":
         fmt = (
             "json"
@@ -275,32 +413,54 @@ def _read_rows(path: Path, fmt: str) -> list[tuple[int, dict[str, Any]]]:
             else "csv"
         )
     if fmt == "json":
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise FileFormatError(p, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
-        if isinstance(doc, dict) and isinstance(doc.get("profiles"), list):
-            doc = doc["profiles"]
-        if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
-            raise FileFormatError(p, 'expected a list of profile objects (or {"profiles": [...]})')
-        columns = set().union(*(r.keys() for r in doc)) if doc else set()
-        _check_columns(p, columns, line=None)
-        return [(i + 1, r) for i, r in enumerate(doc)]
-    if fmt != "csv":
-        raise InputError(f"unknown format '{fmt}'", hint="use csv, json or auto")
-    reader = csv.DictReader(io.StringIO(text))
-    if not reader.fieldnames:
-        raise FileFormatError(p, "the file is empty", hint="the first line must name the columns")
-    header = [h.strip() for h in reader.fieldnames]
-    reader.fieldnames = header
-    _check_columns(p, set(header), line=1)
+        return _json_rows(p, text)
+    return _csv_rows(p, text)
+
+
+def _json_rows(p: str, text: str) -> list[tuple[int, dict[str, Any]]]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FileFormatError(p, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
+    except RecursionError:
+        raise FileFormatError(p, "invalid JSON: nested too deeply") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise FileFormatError(p, f"invalid JSON: {shown(str(exc), 80)}") from None
+    if isinstance(doc, dict) and isinstance(doc.get("profiles"), list):
+        doc = doc["profiles"]
+    if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
+        raise FileFormatError(p, 'expected a list of profile objects (or {"profiles": [...]})')
+    columns = set().union(*(r.keys() for r in doc)) if doc else set()
+    _check_columns(p, columns, line=None)
+    return [(i + 1, r) for i, r in enumerate(doc)]
+
+
+def _csv_rows(p: str, text: str) -> list[tuple[int, dict[str, Any]]]:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     rows = []
-    for raw in reader:
-        if None in raw:
-            raise FileFormatError(p, "more values than columns", line=reader.line_num)
-        if all(_is_blank(v) for v in raw.values()):
-            continue
-        rows.append((reader.line_num, raw))
+    try:
+        if not reader.fieldnames:
+            raise FileFormatError(
+                p, "the file is empty", hint="the first line must name the columns"
+            )
+        header = [h.strip() for h in reader.fieldnames]
+        reader.fieldnames = header
+        _check_columns(p, set(header), line=1)
+        twice = sorted({h for h in header if header.count(h) > 1})
+        if twice:
+            raise FileFormatError(
+                p, f"column '{shown(twice[0])}' appears twice", line=1, column=twice[0]
+            )
+        for raw in reader:
+            if None in raw:
+                raise FileFormatError(p, "more values than columns", line=reader.line_num)
+            if all(_is_blank(v) for v in raw.values()):
+                continue
+            rows.append((reader.line_num, raw))
+    except csv.Error as exc:  # a field over the csv module's limit, a stray quote
+        raise FileFormatError(
+            p, f"not readable as CSV: {exc}", line=reader.line_num + 1, hint=_TEXT_HINT
+        ) from None
     return rows
 
 
@@ -322,25 +482,92 @@ def _check_columns(path: str, columns: set[str], *, line: int | None) -> None:
     if unknown:
         raise FileFormatError(
             path,
-            f"unknown column '{unknown[0]}'",
+            f"unknown column '{shown(unknown[0])}'",
             line=line,
             hint="known columns: " + ", ".join(EXPORT_COLUMNS),
         )
 
 
+@dataclass
+class ParsedProfiles:
+    """A profile file read and checked row by row (nothing compared with a store yet)."""
+
+    path: str
+    rows: list[_Row]  # every row, in file order (repeats too: they may add variant facts)
+
+
+def read_profiles(path: str | Path, *, fmt: str = "auto") -> ParsedProfiles:
+    """Read and check a profile CSV/JSON file without touching a store.
+
+    Raises:
+        FileFormatError: a bad row or column (file, line, column, reason), or two rows for
+            the same point and time that disagree (naming both lines).
+        InputError: the file is missing, a folder or unreadable.
+    """
+    path = Path(path)
+    p = str(path)
+    raw_rows = _read_rows(path, fmt)
+    if not raw_rows:
+        raise FileFormatError(p, "no profile rows found")
+    now = utcnow_iso()  # one time for the whole file: its untimed rows are one measurement
+    rows = [_parse_row(p, line, raw, now) for line, raw in raw_rows]
+    by_time: dict[tuple[Any, ...], _Row] = {}
+    for row in rows:
+        prof = row.profile
+        key = (
+            prof.variant,
+            prof.resource,
+            prof.batch,
+            prof.hardware,
+            prof.capacity_slo_ms,
+            prof.created_at,
+        )
+        first = by_time.setdefault(key, row)
+        if first is not row:
+            _check_agree(p, first, row)
+            row.repeated = True
+    return ParsedProfiles(p, rows)
+
+
+def _check_agree(path: str, first: _Row, row: _Row) -> None:
+    """Two rows of one file for one point and time must hold the same profile.
+
+    Raises:
+        FileFormatError: they differ; names both lines and the first column that differs.
+    """
+    a, b = record_to_row(first.profile), record_to_row(row.profile)
+    p = row.profile
+    slo = "" if p.capacity_slo_ms is None else f", capacity_slo_ms {p.capacity_slo_ms:g}"
+    col = next((c for c in a if a[c] != b[c]), None)
+    if col is None:  # a repeat (the variant's facts on it are checked on import)
+        return
+    raise FileFormatError(
+        path,
+        f"conflicts with line {first.line} (same variant '{p.variant}', resource {p.resource}, "
+        f"batch {p.batch}{slo}, hardware and created_at): {col} is {shown(a[col])} there, "
+        f"{shown(b[col])} here",
+        line=row.line,
+        column=col,
+        hint=f"keep one of lines {first.line} and {row.line}, or give each measurement its own "
+        "created_at; load tests at several SLOs differ in capacity_slo_ms",
+    )
+
+
 def import_profiles(store: Store, path: str | Path, *, fmt: str = "auto") -> ImportResult:
     """Import a profile CSV/JSON file into the store in one transaction.
+
+    Rows the store holds already are not stored again (see the module docstring).
 
     Raises:
         FileFormatError: a bad row or column (file, line, column, reason); nothing is written.
         InputError: the file is missing or unreadable.
     """
-    path = Path(path)
-    raw_rows = _read_rows(path, fmt)
-    if not raw_rows:
-        raise FileFormatError(str(path), "no profile rows found")
-    rows = [_parse_row(str(path), line, raw) for line, raw in raw_rows]
+    return import_parsed(store, read_profiles(path, fmt=fmt))
 
+
+def import_parsed(store: Store, parsed: ParsedProfiles) -> ImportResult:
+    """Store what :func:`read_profiles` read (one transaction); see :func:`import_profiles`."""
+    path, rows = parsed.path, parsed.rows
     # Variant-level facts must agree across the file's rows; they override the store's.
     variants: dict[str, Variant] = {}
     created: list[str] = []
@@ -353,7 +580,7 @@ def import_profiles(store: Store, path: str | Path, *, fmt: str = "auto") -> Imp
                 variants[name] = store.get_variant(name)
             elif row.model is None:
                 raise FileFormatError(
-                    str(path),
+                    path,
                     f"variant '{name}' is not in the store and the row names no model family",
                     line=row.line,
                     column="model",
@@ -365,7 +592,7 @@ def import_profiles(store: Store, path: str | Path, *, fmt: str = "auto") -> Imp
         v = variants[name]
         if row.model is not None and row.model != v.family:
             raise FileFormatError(
-                str(path),
+                path,
                 f"variant '{name}' belongs to family '{v.family}', not '{row.model}'",
                 line=row.line,
                 column="model",
@@ -380,7 +607,7 @@ def import_profiles(store: Store, path: str | Path, *, fmt: str = "auto") -> Imp
             earlier = seen.setdefault((name, attr), (value, row.line))
             if earlier[0] != value:
                 raise FileFormatError(
-                    str(path),
+                    path,
                     f"{attr} of '{name}' is {earlier[0]!r} on line {earlier[1]}, {value!r} here",
                     line=row.line,
                     column=attr,
@@ -390,10 +617,15 @@ def import_profiles(store: Store, path: str | Path, *, fmt: str = "auto") -> Imp
                     updated.append(name)
                 setattr(v, attr, value)
     with store.transaction():
+        new = [
+            r.profile
+            for r in rows
+            if not r.repeated and not store.has_profile(r.profile, same_time=r.timed)
+        ]
         for v in variants.values():
             store.upsert_variant(v)
-        store.add_profiles(r.profile for r in rows)
-    return ImportResult(str(path), len(rows), len(rows), created, updated)
+        store.add_profiles(new)
+    return ImportResult(path, len(rows), len(new), created, updated, len(rows) - len(new))
 
 
 def profile_rows(

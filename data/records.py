@@ -5,14 +5,65 @@ Plain dataclasses with units in field names; the store maps them to rows one to 
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import asdict, dataclass, field, fields
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+# Names (variants, families, resources, hardware labels) are short identifiers shown in
+# tables and plan documents; anything longer is a pasted blob, not a name.
+MAX_NAME_CHARS = 200
+# The largest batch greenctl measures, imports or plans with.
+MAX_BATCH = 65536
+# How far ahead of this machine's clock a record's time may be (clock skew between hosts).
+# A time further ahead would rank as the newest measurement of its point until that date.
+MAX_CLOCK_SKEW = timedelta(days=1)
 
 
 def utcnow_iso() -> str:
     """The current UTC time as ISO 8601 with a Z suffix, seconds precision."""
-    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return iso_utc(datetime.now(UTC))
+
+
+def iso_utc(dt: datetime) -> str:
+    """``YYYY-MM-DDTHH:MM:SSZ`` of an aware datetime: the one text form of stored times.
+
+    Seconds precision and a fixed width, so that stored times sort as text in time order.
+    """
+    return dt.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def normalise_time(text: str) -> str:
+    """An ISO 8601 time (``Z``, an offset, or none for UTC) in the stored form.
+
+    Raises:
+        ValueError: not an ISO 8601 time, outside years 1-9999 in UTC, or more than
+            :data:`MAX_CLOCK_SKEW` in the future; the message says which.
+    """
+    s = text.strip()
+    try:
+        dt = datetime.fromisoformat(s[:-1] + "+00:00" if s[-1:] in "Zz" and s else s)
+    except ValueError:
+        raise ValueError("not an ISO 8601 time") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    try:
+        dt = dt.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
+        raise ValueError("outside years 1-9999 in UTC") from None
+    if dt > datetime.now(UTC) + MAX_CLOCK_SKEW:
+        raise ValueError("in the future")
+    return iso_utc(dt)
+
+
+def name_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a name (too long, a control character), or None if it can."""
+    if len(text) > MAX_NAME_CHARS:
+        return f"is {len(text)} characters long; names have at most {MAX_NAME_CHARS}"
+    for i, c in enumerate(text):
+        if unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp"):
+            return f"holds a control character ({ascii(c)[1:-1]}) at position {i + 1}"
+    return None
 
 
 ENERGY_METHODS = ("nvml", "nvml-attributed", "rapl", "modeled", "imported", "synthetic")

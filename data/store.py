@@ -2,12 +2,17 @@
 
 Location: ``--db PATH``, else ``GREENCTL_DB``, else ``greenctl.db`` in the user's data
 directory. WAL mode. Every write that belongs together runs in one ``transaction()``.
+
+Only the default location's folder is created on demand: a path the user named (``--db``
+or ``GREENCTL_DB``) must be in an existing folder, so that a typo is an error and not a new,
+empty store somewhere.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -15,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from greenctl.data import migrations
-from greenctl.data.errors import NotFoundError, StoreError
+from greenctl.data.errors import InputError, NotFoundError, StoreError
 from greenctl.data.plan import Plan
 from greenctl.data.records import (
     Hardware,
@@ -38,12 +43,27 @@ def default_db_path() -> Path:
 
 def resolve_db_path(db: str | os.PathLike[str] | None = None) -> Path:
     """The store path: explicit argument, else ``GREENCTL_DB``, else the default."""
+    return _resolve(db)[0]
+
+
+def _resolve(db: str | os.PathLike[str] | None) -> tuple[Path, bool]:
+    """The store path and whether the user named it (argument or ``GREENCTL_DB``)."""
     if db:
-        return Path(db)
+        return Path(db), True
     env = os.environ.get("GREENCTL_DB")
     if env:
-        return Path(env)
-    return default_db_path()
+        return Path(env), True
+    return default_db_path(), False
+
+
+def resource_order(label: str) -> tuple[Any, ...]:
+    """Sort key of a resource label: kind, then size in natural order.
+
+    ``cpu:2`` before ``cpu:10``, ``mig:1g.10gb`` before ``mig:3g.40gb``.
+    """
+    kind, _, size = label.partition(":")
+    parts = re.split(r"(\d+)", size)
+    return (kind, tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in parts if t))
 
 
 class Store:
@@ -119,6 +139,13 @@ class Store:
             rows = self.db.table("variants").rows_where("family = ?", [family], order_by="name")
         return [row_to_record(Variant, r) for r in rows]
 
+    def require_family(self, family: str) -> None:
+        """Raises NotFoundError naming the known families unless ``family`` has variants."""
+        if not self.db.table("variants").count_where("family = ?", [family]):
+            known = self.families()
+            hint = f"known families: {', '.join(known)}" if known else "profile or import it first"
+            raise NotFoundError(f"unknown model family '{family}'", hint=hint)
+
     def families(self) -> list[str]:
         return [
             r["family"]
@@ -169,9 +196,31 @@ class Store:
               from profiles p join variants v on v.name = p.variant
               {where})
             where _rank = 1
-            order by variant, resource, batch, capacity_slo_ms
         """
-        return [row_to_record(Profile, r) for r in self.db.query(sql, params)]
+        found = [row_to_record(Profile, r) for r in self.db.query(sql, params)]
+        return sorted(found, key=_profile_order)
+
+    def has_profile(self, profile: Profile, *, same_time: bool) -> bool:
+        """Whether the store holds ``profile`` already: every field equal but ``id``.
+
+        With ``same_time`` False, ``created_at`` is not compared and only the latest row of
+        the profile's point counts (re-importing figures that carry no time is a no-op only
+        while nothing newer has been measured there).
+        """
+        row = record_to_row(profile)
+        row.pop("id", None)
+        if same_time:
+            where = " and ".join(f"[{k}] is ?" for k in row)
+            return bool(self.db.table("profiles").count_where(where, list(row.values())))
+        row.pop("created_at")
+        point = ("variant", "resource", "batch", "hardware", "capacity_slo_ms")
+        where = " and ".join(f"[{k}] is ?" for k in point)
+        latest = list(
+            self.db.table("profiles").rows_where(
+                where, [row[k] for k in point], order_by="created_at desc, id desc", limit=1
+            )
+        )
+        return bool(latest) and all(latest[0].get(k) == v for k, v in row.items())
 
     def profile_count(self) -> int:
         return self.db.table("profiles").count
@@ -251,26 +300,63 @@ class Store:
         )
 
 
+def _profile_order(p: Profile) -> tuple[Any, ...]:
+    slo = p.capacity_slo_ms
+    return (p.variant, resource_order(p.resource), p.batch, slo is not None, slo or 0.0)
+
+
 def _pk(value: object) -> int:
     if not isinstance(value, int):
         raise StoreError(f"unexpected primary key {value!r}")
     return value
 
 
-def open_store(db: str | os.PathLike[str] | None = None) -> Store:
-    """Open (creating if needed) the store and run pending migrations.
+def open_store(db: str | os.PathLike[str] | None = None, *, create: bool = True) -> Store:
+    """Open the store and run pending migrations.
+
+    Args:
+        db: the path (``--db``); None for ``GREENCTL_DB``, else the default location.
+        create: create the store file when it does not exist. Read-only callers pass False:
+            a path the user named must then hold a store, and the default location, when it
+            holds none yet, opens as an empty store in memory (no file is created).
 
     Raises:
+        InputError: a path the user named is in a folder that does not exist, is a folder,
+            or (``create=False``) holds no store (NotFoundError).
         StoreError: the file cannot be opened or is not a greenctl store.
     """
-    path = resolve_db_path(db)
+    path, named = _resolve(db)
+    folder = path.parent
+    if named and not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise InputError(
+            f"cannot open store {path}: the folder {folder} {what}",
+            hint=f"create the folder first (mkdir -p {folder}), or pass another --db",
+        )
+    if path.is_dir():
+        raise InputError(
+            f"cannot open store {path}: it is a folder",
+            hint=f"name a file, for example --db {path / 'greenctl.db'}",
+        )
+    in_memory = False
+    if not create and not path.exists():
+        if named:
+            raise NotFoundError(
+                f"no greenctl store at {path}",
+                hint="measure or import profiles first (greenctl profile, greenctl profile "
+                "import FILE), or pass the right --db / GREENCTL_DB",
+            )
+        in_memory = True  # the default store is not made yet: read it as empty
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False)
+        if not named and not in_memory:
+            folder.mkdir(parents=True, exist_ok=True)
+        target = ":memory:" if in_memory else str(path)
+        conn = sqlite3.connect(target, timeout=30.0, check_same_thread=False)
         import sqlite_utils
 
         database = sqlite_utils.Database(conn)
-        database.enable_wal()
+        if not in_memory:
+            database.enable_wal()
         database.execute("pragma foreign_keys = on")
         _migrate(database)
     except sqlite3.DatabaseError as exc:

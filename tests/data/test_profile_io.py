@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from greenctl.data.errors import FileFormatError
+from greenctl.data.errors import FileFormatError, InputError
 from greenctl.data.profile_io import export_profiles, import_profiles, profile_rows
 from greenctl.data.store import open_store
 from hypothesis import HealthCheck, given, settings
@@ -254,3 +254,167 @@ def test_export_import_round_trip(tmp_path_factory, rows, fmt):
             "hardware",
         ):
             assert got[col] == r[col]
+
+
+# -- bad input refused (issue 16) -------------------------------------------------------------
+HEAD = "variant,model,resource,batch,throughput_rps,latency_ms"
+
+
+def _json_row(**fields):
+    row = {"variant": "v", "model": "m", "resource": "cpu:1", "batch": 1}
+    row.update(throughput_rps=2, latency_ms=3)
+    row.update(fields)
+    return json.dumps([row])
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "line", "column", "fragment"),
+    [
+        ("big.csv", f"{HEAD}\nv,m,cpu:1,99999999999999999999999,2,3\n", 2, "batch", "above 65536"),
+        ("big.csv", f"{HEAD}\nv,m,cpu:1,65537,2,3\n", 2, "batch", "above 65536"),
+        ("zero.csv", f"{HEAD}\nv,m,cpu:1,0,2,3\n", 2, "batch", "must be > 0"),
+        ("lat.csv", f"{HEAD}\nv,m,cpu:1,1,2,1e12\n", 2, "latency_ms", "above"),
+        ("inf.csv", f"{HEAD}\nv,m,cpu:1,1,2,inf\n", 2, "latency_ms", "not a finite number"),
+        ("t.csv", f"{HEAD},created_at\nv,m,cpu:1,1,2,3,yesterday\n", 2, "created_at", "ISO 8601"),
+        (
+            "t.csv",
+            f"{HEAD},created_at\nv,m,cpu:1,1,2,3,9999-01-01T00:00:00Z\n",
+            2,
+            "created_at",
+            "in the future",
+        ),
+        ("nul.csv", f"{HEAD}\nv\x00x,m,cpu:1,1,2,3\n", 2, "variant", "control character (\\x00)"),
+        (
+            "nul.csv",
+            f"{HEAD},hardware\nv,m,cpu:1,1,2,3,Xe\x07on\n",
+            2,
+            "hardware",
+            "control character",
+        ),
+        ("long.csv", f"{HEAD}\nv,{'m' * 201},cpu:1,1,2,3\n", 2, "model", "201 characters long"),
+        (
+            "long.csv",
+            f"{HEAD}\nv,m,cpu:1,1,2,3\n" + "w" * 200_000 + ",m,cpu:1,1,2,3\n",
+            3,
+            None,
+            "field limit",
+        ),
+        (
+            "dup.csv",
+            "variant,model,resource,batch,batch,throughput_rps,latency_ms\nv,m,cpu:1,1,2,2,3\n",
+            1,
+            "batch",
+            "appears twice",
+        ),
+        ("o.json", _json_row(variant={"a": 1}), 1, "variant", "not a JSON object"),
+        ("l.json", _json_row(model=["m"]), 1, "model", "not a JSON list"),
+        ("b.json", _json_row(hardware=True), 1, "hardware", "must be text"),
+        ("n.json", _json_row(batch=[1]), 1, "batch", "not a number"),
+        ("s.json", _json_row(variant="\ud800"), 1, "variant", "control character"),
+        ("deep.json", "[" * 100_000 + "]" * 100_000, None, None, "nested too deeply"),
+        (
+            "digits.json",
+            _json_row().replace('"batch": 1', '"batch": ' + "9" * 5000),
+            None,
+            None,
+            "invalid JSON",
+        ),
+        (
+            "conflict.csv",
+            f"{HEAD}\nv,m,cpu:1,1,2,3\nv,m,cpu:2,1,2,3\nv,m,cpu:1,1,2,4\n",
+            4,
+            "latency_p50_ms",
+            "conflicts with line 2",
+        ),
+        (
+            "conflict.csv",
+            f"{HEAD},capacity_rps,capacity_slo_ms\nv,m,cpu:1,1,2,3,5,100\nv,m,cpu:1,1,2,3,6,100\n",
+            3,
+            "capacity_rps",
+            "conflicts with line 2",
+        ),
+    ],
+)
+def test_bad_input_is_refused_naming_line_and_field(
+    store, tmp_path, name, text, line, column, fragment
+):
+    import_profiles(store, write(tmp_path, GOOD, "good.csv"))
+    before = store.profile_count()
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    with pytest.raises(FileFormatError) as info:
+        import_profiles(store, path)
+    err = info.value
+    assert err.exit_code == 2
+    assert str(path) in str(err) and fragment in str(err)
+    assert (err.line, err.column) == (line, column)
+    assert len(str(err)) < 600  # long values are cut in the message
+    assert store.profile_count() == before
+
+
+def test_a_folder_or_missing_file_is_an_input_error(store, tmp_path):
+    for path, fragment in ((tmp_path, "cannot read"), (tmp_path / "none.csv", "does not exist")):
+        with pytest.raises(InputError, match=fragment) as info:
+            import_profiles(store, path)
+        assert info.value.exit_code == 2
+
+
+def test_created_at_is_normalised_to_utc(store, tmp_path):
+    text = (
+        f"{HEAD},created_at\n"
+        "v,m,cpu:1,1,2,3,2026-03-01T10:00:00+02:00\n"
+        "v,m,cpu:2,1,2,3,2026-03-01 09:30\n"
+        "v,m,cpu:4,1,2,3,2026-03-01T08:00:00.75Z\n"
+    )
+    import_profiles(store, write(tmp_path, text))
+    got = {p.resource: p.created_at for p in store.latest_profiles()}
+    assert got == {
+        "cpu:1": "2026-03-01T08:00:00Z",
+        "cpu:2": "2026-03-01T09:30:00Z",
+        "cpu:4": "2026-03-01T08:00:00Z",
+    }
+
+
+def test_rows_differing_only_in_capacity_are_one_measurement(store, tmp_path):
+    text = (
+        f"{HEAD},capacity_rps,capacity_slo_ms\n"
+        "v,m,cpu:1,1,2,3,5,100\n"
+        "v,m,cpu:1,1,2,3,6,200\n"
+        "v,m,cpu:1,1,2,3,6,200\n"  # a repeated row counts once
+    )
+    result = import_profiles(store, write(tmp_path, text))
+    assert (result.rows, result.profiles, result.already_present) == (3, 2, 1)
+    assert store.profile_count() == 2
+
+
+def test_import_is_idempotent(store, tmp_path):
+    path = write(tmp_path, GOOD)
+    first = import_profiles(store, path)
+    again = import_profiles(store, path)
+    assert (first.profiles, first.already_present) == (3, 0)
+    assert (again.profiles, again.already_present) == (0, 3)
+    assert store.profile_count() == 3
+    # the same figures after a newer measurement of the point are a new measurement
+    newer = f"{HEAD}\nresnet18,resnet,cpu:4,1,31,33\n"
+    import_profiles(store, write(tmp_path, newer, "newer.csv"))
+    assert import_profiles(store, path).profiles == 1  # resnet18 cpu:4 is current again
+    (p,) = store.latest_profiles(variant="resnet18", resource="cpu:4")
+    assert p.throughput_rps == 30.5
+
+
+def test_load_tests_at_several_slos_may_differ_in_what_they_measured(store, tmp_path):
+    # InfAdapter's capacity rows (bench/infadapter_import.py): one load test per SLA, each with
+    # the p99 it measured at its load
+    text = (
+        "variant,model,resource,batch,throughput_rps,latency_p99_ms,capacity_rps,capacity_slo_ms\n"
+        "r18,resnet,cpu:1,1,22,361.99,15,500\n"
+        "r18,resnet,cpu:1,1,22,389.09,19,750\n"
+    )
+    assert import_profiles(store, write(tmp_path, text)).profiles == 2
+
+
+def test_a_repeated_row_may_add_the_variants_facts(store, tmp_path):
+    text = f"{HEAD},accuracy\nv,m,cpu:1,1,2,3,\nv,m,cpu:1,1,2,3,0.7\n"
+    result = import_profiles(store, write(tmp_path, text))
+    assert (result.profiles, result.already_present) == (1, 1)
+    assert store.get_variant("v").accuracy == 0.7
