@@ -866,7 +866,7 @@ def cron_line(
     """A crontab line running ``greenctl ARGS`` with absolute paths and the store location.
 
     The arguments are shell-quoted and ``%`` (a newline to cron) escaped; a ``--db`` among
-    them is made absolute (cron starts in the home directory).
+    them, and any argument naming a file here, is made absolute (cron starts in $HOME).
 
     Raises:
         InputError: no command given, a bad interval or name, or an argument cron cannot carry.
@@ -897,14 +897,36 @@ def cron_line(
 
 
 def absolute_db_args(args: list[str]) -> list[str]:
-    """``args`` with the value of every ``--db`` made absolute (relative to this directory)."""
+    """``args`` with paths made absolute (relative to this directory; cron starts in $HOME).
+
+    The value of every ``--db`` (the store need not exist yet), and every other argument or
+    ``--option=value`` that names a file or folder existing here (a ``--plan plan.json``, a
+    ``--trace``).
+    """
     out = list(args)
     for i, a in enumerate(out):
         if a.startswith("--db=") and len(a) > 5:
             out[i] = "--db=" + str(Path(a[5:]).absolute())
         elif a == "--db" and i + 1 < len(out):
             out[i + 1] = str(Path(out[i + 1]).absolute())
+        elif i > 0 and out[i - 1] == "--db":
+            continue
+        elif a.startswith("--") and "=" in a:
+            opt, value = a.split("=", 1)
+            if _names_a_path_here(value):
+                out[i] = f"{opt}={Path(value).absolute()}"
+        elif not a.startswith("-") and _names_a_path_here(a):
+            out[i] = str(Path(a).absolute())
     return out
+
+
+def _names_a_path_here(value: str) -> bool:
+    if not value or Path(value).is_absolute():
+        return False
+    try:
+        return Path(value).exists()
+    except (OSError, ValueError):  # a name too long, or holding NUL
+        return False
 
 
 def _read_crontab(crontab_file: str | None) -> str:

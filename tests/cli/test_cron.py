@@ -131,6 +131,22 @@ def test_the_line_quotes_arguments_and_uses_absolute_paths(cli, tmp_path, monkey
     assert f"--db={tmp_path / 'rel.db'} replan" in r.stdout
 
 
+def test_a_plan_file_named_relative_to_here_is_made_absolute(cli, tmp_path, monkeypatch):
+    """cron starts in $HOME: `-- replan --plan plan.json` must name the file it names here."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plan.json").write_text("{}")
+    (tmp_path / "trace.txt").write_text("1 2 3\n")
+    r = _install(cli, "replan", "--plan", "plan.json", "--apply")
+    assert r.exit_code == 0, r.output
+    words = shlex.split(r.stdout.strip().split(" ", 5)[5].rsplit(" # greenctl:", 1)[0])
+    assert words[2:6] == ["replan", "--plan", str(tmp_path / "plan.json"), "--apply"]
+    # --option=value too; a plan id (no such file here) is left alone
+    r = _install(cli, "forecast", "predict", "--trace=trace.txt")
+    assert f"--trace={tmp_path / 'trace.txt'}" in r.stdout
+    r = _install(cli, "replan", "--plan", "3")
+    assert "--plan 3 " in r.stdout
+
+
 def test_a_line_break_in_an_argument_is_refused(tmp_path):
     with pytest.raises(InputError, match="line break"):
         workflow.cron_line(["replan", "--plan", "3\n* * * * * rm"], every="15m", db_path=tmp_path)
