@@ -17,7 +17,7 @@ def _load_plan(plan: str, db: str | None):
     with store_for(db) as store:
         doc = (
             store.get_plan(int(plan))
-            if plan.isdigit() and not Path(plan).exists()
+            if plan.isascii() and plan.isdecimal() and len(plan) <= 18 and not Path(plan).exists()
             else load_plan_file(plan)
         )
         memory: dict[str, float] = {}

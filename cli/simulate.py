@@ -105,6 +105,7 @@ def simulate_cmd(
     with store_for(db) as store:
         profiles = [p for name in sorted(names) for p in store.latest_profiles(variant=name)]
         variants = [v for v in store.variants() if v.name in names]
+    variants += _builtin_variants(names - {v.name for v in variants})
     if slo_ms is None:
         asked = plan.request.get("slo_ms") if isinstance(plan.request, dict) else None
         if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > 0:
@@ -150,6 +151,15 @@ def simulate_cmd(
             "[bold red]Overloaded:[/] the load exceeds the plan's capacity; the queue grows "
             "without bound (latency percentiles are infinite)."
         )
+
+
+def _builtin_variants(names: set[str]) -> list[Any]:
+    """Built-in catalog records of ``names`` not in the store (their family is known)."""
+    if not names:
+        return []
+    from greenctl.profiler.models import builtin_variants
+
+    return [v for v in builtin_variants() if v.name in names]
 
 
 def _finite(value: Any) -> Any:

@@ -10,6 +10,8 @@ from greenctl.data.errors import InputError
 _LABEL = re.compile(r"^([a-z][a-z0-9_-]*):([A-Za-z0-9][A-Za-z0-9._+-]*)$")
 _MIG_PROFILE = re.compile(r"^[1-8]g\.\d+gb(\+me)?$")
 
+#: The resource kinds greenctl can run executors on (``apply``). Plans and simulations may
+#: name any other ``kind:size`` label (its figures come from the profiles).
 KNOWN_KINDS = ("cpu", "gpu", "mig", "mps")
 
 
@@ -82,3 +84,27 @@ def parse_resource(label: str) -> Resource:
             hint="MIG profiles look like 1g.10gb, 3g.40gb or 7g.80gb",
         )
     return Resource(kind, size)
+
+
+def runnable_resource(label: str, *, field: str) -> Resource:
+    """Parse a label that an executor is to run on: one of :data:`KNOWN_KINDS`.
+
+    Args:
+        label: the resource label.
+        field: where the label came from, for the message (``deployments[2].resource``).
+
+    Raises:
+        InputError: a malformed label, or a kind greenctl cannot start executors on.
+    """
+    try:
+        r = parse_resource(label)
+    except InputError as exc:
+        raise InputError(f"{field}: {exc.message}", hint=exc.hint) from None
+    if r.kind not in KNOWN_KINDS:
+        raise InputError(
+            f"{field} is '{label}': greenctl runs executors on "
+            f"{', '.join(k + ':...' for k in KNOWN_KINDS)} resources, not '{r.kind}'",
+            hint=f"plan for this machine's resources (`greenctl hw`); '{r.kind}' labels are "
+            "for planning and `greenctl simulate` only",
+        )
+    return r

@@ -30,9 +30,9 @@ from greenctl.data.errors import (
     InputError,
     NotFoundError,
 )
-from greenctl.data.plan import Plan
+from greenctl.data.plan import Plan, check_families
 from greenctl.data.records import utcnow_iso
-from greenctl.data.resources import parse_resource
+from greenctl.data.resources import parse_resource, runnable_resource
 from greenctl.data.store import Store
 from greenctl.executor import partition
 from greenctl.executor.procs import (
@@ -294,6 +294,8 @@ def apply_plan(
     state_dir = state_dir_for(store.path)
     loader = loader or DEFAULT_LOADER
     pol = _policy(plan, policy)
+    for i, d in enumerate(plan.deployments):
+        runnable_resource(d.resource, field=f"deployments[{i}].resource")
     with apply_lock(state_dir, wait=wait, timeout_s=lock_timeout_s):
         specs = desired_instances(plan)
         if not specs:
@@ -301,6 +303,7 @@ def apply_plan(
                 "the plan has no deployments to run", hint="plan with `greenctl plan ...` first"
             )
         variants = _resolve_variants(specs, store, loader)
+        check_families(plan.deployments, {name: v.family for name, v in variants.items()})
         running = _reconcile_dead(store, _running_instances(store), record=not dry_run)
         disp = _running_dispatcher(store)
         if disp is not None and not is_alive(disp["pid"], disp["pid_start"]):

@@ -9,20 +9,23 @@ from each request's scheduled send time, which avoids coordinated omission.
 from __future__ import annotations
 
 import asyncio
-import gzip
 import json
 import math
 import random
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from greenctl.data.errors import FileFormatError, InputError
+from greenctl.data.errors import InputError
 from greenctl.executor import oip
+
+#: The most requests one load run may send (their send times are held in memory).
+MAX_REQUESTS = 10_000_000
 
 
 @dataclass
@@ -63,38 +66,53 @@ class LoadResult:
 
 
 def read_trace(path: str | Path) -> list[float]:
-    """A requests-per-second trace: whitespace-separated numbers, optionally gzip'd.
+    """A requests-per-second trace file, read by the one trace reader
+    (:func:`greenctl.planner.loads.read_trace`: numbers, ``.gz`` decompressed).
 
     Raises:
-        InputError / FileFormatError: missing file or a value that is not a number >= 0.
+        InputError / FileFormatError: a missing or binary file, or a value that is not a
+        number >= 0 (naming the line).
     """
-    p = Path(path)
+    from greenctl.planner.loads import read_trace as read_rps_trace
+
+    return [float(v) for v in read_rps_trace(path)]
+
+
+def check_endpoint(endpoint: str) -> str:
+    """``endpoint`` if it is an ``http://`` or ``https://`` base URL with a host.
+
+    Raises:
+        InputError: naming --endpoint and the form it needs.
+    """
+    hint = "give the server's base URL, for example --endpoint http://127.0.0.1:8000"
+    text = str(endpoint).strip()
     try:
-        raw = gzip.open(p, "rt") if p.suffix == ".gz" else open(p)  # noqa: SIM115
-        with raw as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        raise InputError(f"trace file {p} does not exist") from None
-    except (OSError, EOFError) as exc:
-        raise InputError(f"cannot read trace file {p}: {exc}") from None
-    values = []
-    for line_no, line in enumerate(text.splitlines(), start=1):
-        for token in line.split():
-            try:
-                v = float(token)
-            except ValueError:
-                raise FileFormatError(
-                    str(p),
-                    f"'{token}' is not a number",
-                    line=line_no,
-                    hint="a trace holds requests per second, whitespace separated",
-                ) from None
-            if v < 0:
-                raise FileFormatError(str(p), f"negative rate {v}", line=line_no)
-            values.append(v)
-    if not values:
-        raise FileFormatError(str(p), "the trace is empty")
-    return values
+        parts = urllib.parse.urlsplit(text)
+        _ = parts.port  # raises ValueError for a port that is not a number 0-65535
+    except ValueError as exc:
+        raise InputError(f"--endpoint '{endpoint}' is not a valid URL: {exc}", hint=hint) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError(f"--endpoint '{endpoint}' is not an http(s) URL", hint=hint)
+    if parts.query or parts.fragment or not text.isprintable() or " " in text:
+        raise InputError(
+            f"--endpoint '{endpoint}' must be a base URL without spaces, query or fragment",
+            hint=hint,
+        )
+    return text
+
+
+def check_model_name(model: str) -> str:
+    """``model`` if it can be a path segment of the OIP URLs (``/v2/models/NAME``).
+
+    Raises:
+        InputError: naming --model.
+    """
+    if not model or not model.isprintable() or any(c in model for c in "/?#% \\"):
+        raise InputError(
+            f"--model '{model}' is not a model name",
+            hint="use the name the server serves (letters, digits, '.', '_' or '-')",
+        )
+    return model
 
 
 def arrival_times(
@@ -143,7 +161,7 @@ def model_input(
     Raises:
         InputError: the endpoint does not answer or does not serve ``model``.
     """
-    url = f"{endpoint.rstrip('/')}/v2/models/{model}"
+    url = f"{check_endpoint(endpoint).rstrip('/')}/v2/models/{check_model_name(model)}"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
             meta = json.loads(resp.read())
@@ -151,9 +169,20 @@ def model_input(
         raise InputError(f"{url} answered {exc.code}: is '{model}' served there?") from None
     except (urllib.error.URLError, OSError) as exc:
         raise InputError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
-    spec = meta["inputs"][0]
-    shape = [1 if d < 0 else d for d in spec["shape"]]
-    dtype = oip.DTYPES.get(spec["datatype"], "float32")
+    except ValueError:  # not JSON (or not UTF-8): not an inference server
+        meta = None
+    try:
+        spec = meta["inputs"][0]
+        shape = [1 if int(d) < 0 else int(d) for d in spec["shape"]]
+        dtype = oip.DTYPES.get(spec["datatype"], "float32")
+        if not shape or not all(1 <= d <= 2**24 for d in shape) or math.prod(shape) > 2**28:
+            raise ValueError("shape")
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise InputError(
+            f"{url} did not answer with Open Inference Protocol model metadata "
+            "(inputs with a name, shape and datatype)",
+            hint="point --endpoint at greenctl's dispatcher or executor, or another OIP v2 server",
+        ) from None
     arr = np.random.default_rng(0).random(shape).astype(dtype)
     return oip.encode_request([(spec["name"], arr)], binary=binary)
 
@@ -277,10 +306,26 @@ def run_load(
     Raises:
         InputError: bad rate/trace, or the endpoint does not serve the model.
     """
-    if duration_s <= 0:
-        raise InputError("--duration must be > 0 seconds")
-    if scale <= 0:
-        raise InputError("--scale must be > 0")
+    check_endpoint(endpoint)
+    check_model_name(model)
+    if not (math.isfinite(duration_s) and duration_s > 0):
+        raise InputError(f"--duration must be a number of seconds > 0, got {duration_s}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise InputError(f"--scale must be a number > 0, got {scale}")
+    if rate_rps is not None and not (math.isfinite(rate_rps) and rate_rps > 0):
+        raise InputError(f"--rate must be a number of requests per second > 0, got {rate_rps}")
+    if trace is not None and not all(math.isfinite(v) and v >= 0 for v in trace):
+        raise InputError("a trace holds requests per second: numbers >= 0")
+    if trace is not None:
+        expected = sum(trace[: math.ceil(duration_s)]) * scale
+    else:
+        expected = (rate_rps or 0.0) * duration_s
+    if expected > MAX_REQUESTS:
+        raise InputError(
+            f"the load asks for about {expected:.3g} requests; one run sends at most "
+            f"{MAX_REQUESTS:,}",
+            hint="lower --rate (or --scale) or --duration",
+        )
     times = arrival_times(
         duration_s=duration_s, rate_rps=rate_rps, trace=trace, scale=scale, seed=seed
     )

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 from greenctl.data.errors import InputError
-from greenctl.data.plan import Deployment, Plan
+from greenctl.data.plan import Deployment, Plan, check_families
 from greenctl.data.records import Profile, Variant
 from greenctl.planner.evaluate import (
     POLICIES,
@@ -51,6 +51,9 @@ from greenctl.planner.evaluate import (
 from greenctl.planner.latency import ServiceTime
 from greenctl.planner.loads import poisson_arrivals
 from greenctl.planner.queueing import default_duty_cycle_ms
+
+#: The most requests one simulated run may offer (each costs memory and about a microsecond).
+MAX_SIMULATED_REQUESTS = 10_000_000
 
 
 @dataclass
@@ -523,7 +526,8 @@ def evaluate_plan(
         plan: the plan document.
         profiles: profiles to draw service times from (the newest of each
             variant/resource/batch is used; see :func:`pick_profiles`).
-        variants: variants, for accuracy.
+        variants: variants, for accuracy (and to refuse a deployment whose ``model`` is not
+            its variant's family).
         rate_rps: Poisson load; default :func:`default_rate`.
         trace: requests per second to replay instead (Poisson within each second), or
             the path of a trace file (:func:`~greenctl.planner.loads.read_trace`);
@@ -539,9 +543,19 @@ def evaluate_plan(
     """
     from greenctl.planner.loads import read_trace, trace_arrivals
 
+    if percentile_slo_ms is not None and not (
+        math.isfinite(percentile_slo_ms) and percentile_slo_ms > 0
+    ):
+        raise InputError(
+            f"the latency SLO must be a number of ms > 0, got {percentile_slo_ms}",
+            hint="for example --slo-ms 500",
+        )
+    if not (math.isfinite(trace_scale) and trace_scale > 0):
+        raise InputError(f"the trace scale must be a number > 0, got {trace_scale}")
     pol = policy or default_policy(plan)
     table = pick_profiles(profiles)
     by_name = {v.name: v for v in variants}
+    check_families(plan.deployments, {v.name: v.family for v in variants})
     common: dict[str, Any] = dict(
         policy=pol,
         percentile_slo_ms=percentile_slo_ms,
@@ -569,6 +583,7 @@ def evaluate_plan(
                 rate_rps=float(series.mean()) * trace_scale,
                 **common,
             )
+        _check_requests(float(np.sum(series)) * trace_scale, "the trace (times --scale)")
         arrivals = trace_arrivals(series, seed=seed, scale=trace_scale)
         return simulate(
             plan.deployments,
@@ -582,6 +597,10 @@ def evaluate_plan(
     rate = default_rate(plan) if rate_rps is None else float(rate_rps)
     if analytic:
         return predict(plan.deployments, table, by_name, rate_rps=rate, **common)
+    if n_requests is not None:
+        _check_requests(float(n_requests), "--requests")
+    elif duration_s is not None and math.isfinite(rate) and math.isfinite(duration_s):
+        _check_requests(rate * duration_s, "--rate times --duration")
     return simulate(
         plan.deployments,
         table,
@@ -593,6 +612,16 @@ def evaluate_plan(
         queue_limit=queue_limit,
         **common,
     )
+
+
+def _check_requests(expected: float, what: str) -> None:
+    """Refuse a run of more than :data:`MAX_SIMULATED_REQUESTS` requests (memory and time)."""
+    if expected > MAX_SIMULATED_REQUESTS:
+        raise InputError(
+            f"{what} asks for about {expected:.3g} requests; the simulator runs at most "
+            f"{MAX_SIMULATED_REQUESTS:,}",
+            hint="shorten the run (--duration / --requests), or use --analytic",
+        )
 
 
 def pick_profiles(profiles: Sequence[Profile]) -> dict[tuple[str, str, int], Profile]:

@@ -273,6 +273,36 @@ def measure(
     )
 
 
+def check_first_run(loaded: Any) -> None:
+    """Run one request through the model before measuring it.
+
+    A user's model that does not take its ``--input-shape`` fails here, and the failure is
+    the user's to fix, so it becomes one line naming the shape and the model's own error
+    (not a traceback from deep inside torch).
+
+    Raises:
+        InputError: the model raised on a one-request input of its input shape.
+        HardwareError: the device ran out of memory.
+    """
+    try:
+        loaded.run(loaded.example(1))
+    except Exception as exc:  # the user's model may raise anything
+        from greenctl.profiler.models import one_line_error
+
+        reason = one_line_error(exc)
+        if "OutOfMemoryError" in type(exc).__name__:
+            raise HardwareError(
+                f"{loaded.variant.name} ran out of memory on {loaded.device}: {reason}"
+            ) from None
+        shape = ",".join(str(d) for d in loaded.input_shape)
+        raise InputError(
+            f"model '{loaded.variant.name}' failed on one request of --input-shape {shape}: "
+            f"{reason}",
+            hint="give --input-shape as the shape of one request without the batch dimension, "
+            "the shape the model's first layer expects (for example 3,224,224)",
+        ) from None
+
+
 def warm_up(
     loaded: Any,
     x: Any,
@@ -530,6 +560,7 @@ def measure_variant(
         with slice_ctx:
             base = rss_mb()
             loaded = load_model(variant, device=spec.get("device") or "cpu")
+            check_first_run(loaded)
             params = sum(int(p.numel()) for p in loaded.module.parameters())
             settle_idle = getattr(meter, "settle_idle", None)
             if settle_idle is not None:
@@ -628,6 +659,11 @@ def run_child(
         raise HardwareError(
             f"profiling {item.variant.name} on {item.resource} timed out after {timeout_s:g} s"
         )
+    if proc.returncode == InputError.exit_code:  # the child refused the input: say so
+        said = [e.removeprefix("Error: ") for e in errors if e.startswith("Error: ")]
+        hints = [e.strip().removeprefix("hint: ") for e in errors if e.strip().startswith("hint:")]
+        if said:
+            raise InputError(said[-1], hint=hints[-1] if hints else None)
     if proc.returncode != 0:
         tail = [e for e in errors if e.strip()][-3:] or stdout.strip().splitlines()[-3:]
         raise HardwareError(

@@ -281,6 +281,11 @@ def _import_callable(spec: str) -> Any:
             f"cannot import module '{mod_name}': {exc}",
             hint="run greenctl from the folder holding the module, or install it",
         ) from None
+    except Exception as exc:  # the user's module failed while importing (SyntaxError, ...)
+        raise InputError(
+            f"importing module '{mod_name}' failed: {one_line_error(exc)}",
+            hint=f"fix the module so that `python -c 'import {mod_name}'` works",
+        ) from None
     finally:
         if added:
             sys.path.remove(os.getcwd())
@@ -292,6 +297,12 @@ def _import_callable(spec: str) -> Any:
     if not callable(obj):
         raise InputError(f"'{spec}' is not callable")
     return obj
+
+
+def one_line_error(exc: BaseException) -> str:
+    """``Type: first line of the message`` of an exception from the user's code."""
+    detail = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
 
 
 def user_model_source(path: str, *, weights: str | None = None) -> str:
@@ -328,7 +339,14 @@ def _build(variant: Variant) -> Any:
             ) from None
     if src.startswith("module:"):
         spec, _, opts = src.removeprefix("module:").partition(";")
-        module = _import_callable(spec)()
+        builder = _import_callable(spec)
+        try:
+            module = builder()
+        except Exception as exc:  # the user's code: any error is theirs to fix
+            raise InputError(
+                f"calling '{spec}' to build the model failed: {one_line_error(exc)}",
+                hint="the callable must take no arguments and return a torch nn.Module",
+            ) from None
         if not isinstance(module, torch.nn.Module):
             raise InputError(f"'{spec}' returned {type(module).__name__}, not a torch nn.Module")
         if opts.startswith("weights="):

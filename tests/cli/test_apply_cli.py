@@ -121,3 +121,62 @@ def test_apply_status_loadgen_verify_down(cli, plan_file, state_dir, store):
     r = cli("down")
     assert r.exit_code == 0 and "Stopped 2" in r.output
     assert not is_alive(inst["pid"]) and not is_alive(st["dispatcher"]["pid"])
+
+
+# -- refused plans (issue 16): exit 2 naming the field, nothing started, store as it was -------
+def _write(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / "mutated.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _refused_untouched(cli, store, args, *needles):
+    before = list(store.db.conn.iterdump())
+    r = cli(*args)
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    for needle in needles:
+        assert needle in r.output, r.output
+    assert list(store.db.conn.iterdump()) == before
+    status = json.loads(cli("status", "--json").stdout)
+    assert status["instances"] == [] and status["dispatcher"] is None
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda d: d.update(request="fast"), "'request' must be a JSON object"),
+        (lambda d: d.update(deployments="v1"), "'deployments' must be a list"),
+        (lambda d: d["deployments"].__setitem__(0, "v1"), "'deployments[0]' must be a JSON"),
+        (lambda d: d["deployments"][0].update(count="two"), "'deployments[0].count'"),
+        (lambda d: d["deployments"][0].update(batch=1.5), "'deployments[0].batch'"),
+        (lambda d: d["deployments"][0].update(count=0), "'deployments[0].count'"),
+        (lambda d: d["deployments"][0].update(count=1_000_000), "'deployments[0].count'"),
+        (lambda d: d["deployments"][0].update(quota_rps=float("nan")), "'deployments[0].quota"),
+        (lambda d: d.update(dispatcher="here"), "'dispatcher' must be a JSON object"),
+        (lambda d: d.update(gpus=[None]), "'gpus[0]' must be a JSON object"),
+    ],
+)
+def test_apply_refuses_wrong_field_types(cli, store, plan_file, tmp_path, state_dir, change, field):
+    doc = json.loads(plan_file.read_text())
+    change(doc)
+    bad = _write(tmp_path, doc)
+    _refused_untouched(cli, store, ("apply", bad, "--loader", NOOP), str(bad), field)
+
+
+def test_apply_refuses_a_resource_kind_it_cannot_run(cli, store, plan_file, tmp_path, state_dir):
+    doc = json.loads(plan_file.read_text())
+    doc["deployments"].append(dict(doc["deployments"][0], resource="quantum:7"))
+    bad = _write(tmp_path, doc)
+    _refused_untouched(
+        cli, store, ("apply", bad, "--loader", NOOP), "deployments[1].resource", "quantum:7"
+    )
+
+
+def test_apply_refuses_a_model_that_is_not_the_variants_family(cli, store, tmp_path, state_dir):
+    plan = Plan(kind="mix", deployments=[Deployment("resnet", "tiny-s", "cpu:1", quota_rps=5.0)])
+    path = tmp_path / "p.json"
+    write_plan_file(plan, path)
+    _refused_untouched(
+        cli, store, ("apply", path, "--dry-run"), "deployments[0].model is 'resnet'", "'tiny'"
+    )

@@ -135,3 +135,86 @@ def test_simulate_bad_inputs(cli, plan_file, tmp_path):
     bad_trace.write_text("1 2\nthree\n")
     r = cli("simulate", plan_file, "--trace", bad_trace)
     assert r.exit_code == 2 and "line 2" in r.output
+
+
+# -- refusals (issue 16): exit 2 naming the file / field / flag, never a traceback -------------
+def _mutated(plan_file, tmp_path, change) -> str:
+    doc = json.loads(plan_file.read_text())
+    change(doc)
+    path = tmp_path / "mutated.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def _refused(result, *needles):
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "Error:" in result.output
+    for needle in needles:
+        assert needle in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\x7fELF\x02\x01\x01\x00\xd0\xff\xfe\x00\x00", "not UTF-8 text"),
+        (gzip.compress(b'{"schema": "greenctl.plan/v1"}'), "gzip-compressed"),
+        (b"[" * 50_000, "nested too deeply"),
+    ],
+)
+def test_simulate_binary_or_odd_plan_files(cli, tmp_path, content, message):
+    path = tmp_path / "plan.bin"
+    path.write_bytes(content)
+    _refused(cli("simulate", path, "--json"), str(path), message)
+    _refused(cli("simulate", tmp_path), "is a directory")
+
+
+def test_simulate_binary_trace(cli, plan_file, tmp_path):
+    trace = tmp_path / "trace.txt"
+    trace.write_bytes(b"\x7fELF\x02\x01\xd0\xff\xfe")
+    _refused(cli("simulate", plan_file, "--trace", trace), str(trace))
+    gz = tmp_path / "trace.txt.gz"
+    gz.write_bytes(gzip.compress(b"\x00\xff\xfe\xd0"))
+    _refused(cli("simulate", plan_file, "--trace", gz), str(gz))
+
+
+@pytest.mark.parametrize("slo", ["0", "-5", "nan", "inf"])
+def test_simulate_slo_must_be_positive(cli, plan_file, slo):
+    _refused(cli("simulate", plan_file, "--slo-ms", slo, "--requests", "200"), "SLO", "--slo-ms")
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda d: d.update(request="fast"), "'request' must be a JSON object"),
+        (lambda d: d["deployments"][0].update(count=1_000_000), "'deployments[0].count'"),
+        (lambda d: d["deployments"][1].update(count="two"), "'deployments[1].count'"),
+        (lambda d: d["deployments"][1].update(quota_rps=-3), "'deployments[1].quota_rps'"),
+        (lambda d: d["deployments"][1].update(quota_rps=float("nan")), "'deployments[1].quota"),
+        (lambda d: d["predicted"].update(rate_rps=-70), "'predicted.rate_rps'"),
+        (lambda d: d["request"].update(slo_ms=0), "'request.slo_ms'"),
+    ],
+)
+def test_simulate_refuses_bad_plan_fields(cli, plan_file, tmp_path, change, field):
+    bad = _mutated(plan_file, tmp_path, change)
+    _refused(cli("simulate", bad, "--json", "--requests", "200"), bad, field)
+
+
+def test_simulate_refuses_a_model_that_is_not_the_variants_family(cli, plan_file, tmp_path):
+    bad = _mutated(plan_file, tmp_path, lambda d: d["deployments"][1].update(model="bert"))
+    _refused(cli("simulate", bad, "--requests", "200"), "deployments[1].model is 'bert'", "resnet")
+
+
+def test_simulate_refuses_runs_too_long_to_hold(cli, plan_file):
+    _refused(cli("simulate", plan_file, "--requests", "100000000000"), "--requests", "--analytic")
+    _refused(cli("simulate", plan_file, "--rate", "1e9", "--duration", "1000"), "--duration")
+
+
+def test_simulate_predicts_other_resource_kinds(cli, store, tmp_path):
+    """Any ``kind:size`` label can be simulated from its profile (only apply refuses it)."""
+    store.upsert_variant(Variant("q1", "qnet", accuracy=0.5))
+    store.add_profiles([Profile("q1", "quantum:7", 1, throughput_rps=50.0, latency_p50_ms=5.0)])
+    plan = Plan(kind="mix", deployments=[Deployment("qnet", "q1", "quantum:7", quota_rps=10.0)])
+    path = tmp_path / "q.json"
+    write_plan_file(plan, path)
+    out = _json(cli("simulate", path, "--rate", "10", "--requests", "500", "--json"))
+    assert out["rate_rps"] == pytest.approx(10, rel=0.2) and out["overloaded"] is False

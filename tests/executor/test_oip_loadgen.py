@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 from greenctl.data.errors import FileFormatError, InputError
 from greenctl.executor import oip
-from greenctl.executor.loadgen import arrival_times, read_trace
+from greenctl.executor.loadgen import (
+    arrival_times,
+    check_endpoint,
+    model_input,
+    read_trace,
+    run_load,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -89,3 +95,86 @@ def test_reference_twitter_trace(reference):
     times = arrival_times(duration_s=10.0, trace=trace, scale=0.1, seed=0)
     expected = sum(trace[:10]) * 0.1
     assert abs(len(times) - expected) < 6 * expected**0.5 + 5
+
+
+# -- refused input (issue 16): exit 2 naming the flag, never a traceback ------------------------
+@pytest.mark.parametrize(
+    "endpoint",
+    ["not a url", "http://", "ftp://host:21", "127.0.0.1:8000", "http://h:99999", "http://h/?q=1"],
+)
+def test_endpoint_must_be_an_http_base_url(endpoint):
+    with pytest.raises(InputError, match="--endpoint") as info:
+        check_endpoint(endpoint)
+    assert "http://127.0.0.1:8000" in (info.value.hint or "")
+
+
+def test_good_endpoints_pass():
+    assert check_endpoint("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
+    assert check_endpoint("https://serve.example/prefix/") == "https://serve.example/prefix/"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rate_rps": float("nan")}, "--rate"),
+        ({"rate_rps": float("inf")}, "--rate"),
+        ({"rate_rps": 5.0, "duration_s": float("nan")}, "--duration"),
+        ({"rate_rps": 5.0, "scale": float("nan")}, "--scale"),
+        ({"rate_rps": 1e9, "duration_s": 1000.0}, "at most"),
+    ],
+)
+def test_run_load_refuses_bad_numbers_before_sending(kwargs, message):
+    kwargs = {"duration_s": 1.0, **kwargs}
+    with pytest.raises(InputError, match=message):
+        run_load("http://127.0.0.1:9", "m", **kwargs)
+
+
+def test_loadgen_cli_not_a_url_is_exit_2(cli):
+    r = cli(
+        "loadgen", "--endpoint", "not a url", "--model", "tiny", "--rate", "5", "--duration", "1"
+    )
+    assert r.exit_code == 2, r.output
+    assert "--endpoint 'not a url'" in r.output and "Traceback" not in r.output
+    r = cli("loadgen", "--endpoint", "http://127.0.0.1:9", "--model", "a/b", "--rate", "5")
+    assert r.exit_code == 2 and "--model 'a/b'" in r.output
+
+
+def test_binary_trace_is_a_file_format_error(tmp_path):
+    path = tmp_path / "trace.txt"
+    path.write_bytes(b"\x7fELF\x02\x01\xd0\xff\xfe")
+    with pytest.raises(FileFormatError, match=r"trace\.txt"):
+        read_trace(path)
+    path = tmp_path / "nan.txt"
+    path.write_text("1 nan 3\n")
+    with pytest.raises(FileFormatError, match="rates must be >= 0"):
+        read_trace(path)
+
+
+def test_an_endpoint_that_is_not_an_inference_server(tmp_path):
+    """A web server that answers HTML (or JSON of another shape) is refused in one line."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    bodies = {"/v2/models/html": b"<html>hello</html>", "/v2/models/json": b'{"name": "x"}'}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = bodies.get(self.path, b"")
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        for model in ("html", "json"):
+            with pytest.raises(InputError, match="Open Inference Protocol"):
+                model_input(url, model)
+    finally:
+        server.shutdown()
+        server.server_close()
