@@ -183,14 +183,11 @@ def plan_intensity(
         InputError: a bad value or ``--at``; ``at`` with an explicit intensity; no
             intensity at all when there is no ``default``.
     """
-    import math
 
     if carbon_intensity is not None:
-        value = carbon_intensity
-        if isinstance(value, bool) or not math.isfinite(value) or value < 0:
-            raise InputError(
-                f"--carbon-intensity must be a finite number >= 0 gCO2/kWh, got {value!r}"
-            )
+        from greenctl.data.carbon_io import carbon_option
+
+        value = carbon_option(carbon_intensity)
         if at is not None:
             raise InputError(
                 "--at reads the stored signal at a time; it cannot be combined with "

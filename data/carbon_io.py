@@ -202,6 +202,26 @@ def check_carbon_g_per_kwh(value: float) -> float:
     return value
 
 
+def carbon_option(value: Any, name: str = "--carbon-intensity", *, positive: bool = False) -> float:
+    """A carbon intensity given as an option or request field, checked like a file's values.
+
+    Raises:
+        InputError: not a number, NaN, infinite, negative (or zero with ``positive``), or above
+            :data:`MAX_CARBON_G_PER_KWH`; the message names ``name``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(
+            f"{name} must be a number of gCO2/kWh, got {value!r}", hint=CARBON_RANGE_HINT
+        )
+    try:
+        out = check_carbon_g_per_kwh(float(value))
+    except _BadValue as exc:
+        raise InputError(f"{name}: {exc}", hint=exc.hint) from None
+    if positive and out == 0:
+        raise InputError(f"{name} must be > 0 gCO2/kWh, got 0", hint=CARBON_RANGE_HINT)
+    return out
+
+
 def _value(raw: Any, *, factor: float = 1.0) -> float:
     if isinstance(raw, bool) or raw is None:
         raise _BadValue(f"{raw!r} is not a number", CARBON_RANGE_HINT)

@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from greenctl.data.carbon_io import carbon_option
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
@@ -382,8 +383,9 @@ def account(
     """
     if pue < 1.0 or not math.isfinite(pue):
         raise InputError(f"PUE must be a number >= 1, got {pue}")
+    if carbon_g_per_kwh is not None:
+        carbon_option(carbon_g_per_kwh, "carbon intensity")
     for name, value in (
-        ("carbon intensity", carbon_g_per_kwh),
         ("WUE", wue_l_per_kwh),
         ("EWIF", ewif_l_per_kwh),
         ("device idle power", device_idle_power_w),

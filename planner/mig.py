@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from greenctl.data.carbon_io import carbon_option
 from greenctl.data.errors import InfeasiblePlan, InputError
 from greenctl.data.mig_geometry import (
     GpuGeometry,
@@ -119,8 +120,8 @@ class MigProblem:
             ("--carbon-intensity", self.carbon_intensity),
             ("--base-carbon-intensity", self.base_carbon_intensity),
         ):
-            if v is not None and not (v > 0 and math.isfinite(v)):
-                raise InputError(f"{name} must be a positive number of gCO2/kWh, got {v}")
+            if v is not None:
+                carbon_option(v, name, positive=True)
         if self.sla_ms is not None and not self.sla_ms > 0:
             raise InputError(f"--sla-ms must be > 0, got {self.sla_ms}")
         if self.max_accuracy_loss_pct is not None and not 0 <= self.max_accuracy_loss_pct < 100:

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from greenctl.data.carbon_io import carbon_option
 from greenctl.data.errors import InfeasiblePlan, InputError, NotFoundError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Profile, Variant
@@ -166,7 +167,14 @@ class MixProblem:
 # --------------------------------------------------------------------------------------------
 # Request validation and problem building
 # --------------------------------------------------------------------------------------------
-def _num(value: Any, name: str, *, minimum: float | None = None, strict: bool = False) -> float:
+def _num(
+    value: Any,
+    name: str,
+    *,
+    minimum: float | None = None,
+    strict: bool = False,
+    maximum: float | None = None,
+) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         try:
             value = float(value)
@@ -178,7 +186,17 @@ def _num(value: Any, name: str, *, minimum: float | None = None, strict: bool = 
     if minimum is not None and (value <= minimum if strict else value < minimum):
         op = ">" if strict else ">="
         raise InputError(f"{name} must be {op} {minimum:g}, got {value:g}")
+    if maximum is not None and value > maximum:
+        raise InputError(f"{name} must be <= {maximum:g}, got {value:g}")
     return value
+
+
+def _accuracy(value: Any, name: str) -> float:
+    """An accuracy floor: a fraction in 0..1 (profiles store accuracy as a fraction)."""
+    try:
+        return _num(value, name, minimum=0.0, maximum=1.0)
+    except InputError as exc:
+        raise InputError(exc.message, hint="accuracy is a fraction, e.g. 0.76 for 76 %") from None
 
 
 def normalize_request(request: dict[str, Any]) -> dict[str, Any]:
@@ -257,7 +275,7 @@ def normalize_request(request: dict[str, Any]) -> dict[str, Any]:
         slo = _num(slo, f"SLO of '{model}' (slo_ms)", minimum=0.0, strict=True)
         entry: dict[str, Any] = {"model": model, "rate_rps": rate, "slo_ms": slo}
         if fam.get("min_accuracy") is not None:
-            entry["min_accuracy"] = _num(fam["min_accuracy"], f"{where}.min_accuracy")
+            entry["min_accuracy"] = _accuracy(fam["min_accuracy"], f"{where}.min_accuracy")
         families.append(entry)
     out["families"] = families
     if slo_default is not None:
@@ -292,7 +310,7 @@ def normalize_request(request: dict[str, Any]) -> dict[str, Any]:
         )
     out["objective"] = objective
     if request.get("min_accuracy") is not None:
-        out["min_accuracy"] = _num(request["min_accuracy"], "min_accuracy")
+        out["min_accuracy"] = _accuracy(request["min_accuracy"], "min_accuracy")
     out["alpha"] = _num(request.get("alpha", DEFAULT_ALPHA), "alpha", minimum=0.0)
     out["beta"] = _num(request.get("beta", DEFAULT_BETA), "beta", minimum=0.0)
     out["gamma"] = _num(request.get("gamma", DEFAULT_GAMMA), "gamma", minimum=0.0)
@@ -300,8 +318,8 @@ def normalize_request(request: dict[str, Any]) -> dict[str, Any]:
         if request.get(key) is None:
             out[key] = {"alpha": DEFAULT_ALPHA, "beta": DEFAULT_BETA, "gamma": DEFAULT_GAMMA}[key]
     if request.get("carbon_intensity") is not None:
-        out["carbon_intensity"] = _num(
-            request["carbon_intensity"], "carbon_intensity (g/kWh)", minimum=0.0
+        out["carbon_intensity"] = carbon_option(
+            _num(request["carbon_intensity"], "carbon_intensity (g/kWh)"), "carbon_intensity"
         )
     out["reference_carbon_intensity"] = _num(
         request.get("reference_carbon_intensity") or REFERENCE_CARBON_INTENSITY,
