@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data.errors import FileFormatError, InputError
-from greenctl.data.records import utcnow_iso
+from greenctl.data.records import MAX_BATCH, utcnow_iso
 from greenctl.data.resources import parse_resource
 
 PLAN_SCHEMA = "greenctl.plan/v1"
@@ -20,8 +20,6 @@ PLAN_KINDS = ("mix", "mig", "glet", "geo")
 #: a MIG layout, added up). The one rule for every step that expands a plan into instances:
 #: ``simulate`` would hold each in memory and ``apply`` would start each as a daemon.
 MAX_INSTANCES = 10_000
-#: The largest batch a deployment may name.
-MAX_BATCH = 65_536
 #: Larger plan files are refused before parsing.
 MAX_PLAN_BYTES = 64 * 2**20
 #: The longest model, variant or resource name.

@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data.errors import FileFormatError, InputError
+from greenctl.data.plan import MAX_INSTANCES
+from greenctl.data.records import MAX_BATCH
 from greenctl.data.resources import parse_resource
 
 #: Larger spec files are refused before parsing (a spec is a few lines).
 MAX_SPEC_BYTES = 1_000_000
-#: The most instances or the largest batch one deployment of ``current`` may name.
-MAX_COUNT = 1_000_000
 
 _Check = Callable[[Any, str], Any]
 
@@ -72,10 +72,12 @@ class _Spec:
         return x
 
     def whole(self, value: Any, field: str) -> int:
+        # ``current`` deployments become a plan's: the plan document's limits hold for them
+        top = MAX_BATCH if field.endswith(".batch") else MAX_INSTANCES
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(field, f"must be a whole number >= 1, got {_show(value)}")
-        if not 1 <= value <= MAX_COUNT:
-            raise self.fail(field, f"must be a whole number between 1 and {MAX_COUNT}")
+        if not 1 <= value <= top:
+            raise self.fail(field, f"must be a whole number between 1 and {top}")
         return value
 
     def text(self, value: Any, field: str) -> str:

@@ -424,6 +424,16 @@ def _check_cluster(ray: Any, plan: Plan) -> None:
         )
 
 
+def _check_families(plan: Plan, store: Store) -> None:
+    """The local backend's rule: each deployment's model is its variant's family."""
+    from greenctl.data.plan import check_families
+    from greenctl.profiler.models import builtin_variants
+
+    known = {v.name: v.family for v in builtin_variants()}
+    known.update({v.name: v.family for v in store.variants()})
+    check_families(plan.deployments, known)
+
+
 def apply_ray(
     plan: Plan,
     *,
@@ -446,6 +456,7 @@ def apply_ray(
         )
     if not plan.deployments:
         raise InputError("the plan has no deployments")
+    _check_families(plan, store)
     t0 = time.perf_counter()
     app = _app_name(plan)
     url = f"http://127.0.0.1:{http_port}"

@@ -225,6 +225,13 @@ def test_apply_without_a_cluster_fails_fast(cli, plan_file, closed_port, no_ray_
     assert r.stdout == ""  # (with --json: no half document, no Ray log lines)
 
 
+def test_ray_apply_refuses_a_model_that_is_not_the_variants_family(store, no_ray_init):
+    """The local backend's family rule holds on Ray too, before any cluster is contacted."""
+    wrong = plan(Deployment("resnet", "tiny-s", "cpu:1"), plan_id=1)
+    with pytest.raises(InputError, match=r"deployments\[0\]\.model is 'resnet'.*'tiny'"):
+        apply_ray(wrong, store=store, address="127.0.0.1:1", dry_run=True)
+
+
 @pytest.mark.parametrize(
     "address", ["127.0.0.1", "127.0.0.1:99999", "head:port", ":6379", "http://h:1/x", "a b:1"]
 )
