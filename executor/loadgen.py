@@ -23,9 +23,7 @@ from typing import Any
 import numpy as np
 from greenctl.data.errors import InputError
 from greenctl.executor import oip
-
-#: The most requests one load run may send (their send times are held in memory).
-MAX_REQUESTS = 10_000_000
+from greenctl.planner.loads import check_arrivals
 
 
 @dataclass
@@ -320,12 +318,7 @@ def run_load(
         expected = sum(trace[: math.ceil(duration_s)]) * scale
     else:
         expected = (rate_rps or 0.0) * duration_s
-    if expected > MAX_REQUESTS:
-        raise InputError(
-            f"the load asks for about {expected:.3g} requests; one run sends at most "
-            f"{MAX_REQUESTS:,}",
-            hint="lower --rate (or --scale) or --duration",
-        )
+    check_arrivals(expected, "the load", hint="lower --rate (or --scale) or --duration")
     times = arrival_times(
         duration_s=duration_s, rate_rps=rate_rps, trace=trace, scale=scale, seed=seed
     )

@@ -16,6 +16,25 @@ from greenctl.data.errors import FileFormatError, InputError
 DEFAULT_REQUESTS = 100_000
 
 
+#: The most arrivals one run (a simulation, a load generator's run) may hold: each costs memory
+#: (their times are held in an array) and about a microsecond to simulate.
+MAX_ARRIVALS = 10_000_000
+
+
+def check_arrivals(expected: float, what: str, *, hint: str) -> None:
+    """Refuse a run of about ``expected`` arrivals above :data:`MAX_ARRIVALS`.
+
+    Raises:
+        InputError: naming ``what`` and the limit, with ``hint`` for the fix.
+    """
+    if not expected <= MAX_ARRIVALS:  # (NaN too)
+        raise InputError(
+            f"{what} asks for about {expected:.3g} requests; one run holds at most "
+            f"{MAX_ARRIVALS:,}",
+            hint=hint,
+        )
+
+
 def poisson_arrivals(
     rate: float, *, duration_s: float | None = None, n: int | None = None, seed: int = 0
 ) -> np.ndarray:
@@ -35,11 +54,13 @@ def poisson_arrivals(
     if duration_s is not None:
         if not math.isfinite(duration_s) or duration_s <= 0:
             raise InputError(f"duration must be > 0 s, got {duration_s}")
+        check_arrivals(rate * duration_s, "the run", hint="shorten the duration")
         count = int(rng.poisson(rate * duration_s))
         return np.sort(rng.uniform(0.0, duration_s, count))
     count = DEFAULT_REQUESTS if n is None else int(n)
     if count < 1:
         raise InputError(f"number of requests must be >= 1, got {count}")
+    check_arrivals(count, "the run", hint="ask for fewer requests")
     return np.cumsum(rng.exponential(1.0 / rate, count))
 
 

@@ -49,11 +49,8 @@ from greenctl.planner.evaluate import (
     split_load,
 )
 from greenctl.planner.latency import ServiceTime
-from greenctl.planner.loads import poisson_arrivals
+from greenctl.planner.loads import check_arrivals, poisson_arrivals
 from greenctl.planner.queueing import default_duty_cycle_ms
-
-#: The most requests one simulated run may offer (each costs memory and about a microsecond).
-MAX_SIMULATED_REQUESTS = 10_000_000
 
 
 @dataclass
@@ -615,13 +612,10 @@ def evaluate_plan(
 
 
 def _check_requests(expected: float, what: str) -> None:
-    """Refuse a run of more than :data:`MAX_SIMULATED_REQUESTS` requests (memory and time)."""
-    if expected > MAX_SIMULATED_REQUESTS:
-        raise InputError(
-            f"{what} asks for about {expected:.3g} requests; the simulator runs at most "
-            f"{MAX_SIMULATED_REQUESTS:,}",
-            hint="shorten the run (--duration / --requests), or use --analytic",
-        )
+    """Refuse a run of more than :data:`~greenctl.planner.loads.MAX_ARRIVALS` requests."""
+    check_arrivals(
+        expected, what, hint="shorten the run (--duration / --requests), or use --analytic"
+    )
 
 
 def pick_profiles(profiles: Sequence[Profile]) -> dict[tuple[str, str, int], Profile]:

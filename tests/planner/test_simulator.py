@@ -314,3 +314,15 @@ def test_twitter_trace_replay(reference):
     result = simulate(MIX, PROFILES, VARIANTS, arrivals_s=arrivals, policy="wrr", seed=1)
     assert result["rate_rps"] == pytest.approx(series[:600].mean(), rel=0.05)
     assert result["served_rps"] > 0
+
+
+def test_arrivals_beyond_the_one_limit_are_refused_before_allocating():
+    """Every run (simulate, loadgen, direct callers) holds at most MAX_ARRIVALS arrivals."""
+    from greenctl.data.errors import InputError
+    from greenctl.planner.loads import MAX_ARRIVALS, poisson_arrivals
+
+    with pytest.raises(InputError, match="at most 10,000,000"):
+        poisson_arrivals(1e6, duration_s=1e5)
+    with pytest.raises(InputError, match="at most"):
+        poisson_arrivals(10.0, n=MAX_ARRIVALS + 1)
+    assert len(poisson_arrivals(10.0, n=1000)) == 1000
