@@ -19,16 +19,25 @@ def profile_import(
     fmt: Annotated[
         str, typer.Option("--format", help="csv, json or auto (by extension/content).")
     ] = "auto",
+    merge: Annotated[
+        bool,
+        typer.Option(
+            "--merge",
+            help="Add the file's profiles to variants or families that hold another data set "
+            "(another hardware label) on purpose.",
+        ),
+    ] = False,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Import profiles from CSV or JSON; a bad row fails the whole import and writes nothing.
 
     Rows the store holds already are not stored twice: importing a file again is a no-op.
+    A file never adds another data set to an existing family silently (see --merge).
     """
     parsed = read_profiles(file, fmt=fmt)  # a bad file fails before any store is opened
     with store_for(db) as store:
-        result = import_parsed(store, parsed)
+        result = import_parsed(store, parsed, merge=merge)
     if json_out:
         print_json(result.__dict__)
         return

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data.errors import FileFormatError, InputError
+from greenctl.data.provenance import check_import_merge
 from greenctl.data.records import (
     ENERGY_METHODS,
     MAX_BATCH,
@@ -553,19 +554,23 @@ def _check_agree(path: str, first: _Row, row: _Row) -> None:
     )
 
 
-def import_profiles(store: Store, path: str | Path, *, fmt: str = "auto") -> ImportResult:
+def import_profiles(
+    store: Store, path: str | Path, *, fmt: str = "auto", merge: bool = False
+) -> ImportResult:
     """Import a profile CSV/JSON file into the store in one transaction.
 
-    Rows the store holds already are not stored again (see the module docstring).
+    Rows the store holds already are not stored again (see the module docstring). A file
+    that would add another data set (``hardware`` label) to a variant or family holding
+    profiles is refused unless ``merge`` (:func:`greenctl.data.provenance.check_import_merge`).
 
     Raises:
         FileFormatError: a bad row or column (file, line, column, reason); nothing is written.
-        InputError: the file is missing or unreadable.
+        InputError: the file is missing or unreadable, or it would merge data sets.
     """
-    return import_parsed(store, read_profiles(path, fmt=fmt))
+    return import_parsed(store, read_profiles(path, fmt=fmt), merge=merge)
 
 
-def import_parsed(store: Store, parsed: ParsedProfiles) -> ImportResult:
+def import_parsed(store: Store, parsed: ParsedProfiles, *, merge: bool = False) -> ImportResult:
     """Store what :func:`read_profiles` read (one transaction); see :func:`import_profiles`."""
     path, rows = parsed.path, parsed.rows
     # Variant-level facts must agree across the file's rows; they override the store's.
@@ -617,6 +622,17 @@ def import_parsed(store: Store, parsed: ParsedProfiles) -> ImportResult:
                     updated.append(name)
                 setattr(v, attr, value)
     with store.transaction():
+        check_import_merge(
+            store,
+            [
+                (r.profile.variant, variants[r.profile.variant].family, r.profile.hardware)
+                for r in rows
+            ],
+            what=f"profile import of {path}",
+            hint="import under other variant and family names (columns 'variant', 'model'), or "
+            "pass --merge to add these profiles to the existing ones on purpose",
+            merge=merge,
+        )
         new = [
             r.profile
             for r in rows

@@ -168,3 +168,22 @@ def test_import_error_leaves_store_and_prints_no_traceback(cli, imported, store,
     r = cli("profile", "import", tmp_path)
     assert r.exit_code == 2 and "cannot read" in r.output
     assert store.profile_count() == 6
+
+
+def test_an_import_never_merges_another_data_set_silently(cli, tmp_path: Path):
+    """A file of another hardware label into an existing family: exit 2, or --merge on purpose."""
+    head = f"{HEADER},hardware"
+    first = write(tmp_path, f"{head}\nv1,fam,cpu:1,1,10,5,lab-a\nv2,fam,cpu:1,1,20,3,lab-a\n")
+    assert cli("profile", "import", first).exit_code == 0
+    before = json.loads(cli("profile", "list", "--json").stdout)
+    # a new variant of the same family, measured elsewhere
+    other = write(tmp_path, f"{head}\nv3,fam,cpu:1,1,30,2,lab-b\n", "other.csv")
+    r = cli("profile", "import", other)
+    assert r.exit_code == 2, r.output
+    assert "other.csv" in r.stderr and "lab-b" in r.stderr and "--merge" in r.stderr
+    assert json.loads(cli("profile", "list", "--json").stdout) == before
+    # re-importing the same data set is no merge; --merge adds the other on purpose
+    assert cli("profile", "import", first).exit_code == 0
+    r = cli("profile", "import", other, "--merge", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["variants_created"] == ["v3"]
