@@ -540,8 +540,8 @@ def replan_once(
             except ValueError as exc:
                 raise InputError(f"--at: {exc}") from None
         when = at or utcnow_iso()
-        try:
-            sig = carbon.value_at(store, reg, at) if at is not None else carbon.now(store, reg)
+        try:  # the one rule every plan's intensity follows (plan mix/mig --region --at)
+            ci = carbon.plan_intensity(store, region=reg, at=at)
         except GreenctlError as exc:
             _record(
                 store,
@@ -557,7 +557,7 @@ def replan_once(
                 },
             )
             raise
-        signal = float(sig["carbon_g_per_kwh"])
+        signal = float(ci["carbon_g_per_kwh"])
         ref = None
         if last is not None and last.get("signal_g_per_kwh") is not None:
             ref = float(last["signal_g_per_kwh"])
@@ -624,7 +624,9 @@ def replan_once(
                     notes.append("no measured load yet: planned rate kept")
             replan_fn = _mig_replan if running.kind == "mig" else _mix_replan
             new, old_obj, note = replan_fn(store, running, intensity=signal, rate=rate)
-            new.extra["carbon_region"] = reg
+            from greenctl.cli.plan import apply_intensity
+
+            apply_intensity(new, ci)  # the value, its source and carbon_region
             if note:
                 notes.append(note)
             objective = str(

@@ -132,6 +132,12 @@ def test_threshold_keeps_small_moves_and_acts_on_big_ones(tiny):
     old = store.get_plan(pid)
     assert new.predicted["energy_j_per_request"] < old.predicted["energy_j_per_request"]
     assert new.request["carbon_intensity"] == pytest.approx(291.63)
+    # the replanned plan says where its intensity came from, as `plan mix --region` does
+    src = new.extra["carbon_source"]
+    assert (
+        src["kind"] == "signal" and src["region"] == "CISO" and new.extra["carbon_region"] == "CISO"
+    )
+    assert src["at"] == "2021-03-01T05:00:00Z" and src["signal_time"] <= src["at"]
 
 
 def test_without_apply_the_plan_is_proposed_not_applied(tiny):
