@@ -337,9 +337,24 @@ def probe_address(address: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     )
 
 
+def _connected_to(ray: Any) -> tuple[str, int] | None:
+    """(host, port) of the cluster this process's Ray is connected to, when it says."""
+    try:
+        return parse_address(str(ray.get_runtime_context().gcs_address))
+    except Exception:  # a Ray Client connection or an older Ray: unknown
+        return None
+
+
 def _connect(address: str) -> Any:
     loaded = sys.modules.get("ray")
     connected = loaded is not None and loaded.is_initialized()
+    if connected and address not in ("auto", "local"):
+        current = _connected_to(loaded)
+        if current is not None and current != parse_address(address):
+            # connected to another cluster (a library caller, or a test, went before):
+            # deploying there would silently serve the plan on the wrong cluster
+            loaded.shutdown()
+            connected = False
     if not connected and address not in ("auto", "local"):  # Ray resolves these itself, fast
         probe_address(address)  # before importing Ray: a wrong address fails in a blink
     ray = _ray()
