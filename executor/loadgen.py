@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from greenctl.data.errors import InputError
+from greenctl.data.errors import ExecutorError, InputError
 from greenctl.executor import oip
 from greenctl.planner.loads import check_arrivals
 
@@ -166,7 +166,11 @@ def model_input(
     except urllib.error.HTTPError as exc:
         raise InputError(f"{url} answered {exc.code}: is '{model}' served there?") from None
     except (urllib.error.URLError, OSError) as exc:
-        raise InputError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
+        # nothing answers: a runtime failure (exit 1), as when a served endpoint goes down
+        raise ExecutorError(
+            f"cannot reach {url}: {getattr(exc, 'reason', exc)}",
+            hint="is a dispatcher running there? `greenctl status` shows its URL",
+        ) from None
     except ValueError:  # not JSON (or not UTF-8): not an inference server
         meta = None
     try:

@@ -383,6 +383,7 @@ CASES = [
     Case("status-ray-no-cluster", ("status", "--backend", "ray", "--address", "127.0.0.1:1"), code=1, says=("127.0.0.1:1",)),
     # -- loadgen ---------------------------------------------------------------------------------
     Case("loadgen-not-a-url", ("loadgen", "--endpoint", "not a url", "--model", "tiny", "--rate", "5", "--duration", "1"), says=("endpoint",)),
+    Case("loadgen-nothing-listening", ("loadgen", "--endpoint", "http://127.0.0.1:1", "--model", "tiny", "--rate", "5", "--duration", "1"), code=1, says=("127.0.0.1:1",)),
     Case("loadgen-negative-rate", ("loadgen", "--endpoint", "http://127.0.0.1:1", "--model", "tiny", "--rate", "-5", "--duration", "1"), says=("rate",)),
     # -- carbon ----------------------------------------------------------------------------------
     Case("carbon-import-binary", ("carbon", "import", "{f}.csv", "--region", "X"), (("f.csv", _bytes(BINARY)),)),
