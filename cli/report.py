@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, store_for
+from greenctl.data.errors import InputError
 
 report_app = typer.Typer(
     no_args_is_help=True,
@@ -48,11 +49,22 @@ def _export_command(what: str) -> Any:
         from greenctl.cli import reporting
 
         filters: dict[str, Any] = {}
+        given = {"--region": region, "--from": start, "--to": end, "--plan": plan}
+        takes = {"carbon": ("--region", "--from", "--to"), "plans": ("--plan",),
+                 "runs": ("--plan",), "decisions": ("--region", "--from", "--to", "--plan")}  # fmt: skip
+        stray = [k for k, v in given.items() if v is not None and k not in takes.get(what, ())]
+        if stray:  # a filter the report cannot apply would silently export everything
+            raise InputError(
+                f"report {what} has no {stray[0]} filter",
+                hint=f"report {what} takes {', '.join(takes.get(what, ())) or 'no filter'}",
+            )
         if what in ("carbon", "decisions"):
             filters.update(region=region, start=start, end=end)
         if what in ("plans", "runs", "decisions"):
             filters["plan_id"] = plan
         with store_for(db) as store:
+            if plan is not None:
+                store.get_plan(plan)  # an unknown id is an error, not an empty report
             res = reporting.export(store, what, fmt=fmt, path=output, **filters)
         if output:
             console.print(f"Wrote {res['rows']} {what} rows ({fmt}) to {output}", highlight=False)

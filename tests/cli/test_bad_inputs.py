@@ -418,6 +418,8 @@ CASES = [
     # -- export / report / forecast / gpulet / geo / mig ----------------------------------------
     Case("export-k8s-binary-plan", ("export", "k8s", "/bin/ls", "-o", "{out}")),
     Case("report-savings-unknown-plan", ("report", "savings", "--plan", "999", "--baseline", "1", "--region", "CISO"), says=("999",)),
+    Case("report-plans-unknown-plan", ("report", "plans", "--plan", "99999"), says=("99999",)),
+    Case("report-profiles-stray-filter", ("report", "profiles", "--region", "CISO"), says=("--region",)),
     Case("forecast-fit-binary-trace", ("forecast", "fit", "--forecaster", "last", "--trace", "{t}.txt.gz"), (("t.txt.gz", _bytes(GZ)),)),
     Case("forecast-unknown-forecaster", ("forecast", "predict", "--forecaster", "nosuch", "--trace", "{t}.txt"), (("t.txt", _text("1 2 3 4 5\n")),), says=("nosuch",)),
     Case("gpulet-import-missing", ("gpulet", "import", "{missing}"), says=("missing",)),
