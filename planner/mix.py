@@ -1192,6 +1192,14 @@ def _solve_highs(
         status = outcome  # optimal | infeasible
     x = list(h.getSolution().col_value) if has_sol else None
     obj = info.objective_function_value if has_sol else None
+    if x is not None and start is not None and not relax:
+        # HiGHS 1.16 can report the optimum's value while handing back the warm start as the
+        # solution (seen on a two-family problem presolve solved: value -0.48125, start's
+        # -0.475). The value of what it returns is the truth; when the two disagree, solve
+        # again without the start.
+        got = float(np.dot(lp.col_cost_, np.asarray(x, dtype=np.float64)))
+        if abs(got - obj) > 1e-9 * max(1.0, abs(obj)):
+            return _solve_highs(model, time_limit_s, None, relax=relax, rel_gap=rel_gap)
     gap = None
     bound = None
     if relax:

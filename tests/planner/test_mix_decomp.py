@@ -366,3 +366,33 @@ def test_the_per_variant_search_finds_the_per_option_searchs_optimum(case, floor
         by_index[oi].pa * qq for oi, (_, qq) in plan.counts.items()
     )
     assert priced == pytest.approx(z, rel=1e-9, abs=1e-12)
+
+
+def test_the_joint_ilp_returns_its_optimum_not_the_warm_start():
+    """HiGHS 1.16 reported the optimum's value (-0.48125) with the greedy warm start as its
+    solution (-0.475) on this problem (found by hypothesis); the plan must be the optimum."""
+
+    def option(variant: str, resource: str, cap: float, cost: float, use: dict) -> MixOption:
+        return MixOption(variant=variant, resource=resource, batch=1, capacity_rps=cap,
+                         cost_per_hour=cost, energy_j_per_request=1.0, latency_ms=100.0,
+                         usage=use, capacity_source="load-tested")  # fmt: skip
+
+    families = [
+        MixFamily("fam0", 1.0, 500.0, {"f0v0": MixVariant("f0v0", 0.5, 1.0)},
+                  [option("f0v0", "mig:1g.10gb", 2.0, 0.045, {"mig": 1.0}),
+                   option("f0v0", "cpu:1", 2.0, 0.04, {"cpu": 1.0})]),
+        MixFamily("fam1", 1.0, 500.0, {"f1v0": MixVariant("f1v0", 0.5, 1.0)},
+                  [option("f1v0", "cpu:1", 2.0, 0.04, {"cpu": 1.0}),
+                   option("f1v0", "mig:3g.40gb", 6.0, 0.12, {"mig": 3.0}),
+                   option("f1v0", "cpu:2", 4.0, 0.08, {"cpu": 2.0})]),
+    ]  # fmt: skip
+    problem = MixProblem(families=families, budgets={"cpu": 2.0, "mig": 4.0},
+                         objective="balanced", alpha=0.05, beta=0.0, gamma=0.0)  # fmt: skip
+    with joint_ilp():
+        plan = plan_mix(problem)
+    assert plan.predicted["objective"] == pytest.approx(0.48125)
+    assert plan.predicted["objective"] <= plan.extra["solver"]["objective_bound"] + TOL
+    assert {(d.variant, d.resource) for d in plan.deployments} == {
+        ("f0v0", "mig:1g.10gb"),
+        ("f1v0", "cpu:1"),
+    }
