@@ -10,9 +10,9 @@ from greenctl.cli.common import (
     DbOpt,
     JsonOpt,
     console,
-    err_console,
     print_json,
     render_table,
+    say,
     store_for,
 )
 
@@ -116,9 +116,9 @@ def apply_cmd(
             title, ["action", "details"], [[a["action"], _details(a)] for a in result.actions]
         )
     if result.dispatcher_url and not dry_run:
-        console.print(f"Dispatcher: {result.dispatcher_url}  (Open Inference Protocol v2)")
+        say(f"Dispatcher: {result.dispatcher_url}  (Open Inference Protocol v2)")
     for w in result.warnings:
-        err_console.print(f"[yellow]warning:[/] {w}")
+        say(("warning:", "yellow"), f" {w}", err=True)
     if result.verify:
         _print_verify(result.verify)
 
@@ -166,9 +166,7 @@ def _apply_ray(
     title = "Planned actions (dry run, Ray)" if dry_run else "Actions taken (Ray)"
     render_table(title, ["action"], [[a] for a in result.actions])
     if not dry_run:
-        console.print(
-            f"Endpoint: {result.url}  (Open Inference Protocol v2) in {result.elapsed_s:.1f} s"
-        )
+        say(f"Endpoint: {result.url}  (Open Inference Protocol v2) in {result.elapsed_s:.1f} s")
     if checked:
         _print_verify(checked)
 
@@ -218,21 +216,19 @@ def status_cmd(
             return
         if doc["app"] is None:
             where = f"the Ray cluster at {doc['address']}" if doc["address"] else "Ray"
-            console.print(
+            say(
                 f"Nothing greenctl applied runs on {where} (apply a plan with "
                 "`greenctl apply PLAN.json --backend ray --address HOST:PORT`)."
             )
             return
         if not doc["running"]:
-            console.print(
+            say(
                 f"Ray application {doc['app']} (plan {doc['plan_id']}) is not on the cluster at "
                 f"{doc['address']}: it was deleted or the cluster restarted; apply the plan again."
             )
             return
         url = (doc.get("dispatcher") or {}).get("url")
-        console.print(
-            f"Ray application {doc.get('app') or '-'} at {url or '-'} (plan {doc.get('plan_id')})"
-        )
+        say(f"Ray application {doc.get('app') or '-'} at {url or '-'} (plan {doc.get('plan_id')})")
         render_table(
             "Deployments",
             ["variant", "resource", "replicas", "status"],
@@ -240,7 +236,7 @@ def status_cmd(
         )
         return
     _backend(backend, address)
-    with store_for(db) as store:
+    with store_for(db, create=False) as store:  # read-only: a missing store is not created
         doc = status(store)
     if json_out:
         print_json(doc)
@@ -251,7 +247,7 @@ def status_cmd(
         return
     if disp is not None:
         state = "ready" if disp["ready"] else ("alive, not ready" if disp["alive"] else "DOWN")
-        console.print(f"Dispatcher: {disp['url']}  pid {disp['pid']}  {state}")
+        say(f"Dispatcher: {disp['url']}  pid {disp['pid']}  {state}")
     render_table(
         "Instances",
         [

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, store_for
+from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, say, store_for
 
 carbon_app = typer.Typer(
     no_args_is_help=True,
@@ -78,7 +78,7 @@ def carbon_import(
     if json_out:
         print_json(summary)
         return
-    console.print(
+    say(
         f"Imported {summary['rows']} {'/'.join(summary['kind'])} values ({summary['format']}) "
         f"for {', '.join(summary['regions'])}, {summary['first']} .. {summary['last']}"
     )
@@ -99,7 +99,7 @@ def carbon_show(
     """Show a region's carbon intensity series (or the value at --at)."""
     from greenctl.data import carbon
 
-    with store_for(db) as store:
+    with store_for(db, create=False) as store:  # read-only: a missing store is not created
         if at:
             rows = [carbon.value_at(store, region, at, kind=kind)]
         else:
@@ -124,14 +124,14 @@ def carbon_now(
     """The carbon intensity in force now (newest stored value when the trace is older)."""
     from greenctl.data import carbon
 
-    with store_for(db) as store:
+    with store_for(db, create=False) as store:  # read-only: a missing store is not created
         row = carbon.now(store, region, kind=kind)
     if json_out:
         print_json(row)
         return
-    note = " [yellow](stale: newest stored value, not current)[/]" if row.get("stale") else ""
-    console.print(
-        f"{region}: {row['carbon_g_per_kwh']:.1f} gCO2/kWh ({row['kind']}) at {row['time']}{note}"
+    say(
+        f"{region}: {row['carbon_g_per_kwh']:.1f} gCO2/kWh ({row['kind']}) at {row['time']}",
+        (" (stale: newest stored value, not current)", "yellow") if row.get("stale") else "",
     )
 
 
@@ -140,7 +140,7 @@ def carbon_regions(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """List regions with stored signals."""
     from greenctl.data import carbon
 
-    with store_for(db) as store:
+    with store_for(db, create=False) as store:  # read-only: a missing store is not created
         rows = carbon.regions(store)
     if json_out:
         print_json(rows)
@@ -174,7 +174,7 @@ def carbon_fetch(
     if json_out:
         print_json(summary)
         return
-    console.print(f"Fetched {summary['rows']} values from {provider} for {region}")
+    say(f"Fetched {summary['rows']} values from {provider} for {region}")
 
 
 def register(app: typer.Typer) -> None:

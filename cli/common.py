@@ -10,15 +10,33 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.style import Style
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     from greenctl.data.store import Store
 
 # emoji=False: ":abc:" in a name or message stays ":abc:". Text that quotes user input
-# (names, paths) is printed with markup=False or through rich.markup.escape.
+# (names, paths, messages built from them) is printed with `say` (or markup=False), never
+# as rich markup: "x[red]y" prints as "x[red]y".
 console = Console(emoji=False)
 err_console = Console(stderr=True, emoji=False)
+
+Part = str | tuple[str, str | Style]
+
+
+def say(*parts: Part, err: bool = False, highlight: bool = True, **kwargs: Any) -> None:
+    """Print text as it is: never rich markup (``[red]``) nor emoji codes (``:abc:``).
+
+    Each part is plain text, or a ``(text, style)`` pair for the parts greenctl styles itself,
+    e.g. ``say(("warning:", "yellow"), f" {message}", err=True)``. ``highlight`` colours
+    numbers and the like as ``console.print`` does; other keywords go to ``console.print``.
+    """
+    out = err_console if err else console
+    text = Text.assemble(*parts)
+    out.print(out.highlighter(text) if highlight else text, **kwargs)
+
 
 # No envvar: GREENCTL_DB is read by the store (data.store.resolve_db_path) only when no --db
 # is given anywhere; as an envvar here it would beat the root's `greenctl --db PATH`.
@@ -89,16 +107,18 @@ def render_table(
 ) -> None:
     """Print a rich table with formatted cells.
 
-    Cells are printed as they are (escaped: a name like ``x[red]y`` is not markup); the
-    title and caption are markup, so callers escape user text in them.
+    The title, the caption and the cells are printed as they are (a name like ``x[red]y`` in
+    any of them is not markup), so callers pass user text (names, regions, paths) unescaped.
     """
-    from rich.markup import escape
-
-    table = Table(title=title, caption=caption, header_style="bold")
+    table = Table(
+        title=None if title is None else Text(title, style="table.title"),
+        caption=None if caption is None else Text(caption, style="table.caption"),
+        header_style="bold",
+    )
     for col in columns:
         table.add_column(col, overflow="fold")
     for row in rows:
-        table.add_row(*(escape(fmt(v)) for v in row))
+        table.add_row(*(Text(fmt(v)) for v in row))
     console.print(table)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import JsonOpt, console, print_json, render_table
+from greenctl.cli.common import JsonOpt, console, print_json, render_table, say
 
 
 def demo_cmd(
@@ -31,7 +31,8 @@ def demo_cmd(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
-        TextColumn("[progress.description]{task.description}"),
+        # markup=False: a step's message quotes paths and names as they are
+        TextColumn("{task.description}", style="progress.description", markup=False),
         BarColumn(),
         TimeElapsedColumn(),
     )
@@ -43,7 +44,7 @@ def demo_cmd(
             # log each step once (inner profiling progress only moves the bar)
             step = msg.split(":")[0]
             if step != last["msg"] and not json_out:
-                bar.console.print(f"[dim]-[/] {msg}", highlight=False)
+                say(("-", "dim"), f" {msg}", highlight=False)
                 last["msg"] = step
             bar.update(task, completed=frac, description=_short(msg))
 
@@ -76,7 +77,7 @@ def demo_cmd(
         summary["savings_table"],
         caption="modeled from profiles (CPU energy is modeled) and the carbon trace",
     )
-    console.print(
+    say(
         f"report: {summary['out_dir']} ({len(summary['files'])} files); "
         f"stopped {summary['stopped']} processes",
         highlight=False,

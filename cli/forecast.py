@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, store_for
+from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, say, store_for
 
 forecast_app = typer.Typer(
     no_args_is_help=True,
@@ -91,7 +91,7 @@ def forecast_fit(
         print_json(out)
         return
     m = out["metrics"]
-    console.print(
+    say(
         f"Saved forecaster '{out['name']}' ({out['kind']}) trained on {out['trained_on']} "
         f"({out['train_minutes']} minutes)."
     )
@@ -132,7 +132,7 @@ def forecast_predict(
     if json_out:
         print_json(out)
         return
-    console.print(
+    say(
         f"{out['forecaster']}: next minute's peak {out['predicted_peak_rps']:.1f} req/s "
         f"(last minute {out['last_peak_rps']:.1f}; {out['history_minutes']} minutes of "
         f"{out['source']})"
@@ -144,7 +144,7 @@ def forecast_list(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """List saved forecasters with their held-out scores."""
     from greenctl.cli import workflow
 
-    with store_for(db) as store:
+    with store_for(db, create=False) as store:  # read-only: a missing store is not created
         rows = workflow.list_forecasters(store)
     if json_out:
         print_json(rows)
@@ -187,7 +187,7 @@ def forecast_sample(
     if not samples:
         console.print("no sample recorded (first reading, or no dispatcher answering)")
     for s in samples:
-        console.print(
+        say(
             f"{s['model'] or '(all)'}: {s['rate_rps']:.2f} req/s over {s['interval_s']:.0f} s "
             f"from {s['time']}",
             highlight=False,

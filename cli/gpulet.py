@@ -9,9 +9,9 @@ import typer
 from greenctl.cli.common import (
     DbOpt,
     JsonOpt,
-    err_console,
     print_json,
     render_table,
+    say,
     store_for,
 )
 
@@ -54,7 +54,7 @@ def gpulet_import_cmd(
     with store_for(db) as store:
         summary = import_gpulet(store, directory, hardware=hardware, prefix=prefix, merge=merge)
     for line in summary.merged:
-        err_console.print(f"note: merged on purpose (--merge): {line}", highlight=False)
+        say(f"note: merged on purpose (--merge): {line}", err=True, highlight=False)
     if json_out:
         print_json(summary.to_dict())
         return

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import typer
-from greenctl.cli.common import JsonOpt, console, print_json, render_table
+from greenctl.cli.common import JsonOpt, print_json, render_table, say
 
 
 def hw_cmd(json_out: JsonOpt = False) -> None:
@@ -92,9 +92,9 @@ def hw_cmd(json_out: JsonOpt = False) -> None:
             ],
         )
     if inv.mps_pipe:
-        console.print(f"MPS daemon running (control pipe {inv.mps_pipe})")
+        say(f"MPS daemon running (control pipe {inv.mps_pipe})")
     for note in inv.notes:
-        console.print(note)
+        say(note)
 
 
 def register(app: typer.Typer) -> None:

@@ -64,7 +64,7 @@ def interference_show(
     """Show a stored interference model and its held-out error."""
     from greenctl.data.gpulet_import import get_interference_model
 
-    with store_for(db) as store:
+    with store_for(db, create=False) as store:  # read-only: a missing store is not created
         doc = get_interference_model(store, model_id)
     if json_out:
         print_json(doc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, store_for
+from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, say, store_for
 
 mig_app = typer.Typer(
     no_args_is_help=True,
@@ -128,7 +128,7 @@ def mig_synth(
         ],
         caption="synthetic: made up by greenctl.planner.synthetic, not measured",
     )
-    console.print(f"hardware recorded as '{profiles[0].hardware}'" if profiles else "")
+    say(f"hardware recorded as '{profiles[0].hardware}'" if profiles else "")
 
 
 def register(app: typer.Typer) -> None:

@@ -27,7 +27,7 @@ def plan_list(
     json_out: JsonOpt = False,
 ) -> None:
     """List the plans saved in the store, newest first."""
-    with store_for(db) as store:
+    with store_for(db, create=False) as store:  # read-only: a missing store is not created
         rows = store.plans(kind)
     if json_out:
         print_json(rows)
@@ -45,7 +45,7 @@ def plan_show(
     db: DbOpt = None,
 ) -> None:
     """Print a saved plan document as JSON."""
-    with store_for(db) as store:
+    with store_for(db, create=False) as store:  # read-only: a missing store is not created
         plan = store.get_plan(plan_id)
     print_json(plan.to_dict())
 

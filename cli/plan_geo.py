@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, store_for
+from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, say, store_for
 
 if TYPE_CHECKING:
     from greenctl.planner.geo import GeoRun
@@ -209,12 +209,12 @@ def _render(run: GeoRun, *, allocations: Path | None, plot: Path | None) -> None
         caption=f"solved in {extra['solve_s']:.3f} s",
     )
     for note in extra.get("notes", []):
-        console.print(f"note: {note}", highlight=False)
-    console.print(f"plan {plan.id} saved (kind geo)", highlight=False)
+        say(f"note: {note}", highlight=False)
+    say(f"plan {plan.id} saved (kind geo)", highlight=False)
     if allocations is not None:
-        console.print(f"allocations written to {allocations}", highlight=False)
+        say(f"allocations written to {allocations}", highlight=False)
     if plot is not None:
-        console.print(f"chart written to {plot}", highlight=False)
+        say(f"chart written to {plot}", highlight=False)
 
 
 def _comparison(
@@ -303,7 +303,7 @@ def convert_eglb_cmd(
         print_json({k: str(v) for k, v in paths.items()})
         return
     for key, path in paths.items():
-        console.print(f"{key}: {path}", highlight=False)
+        say(f"{key}: {path}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -9,10 +9,9 @@ import typer
 from greenctl.cli.common import (
     DbOpt,
     JsonOpt,
-    console,
-    err_console,
     print_json,
     render_table,
+    say,
     store_for,
 )
 from greenctl.cli.plan import plan_app
@@ -162,7 +161,7 @@ def plan_glet_cmd(
         print_json(plan.to_dict())
         return
     for note in plan.extra.get("notes", []):
-        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+        say(("note:", "yellow"), f" {note}", err=True, highlight=False)
     rows = []
     for gpu in plan.extra["gpus"]:
         for g in gpu["glets"]:
@@ -202,7 +201,7 @@ def plan_glet_cmd(
         caption="modeled from profiles; simulated = Poisson arrivals over the planned cycles",
     )
     if output is not None:
-        console.print(f"plan written to {output}")
+        say(f"plan written to {output}")
 
 
 def register(app: typer.Typer) -> None:

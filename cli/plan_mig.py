@@ -9,10 +9,9 @@ import typer
 from greenctl.cli.common import (
     DbOpt,
     JsonOpt,
-    console,
-    err_console,
     print_json,
     render_table,
+    say,
     store_for,
 )
 from greenctl.cli.plan import AtOpt, RegionOpt
@@ -157,15 +156,15 @@ def plan_mig_cmd(
             )
         save_plan(store, plan, output)
     if ci["note"]:
-        err_console.print(f"note: {ci['note']}", highlight=False)
+        say(f"note: {ci['note']}", err=True, highlight=False)
     if json_out:
         print_json(plan.to_dict())
         return
     _render(plan)
     if export is not None:
-        console.print(f"mig-parted config written to {export[1]}", highlight=False)
+        say(f"mig-parted config written to {export[1]}", highlight=False)
     if output is not None:
-        console.print(f"plan written to {output}", highlight=False)
+        say(f"plan written to {output}", highlight=False)
 
 
 def _render(plan: Any) -> None:

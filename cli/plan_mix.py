@@ -8,11 +8,10 @@ import typer
 from greenctl.cli.common import (
     DbOpt,
     JsonOpt,
-    console,
-    err_console,
     fmt,
     print_json,
     render_table,
+    say,
     store_for,
 )
 from greenctl.cli.plan import AtOpt, RegionOpt
@@ -184,7 +183,7 @@ def plan_mix_cmd(
         save_plan(store, plan, output)
     if json_out:
         if ci["note"]:
-            err_console.print(f"note: {ci['note']}", highlight=False)
+            say(f"note: {ci['note']}", err=True, highlight=False)
         print_json(plan.to_dict())
         return
     _render(plan)
@@ -251,7 +250,7 @@ def _render(plan: Any) -> None:
     gap = s.get("gap")
     status = s.get("status")
     label = {"time_limit": "TIME LIMIT: best plan found, not proven optimal"}.get(status, status)
-    console.print(
+    say(
         f"solver: {s.get('name')} {label}"
         + (f", gap {fmt(float(gap) * 100)} %" if gap is not None else "")
         + (f", {fmt(s.get('total_s'))} s" if s.get("total_s") is not None else "")
@@ -259,7 +258,7 @@ def _render(plan: Any) -> None:
         highlight=False,
     )
     for note in plan.extra.get("notes", []):
-        console.print(f"note: {note}", highlight=False)
+        say(f"note: {note}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

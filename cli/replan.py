@@ -8,10 +8,9 @@ import typer
 from greenctl.cli.common import (
     DbOpt,
     JsonOpt,
-    console,
-    err_console,
     print_json,
     render_table,
+    say,
     store_for,
 )
 
@@ -117,9 +116,7 @@ def replan_cmd(
     colour = {"apply": "green", "propose": "yellow", "keep": "cyan", "hold": "cyan"}.get(
         d["action"], "red"
     )
-    console.print(
-        f"[bold {colour}]{d['action']}[/] (decision {d['id']}): {d['reason']}", highlight=False
-    )
+    say((d["action"], f"bold {colour}"), f" (decision {d['id']}): {d['reason']}", highlight=False)
 
 
 def _objectives(r: dict[str, object]) -> str:
@@ -170,7 +167,7 @@ def cron_install_cmd(
         typer.echo(line)
         return
     where = workflow.cron_install(line, name=name, crontab_file=crontab_file)
-    console.print(f"installed in {where}:\n{line}", highlight=False, soft_wrap=True)
+    say(f"installed in {where}:\n{line}", highlight=False, soft_wrap=True)
 
 
 def check_greenctl_args(args: list[str], *, root: Any = None) -> None:
@@ -260,9 +257,9 @@ def cron_remove_cmd(
 
     removed = workflow.cron_remove(name=name, crontab_file=crontab_file)
     if removed:
-        console.print(f"removed {removed} line(s) tagged greenctl:{name}")
+        say(f"removed {removed} line(s) tagged greenctl:{name}")
     else:
-        err_console.print(f"no crontab line tagged greenctl:{name}")
+        say(f"no crontab line tagged greenctl:{name}", err=True)
 
 
 def register(app: typer.Typer) -> None:
