@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, store_for
+from greenctl.cli.common import DbOpt, JsonOpt, print_json, say, store_for
 
 export_app = typer.Typer(no_args_is_help=True, help="Export plans for other engines (Kubernetes).")
 
@@ -62,10 +62,10 @@ def export_k8s(
         print_json({"files": written, "node_labels": export.node_labels})
         return
     for path in written:
-        console.print(f"wrote {path}")
+        say(f"wrote {path}")
     for line in export.node_labels:
-        console.print(f"  {line}")
-    console.print(f"apply with: kubectl apply -k {output}")
+        say(f"  {line}")
+    say(f"apply with: kubectl apply -k {output}")
 
 
 def register(app: typer.Typer) -> None:

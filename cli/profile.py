@@ -121,7 +121,7 @@ def profile_measure(
     with (
         store_for(db) as store,
         Progress(
-            TextColumn("[progress.description]{task.description}"),
+            TextColumn("{task.description}", style="progress.description", markup=False),
             BarColumn(),
             TextColumn("{task.percentage:>3.0f}%"),
             TimeElapsedColumn(),
@@ -303,10 +303,8 @@ def profile_show(
 
         print_json({"variant": asdict(v), "profiles": [asdict(p) for p in profiles]})
         return
-    from rich.markup import escape
-
     render_table(
-        escape(f"{v.name} ({v.family})"),
+        f"{v.name} ({v.family})",
         ["accuracy", "metric", "source", "params", "memory MB", "load s"],
         [[v.accuracy, v.accuracy_metric, v.accuracy_source, v.params, v.memory_mb, v.load_time_s]],
     )

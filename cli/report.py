@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, store_for
+from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, say, store_for
 from greenctl.data.errors import InputError
 
 report_app = typer.Typer(
@@ -67,7 +67,7 @@ def _export_command(what: str) -> Any:
                 store.get_plan(plan)  # an unknown id is an error, not an empty report
             res = reporting.export(store, what, fmt=fmt, path=output, **filters)
         if output:
-            console.print(f"Wrote {res['rows']} {what} rows ({fmt}) to {output}", highlight=False)
+            say(f"Wrote {res['rows']} {what} rows ({fmt}) to {output}", highlight=False)
         else:
             sys.stdout.write(res["text"])
 
@@ -183,9 +183,9 @@ def report_charts(
         print_json({"written": written, "skipped": skipped})
         return
     for w in written:
-        console.print(f"wrote {w['path']}", highlight=False)
+        say(f"wrote {w['path']}", highlight=False)
     for s in skipped:
-        console.print(f"[yellow]skipped {s['chart']}[/]: {s['reason']}")
+        say((f"skipped {s['chart']}", "yellow"), f": {s['reason']}")
 
 
 def register(app: typer.Typer) -> None:

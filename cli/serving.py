@@ -72,6 +72,7 @@ def profile_serving(
     compares them with what is measured).
     """
     from greenctl.executor.serving import DEFAULT_RATES, PATHS, measure_serving, save_serving
+    from rich.text import Text
 
     with store_for(db) as store:
         with err_console.status("measuring the serving path") as status:
@@ -85,7 +86,7 @@ def profile_serving(
                 stand_in=stand_in,
                 resource=resource,
                 batch=batch,
-                progress=lambda m, f: status.update(f"serving path: {m} ({100 * f:.0f}%)"),
+                progress=lambda m, f: status.update(Text(f"serving path: {m} ({100 * f:.0f}%)")),
             )
         if not dry_run:
             save_serving(store, rows)

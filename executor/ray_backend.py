@@ -348,7 +348,7 @@ def _connected_to(ray: Any) -> tuple[str, int] | None:
 def _connect(address: str) -> Any:
     loaded = sys.modules.get("ray")
     connected = loaded is not None and loaded.is_initialized()
-    if connected and address not in ("auto", "local"):
+    if loaded is not None and connected and address not in ("auto", "local"):
         current = _connected_to(loaded)
         if current is not None and current != parse_address(address):
             # connected to another cluster (a library caller, or a test, went before):

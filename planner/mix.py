@@ -1192,7 +1192,7 @@ def _solve_highs(
         status = outcome  # optimal | infeasible
     x = list(h.getSolution().col_value) if has_sol else None
     obj = info.objective_function_value if has_sol else None
-    if x is not None and start is not None and not relax:
+    if x is not None and obj is not None and start is not None and not relax:
         # HiGHS 1.16 can report the optimum's value while handing back the warm start as the
         # solution (seen on a two-family problem presolve solved: value -0.48125, start's
         # -0.475). The value of what it returns is the truth; when the two disagree, solve

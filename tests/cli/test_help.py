@@ -42,7 +42,7 @@ def test_help_does_not_import_torch_or_nvml():
     assert out.returncode == 0, f"imported at start-up: {out.stdout} {out.stderr}"
 
 
-def test_unknown_plan_id_is_a_clear_error(cli):
+def test_unknown_plan_id_is_a_clear_error(cli, store):
     result = cli("plan", "show", "42")
     assert result.exit_code == 2
     assert "no plan with id 42" in result.output

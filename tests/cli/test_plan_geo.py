@@ -144,7 +144,7 @@ def test_plan_file_and_plan_show(cli, eglb: dict[str, Path], tmp_path: Path) -> 
     assert json.loads(r.stdout)["summary"] == plan.extra["summary"]
 
 
-def test_bad_input_exit_2_names_file_and_line(cli, eglb: dict[str, Path]) -> None:
+def test_bad_input_exit_2_names_file_and_line(cli, store, eglb: dict[str, Path]) -> None:
     lines = eglb["demand"].read_text().splitlines()
     lines[5] = lines[5].rsplit(",", 1)[0] + ",-1"
     eglb["demand"].write_text("\n".join(lines) + "\n")

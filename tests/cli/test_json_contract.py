@@ -1,0 +1,296 @@
+"""Every command that takes ``--json`` prints exactly one JSON document on stdout.
+
+Run as a new user runs them: each command is a separate ``greenctl`` process (so output
+written by C libraries straight to file descriptor 1, such as HiGHS's banner, is seen, which
+typer's CliRunner never captures), in order, against one store, with real inputs from
+``../shared/reference`` and the package's own data. A command that fails must leave stdout
+empty (its message goes to stderr) and must not print a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+REFERENCE = REPO.parent / "shared" / "reference"
+CARBON_TRACE = REPO / "data" / "datasets" / "carbon" / "clover_ciso_march.csv"
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@dataclass
+class Step:
+    """One command of the session, its arguments and what it printed."""
+
+    name: str
+    args: list[str]
+    expect_ok: bool = True
+    rc: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    doc: object = field(default=None)
+
+
+def _greenctl(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "greenctl.cli.main", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _run(step: Step, env: dict[str, str], cwd: Path) -> Step:
+    res = _greenctl(step.args, env, cwd)
+    step.rc, step.stdout, step.stderr = res.returncode, res.stdout, res.stderr
+    if res.returncode == 0:
+        try:
+            step.doc = json.loads(res.stdout)
+        except ValueError:
+            step.doc = None
+    return step
+
+
+# Names of the steps, in order; the test below is parametrised over them so that each
+# command is reported on its own.
+STEP_NAMES = [
+    "hw",
+    "mig layouts",
+    "mig synth",
+    "profile import",
+    "profile list",
+    "profile show",
+    "plan mix",
+    "plan mig",
+    "gpulet import",
+    "interference fit",
+    "interference show",
+    "plan glet",
+    "geo convert-eglb",
+    "plan geo",
+    "plan list",
+    "simulate",
+    "export k8s",
+    "carbon import",
+    "carbon show",
+    "carbon now",
+    "carbon regions",
+    "carbon fetch (no token)",
+    "forecast fit",
+    "forecast predict",
+    "forecast list",
+    "profile (measure)",
+    "plan mix tiny",
+    "apply --dry-run",
+    "apply",
+    "status",
+    "loadgen",
+    "forecast sample",
+    "replan",
+    "report savings",
+    "report charts",
+    "down",
+    "profile serving",
+    "demo",
+]
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Step]]:
+    if not REFERENCE.is_dir():
+        pytest.skip(f"shared reference data not found at {REFERENCE}")
+    work = tmp_path_factory.mktemp("json-contract")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("ELECTRICITYMAPS_TOKEN", "WATTTIME_TOKEN", "GREENCTL_DB")
+    }
+    env.update(
+        {
+            "GREENCTL_DB": str(work / "greenctl.db"),
+            "GREENCTL_STATE_DIR": str(work / "state"),
+            "XDG_DATA_HOME": str(work / "xdg"),
+            "COLUMNS": "200",
+            "PYTHONWARNINGS": "ignore",
+        }
+    )
+    # InfAdapter's ResNet CPU profiles, as the README's plan mix example uses them
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "infadapter_import.py"),
+            "-o",
+            str(work / "resnet.csv"),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=work,
+    )
+    steps: dict[str, Step] = {}
+
+    def run(name: str, *args: str, ok: bool = True) -> Step:
+        assert name in STEP_NAMES, name
+        steps[name] = _run(Step(name, [*args, "--json"], ok), env, work)
+        return steps[name]
+
+    run("hw", "hw")
+    run("mig layouts", "mig", "layouts", "--gpu", "A100-40GB")
+    run("mig synth", "mig", "synth", "--gpu", "H100-80GB", "--family", "efficientnet")
+    run("profile import", "profile", "import", str(work / "resnet.csv"))
+    run("profile list", "profile", "list", "--model", "resnet")
+    run("profile show", "profile", "show", "resnet50")
+    run(
+        "plan mix",
+        "plan", "mix", "--model", "resnet", "--rate", "75", "--slo-ms", "750",
+        "--percentile", "p99", "--budget", "cpu=14", "-o", str(work / "mix.json"),
+    )  # fmt: skip
+    run(
+        "plan mig",
+        "plan", "mig", "--gpu", "H100-80GB", "--gpus", "8", "--model", "efficientnet",
+        "--rate", "300", "--carbon-intensity", "250",
+    )  # fmt: skip
+    # InfAdapter's resnet family is in the store: gpulet's data set goes beside it
+    run(
+        "gpulet import",
+        "gpulet", "import", str(REFERENCE / "gpulet" / "data"), "--prefix", "gpulet",
+    )  # fmt: skip
+    run("interference fit", "interference", "fit")
+    run("interference show", "interference", "show")
+    glet_models = _gpulet_models(steps["gpulet import"].doc)
+    run(
+        "plan glet",
+        "plan", "glet", "--model", f"{glet_models[0]}:200:50", "--model",
+        f"{glet_models[1]}:100:100", "--simulate-seconds", "1",
+    )  # fmt: skip
+    run(
+        "geo convert-eglb",
+        "geo", "convert-eglb", str(REFERENCE / "eglb" / "data"), "-o", str(work / "eglb"),
+        "--steps", "24",
+    )  # fmt: skip
+    run(
+        "plan geo",
+        "plan", "geo", "--sites", str(work / "eglb" / "sites.csv"), "--demand",
+        str(work / "eglb" / "demand.csv"), "--algorithm", "all",
+    )  # fmt: skip
+    run("plan list", "plan", "list")
+    run("simulate", "simulate", str(work / "mix.json"), "--requests", "5000")
+    run("export k8s", "export", "k8s", str(work / "mix.json"), "-o", str(work / "k8s"))
+    run(
+        "carbon import",
+        "carbon", "import", str(CARBON_TRACE), "--format", "clover", "--region", "CISO",
+    )  # fmt: skip
+    run("carbon show", "carbon", "show", "--region", "CISO", "--at", "2021-03-01T06:00:00Z")
+    run("carbon now", "carbon", "now", "--region", "CISO")
+    run("carbon regions", "carbon", "regions")
+    run(
+        "carbon fetch (no token)",
+        "carbon", "fetch", "--region", "CISO", "--provider", "electricitymaps",
+        ok=False,
+    )  # fmt: skip
+    twitter = str(REFERENCE / "twitter" / "requests_per_second.txt.gz")
+    run("forecast fit", "forecast", "fit", "--forecaster", "moving-max", "--trace", twitter)
+    run("forecast predict", "forecast", "predict", "--trace", twitter, "--upto-minute", "600")
+    run("forecast list", "forecast", "list")
+    run(
+        "profile (measure)",
+        "profile", "--variant", "tiny-s", "--batch", "1", "--duration", "0.3",
+    )  # fmt: skip
+    run(
+        "plan mix tiny",
+        "plan", "mix", "--model", "tiny", "--rate", "20", "--slo-ms", "200",
+        "--budget", "cpu=1", "-o", str(work / "tiny.json"),
+    )  # fmt: skip
+    run("apply --dry-run", "apply", str(work / "tiny.json"), "--dry-run")
+    try:
+        applied = run("apply", "apply", str(work / "tiny.json"))
+        doc = applied.doc if isinstance(applied.doc, dict) else {}
+        url = (doc.get("dispatcher") or {}).get("url")
+        run("status", "status")
+        run(
+            "loadgen",
+            "loadgen", "--endpoint", str(url), "--model", "tiny", "--rate", "20",
+            "--duration", "1",
+        )  # fmt: skip
+        run("forecast sample", "forecast", "sample")
+        plan_id = str(_plan_id(steps["plan mix tiny"].doc))
+        run("replan", "replan", "--plan", plan_id, "--region", "CISO")
+        run(
+            "report savings",
+            "report", "savings", "--plan", plan_id, "--baseline", plan_id, "--region", "CISO",
+            "--from", "2021-03-01T00:00:00Z", "--to", "2021-03-02T00:00:00Z",
+        )  # fmt: skip
+        run(
+            "report charts",
+            "report", "charts", "--plan", plan_id, "--region", "CISO", "--out",
+            str(work / "charts"), "--from", "2021-03-01T00:00:00Z", "--to",
+            "2021-03-02T00:00:00Z",
+        )  # fmt: skip
+    finally:
+        run("down", "down")
+    run(
+        "profile serving",
+        "profile", "serving", "--variant", "tiny-s", "--rate", "400", "--duration", "1",
+        "--stand-in", "noop", "--path", "direct",
+    )  # fmt: skip
+    run("demo", "demo", "--quick", "--out", str(work / "demo"))
+    yield steps
+
+
+def _gpulet_models(doc: object) -> list[str]:
+    """Two variant names the gpulet import stored (whatever family it put them in)."""
+    names: list[str] = []
+    if isinstance(doc, dict):
+        names = [str(m) for m in doc.get("models") or []]
+    wanted = [n for n in names if n.endswith(("resnet50", "vgg16"))]
+    return sorted(wanted) if len(wanted) == 2 else ["gpulet-resnet50", "gpulet-vgg16"]
+
+
+def _plan_id(doc: object) -> int | str:
+    if isinstance(doc, dict) and doc.get("id") is not None:
+        return doc["id"]
+    return "1"
+
+
+def test_every_json_command_is_listed():
+    """A new command that takes --json must join this contract test."""
+    import typer
+    from greenctl.cli.main import app
+
+    found: set[str] = set()
+
+    def walk(cmd, path: list[str]) -> None:
+        if any("--json" in getattr(p, "opts", []) for p in cmd.params):
+            found.add(" ".join(path))
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    covered = {n.split(" (")[0].split(" --")[0].removesuffix(" tiny") for n in STEP_NAMES}
+    assert found - covered == set()
+
+
+@pytest.mark.parametrize("name", STEP_NAMES)
+def test_json_is_one_document_on_stdout(session: dict[str, Step], name: str):
+    step = session[name]
+    where = f"greenctl {' '.join(step.args)}\n--- stderr:\n{step.stderr[-3000:]}"
+    assert "Traceback (most recent call last)" not in step.stderr, where
+    if step.expect_ok:
+        assert step.rc == 0, where
+        # the whole of stdout parses as one JSON document
+        assert step.doc is not None, f"stdout is not JSON:\n{step.stdout[:2000]}\n{where}"
+        assert json.loads(step.stdout) == step.doc
+    else:
+        assert step.rc in (1, 2, 3), where
+        assert step.stdout.strip() == "", f"a failed --json command wrote to stdout: {where}"
+        assert "Error:" in step.stderr, where
