@@ -40,8 +40,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from greenctl.data.errors import FileFormatError, InputError
-from greenctl.data.records import utcnow_iso
+from greenctl.data.errors import FileFormatError, InputError, shown
+from greenctl.data.records import iso_utc, utcnow_iso
+from greenctl.data.records import parse_time as parse_any_time
 
 FORMATS = (
     "auto",
@@ -98,13 +99,6 @@ class CarbonPoint:
 
 
 # -- time helpers -----------------------------------------------------------------------------
-def shown(raw: Any, limit: int = 40) -> str:
-    """A value as it goes into an error message: control characters escaped, long text cut."""
-    text = raw if isinstance(raw, str) else repr(raw)
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
 def read_utf8(path: str | Path, *, what: str = "", hint: str | None = None) -> str:
     """The text of a UTF-8 file (a BOM dropped), newlines untouched.
 
@@ -131,37 +125,23 @@ def read_utf8(path: str | Path, *, what: str = "", hint: str | None = None) -> s
         ) from None
 
 
+#: ``YYYY-MM-DDTHH:MM:SSZ`` of an aware datetime: the store's one text form of times.
+iso = iso_utc
+
+
 def parse_time(text: Any) -> datetime:
-    """Parse an ISO-8601-like time (``Z``/offset/naive = UTC, ``YYYY-MM-DD HH`` too).
+    """A signal's time (:func:`greenctl.data.records.parse_time`; no clock-skew limit, a
+    forecast lies ahead).
 
     Raises:
-        ValueError: not a recognisable time, or one that leaves years 1-9999 in UTC.
+        ValueError: naming the value: ``'x' is not an ISO 8601 time``.
     """
-    if isinstance(text, datetime):
-        dt = text
-    else:
-        s = str(text).strip()
-        if not s:
-            raise ValueError("empty time")
-        s = s.replace("Z", "+00:00").replace("z", "+00:00")
-        # eGLB writes "2022-09-22 00" (date and hour only)
-        if len(s) == 13 and s[10] in " T" and s[11:].isdigit():
-            s = s + ":00"
-        try:
-            dt = datetime.fromisoformat(s)
-        except ValueError:
-            raise ValueError(f"'{shown(text)}' is not an ISO 8601 time") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
+    if not isinstance(text, datetime) and not str(text).strip():
+        raise ValueError("empty time")
     try:
-        return dt.astimezone(UTC)
-    except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
-        raise ValueError(f"'{shown(text)}' is outside years 1-9999 in UTC") from None
-
-
-def iso(dt: datetime) -> str:
-    """``YYYY-MM-DDTHH:MM:SSZ`` of an aware datetime (UTC)."""
-    return dt.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+        return parse_any_time(text)
+    except ValueError as exc:
+        raise ValueError(f"'{shown(text)}' is {exc}") from None
 
 
 def normalise_time(text: Any) -> str:

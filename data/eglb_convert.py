@@ -24,8 +24,8 @@ from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
 
-from greenctl.data.carbon_io import read_utf8, shown
-from greenctl.data.errors import FileFormatError, InputError
+from greenctl.data.carbon_io import read_utf8
+from greenctl.data.errors import FileFormatError, InputError, shown
 from greenctl.data.geo_io import LIMITS
 
 # The authors' site order (their `country_list`); "Belguim" is their spelling.

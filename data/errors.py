@@ -7,6 +7,15 @@ Messages are written for the user: they name the file, line, field and the fix.
 
 from __future__ import annotations
 
+from typing import Any
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """A value as it goes into an error message: non-printables escaped, long text cut."""
+    text = value if isinstance(value, str) else repr(value)
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
 
 class GreenctlError(Exception):
     """Base class of every error greenctl raises on purpose."""

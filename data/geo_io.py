@@ -35,9 +35,8 @@ from greenctl.data.carbon_io import (
     MAX_CARBON_G_PER_KWH,
     check_region_name,
     read_utf8,
-    shown,
 )
-from greenctl.data.errors import FileFormatError, InputError
+from greenctl.data.errors import FileFormatError, InputError, shown
 
 SITES_REQUIRED = (
     "time",

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from greenctl.data.errors import FileFormatError, InputError
+from greenctl.data.errors import FileFormatError, InputError, shown
 from greenctl.data.provenance import check_import_merge
 from greenctl.data.records import (
     ENERGY_METHODS,
@@ -181,13 +181,6 @@ class _Row:
 
 def _is_blank(value: Any) -> bool:
     return value is None or (isinstance(value, str) and value.strip() == "")
-
-
-def shown(value: Any, limit: int = 40) -> str:
-    """A value as it goes into an error message: non-printables escaped, long text cut."""
-    text = value if isinstance(value, str) else repr(value)
-    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _number(path: str, line: int, column: str, value: Any) -> float:

@@ -33,24 +33,43 @@ def iso_utc(dt: datetime) -> str:
     return dt.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
+def parse_time(text: Any) -> datetime:
+    """An ISO 8601 time as an aware UTC datetime: the one parser of greenctl's times.
+
+    ``Z``, an offset, or none (UTC); eGLB's ``YYYY-MM-DD HH`` (date and hour) too.
+
+    Raises:
+        ValueError: its message is what the text is not ("not an ISO 8601 time",
+            "outside years 1-9999 in UTC"), for the caller to name the value.
+    """
+    if isinstance(text, datetime):
+        dt = text
+    else:
+        s = str(text).strip()
+        if s[-1:] in ("Z", "z"):
+            s = s[:-1] + "+00:00"
+        if len(s) == 13 and s[10] in " T" and s[11:].isdigit():
+            s += ":00"
+        try:
+            dt = datetime.fromisoformat(s)
+        except ValueError:
+            raise ValueError("not an ISO 8601 time") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    try:
+        return dt.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
+        raise ValueError("outside years 1-9999 in UTC") from None
+
+
 def normalise_time(text: str) -> str:
-    """An ISO 8601 time (``Z``, an offset, or none for UTC) in the stored form.
+    """A measurement's time (ISO 8601, see :func:`parse_time`) in the stored form.
 
     Raises:
         ValueError: not an ISO 8601 time, outside years 1-9999 in UTC, or more than
             :data:`MAX_CLOCK_SKEW` in the future; the message says which.
     """
-    s = text.strip()
-    try:
-        dt = datetime.fromisoformat(s[:-1] + "+00:00" if s[-1:] in "Zz" and s else s)
-    except ValueError:
-        raise ValueError("not an ISO 8601 time") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    try:
-        dt = dt.astimezone(UTC)
-    except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
-        raise ValueError("outside years 1-9999 in UTC") from None
+    dt = parse_time(text)
     if dt > datetime.now(UTC) + MAX_CLOCK_SKEW:
         raise ValueError("in the future")
     return iso_utc(dt)
