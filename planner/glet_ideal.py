@@ -15,30 +15,36 @@ completed).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from greenctl.planner.glet import Compiled, Glet, State
+from greenctl.planner.glet_model import EPS, Compiled, Glet, State, add_entry, model_order
 
 IDEAL_MAX_GPUS = 4
 NODE_BUDGET = 60_000
-_EPS = 1e-9
 
 
 class _Budget(Exception):
     pass
 
 
-def run_ideal(c: Compiled, max_gpus: int, *, node_budget: int = NODE_BUDGET) -> State | None:
-    """The schedule with the fewest GPUs (at most ``min(max_gpus, 4)``), or None."""
-    from greenctl.planner.glet import _order, run_algorithm
+def run_ideal(
+    c: Compiled,
+    max_gpus: int,
+    *,
+    incumbent: State | None,
+    node_budget: int = NODE_BUDGET,
+) -> State | None:
+    """The schedule with the fewest GPUs (at most ``min(max_gpus, 4)``), or None.
 
+    Args:
+        c: the compiled problem.
+        max_gpus: the most GPUs a schedule may use.
+        incumbent: the schedule to beat (``glet``'s), returned when nothing uses fewer GPUs.
+        node_budget: the most search nodes before giving up on exhaustiveness.
+    """
     limit = min(max_gpus, IDEAL_MAX_GPUS)
-    incumbent = run_algorithm(c, "glet", max_gpus)
     best = incumbent
     # search below the incumbent, within the exhaustive range of 4 GPUs
     target = min(limit, incumbent.used_gpus - 1) if incumbent is not None else limit
-    order = _order(c, "demand_desc")
+    order = model_order(c, "demand_desc")
     # Optimistic req/s per unit of GPU capacity for each model: a whole GPU without
     # interference; a split glet either beside the mildest co-runner of the problem, or
     # alone on its GPU (then the whole GPU's capacity counts).
@@ -47,9 +53,7 @@ def run_ideal(c: Compiled, max_gpus: int, *, node_budget: int = NODE_BUDGET) -> 
     nodes = [0]
     failed: set[tuple[object, ...]] = set()
     while target >= 1:
-        from greenctl.planner.glet import State as _State
-
-        state = _State(c, target)
+        state = State(c, target)
         try:
             failed.clear()
             found = _dfs(
@@ -150,12 +154,11 @@ def _dfs(
     ``min_key``: the (gpu, glet) of the model's previous full chunk; full chunks of one model
     go to glets in increasing position, so permutations of the same chunks are tried once.
     """
-    from greenctl.planner.glet import _add_entry
 
     nodes[0] += 1
     if nodes[0] > budget:
         raise _Budget
-    while remaining <= _EPS:
+    while remaining <= EPS:
         pos += 1
         min_key = (-1, -1)
         if pos >= len(order):
@@ -175,7 +178,7 @@ def _dfs(
         for li, g in enumerate(gpu.glets):
             if not g.entries:
                 continue
-            merged = _add_entry(g.entries, i, remaining)
+            merged = add_entry(g.entries, i, remaining)
             if state.check_with(gi, li, merged):
                 saved = g.entries
                 g.entries = merged
@@ -237,7 +240,7 @@ def _try_fill(
     cap = c.cap(i, glet.j, state.w_for(gi, li, assume_worst=True))
     x = min(remaining, cap * (1 - 1e-9))
     full = x < remaining
-    if x <= _EPS or (full and (gi, li) < min_key):
+    if x <= EPS or (full and (gi, li) < min_key):
         return None
     if not state.check_with(gi, li, [(i, x)]):
         return None

@@ -27,7 +27,7 @@ from typing import Any
 
 from greenctl.data.errors import FileFormatError, InputError
 from greenctl.data.resources import parse_resource
-from greenctl.planner.glet import ALGORITHMS, GletModel
+from greenctl.planner.glet_model import ALGORITHMS, GletModel
 
 
 @dataclass

@@ -29,14 +29,8 @@ from typing import Any
 
 from greenctl.data.errors import InfeasiblePlan
 from greenctl.planner import solvers
-from greenctl.planner.mig import (
-    CAPACITY_TOL,
-    Config,
-    MigModel,
-    MigProblem,
-    SolveResult,
-    tidy,
-)
+from greenctl.planner.mig_model import Config, MigModel, SolveResult, tidy
+from greenctl.planner.mig_problem import CAPACITY_TOL, MigProblem
 
 MAX_TIGHTEN = 4
 FIFO_SIM_MAX_INSTANCES = 512

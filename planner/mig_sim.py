@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from greenctl.data.plan import Deployment
 
 if TYPE_CHECKING:
-    from greenctl.planner.mig import Config, MigModel
+    from greenctl.planner.mig_model import Config, MigModel
 
 
 def config_deployments(

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data.errors import FileFormatError, HardwareError
-from greenctl.profiler import device as dev
-from greenctl.profiler.device import GpuInfo, MigInstance, MigProfile
+from greenctl.profiler import device_api as dev
+from greenctl.profiler.device_api import GpuInfo, MigInstance, MigProfile
 
 _ERROR_CODES = {
     "library_not_found": dev.NVML_ERROR_LIBRARY_NOT_FOUND,

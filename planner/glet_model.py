@@ -1,0 +1,468 @@
+"""The ``plan glet`` model that every scheduling algorithm shares.
+
+The problem (:class:`GletProblem`), its compiled tables (:class:`Compiled`), the schedule
+state (:class:`State`, :class:`Gpu`, :class:`Glet`) and small helpers on them. The
+duty-cycle rule and the algorithms are described in :mod:`greenctl.planner.glet`; the
+exhaustive search (:mod:`greenctl.planner.glet_ideal`) imports this, not ``glet``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from greenctl.data.errors import InputError
+from greenctl.data.resources import parse_resource
+from greenctl.planner.interference import InterferenceModel
+
+DEFAULT_PARTITIONS = ("mps:20", "mps:40", "mps:50", "mps:60", "mps:80", "mps:100")
+ALGORITHMS = ("glet", "sbp", "greedy", "ideal")
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class GletModel:
+    """One model to serve: its request rate and latency SLO."""
+
+    name: str
+    rate_rps: float
+    slo_ms: float
+    variant: str | None = None  # the profiled variant; defaults to ``name``
+
+    @property
+    def variant_name(self) -> str:
+        return self.variant or self.name
+
+
+@dataclass
+class GletProblem:
+    """Everything ``plan_glet`` needs; plain data, no store.
+
+    Attributes:
+        models: the models with rate and SLO.
+        latency_ms: ``{variant: {resource: {batch: latency_ms}}}`` (solo, batch latency).
+        partitions: resource labels a glet may have, all ``mps:*`` or all ``mig:*``.
+        max_gpus: GPUs available.
+        rate_percentile: a glet's batches must hold this Poisson upper percentile of the
+            arrivals in one duty cycle (0: just the mean, ``rate x cycle <= batch``).
+        interference: the fitted interference model, or None for no interference.
+        utilisation: ``{(variant, batch, mps_percent): (l2_pct, dram_pct)}``.
+    """
+
+    models: list[GletModel]
+    latency_ms: Mapping[str, Mapping[str, Mapping[int, float]]]
+    partitions: Sequence[str] = DEFAULT_PARTITIONS
+    max_gpus: int = 8
+    rate_percentile: float = 99.0
+    interference: InterferenceModel | None = None
+    utilisation: Mapping[tuple[str, int, int], tuple[float, float]] = field(default_factory=dict)
+
+
+@functools.lru_cache(maxsize=4096)
+def poisson_batch_mean(batch: int, percentile: float) -> float:
+    """The largest mean arrivals per cycle whose ``percentile`` % quantile fits ``batch``.
+
+    That is the largest ``lam`` with ``P(Poisson(lam) <= batch) >= percentile / 100``
+    (bisection); ``batch`` itself when the percentile is 0.
+    """
+    if percentile <= 0:
+        return float(batch)
+    q = percentile / 100.0
+
+    def cdf(lam: float) -> float:
+        term = math.exp(-lam)
+        total = term
+        for n in range(1, batch + 1):
+            term *= lam / n
+            total += term
+        return total
+
+    lo, hi = 0.0, float(batch) + 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if cdf(mid) >= q:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# -- compiled problem --------------------------------------------------------------------
+
+
+class Compiled:
+    """Index-based, precomputed form of a problem (shared by every algorithm)."""
+
+    def __init__(self, problem: GletProblem) -> None:
+        if not problem.models:
+            raise InputError("no models to plan", hint="pass --model NAME:RATE:SLO_MS or --spec")
+        names = [m.name for m in problem.models]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise InputError(f"model {dup[0]} is given twice", hint="give each model once")
+        if problem.max_gpus < 1:
+            raise InputError(f"--max-gpus must be >= 1, got {problem.max_gpus}")
+        if not 0 <= problem.rate_percentile < 100:
+            raise InputError(
+                f"--rate-percentile must be in [0, 100), got {problem.rate_percentile}"
+            )
+        self.problem = problem
+        resources = [parse_resource(p) for p in problem.partitions]
+        kinds = {r.kind for r in resources}
+        if len(kinds) != 1 or not kinds <= {"mps", "mig"}:
+            raise InputError(
+                "partitions must be all mps:PCT or all mig:PROFILE labels, got "
+                + ", ".join(problem.partitions)
+            )
+        self.kind = kinds.pop()
+        self.capacity = 100 if self.kind == "mps" else 7
+        units = [
+            (r.mps_percent if self.kind == "mps" else r.mig_compute_slices) or 0 for r in resources
+        ]
+        order = sorted(set(range(len(units))), key=lambda j: (units[j], resources[j].label))
+        self.labels = [resources[j].label for j in order]
+        self.units = [units[j] for j in order]
+        if self.capacity not in self.units:
+            whole = "mps:100" if self.kind == "mps" else "a 7g MIG profile"
+            raise InputError(
+                f"the partitions must include a whole GPU ({whole})",
+                hint="for example --partitions 20,40,50,60,80,100",
+            )
+        self.full = self.units.index(self.capacity)
+        self.n_parts = len(self.units)
+        # complement[j]: the partition filling the rest of a GPU split at j (or None).
+        self.complement: list[int | None] = []
+        for u in self.units:
+            rest = self.capacity - u
+            self.complement.append(self.units.index(rest) if rest in self.units else None)
+        self.splits = [j for j in range(self.n_parts) if self.complement[j] is not None]
+
+        self.models = list(problem.models)
+        self.n = len(self.models)
+        self.true_rate = [float(m.rate_rps) for m in self.models]
+        for m in self.models:
+            if m.rate_rps < 0 or m.slo_ms <= 0 or not math.isfinite(m.rate_rps):
+                raise InputError(
+                    f"model {m.name}: rate must be >= 0 and SLO > 0 (got {m.rate_rps} req/s, "
+                    f"{m.slo_ms} ms)"
+                )
+        # Rates are packed at the Poisson q-percentile of the arrivals in one duty cycle: a
+        # batch of b serves a cycle only while its mean arrivals stay below
+        # poisson_batch_mean(b, q) (see the module docstring).
+        self.rate = list(self.true_rate)
+        self.cycle_percentile = problem.rate_percentile
+        self.slo = [float(m.slo_ms) for m in self.models]
+        # batches[i][j], lat[i][j]: sorted profiled batches and latencies (ms), [] if missing.
+        self.batches: list[list[list[int]]] = []
+        self.lat: list[list[list[float]]] = []
+        for m in self.models:
+            prof = problem.latency_ms.get(m.variant_name)
+            if not prof:
+                raise InputError(
+                    f"model {m.name}: no profiles of variant {m.variant_name}",
+                    hint="import or measure them: `greenctl gpulet import DIR`",
+                )
+            bs_i, ls_i = [], []
+            for label in self.labels:
+                points = sorted((int(b), float(v)) for b, v in (prof.get(label) or {}).items())
+                # keep latency non-decreasing in batch (noisy profiles at tiny batches)
+                lats: list[float] = []
+                for _, v in points:
+                    lats.append(max(v, lats[-1]) if lats else v)
+                bs_i.append([b for b, _ in points])
+                ls_i.append(lats)
+            if not bs_i[self.full]:
+                raise InputError(
+                    f"model {m.name}: variant {m.variant_name} has no profile on "
+                    f"{self.labels[self.full]}",
+                    hint="the whole-GPU profile is needed to decide feasibility",
+                )
+            self.batches.append(bs_i)
+            self.lat.append(ls_i)
+        # means[i][j][k]: mean arrivals per cycle batch k can take (see bmean)
+        self.means = [
+            [[self.bmean(b) for b in self.batches[i][j]] for j in range(self.n_parts)]
+            for i in range(self.n)
+        ]
+        self._setup_interference()
+        self._cap_cache: dict[tuple[int, int, float | None], float] = {}
+        self._leff_cache: dict[tuple[int, int, float], list[float]] = {}
+        self._config_cache: dict[Any, tuple[float, list[int], list[float]] | None] = {}
+        self.ideal_exhaustive: bool | None = None  # set by the ideal search
+
+    def _setup_interference(self) -> None:
+        imodel = self.problem.interference
+        self.interference_on = imodel is not None and self.kind == "mps"
+        self.notes: list[str] = []
+        self.base: list[list[list[float]]] = [
+            [[0.0] * len(self.batches[i][j]) for j in range(self.n_parts)] for i in range(self.n)
+        ]
+        self.w_other: list[list[float]] = [[0.0] * self.n_parts for _ in range(self.n)]
+        self.w_worst: list[float] = [0.0] * self.n_parts
+        self.w_median: list[float] = [0.0] * self.n_parts
+        if not self.interference_on or imodel is None:
+            return
+        util = self.problem.utilisation
+        if not util:
+            self.interference_on = False
+            self.notes.append("no utilisation data in the store: interference not modelled")
+            return
+        by_part: dict[int, list[tuple[float, float]]] = {}
+        for (_, _, p), v in util.items():
+            by_part.setdefault(p, []).append(v)
+        worst_all = (max(v[0] for v in util.values()), max(v[1] for v in util.values()))
+        for i, m in enumerate(self.models):
+            vname = m.variant_name
+            missing = False
+            for j, u in enumerate(self.units):
+                worst_here = by_part.get(u)
+                worst = (
+                    (max(x[0] for x in worst_here), max(x[1] for x in worst_here))
+                    if worst_here
+                    else worst_all
+                )
+                seen = []
+                for k, b in enumerate(self.batches[i][j]):
+                    ut = util.get((vname, b, u))
+                    if ut is None:
+                        ut, missing = worst, True
+                    seen.append(ut)
+                    self.base[i][j][k] = imodel.self_term(ut[0] / 100, ut[1] / 100)
+                if not seen:
+                    seen = [worst]
+                self.w_other[i][j] = max(imodel.other_term(ut[0] / 100, ut[1] / 100) for ut in seen)
+            if missing:
+                self.notes.append(
+                    f"{m.name}: no utilisation data for some points; worst case assumed"
+                )
+        for j in range(self.n_parts):
+            self.w_worst[j] = max(self.w_other[i][j] for i in range(self.n))
+            self.w_median[j] = sorted(self.w_other[i][j] for i in range(self.n))[self.n // 2]
+
+    def w_assumed(self, j: int, assume: str) -> float | None:
+        """Co-runner term assumed for an empty glet of partition j."""
+        if not self.interference_on or assume == "none":
+            return None
+        return self.w_worst[j] if assume == "worst" else self.w_median[j]
+
+    # -- latency and the duty-cycle rule -------------------------------------------------
+    def leffs(self, i: int, j: int, w: float | None) -> list[float]:
+        """Latencies (ms) of model i's batches on partition j beside a co-runner term w.
+
+        Made non-decreasing in the batch: a batch planned at b may run with fewer requests,
+        and the interference factor can be larger at small batches.
+        """
+        if w is None or not self.interference_on:
+            return self.lat[i][j]
+        key = (i, j, w)
+        hit = self._leff_cache.get(key)
+        if hit is not None:
+            return hit
+        out: list[float] = []
+        for k, lat in enumerate(self.lat[i][j]):
+            v = lat * max(1.0, self.base[i][j][k] + w)
+            out.append(max(v, out[-1]) if out else v)
+        self._leff_cache[key] = out
+        return out
+
+    def leff(self, i: int, j: int, k: int, w: float | None) -> float:
+        """Latency (ms) of model i's k-th batch on partition j beside a co-runner term w."""
+        return self.leffs(i, j, w)[k]
+
+    def cap(self, i: int, j: int, w: float | None) -> float:
+        """Most req/s model i can serve alone on partition j (``2 L(b) <= SLO``)."""
+        key = (i, j, w)
+        hit = self._cap_cache.get(key)
+        if hit is not None:
+            return hit
+        best = 0.0
+        for k, le in enumerate(self.leffs(i, j, w)):
+            if 2 * le <= self.slo[i] + EPS:
+                best = max(best, 1000.0 * self.means[i][j][k] / le)
+        self._cap_cache[key] = best
+        return best
+
+    def config(
+        self, j: int, entries: Sequence[tuple[int, float]], w: float | None
+    ) -> tuple[float, list[int], list[float]] | None:
+        """Shortest feasible duty cycle of a glet, or None.
+
+        Returns ``(duty_cycle_ms, batch index per entry, latency ms per entry)``.
+        """
+        entries = [(i, r) for i, r in entries if r > EPS]
+        if not entries:
+            return (0.0, [], [])
+        key = (j, tuple(entries), w)
+        if key in self._config_cache:
+            return self._config_cache[key]
+        # Necessary condition: each model busies at least rate / capacity of the cycle.
+        load = 0.0
+        for i, r in entries:
+            cap = self.cap(i, j, w)
+            if cap <= 0:
+                self._config_cache[key] = None
+                return None
+            load += r / cap
+        if load > 1 + 1e-9:
+            self._config_cache[key] = None
+            return None
+        out = self._config(j, entries, w)
+        self._config_cache[key] = out
+        return out
+
+    def _config(
+        self, j: int, entries: list[tuple[int, float]], w: float | None
+    ) -> tuple[float, list[int], list[float]] | None:
+        cands: list[float] = []
+        for i, r in entries:
+            bs = self.batches[i][j]
+            if not bs:
+                return None
+            cands.extend(1000.0 * mb / r for mb in self.means[i][j])
+        cands.sort()
+        tables = [(self.means[i][j], self.leffs(i, j, w), r) for i, r in entries]
+        for dc in cands:
+            ks: list[int] = []
+            ls: list[float] = []
+            total = 0.0
+            ok = True
+            for means, lf, r in tables:
+                need = r * dc / 1000.0 - 1e-7
+                k = bisect.bisect_left(means, need)
+                if k >= len(means):
+                    ok = False
+                    break
+                le = lf[k]
+                ks.append(k)
+                ls.append(le)
+                total += le
+            if not ok:
+                return None  # a larger cycle needs an even larger batch
+            if any(total + le > self.slo[i] + EPS for (i, _), le in zip(entries, ls, strict=True)):
+                return None  # latency only grows with the cycle
+            if total <= dc + EPS:
+                return (total, ks, ls)
+        return None
+
+    def bmean(self, batch: int) -> float:
+        """Mean arrivals per cycle a batch of ``batch`` can take (see poisson_batch_mean)."""
+        return poisson_batch_mean(batch, self.cycle_percentile)
+
+    def feasible_alone(self, i: int) -> bool:
+        return self.cap(i, self.full, None) > 0
+
+
+# -- schedule state ------------------------------------------------------------------------
+
+
+@dataclass
+class Glet:
+    """A partition of one GPU and the (model index, planned rate) entries on it."""
+
+    j: int
+    entries: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class Gpu:
+    glets: list[Glet] = field(default_factory=list)
+
+
+class State:
+    """A schedule under construction."""
+
+    def __init__(self, c: Compiled, max_gpus: int, *, assume: str = "worst") -> None:
+        self.c = c
+        self.max_gpus = max_gpus
+        # How to size a glet whose GPU-mate is still empty: for the worst co-runner among
+        # the problem's models ("worst"), a median one ("median") or none ("none"). Every
+        # placement re-checks both glets of the GPU with the actual co-runners, so only
+        # the packing quality depends on this, never the SLO.
+        self.assume = assume
+        self.gpus: list[Gpu] = []
+
+    def copy(self) -> State:
+        s = State(self.c, self.max_gpus, assume=self.assume)
+        s.gpus = [Gpu([Glet(g.j, list(g.entries)) for g in gpu.glets]) for gpu in self.gpus]
+        return s
+
+    @property
+    def used_gpus(self) -> int:
+        return sum(1 for gpu in self.gpus if any(g.entries for g in gpu.glets))
+
+    def mate(self, gi: int, li: int) -> Glet | None:
+        gpu = self.gpus[gi]
+        return gpu.glets[1 - li] if len(gpu.glets) == 2 else None
+
+    def w_for(self, gi: int, li: int, *, assume_worst: bool) -> float | None:
+        """Co-runner term for glet (gi, li): None when alone on the GPU."""
+        c = self.c
+        if not c.interference_on:
+            return None
+        mate = self.mate(gi, li)
+        if mate is None:
+            return None
+        if not mate.entries:
+            return c.w_assumed(mate.j, self.assume) if assume_worst else None
+        return max(c.w_other[i][mate.j] for i, _ in mate.entries)
+
+    def check_with(self, gi: int, li: int, entries: list[tuple[int, float]]) -> bool:
+        """Would glet (gi, li) with ``entries`` keep itself and its mate feasible?"""
+        c = self.c
+        glet = self.gpus[gi].glets[li]
+        if c.config(glet.j, entries, self.w_for(gi, li, assume_worst=True)) is None:
+            return False
+        mate = self.mate(gi, li)
+        if mate is not None and mate.entries and c.interference_on:
+            w_new = max(c.w_other[i][glet.j] for i, _ in entries) if entries else None
+            if c.config(mate.j, mate.entries, w_new) is None:
+                return False
+        return True
+
+    def open_gpu(self, split_j: int | None) -> int | None:
+        """Open a new GPU, whole (None / full) or split at ``split_j``; returns its index."""
+        if len(self.gpus) >= self.max_gpus:
+            return None
+        c = self.c
+        if split_j is None or split_j == c.full or c.complement[split_j] is None:
+            self.gpus.append(Gpu([Glet(c.full)]))
+        else:
+            comp = c.complement[split_j]
+            assert comp is not None
+            self.gpus.append(Gpu([Glet(split_j), Glet(comp)]))
+        return len(self.gpus) - 1
+
+
+def solo_cap(c: Compiled, i: int, j: int, assume: str = "worst") -> float:
+    """Capacity of model i alone on partition j, next to an assumed co-runner if split."""
+    if j == c.full:
+        return c.cap(i, j, None)
+    comp = c.complement[j]
+    return c.cap(i, j, c.w_assumed(comp, assume) if comp is not None else None)
+
+
+def model_order(c: Compiled, how: str) -> list[int]:
+    """The models with a rate, in the order ``how`` names (an algorithm's placement order)."""
+    idx = [i for i in range(c.n) if c.rate[i] > EPS]
+    if how == "rate_slo_asc":  # gpulet's order
+        return sorted(idx, key=lambda i: (c.rate[i] * c.slo[i], i))
+    if how == "rate_slo_desc":
+        return sorted(idx, key=lambda i: (-c.rate[i] * c.slo[i], i))
+    if how == "demand_desc":
+        return sorted(idx, key=lambda i: (-c.rate[i] / max(solo_cap(c, i, c.full), EPS), i))
+    raise ValueError(how)
+
+
+def add_entry(entries: list[tuple[int, float]], i: int, rate: float) -> list[tuple[int, float]]:
+    """A copy of a glet's ``(model, rate)`` entries with ``rate`` more of model ``i``."""
+    out = list(entries)
+    for n, (k, r) in enumerate(out):
+        if k == i:
+            out[n] = (k, r + rate)
+            return out
+    out.append((i, rate))
+    return out
