@@ -48,7 +48,8 @@ def apply_cmd(
     policy: Annotated[
         str | None,
         typer.Option(
-            "--policy", help="Dispatch policy: fifo, wrr or batch (default by plan kind)."
+            "--policy",
+            help="Dispatch policy: fifo, wrr or batch (default: the plan's, as simulate).",
         ),
     ] = None,
     port: Annotated[
@@ -89,6 +90,7 @@ def apply_cmd(
             verify=verify,
             verify_duration=verify_duration,
             json_out=json_out,
+            policy=policy,
         )
         return
     with store_for(db) as store:
@@ -143,16 +145,26 @@ def _apply_ray(
     verify: bool,
     verify_duration: float,
     json_out: bool,
+    policy: str | None,
 ) -> None:
     from greenctl.data.plan import Plan
     from greenctl.executor.apply import verify_plan
     from greenctl.executor.ray_backend import apply_ray
+    from greenctl.planner.policy import plan_policy
 
     assert isinstance(plan, Plan) and address is not None
+    policy = plan_policy(plan, policy)  # a bad --policy is refused before the store is touched
     with store_for(db) as store:
         if plan.id is None:
             store.save_plan(plan, source="apply")
-        result = apply_ray(plan, store=store, address=address, http_port=http_port, dry_run=dry_run)
+        result = apply_ray(
+            plan,
+            store=store,
+            address=address,
+            http_port=http_port,
+            dry_run=dry_run,
+            policy=policy,
+        )
         checked = (
             verify_plan(plan, store=store, endpoint=result.url, duration_s=verify_duration)
             if verify and not dry_run

@@ -94,7 +94,8 @@ def simulate_cmd(
     """Predict a plan's latency, accuracy, energy, carbon, water and cost under a load."""
     from greenctl.data.errors import InputError
     from greenctl.data.plan import load_plan_file
-    from greenctl.planner.simulator import default_policy, evaluate_plan
+    from greenctl.planner.policy import plan_policy
+    from greenctl.planner.simulator import evaluate_plan
 
     if rate is not None and trace is not None:
         raise InputError("give --rate or --trace, not both")
@@ -110,7 +111,7 @@ def simulate_cmd(
         asked = plan.request.get("slo_ms") if isinstance(plan.request, dict) else None
         if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > 0:
             slo_ms = float(asked)
-    pol = policy or default_policy(plan)
+    pol = plan_policy(plan, policy)
     result = evaluate_plan(
         plan,
         profiles,

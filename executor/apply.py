@@ -45,8 +45,8 @@ from greenctl.executor.procs import (
     terminate,
     wait_for_state_file,
 )
+from greenctl.planner.policy import plan_policy
 
-DEFAULT_POLICY = {"mix": "wrr", "mig": "fifo", "glet": "batch", "geo": "wrr"}
 DEFAULT_LOADER = "greenctl.profiler.models:load_model"
 
 
@@ -85,6 +85,7 @@ class ApplyResult:
     verify: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
     history_id: int | None = None
+    policy: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +98,7 @@ class ApplyResult:
             "verify": self.verify,
             "warnings": self.warnings,
             "history_id": self.history_id,
+            "policy": self.policy,
         }
 
 
@@ -182,18 +184,6 @@ def _placement_start(placement: Any, i: int) -> int | None:
     return None
 
 
-def _policy(plan: Plan, override: str | None) -> str:
-    policy = (
-        override
-        or plan.extra.get("policy")
-        or plan.request.get("policy")
-        or DEFAULT_POLICY.get(plan.kind, "fifo")
-    )
-    if policy not in ("fifo", "wrr", "batch"):
-        raise InputError(f"unknown dispatch policy '{policy}'", hint="use fifo, wrr or batch")
-    return str(policy)
-
-
 # -- the store's view of what runs ------------------------------------------------------
 def _running_instances(store: Store) -> list[dict[str, Any]]:
     return list(
@@ -277,7 +267,8 @@ def apply_plan(
             MIG instances that exist.
         wait: wait for a concurrent apply to finish instead of failing with LockedError.
         loader: ``module:function`` that loads a variant (default: the built-in catalog).
-        policy: dispatch policy override (fifo, wrr, batch); default by plan kind.
+        policy: dispatch policy (fifo, wrr, batch), wins over the plan's own; default
+            :func:`~greenctl.planner.policy.plan_policy`, the policy ``simulate`` assumes.
         host / port: the dispatcher's address (loopback and any free port by default).
         cores: CPU cores usable by executors (default: this process's affinity mask).
         max_queue: bounded queue per model in the dispatcher.
@@ -293,7 +284,7 @@ def apply_plan(
     """
     state_dir = state_dir_for(store.path)
     loader = loader or DEFAULT_LOADER
-    pol = _policy(plan, policy)
+    pol = plan_policy(plan, policy)
     for i, d in enumerate(plan.deployments):
         runnable_resource(d.resource, field=f"deployments[{i}].resource")
     with apply_lock(state_dir, wait=wait, timeout_s=lock_timeout_s):
@@ -354,6 +345,7 @@ def apply_plan(
                 if disp is None
                 else f"http://{_connect_host(disp['host'])}:{disp['port']}",
                 instances=[_instance_view(r) for r in kept],
+                policy=pol,
             )
         else:
             if plan.id is None:
@@ -868,6 +860,7 @@ def _execute(
         instances=[_instance_view(r) for r in _running_instances(store)],
         warnings=warnings,
         history_id=history_id,
+        policy=policy,
     )
 
 

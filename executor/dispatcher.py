@@ -7,7 +7,9 @@ instances with the plan's policy:
 - ``fifo``: a central FIFO queue per model; a request goes to the next instance with a free
   slot (an instance has ``batch + 1`` slots: it can batch, and never idles waiting for the
   next request's round trip) (Clover);
-- ``wrr``: smooth weighted round robin by each instance's quota (InfAdapter);
+- ``wrr``: smooth weighted round robin by each instance's quota (InfAdapter): the
+  simulator's own :class:`~greenctl.planner.policy.SmoothWRR`, skipping instances that are
+  down;
 - ``batch``: like ``fifo`` but fills the busiest instance's batch first (gpulet's glets).
 
 The queue is bounded: when full the dispatcher answers 503 with ``Retry-After``. A request
@@ -35,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from greenctl.data.errors import InputError
 from greenctl.executor import httpserver as hs
 from greenctl.executor import oip
 from greenctl.executor.daemon import LATENCY_BUCKETS_S, _bucket, _histogram
@@ -49,8 +52,8 @@ from greenctl.executor.procs import (
     write_json_atomic,
 )
 from greenctl.executor.upstream import UpstreamError, UpstreamPool
+from greenctl.planner.policy import POLICIES, SmoothWRR
 
-POLICIES = ("fifo", "wrr", "batch")
 TOKEN_HEADER = "X-Greenctl-Token"
 _HEADER_LENGTH = "Inference-Header-Content-Length"
 _FORWARD_HEADERS = (
@@ -80,7 +83,6 @@ class Backend:
         self.inflight = 0
         self.up = True
         self.restarting = False
-        self.current = 0.0  # smooth-WRR state
         self.restarts = int(spec.get("restarts") or 0)
         self.restart_times: collections.deque[float] = collections.deque(maxlen=5)
 
@@ -109,6 +111,10 @@ class ModelRoute:
             raise ValueError(f"unknown policy {self.policy!r}")
         self.max_queue = int(spec.get("max_queue") or max_queue)
         self.backends = [Backend(b) for b in spec.get("instances", [])]
+        try:
+            self.wrr = SmoothWRR([b.weight for b in self.backends])
+        except InputError as exc:  # the admin endpoint answers 400 for a ValueError
+            raise ValueError(f"model {name!r}: {exc}") from exc
         self.waiters: collections.deque[asyncio.Future[Backend]] = collections.deque()
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,15 +129,9 @@ class ModelRoute:
         return [b for b in self.backends if b.up and b.id not in exclude and b.inflight < b.slots]
 
     def _pick_wrr(self, exclude: set[str]) -> Backend | None:
-        live = [b for b in self.backends if b.up and b.id not in exclude]
-        if not live:
-            return None
-        total = sum(b.weight for b in live)
-        for b in live:
-            b.current += b.weight
-        best = max(live, key=lambda b: b.current)
-        best.current -= total
-        return best
+        live = {k for k, b in enumerate(self.backends) if b.up and b.id not in exclude}
+        k = self.wrr.pick(live)
+        return None if k is None else self.backends[k]
 
     async def acquire(self, exclude: set[str]) -> Backend:
         """A backend for one request (its slot taken); waits in the FIFO queue if needed.

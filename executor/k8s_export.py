@@ -21,6 +21,7 @@ from typing import Any
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.resources import parse_resource
+from greenctl.planner.policy import plan_policy
 
 PORT = 8080
 DEFAULT_IMAGE = "greenctl-executor:0.1.0"
@@ -123,6 +124,7 @@ def build_k8s_export(
     gpus_per_node: int = 8,
     memory_mb: dict[str, float] | None = None,
     mig_config: dict[str, Any] | None = None,
+    policy: str | None = None,
 ) -> K8sExport:
     """Build the manifests of a plan.
 
@@ -136,6 +138,8 @@ def build_k8s_export(
         memory_mb: peak memory per variant (from profiles), to size memory requests.
         mig_config: a prebuilt mig-parted v1 document for MIG plans; when None one is
             derived from ``plan.extra["gpus"]`` per node.
+        policy: the dispatcher's policy, wins over the plan's own; default
+            :func:`~greenctl.planner.policy.plan_policy`.
 
     Raises:
         InputError: a geo plan, an empty plan or an unmappable resource.
@@ -215,10 +219,7 @@ def build_k8s_export(
         )
 
     dispatcher = dns_name(base, "dispatcher")
-    policy = str(
-        plan.request.get("policy")
-        or ("batch" if plan.kind == "glet" else "fifo" if plan.kind == "mig" else "wrr")
-    )
+    policy = plan_policy(plan, policy)  # what simulate assumed and a local apply serves
     # the dispatcher's routing-table document (greenctl.executor.dispatcher --routes)
     config_doc = {
         "generation": f"k8s-{base}",

@@ -40,6 +40,7 @@ from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Variant, utcnow_iso
 from greenctl.data.resources import parse_resource
 from greenctl.data.store import Store
+from greenctl.planner.policy import plan_policy
 
 NAMESPACE = "greenctl"
 ROUTER_APP = "greenctl-router"
@@ -89,6 +90,7 @@ class RayApplyResult:
     actions: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
     changed: bool = True
+    policy: str | None = None
 
 
 # --------------------------------------------------------------------------------------
@@ -138,13 +140,17 @@ def _serve_classes() -> tuple[Any, Any, Any]:
         def __init__(
             self, routes: dict[str, list[dict[str, Any]]], policy: str, *handles: Any
         ) -> None:
+            from greenctl.planner.policy import SmoothWRR
+
             self.policy = policy
             self.routes: dict[str, list[dict[str, Any]]] = {}
+            self.wrr: dict[str, SmoothWRR] = {}
             for model, entries in routes.items():
                 self.routes[model] = [
-                    {**e, "handle": handles[e["handle_index"]], "inflight": 0, "credit": 0.0}
-                    for e in entries
+                    {**e, "handle": handles[e["handle_index"]], "inflight": 0} for e in entries
                 ]
+                # a zero quota counts as one, as in the local dispatcher
+                self.wrr[model] = SmoothWRR([float(e["weight"] or 1.0) for e in entries])
 
         def models(self) -> dict[str, Any]:
             return {
@@ -162,12 +168,7 @@ def _serve_classes() -> tuple[Any, Any, Any]:
         def _pick(self, model: str) -> dict[str, Any]:
             entries = self.routes[model]
             if self.policy == "wrr":  # smooth weighted round robin by quota (InfAdapter)
-                total = sum(e["weight"] for e in entries)
-                for e in entries:
-                    e["credit"] += e["weight"]
-                best = max(entries, key=lambda e: e["credit"])
-                best["credit"] -= total
-                return best
+                return entries[self.wrr[model].pick() or 0]
             # fifo / batch: the entry with the fewest requests in flight per replica
             return min(entries, key=lambda e: e["inflight"] / max(e["replicas"], 1))
 
@@ -458,8 +459,12 @@ def apply_ray(
     max_wait_ms: float = 2.0,
     dry_run: bool = False,
     timeout_s: float = 300.0,
+    policy: str | None = None,
 ) -> RayApplyResult:
     """Deploy ``plan`` on the Ray cluster at ``address``; roll back on failure.
+
+    Requests are routed with ``policy`` when given, else the plan's
+    (:func:`~greenctl.planner.policy.plan_policy`, as the local backend and ``simulate``).
 
     Raises:
         InputError: Ray missing, a geo plan, or the cluster lacks the plan's resources.
@@ -472,14 +477,16 @@ def apply_ray(
     if not plan.deployments:
         raise InputError("the plan has no deployments")
     _check_families(plan, store)
+    policy = plan_policy(plan, policy)
     t0 = time.perf_counter()
     app = _app_name(plan)
     url = f"http://127.0.0.1:{http_port}"
-    result = RayApplyResult(address=address, app=app, url=url, plan_id=plan.id)
+    result = RayApplyResult(address=address, app=app, url=url, plan_id=plan.id, policy=policy)
     for dep in plan.deployments:
         result.actions.append(
             f"deploy {deployment_name(dep)}: {dep.count} replica(s) with {actor_options(dep.resource)}"
         )
+    result.actions.append(f"route requests by model with policy {policy}")
     ray = _connect(address)
     from ray import serve
 
@@ -496,7 +503,6 @@ def apply_ray(
     variants = _variants(store, plan)
     handles: list[Any] = []
     routes: dict[str, list[dict[str, Any]]] = {}
-    policy = str(plan.request.get("policy") or ("wrr" if plan.kind == "mix" else "fifo"))
     for i, dep in enumerate(plan.deployments):
         handles.append(
             replica_cls.options(

@@ -4,7 +4,8 @@
 return the same keys (:data:`PREDICTED_KEYS`). The shared pieces (instances, load split,
 energy/carbon/water/cost accounting) live here so the two agree on everything but latency.
 
-Dispatch policies:
+Dispatch policies (the list, and the rule that picks a plan's, are
+:mod:`greenctl.planner.policy`'s):
 
 - ``fifo``: one central FIFO queue per model over all its instances (Clover's
   producer/consumer); a request goes to the fastest idle instance, else to the first to
@@ -40,6 +41,7 @@ from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
 from greenctl.planner.latency import ServiceTime
+from greenctl.planner.policy import check_policy_name
 from greenctl.planner.queueing import (
     LatencyModel,
     batch_model,
@@ -50,7 +52,6 @@ from greenctl.planner.queueing import (
     with_overhead,
 )
 
-POLICIES = ("fifo", "wrr", "batch")
 PREDICTED_KEYS = (
     "rate_rps",
     "served_rps",
@@ -294,8 +295,7 @@ def profiles_by_key(profiles: Sequence[Profile]) -> dict[ProfileKey, Profile]:
 
 def check_policy(policy: str, instances: Sequence[Instance]) -> None:
     """Raises InputError for an unknown policy or batched deployments under fifo/wrr."""
-    if policy not in POLICIES:
-        raise InputError(f"unknown policy '{policy}'", hint=f"use one of {', '.join(POLICIES)}")
+    check_policy_name(policy)
     if policy != "batch":
         batched = sorted({(i.variant, i.resource, i.batch) for i in instances if i.batch > 1})
         if batched:

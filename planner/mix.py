@@ -2001,6 +2001,7 @@ def _predict_with_core(
         # queueing model of a single-server instance would contradict them.
         return predicted
     from greenctl.planner.evaluate import predict
+    from greenctl.planner.policy import default_policy
 
     rates = {f.name: f.rate_rps for f in problem.families}
     keys = {(d.variant, d.resource, d.batch) for d in deployments}
@@ -2011,7 +2012,7 @@ def _predict_with_core(
         {k: profiles[k] for k in keys},
         variants,
         rate_rps=rates,
-        policy="batch" if any(d.batch > 1 for d in deployments) else "wrr",
+        policy=default_policy("mix", (d.batch for d in deployments)),  # what apply serves
         percentile_slo_ms=max(f.slo_ms for f in problem.families),
         carbon_g_per_kwh=problem.intensity,
         pue=problem.pue,

@@ -39,7 +39,6 @@ from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan, check_families
 from greenctl.data.records import Profile, Variant
 from greenctl.planner.evaluate import (
-    POLICIES,
     PREDICTED_KEYS,
     Instance,
     account,
@@ -50,6 +49,7 @@ from greenctl.planner.evaluate import (
 )
 from greenctl.planner.latency import ServiceTime
 from greenctl.planner.loads import check_arrivals, poisson_arrivals
+from greenctl.planner.policy import SmoothWRR, plan_policy
 from greenctl.planner.queueing import default_duty_cycle_ms
 
 
@@ -164,21 +164,9 @@ def fifo_queue(
 
 # -- wrr: stride dispatch + Lindley ---------------------------------------------------------
 def stride_assign(shares: Sequence[float], n: int) -> np.ndarray:
-    """Server index of each of ``n`` requests under stride (smooth weighted RR) scheduling."""
-    p = np.asarray(shares, dtype=float)
-    if (p < 0).any() or p.sum() <= 0:
-        raise InputError("dispatch shares must be >= 0 with a positive sum")
-    p = p / p.sum()
-    ids, times = [], []
-    for i, pi in enumerate(p):
-        if pi <= 0:
-            continue
-        count = math.ceil(n * pi) + 1
-        times.append((np.arange(count) + 0.5) / pi)
-        ids.append(np.full(count, i))
-    v = np.concatenate(times)
-    order = np.argsort(v, kind="stable")[:n]
-    return np.concatenate(ids)[order]
+    """Server index of each of ``n`` requests under smooth weighted round robin (stride
+    scheduling): :class:`~greenctl.planner.policy.SmoothWRR`, the dispatcher's own."""
+    return np.asarray(SmoothWRR(shares).take(n), dtype=int)
 
 
 def lindley_queue(arrival_ms: np.ndarray, service_ms: np.ndarray) -> np.ndarray:
@@ -463,19 +451,6 @@ def _busy_time(run: QueueRun, sel: np.ndarray, inst: Instance, policy: str) -> f
 
 
 # -- plans ----------------------------------------------------------------------------------
-def default_policy(plan: Plan) -> str:
-    """The dispatch policy a plan implies: its request's ``policy`` when set, else ``batch``
-    when a deployment batches, ``wrr`` when every deployment has a quota, else ``fifo``."""
-    asked = plan.request.get("policy") if isinstance(plan.request, dict) else None
-    if asked in POLICIES:
-        return str(asked)
-    if any(d.batch > 1 for d in plan.deployments):
-        return "batch"
-    if plan.deployments and all(d.quota_rps is not None for d in plan.deployments):
-        return "wrr"
-    return "fifo"
-
-
 def default_rate(plan: Plan) -> float:
     """The load a plan was made for: ``predicted.rate_rps``, else ``request.rate_rps``,
     else the sum of its quotas.
@@ -531,7 +506,8 @@ def evaluate_plan(
             ``duration_s`` keeps its first seconds. The analytic path uses its mean.
         trace_scale: multiplies the trace.
         duration_s / n_requests: the length of a Poisson run.
-        policy: ``fifo``, ``wrr`` or ``batch``; default :func:`default_policy`.
+        policy: ``fifo``, ``wrr`` or ``batch``, wins over the plan's own; default
+            :func:`~greenctl.planner.policy.plan_policy`, the policy ``apply`` serves with.
         analytic: use the fast analytic path instead of the simulator.
         Others: as in :func:`simulate`.
 
@@ -549,7 +525,7 @@ def evaluate_plan(
         )
     if not (math.isfinite(trace_scale) and trace_scale > 0):
         raise InputError(f"the trace scale must be a number > 0, got {trace_scale}")
-    pol = policy or default_policy(plan)
+    pol = plan_policy(plan, policy)
     table = pick_profiles(profiles)
     by_name = {v.name: v for v in variants}
     check_families(plan.deployments, {v.name: v.family for v in variants})

@@ -1,0 +1,145 @@
+"""Dispatch policies: the one list, the one rule that picks a plan's, and smooth WRR.
+
+Every consumer of a plan -- ``predict`` and ``simulate`` (the evaluation core), ``plan mix``'s
+prediction, ``apply`` with the local dispatcher, the Ray backend and the Kubernetes export --
+asks :func:`plan_policy` (or, before a plan exists, :func:`default_policy`), so a plan is
+predicted under the policy it is served with.
+
+The rule, first match wins:
+
+1. an explicit choice (``--policy``);
+2. the plan's own choice: ``policy`` beside the deployments, else ``request.policy``;
+3. ``batch`` when any deployment has ``batch > 1``: executors batch dynamically, and only
+   the ``batch`` model predicts a batched deployment (``fifo`` and ``wrr`` serve one request
+   at a time, and the evaluation core refuses them for batched deployments);
+4. by plan kind (:data:`KIND_POLICY`): ``wrr`` for mix and geo (requests follow the quotas,
+   InfAdapter), mig (the planner splits load by quota per instance class and predicts with
+   ``wrr``) and ``batch`` for glet (gpulet's glets run duty cycles).
+
+:class:`SmoothWRR` is the weighted round robin that the simulator, the local dispatcher and
+the Ray router all use: stride scheduling, instance ``i``'s ``k``-th request is the one with
+the ``k``-th smallest virtual time ``(k + 1/2) / p_i`` (``p`` the weights normalised), ties to
+the lower index. It is smooth and proportional: after ``n`` requests server ``i`` has had
+``n p_i`` of them to within ``1/2 + p_i m / 2`` (``m`` servers), which is the evenly spread
+split ``predict`` assumes for ``wrr`` and ``batch``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from greenctl.data.errors import InputError
+
+if TYPE_CHECKING:
+    from greenctl.data.plan import Plan
+
+#: The dispatch policies, in the order help texts list them.
+POLICIES = ("fifo", "wrr", "batch")
+
+#: The default of each plan kind when no deployment batches (rule 4 above).
+KIND_POLICY = {"mix": "wrr", "mig": "wrr", "glet": "batch", "geo": "wrr"}
+
+_HINT = f"use one of {', '.join(POLICIES)}"
+
+
+def check_policy_name(policy: object, *, field: str = "policy") -> str:
+    """The policy, checked against :data:`POLICIES`.
+
+    Raises:
+        InputError: not one of them; the message names ``field``.
+    """
+    if not isinstance(policy, str) or policy not in POLICIES:
+        shown = f"'{policy}'" if isinstance(policy, str) else repr(policy)
+        raise InputError(f"unknown policy {shown} in {field}", hint=_HINT)
+    return policy
+
+
+def default_policy(kind: str, batches: Iterable[int]) -> str:
+    """The policy a plan of ``kind`` with deployments of ``batches`` gets by default."""
+    if any(b > 1 for b in batches):
+        return "batch"
+    return KIND_POLICY.get(kind, "wrr")
+
+
+def plan_policy(plan: Plan, override: str | None = None) -> str:
+    """The dispatch policy a plan is predicted, simulated and served with (module docstring).
+
+    Args:
+        plan: the plan document.
+        override: an explicit choice (``--policy``); wins over the plan's own.
+
+    Raises:
+        InputError: a choice that is not one of :data:`POLICIES`.
+    """
+    extra = plan.extra if isinstance(plan.extra, dict) else {}
+    request = plan.request if isinstance(plan.request, dict) else {}
+    chosen: tuple[tuple[Any, str], ...] = (
+        (override, "--policy"),
+        (extra.get("policy"), "the plan's 'policy'"),
+        (request.get("policy"), "the plan's 'request.policy'"),
+    )
+    for value, field in chosen:
+        if value is not None and value != "":
+            return check_policy_name(value, field=field)
+    return default_policy(plan.kind, (d.batch for d in plan.deployments))
+
+
+class SmoothWRR:
+    """Smooth weighted round robin (stride scheduling) over ``len(weights)`` servers.
+
+    :meth:`pick` takes one server, optionally among some of them only (the dispatcher skips
+    instances that are down or just failed a request); :meth:`take` takes ``n`` in a row.
+    A server left out for a while resumes at the current virtual time instead of catching
+    up with a burst.
+
+    Raises:
+        InputError: a negative weight, or weights that sum to zero.
+    """
+
+    def __init__(self, weights: Sequence[float]) -> None:
+        w = [float(x) for x in weights]
+        if any(not (x >= 0 and math.isfinite(x)) for x in w) or (w and not math.fsum(w) > 0):
+            raise InputError("dispatch shares must be >= 0 with a positive sum")
+        top = max(w, default=1.0)
+        self._share = [x / top for x in w]  # relative to the largest: no overflow to inf
+        self._count = [0] * len(w)
+        self._base = [0.0] * len(w)  # moved forward when a server resumes after a gap
+        self._now = 0.0
+        self._heap = [(0.5 / p, i) for i, p in enumerate(self._share) if p > 0]
+        heapq.heapify(self._heap)
+
+    def _next_time(self, i: int) -> float:
+        return self._base[i] + (self._count[i] + 0.5) / self._share[i]
+
+    def pick(self, among: Collection[int] | None = None) -> int | None:
+        """The next server (its index), among ``among`` when given; None when none can."""
+        skipped = []
+        found: int | None = None
+        while self._heap:
+            t, i = heapq.heappop(self._heap)
+            if among is None or i in among:
+                if t < self._now:  # left out for a while: resume now, no burst
+                    self._base[i] += self._now - t
+                found = i
+                break
+            skipped.append((t, i))
+        if found is not None:
+            self._now = max(self._now, self._next_time(found))
+            self._count[found] += 1
+            heapq.heappush(self._heap, (self._next_time(found), found))
+        for item in skipped:
+            heapq.heappush(self._heap, item)
+        return found
+
+    def take(self, n: int) -> list[int]:
+        """The next ``n`` servers."""
+        out = []
+        for _ in range(n):
+            i = self.pick()
+            if i is None:
+                raise InputError("dispatch shares must be >= 0 with a positive sum")
+            out.append(i)
+        return out
