@@ -27,7 +27,7 @@ def demo_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Profile, import carbon, plan, apply, load, replan over a carbon trace, report, stop."""
-    from greenctl.cli import workflow
+    from greenctl.executor import control
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
@@ -48,7 +48,7 @@ def demo_cmd(
                 last["msg"] = step
             bar.update(task, completed=frac, description=_short(msg))
 
-        summary = workflow.run_demo(
+        summary = control.run_demo(
             out_dir=out, db=db, quick=quick, rate_rps=rate, progress=progress
         )
     if json_out:

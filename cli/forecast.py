@@ -62,13 +62,13 @@ def forecast_fit(
     json_out: JsonOpt = False,
 ) -> None:
     """Fit a forecaster, score it on held-out minutes and save it in the store."""
-    from greenctl.cli import workflow
+    from greenctl.executor import control
 
     params = {"epochs": epochs, "window": window, "quantile": quantile, "period": period}
     with store_for(db) as store:
         if forecaster == "lstm" and not json_out:
             with console.status("training the LSTM (torch, CPU) ..."):
-                out = workflow.fit_forecaster(
+                out = control.fit_forecaster(
                     store,
                     kind=forecaster,
                     name=name,
@@ -78,7 +78,7 @@ def forecast_fit(
                     params=params,
                 )
         else:
-            out = workflow.fit_forecaster(
+            out = control.fit_forecaster(
                 store,
                 kind=forecaster,
                 name=name,
@@ -123,10 +123,10 @@ def forecast_predict(
     json_out: JsonOpt = False,
 ) -> None:
     """Predict the next minute's peak request rate."""
-    from greenctl.cli import workflow
+    from greenctl.executor import control
 
     with store_for(db) as store:
-        out = workflow.predict_load(
+        out = control.predict_load(
             store, forecaster=forecaster, trace=trace, model=model, upto_minute=upto_minute
         )
     if json_out:
@@ -142,10 +142,10 @@ def forecast_predict(
 @forecast_app.command("list")
 def forecast_list(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """List saved forecasters with their held-out scores."""
-    from greenctl.cli import workflow
+    from greenctl.executor import control
 
     with store_for(db, create=False) as store:  # read-only: a missing store is not created
-        rows = workflow.list_forecasters(store)
+        rows = control.list_forecasters(store)
     if json_out:
         print_json(rows)
         return
@@ -177,10 +177,10 @@ def forecast_sample(
 ) -> None:
     """Record the dispatcher's arrival rate since the last sample into the load history
     (run it from cron; `replan --forecaster` does it on every run too)."""
-    from greenctl.cli import workflow
+    from greenctl.executor import control
 
     with store_for(db) as store:
-        samples = workflow.sample_dispatcher_load(store, url=url)
+        samples = control.sample_dispatcher_load(store, url=url)
     if json_out:
         print_json(samples)
         return

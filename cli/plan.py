@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, store_for
@@ -122,16 +122,6 @@ def save_plan(store: Store, plan: Plan, output: str | Path | None) -> None:
         if written and output is not None:
             Path(output).unlink(missing_ok=True)
         raise
-
-
-def apply_intensity(plan: Plan, carbon: dict[str, Any]) -> None:
-    """Record the carbon intensity a plan used and where it came from (``plan_intensity``):
-    ``request.carbon_intensity`` and a ``carbon_source`` beside the deployments; a signal's
-    region also becomes the plan's ``carbon_region``, the region ``replan`` follows."""
-    plan.request["carbon_intensity"] = carbon["carbon_g_per_kwh"]
-    plan.extra["carbon_source"] = dict(carbon["source"])
-    if carbon["source"].get("region"):
-        plan.extra["carbon_region"] = carbon["source"]["region"]
 
 
 def carbon_caption(plan: Plan) -> str:

@@ -99,7 +99,7 @@ def plan_mig_cmd(
     Profiles come from the store: batch-1 rows on mig:<profile> resources whose hardware
     names the GPU model. The plan is saved in the store and printed.
     """
-    from greenctl.cli.plan import apply_intensity, check_writable, save_plan
+    from greenctl.cli.plan import check_writable, save_plan
     from greenctl.data import carbon
     from greenctl.data.errors import InputError
     from greenctl.data.mig_geometry import resolve_gpu
@@ -140,7 +140,7 @@ def plan_mig_cmd(
             time_limit_s=time_limit,
             seed=seed,
         )
-        apply_intensity(plan, ci)
+        carbon.record_intensity(plan, ci)
         if ci["note"]:
             model_info = plan.extra.setdefault("model", {})
             model_info["notes"] = [*model_info.get("notes", []), ci["note"]]

@@ -105,7 +105,7 @@ def plan_mix_cmd(
     db: DbOpt = None,
 ) -> None:
     """Choose variants, resources, counts and request quotas for a load under an SLO."""
-    from greenctl.cli.plan import apply_intensity, check_writable, save_plan
+    from greenctl.cli.plan import check_writable, save_plan
     from greenctl.data import carbon
     from greenctl.data.plan import load_plan_file
     from greenctl.data.spec_io import read_mix_spec
@@ -166,7 +166,7 @@ def plan_mix_cmd(
         names = _families(request)
         variants = store.variants()
         profiles = [p for f in names for p in store.latest_profiles(family=f)]
-        from greenctl.cli.workflow import serving_for
+        from greenctl.executor.control import serving_for
 
         problem = build_mix_problem(
             request, variants, profiles, serving=serving_for(store, request)
@@ -177,7 +177,7 @@ def plan_mix_cmd(
             solver=problem.request["solver"],
             time_limit_s=problem.request.get("time_limit_s"),
         )
-        apply_intensity(plan, ci)
+        carbon.record_intensity(plan, ci)
         if ci["note"]:
             plan.extra["notes"] = [*plan.extra.get("notes", []), ci["note"]]
         save_plan(store, plan, output)

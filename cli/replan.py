@@ -72,8 +72,9 @@ def replan_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Replan with the latest carbon signal and load forecast; apply if worth it."""
-    from greenctl.cli import reporting, workflow
+    from greenctl.data import reports
     from greenctl.data.errors import InputError
+    from greenctl.executor import control
 
     if history:
         with store_for(db) as store:
@@ -84,7 +85,7 @@ def replan_cmd(
                     from pathlib import Path
 
                     lineage = f"file:{Path(plan).resolve()}"
-            rows = reporting.decisions(store, lineage=lineage, region=region, limit=limit)
+            rows = reports.decisions(store, lineage=lineage, region=region, limit=limit)
         if json_out:
             print_json(rows)
             return
@@ -104,9 +105,9 @@ def replan_cmd(
         return
     if plan is None:
         raise InputError("--plan ID|FILE is required", hint="or pass --history to list decisions")
-    dwell = workflow.parse_duration(min_dwell)
+    dwell = control.parse_duration(min_dwell)
     with store_for(db) as store:
-        d = workflow.replan_once(
+        d = control.replan_once(
             store, plan=plan, apply=apply, threshold=threshold, margin=margin,
             min_dwell_s=dwell, region=region, forecaster=forecaster, at=at,
         )  # fmt: skip
@@ -152,9 +153,9 @@ def cron_install_cmd(
     db: DbOpt = None,
 ) -> None:
     """Install a crontab line running `greenctl ARGS...` (write the command after `--`)."""
-    from greenctl.cli import workflow
     from greenctl.cli.common import ROOT_DB
     from greenctl.data.store import resolve_db_path
+    from greenctl.executor import control
 
     args = list(ctx.args)
     if args and args[0] == "greenctl":
@@ -162,11 +163,11 @@ def cron_install_cmd(
     if args:
         check_greenctl_args(args, root=ctx.find_root().command)
     db_path = resolve_db_path(db or ROOT_DB.get()).resolve()
-    line = workflow.cron_line(args, every=every, db_path=db_path, log=log, name=name)
+    line = control.cron_line(args, every=every, db_path=db_path, log=log, name=name)
     if print_only:
         typer.echo(line)
         return
-    where = workflow.cron_install(line, name=name, crontab_file=crontab_file)
+    where = control.cron_install(line, name=name, crontab_file=crontab_file)
     say(f"installed in {where}:\n{line}", highlight=False, soft_wrap=True)
 
 
@@ -253,9 +254,9 @@ def cron_remove_cmd(
     ] = None,
 ) -> None:
     """Remove the crontab line installed with `greenctl cron install --name NAME`."""
-    from greenctl.cli import workflow
+    from greenctl.executor import control
 
-    removed = workflow.cron_remove(name=name, crontab_file=crontab_file)
+    removed = control.cron_remove(name=name, crontab_file=crontab_file)
     if removed:
         say(f"removed {removed} line(s) tagged greenctl:{name}")
     else:

@@ -46,7 +46,7 @@ def _export_command(what: str) -> Any:
         ] = None,
         db: DbOpt = None,
     ) -> None:
-        from greenctl.cli import reporting
+        from greenctl.data import reports
 
         filters: dict[str, Any] = {}
         given = {"--region": region, "--from": start, "--to": end, "--plan": plan}
@@ -65,7 +65,7 @@ def _export_command(what: str) -> Any:
         with store_for(db) as store:
             if plan is not None:
                 store.get_plan(plan)  # an unknown id is an error, not an empty report
-            res = reporting.export(store, what, fmt=fmt, path=output, **filters)
+            res = reports.export(store, what, fmt=fmt, path=output, **filters)
         if output:
             say(f"Wrote {res['rows']} {what} rows ({fmt}) to {output}", highlight=False)
         else:
@@ -107,10 +107,10 @@ def report_savings(
     """Energy, carbon, water, cost, accuracy and SLO compliance against a baseline plan."""
     import json
 
-    from greenctl.cli import reporting
+    from greenctl.data import reports
 
     with store_for(db) as store:
-        s = reporting.savings(
+        s = reports.savings(
             store,
             plan_id=plan,
             baseline_id=baseline,
@@ -129,7 +129,7 @@ def report_savings(
         f"Savings of plan {plan} (+{s['changes']} replans) vs baseline {baseline}, {region}, "
         f"{s['period']['from']} .. {s['period']['to']} ({s['period']['hours']:.0f} h)",
         ["metric", "greenctl", "baseline", "saved", "saved %"],
-        reporting.savings_table(s),
+        reports.savings_table(s),
         caption="modeled from the plans' predictions and the carbon signal; '-' = not "
         "predicted by the plans",
     )
@@ -154,7 +154,7 @@ def report_charts(
     json_out: JsonOpt = False,
 ) -> None:
     """Write PNG charts: carbon.png, latency.png (if runs were measured), sites.png (geo)."""
-    from greenctl.cli import reporting
+    from greenctl.data import reports
     from greenctl.data.errors import NotFoundError
 
     folder = Path(out)
@@ -163,7 +163,7 @@ def report_charts(
     skipped = []
     with store_for(db) as store:
         written.append(
-            reporting.chart_carbon(
+            reports.chart_carbon(
                 store,
                 folder / "carbon.png",
                 plan_id=plan,
@@ -174,11 +174,11 @@ def report_charts(
             )
         )
         try:
-            written.append(reporting.chart_latency(store, folder / "latency.png"))
+            written.append(reports.chart_latency(store, folder / "latency.png"))
         except NotFoundError as exc:
             skipped.append({"chart": "latency", "reason": exc.message})
         if geo_plan is not None:
-            written.append(reporting.chart_sites(store, folder / "sites.png", plan_id=geo_plan))
+            written.append(reports.chart_sites(store, folder / "sites.png", plan_id=geo_plan))
     if json_out:
         print_json({"written": written, "skipped": skipped})
         return

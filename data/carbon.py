@@ -246,3 +246,14 @@ def plan_intensity(
         },
         "note": note,
     }
+
+
+def record_intensity(plan: Any, carbon: dict[str, Any]) -> None:
+    """Record on ``plan`` the carbon intensity it used and where it came from
+    (:func:`plan_intensity`'s answer): ``request.carbon_intensity`` and a ``carbon_source``
+    beside the deployments; a signal's region also becomes the plan's ``carbon_region``, the
+    region ``replan`` follows."""
+    plan.request["carbon_intensity"] = carbon["carbon_g_per_kwh"]
+    plan.extra["carbon_source"] = dict(carbon["source"])
+    if carbon["source"].get("region"):
+        plan.extra["carbon_region"] = carbon["source"]["region"]

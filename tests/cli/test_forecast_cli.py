@@ -35,14 +35,14 @@ def test_fit_predict_list(cli, tmp_path):
 
 
 def test_store_history_and_errors(cli, store):
-    from greenctl.cli import workflow
+    from greenctl.executor import control
 
     r = cli("forecast", "predict")
     assert r.exit_code == 2 and "no measured load" in r.output
-    workflow.record_load(
+    control.record_load(
         store,
         [
-            workflow.LoadSample(time=f"2024-01-01T00:{m:02d}:{s:02d}Z", rate_rps=m + s / 10)
+            control.LoadSample(time=f"2024-01-01T00:{m:02d}:{s:02d}Z", rate_rps=m + s / 10)
             for m in range(3)
             for s in (0, 30)
         ],

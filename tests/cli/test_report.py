@@ -7,8 +7,7 @@ import io
 import json
 
 import pytest
-from greenctl.cli import reporting
-from greenctl.data import carbon_io
+from greenctl.data import carbon_io, reports
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Profile, Variant
 
@@ -67,7 +66,7 @@ def scenario(store):
 
 def test_savings_hand_computed(scenario):
     store, _small, large = scenario
-    s = reporting.savings(store, plan_id=large, baseline_id=large, region="CISO")
+    s = reports.savings(store, plan_id=large, baseline_id=large, region="CISO")
     assert s["period"] == {
         "from": "2021-03-01T00:00:00Z",
         "to": "2021-03-03T01:00:00Z",
@@ -83,18 +82,18 @@ def test_savings_hand_computed(scenario):
     assert s["greenctl"]["water_l"] is None  # no plan predicts water
     assert s["greenctl"]["slo_compliance"] == 1.0
     assert s["measured_slo"][0]["meets_slo"] is True
-    w = reporting.savings(store, plan_id=large, baseline_id=large, region="CISO", wue_l_per_kwh=2.0)
+    w = reports.savings(store, plan_id=large, baseline_id=large, region="CISO", wue_l_per_kwh=2.0)
     assert w["baseline"]["water_l"] == pytest.approx(w["baseline"]["energy_kwh"] * 1.2 * 2.0)
 
 
 def test_exports_columns_are_the_contract(scenario, cli, tmp_path):
     _store, small, large = scenario
-    for what in reporting.EXPORTS:
+    for what in reports.EXPORTS:
         out = tmp_path / f"{what}.csv"
         r = cli("report", what, "--format", "csv", "-o", out)
         assert r.exit_code == 0, r.output
         header = out.read_text().splitlines()[0].split(",")
-        assert header == reporting.COLUMNS[what]
+        assert header == reports.COLUMNS[what]
     runs = list(csv.DictReader(io.StringIO((tmp_path / "runs.csv").read_text())))
     assert runs[0]["p95_error_pct"] == "15.0" and runs[0]["measured_p95_ms"] == "46.0"
     r = cli("report", "decisions", "--format", "json")
@@ -121,7 +120,7 @@ def test_profiles_export(store, cli):
     r = cli("report", "profiles", "--format", "json")
     rows = json.loads(r.stdout)
     assert rows[0]["family"] == "tiny" and rows[0]["latency_p95_ms"] == 9.5
-    assert list(rows[0]) == reporting.COLUMNS["profiles"]
+    assert list(rows[0]) == reports.COLUMNS["profiles"]
 
 
 def test_savings_cli_and_charts(scenario, cli, tmp_path):
@@ -164,10 +163,10 @@ def test_sites_chart_for_geo_plan(store, tmp_path):
         extra={"sites": sites, "algorithm": "eglb-off"},
     )
     pid = store.save_plan(p)
-    res = reporting.chart_sites(store, tmp_path / "sites.png", plan_id=pid)
+    res = reports.chart_sites(store, tmp_path / "sites.png", plan_id=pid)
     assert res["sites"] == 2 and (tmp_path / "sites.png").stat().st_size > 5_000
     mix = _plan(store, "x", 1.0, 0.5, 1.0)
     from greenctl.data.errors import InputError
 
     with pytest.raises(InputError, match="not a geo plan"):
-        reporting.chart_sites(store, tmp_path / "x.png", plan_id=mix)
+        reports.chart_sites(store, tmp_path / "x.png", plan_id=mix)

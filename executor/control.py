@@ -1,8 +1,9 @@
-"""Orchestration library: store + planners + executor, without typer or rich.
+"""The control loop: load history and forecasters, replanning, cron, and the demo.
 
-``cli/`` is the one package allowed to import planner and executor together; the commands
-in ``cli/forecast.py``, ``cli/replan.py`` and ``cli/demo.py`` are thin wrappers over the
-functions here, which take keyword-only options and return plain data.
+It observes (the carbon signal, the dispatcher's counters), decides (replans through the
+planners) and reconciles (applies through the executor), recording why. No typer or rich:
+the commands in ``cli/forecast.py``, ``cli/replan.py`` and ``cli/demo.py`` are thin wrappers
+over the functions here, which take keyword-only options and return plain data.
 """
 
 from __future__ import annotations
@@ -624,9 +625,7 @@ def replan_once(
                     notes.append("no measured load yet: planned rate kept")
             replan_fn = _mig_replan if running.kind == "mig" else _mix_replan
             new, old_obj, note = replan_fn(store, running, intensity=signal, rate=rate)
-            from greenctl.cli.plan import apply_intensity
-
-            apply_intensity(new, ci)  # the value, its source and carbon_region
+            carbon.record_intensity(new, ci)  # the value, its source and carbon_region
             if note:
                 notes.append(note)
             objective = str(
@@ -1159,10 +1158,10 @@ def run_demo(
             region=DEMO_REGION,
             end=_iso_after(start, hours + step_h),
         )
-        from greenctl.cli import reporting
+        from greenctl.data import reports
 
         summary["savings"] = json.loads((out / "savings.json").read_text())
-        summary["savings_table"] = reporting.savings_table(summary["savings"])
+        summary["savings_table"] = reports.savings_table(summary["savings"])
     finally:
         progress("stopping everything", 0.97)
         try:
@@ -1192,22 +1191,22 @@ def write_demo_report(
     end: str | None = None,
 ) -> list[str]:
     """Exports (CSV), savings (JSON) and charts (PNG) of a replanning run into ``out``."""
-    from greenctl.cli import reporting
+    from greenctl.data import reports
     from greenctl.data.errors import NotFoundError as _NotFound
 
     files = []
-    for what in reporting.EXPORTS:
+    for what in reports.EXPORTS:
         filters: dict[str, Any] = {}
         if what == "carbon":
             filters = {"region": region, "start": start, "end": end}
-        reporting.export(store, what, fmt="csv", path=str(out / f"{what}.csv"), **filters)
+        reports.export(store, what, fmt="csv", path=str(out / f"{what}.csv"), **filters)
         files.append(str(out / f"{what}.csv"))
-    s = reporting.savings(
+    s = reports.savings(
         store, plan_id=plan_id, baseline_id=baseline_id, region=region, start=start, end=end
     )
     (out / "savings.json").write_text(json.dumps(s, indent=2) + "\n")
     files.append(str(out / "savings.json"))
-    reporting.chart_carbon(
+    reports.chart_carbon(
         store,
         out / "carbon.png",
         plan_id=plan_id,
@@ -1218,7 +1217,7 @@ def write_demo_report(
     )
     files.append(str(out / "carbon.png"))
     try:
-        reporting.chart_latency(store, out / "latency.png")
+        reports.chart_latency(store, out / "latency.png")
         files.append(str(out / "latency.png"))
     except _NotFound:
         pass
