@@ -39,12 +39,16 @@ import numpy as np
 from greenctl.data.errors import InputError
 from greenctl.executor import httpserver as hs
 from greenctl.executor import oip
+from greenctl.executor.metrics import (
+    BATCH_BUCKETS,
+    LATENCY_BUCKETS_S,
+    bucket_index,
+    histogram_lines,
+)
 from greenctl.executor.procs import proc_start_ticks, run_async, settle_heap, write_json_atomic
 
 DEFAULT_LOADER = "greenctl.profiler.models:load_model"
 NOOP_LOADER = "greenctl.executor.daemon:noop_loader"
-LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 INPUT_NAME = "input"
 OUTPUT_NAME = "output"
 
@@ -139,13 +143,13 @@ class Metrics:
     def observe(self, code: str, latency_s: float) -> None:
         self.requests[code] += 1
         if code == "200":
-            self.latency_counts[_bucket(LATENCY_BUCKETS_S, latency_s)] += 1
+            self.latency_counts[bucket_index(LATENCY_BUCKETS_S, latency_s)] += 1
             self.latency_sum_s += latency_s
             self.window.append(latency_s)
 
     def observe_batch(self, rows: int, busy_s: float) -> None:
         with self.lock:
-            self.batch_counts[_bucket(BATCH_BUCKETS, rows)] += 1
+            self.batch_counts[bucket_index(BATCH_BUCKETS, rows)] += 1
             self.batch_sum += rows
             self.busy_s += busy_s
 
@@ -161,7 +165,7 @@ class Metrics:
         ]
         for code, n in sorted(self.requests.items()):
             lines.append(f'greenctl_requests_total{{{labels},code="{code}"}} {n}')
-        lines += _histogram(
+        lines += histogram_lines(
             "greenctl_request_latency_seconds",
             "Latency of successful requests inside the executor.",
             labels,
@@ -170,7 +174,7 @@ class Metrics:
             self.latency_sum_s,
         )
         with self.lock:
-            lines += _histogram(
+            lines += histogram_lines(
                 "greenctl_batch_size",
                 "Rows per executed batch.",
                 labels,
@@ -193,33 +197,6 @@ class Metrics:
                     f'greenctl_request_latency_window_ms{{{labels},quantile="{q}"}} {value:.4f}'
                 )
         return "\n".join(lines) + "\n"
-
-
-def _bucket(bounds: tuple[float, ...], value: float) -> int:
-    for i, b in enumerate(bounds):
-        if value <= b:
-            return i
-    return len(bounds)
-
-
-def _histogram(
-    name: str,
-    help_text: str,
-    labels: str,
-    bounds: tuple[float, ...],
-    counts: list[int],
-    total: float,
-) -> list[str]:
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-    acc = 0
-    for b, c in zip(bounds, counts, strict=False):
-        acc += c
-        lines.append(f'{name}_bucket{{{labels},le="{b:g}"}} {acc}')
-    acc += counts[-1]
-    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {acc}')
-    lines.append(f"{name}_sum{{{labels}}} {total:.6f}")
-    lines.append(f"{name}_count{{{labels}}} {acc}")
-    return lines
 
 
 def parse_prometheus(text: str) -> dict[str, float]:

@@ -40,7 +40,7 @@ from typing import Any
 from greenctl.data.errors import InputError
 from greenctl.executor import httpserver as hs
 from greenctl.executor import oip
-from greenctl.executor.daemon import LATENCY_BUCKETS_S, _bucket, _histogram
+from greenctl.executor.metrics import LATENCY_BUCKETS_S, bucket_index, histogram_lines
 from greenctl.executor.procs import (
     is_alive,
     proc_start_ticks,
@@ -398,7 +398,7 @@ class Dispatcher:
         if code == "200":
             counts = self.latency_counts.setdefault(model, [0] * (len(LATENCY_BUCKETS_S) + 1))
             dt = time.perf_counter() - t0
-            counts[_bucket(LATENCY_BUCKETS_S, dt)] += 1
+            counts[bucket_index(LATENCY_BUCKETS_S, dt)] += 1
             self.latency_sum[model] += dt
 
     def _suspect(self, b: Backend) -> None:
@@ -416,7 +416,7 @@ class Dispatcher:
         for (model, code), n in sorted(self.requests.items()):
             lines.append(f'greenctl_dispatcher_requests_total{{model="{model}",code="{code}"}} {n}')
         for model, counts in sorted(self.latency_counts.items()):
-            lines += _histogram(
+            lines += histogram_lines(
                 "greenctl_dispatcher_latency_seconds",
                 "End-to-end latency through the dispatcher.",
                 f'model="{model}"',

@@ -67,9 +67,6 @@ KNOWN_PRIVATE_IMPORTS: frozenset[tuple[str, str]] = frozenset(
         ("greenctl.planner.mix_decomp", "greenctl.planner.mix._greedy"),
         ("greenctl.planner.mix_decomp", "greenctl.planner.mix._solve_highs"),
         ("greenctl.planner.mix_decomp", "greenctl.planner.mix._warm_start"),
-        # the dispatcher builds the same latency histograms as the daemon
-        ("greenctl.executor.dispatcher", "greenctl.executor.daemon._bucket"),
-        ("greenctl.executor.dispatcher", "greenctl.executor.daemon._histogram"),
     }
 )
 
