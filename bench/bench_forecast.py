@@ -21,6 +21,7 @@ DEFAULT_TRACE = REFERENCE / "twitter" / "requests_per_second.txt.gz"
 
 
 def main(argv: list[str] | None = None) -> int:
+    from greenctl.data.traces import read_rps_trace
     from greenctl.planner import forecast as fc
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trace not found: {args.trace}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    rps = fc.load_rps_trace(args.trace)
+    rps = read_rps_trace(args.trace)
     minutes = fc.minute_maxima(rps)
     train = int(args.train_days * 1440)
     print(

@@ -64,10 +64,11 @@ def load_history_minutes(store: Any, *, model: str | None = None) -> Any:
 
 
 def _history(store: Any, *, trace: str | None, model: str | None) -> tuple[Any, str]:
+    from greenctl.data.traces import read_rps_trace
     from greenctl.planner import forecast as fc
 
     if trace:
-        return fc.minute_maxima(fc.load_rps_trace(trace)), f"trace:{Path(trace).name}"
+        return fc.minute_maxima(read_rps_trace(trace)), f"trace:{Path(trace).name}"
     minutes = load_history_minutes(store, model=model)
     if minutes.size == 0:
         raise InputError(

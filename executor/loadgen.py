@@ -65,13 +65,13 @@ class LoadResult:
 
 def read_trace(path: str | Path) -> list[float]:
     """A requests-per-second trace file, read by the one trace reader
-    (:func:`greenctl.planner.loads.read_trace`: numbers, ``.gz`` decompressed).
+    (:func:`greenctl.data.traces.read_rps_trace`).
 
     Raises:
         InputError / FileFormatError: a missing or binary file, or a value that is not a
         number >= 0 (naming the line).
     """
-    from greenctl.planner.loads import read_trace as read_rps_trace
+    from greenctl.data.traces import read_rps_trace
 
     return [float(v) for v in read_rps_trace(path)]
 

@@ -17,90 +17,18 @@ Pure: arrays in, numbers out; persistence is the caller's business (``to_state``
 
 from __future__ import annotations
 
-import gzip
 import io
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from greenctl.data.errors import FileFormatError, InputError
+from greenctl.data.errors import InputError
 
 FORECASTERS = ("last", "moving-max", "seasonal-naive", "lstm")
 
 
 # -- data -------------------------------------------------------------------------------------
-def load_rps_trace(path: str | Path) -> np.ndarray:
-    """Read a requests-per-second trace: whitespace-separated numbers (optionally ``.gz``),
-    or a CSV with a ``rate_rps`` column (one row per second).
-
-    Raises:
-        InputError: missing file. FileFormatError: a value that is not a number >= 0.
-    """
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"trace file {p} does not exist") from None
-    except OSError as exc:
-        raise InputError(f"cannot read trace {p}: {exc.strerror}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            raise FileFormatError(str(p), f"corrupt gzip data: {exc}") from None
-    text = raw.decode("utf-8", errors="replace")
-    first = text.lstrip().split("\n", 1)[0]
-    if "rate_rps" in first:
-        import csv
-
-        reader = csv.DictReader(io.StringIO(text.lstrip()))
-        values = []
-        for i, row in enumerate(reader, start=2):
-            try:
-                values.append(float(row["rate_rps"]))
-            except (TypeError, ValueError):
-                raise FileFormatError(
-                    str(p), f"'{row.get('rate_rps')}' is not a number", line=i, column="rate_rps"
-                ) from None
-        arr = np.asarray(values, dtype=float)
-    else:
-        tokens = text.split()
-        try:
-            arr = np.asarray(tokens, dtype=float)
-        except ValueError:
-            bad = next(t for t in tokens if not _is_number(t))
-            line = _line_of(text, bad)
-            raise FileFormatError(
-                str(p),
-                f"'{bad}' is not a number",
-                line=line,
-                hint="a trace holds one requests-per-second value per second",
-            ) from None
-    if arr.size == 0:
-        raise FileFormatError(str(p), "the trace is empty")
-    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-        idx = int(np.flatnonzero(~np.isfinite(arr) | (arr < 0))[0])
-        raise FileFormatError(str(p), f"value #{idx + 1} ({arr[idx]}) is not a rate >= 0")
-    return arr
-
-
-def _is_number(token: str) -> bool:
-    try:
-        float(token)
-        return True
-    except ValueError:
-        return False
-
-
-def _line_of(text: str, token: str) -> int:
-    for i, line in enumerate(text.splitlines(), start=1):
-        if token in line.split():
-            return i
-    return 1
-
-
 def minute_maxima(rps: np.ndarray, *, interval_s: int = 60) -> np.ndarray:
     """Per-interval maxima of a per-second series (a trailing partial interval is dropped,
     unless the series is shorter than one interval)."""

@@ -6,12 +6,11 @@ deterministic for a seed.
 
 from __future__ import annotations
 
-import gzip
 import math
-from pathlib import Path
 
 import numpy as np
-from greenctl.data.errors import FileFormatError, InputError
+from greenctl.data.errors import InputError
+from greenctl.data.traces import read_rps_trace
 
 DEFAULT_REQUESTS = 100_000
 
@@ -92,51 +91,6 @@ def trace_arrivals(
     return np.sort(seconds + rng.uniform(0.0, 1.0, seconds.size))
 
 
-def read_trace(path: str | Path) -> np.ndarray:
-    """Read a requests-per-second trace: numbers separated by whitespace or commas.
-
-    ``.gz`` files are decompressed; lines starting with ``#`` are comments.
-
-    Raises:
-        InputError / FileFormatError: a missing file, or a value that is not a number >= 0
-        (naming the line).
-    """
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"trace file {p} does not exist") from None
-    except OSError as exc:
-        raise InputError(f"cannot read trace file {p}: {exc.strerror}") from None
-    if p.suffix == ".gz":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            raise FileFormatError(str(p), f"not a valid gzip file ({exc})") from None
-    try:
-        text = raw.decode()
-    except UnicodeDecodeError:
-        raise FileFormatError(str(p), "not a text file of numbers") from None
-    if "#" in text:
-        text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-    try:
-        values = np.array(text.replace(",", " ").split(), dtype=float)
-    except ValueError:
-        for lineno, line in enumerate(text.splitlines(), 1):
-            for token in line.replace(",", " ").split():
-                try:
-                    float(token)
-                except ValueError:
-                    raise FileFormatError(
-                        str(p),
-                        f"'{token}' is not a number",
-                        line=lineno,
-                        hint="a trace is requests per second, one number per second",
-                    ) from None
-        raise  # pragma: no cover - numpy and float() disagree
-    if values.size == 0:
-        raise FileFormatError(str(p), "the trace has no values")
-    if not np.isfinite(values).all() or (values < 0).any():
-        bad = int(np.flatnonzero(~np.isfinite(values) | (values < 0))[0])
-        raise FileFormatError(str(p), f"value {bad + 1} is {values[bad]}: rates must be >= 0")
-    return values
+# The one reader of load traces lives in data/ (planners read no files); the simulator still
+# takes a path, so the name stays here.
+read_trace = read_rps_trace

@@ -146,7 +146,7 @@ def test_binary_trace_is_a_file_format_error(tmp_path):
         read_trace(path)
     path = tmp_path / "nan.txt"
     path.write_text("1 nan 3\n")
-    with pytest.raises(FileFormatError, match="rates must be >= 0"):
+    with pytest.raises(FileFormatError, match="not a rate >= 0"):
         read_trace(path)
 
 

@@ -7,6 +7,7 @@ import gzip
 import numpy as np
 import pytest
 from greenctl.data.errors import FileFormatError, InputError
+from greenctl.data.traces import read_rps_trace
 from greenctl.planner import forecast as fc
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -83,22 +84,22 @@ def test_unknown_forecaster_and_bad_params():
 def test_trace_formats(tmp_path):
     p = tmp_path / "t.txt.gz"
     p.write_bytes(gzip.compress(b"1 2 3\n4 5\n"))
-    assert fc.load_rps_trace(p).tolist() == [1, 2, 3, 4, 5]
+    assert read_rps_trace(p).tolist() == [1, 2, 3, 4, 5]
     c = tmp_path / "t.csv"
     c.write_text("time,rate_rps\n0,3.5\n1,4\n")
-    assert fc.load_rps_trace(c).tolist() == [3.5, 4.0]
+    assert read_rps_trace(c).tolist() == [3.5, 4.0]
     bad = tmp_path / "bad.txt"
     bad.write_text("1 2\n3 x 5\n")
     with pytest.raises(FileFormatError, match="line 2"):
-        fc.load_rps_trace(bad)
+        read_rps_trace(bad)
     neg = tmp_path / "neg.txt"
     neg.write_text("1 -2\n")
     with pytest.raises(FileFormatError, match="not a rate"):
-        fc.load_rps_trace(neg)
+        read_rps_trace(neg)
 
 
 def test_reference_trace_shape(reference):
-    rps = fc.load_rps_trace(reference / "twitter" / "requests_per_second.txt.gz")
+    rps = read_rps_trace(reference / "twitter" / "requests_per_second.txt.gz")
     assert rps.size == 1_899_061 and rps.max() == 388
     minutes = fc.minute_maxima(rps)
     assert minutes.size == 1_899_061 // 60
