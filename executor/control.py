@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from greenctl.data import loop_state
 from greenctl.data.errors import InputError, NotFoundError
 from greenctl.data.records import utcnow_iso
 
@@ -44,7 +45,7 @@ def record_load(store: Any, samples: Iterable[LoadSample]) -> int:
         for s in samples
     ]
     with store.transaction():
-        store.db.table("load_history").insert_all(rows)
+        loop_state.add_load_rows(store, rows)
     return len(rows)
 
 
@@ -52,15 +53,7 @@ def load_history_minutes(store: Any, *, model: str | None = None) -> Any:
     """The store's measured load as per-minute maxima (numpy array, oldest first)."""
     import numpy as np
 
-    where, params = ("model = ?", [model]) if model is not None else ("1 = 1", [])
-    rows = list(
-        store.db.query(
-            f"select substr(time, 1, 16) as minute, max(rate_rps) as peak from load_history "
-            f"where {where} group by minute order by minute",
-            params,
-        )
-    )
-    return np.asarray([r["peak"] for r in rows], dtype=float)
+    return np.asarray(loop_state.load_minute_peaks(store, model=model), dtype=float)
 
 
 def _history(store: Any, *, trace: str | None, model: str | None) -> tuple[Any, str]:
@@ -112,7 +105,8 @@ def fit_forecaster(
     name = name or kind
     p, state = f.to_state()
     with store.transaction():
-        store.db.table("forecasters").insert(
+        loop_state.save_forecaster(
+            store,
             {
                 "name": name,
                 "kind": kind,
@@ -122,7 +116,6 @@ def fit_forecaster(
                 "metrics": json.dumps(metrics),
                 "created_at": utcnow_iso(),
             },
-            replace=True,
         )
     return {
         "name": name,
@@ -142,13 +135,12 @@ def get_forecaster(store: Any, name: str) -> Any:
     """
     from greenctl.planner import forecast as fc
 
-    rows = list(store.db.table("forecasters").rows_where("name = ?", [name], limit=1))
-    if rows:
-        r = rows[0]
+    r = loop_state.forecaster_row(store, name)
+    if r is not None:
         return fc.restore_forecaster(r["kind"], json.loads(r["params"]), r["state"])
     if name in ("last", "moving-max", "seasonal-naive"):
         return fc.make_forecaster(name)
-    known = [r["name"] for r in store.db.table("forecasters").rows_where(select="name")]
+    known = [r["name"] for r in loop_state.forecaster_rows(store)]
     raise NotFoundError(
         f"no forecaster named '{name}'",
         hint=(f"saved: {', '.join(known)}; " if known else "")
@@ -159,7 +151,7 @@ def get_forecaster(store: Any, name: str) -> Any:
 def list_forecasters(store: Any) -> list[dict[str, Any]]:
     """Saved forecasters (without their binary state)."""
     out = []
-    for r in store.db.table("forecasters").rows_where(order_by="name"):
+    for r in loop_state.forecaster_rows(store):
         out.append(
             {
                 "name": r["name"],
@@ -263,13 +255,11 @@ def _resolve_plan(store: Any, plan: str | int) -> tuple[str, Any]:
     # the copy an earlier round saved of this file (decisions record the plan that serves,
     # which need not be the file's)
     doc = json.loads(base.to_json())
-    for row in store.db.table("plans").rows_where(
-        "source = ? and kind = ?", ["file", base.kind], order_by="id"
-    ):
-        stored_doc = json.loads(row["document"])
+    for plan_id, document in loop_state.plan_documents(store, source="file", kind=base.kind):
+        stored_doc = json.loads(document)
         stored_doc.pop("id", None)
         if stored_doc == doc:
-            return lineage, store.get_plan(int(row["id"]))
+            return lineage, store.get_plan(plan_id)
     store.save_plan(base, source="file")
     return lineage, base
 
@@ -277,23 +267,11 @@ def _resolve_plan(store: Any, plan: str | int) -> tuple[str, Any]:
 def _lineage_plan_ids(store: Any, lineage: str, base: Any) -> set[int]:
     """The base plan of ``lineage`` and every plan its rounds made (applied or proposed)."""
     ids = {int(base.id)} if base.id is not None else set()
-    for row in store.db.table("decisions").rows_where(
-        "lineage = ? and new_plan_id is not null", [lineage], select="new_plan_id"
-    ):
-        ids.add(int(row["new_plan_id"]))
-    return ids
+    return ids | loop_state.lineage_new_plan_ids(store, lineage)
 
 
 def _last_change(store: Any, lineage: str) -> dict[str, Any] | None:
-    rows = list(
-        store.db.table("decisions").rows_where(
-            "lineage = ? and action = 'apply' and applied = 1",
-            [lineage],
-            order_by="id desc",
-            limit=1,
-        )
-    )
-    return rows[0] if rows else None
+    return loop_state.last_applied_decision(store, lineage)
 
 
 def _same_config(a: Any, b: Any) -> bool:
@@ -757,7 +735,7 @@ def _default_apply(plan: Any, *, store: Any, **options: Any) -> Any:
 
 def _record(store: Any, record: dict[str, Any]) -> dict[str, Any]:
     with store.transaction():
-        record["id"] = store.db.table("decisions").insert(record).last_pk
+        record["id"] = loop_state.add_decision(store, record)
     out = dict(record)
     out["applied"] = bool(out["applied"])
     return out
@@ -1227,18 +1205,12 @@ def write_demo_report(
 
 # -- measured load from the running dispatcher ------------------------------------------------
 def _dispatcher_url(store: Any) -> str | None:
-    if "executor_dispatcher" not in store.db.table_names():
+    row = loop_state.running_dispatcher(store)
+    if row is None:
         return None
-    rows = list(
-        store.db.table("executor_dispatcher").rows_where(
-            "state = ?", ["running"], order_by="id desc", limit=1
-        )
-    )
-    if not rows:
-        return None
-    host = rows[0]["host"] or "127.0.0.1"
+    host = row["host"] or "127.0.0.1"
     host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    return f"http://{host}:{rows[0]['port']}"
+    return f"http://{host}:{row['port']}"
 
 
 def sample_dispatcher_load(
@@ -1278,25 +1250,22 @@ def sample_dispatcher_load(
     now = utcnow_iso()
     source = f"dispatcher:{base}"
     samples = []
-    table = store.db.table("load_counters")
     with store.transaction():
         for model, count in sorted(counts.items()):
-            prev = list(table.rows_where("source = ? and model = ?", [source, model], limit=1))
-            if prev and count >= prev[0]["count"]:
-                dt = (parse_time(now) - parse_time(prev[0]["time"])).total_seconds()
+            prev = loop_state.load_counter(store, source=source, model=model)
+            if prev is not None and count >= prev["count"]:
+                dt = (parse_time(now) - parse_time(prev["time"])).total_seconds()
                 if dt > 0:
-                    rate = (count - prev[0]["count"]) / dt
+                    rate = (count - prev["count"]) / dt
                     samples.append(
                         {
                             "model": model,
-                            "time": prev[0]["time"],
+                            "time": prev["time"],
                             "rate_rps": rate,
                             "interval_s": dt,
                         }
                     )
-            table.insert(
-                {"source": source, "model": model, "time": now, "count": count}, replace=True
-            )
+            loop_state.set_load_counter(store, source=source, model=model, time=now, count=count)
         if samples:
             record_load(
                 store,

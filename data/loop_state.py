@@ -1,0 +1,112 @@
+"""The control loop's tables behind named functions: measured load, saved forecasters,
+replanning decisions, the dispatcher's request counters.
+
+``executor/control.py`` observes, decides and reconciles; what it reads and writes in the
+store goes through here, so the SQL lives in ``data/`` (see ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+
+# -- load history -----------------------------------------------------------------------------
+def add_load_rows(store: Any, rows: Iterable[dict[str, Any]]) -> None:
+    """Append measured load rows (``time, model, rate_rps, interval_s, source``)."""
+    store.db.table("load_history").insert_all(list(rows))
+
+
+def load_minute_peaks(store: Any, *, model: str | None = None) -> list[float]:
+    """The measured load's per-minute maxima, oldest first (one model, or all)."""
+    where, params = ("model = ?", [model]) if model is not None else ("1 = 1", [])
+    rows = store.db.query(
+        f"select substr(time, 1, 16) as minute, max(rate_rps) as peak from load_history "
+        f"where {where} group by minute order by minute",
+        params,
+    )
+    return [float(r["peak"]) for r in rows]
+
+
+# -- forecasters ------------------------------------------------------------------------------
+def save_forecaster(store: Any, row: dict[str, Any]) -> None:
+    """Store a fitted forecaster (replacing one of the same name)."""
+    store.db.table("forecasters").insert(row, replace=True)
+
+
+def forecaster_row(store: Any, name: str) -> dict[str, Any] | None:
+    """The saved forecaster called ``name``, or None."""
+    rows = list(store.db.table("forecasters").rows_where("name = ?", [name], limit=1))
+    return rows[0] if rows else None
+
+
+def forecaster_rows(store: Any) -> list[dict[str, Any]]:
+    """Every saved forecaster, by name."""
+    return list(store.db.table("forecasters").rows_where(order_by="name"))
+
+
+# -- plans and decisions ----------------------------------------------------------------------
+def plan_documents(store: Any, *, source: str, kind: str) -> Iterator[tuple[int, str]]:
+    """``(id, document JSON)`` of the stored plans of one source and kind, oldest first."""
+    for row in store.db.table("plans").rows_where(
+        "source = ? and kind = ?", [source, kind], order_by="id"
+    ):
+        yield int(row["id"]), row["document"]
+
+
+def add_decision(store: Any, record: dict[str, Any]) -> int:
+    """Append a replanning decision record; returns its id."""
+    return int(store.db.table("decisions").insert(record).last_pk)
+
+
+def lineage_new_plan_ids(store: Any, lineage: str) -> set[int]:
+    """Every plan the rounds of ``lineage`` made (applied or proposed)."""
+    return {
+        int(row["new_plan_id"])
+        for row in store.db.table("decisions").rows_where(
+            "lineage = ? and new_plan_id is not null", [lineage], select="new_plan_id"
+        )
+    }
+
+
+def last_applied_decision(store: Any, lineage: str) -> dict[str, Any] | None:
+    """The newest decision of ``lineage`` that applied a plan, or None."""
+    rows = list(
+        store.db.table("decisions").rows_where(
+            "lineage = ? and action = 'apply' and applied = 1",
+            [lineage],
+            order_by="id desc",
+            limit=1,
+        )
+    )
+    return rows[0] if rows else None
+
+
+# -- the running dispatcher and its counters --------------------------------------------------
+def running_dispatcher(store: Any) -> dict[str, Any] | None:
+    """The newest dispatcher row in state ``running`` (as apply recorded it), or None."""
+    if "executor_dispatcher" not in store.db.table_names():
+        return None
+    rows = list(
+        store.db.table("executor_dispatcher").rows_where(
+            "state = ?", ["running"], order_by="id desc", limit=1
+        )
+    )
+    return rows[0] if rows else None
+
+
+def load_counter(store: Any, *, source: str, model: str) -> dict[str, Any] | None:
+    """The last request count read from ``source`` for ``model`` (``time, count``), or None."""
+    rows = list(
+        store.db.table("load_counters").rows_where(
+            "source = ? and model = ?", [source, model], limit=1
+        )
+    )
+    return rows[0] if rows else None
+
+
+def set_load_counter(store: Any, *, source: str, model: str, time: str, count: float) -> None:
+    """Remember the request count read from ``source`` for ``model`` at ``time``."""
+    store.db.table("load_counters").insert(
+        {"source": source, "model": model, "time": time, "count": count}, replace=True
+    )
