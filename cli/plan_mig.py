@@ -104,7 +104,7 @@ def plan_mig_cmd(
     from greenctl.data.errors import InputError
     from greenctl.data.mig_geometry import resolve_gpu
     from greenctl.data.plan import load_plan_file
-    from greenctl.planner.mig import build_problem, plan_mig
+    from greenctl.executor.kinds import get_kind
 
     if export is not None and export[0] != "mig-parted":
         raise InputError(
@@ -117,29 +117,22 @@ def plan_mig_cmd(
     current_plan = load_plan_file(current) if current is not None else None
     with store_for(db) as store:
         ci = carbon.plan_intensity(store, carbon_intensity=carbon_intensity, region=region, at=at)
-        profiles = store.latest_profiles(family=model)
-        variants = store.variants(model)
-        problem = build_problem(
-            geo,
-            profiles,
-            variants,
-            family=model,
-            gpus=gpus,
-            rate_rps=rate,
-            carbon_intensity=ci["carbon_g_per_kwh"],
-            sla_ms=sla_ms,
-            lam=lam,
-            base_carbon_intensity=base_carbon_intensity,
-            max_accuracy_loss_pct=max_accuracy_loss,
-        )
-        plan = plan_mig(
-            problem,
-            solver=solver,
-            baseline=baseline,
-            current=current_plan,
-            time_limit_s=time_limit,
-            seed=seed,
-        )
+        request = {
+            "gpu": geo.name,
+            "gpus": gpus,
+            "model": model,
+            "rate_rps": rate,
+            "carbon_intensity": ci["carbon_g_per_kwh"],
+            "sla_ms": sla_ms,
+            "lambda": lam,
+            "base_carbon_intensity": base_carbon_intensity,
+            "max_accuracy_loss_pct": max_accuracy_loss,
+            "solver": solver,
+            "time_limit_s": time_limit,
+            "seed": seed,
+        }
+        # the registry's MIG entry: `replan` plans it again the same way
+        plan, _ = get_kind("mig").plan(store, request, current=current_plan, baseline=baseline)
         carbon.record_intensity(plan, ci)
         if ci["note"]:
             model_info = plan.extra.setdefault("model", {})

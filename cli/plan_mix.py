@@ -109,13 +109,12 @@ def plan_mix_cmd(
     from greenctl.data import carbon
     from greenctl.data.plan import load_plan_file
     from greenctl.data.spec_io import read_mix_spec
+    from greenctl.executor.kinds import get_kind
     from greenctl.planner.mix import (
         OBJECTIVES,
         REFERENCE_CARBON_INTENSITY,
         SOLVERS,
         STRATEGIES,
-        build_mix_problem,
-        plan_mix,
     )
 
     check_writable(output)
@@ -163,20 +162,7 @@ def plan_mix_cmd(
         if carbon_intensity is None and "carbon_intensity" in request:
             ci["source"] = {**ci["source"], "kind": "spec", "file": str(spec)}
         request["carbon_intensity"] = ci["carbon_g_per_kwh"]
-        names = _families(request)
-        variants = store.variants()
-        profiles = [p for f in names for p in store.latest_profiles(family=f)]
-        from greenctl.executor.control import serving_for
-
-        problem = build_mix_problem(
-            request, variants, profiles, serving=serving_for(store, request)
-        )
-        plan = plan_mix(
-            problem,
-            strategy=problem.request["strategy"],
-            solver=problem.request["solver"],
-            time_limit_s=problem.request.get("time_limit_s"),
-        )
+        plan, _ = get_kind("mix").plan(store, request)  # as `replan` plans it again
         carbon.record_intensity(plan, ci)
         if ci["note"]:
             plan.extra["notes"] = [*plan.extra.get("notes", []), ci["note"]]

@@ -224,16 +224,6 @@ def parse_duration(text: str | float | int, *, option: str = "--min-dwell") -> f
     return value
 
 
-def serving_for(store: Any, request: dict[str, Any]) -> dict[str, Any]:
-    """The measured serving-path overhead (``greenctl profile serving``) of each family a mix
-    request plans, at the family's rate; families never measured are left out."""
-    from greenctl.executor.serving import serving_overheads
-    from greenctl.planner import mix
-
-    families = mix.normalize_request(request)["families"]
-    return serving_overheads(store, {f["model"]: float(f["rate_rps"]) for f in families})
-
-
 def _resolve_plan(store: Any, plan: str | int) -> tuple[str, Any]:
     """(lineage key, base plan) for a plan id or a plan file (saved once, source 'file')."""
     from greenctl.data.plan import load_plan_file
@@ -281,13 +271,9 @@ def _same_config(a: Any, b: Any) -> bool:
     return key(a) == key(b)
 
 
-def _mix_replan(
-    store: Any, running: Any, *, intensity: float, rate: float | None
-) -> tuple[Any, float | None, str | None]:
-    """Replan a mix plan at ``intensity`` (and ``rate``); returns (new plan, the running
-    plan's objective in the same problem or None, a note)."""
-    from greenctl.planner import mix
-
+def _replan_request(running: Any, *, intensity: float, rate: float | None) -> dict[str, Any]:
+    """The running plan's request at the new signal (and forecast rate): what its kind's
+    planner takes to plan it again."""
     request = {k: v for k, v in running.request.items() if k != "carbon_region"}
     request["carbon_intensity"] = intensity
     if rate is not None:
@@ -296,102 +282,25 @@ def _mix_replan(
             request["families"] = [{**fams[0], "rate_rps": rate}]
         elif request.get("model") is not None:
             request["rate_rps"] = rate
-    request["current"] = [d.to_dict() for d in running.deployments]
-    families = [f["model"] for f in mix.normalize_request(request)["families"]]
-    variants = [v for f in families for v in store.variants(f)]
-    profiles = [p for f in families for p in store.latest_profiles(family=f)]
-    problem = mix.build_mix_problem(
-        request, variants, profiles, serving=serving_for(store, request)
-    )
-    new = mix.plan_mix(
-        problem,
-        strategy=request.get("strategy") or "ilp",
-        solver=request.get("solver") or "highs",
-        time_limit_s=request.get("time_limit_s"),
-    )
-    # The running plan's objective in the same problem (same signal, load and weights).
-    alloc: dict[int, dict[int, tuple[int, float]]] = {}
-    note = None
-    for fi, fam in enumerate(problem.families):
-        deps = [d for d in running.deployments if d.model == fam.name]
-        old_quota = sum(float(d.quota_rps or 0.0) for d in deps) or 1.0
-        load = fam.load_rps(problem.headroom)
-        for d in deps:
-            idx = next(
-                (
-                    i
-                    for i, o in enumerate(fam.options)
-                    if (o.variant, o.resource, o.batch) == (d.variant, d.resource, d.batch)
-                ),
-                None,
-            )
-            if idx is None:
-                return new, None, f"running option {d.variant}@{d.resource} is no longer eligible"
-            q = float(d.quota_rps or 0.0) / old_quota * load
-            if q > fam.options[idx].capacity_rps * d.count * (1 + 1e-6):
-                return (
-                    new,
-                    None,
-                    (
-                        f"running {d.variant}@{d.resource} x{d.count} cannot carry "
-                        f"{q:.1f} req/s of the forecast load"
-                    ),
-                )
-            prev_n, prev_q = alloc.setdefault(fi, {}).get(idx, (0, 0.0))
-            alloc[fi][idx] = (prev_n + d.count, prev_q + q)
-    old_obj = float(mix.evaluate_allocation(problem, alloc)["objective"])
-    return new, old_obj, note
+    request.pop("baseline", None)  # a replan plans greenctl's configuration, not a baseline
+    return request
 
 
-def _mig_replan(
+def _replan_kind(
     store: Any, running: Any, *, intensity: float, rate: float | None
 ) -> tuple[Any, float | None, str | None]:
-    """Replan a MIG plan (Clover) at ``intensity``: same GPUs, family, SLA and lambda; the
-    running layouts warm-start the solver and are scored in the same problem."""
-    from greenctl.data.mig_geometry import resolve_gpu
-    from greenctl.planner import mig
+    """Plan ``running``'s kind again at ``intensity`` (and ``rate``) through the registry;
+    returns (new plan, the running plan's objective in the same problem or None, a note).
+    The running plan is the new solve's current configuration (no loading cost for a mix,
+    the warm start and kept layouts for MIG), and is scored in the same problem."""
+    from greenctl.executor.kinds import get_kind
 
-    req = running.request
-    try:
-        geo = resolve_gpu(str(req["gpu"]))
-        family = str(req["model"])
-        gpus = int(req["gpus"])
-        planned_rate = float(req["rate_rps"])
-    except (KeyError, TypeError, ValueError):
-        raise InputError(
-            f"plan {running.id}'s request lacks gpu, gpus, model or rate_rps",
-            hint="replan MIG plans made by `greenctl plan mig`",
-        ) from None
-    problem = mig.build_problem(
-        geo,
-        store.latest_profiles(family=family),
-        store.variants(family),
-        family=family,
-        gpus=gpus,
-        rate_rps=rate if rate is not None else planned_rate,
-        carbon_intensity=intensity,
-        sla_ms=req.get("sla_ms"),
-        lam=float(req.get("lambda", 0.5)),
-        base_carbon_intensity=req.get("base_carbon_intensity"),
-        max_accuracy_loss_pct=req.get("max_accuracy_loss_pct"),
-        percentile=float(req.get("percentile") or 0.95),
-    )
-    new = mig.plan_mig(
-        problem,
-        solver=str(req.get("solver") or "exact"),
-        current=running,
-        time_limit_s=req.get("time_limit_s"),
-        seed=req.get("seed"),
-    )
-    model = mig.MigModel(problem)
-    try:
-        cfg = mig.config_from_gpus(model, running.extra.get("gpus") or [], source="running plan")
-        ev = model.evaluate(cfg)
-    except InputError as exc:
-        return new, None, f"running layout not comparable: {exc.message}"
-    if not ev.feasible:
-        return new, None, "the running layout misses the SLA at the forecast load"
-    return new, float(ev.objective), None
+    kind = get_kind(running.kind)
+    assert kind.plan is not None and kind.score is not None  # checked by replan_once
+    request = _replan_request(running, intensity=intensity, rate=rate)
+    new, problem = kind.plan(store, request, current=running)
+    old_obj, note = kind.score(problem, running)
+    return new, old_obj, note
 
 
 def _maximise(plan: Any) -> bool:
@@ -504,9 +413,12 @@ def replan_once(
                 running = store.get_plan(serving_id)  # this lineage's proposal, applied by hand
             elif not _serves_config_of(store, serving_id, running):
                 foreign = serving_id
-        if running.kind not in ("mix", "mig"):
+        from greenctl.executor.kinds import KINDS, get_kind
+
+        if not get_kind(running.kind).replannable:
+            able = ", ".join(k for k, v in KINDS.items() if v.replannable)
             raise InputError(
-                f"replan supports mix and mig plans; plan {running.id} is a {running.kind} plan",
+                f"replan supports {able} plans; plan {running.id} is a {running.kind} plan",
                 hint="re-run its planner with the new signal (`greenctl plan ...`)",
             )
         reg = region or running.extra.get("carbon_region") or running.request.get("carbon_region")
@@ -602,8 +514,7 @@ def replan_once(
                     if "no measured load" not in exc.message:
                         raise
                     notes.append("no measured load yet: planned rate kept")
-            replan_fn = _mig_replan if running.kind == "mig" else _mix_replan
-            new, old_obj, note = replan_fn(store, running, intensity=signal, rate=rate)
+            new, old_obj, note = _replan_kind(store, running, intensity=signal, rate=rate)
             carbon.record_intensity(new, ci)  # the value, its source and carbon_region
             if note:
                 notes.append(note)
@@ -1000,7 +911,7 @@ def run_demo(
     from greenctl.data import carbon, carbon_io
     from greenctl.data.store import open_store
     from greenctl.executor.apply import apply_plan, down
-    from greenctl.planner import mix
+    from greenctl.executor.kinds import get_kind
     from greenctl.profiler.harness import profile
 
     out = Path(out_dir)
@@ -1053,7 +964,6 @@ def run_demo(
         start = imp["first"]
         ci0 = float(carbon.value_at(store, DEMO_REGION, start)["carbon_g_per_kwh"])
         progress(f"planning a mix for {rate_rps:g} req/s at p95 <= {slo_ms:g} ms", 0.28)
-        variants, profiles = store.variants("tiny"), store.latest_profiles(family="tiny")
         request = {
             "model": "tiny",
             "rate_rps": rate_rps,
@@ -1063,12 +973,10 @@ def run_demo(
             "gamma": 0.5,
             "carbon_intensity": ci0,
         }
-        serving = serving_for(store, request)
-        plan = mix.plan_mix(mix.build_mix_problem(request, variants, profiles, serving=serving))
+        plan, _ = get_kind("mix").plan(store, request)  # as `plan mix` and `replan` plan
         plan.extra["carbon_region"] = DEMO_REGION
         plan_id = store.save_plan(plan, source="demo")
-        base_req = {**request, "objective": "accuracy"}
-        base = mix.plan_mix(mix.build_mix_problem(base_req, variants, profiles, serving=serving))
+        base, _ = get_kind("mix").plan(store, {**request, "objective": "accuracy"})
         base.extra["carbon_region"] = DEMO_REGION
         base_id = store.save_plan(base, source="demo-baseline")
         summary.update(plan_id=plan_id, baseline_id=base_id)
