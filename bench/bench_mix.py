@@ -173,7 +173,7 @@ def _describe(strategy: str, plan: Any, problem: Any) -> str:
     joint = not str(info.get("method", "")).startswith("decomposition")
     text = "joint ILP" if joint else "decomposition"
     if strategy == "ilp" and joint:
-        why = mix_decomp.LAST_FALLBACK.get("reason")
+        why = info.get("decomposition_fallback")
         text += (
             f" (decomposition gave up: {why})"
             if why and mix_decomp.applicable(problem, single=False, solver="highs")

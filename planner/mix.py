@@ -20,7 +20,7 @@ Tightness: exact dominance pruning (an option of the same variant with no less c
 and no more cost, energy or use of any budget replaces it instance for instance), and
 per-option count bounds ``U_o = min(ceil(L_f / capacity_o), floor(budget_k / usage_{o,k}))``
 which are also the big-M of the indicator constraints. The model is assembled as flat
-column/row arrays and handed to HiGHS in one ``passModel`` call (see ``_solve_highs``), or
+column/row arrays and handed to HiGHS in one ``passModel`` call (see ``solve_highs``), or
 to CBC through pulp. Several families are first solved by the exact Lagrangian
 decomposition of :mod:`greenctl.planner.mix_decomp` (prices by column generation, per-family
 enumeration and a master MILP over the shared budgets; every objective, accuracy floors under
@@ -33,7 +33,6 @@ import math
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from greenctl.data.carbon_io import carbon_option
@@ -41,127 +40,86 @@ from greenctl.data.errors import InfeasiblePlan, InputError, NotFoundError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Profile, Variant
 from greenctl.data.resources import KNOWN_KINDS, Resource, parse_resource
-from greenctl.planner import solvers
+from greenctl.planner import mix_decomp, solvers
+from greenctl.planner.mix_model import (
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
+    DEFAULT_GAMMA,
+    MIP_REL_GAP,
+    PERCENTILES,
+    REFERENCE_CARBON_INTENSITY,
+    TIE_BREAK_REL_TOL,
+    Allocation,
+    Layout,
+    MixFamily,
+    MixOption,
+    MixProblem,
+    MixVariant,
+    Model,
+    SolveResult,
+    Terms,
+    build_model,
+    components,
+    count_bounds,
+    evaluate_allocation,
+    extract,
+    greedy,
+    is_maximise,
+    objective_terms,
+    objective_unit,
+    solve,
+    solve_highs,
+    warm_start,
+)
+
+__all__ = [
+    "DECOMPOSITION",
+    "DEFAULT_ALPHA",
+    "DEFAULT_BETA",
+    "DEFAULT_GAMMA",
+    "MIP_REL_GAP",
+    "OBJECTIVES",
+    "PERCENTILES",
+    "REFERENCE_CARBON_INTENSITY",
+    "SOLVERS",
+    "STRATEGIES",
+    "TIE_BREAK_REL_TOL",
+    "Allocation",
+    "Layout",
+    "MixFamily",
+    "MixOption",
+    "MixProblem",
+    "MixVariant",
+    "Model",
+    "SolveResult",
+    "Terms",
+    "build_mix_problem",
+    "build_model",
+    "components",
+    "count_bounds",
+    "evaluate_allocation",
+    "extract",
+    "greedy",
+    "is_maximise",
+    "lowest_reachable_slo",
+    "normalize_request",
+    "objective_terms",
+    "objective_unit",
+    "plan_mix",
+    "prune_dominated",
+    "scaling_actions",
+    "served_service_of",
+    "solve",
+    "solve_highs",
+    "warm_start",
+]
 
 OBJECTIVES = ("accuracy", "cost", "carbon", "balanced")
 STRATEGIES = ("ilp", "greedy", "single")
 SOLVERS = ("highs", "cbc")
-PERCENTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
-
-#: Defaults of the balanced objective (InfAdapter's alpha/beta; gamma chosen so that a plan
-#: with the reference plan's carbon costs as much as 0.05 of accuracy).
-DEFAULT_ALPHA = 0.05
-DEFAULT_BETA = 0.001
-DEFAULT_GAMMA = 0.05
-#: Carbon intensity the balanced objective's CC term is normalised at (gCO2/kWh), an
-#: order-of-magnitude world grid average; a grid dirtier than this weighs carbon more.
-REFERENCE_CARBON_INTENSITY = 400.0
-
-#: Relative MIP gap at which a plan counts as optimal (HiGHS's default is 1e-4).
-MIP_REL_GAP = 1e-6
-#: How much of the primary optimum (relative) the tie-break may give up.
-TIE_BREAK_REL_TOL = 1e-7
 
 _KIND_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 _EPS = 1e-9
-
-
-# --------------------------------------------------------------------------------------------
-# Problem data
-# --------------------------------------------------------------------------------------------
-@dataclass
-class MixVariant:
-    """A variant as the planner sees it."""
-
-    name: str
-    accuracy: float
-    load_time_s: float = 0.0
-
-
-@dataclass
-class MixOption:
-    """One candidate deployment unit: an instance of ``variant`` on ``resource`` at ``batch``."""
-
-    variant: str
-    resource: str
-    batch: int
-    capacity_rps: float  # per instance, at the SLO and percentile
-    cost_per_hour: float  # per instance
-    energy_j_per_request: float | None
-    latency_ms: float | None = None  # the instance's latency at the planning percentile
-    usage: dict[str, float] = field(default_factory=dict)  # budget key -> amount per instance
-    capacity_source: str = "load-tested"  # load-tested@SLO | queueing
-    hardware: str | None = None
-    profile: Profile | None = field(default=None, repr=False, compare=False)
-    priced: bool = True  # False: cost_per_hour is the resource amount (no price known)
-
-    @property
-    def key(self) -> tuple[str, str, int, str | None]:
-        return (self.variant, self.resource, self.batch, self.hardware)
-
-
-@dataclass
-class MixFamily:
-    """One model family: its load, SLO, variants and candidate options."""
-
-    name: str
-    rate_rps: float
-    slo_ms: float
-    variants: dict[str, MixVariant]
-    options: list[MixOption]
-    min_accuracy: float | None = None
-    pruned: int = 0  # options removed as dominated
-    ineligible: list[str] = field(default_factory=list)  # "variant on resource: why"
-    lowest_slo: tuple[float, str] | None = None  # lowest SLO one instance meets, and where
-
-    def load_rps(self, headroom: float) -> float:
-        return self.rate_rps * (1.0 + headroom)
-
-
-@dataclass
-class MixProblem:
-    """Everything ``plan_mix`` needs; ``request`` is the canonical input document."""
-
-    families: list[MixFamily]
-    percentile: str = "p95"
-    budgets: dict[str, float] = field(default_factory=dict)
-    objective: str = "balanced"
-    alpha: float = DEFAULT_ALPHA
-    beta: float = DEFAULT_BETA
-    gamma: float = DEFAULT_GAMMA
-    carbon_intensity: float | None = None  # gCO2/kWh
-    reference_carbon_intensity: float = REFERENCE_CARBON_INTENSITY
-    pue: float = 1.0
-    headroom: float = 0.0
-    current: list[Deployment] = field(default_factory=list)
-    request: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    #: The profile behind each option (variant, resource, batch) and the variant records,
-    #: for the evaluation core's prediction of the finished plan (optional).
-    profiles: dict[tuple[str, str, int], Profile] = field(default_factory=dict)
-    variant_records: dict[str, Variant] = field(default_factory=dict)
-    #: The measured serving path per family, or under "*" for all (``greenctl profile
-    #: serving``; an evaluate.ServingPath or bare overhead samples in ms): added to the
-    #: predicted latencies.
-    serving: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def quantile(self) -> float:
-        return PERCENTILES[self.percentile]
-
-    @property
-    def intensity(self) -> float:
-        """The carbon intensity used (the reference one when none was given)."""
-        if self.carbon_intensity is None:
-            return self.reference_carbon_intensity
-        return self.carbon_intensity
-
-    @property
-    def total_load(self) -> float:
-        return sum(f.load_rps(self.headroom) for f in self.families)
-
-    def running_variants(self) -> set[str]:
-        return {d.variant for d in self.current}
 
 
 # --------------------------------------------------------------------------------------------
@@ -784,550 +742,6 @@ def _dominates(a: MixOption, b: MixOption) -> bool:
     return all(k * a.usage.get(key, 0.0) <= b.usage.get(key, 0.0) + _EPS for key in keys)
 
 
-# --------------------------------------------------------------------------------------------
-# Objective terms (shared by the ILP, the baselines, the brute force in tests and reporting)
-# --------------------------------------------------------------------------------------------
-#: An allocation: per family index, per option index -> (count, quota_rps).
-Allocation = dict[int, dict[int, tuple[int, float]]]
-
-
-@dataclass
-class _Terms:
-    """Per-option linear coefficients of every objective term."""
-
-    acc: list[list[float]]  # AA coefficient of q
-    cc: list[list[float]]  # CC coefficient of q
-    rc: list[list[float]]  # RC coefficient of n
-    carbon: list[list[float]]  # carbon g/request coefficient of q
-    lc: list[dict[str, float]]  # LC coefficient of s_v for variants that start new
-    use_cc: bool
-    ref: list[dict[str, Any]]  # per family reference (most accurate single-variant plan)
-
-
-def count_bounds(problem: MixProblem, fi: int) -> list[int]:
-    """Per option the largest count any optimal plan needs (also the indicators' big-M)."""
-    fam = problem.families[fi]
-    load = fam.load_rps(problem.headroom)
-    out = []
-    for o in fam.options:
-        u = math.ceil(load / o.capacity_rps - 1e-9) if load > 0 else 0
-        for k, amount in o.usage.items():
-            if amount > 0:
-                u = min(u, math.floor(problem.budgets[k] / amount + 1e-9))
-        out.append(max(u, 0))
-    return out
-
-
-def _reference(problem: MixProblem, fi: int) -> dict[str, Any]:
-    """The most accurate variant able to serve the family alone on one option type."""
-    fam = problem.families[fi]
-    load = fam.load_rps(problem.headroom)
-    bounds = count_bounds(problem, fi)
-    best: dict[str, Any] | None = None
-    for oi, o in enumerate(fam.options):
-        need = math.ceil(load / o.capacity_rps - 1e-9) if load > 0 else 0
-        feasible = need <= bounds[oi] or not o.usage
-        acc = fam.variants[o.variant].accuracy
-        cost = need * o.cost_per_hour
-        cand = {
-            "variant": o.variant,
-            "resource": o.resource,
-            "count": need,
-            "accuracy": acc,
-            "cost_per_hour": cost,
-            "energy_j_per_request": o.energy_j_per_request,
-            "feasible": feasible,
-        }
-        rank = (feasible, acc, -cost)
-        if best is None or rank > best["_rank"]:
-            best = {**cand, "_rank": rank}
-    if best is None:
-        return {"variant": None, "cost_per_hour": 0.0, "energy_j_per_request": None}
-    best.pop("_rank")
-    return best
-
-
-def objective_terms(problem: MixProblem) -> _Terms:
-    """Linear coefficients of AA, RC, LC, CC and carbon per request, per option."""
-    total = problem.total_load or 1.0
-    refs = [_reference(problem, fi) for fi in range(len(problem.families))]
-    use_cc = all(
-        o.energy_j_per_request is not None for f in problem.families for o in f.options
-    ) and all((r.get("energy_j_per_request") or 0) > 0 for r in refs if r.get("variant"))
-    cref_total = sum(r.get("cost_per_hour") or 0.0 for r in refs) or 1.0
-    running = problem.running_variants()
-    lmax = max((v.load_time_s for f in problem.families for v in f.variants.values()), default=0.0)
-    ci = problem.intensity
-    acc, cc, rc, carbon, lc = [], [], [], [], []
-    for fi, fam in enumerate(problem.families):
-        acc.append([fam.variants[o.variant].accuracy / total for o in fam.options])
-        carbon.append(
-            [
-                (o.energy_j_per_request or 0.0) * problem.pue * ci / 3.6e6 / total
-                for o in fam.options
-            ]
-        )
-        eref = refs[fi].get("energy_j_per_request") or 0.0
-        if use_cc and eref > 0:
-            scale = (ci / problem.reference_carbon_intensity) / (eref * total)
-            cc.append([(o.energy_j_per_request or 0.0) * scale for o in fam.options])
-        else:
-            cc.append([0.0 for _ in fam.options])
-        if problem.budgets:
-            nb = len(problem.budgets)
-            rc.append(
-                [
-                    sum(
-                        a / problem.budgets[k] / nb
-                        for k, a in o.usage.items()
-                        if problem.budgets[k] > 0
-                    )
-                    for o in fam.options
-                ]
-            )
-        else:
-            rc.append([o.cost_per_hour / cref_total for o in fam.options])
-        lc.append(
-            {
-                name: (v.load_time_s / (lmax * len(problem.families)) if lmax > 0 else 0.0)
-                for name, v in fam.variants.items()
-                if name not in running
-            }
-        )
-    return _Terms(acc, cc, rc, carbon, lc, use_cc, refs)
-
-
-def evaluate_allocation(
-    problem: MixProblem, alloc: Allocation, terms: _Terms | None = None
-) -> dict[str, Any]:
-    """Metrics and objective value of an allocation (counts and quotas per option)."""
-    t = terms or objective_terms(problem)
-    total = problem.total_load or 1.0
-    aa = rc = lc = cc = carbon = cost = energy = 0.0
-    lat = 0.0
-    for fi, opts in alloc.items():
-        fam = problem.families[fi]
-        started = set()
-        for oi, (n, qq) in opts.items():
-            if n <= 0 and qq <= 0:
-                continue
-            o = fam.options[oi]
-            aa += t.acc[fi][oi] * qq
-            cc += t.cc[fi][oi] * qq
-            carbon += t.carbon[fi][oi] * qq
-            rc += t.rc[fi][oi] * n
-            cost += o.cost_per_hour * n
-            energy += (o.energy_j_per_request or 0.0) * qq / total
-            if n > 0:
-                started.add(o.variant)
-                if o.latency_ms is not None:
-                    lat = max(lat, o.latency_ms)
-        lc += sum(t.lc[fi].get(v, 0.0) for v in started)
-    if problem.objective == "accuracy":
-        obj = aa
-    elif problem.objective == "cost":
-        obj = cost
-    elif problem.objective == "carbon":
-        obj = carbon
-    else:
-        obj = aa - problem.alpha * rc - problem.beta * lc - problem.gamma * cc
-    return {
-        "accuracy": aa,
-        "cost_per_hour": cost,
-        "energy_j_per_request": energy,
-        "carbon_g_per_request": carbon,
-        "latency_ms": lat or None,
-        "terms": {"AA": aa, "RC": rc, "LC": lc, "CC": cc},
-        "objective": obj,
-    }
-
-
-def is_maximise(objective: str) -> bool:
-    return objective in ("accuracy", "balanced")
-
-
-# --------------------------------------------------------------------------------------------
-# The exact model
-# --------------------------------------------------------------------------------------------
-@dataclass
-class _Model:
-    """A MILP in flat arrays: minimise ``cost . x`` subject to ``row_lb <= A x <= row_ub``."""
-
-    cost: list[float] = field(default_factory=list)
-    lb: list[float] = field(default_factory=list)
-    ub: list[float] = field(default_factory=list)
-    integer: list[bool] = field(default_factory=list)
-    rows: list[tuple[list[int], list[float], float, float]] = field(default_factory=list)
-
-    def col(self, cost: float, lb: float, ub: float, integer: bool = False) -> int:
-        self.cost.append(cost)
-        self.lb.append(lb)
-        self.ub.append(ub)
-        self.integer.append(integer)
-        return len(self.cost) - 1
-
-    def row(self, idx: list[int], coef: list[float], lb: float, ub: float) -> None:
-        self.rows.append((idx, coef, lb, ub))
-
-
-@dataclass
-class _Layout:
-    n: dict[int, list[int]]  # family index -> column of each option's count
-    q: dict[int, list[int]]  # family index -> column of each option's quota
-    s: dict[int, dict[str, int]]  # family index -> indicator column per variant
-
-
-def _build_model(
-    problem: MixProblem,
-    terms: _Terms,
-    *,
-    single: bool,
-    objective: str | None = None,
-    subset: Sequence[int] | None = None,
-    cuts: bool = True,
-) -> tuple[_Model, _Layout]:
-    objective = objective or problem.objective
-    fis = list(range(len(problem.families))) if subset is None else list(subset)
-    inf = math.inf
-    m = _Model()
-    sign = -1.0 if is_maximise(objective) else 1.0
-    running = problem.running_variants()
-    lay = _Layout({}, {}, {})
-    budget_rows: dict[str, tuple[list[int], list[float]]] = {k: ([], []) for k in problem.budgets}
-    for fi in fis:
-        fam = problem.families[fi]
-        load = fam.load_rps(problem.headroom)
-        bounds = count_bounds(problem, fi)
-        ncols, qcols = [], []
-        for oi, o in enumerate(fam.options):
-            if objective == "cost":
-                cn, cq = o.cost_per_hour, 0.0
-            elif objective == "carbon":
-                cn, cq = 0.0, terms.carbon[fi][oi]
-            elif objective == "accuracy":
-                cn, cq = 0.0, terms.acc[fi][oi]
-            else:
-                cn = -problem.alpha * terms.rc[fi][oi]
-                cq = terms.acc[fi][oi] - problem.gamma * terms.cc[fi][oi]
-            u = bounds[oi]
-            nc = m.col(sign * cn, 0.0, float(u), True)
-            qc = m.col(sign * cq, 0.0, min(load, o.capacity_rps * u))
-            ncols.append(nc)
-            qcols.append(qc)
-            m.row([qc, nc], [1.0, -o.capacity_rps], -inf, 0.0)
-            for k, a in o.usage.items():
-                budget_rows[k][0].append(nc)
-                budget_rows[k][1].append(a)
-        lay.n[fi] = ncols
-        lay.q[fi] = qcols
-        m.row(qcols, [1.0] * len(qcols), load, load)
-        # The same cover stated on the integer counts alone: redundant for the LP, but a
-        # knapsack row the solver derives cover and MIR cuts from (ceil effects per family).
-        if fam.options and load > 0:
-            caps = [o.capacity_rps for o in fam.options]
-            m.row(ncols, caps, load, inf)
-            if MIR_CUTS and cuts:
-                for idx, coef, rhs in _mir_cuts(caps, load):
-                    m.row([ncols[i] for i in idx], coef, rhs, inf)
-        floor = fam.min_accuracy
-        if floor is not None and fam.options:
-            m.row(
-                qcols,
-                [fam.variants[o.variant].accuracy - floor for o in fam.options],
-                -1e-9 * max(load, 1.0),
-                inf,
-            )
-        # indicators: "variant newly started" (balanced) or "the one variant" (single)
-        need_s = objective == "balanced" and problem.beta > 0
-        sv: dict[str, int] = {}
-        for vname in sorted({o.variant for o in fam.options}):
-            new = vname not in running
-            if not (single or (need_s and new)):
-                continue
-            lc = terms.lc[fi].get(vname, 0.0) if (need_s and new) else 0.0
-            sc = m.col(sign * (-problem.beta * lc), 0.0, 1.0, True)
-            sv[vname] = sc
-            for oi, o in enumerate(fam.options):
-                if o.variant == vname:
-                    m.row([ncols[oi], sc], [1.0, -float(bounds[oi])], -inf, 0.0)
-        if single and sv:
-            m.row(list(sv.values()), [1.0] * len(sv), -inf, 1.0)
-        lay.s[fi] = sv
-    for k, (idx, coef) in budget_rows.items():
-        if idx:
-            m.row(idx, coef, -inf, problem.budgets[k])
-    return m, lay
-
-
-MIR_CUTS = True
-
-
-def _mir_cuts(caps: list[float], load: float) -> list[tuple[list[int], list[float], float]]:
-    """Mixed-integer rounding cuts of the cover ``sum c_o n_o >= L`` (n integer).
-
-    Dividing by each distinct capacity ``c_j`` gives ``sum a_o n_o >= b`` with ``a_o = c_o/c_j``,
-    ``b = L/c_j``; with ``f = b - floor(b) > 0`` and ``f_o = a_o - floor(a_o)`` the MIR
-    inequality ``sum (ceil(a_o) - max(0, f - f_o)/f) n_o >= ceil(b)`` is valid for every
-    integer solution and cuts off the relaxation's fractional instance counts.
-    """
-    out = []
-    for cj in sorted(set(caps)):
-        b = load / cj
-        f = b - math.floor(b)
-        if f < 1e-6 or f > 1 - 1e-6:
-            continue
-        idx, coef = [], []
-        for i, c in enumerate(caps):
-            a = c / cj
-            fa = a - math.floor(a)
-            if fa < 1e-9 or fa > 1 - 1e-9:
-                value = float(round(a))
-            else:
-                value = math.ceil(a) - max(0.0, f - fa) / f
-            if value > 1e-12:
-                idx.append(i)
-                coef.append(value)
-        out.append((idx, coef, float(math.ceil(b))))
-    return out
-
-
-@dataclass
-class _SolveResult:
-    status: str  # optimal | time_limit | time_limit_no_solution | infeasible
-    x: list[float] | None
-    objective: float | None  # in the model's (minimisation) sense
-    bound: float | None
-    gap: float | None
-    seconds: float
-    build_seconds: float = 0.0
-    row_dual: list[float] | None = None  # LP relaxations only
-
-
-def _solve(
-    model: _Model,
-    *,
-    solver: str,
-    time_limit_s: float | None,
-    start: list[float] | None = None,
-) -> _SolveResult:
-    if solver == "cbc":
-        return _solve_cbc(model, time_limit_s)
-    return _solve_highs(model, time_limit_s, start)
-
-
-def _solve_highs(
-    model: _Model,
-    time_limit_s: float | None,
-    start: list[float] | None = None,
-    *,
-    relax: bool = False,
-    rel_gap: float = MIP_REL_GAP,
-) -> _SolveResult:
-    """HiGHS through highspy, the whole model passed as CSC arrays in one call.
-
-    pulp's ``HiGHS`` adapter adds columns and rows one Python call at a time and first builds
-    pulp expression objects; for the 100-family case (12,000+ columns) that alone costs more
-    than the solve, so the ILP strategy hands HiGHS its arrays directly (same solver).
-    ``relax=True`` solves the LP relaxation and returns the row duals.
-    """
-    import highspy
-    import numpy as np
-
-    t0 = time.perf_counter()
-    ncol = len(model.cost)
-    lp = highspy.HighsLp()
-    lp.num_col_ = ncol
-    lp.num_row_ = len(model.rows)
-    inf = highspy.kHighsInf
-    lp.col_cost_ = np.asarray(model.cost, dtype=np.float64)
-    lp.col_lower_ = np.asarray(model.lb, dtype=np.float64)
-    lp.col_upper_ = np.asarray([inf if math.isinf(u) else u for u in model.ub], dtype=np.float64)
-    lp.row_lower_ = np.asarray(
-        [-inf if math.isinf(r[2]) else r[2] for r in model.rows], dtype=np.float64
-    )
-    lp.row_upper_ = np.asarray(
-        [inf if math.isinf(r[3]) else r[3] for r in model.rows], dtype=np.float64
-    )
-    # row-wise triplets -> row-major matrix
-    starts = [0]
-    index: list[int] = []
-    value: list[float] = []
-    for idx, coef, _, _ in model.rows:
-        index.extend(idx)
-        value.extend(coef)
-        starts.append(len(index))
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-    lp.a_matrix_.start_ = np.asarray(starts, dtype=np.int32)
-    lp.a_matrix_.index_ = np.asarray(index, dtype=np.int32)
-    lp.a_matrix_.value_ = np.asarray(value, dtype=np.float64)
-    if not relax:
-        lp.integrality_ = [
-            highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
-            for i in model.integer
-        ]
-    options: dict[str, object] = {"mip_rel_gap": rel_gap, "mip_abs_gap": 1e-9}
-    # more primal heuristics than HiGHS's default 0.05: on the 100-family benchmark the
-    # default left the incumbent at the greedy warm start within a 10 s limit
-    options["mip_heuristic_effort"] = 0.3
-    if time_limit_s is not None:
-        options["time_limit"] = float(time_limit_s)
-    h = solvers.new_highs(options)
-    h.passModel(lp)
-    if start is not None:  # a feasible plan (the greedy one) as the first incumbent
-        sol = highspy.HighsSolution()
-        sol.col_value = list(start)
-        sol.value_valid = True
-        h.setSolution(sol)
-    build = time.perf_counter() - t0
-    h.run()
-    seconds = time.perf_counter() - t0
-    outcome = solvers.highs_outcome(
-        h, what="the mix LP relaxation" if relax else "the mix ILP", limits=True
-    )
-    info = h.getInfo()
-    has_sol = info.primal_solution_status == 2
-    if outcome == solvers.LIMIT:
-        status = "time_limit" if has_sol else "time_limit_no_solution"
-    else:
-        status = outcome  # optimal | infeasible
-    x = list(h.getSolution().col_value) if has_sol else None
-    obj = info.objective_function_value if has_sol else None
-    if x is not None and obj is not None and start is not None and not relax:
-        # HiGHS 1.16 can report the optimum's value while handing back the warm start as the
-        # solution (seen on a two-family problem presolve solved: value -0.48125, start's
-        # -0.475). The value of what it returns is the truth; when the two disagree, solve
-        # again without the start.
-        got = float(np.dot(lp.col_cost_, np.asarray(x, dtype=np.float64)))
-        if abs(got - obj) > 1e-9 * max(1.0, abs(obj)):
-            return _solve_highs(model, time_limit_s, None, relax=relax, rel_gap=rel_gap)
-    gap = None
-    bound = None
-    if relax:
-        duals = list(h.getSolution().row_dual) if has_sol else None
-        return _SolveResult(status, x, obj, obj, 0.0, seconds, build, duals)
-    if any(model.integer):
-        bound = info.mip_dual_bound
-        gap = info.mip_gap if has_sol else None
-    return _SolveResult(status, x, obj, bound, gap, seconds, build)
-
-
-def _solve_cbc(model: _Model, time_limit_s: float | None) -> _SolveResult:
-    """CBC through pulp (a separate process reading an MPS file)."""
-    import pulp
-
-    solver = solvers.cbc_solver(time_limit_s=time_limit_s, gap_rel=MIP_REL_GAP, gap_abs=1e-9)
-    t0 = time.perf_counter()
-    prob = pulp.LpProblem("mix", pulp.LpMinimize)
-    xs = [
-        prob.add_variable(
-            f"x{i}",
-            lowBound=lb,
-            upBound=None if math.isinf(ub) else ub,
-            cat=pulp.LpInteger if it else pulp.LpContinuous,
-        )
-        for i, (lb, ub, it) in enumerate(zip(model.lb, model.ub, model.integer, strict=True))
-    ]
-    prob.setObjective(
-        pulp.LpAffineExpression([(xs[i], c) for i, c in enumerate(model.cost) if c != 0])
-    )
-    for r, (idx, coef, lo, hi) in enumerate(model.rows):
-        expr = pulp.LpAffineExpression([(xs[i], c) for i, c in zip(idx, coef, strict=True)])
-        if lo == hi:
-            prob.addConstraint(pulp.LpConstraint(expr, pulp.LpConstraintEQ, f"r{r}", lo))
-            continue
-        if not math.isinf(lo):
-            prob.addConstraint(pulp.LpConstraint(expr, pulp.LpConstraintGE, f"l{r}", lo))
-        if not math.isinf(hi):
-            prob.addConstraint(pulp.LpConstraint(expr, pulp.LpConstraintLE, f"u{r}", hi))
-    build = time.perf_counter() - t0
-    solvers.pulp_solve(prob, solver, what="the mix ILP")
-    seconds = time.perf_counter() - t0
-    outcome = solvers.pulp_outcome(prob, what="the mix ILP", time_limit_s=time_limit_s)
-    if outcome == solvers.INFEASIBLE:
-        return _SolveResult("infeasible", None, None, None, None, seconds, build)
-    if outcome == solvers.OPTIMAL:
-        status = "optimal"
-    elif prob.sol_status == pulp.LpSolutionIntegerFeasible:
-        status = "time_limit"
-    else:
-        return _SolveResult("time_limit_no_solution", None, None, None, None, seconds, build)
-    x = [float(v.varValue or 0.0) for v in xs]
-    obj = sum(c * xv for c, xv in zip(model.cost, x, strict=True))
-    return _SolveResult(status, x, obj, None, 0.0 if status == "optimal" else None, seconds, build)
-
-
-def _warm_start(
-    problem: MixProblem,
-    terms: _Terms,
-    lay: _Layout,
-    ncols: int,
-    alloc: Allocation | None = None,
-) -> list[float] | None:
-    """``alloc`` (else the greedy plan) as a column vector, or None when greedy finds none."""
-    if alloc is None:
-        try:
-            alloc = _greedy(problem, terms)
-        except InfeasiblePlan:
-            return None
-    x = [0.0] * ncols
-    for fi, opts in alloc.items():
-        if fi not in lay.n:
-            continue
-        for oi, (n, qq) in opts.items():
-            x[lay.n[fi][oi]] = float(n)
-            x[lay.q[fi][oi]] = qq
-            sc = lay.s[fi].get(problem.families[fi].options[oi].variant)
-            if sc is not None and n > 0:
-                x[sc] = 1.0
-    return x
-
-
-def _extract(problem: MixProblem, lay: _Layout, x: list[float]) -> Allocation:
-    """Counts and quotas from a solution; counts trimmed to what the quotas need."""
-    alloc: Allocation = {}
-    for fi in lay.n:
-        fam = problem.families[fi]
-        opts: dict[int, tuple[int, float]] = {}
-        for oi, o in enumerate(fam.options):
-            qq = max(0.0, x[lay.q[fi][oi]])
-            n = round(x[lay.n[fi][oi]])
-            if qq <= 1e-7:
-                qq = 0.0
-            need = math.ceil(qq / o.capacity_rps - 1e-7) if qq > 0 else 0
-            n = min(n, need) if n >= need else n
-            if n > 0 or qq > 0:
-                opts[oi] = (n, qq)
-        alloc[fi] = opts
-    return alloc
-
-
-def components(problem: MixProblem) -> list[list[int]]:
-    """Groups of families coupled by a budget that options of more than one family use.
-
-    Families in different groups share no constraint, so solving each group on its own is
-    exact (the objective is a sum over families) and much faster than one joint tree.
-    """
-    parent = list(range(len(problem.families)))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    first: dict[str, int] = {}
-    for fi, fam in enumerate(problem.families):
-        for k in {k for o in fam.options for k in o.usage}:
-            if k in first:
-                parent[find(fi)] = find(first[k])
-            else:
-                first[k] = fi
-    groups: dict[int, list[int]] = {}
-    for fi in range(len(problem.families)):
-        groups.setdefault(find(fi), []).append(fi)
-    return list(groups.values())
-
-
 #: Try the exact decomposition for multi-family problems first (see ``_solve_exact``).
 DECOMPOSITION = True
 
@@ -1336,7 +750,7 @@ _STATUS_RANK = {"optimal": 0, "time_limit": 1, "time_limit_no_solution": 2, "inf
 
 def _solve_exact(
     problem: MixProblem,
-    terms: _Terms,
+    terms: Terms,
     *,
     single: bool,
     solver: str,
@@ -1347,23 +761,21 @@ def _solve_exact(
     Several families go to the exact Lagrangian decomposition of
     :mod:`greenctl.planner.mix_decomp` first; the joint ILP runs when it does not apply or
     gives up (``DECOMPOSITION = False`` forces the joint ILP), warm-started with its best
-    plan, and reports the tighter of its own bound and the decomposition's.
+    plan, reports the tighter of its own bound and the decomposition's, and says why the
+    decomposition gave up (``decomposition_fallback``).
     """
-    start_alloc: Allocation | None = None
-    lagrangian: float | None = None
-    if DECOMPOSITION:
-        from greenctl.planner import mix_decomp
-
-        if mix_decomp.applicable(problem, single=single, solver=solver):
-            t0 = time.perf_counter()
-            out = mix_decomp.solve_decomposed(problem, terms, time_limit_s=time_limit_s)
-            if out is not None:
-                return out
-            # its best plan (if any) starts the joint ILP instead of the greedy one
-            start_alloc = mix_decomp.LAST_FALLBACK.get("incumbent")
-            lagrangian = mix_decomp.LAST_FALLBACK.get("bound")
-            if time_limit_s is not None:
-                time_limit_s = max(time_limit_s - (time.perf_counter() - t0), 0.1)
+    fallback: mix_decomp.Fallback | None = None
+    if DECOMPOSITION and mix_decomp.applicable(problem, single=single, solver=solver):
+        t0 = time.perf_counter()
+        out = mix_decomp.solve_decomposed(problem, terms, time_limit_s=time_limit_s)
+        if not isinstance(out, mix_decomp.Fallback):
+            return out
+        fallback = out
+        if time_limit_s is not None:
+            time_limit_s = max(time_limit_s - (time.perf_counter() - t0), 0.1)
+    # the decomposition's best plan (if any) starts the joint ILP instead of the greedy one
+    start_alloc = fallback.incumbent if fallback is not None else None
+    lagrangian = fallback.bound if fallback is not None else None
     # One joint model: HiGHS handles independent families inside one tree faster than
     # one tree per family (measured: 100 families without budgets, 0.14 s joint vs 5 s
     # separately for the accuracy objective), so groups are only reported.
@@ -1400,6 +812,8 @@ def _solve_exact(
         "mip_rel_gap_tolerance": MIP_REL_GAP,
         "method": "joint ILP",
     }
+    if fallback is not None:
+        merged["decomposition_fallback"] = fallback.reason
     if len(infos) == 1 and "objective_bound" in infos[0]:
         merged["objective_bound"] = infos[0]["objective_bound"]
     merged["warm_start"] = infos[0].get("warm_start")
@@ -1423,7 +837,7 @@ def _solve_exact(
 
 def _solve_group(
     problem: MixProblem,
-    terms: _Terms,
+    terms: Terms,
     group: list[int],
     *,
     single: bool,
@@ -1431,17 +845,15 @@ def _solve_group(
     time_limit_s: float | None,
     start_alloc: Allocation | None = None,
 ) -> tuple[Allocation, dict[str, Any]]:
-    model, lay = _build_model(problem, terms, single=single, subset=group)
+    model, lay = build_model(problem, terms, single=single, subset=group)
     # In units of the objective's size: carbon per request (~1e-5 g) met HiGHS's absolute
     # MIP gap (1e-9) at 1e-4 relative and stopped "optimal" with a gap of up to 1%.
-    from greenctl.planner.mix_decomp import _unit
-
-    unit = _unit(problem, model, lay, group)
+    unit = objective_unit(problem, model, lay, group)
     if 1e-2 <= unit <= 1e2:  # O(1) already; rescaling it changes HiGHS's search for nothing
         unit = 1.0
     model.cost = [c / unit for c in model.cost]
-    start = None if single else _warm_start(problem, terms, lay, len(model.cost), start_alloc)
-    res = _solve(model, solver=solver, time_limit_s=time_limit_s, start=start)
+    start = None if single else warm_start(problem, terms, lay, len(model.cost), start_alloc)
+    res = solve(model, solver=solver, time_limit_s=time_limit_s, start=start)
     info: dict[str, Any] = {
         "name": solver,
         "status": res.status,
@@ -1461,7 +873,7 @@ def _solve_group(
         info["objective_bound"] = -bound if is_maximise(problem.objective) else bound
     if res.x is None:
         return {}, info
-    alloc = _extract(problem, lay, res.x)
+    alloc = extract(problem, lay, res.x)
     # Tie-break without giving up the primary optimum: accuracy/carbon plans minimise cost
     # among optimal plans, cost plans maximise accuracy among cheapest plans.
     if res.status == "optimal" and problem.objective in ("accuracy", "carbon", "cost"):
@@ -1472,7 +884,7 @@ def _solve_group(
         unit = abs(primary) if abs(primary) > 1e-300 else 1.0
         tol = TIE_BREAK_REL_TOL * unit
         secondary = "accuracy" if problem.objective == "cost" else "cost"
-        m2, lay2 = _build_model(problem, terms, single=single, objective=secondary, subset=group)
+        m2, lay2 = build_model(problem, terms, single=single, objective=secondary, subset=group)
         idx = [i for i, c in enumerate(model.cost) if c != 0]
         m2.row(idx, [model.cost[i] / unit for i in idx], -math.inf, (primary + tol) / unit)
         # The tie-break never costs more than the primary solve took (at least 1 s).
@@ -1480,130 +892,13 @@ def _solve_group(
         if time_limit_s is not None:
             left = min(left, max(time_limit_s - res.seconds, 0.1))
         # the primary plan starts it (without one HiGHS may find none in the time left)
-        start2 = _warm_start(problem, terms, lay2, len(m2.cost), alloc)
-        res2 = _solve(m2, solver=solver, time_limit_s=left, start=start2)
+        start2 = warm_start(problem, terms, lay2, len(m2.cost), alloc)
+        res2 = solve(m2, solver=solver, time_limit_s=left, start=start2)
         info["tie_break"] = {"objective": secondary, "status": res2.status}
         info["solve_s"] = round(res.seconds + res2.seconds, 4)
         if res2.x is not None and res2.status in ("optimal", "time_limit"):
-            alloc = _extract(problem, lay2, res2.x)
+            alloc = extract(problem, lay2, res2.x)
     return alloc, info
-
-
-# --------------------------------------------------------------------------------------------
-# Baselines
-# --------------------------------------------------------------------------------------------
-def _greedy(problem: MixProblem, terms: _Terms) -> Allocation:
-    """INFaaS-style replicate-or-upgrade heuristic.
-
-    1. Feasibility first: every family is served by its most budget-efficient option
-       (most capacity per share of the budgets; the cheapest per req/s without budgets).
-    2. Then family by family (largest load first), with the budget that family holds plus
-       what is left in the pool, variants are tried in the objective's order of preference
-       (most accurate first for accuracy/balanced, cheapest per request for cost, lowest
-       energy for carbon) among those meeting the accuracy floor on their own. Each step
-       replicates (adds an instance of a small option) or upgrades (one instance of a larger
-       option), whichever serves the remaining load at the lower cost per useful req/s, and
-       is taken only if the rest of the family's load still fits on its efficient option;
-       otherwise the rest downgrades to the next variant.
-    """
-    budgets = problem.budgets
-    scale = {k: 1.0 / b if b > 0 else 0.0 for k, b in budgets.items()}
-    order = sorted(
-        range(len(problem.families)),
-        key=lambda i: -problem.families[i].load_rps(problem.headroom),
-    )
-    allowed: dict[int, list[int]] = {}
-    efficient: dict[int, int] = {}
-    for fi, fam in enumerate(problem.families):
-        floor = fam.min_accuracy
-        allowed[fi] = [
-            oi
-            for oi, o in enumerate(fam.options)
-            if floor is None or fam.variants[o.variant].accuracy >= floor - 1e-12
-        ]
-        if not allowed[fi]:
-            raise InfeasiblePlan(
-                f"the greedy heuristic found no variant of '{fam.name}' meeting the accuracy "
-                "floor on its own",
-                hint="try --strategy ilp, which mixes variants to meet the floor",
-            )
-
-        def per_rps(oi: int, fam: MixFamily = fam) -> tuple[float, float]:
-            o = fam.options[oi]
-            share = sum(a * scale[k] for k, a in o.usage.items())
-            return (share / o.capacity_rps, o.cost_per_hour / o.capacity_rps)
-
-        efficient[fi] = min(allowed[fi], key=per_rps)
-
-    def need(fi: int, load: float) -> tuple[int, dict[str, float]]:
-        o = problem.families[fi].options[efficient[fi]]
-        count = math.ceil(load / o.capacity_rps - 1e-9) if load > 1e-9 else 0
-        return count, {k: count * o.usage.get(k, 0.0) for k in budgets}
-
-    pool = dict(budgets)
-    held: dict[int, dict[str, float]] = {}
-    for fi in order:
-        _, use = need(fi, problem.families[fi].load_rps(problem.headroom))
-        held[fi] = use
-        for k, a in use.items():
-            pool[k] -= a
-    if any(v < -1e-9 for v in pool.values()):
-        raise InfeasiblePlan(
-            "the greedy heuristic found no plan: the budgets do not cover the load even on "
-            "the most budget-efficient options",
-            hint="try --strategy ilp, which is exact",
-        )
-    alloc: Allocation = {}
-    for fi in order:
-        fam = problem.families[fi]
-        left = {k: pool[k] + held[fi][k] for k in budgets}
-        remaining = fam.load_rps(problem.headroom)
-        by_var: dict[str, list[int]] = {}
-        for oi in allowed[fi]:
-            by_var.setdefault(fam.options[oi].variant, []).append(oi)
-
-        def pref(v: str, by_var: dict[str, list[int]] = by_var, fam: MixFamily = fam) -> Any:
-            acc = fam.variants[v].accuracy
-            opts = [fam.options[i] for i in by_var[v]]
-            if problem.objective == "cost":
-                return (min(o.cost_per_hour / o.capacity_rps for o in opts), -acc)
-            if problem.objective == "carbon":
-                return (min(o.energy_j_per_request or 0.0 for o in opts), -acc)
-            return (-acc,)
-
-        opts_alloc: dict[int, tuple[int, float]] = {}
-        for v in sorted(by_var, key=pref):
-            while remaining > 1e-9:
-                best: tuple[tuple[float, float], int] | None = None
-                for oi in by_var[v]:
-                    o = fam.options[oi]
-                    served = min(o.capacity_rps, remaining)
-                    _, rest = need(fi, remaining - served)
-                    if any(left[k] - o.usage.get(k, 0.0) - rest[k] < -1e-9 for k in budgets):
-                        continue
-                    score = (o.cost_per_hour / served, -o.capacity_rps)
-                    if best is None or score < best[0]:
-                        best = (score, oi)
-                if best is None:
-                    break  # this variant cannot take more: downgrade the rest
-                oi = best[1]
-                o = fam.options[oi]
-                served = min(o.capacity_rps, remaining)
-                n, qq = opts_alloc.get(oi, (0, 0.0))
-                opts_alloc[oi] = (n + 1, qq + served)
-                remaining -= served
-                for k, a in o.usage.items():
-                    left[k] -= a
-            if remaining <= 1e-9:
-                break
-        if remaining > 1e-6:  # cannot happen: the efficient option always fits
-            raise InfeasiblePlan(
-                f"the greedy heuristic found no plan for '{fam.name}'",
-                hint="try --strategy ilp, which is exact",
-            )
-        alloc[fi] = opts_alloc
-        pool = left
-    return alloc
 
 
 # --------------------------------------------------------------------------------------------
@@ -1611,7 +906,7 @@ def _greedy(problem: MixProblem, terms: _Terms) -> Allocation:
 # --------------------------------------------------------------------------------------------
 def _max_servable_scale(problem: MixProblem, solver: str) -> float:
     """Largest t such that every family's load x t fits the budgets (no accuracy floor)."""
-    m = _Model()
+    m = Model()
     inf = math.inf
     tcol = m.col(-1.0, 0.0, inf)
     budget_rows: dict[str, tuple[list[int], list[float]]] = {k: ([], []) for k in problem.budgets}
@@ -1635,13 +930,13 @@ def _max_servable_scale(problem: MixProblem, solver: str) -> float:
         if idx:
             m.row(idx, coef, -inf, problem.budgets[k])
     m.ub[tcol] = 1e6
-    res = _solve(m, solver="highs" if solver == "highs" else solver, time_limit_s=10.0)
+    res = solve(m, solver="highs" if solver == "highs" else solver, time_limit_s=10.0)
     if res.x is None:
         return 0.0
     return float(res.x[tcol])
 
 
-def _diagnose(problem: MixProblem, solver: str, terms: _Terms) -> InfeasiblePlan:
+def _diagnose(problem: MixProblem, solver: str, terms: Terms) -> InfeasiblePlan:
     """Name the binding constraint and the closest feasible alternative."""
     pct = problem.percentile
     for fam in problem.families:
@@ -1827,7 +1122,7 @@ def plan_mix(
     if any(not f.options for f in problem.families):
         raise _diagnose(problem, solver, terms)
     if strategy == "greedy":
-        alloc = _greedy(problem, terms)
+        alloc = greedy(problem, terms)
         info: dict[str, Any] = {"name": "greedy", "status": "heuristic", "gap": None}
     else:
         alloc, info = _solve_exact(
@@ -1869,7 +1164,7 @@ def plan_mix(
 def _to_plan(
     problem: MixProblem,
     alloc: Allocation,
-    terms: _Terms,
+    terms: Terms,
     *,
     strategy: str,
     solver_info: dict[str, Any],

@@ -57,12 +57,11 @@ import itertools
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from greenctl.data.errors import InfeasiblePlan
-
-if TYPE_CHECKING:
-    from greenctl.planner.mix import Allocation, MixProblem, _Terms
+from greenctl.planner import mix_model
+from greenctl.planner.mix_model import Allocation, MixProblem, Terms
 
 #: Enumeration limits per family (nodes of the search, plans kept); past them: fall back.
 MAX_NODES = 30_000
@@ -93,8 +92,21 @@ SEED_PRICES = True
 #: (the frontiers cost ~2-3 ms a family to build), so it keeps those families.
 GROUPED = True
 GROUPED_NODES = 300_000
-#: Why the last call gave up (for the benchmark and debugging); empty after a success.
-LAST_FALLBACK: dict[str, Any] = {}
+
+
+@dataclass
+class Fallback:
+    """The decomposition gave up: why, and what it hands the joint ILP that runs instead."""
+
+    reason: str
+    rounds: list[dict[str, Any]]
+    #: its best plan (it warm-starts the joint ILP)
+    incumbent: Allocation | None = None
+    #: its best Lagrangian bound, in the model's sense (minimisation; it can tighten the
+    #: joint ILP's)
+    bound: float | None = None
+    #: the column generation's price rounds before it gave up (None: before pricing)
+    price_rounds: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -726,21 +738,6 @@ def _plan_of(
     return _Plan(cost, tuple(use), dict(counts), second)
 
 
-def _unit(problem: MixProblem, model: Any, lay: Any, fis: Any = None) -> float:
-    """The objective's order of magnitude: per family its cheapest cost per req/s x load."""
-    total = 0.0
-    for fi, fam in enumerate(problem.families):
-        if fis is not None and fi not in fis:
-            continue
-        load = fam.load_rps(problem.headroom)
-        rates = [
-            abs(model.cost[lay.q[fi][oi]]) + abs(model.cost[lay.n[fi][oi]]) / o.capacity_rps
-            for oi, o in enumerate(fam.options)
-        ]
-        total += min(rates, default=0.0) * load
-    return total if total > 1e-300 else 1.0
-
-
 def _refill(
     opts: list[_Opt], counts: dict[int, tuple[int, float]], load: float, floor: float | None
 ) -> dict[int, tuple[int, float]] | None:
@@ -834,9 +831,9 @@ def _priced(plan: _Plan, lam: list[float]) -> float:
 
 
 def solve_decomposed(
-    problem: MixProblem, terms: _Terms, *, time_limit_s: float | None
-) -> tuple[Allocation, dict[str, Any]] | None:
-    """Solve ``problem`` exactly by Lagrangian decomposition; None when it does not apply.
+    problem: MixProblem, terms: Terms, *, time_limit_s: float | None
+) -> tuple[Allocation, dict[str, Any]] | Fallback:
+    """Solve ``problem`` exactly by Lagrangian decomposition, or say why it gives up.
 
     1. Prices: the LP relaxation's budget duals, refined by column generation (the LP over
        the per-family plans found so far gives new prices, the exact per-family search at
@@ -854,23 +851,20 @@ def solve_decomposed(
 
     Returns:
         (allocation, solver info) with ``status`` ``optimal`` (proven gap <= MIP_REL_GAP) or
-        ``infeasible`` (empty allocation); None to let the caller run the joint ILP
-        (:data:`LAST_FALLBACK` then holds the reason, the best plan and the best bound).
+        ``infeasible`` (empty allocation); or a :class:`Fallback` (the reason, the best
+        plan and the best bound) to let the caller run the joint ILP.
     """
-    from greenctl.planner import mix
-
     t0 = time.perf_counter()
-    LAST_FALLBACK.clear()
     rounds: list[dict[str, Any]] = []
     budget_s = BUDGET_S if time_limit_s is None else min(BUDGET_S, 0.6 * time_limit_s)
     deadline = t0 + budget_s
     second = tie_break(problem.objective)
     # without the MIR rows: the LP below only prices the budgets (3x faster, same prices
     # to within a percent on the benchmark)
-    model, lay = mix._build_model(problem, terms, single=False, cuts=False)
+    model, lay = mix_model.build_model(problem, terms, single=False, cuts=False)
     # Work in units of the objective's size: carbon per request is ~1e-5 g, far below
     # HiGHS's absolute tolerances (1e-7 on rows and reduced costs, 1e-9 on the MIP gap).
-    unit = _unit(problem, model, lay)
+    unit = mix_model.objective_unit(problem, model, lay)
     model.cost = [c / unit for c in model.cost]
     keys = list(problem.budgets)
     budgets = tuple(float(problem.budgets[k]) for k in keys)
@@ -880,7 +874,7 @@ def solve_decomposed(
     lp_bound = None
     lp_x: list[float] | None = None
     if nk:
-        lp = mix._solve_highs(model, time_limit_s, relax=True)
+        lp = mix_model.solve_highs(model, time_limit_s, relax=True)
         if lp.status == "infeasible":
             return {}, {"name": "highs", "status": "infeasible", "gap": None,
                         "method": "decomposition", "solve_s": round(lp.seconds, 4)}  # fmt: skip
@@ -889,7 +883,7 @@ def solve_decomposed(
         lp_bound = lp.objective
         lp_x = lp.x
         used_keys = _used_keys(problem, range(len(problem.families)))
-        # _build_model appends the used budget rows last, in budgets order
+        # build_model appends the used budget rows last, in budgets order
         duals = lp.row_dual[len(lp.row_dual) - len(used_keys) :]
         for k, dual in zip(used_keys, duals, strict=True):
             lam[keys.index(k)] = max(0.0, -float(dual))
@@ -900,7 +894,7 @@ def solve_decomposed(
     # valid; this one costs at most a tenth of the gap tolerance) keeps the cheapest ones.
     floor_price = [0.0] * nk
     if problem.objective in ("accuracy", "carbon"):
-        floor_price = [0.1 * mix.MIP_REL_GAP * scale0 / (nk * max(b, 1.0)) for b in budgets]
+        floor_price = [0.1 * mix_model.MIP_REL_GAP * scale0 / (nk * max(b, 1.0)) for b in budgets]
     lam = [max(lk, e) for lk, e in zip(lam, floor_price, strict=True)]
     fams: list[tuple[list[_Opt], dict[str, float], float, float | None]] = []
     for fi, fam in enumerate(problem.families):
@@ -914,10 +908,10 @@ def solve_decomposed(
             # equal-cost plans tie in the search; a tenth of the gap tolerance of the
             # tie-break (accuracy) separates them and only lowers the bound
             for o in opts:
-                o.pa = 0.1 * mix.MIP_REL_GAP * scale0 * o.sa
+                o.pa = 0.1 * mix_model.MIP_REL_GAP * scale0 * o.sa
         fams.append((opts, d, fam.load_rps(problem.headroom), fam.min_accuracy))
     scale = max(1.0, abs(lp_bound) if lp_bound is not None else 1.0)
-    coupled = any(len(g) > 1 for g in mix.components(problem))
+    coupled = any(len(g) > 1 for g in mix_model.components(problem))
     pool: list[dict[tuple[tuple[int, int], ...], _Plan]] = [{} for _ in fams]
 
     def price(
@@ -950,7 +944,7 @@ def solve_decomposed(
         return z, plans, n
 
     try:  # the greedy plan fits the budgets together: the pool's LP is feasible from the start
-        greedy = mix._greedy(problem, terms)
+        greedy = mix_model.greedy(problem, terms)
     except InfeasiblePlan:
         greedy = {}
     for fi, counts in greedy.items():
@@ -992,7 +986,7 @@ def solve_decomposed(
         everything = {fi: (0.0, list(p.values())) for fi, p in enumerate(pool)}
         master, cols, _ = _master(problem, terms, everything, [], keys, budgets, unit=unit)
         left = max(deadline - time.perf_counter(), 0.05)
-        res = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
+        res = mix_model.solve_highs(master, left, rel_gap=MASTER_REL_GAP)
         if res.x is None or res.objective is None:
             return None, None
         xs = res.x
@@ -1058,12 +1052,12 @@ def solve_decomposed(
         step["rmp"] = None if any(over) else value
         if (not any(over) and value - best_ld <= CG_TOL * scale) or new_lam == lam:
             break
-        if not any(over) and value - best_ld <= mix.MIP_REL_GAP * abs(value):
+        if not any(over) and value - best_ld <= mix_model.MIP_REL_GAP * abs(value):
             # the pool's LP is within the proof's tolerance of the bound: its best plan
             # (the master over the pool, >= the LP) may already meet it; then no more rounds
             inc, incumbent = pool_master()
             step["pool_master"] = inc
-            if inc is not None and inc - best_ld <= mix.MIP_REL_GAP * max(abs(inc), 1e-12):
+            if inc is not None and inc - best_ld <= mix_model.MIP_REL_GAP * max(abs(inc), 1e-12):
                 pool_solved = True
                 break
         lam = new_lam
@@ -1075,7 +1069,7 @@ def solve_decomposed(
     if (
         incumbent is not None
         and inc is not None
-        and inc - best_ld <= mix.MIP_REL_GAP * max(abs(inc), 1e-12)
+        and inc - best_ld <= mix_model.MIP_REL_GAP * max(abs(inc), 1e-12)
     ):
         # the pool's best plan meets the bound: proven without enumerating the gap
         return _finish(
@@ -1085,15 +1079,15 @@ def solve_decomposed(
             alloc=incumbent,
         )  # fmt: skip
 
-    def give_up(reason: str) -> tuple[Allocation, dict[str, Any]] | None:
+    def give_up(reason: str) -> Fallback:
         out = _give_up(reason, rounds, incumbent, best_ld * unit)
-        LAST_FALLBACK["price_rounds"] = cg
+        out.price_rounds = cg
         return out
 
     # -- 2. proof: everything within the gap, master MILP ------------------------------------
     tie_tol = 0.0
     if second is not None and inc is not None:
-        tie_tol = mix.TIE_BREAK_REL_TOL * abs(inc)
+        tie_tol = mix_model.TIE_BREAK_REL_TOL * abs(inc)
     if not coupled:
         window = 1e-7 * scale if second is not None else 0.0
     elif inc is not None and math.isfinite(best_ld):
@@ -1138,7 +1132,7 @@ def solve_decomposed(
             problem, terms, results, sorted(hard), keys, budgets, unit=unit
         )
         left = max(deadline - time.perf_counter(), 0.05)
-        res = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
+        res = mix_model.solve_highs(master, left, rel_gap=MASTER_REL_GAP)
         rounds.append(
             {
                 "window": window,
@@ -1158,13 +1152,13 @@ def solve_decomposed(
             window = max(window * 10.0, FIRST_WINDOW * scale)
             continue
         inc = res.objective
-        alloc: Allocation = mix._extract(problem, mlay, res.x) if hard else {}
+        alloc: Allocation = mix_model.extract(problem, mlay, res.x) if hard else {}
         for j, fi_plan in cols.items():
             if res.x[j] > 0.5:
                 fi, plan = fi_plan
                 alloc[fi] = dict(plan.counts)
         incumbent = alloc
-        tie_tol = mix.TIE_BREAK_REL_TOL * abs(inc) if second is not None else 0.0
+        tie_tol = mix_model.TIE_BREAK_REL_TOL * abs(inc) if second is not None else 0.0
         if inc + tie_tol > ld + window + 1e-12 * scale:
             # better plans may lie outside the window: widen it to cover them all
             # (geometrically: each wider round also improves the incumbent)
@@ -1175,7 +1169,7 @@ def solve_decomposed(
         mbound = res.bound if res.bound is not None and math.isfinite(res.bound) else inc
         proven = min(mbound, ld + window)
         gap = max(inc - proven, 0.0) / max(abs(inc), 1e-12)
-        if gap > mix.MIP_REL_GAP:
+        if gap > mix_model.MIP_REL_GAP:
             return give_up(f"proven gap {gap:.3g} above the tolerance")
         tb: dict[str, Any] | None = None
         proven_s = time.perf_counter() - t0
@@ -1184,7 +1178,7 @@ def solve_decomposed(
             # (hard families' own columns carry their primary and secondary costs)
             sec_cost = [0.0] * len(master.cost)
             if hard:
-                m2, _ = mix._build_model(
+                m2, _ = mix_model.build_model(
                     problem, terms, single=False, objective=second, subset=sorted(hard)
                 )
                 sec_cost[: len(m2.cost)] = m2.cost
@@ -1198,14 +1192,14 @@ def solve_decomposed(
             for j in range(len(master.cost)):
                 master.cost[j] = cols[j][1].second if j in cols else sec_cost[j]
             left = max(deadline - time.perf_counter(), 0.05)
-            res2 = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
+            res2 = mix_model.solve_highs(master, left, rel_gap=MASTER_REL_GAP)
             tb = {"objective": second, "status": res2.status}
             if res2.x is not None and res2.status in ("optimal", "time_limit"):
-                alloc = mix._extract(problem, mlay, res2.x) if hard else {}
+                alloc = mix_model.extract(problem, mlay, res2.x) if hard else {}
                 for j, (fi, plan) in cols.items():
                     if res2.x[j] > 0.5:
                         alloc[fi] = dict(plan.counts)
-        maximise = mix.is_maximise(problem.objective)
+        maximise = mix_model.is_maximise(problem.objective)
         info: dict[str, Any] = {
             "name": "highs",
             "method": "decomposition: Lagrangian prices (LP duals refined by column "
@@ -1237,7 +1231,7 @@ def solve_decomposed(
 
 def _finish(
     problem: MixProblem,
-    terms: _Terms,
+    terms: Terms,
     pool: list[dict[tuple[tuple[int, int], ...], _Plan]],
     keys: list[str],
     budgets: tuple[float, ...],
@@ -1254,16 +1248,14 @@ def _finish(
     With a tie-break objective :func:`_tie_break_stage` picks the best tie-break among
     plans within the joint ILP's tolerance of the optimum.
     """
-    from greenctl.planner import mix
-
     t0, deadline, unit = info.pop("t0"), info.pop("deadline"), info.pop("unit")
     second = tie_break(problem.objective)
-    maximise = mix.is_maximise(problem.objective)
+    maximise = mix_model.is_maximise(problem.objective)
     info["proven_s"] = round(time.perf_counter() - t0, 4)
     if second is not None:
         alloc, info["tie_break"] = _tie_break_stage(
             problem, terms, pool, keys, budgets, model=model,
-            rhs=inc + mix.TIE_BREAK_REL_TOL * abs(inc), alloc=alloc,
+            rhs=inc + mix_model.TIE_BREAK_REL_TOL * abs(inc), alloc=alloc,
             seconds=time.perf_counter() - t0, deadline=deadline,
         )  # fmt: skip
     gap = max(inc - ld, 0.0) / max(abs(inc), 1e-12)
@@ -1290,22 +1282,20 @@ def _finish(
 
 def _sizes(problem: MixProblem, *, columns: int, rows: int, integer: int) -> dict[str, Any]:
     """The size keys a proven decomposition reports in ``extra.solver`` (as the joint ILP)."""
-    from greenctl.planner import mix
-
     return {
         "build_s": 0.0,
         "columns": columns,
         "rows": rows,
         "integer_columns": integer,
-        "independent_groups": len(mix.components(problem)),
-        "mip_rel_gap_tolerance": mix.MIP_REL_GAP,
+        "independent_groups": len(mix_model.components(problem)),
+        "mip_rel_gap_tolerance": mix_model.MIP_REL_GAP,
         "warm_start": None,
     }
 
 
 def _tie_break_stage(
     problem: MixProblem,
-    terms: _Terms,
+    terms: Terms,
     pool: list[dict[tuple[tuple[int, int], ...], _Plan]],
     keys: list[str],
     budgets: tuple[float, ...],
@@ -1323,21 +1313,19 @@ def _tie_break_stage(
     full tie-break ILP warm-started with it, for as long as the proof took (at least 0.5 s,
     at most the time left). Its status labels how far the tie-break is proven.
     """
-    from greenctl.planner import mix
-
     second = tie_break(problem.objective)
     # objective: the tie-break cost; the row: the primary cost
     swapped = {
         fi: (0.0, [_Plan(p.second, p.usage, p.counts, p.cost) for p in plans.values()])
         for fi, plans in enumerate(pool)
     }
-    maximise = mix.is_maximise(problem.objective)
-    proven = mix.evaluate_allocation(problem, alloc, terms)
-    limit = mix.TIE_BREAK_REL_TOL * abs(proven["objective"]) + 1e-15
+    maximise = mix_model.is_maximise(problem.objective)
+    proven = mix_model.evaluate_allocation(problem, alloc, terms)
+    limit = mix_model.TIE_BREAK_REL_TOL * abs(proven["objective"]) + 1e-15
 
     def acceptable(cand: Allocation) -> bool:
         # HiGHS's row tolerances (1e-6 on MIP rows) may stretch the row: check it here
-        value = mix.evaluate_allocation(problem, cand, terms)["objective"]
+        value = mix_model.evaluate_allocation(problem, cand, terms)["objective"]
         diff = (proven["objective"] - value) if maximise else (value - proven["objective"])
         return diff <= limit
 
@@ -1345,18 +1333,18 @@ def _tie_break_stage(
     if got is not None and acceptable(got):
         alloc = got
     info: dict[str, Any] = {"objective": second, "status": "best over the priced plans"}
-    m2, lay2 = mix._build_model(problem, terms, single=False, objective=second)
+    m2, lay2 = mix_model.build_model(problem, terms, single=False, objective=second)
     idx = [i for i, c in enumerate(model.cost) if c != 0]
     m2.row(idx, [model.cost[i] for i in idx], -math.inf, rhs)
-    start = mix._warm_start(problem, terms, lay2, len(m2.cost), alloc)
+    start = mix_model.warm_start(problem, terms, lay2, len(m2.cost), alloc)
     # at most as long again as the proof took (>= 0.5 s): the joint ILP allows twice its
     # primary solve (>= 1 s), which here would triple a sub-second answer for a tie-break
     left = min(max(0.5, seconds), max(deadline - time.perf_counter(), 0.1))
-    res = mix._solve_highs(m2, left, start)
+    res = mix_model.solve_highs(m2, left, start)
     info["status"] = res.status
     info["solve_s"] = round(res.seconds, 4)
     if res.x is not None and res.status in ("optimal", "time_limit"):
-        cand = mix._extract(problem, lay2, res.x)
+        cand = mix_model.extract(problem, lay2, res.x)
         if acceptable(cand):
             alloc = cand
         else:
@@ -1366,7 +1354,7 @@ def _tie_break_stage(
 
 def _master_with_row(
     problem: MixProblem,
-    terms: _Terms,
+    terms: Terms,
     results: dict[int, tuple[float, list[_Plan]]],
     keys: list[str],
     budgets: tuple[float, ...],
@@ -1374,13 +1362,11 @@ def _master_with_row(
     deadline: float,
 ) -> tuple[Allocation | None, float | None]:
     """The master MILP over ``results`` with the row ``sum second <= rhs``."""
-    from greenctl.planner import mix
-
     master, cols, _ = _master(problem, terms, results, [], keys, budgets)
     idx = list(cols)
     master.row(idx, [cols[j][1].second for j in idx], -math.inf, rhs)
     left = max(deadline - time.perf_counter(), 0.05)
-    res = mix._solve_highs(master, left, rel_gap=MASTER_REL_GAP)
+    res = mix_model.solve_highs(master, left, rel_gap=MASTER_REL_GAP)
     if res.x is None or res.objective is None:
         return None, None
     xs = res.x
@@ -1401,9 +1387,7 @@ def _restricted_lp(
     that maximise the Lagrangian bound over the pool (column generation). Budget overuse
     costs ``big`` per unit, which keeps the LP feasible and caps the prices.
     """
-    from greenctl.planner import mix
-
-    m = mix._Model()
+    m = mix_model.Model()
     nrow = len(keys) + (second_rhs is not None)
     rows_k: list[tuple[list[int], list[float]]] = [([], []) for _ in range(nrow)]
     for plans in pool:
@@ -1431,7 +1415,7 @@ def _restricted_lp(
     # per-family costs of order 1 (HiGHS's reduced-cost tolerance is absolute, 1e-7)
     f = float(max(len(pool), 1))
     m.cost = [c * f for c in m.cost]
-    res = mix._solve_highs(m, None, relax=True)
+    res = mix_model.solve_highs(m, None, relax=True)
     if res.status != "optimal" or res.row_dual is None or res.objective is None:
         return None
     if res.x is None:
@@ -1446,17 +1430,12 @@ def _give_up(
     rounds: list[dict[str, Any]],
     incumbent: Allocation | None = None,
     bound: float | None = None,
-) -> tuple[Allocation, dict[str, Any]] | None:
-    """Record why the decomposition gives up, its best plan (it warm-starts the joint ILP)
-    and its best Lagrangian bound (model sense: minimisation; it can tighten the joint ILP's).
+) -> Fallback:
+    """Why the decomposition gives up, its best plan (it warm-starts the joint ILP) and its
+    best Lagrangian bound (model sense: minimisation; it can tighten the joint ILP's).
     """
-    LAST_FALLBACK.clear()
-    LAST_FALLBACK.update(reason=reason, rounds=rounds)
-    if incumbent is not None:
-        LAST_FALLBACK["incumbent"] = incumbent
-    if bound is not None and math.isfinite(bound):
-        LAST_FALLBACK["bound"] = bound
-    return None
+    finite = bound is not None and math.isfinite(bound)
+    return Fallback(reason, rounds, incumbent, bound if finite else None)
 
 
 def _used_keys(problem: MixProblem, fis: Any) -> list[str]:
@@ -1467,7 +1446,7 @@ def _used_keys(problem: MixProblem, fis: Any) -> list[str]:
 
 def _priced_bound(
     problem: MixProblem,
-    terms: _Terms,
+    terms: Terms,
     fi: int,
     keys: list[str],
     lam: list[float],
@@ -1479,26 +1458,24 @@ def _priced_bound(
 
     ``plan_out`` receives the ILP's plan (counts and quotas per option).
     """
-    from greenctl.planner import mix
-
-    m, lay = mix._build_model(problem, terms, single=False, subset=[fi], cuts=False)
+    m, lay = mix_model.build_model(problem, terms, single=False, subset=[fi], cuts=False)
     m.cost = [c / unit for c in m.cost]
     fam = problem.families[fi]
     for oi, o in enumerate(fam.options):
         m.cost[lay.n[fi][oi]] += sum(
             lk * o.usage.get(k, 0.0) for lk, k in zip(lam, keys, strict=True)
         )
-    res = mix._solve_highs(m, None)
+    res = mix_model.solve_highs(m, None)
     if res.status != "optimal" or res.bound is None or not math.isfinite(res.bound):
         return None
     if plan_out is not None and res.x is not None:
-        plan_out.update(mix._extract(problem, lay, res.x).get(fi, {}))
+        plan_out.update(mix_model.extract(problem, lay, res.x).get(fi, {}))
     return min(res.bound, res.objective if res.objective is not None else res.bound)
 
 
 def _master(
     problem: MixProblem,
-    terms: _Terms,
+    terms: Terms,
     results: dict[int, tuple[float, list[_Plan]]],
     hard: list[int],
     keys: list[str],
@@ -1507,9 +1484,7 @@ def _master(
     unit: float = 1.0,
 ) -> tuple[Any, dict[int, tuple[int, _Plan]], Any]:
     """One binary per (family, plan), hard families in full; the shared budget rows."""
-    from greenctl.planner import mix
-
-    m, lay = mix._build_model(problem, terms, single=False, subset=hard)
+    m, lay = mix_model.build_model(problem, terms, single=False, subset=hard)
     m.cost = [c / unit for c in m.cost]
     rows_k: dict[str, tuple[list[int], list[float]]] = {k: ([], []) for k in keys}
     hard_keys = _used_keys(problem, hard)

@@ -41,34 +41,14 @@ ALLOWED_LAYERS: dict[str, frozenset[str]] = {
 
 # Import circles still to break, each as the sorted tuple of the modules on it (a
 # strongly connected component of the graph).
-# mix <-> mix_decomp: mix calls the decomposition, which reads mix's problem and term
-# classes and calls back into mix's private model builder and solver helpers; breaking
-# it means moving those out of planner/mix.py (issue 17, a later step).
-KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset(
-    {
-        ("greenctl.planner.mix", "greenctl.planner.mix_decomp"),
-    }
-)
+KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset()
 
 # Layer rules still broken: (importing module, imported module).
 KNOWN_LAYER_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
 
 # Private names still used across modules: (using module, "module._name"), imported by
 # name or reached as ``module._name``.
-KNOWN_PRIVATE_IMPORTS: frozenset[tuple[str, str]] = frozenset(
-    {
-        # the mix <-> mix_decomp circle above: the decomposition reuses mix's model
-        # builder, solver call, warm start, greedy and extraction, and mix its unit rule
-        ("greenctl.planner.mix", "greenctl.planner.mix_decomp._unit"),
-        ("greenctl.planner.mix_decomp", "greenctl.planner.mix._Model"),
-        ("greenctl.planner.mix_decomp", "greenctl.planner.mix._Terms"),
-        ("greenctl.planner.mix_decomp", "greenctl.planner.mix._build_model"),
-        ("greenctl.planner.mix_decomp", "greenctl.planner.mix._extract"),
-        ("greenctl.planner.mix_decomp", "greenctl.planner.mix._greedy"),
-        ("greenctl.planner.mix_decomp", "greenctl.planner.mix._solve_highs"),
-        ("greenctl.planner.mix_decomp", "greenctl.planner.mix._warm_start"),
-    }
-)
+KNOWN_PRIVATE_IMPORTS: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True)
