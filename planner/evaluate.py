@@ -51,6 +51,7 @@ from greenctl.planner.queueing import (
     pooled_shares,
     with_overhead,
 )
+from greenctl.planner.service import service_time
 
 PREDICTED_KEYS = (
     "rate_rps",
@@ -126,7 +127,7 @@ def build_instances(
                 "`greenctl profile import`",
             )
         if key not in fitted:
-            fitted[key] = ServiceTime.from_profile(profile)
+            fitted[key] = service_time(profile)  # the one model the planners size from
         duty = duty_cycle_ms
         if isinstance(dep.placement, dict) and dep.placement.get("duty_cycle_ms") is not None:
             duty = float(dep.placement["duty_cycle_ms"])

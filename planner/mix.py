@@ -388,9 +388,9 @@ def served_service_of(path: Any, res: Resource | None, p: Profile) -> tuple[Any,
     Otherwise the profile's back-to-back service and 1.
     """
     from greenctl.planner.evaluate import ServingPath, path_serves, stretched_service
-    from greenctl.planner.latency import ServiceTime
+    from greenctl.planner.service import service_time
 
-    hot = ServiceTime.from_profile(p)
+    hot = service_time(p)
     if not isinstance(path, ServingPath) or res is None or not path_serves(path, res.label):
         return hot, 1.0
     served = stretched_service(hot, path)
@@ -592,13 +592,9 @@ def _make_option(
     through a real server and keep the whole SLO). ``path``: the serving path itself; on
     CPU its served run time and executor CPU lengthen the service (:func:`served_service_of`).
     """
-    tested = [
-        p
-        for p in rows
-        if p.capacity_rps is not None
-        and p.capacity_slo_ms is not None
-        and float(p.capacity_slo_ms) <= slo_ms
-    ]
+    from greenctl.planner.service import load_test_row
+
+    row = load_test_row(rows, slo_ms)  # the rule the simulator picks with, too
     plain = [p for p in rows if p.capacity_slo_ms is None] or rows
     base = max(plain, key=lambda p: (p.created_at or "", p.id or 0))
     cost = next((float(p.cost_per_hour) for p in rows if p.cost_per_hour is not None), -1.0)
@@ -606,8 +602,7 @@ def _make_option(
     if not priced:  # no price in the profile: the resource amount per hour stands in
         cost = _resource_units(res)
     energy = next((e for e in (_energy(p) for p in rows) if e is not None), None)
-    if tested:
-        row = max(tested, key=lambda p: (float(p.capacity_slo_ms or 0), p.created_at or ""))
+    if row is not None:
         cap = float(row.capacity_rps or 0.0)
         lat = _percentile_latency(row, pct)
         if cap <= 0:
@@ -1283,18 +1278,8 @@ def _predict_with_core(
     """
     if not profiles or not variants or not deployments:
         return predicted
-    sources = {
-        (o.variant, o.resource, o.batch): o.capacity_source
-        for f in problem.families
-        for o in f.options
-    }
-    if any(
-        not str(sources.get((d.variant, d.resource, d.batch))).startswith("queueing")
-        for d in deployments
-    ):
-        # Load-tested capacities come from the real server (its concurrency included); the
-        # queueing model of a single-server instance would contradict them.
-        return predicted
+    # Load-tested options too: their service model reproduces the load test
+    # (greenctl.planner.service), so the analytic figures agree with the capacity sized.
     from greenctl.planner.evaluate import predict
     from greenctl.planner.policy import default_policy
 

@@ -51,6 +51,7 @@ from greenctl.planner.latency import ServiceTime
 from greenctl.planner.loads import check_arrivals, poisson_arrivals
 from greenctl.planner.policy import SmoothWRR, plan_policy
 from greenctl.planner.queueing import default_duty_cycle_ms
+from greenctl.planner.service import load_test_row
 
 
 @dataclass
@@ -526,8 +527,8 @@ def evaluate_plan(
     if not (math.isfinite(trace_scale) and trace_scale > 0):
         raise InputError(f"the trace scale must be a number > 0, got {trace_scale}")
     pol = plan_policy(plan, policy)
-    table = pick_profiles(profiles)
     by_name = {v.name: v for v in variants}
+    table = pick_profiles(profiles, sized_slo_ms(plan, by_name, percentile_slo_ms))
     check_families(plan.deployments, {v.name: v.family for v in variants})
     common: dict[str, Any] = dict(
         policy=pol,
@@ -594,9 +595,47 @@ def _check_requests(expected: float, what: str) -> None:
     )
 
 
-def pick_profiles(profiles: Sequence[Profile]) -> dict[tuple[str, str, int], Profile]:
-    """One profile per (variant, resource, batch): prefer ones with latency percentiles,
-    then without a capacity SLO (a plain measurement), then the newest."""
+def sized_slo_ms(
+    plan: Plan, variants: Mapping[str, Variant], fallback_ms: float | None = None
+) -> dict[str, float]:
+    """The SLO (ms) each variant of ``plan`` was sized for: its model's ``slo_ms`` in
+    ``request.families``, else ``request.slo_ms``, else ``fallback_ms``; variants without
+    one are left out."""
+    req = plan.request if isinstance(plan.request, dict) else {}
+
+    def ms(value: Any) -> float | None:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return float(value) if ok and math.isfinite(value) and value > 0 else None
+
+    by_model: dict[str, float] = {}
+    fams = req.get("families")
+    for fam in fams if isinstance(fams, list) else []:
+        if isinstance(fam, dict) and isinstance(fam.get("model"), str):
+            slo = ms(fam.get("slo_ms"))
+            if slo is not None:
+                by_model[fam["model"]] = slo
+    default = ms(req.get("slo_ms"))
+    if default is None:
+        default = fallback_ms
+    out: dict[str, float] = {}
+    for dep in plan.deployments:
+        family = variants[dep.variant].family if dep.variant in variants else dep.model
+        slo = by_model.get(family, by_model.get(dep.model, default))
+        if slo is not None:
+            out[dep.variant] = slo
+    return out
+
+
+def pick_profiles(
+    profiles: Sequence[Profile], slo_ms: Mapping[str, float] | None = None
+) -> dict[tuple[str, str, int], Profile]:
+    """One profile per (variant, resource, batch).
+
+    With the SLO a variant was sized for (``slo_ms``, by variant name), the load test the
+    mix planner sized it from (:func:`greenctl.planner.service.load_test_row`) when there is
+    one; otherwise prefer rows with latency percentiles, then without a capacity SLO (a
+    plain measurement), then the newest.
+    """
 
     def rank(p: Profile) -> tuple[int, int, str, int]:
         return (
@@ -607,8 +646,15 @@ def pick_profiles(profiles: Sequence[Profile]) -> dict[tuple[str, str, int], Pro
         )
 
     best: dict[tuple[str, str, int], Profile] = {}
+    rows: dict[tuple[str, str, int], list[Profile]] = {}
     for p in profiles:
         key = (p.variant, p.resource, p.batch)
+        rows.setdefault(key, []).append(p)
         if key not in best or rank(p) > rank(best[key]):
             best[key] = p
+    for key, group in rows.items():
+        slo = (slo_ms or {}).get(key[0])
+        row = load_test_row(group, slo) if slo is not None else None
+        if row is not None and (row.capacity_rps or 0) > 0:
+            best[key] = row
     return best

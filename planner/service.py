@@ -1,0 +1,116 @@
+"""One service model per (variant, resource, batch): the service time of one instance, built
+from everything a profile row holds.
+
+The mix planner sizes instances from it, and :func:`greenctl.planner.evaluate.predict` and
+:func:`greenctl.planner.simulator.simulate` evaluate plans with it, so a plan and its
+simulation rest on the same model.
+
+Two kinds of profile rows:
+
+- a plain measurement (no ``capacity_rps``): its latency percentiles are service times
+  (back-to-back runs), fitted by :meth:`ServiceTime.from_percentiles`
+  (:meth:`ServiceTime.from_profile`);
+- a load test (``capacity_rps`` sustained within ``capacity_slo_ms``): its latencies were
+  measured *at that load* (the import contract, :mod:`greenctl.data.profile_io`; InfAdapter's
+  p99 per SLA), so they hold queueing and are not service times. Taking them as service
+  times over-states the service time several-fold: resnet34 on one core, load-tested at
+  12 req/s with a p99 of 704.5 ms, would become a 1.4 req/s server. Instead the service time
+  is the one that *reproduces the load test*: an instance fed Poisson arrivals at
+  ``capacity_rps`` has, in the evaluation core's queueing model
+  (:func:`greenctl.planner.queueing.capacity_at_slo`), exactly the measured latency at the
+  highest percentile the row records (at most ``capacity_slo_ms``). An assumption: the
+  service time is deterministic. Among the service times meeting that one measured point it
+  has the largest mean, so it is the least optimistic about the instance's speed (resnet34 on
+  one core: 65.7 ms, 15.2 req/s at saturation against the 13 req/s measured; resnet50 on six:
+  14.6 ms, 68.3 against 67). The figures it gives are modeled, not measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+
+from greenctl.data.errors import InputError
+from greenctl.data.records import Profile
+from greenctl.planner.latency import ServiceTime
+
+_Q_OF = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+
+
+def is_load_tested(profile: Profile) -> bool:
+    """Whether ``profile`` is a load test: a capacity (> 0) sustained within an SLO."""
+    return (
+        profile.capacity_rps is not None
+        and profile.capacity_slo_ms is not None
+        and float(profile.capacity_rps) > 0
+    )
+
+
+def load_test_row(rows: Sequence[Profile], slo_ms: float) -> Profile | None:
+    """The load test a plan at ``slo_ms`` is sized from: of the rows tested within that SLO
+    (``capacity_slo_ms <= slo_ms``), the one at the largest SLO, then the newest; None when
+    there is none. The mix planner and the simulator both pick with this rule."""
+    tested = [
+        p
+        for p in rows
+        if p.capacity_rps is not None
+        and p.capacity_slo_ms is not None
+        and float(p.capacity_slo_ms) <= slo_ms
+    ]
+    if not tested:
+        return None
+    return max(tested, key=lambda p: (float(p.capacity_slo_ms or 0), p.created_at or ""))
+
+
+def service_time(profile: Profile) -> ServiceTime:
+    """The service time of one execution (a batch of ``profile.batch``) of ``profile``.
+
+    A load test (:func:`is_load_tested`) gives the deterministic service time that
+    reproduces it (module docstring); any other row its latency fit
+    (:meth:`ServiceTime.from_profile`).
+
+    Raises:
+        InputError: naming the profile when it holds nothing to build a service time from.
+    """
+    if not is_load_tested(profile):
+        return ServiceTime.from_profile(profile)
+    cap = float(profile.capacity_rps or 0.0)
+    slo = float(profile.capacity_slo_ms or 0.0)
+    lat = profile.latency_ms
+    key = next((k for k in ("p99", "p95", "p50") if k in lat), None)
+    if key is None or slo <= 0:
+        return ServiceTime.from_profile(profile)  # names what is missing
+    batch_ms = load_test_service_ms(cap / profile.batch, min(lat[key], slo), _Q_OF[key])
+    return ServiceTime.deterministic(batch_ms)
+
+
+@lru_cache(maxsize=4096)
+def load_test_service_ms(rate_rps: float, latency_ms: float, q: float) -> float:
+    """The deterministic service time (ms) whose single-server queue fed Poisson arrivals at
+    ``rate_rps`` has its ``q`` latency quantile at ``latency_ms`` (the largest such, found by
+    bisection: the capacity at a latency falls as the service time grows).
+
+    Raises:
+        InputError: a rate or latency that is not a positive number.
+    """
+    from greenctl.planner.queueing import capacity_at_slo
+
+    for name, value in (("capacity_rps", rate_rps), ("latency", latency_ms)):
+        if not (math.isfinite(value) and value > 0):
+            raise InputError(f"a load test's {name} must be a positive number, got {value}")
+    lo, hi = 0.0, min(latency_ms, 1000.0 / rate_rps)
+    if capacity_at_slo(ServiceTime.deterministic(hi), slo_ms=latency_ms, percentile=q) >= rate_rps:
+        return hi
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if mid <= 0:
+            break
+        ok = capacity_at_slo(ServiceTime.deterministic(mid), slo_ms=latency_ms, percentile=q)
+        if ok >= rate_rps:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-9 * hi:
+            break
+    return lo if lo > 0 else hi
