@@ -32,7 +32,12 @@ from greenctl.data.errors import (
 )
 from greenctl.data.plan import Plan, check_families
 from greenctl.data.records import utcnow_iso
-from greenctl.data.resources import parse_resource, runnable_resource
+from greenctl.data.resources import (
+    PIN_GPU,
+    PIN_MIG_INSTANCE,
+    parse_resource,
+    runnable_resource,
+)
 from greenctl.data.store import Store
 from greenctl.executor import partition
 from greenctl.executor.procs import (
@@ -115,15 +120,15 @@ def desired_instances(plan: Plan) -> list[InstanceSpec]:
     for d in plan.deployments:
         r = parse_resource(d.resource)
         per = None if d.quota_rps is None else d.quota_rps / max(d.count, 1)
-        if r.kind == "mig" and gpus:
+        if r.spec.pinning == PIN_MIG_INSTANCE and gpus:
             mig_deps[(d.variant, r.size)] = d
             continue
         for i in range(d.count):
             gpu = None
-            if r.kind in ("gpu", "mps"):
+            if r.spec.pinning == PIN_GPU:
                 gpu = _gpu_index(d.device, d.placement, i)
             mig = None
-            if r.kind == "mig":
+            if r.spec.pinning == PIN_MIG_INSTANCE:
                 start = _placement_start(d.placement, i)
                 mig = (
                     partition.MigSlot(_gpu_index(d.device, d.placement) or 0, r.size, start)
@@ -323,7 +328,7 @@ def apply_plan(
         mig_gpus = sorted({s.mig.gpu for s in specs if s.mig is not None})
         mig_actions = _describe_mig(specs, mig_gpus, mig_parted)
         actions = mig_actions + actions
-        needs_mps = any(parse_resource(s.resource).kind == "mps" for s in specs)
+        needs_mps = any(parse_resource(s.resource).spec.thread_percentage for s in specs)
         mps_running = (
             store.db.table("executor_services").count_where(
                 "name = ? and state = ?", ["mps-control", "running"]
@@ -420,7 +425,7 @@ def _resolve_variants(specs: list[InstanceSpec], store: Store, loader: str) -> d
 def _validate_gpu(specs: list[InstanceSpec], *, time_shared: bool = False) -> None:
     """GPU/MPS resources need a GPU; MPS shares on one GPU must not exceed 100 % (except in
     glet plans, where models time-share one partition and each executor carries its cap)."""
-    gpu_specs = [s for s in specs if parse_resource(s.resource).kind in ("gpu", "mps", "mig")]
+    gpu_specs = [s for s in specs if parse_resource(s.resource).spec.accelerator]
     if not gpu_specs:
         return
     backend = partition.gpu_backend()
@@ -436,7 +441,7 @@ def _validate_gpu(specs: list[InstanceSpec], *, time_shared: bool = False) -> No
                 f"{sorted(indices) or 'none'}",
                 hint="see `greenctl hw`",
             )
-        if r.kind == "gpu" and gpu is not None and not _same_gpu(r.size, found[gpu].label):
+        if r.spec.size_is_gpu_model and gpu is not None and not _same_gpu(r.size, found[gpu].label):
             # its profile, so its predictions, are of another GPU model
             raise HardwareError(
                 f"the plan puts {s.variant} on {s.resource}, but GPU {gpu} here is "
@@ -444,7 +449,7 @@ def _validate_gpu(specs: list[InstanceSpec], *, time_shared: bool = False) -> No
                 hint="plan for this machine's GPUs (`greenctl hw`), or place the deployment "
                 "on a GPU of that model (its `device`)",
             )
-        if r.kind == "mps" and s.gpu is not None and not time_shared:
+        if r.spec.thread_percentage and s.gpu is not None and not time_shared:
             share[s.gpu] = share.get(s.gpu, 0) + (r.mps_percent or 0)
     for gpu, pct in share.items():
         if pct > 100:
@@ -691,7 +696,7 @@ def _execute(
             mps_env = partition.start_mps(state_dir)
             undo.append(("stop the MPS control daemon", lambda: partition.stop_mps(state_dir)))
             done.append({"action": "start-mps-control"})
-        elif any(parse_resource(s.resource).kind == "mps" for s in specs):
+        elif any(parse_resource(s.resource).spec.thread_percentage for s in specs):
             mps_env = partition.mps_dirs(state_dir)
         # 3. a new dispatcher when none runs (or its address changes)
         if new_dispatcher:
@@ -992,21 +997,22 @@ def _spawn_spec(
         "log_file": str(log_file),
         "ready_timeout_s": ready_timeout_s,
     }
-    if r.kind == "mig":
+    device: str | None = None
+    if r.spec.pinning == PIN_MIG_INSTANCE:
         if s.mig is None:
             raise InputError(
                 f"deployment {s.variant} on {s.resource} names no MIG placement",
                 hint="MIG plans need a gpus layout (greenctl plan mig) or placement {gpu, start}",
             )
-        env["CUDA_VISIBLE_DEVICES"] = partition.mig_uuid(partition.gpu_backend(), s.mig)
+        device = partition.mig_uuid(partition.gpu_backend(), s.mig)
         spawn["mig"] = {"gpu": s.mig.gpu, "profile": s.mig.profile, "start": s.mig.start}
-    elif r.kind in ("gpu", "mps"):
+    elif r.spec.pinning == PIN_GPU:
         backend = partition.gpu_backend()
         uuid = next((g.uuid for g in backend.gpus() if g.index == s.gpu), None)
-        env["CUDA_VISIBLE_DEVICES"] = str(uuid if uuid else s.gpu)
-        if r.kind == "mps":
-            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(r.mps_percent)
-            env.update(mps_env)
+        device = str(uuid if uuid else s.gpu)
+    env.update(r.spec.pin_env(r.size, device=device))
+    if r.spec.thread_percentage:
+        env.update(mps_env)
     return spawn
 
 

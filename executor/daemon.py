@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 from greenctl.data.errors import InputError
+from greenctl.data.resources import kind_of
 from greenctl.executor import httpserver as hs
 from greenctl.executor import oip
 from greenctl.executor.metrics import (
@@ -558,8 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         report({"error": f"cannot pin to cores {cores}: {exc.strerror}"})
         return 3
-    kind = args.resource.split(":", 1)[0]
-    device = "cuda" if kind in ("gpu", "mig", "mps") else "cpu"
+    device = "cuda" if kind_of(args.resource).accelerator else "cpu"
     try:
         if args.loader != NOOP_LOADER:
             _set_torch_threads(len(cores) or os.cpu_count() or 1)

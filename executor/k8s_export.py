@@ -20,7 +20,7 @@ from typing import Any
 
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
-from greenctl.data.resources import parse_resource
+from greenctl.data.resources import RESOURCE_KINDS, parse_resource
 from greenctl.planner.policy import plan_policy
 
 PORT = 8080
@@ -55,34 +55,26 @@ def _resources(
 ) -> tuple[dict[str, Any], list[dict[str, str]]]:
     """Container resources and extra env for one deployment's resource label."""
     res = parse_resource(dep.resource)
-    env: list[dict[str, str]] = []
     mem = f"{int(max(memory_mb or 0, 256) * 1.5)}Mi"
-    if res.kind == "cpu":
-        cores = str(res.cpu_cores)
-        return {
-            "requests": {"cpu": cores, "memory": mem},
-            "limits": {"cpu": cores, "memory": mem},
-        }, env
-    if res.kind == "mig":
-        key = f"nvidia.com/mig-{res.size}"
-        return {"requests": {"cpu": "1", "memory": mem}, "limits": {key: "1", "memory": mem}}, env
-    if res.kind == "gpu":
-        return {
-            "requests": {"cpu": "1", "memory": mem},
-            "limits": {"nvidia.com/gpu": "1", "memory": mem},
-        }, env
-    if res.kind == "mps":
-        # The device plugin's MPS sharing hands out a GPU share; greenctl's executor caps
-        # its own threads with the active-thread percentage on top of it.
-        env.append({"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": res.size})
-        return {
-            "requests": {"cpu": "1", "memory": mem},
-            "limits": {"nvidia.com/gpu": "1", "memory": mem},
-        }, env
+    resources = res.spec.k8s_resources(res.size, memory=mem)
+    if resources is not None:
+        # The device plugin sets CUDA_VISIBLE_DEVICES; with MPS sharing it hands out a GPU
+        # share and greenctl's executor caps its own threads with the active-thread
+        # percentage on top of it.
+        pin = res.spec.pin_env(res.size, device=None)
+        return resources, [{"name": k, "value": v} for k, v in pin.items()]
     raise InputError(
         f"resource '{dep.resource}' of {dep.variant} has no Kubernetes mapping",
-        hint="Kubernetes export handles cpu:N, gpu:MODEL, mig:PROFILE and mps:PCT",
+        hint=f"Kubernetes export handles {_k8s_forms()}",
     )
+
+
+def _k8s_forms() -> str:
+    """The resource forms with a Kubernetes mapping (``cpu:N, ... and mps:PCT``)."""
+    forms = [
+        k.form for k in RESOURCE_KINDS.values() if k.k8s_resources("1", memory="1Mi") is not None
+    ]
+    return ", ".join(forms[:-1]) + " and " + forms[-1] if len(forms) > 1 else "".join(forms)
 
 
 def _probe(path: str, *, initial_s: int) -> dict[str, Any]:

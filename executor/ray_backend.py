@@ -58,21 +58,11 @@ def _ray() -> Any:
     return ray
 
 
-GPU_REPLICA_CPUS = 0.25  # a GPU-bound replica's host thread; keeps CPUs free for CPU replicas
-
-
 def actor_options(resource: str) -> dict[str, Any]:
-    """``ray_actor_options`` that pin one replica to the resource a plan names."""
+    """``ray_actor_options`` that pin one replica to the resource a plan names (the
+    resource-kind table says how)."""
     res = parse_resource(resource)
-    if res.kind == "cpu":
-        return {"num_cpus": float(res.size)}
-    if res.kind == "gpu":
-        return {"num_cpus": GPU_REPLICA_CPUS, "num_gpus": 1.0}
-    if res.kind == "mps":
-        return {"num_cpus": GPU_REPLICA_CPUS, "num_gpus": int(res.size) / 100.0}
-    if res.kind == "mig":
-        return {"num_cpus": GPU_REPLICA_CPUS, "resources": {f"mig-{res.size}": 1.0}}
-    return {"num_cpus": GPU_REPLICA_CPUS, "resources": {f"{res.kind}-{res.size}": 1.0}}
+    return res.spec.ray_actor_options(res.size)
 
 
 def deployment_name(dep: Deployment) -> str:

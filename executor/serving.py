@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from greenctl.data.errors import InputError
 from greenctl.data.records import Variant, utcnow_iso
+from greenctl.data.resources import kind_of
 from greenctl.data.store import Store
 
 if TYPE_CHECKING:
@@ -240,7 +241,7 @@ def measure_serving(
         out_elems = int(output_elements) if output_elements else output_elements_of(v)
     else:
         out_elems = int(output_elements or 0)  # read from the executor's metadata below
-    hardware = cpu_info().model_name if where.kind == "cpu" else where.label
+    hardware = cpu_info().model_name if where.spec.pins_cores else where.label
     stamp = utcnow_iso()  # one stamp for the whole run: serving_overheads picks runs by it
     tmp = Path(tempfile.mkdtemp(prefix="greenctl-serving-"))
     rows: list[ServingMeasurement] = []
@@ -272,7 +273,7 @@ def measure_serving(
                         store=scratch,
                         loader=NOOP_LOADER if stand_in == "noop" else None,
                         policy=policy,
-                        cores=cores if where.kind == "cpu" else None,
+                        cores=cores if where.spec.pins_cores else None,
                         max_queue=4096,
                         max_wait_ms=0.0,
                     )
@@ -408,7 +409,7 @@ def _off_cpu(row: ServingMeasurement) -> str | None:
     """The GPU, MIG or MPS resource a row was measured on; None for a CPU core (older rows,
     without a resource, were all measured on ``cpu:1``)."""
     where = row.resource or "cpu:1"
-    return None if where.startswith("cpu") else where
+    return None if kind_of(where).pins_cores else where
 
 
 def serving_overheads(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from greenctl.data.errors import InputError
-from greenctl.data.resources import parse_resource
+from greenctl.data.resources import RESOURCE_KINDS, parse_resource
 from greenctl.planner.interference import InterferenceModel
 
 DEFAULT_PARTITIONS = ("mps:20", "mps:40", "mps:50", "mps:60", "mps:80", "mps:100")
@@ -112,24 +112,25 @@ class Compiled:
             )
         self.problem = problem
         resources = [parse_resource(p) for p in problem.partitions]
-        kinds = {r.kind for r in resources}
-        if len(kinds) != 1 or not kinds <= {"mps", "mig"}:
-            raise InputError(
-                "partitions must be all mps:PCT or all mig:PROFILE labels, got "
-                + ", ".join(problem.partitions)
+        kinds = {r.spec for r in resources}
+        if len(kinds) != 1 or any(k.share_capacity is None for k in kinds):
+            shares = " or all ".join(
+                f"{k.form} labels" for k in RESOURCE_KINDS.values() if k.share_capacity
             )
-        self.kind = kinds.pop()
-        self.capacity = 100 if self.kind == "mps" else 7
-        units = [
-            (r.mps_percent if self.kind == "mps" else r.mig_compute_slices) or 0 for r in resources
-        ]
+            raise InputError(
+                f"partitions must be all {shares}, got " + ", ".join(problem.partitions)
+            )
+        spec = kinds.pop()
+        self.spec = spec
+        self.kind = spec.name
+        self.capacity = spec.share_capacity or 0
+        units = [spec.share_units(r.size) or 0 for r in resources]
         order = sorted(set(range(len(units))), key=lambda j: (units[j], resources[j].label))
         self.labels = [resources[j].label for j in order]
         self.units = [units[j] for j in order]
         if self.capacity not in self.units:
-            whole = "mps:100" if self.kind == "mps" else "a 7g MIG profile"
             raise InputError(
-                f"the partitions must include a whole GPU ({whole})",
+                f"the partitions must include a whole GPU ({spec.whole_share})",
                 hint="for example --partitions 20,40,50,60,80,100",
             )
         self.full = self.units.index(self.capacity)
@@ -196,7 +197,8 @@ class Compiled:
 
     def _setup_interference(self) -> None:
         imodel = self.problem.interference
-        self.interference_on = imodel is not None and self.kind == "mps"
+        # interference is measured between MPS shares (thread-percentage kinds)
+        self.interference_on = imodel is not None and self.spec.thread_percentage
         self.notes: list[str] = []
         self.base: list[list[list[float]]] = [
             [[0.0] * len(self.batches[i][j]) for j in range(self.n_parts)] for i in range(self.n)

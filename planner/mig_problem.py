@@ -17,6 +17,7 @@ from greenctl.data.mig_geometry import (
     GpuGeometry,
 )
 from greenctl.data.records import Profile, Variant
+from greenctl.data.resources import PIN_MIG_INSTANCE, kind_of
 from greenctl.planner.latency import ServiceTime
 
 J_PER_KWH = 3.6e6
@@ -139,7 +140,7 @@ def build_problem(
     seen: set[tuple[str, str]] = set()
     notes: list[str] = []
     for p in sorted(profiles, key=lambda r: (r.variant, r.resource, r.created_at), reverse=True):
-        if p.variant not in vmap or not p.resource.startswith("mig:") or p.batch != 1:
+        if p.variant not in vmap or kind_of(p.resource).pinning != PIN_MIG_INSTANCE or p.batch != 1:
             continue
         hw = find_gpu(p.hardware)
         if hw is None or hw.name != geo.name or not geo.has_profile(p.resource):
