@@ -27,6 +27,7 @@ from typing import Any
 from greenctl.data.errors import FileFormatError, InputError, NotFoundError
 from greenctl.data.provenance import check_import_merge
 from greenctl.data.records import Profile, Variant, utcnow_iso
+from greenctl.data.resources import kind_of
 from greenctl.data.store import Store
 
 INFERENCE = "inference.csv"
@@ -493,7 +494,7 @@ def load_solo_latency(store: Store) -> dict[tuple[str, int, int], float]:
     """``{(variant, batch, mps_percent): latency_ms}`` of the latest ``mps:*`` profiles."""
     out: dict[tuple[str, int, int], float] = {}
     for p in store.latest_profiles():
-        if not p.resource.startswith("mps:"):
+        if not kind_of(p.resource).thread_percentage:
             continue
         lat = p.latency_p50_ms or p.latency_p95_ms or p.latency_p99_ms
         if lat:

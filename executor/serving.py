@@ -40,6 +40,7 @@ from greenctl.data.errors import InputError
 from greenctl.data.records import Variant, utcnow_iso
 from greenctl.data.resources import kind_of
 from greenctl.data.store import Store
+from greenctl.planner.service import service_time
 
 if TYPE_CHECKING:
     from greenctl.planner.evaluate import ServingPath
@@ -463,7 +464,7 @@ def serving_overheads(
         if lower is not None and upper is not None and upper > lower:
             lo, hi = (float(by_batch[b].latency_p50_ms or 0.0) for b in (lower, upper))
             p50 = lo + (hi - lo) * (size - lower) / (upper - lower)
-        hot = ServiceTime.from_profile(by_batch[near])
+        hot = service_time(by_batch[near])
         if hot.mean_ms > 0 and by_batch[near].latency_p50_ms:
             hot = hot.scaled(p50 / float(by_batch[near].latency_p50_ms))
         return p50, hot

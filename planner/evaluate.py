@@ -40,6 +40,7 @@ from greenctl.data.carbon_io import carbon_option
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
+from greenctl.data.resources import kind_of
 from greenctl.planner.latency import ServiceTime
 from greenctl.planner.policy import check_policy_name
 from greenctl.planner.queueing import (
@@ -251,7 +252,7 @@ def path_serves(path: ServingPath, resource: str) -> bool:
     instances on that very resource."""
     if path.resource is not None:
         return path.resource == resource
-    return resource.startswith("cpu")
+    return kind_of(resource).pins_cores
 
 
 def served_service(

@@ -19,6 +19,7 @@ from greenctl.data.mig_geometry import (
 from greenctl.data.records import Profile, Variant
 from greenctl.data.resources import PIN_MIG_INSTANCE, kind_of
 from greenctl.planner.latency import ServiceTime
+from greenctl.planner.service import service_time
 
 J_PER_KWH = 3.6e6
 # Relative shortfall of capacity treated as the capacity bisection's rounding, not overload.
@@ -159,7 +160,7 @@ def build_problem(
                 f"variant {v.name} has no accuracy",
                 hint="set it when importing profiles (column 'accuracy')",
             )
-        service = ServiceTime.from_profile(p)
+        service = service_time(p)
         e_dyn, idle_known = _energy_dyn(p, service)
         if idle_known and p.idle_power_w is not None:
             idle_per_slice.append(p.idle_power_w / prof.compute_slices)

@@ -39,7 +39,7 @@ from greenctl.data.carbon_io import carbon_option
 from greenctl.data.errors import InfeasiblePlan, InputError, NotFoundError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Profile, Variant
-from greenctl.data.resources import KNOWN_KINDS, Resource, parse_resource
+from greenctl.data.resources import KNOWN_KINDS, Resource, kind_of, parse_resource
 from greenctl.planner import mix_decomp, solvers
 from greenctl.planner.mix_model import (
     DEFAULT_ALPHA,
@@ -334,10 +334,7 @@ def _budget_usage(resource: Resource, budgets: dict[str, float]) -> dict[str, fl
             if key == resource.label:
                 usage[key] = 1.0
         elif key == resource.kind:
-            if resource.kind == "mig":
-                usage[key] = float(resource.mig_compute_slices or 1)
-            else:
-                usage[key] = resource.amount
+            usage[key] = resource.amount  # the kind's budget unit (cores, slices, percent)
     return usage
 
 
@@ -567,8 +564,6 @@ def build_mix_problem(
 
 
 def _resource_units(res: Resource) -> float:
-    if res.kind == "mig":
-        return float(res.mig_compute_slices or 1)
     return res.amount
 
 
@@ -1328,7 +1323,7 @@ def _predict_with_core(
     unmeasured = [
         d
         for d in deployments
-        if not d.resource.startswith("cpu")
+        if not kind_of(d.resource).pins_cores
         and f"{d.variant}@{d.resource}" not in (problem.serving or {})
     ]
     if unmeasured:

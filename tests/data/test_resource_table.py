@@ -33,13 +33,6 @@ KIND_NAMES = {"cpu", "gpu", "mig", "mps"}
 # move to the table in their own step. Remove a file from here once it asks the table.
 OWNED_ELSEWHERE = {
     "data/resources.py",  # the table itself
-    "planner/mix.py",
-    "planner/mix_decomp.py",
-    "planner/mix_model.py",
-    "planner/evaluate.py",
-    "planner/simulator.py",
-    "planner/latency.py",
-    "planner/queueing.py",
 }
 
 # What remains and why: (file, the expression as ast.unparse writes it). A new comparison
@@ -59,8 +52,6 @@ ALLOWED = {
     ("data/mig_geometry.py", "name.startswith('mig:')"),
     ("data/mig_geometry.py", "n.startswith('mig:')"),
     ("data/mig_parted.py", "p.startswith('mig:')"),
-    # GPUlet import keeps its mps:* profiles (to move: kind_of(p.resource).thread_percentage)
-    ("data/gpulet_import.py", "p.resource.startswith('mps:')"),
 }
 
 
