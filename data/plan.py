@@ -91,14 +91,29 @@ class Plan:
         return _PlanReader(source).plan(doc)
 
 
+def read_deployment(
+    doc: Any, where: str, *, source: str, require_model: bool = True, hint: str | None = None
+) -> Deployment:
+    """One deployment object checked as a plan document's are (a spec's ``current`` list).
+
+    Raises:
+        FileFormatError: naming ``source`` and the field (``current[0].count``).
+    """
+    reader = _PlanReader(source)
+    if hint is not None:
+        reader.hint = hint
+    return reader.deployment(doc, where, require_model=require_model)
+
+
 class _PlanReader:
     """Checks of the plan document's fields; each failure names the source and the field."""
 
     def __init__(self, source: str) -> None:
         self.source = source
+        self.hint: str | None = _WRITE_HINT
 
-    def fail(self, field: str, reason: str, hint: str | None = _WRITE_HINT) -> FileFormatError:
-        return FileFormatError(self.source, f"field '{field}' {reason}", hint=hint)
+    def fail(self, field: str, reason: str, hint: str | None = None) -> FileFormatError:
+        return FileFormatError(self.source, f"field '{field}' {reason}", hint=hint or self.hint)
 
     # -- values ---------------------------------------------------------------------------
     def whole(self, value: Any, field: str, *, minimum: int = 1, maximum: int) -> int:
@@ -203,10 +218,12 @@ class _PlanReader:
             id=plan_id,
         )
 
-    def deployment(self, d: Any, where: str) -> Deployment:
+    def deployment(self, d: Any, where: str, *, require_model: bool = True) -> Deployment:
         if not isinstance(d, dict):
             raise self.fail(where, f"must be a JSON object, got {_show(d)}")
-        model = self.name(d.get("model"), f"{where}.model", url_safe=True)
+        model = ""  # (only where not required: a spec's running deployment names none)
+        if require_model or d.get("model") is not None:
+            model = self.name(d.get("model"), f"{where}.model", url_safe=True)
         variant = self.name(d.get("variant"), f"{where}.variant")
         resource = self.name(d.get("resource"), f"{where}.resource")
         try:

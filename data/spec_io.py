@@ -30,13 +30,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from greenctl.data.errors import FileFormatError, InputError
-from greenctl.data.plan import MAX_INSTANCES
-from greenctl.data.records import MAX_BATCH
-from greenctl.data.resources import parse_resource
+from greenctl.data.plan import Deployment, read_deployment
 
 #: Larger spec files are refused before parsing (a spec is a few lines).
 MAX_SPEC_BYTES = 1_000_000
@@ -71,15 +70,6 @@ class _Spec:
             raise self.fail(field, f"must be a fraction between 0 and 1, got {x:g}")
         return x
 
-    def whole(self, value: Any, field: str) -> int:
-        # ``current`` deployments become a plan's: the plan document's limits hold for them
-        top = MAX_BATCH if field.endswith(".batch") else MAX_INSTANCES
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(field, f"must be a whole number >= 1, got {_show(value)}")
-        if not 1 <= value <= top:
-            raise self.fail(field, f"must be a whole number between 1 and {top}")
-        return value
-
     def text(self, value: Any, field: str) -> str:
         if not isinstance(value, str) or not value.strip():
             raise self.fail(field, f"must be a non-empty string, got {_show(value)}")
@@ -101,13 +91,6 @@ class _Spec:
         if x >= 100:
             raise self.fail(field, f"must be p95 or p99 (or 0.95 / 95), got {x:g}")
         return value
-
-    def resource(self, value: Any, field: str) -> str:
-        text = self.text(value, field)
-        try:
-            return parse_resource(text).label
-        except InputError as exc:
-            raise self.fail(field, f"is not a resource label: {exc.message}", exc.hint) from None
 
     def table(
         self, value: Any, field: str, fields: Mapping[str, _Check], required: Sequence[str] = ()
@@ -161,21 +144,18 @@ class _Spec:
         )
 
     def deployment(self, value: Any, field: str) -> dict[str, Any]:
-        return self.table(
-            value,
-            field,
-            {
-                "model": self.text,
-                "variant": self.text,
-                "resource": self.resource,
-                "count": self.whole,
-                "batch": self.whole,
-                "quota_rps": self.number,
-                "device": self.text,
-                "placement": _scalar_or_table,
-            },
-            required=("variant", "resource"),
-        )
+        """A running deployment, checked as a plan document's are (``data.plan``)."""
+        if isinstance(value, dict):
+            unknown = sorted(str(k) for k in value if k not in _DEPLOYMENT_FIELDS)
+            if unknown:
+                raise self.fail(
+                    f"{field}.{unknown[0]}",
+                    "is not a known field",
+                    hint=f"known fields of {field}: {', '.join(_DEPLOYMENT_FIELDS)}",
+                )
+        d = read_deployment(value, field, source=self.path, require_model=False, hint=_FIELDS_HINT)
+        # the fields given, as checked (null means absent, as everywhere in a spec)
+        return {k: v for k, v in d.to_dict().items() if value.get(k) is not None}
 
     def request(self, doc: Any) -> dict[str, Any]:
         strict: _Check = lambda v, f: self.number(v, f, strict=True)  # noqa: E731
@@ -206,9 +186,7 @@ class _Spec:
         )
 
 
-def _scalar_or_table(value: Any, field: str) -> Any:
-    """A placement is kind-specific: kept as given (``plan mix`` ignores it)."""
-    return value
+_DEPLOYMENT_FIELDS = tuple(f.name for f in fields(Deployment))
 
 
 def _show(value: Any) -> str:
