@@ -153,7 +153,7 @@ class _Spec:
                     "is not a known field",
                     hint=f"known fields of {field}: {', '.join(_DEPLOYMENT_FIELDS)}",
                 )
-        d = read_deployment(value, field, source=self.path, require_model=False, hint=_FIELDS_HINT)
+        d = read_deployment(value, field, source=self.path, require_model=False, hint=_CURRENT_HINT)
         # the fields given, as checked (null means absent, as everywhere in a spec)
         return {k: v for k, v in d.to_dict().items() if value.get(k) is not None}
 
@@ -288,4 +288,5 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number a spec may hold")
 
 
+_CURRENT_HINT = 'for example: [[current]] variant = "resnet50", resource = "cpu:4", count = 2'
 _FIELDS_HINT = 'for example: model = "resnet", rate_rps = 40, slo_ms = 500'
