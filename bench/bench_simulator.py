@@ -267,7 +267,8 @@ def bench_other_policies(n: int) -> None:
 def bench_trace(hours: float) -> None:
     from pathlib import Path
 
-    from greenctl.planner.loads import read_trace, trace_arrivals
+    from greenctl.data.traces import read_rps_trace as read_trace
+    from greenctl.planner.loads import trace_arrivals
 
     path = (
         Path(__file__).resolve().parent.parent.parent

@@ -94,6 +94,7 @@ def simulate_cmd(
     """Predict a plan's latency, accuracy, energy, carbon, water and cost under a load."""
     from greenctl.data.errors import InputError
     from greenctl.data.plan import load_plan_file
+    from greenctl.data.traces import read_rps_trace
     from greenctl.planner.policy import plan_policy
     from greenctl.planner.simulator import evaluate_plan
 
@@ -117,7 +118,7 @@ def simulate_cmd(
         profiles,
         variants,
         rate_rps=rate,
-        trace=trace,
+        trace=read_rps_trace(trace) if trace is not None else None,
         trace_scale=scale,
         duration_s=duration,
         n_requests=requests,

@@ -10,7 +10,6 @@ import math
 
 import numpy as np
 from greenctl.data.errors import InputError
-from greenctl.data.traces import read_rps_trace
 
 DEFAULT_REQUESTS = 100_000
 
@@ -89,8 +88,3 @@ def trace_arrivals(
     counts = rng.poisson(series * scale)
     seconds = np.repeat(np.arange(series.size, dtype=float), counts)
     return np.sort(seconds + rng.uniform(0.0, 1.0, seconds.size))
-
-
-# The one reader of load traces lives in data/ (planners read no files); the simulator still
-# takes a path, so the name stays here.
-read_trace = read_rps_trace

@@ -31,7 +31,6 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -478,7 +477,7 @@ def evaluate_plan(
     variants: Sequence[Variant],
     *,
     rate_rps: float | None = None,
-    trace: np.ndarray | str | Path | None = None,
+    trace: np.ndarray | Sequence[float] | None = None,
     trace_scale: float = 1.0,
     duration_s: float | None = None,
     n_requests: int | None = None,
@@ -502,9 +501,9 @@ def evaluate_plan(
         variants: variants, for accuracy (and to refuse a deployment whose ``model`` is not
             its variant's family).
         rate_rps: Poisson load; default :func:`default_rate`.
-        trace: requests per second to replay instead (Poisson within each second), or
-            the path of a trace file (:func:`~greenctl.planner.loads.read_trace`);
-            ``duration_s`` keeps its first seconds. The analytic path uses its mean.
+        trace: requests per second to replay instead (Poisson within each second; read a
+            file with :func:`greenctl.data.traces.read_rps_trace`); ``duration_s`` keeps
+            its first seconds. The analytic path uses its mean.
         trace_scale: multiplies the trace.
         duration_s / n_requests: the length of a Poisson run.
         policy: ``fifo``, ``wrr`` or ``batch``, wins over the plan's own; default
@@ -515,7 +514,7 @@ def evaluate_plan(
     Returns:
         The metrics dict (the plan's ``predicted`` keys).
     """
-    from greenctl.planner.loads import read_trace, trace_arrivals
+    from greenctl.planner.loads import trace_arrivals
 
     if percentile_slo_ms is not None and not (
         math.isfinite(percentile_slo_ms) and percentile_slo_ms > 0
@@ -544,7 +543,7 @@ def evaluate_plan(
             raise InputError("give a rate or a trace, not both")
         if n_requests is not None:
             raise InputError("a trace sets the number of requests: use --duration to cut it")
-        series = read_trace(trace) if isinstance(trace, str | Path) else np.asarray(trace, float)
+        series = np.asarray(trace, float)
         if duration_s is not None:
             if duration_s < 1:
                 raise InputError(f"duration must be at least 1 s for a trace, got {duration_s}")

@@ -10,9 +10,10 @@ import pytest
 from greenctl.data.errors import FileFormatError, InputError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
+from greenctl.data.traces import read_rps_trace as read_trace
 from greenctl.planner.evaluate import PREDICTED_KEYS, predict
 from greenctl.planner.latency import ServiceTime
-from greenctl.planner.loads import poisson_arrivals, read_trace, trace_arrivals
+from greenctl.planner.loads import poisson_arrivals, trace_arrivals
 from greenctl.planner.queueing import (
     batch_latency_quantile_ms,
     erlang_c,
