@@ -5,6 +5,9 @@ Built-in families (metadata in ``data/datasets/catalog.json``):
 - ``resnet``: ResNet-18/34/50/101/152 written here in plain torch (BasicBlock/Bottleneck,
   the torchvision layout, same parameter counts), random weights, carrying the published
   ImageNet top-1 accuracy of trained weights.
+- ``efficientnet``: EfficientNet-B0..B7 (Clover's family) in plain torch (the torchvision
+  layout, same parameter counts), random weights, each at its native input resolution
+  (224 ... 600), carrying the ImageNet top-1 accuracy Clover lists.
 - ``tiny``: three small fast classifiers (``tiny-s`` MLP, ``tiny-m`` and ``tiny-l`` CNNs) on
   3x32x32 inputs for tests and demos; their accuracies are illustrative, not measured.
 
@@ -55,7 +58,7 @@ def _entries() -> dict[str, tuple[str, dict[str, Any], dict[str, Any]]]:
 
 
 def builtin_families() -> list[str]:
-    """Names of the built-in families (``resnet``, ``tiny``)."""
+    """Names of the built-in families (``resnet``, ``efficientnet``, ``tiny``)."""
     return list(catalog()["families"])
 
 
@@ -76,7 +79,7 @@ def builtin_variants(family: str | None = None) -> list[Variant]:
                 memory_mb=round(v["params"] * 4 / 2**20, 2),
                 load_time_s=v["load_time_s"],
                 source="builtin",
-                input_shape=",".join(str(d) for d in fam["input_shape"]),
+                input_shape=",".join(str(d) for d in v.get("input_shape", fam["input_shape"])),
             )
         )
     return out
@@ -209,15 +212,130 @@ def _tiny(arch: dict[str, Any], shape: tuple[int, ...], num_classes: int = 10) -
     return nn.Sequential(*mods)
 
 
+def _make_divisible(v: float, divisor: int = 8) -> int:
+    """Round a scaled channel count to a multiple of ``divisor``, never more than 10 % down."""
+    new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    if new_v < 0.9 * v:
+        new_v += divisor
+    return new_v
+
+
+# EfficientNet-B0's stages: (expand ratio, kernel, stride, in channels, out channels, repeats)
+_EFFICIENTNET_STAGES = (
+    (1, 3, 1, 32, 16, 1),
+    (6, 3, 2, 16, 24, 2),
+    (6, 5, 2, 24, 40, 2),
+    (6, 3, 2, 40, 80, 3),
+    (6, 5, 1, 80, 112, 3),
+    (6, 5, 2, 112, 192, 4),
+    (6, 3, 1, 192, 320, 1),
+)
+
+
+def _efficientnet(
+    width: float,
+    depth: float,
+    dropout: float,
+    *,
+    bn_eps: float = 1e-5,
+    num_classes: int = 1000,
+) -> torch.nn.Module:
+    """EfficientNet (Tan & Le 2019) in torchvision's layout (same parameter counts).
+
+    Width ``width`` scales channels (rounded to multiples of 8), depth ``depth`` scales the
+    repeats of each stage (``ceil``). MBConv blocks: 1x1 expansion, kxk depthwise,
+    squeeze-excitation (a quarter of the block's input channels), 1x1 projection, residual
+    when stride 1 and in == out. Stochastic depth is an identity at inference: left out.
+    """
+    import math
+
+    from torch import nn
+
+    def ch(c: int) -> int:
+        return _make_divisible(c * width)
+
+    def conv_bn(
+        cin: int, cout: int, k: int, stride: int = 1, groups: int = 1, act: bool = True
+    ) -> nn.Sequential:
+        mods: list[nn.Module] = [
+            nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False),
+            nn.BatchNorm2d(cout, eps=bn_eps),
+        ]
+        if act:
+            mods.append(nn.SiLU(inplace=True))
+        return nn.Sequential(*mods)
+
+    class SqueezeExcitation(nn.Module):
+        def __init__(self, channels: int, squeeze: int) -> None:
+            super().__init__()
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            self.fc1 = nn.Conv2d(channels, squeeze, 1)
+            self.fc2 = nn.Conv2d(squeeze, channels, 1)
+            self.act = nn.SiLU(inplace=True)
+            self.gate = nn.Sigmoid()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            s = self.gate(self.fc2(self.act(self.fc1(self.avgpool(x)))))
+            return x * s
+
+    class MBConv(nn.Module):
+        def __init__(self, expand: int, k: int, stride: int, cin: int, cout: int) -> None:
+            super().__init__()
+            self.use_res = stride == 1 and cin == cout
+            hidden = _make_divisible(cin * expand)
+            mods: list[nn.Module] = []
+            if hidden != cin:
+                mods.append(conv_bn(cin, hidden, 1))
+            mods += [
+                conv_bn(hidden, hidden, k, stride, groups=hidden),
+                SqueezeExcitation(hidden, max(1, cin // 4)),
+                conv_bn(hidden, cout, 1, act=False),
+            ]
+            self.block = nn.Sequential(*mods)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.block(x)
+            return out + x if self.use_res else out
+
+    class EfficientNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            layers: list[nn.Module] = [conv_bn(3, ch(_EFFICIENTNET_STAGES[0][3]), 3, 2)]
+            for expand, k, stride, cin, cout, repeats in _EFFICIENTNET_STAGES:
+                cin, cout = ch(cin), ch(cout)
+                stage = []
+                for i in range(math.ceil(repeats * depth)):
+                    stage.append(MBConv(expand, k, stride if i == 0 else 1, cin, cout))
+                    cin = cout
+                layers.append(nn.Sequential(*stage))
+            last_in = ch(_EFFICIENTNET_STAGES[-1][4])
+            layers.append(conv_bn(last_in, 4 * last_in, 1))
+            self.features = nn.Sequential(*layers)
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            self.classifier = nn.Sequential(
+                nn.Dropout(p=dropout, inplace=True), nn.Linear(4 * last_in, num_classes)
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.classifier(self.avgpool(self.features(x)).flatten(1))
+
+    return EfficientNet()
+
+
 def build_builtin(name: str) -> torch.nn.Module:
     """A freshly initialised (random-weight) module of a built-in variant."""
     entries = _entries()
     if name not in entries:
         builtin_variant(name)  # raises NotFoundError with the known names
     family, fam, v = entries[name]
+    arch = v["arch"]
     if family == "resnet":
-        return _resnet(v["arch"]["block"], v["arch"]["layers"])
-    return _tiny(v["arch"], tuple(fam["input_shape"]))
+        return _resnet(arch["block"], arch["layers"])
+    if family == "efficientnet":
+        return _efficientnet(
+            arch["width"], arch["depth"], arch["dropout"], bn_eps=arch.get("bn_eps", 1e-5)
+        )
+    return _tiny(arch, tuple(v.get("input_shape", fam["input_shape"])))
 
 
 # -- loading ----------------------------------------------------------------------------------

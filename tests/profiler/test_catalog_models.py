@@ -25,10 +25,10 @@ PUBLISHED = {
 }
 
 
-def test_catalog_is_package_data_with_both_families():
+def test_catalog_is_package_data_with_its_families():
     text = (resources.files("greenctl.data") / "datasets" / "catalog.json").read_text()
     doc = json.loads(text)
-    assert set(doc["families"]) == {"resnet", "tiny"}
+    assert set(doc["families"]) == {"resnet", "efficientnet", "tiny"}
     byname = {v.name: v for v in builtin_variants()}
     assert {n: byname[n].accuracy for n in PUBLISHED} == PUBLISHED
     assert all(byname[n].accuracy_metric == "imagenet-top1" for n in PUBLISHED)
