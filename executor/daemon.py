@@ -227,16 +227,36 @@ class _Item:
 
 
 class Batcher:
-    """Dynamic batching: gather requests up to ``max_batch`` rows or ``max_wait_s``."""
+    """Dynamic batching: gather requests up to ``max_batch`` rows or ``max_wait_s``.
 
-    def __init__(self, loaded: Any, *, max_batch: int, max_wait_s: float, metrics: Metrics) -> None:
+    Batches run through a runner (:mod:`greenctl.profiler.runner`, the one the profiler
+    measures with). A runner of depth > 1 (GPUs) takes the next batch while the current one
+    runs: up to ``depth`` batches are in flight, submitted from one thread and waited for in
+    another, so assembling and copying a batch overlaps the GPU's work on the one before.
+    """
+
+    def __init__(
+        self,
+        loaded: Any,
+        *,
+        max_batch: int,
+        max_wait_s: float,
+        metrics: Metrics,
+        runner: Any = None,
+    ) -> None:
+        from greenctl.profiler.runner import EagerRunner
+
         self.loaded = loaded
         self.max_batch = max(1, max_batch)
         self.max_wait_s = max(0.0, max_wait_s)
         self.metrics = metrics
+        self.runner = runner if runner is not None else EagerRunner(loaded)
+        self.depth = max(1, int(getattr(self.runner, "depth", 1)))
         self.queue: asyncio.Queue[_Item] = asyncio.Queue()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer")
+        self.wait_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer-wait")
         self.numpy_native = bool(getattr(loaded, "numpy_native", False))
+        self.in_flight: set[asyncio.Task[None]] = set()
 
     async def submit(self, arr: np.ndarray) -> np.ndarray:
         return (await self.submit_timed(arr))[0]
@@ -252,71 +272,89 @@ class Batcher:
 
     async def run_forever(self) -> None:
         loop = asyncio.get_running_loop()
+        slots = asyncio.Semaphore(self.depth)
         pending: _Item | None = None
-        while True:
-            first = pending or await self.queue.get()
-            pending = None
-            items = [first]
-            rows = first.rows
-            tail = first.arr.shape[1:]
-            deadline = loop.time() + self.max_wait_s
-            while rows < self.max_batch:
-                try:
-                    item = self.queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    timeout = deadline - loop.time()
-                    if timeout <= 0:
-                        break
+        try:
+            while True:
+                first = pending or await self.queue.get()
+                pending = None
+                items = [first]
+                rows = first.rows
+                tail = first.arr.shape[1:]
+                deadline = loop.time() + self.max_wait_s
+                while rows < self.max_batch:
                     try:
-                        item = await asyncio.wait_for(self.queue.get(), timeout)
-                    except TimeoutError:
+                        item = self.queue.get_nowait()
+                    except asyncio.QueueEmpty:
+                        timeout = deadline - loop.time()
+                        if timeout <= 0:
+                            break
+                        try:
+                            item = await asyncio.wait_for(self.queue.get(), timeout)
+                        except TimeoutError:
+                            break
+                    if item.arr.shape[1:] != tail or rows + item.rows > self.max_batch:
+                        pending = item  # starts the next batch
                         break
-                if item.arr.shape[1:] != tail or rows + item.rows > self.max_batch:
-                    pending = item  # starts the next batch
-                    break
-                items.append(item)
-                rows += item.rows
-            arr = items[0].arr if len(items) == 1 else np.concatenate([i.arr for i in items])
-            started = time.perf_counter()
-            try:
-                out = await loop.run_in_executor(self.pool, self._run, arr)
-            except Exception as exc:  # a failing batch fails its requests, not the daemon
-                for i in items:
-                    if not i.future.done():
-                        i.future.set_exception(exc)
-                continue
-            ran = time.perf_counter() - started
-            start = 0
-            for i in items:
-                i.started_at, i.ran_s, i.batch_rows = started, ran, rows
-                if not i.future.done():
-                    i.future.set_result(out[start : start + i.rows])
-                start += i.rows
+                    items.append(item)
+                    rows += item.rows
+                await slots.acquire()  # at most `depth` batches in flight
+                started = time.perf_counter()
+                try:
+                    ticket = await loop.run_in_executor(
+                        self.pool, self.runner.submit, [i.arr for i in items]
+                    )
+                except Exception as exc:  # a failing batch fails its requests, not the daemon
+                    slots.release()
+                    self._fail(items, exc)
+                    continue
+                task = loop.create_task(self._finish(items, ticket, started, rows, slots))
+                self.in_flight.add(task)
+                task.add_done_callback(self.in_flight.discard)
+        finally:
+            for task in list(self.in_flight):
+                task.cancel()
 
-    def _run(self, arr: np.ndarray) -> np.ndarray:
-        t0 = time.perf_counter()
-        out = run_model(self.loaded, arr, numpy_native=self.numpy_native)
-        self.metrics.observe_batch(int(arr.shape[0]), time.perf_counter() - t0)
-        return out
+    async def _finish(
+        self,
+        items: list[_Item],
+        ticket: Any,
+        started: float,
+        rows: int,
+        slots: asyncio.Semaphore,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            out, ran = await loop.run_in_executor(self.wait_pool, self.runner.wait, ticket)
+        except Exception as exc:
+            self._fail(items, exc)
+            return
+        finally:
+            slots.release()
+        self.metrics.observe_batch(rows, ran)
+        start = 0
+        for i in items:
+            i.started_at, i.ran_s, i.batch_rows = started, ran, rows
+            if not i.future.done():
+                i.future.set_result(out[start : start + i.rows])
+            start += i.rows
+
+    @staticmethod
+    def _fail(items: list[_Item], exc: BaseException) -> None:
+        for i in items:
+            if not i.future.done():
+                i.future.set_exception(exc)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.wait_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def run_model(loaded: Any, arr: np.ndarray, *, numpy_native: bool) -> np.ndarray:
-    """Run one batch through a LoadedModel (torch tensors in and out unless numpy-native)."""
-    if numpy_native:
-        return np.asarray(loaded.run(arr))
-    import torch
+    """Run one batch through a LoadedModel eagerly (see :func:`greenctl.profiler.runner.run_eager`)."""
+    from greenctl.profiler.runner import run_eager
 
-    x = torch.from_numpy(np.ascontiguousarray(arr))
-    device = str(getattr(loaded, "device", "cpu"))
-    if device != "cpu":  # GPU executors: the batch goes to the model's device
-        x = x.to(device)
-    with torch.inference_mode():
-        out = loaded.run(x)
-    if isinstance(out, list | tuple):
-        out = out[0]
-    if hasattr(out, "logits"):
-        out = out.logits
-    return np.asarray(out.detach().to("cpu").numpy())
+    return run_eager(loaded, arr, numpy_native=numpy_native)
 
 
 # -- the server --------------------------------------------------------------------------
@@ -332,6 +370,7 @@ class ExecutorServer:
         resource: str,
         max_batch: int,
         max_wait_s: float,
+        runner: Any = None,
     ) -> None:
         self.loaded = loaded
         self.model = model
@@ -339,9 +378,19 @@ class ExecutorServer:
         self.resource = resource
         self.names = {model, variant}
         self.metrics = Metrics()
+        from greenctl.profiler.runner import make_runner
+
+        # the runner the profiler measures with: on a GPU, graphs of every batch size it will
+        # run, pinned buffers and a stream (made here, before serving)
+        self.runner = runner if runner is not None else make_runner(loaded, max_batch=max_batch)
         self.batcher = Batcher(
-            loaded, max_batch=max_batch, max_wait_s=max_wait_s, metrics=self.metrics
+            loaded,
+            max_batch=max_batch,
+            max_wait_s=max_wait_s,
+            metrics=self.metrics,
+            runner=self.runner,
         )
+        self.warmup: dict[str, Any] = {}
         self.input_shape = tuple(int(d) for d in loaded.input_shape)
         example = np.asarray(_to_numpy(loaded.example(1)))
         self.input_dtype = example.dtype
@@ -350,12 +399,22 @@ class ExecutorServer:
         self.ready = False
 
     def warm_up(self, rounds: int = 3) -> None:
-        """Run the model a few times at full batch so the first requests are not slow."""
-        numpy_native = self.batcher.numpy_native
-        for batch in (self.batcher.max_batch, 1):
-            x = np.asarray(_to_numpy(self.loaded.example(batch)))
-            for _ in range(rounds):
-                out = run_model(self.loaded, x, numpy_native=numpy_native)
+        """Run every batch size the runner will serve (on a GPU, then the largest one until
+        its time settles, at least ``GPU_WARMUP_S``) so the first requests are not slow."""
+        from greenctl.profiler.runner import GPU_WARMUP_S, host_example
+
+        on_gpu = str(getattr(self.loaded, "device", "cpu")).startswith("cuda")
+        sizes = list(getattr(self.runner, "sizes", None) or sorted({self.batcher.max_batch, 1}))
+        doc = self.runner.warm_up(
+            lambda b: host_example(self.loaded, b),
+            sizes,
+            rounds=rounds,
+            min_s=GPU_WARMUP_S if on_gpu else 0.0,
+        )
+        self.warmup = doc.to_dict()
+        if getattr(self.runner, "graph_error", None):
+            self.warmup["graph_error"] = self.runner.graph_error
+        out = self.runner.run(host_example(self.loaded, 1))
         self.output_shape = tuple(int(d) for d in out.shape[1:])
         self.output_dtype = oip.oip_datatype(out)
 
@@ -612,6 +671,7 @@ async def _serve(
                 if k in os.environ
             },
             "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "warmup": server.warmup,
         }
     )
     print(
@@ -624,7 +684,7 @@ async def _serve(
     batcher_task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await batcher_task
-    server.batcher.pool.shutdown(wait=False, cancel_futures=True)
+    server.batcher.shutdown()
     return 0
 
 

@@ -45,7 +45,7 @@ ALLOWED = {
     ("executor/k8s_export.py", "plan.kind == 'mig'"),
     ("planner/mig.py", "current.kind != 'mig'"),
     # a torch device name, not a resource kind
-    ("executor/daemon.py", "device != 'cpu'"),
+    ("profiler/runner.py", "device != 'cpu'"),
     # an energy meter's kind ("cpu" RAPL or "nvml"), not a resource kind
     ("profiler/harness.py", "kind == 'cpu'"),
     # strip the "mig:" prefix of a profile name (label parsing, not a decision by kind)
