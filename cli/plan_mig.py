@@ -170,7 +170,9 @@ def _render(plan: Any) -> None:
         if b.get("sla_met") is False:
             what = f"{what} (misses the SLA)"
         rows.append([name.upper(), b, what])
-    label = " (SYNTHETIC profiles)" if plan.extra["model"].get("label") else ""
+    # the plan's own label: "synthetic profiles", "mps-emulated profiles" (data.records)
+    estimate = plan.extra["model"].get("label")
+    label = f" ({str(estimate).upper()})" if estimate else ""
     render_table(
         f"plan mig #{plan.id}: {plan.request['gpus']} x {plan.request['gpu']}, "
         f"{plan.request['model']} at {plan.request['rate_rps']:g} req/s, SLA p95 "

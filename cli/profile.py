@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, store_for
+from greenctl.data.records import MPS_EMULATED, estimate_caption, is_estimate
 
 profile_app = typer.Typer(
     help="Measure variants on this machine's CPUs/GPUs/MIG/MPS (no command: measure, by "
@@ -29,7 +30,11 @@ def profile_measure(
         typer.Option("--model", help="Measure a whole family (resnet, tiny, or a stored one)."),
     ] = None,
     cpus: Annotated[
-        str, typer.Option("--cpus", help="CPU core counts, each a cpu:N resource.")
+        str,
+        typer.Option(
+            "--cpus",
+            help="CPU core counts, each a cpu:N resource; 'none' for no CPU points (with --gpus).",
+        ),
     ] = "1",
     gpus: Annotated[
         bool, typer.Option("--gpus", help="Also every GPU, MIG instance and MPS share (NVML).")
@@ -46,8 +51,22 @@ def profile_measure(
         int, typer.Option("--warmup", help="Un-timed warm-up batches per point.", min=0)
     ] = 3,
     mps: Annotated[
-        str, typer.Option("--mps", help="MPS active-thread percentages (when a daemon runs).")
-    ] = "25,50,100",
+        str | None,
+        typer.Option(
+            "--mps",
+            help="MPS active-thread percentages (default 25,50,100 when an MPS daemon runs "
+            "already; on the daemon --emulate-mig starts, only those given).",
+        ),
+    ] = None,
+    emulate_mig: Annotated[
+        bool,
+        typer.Option(
+            "--emulate-mig",
+            help="With --gpus: also emulate every MIG slice of each whole GPU as an MPS "
+            "share (1g of 7 = 14 %), stored as mig:PROFILE labelled mps-emulated; starts "
+            "an MPS control daemon for the run unless one runs.",
+        ),
+    ] = False,
     model_path: Annotated[
         str | None,
         typer.Option(
@@ -96,10 +115,21 @@ def profile_measure(
     ):
         if value is not None and model_path is None:
             raise InputError(f"{flag} only applies to --model-path", hint="add --model-path")
-    cpu_list = parse_int_list(cpus, option="--cpus")
+    if emulate_mig and not gpus:
+        raise InputError(
+            "--emulate-mig needs --gpus",
+            hint="add --gpus: MIG slices are emulated on this machine's whole GPUs",
+        )
+    no_cpus = cpus.strip().lower() == "none"
+    if no_cpus and not gpus:
+        raise InputError(
+            "--cpus none leaves nothing to measure without --gpus",
+            hint="add --gpus, or give core counts such as --cpus 1,2",
+        )
+    cpu_list = [] if no_cpus else parse_int_list(cpus, option="--cpus")
     batches = parse_int_list(batch, option="--batch")
-    mps_list = parse_int_list(mps, option="--mps")
-    if any(p > 100 for p in mps_list):
+    mps_list = parse_int_list(mps, option="--mps") if mps is not None else None
+    if mps_list and any(p > 100 for p in mps_list):
         raise InputError("--mps: percentages must be between 1 and 100", hint="e.g. --mps 25,50")
 
     from greenctl.profiler.harness import DEFAULT_DURATION_S, profile
@@ -146,6 +176,7 @@ def profile_measure(
             requests=requests,
             warmup=warmup,
             mps=mps_list,
+            emulate_mig=emulate_mig,
             progress=progress,
         )
     profiles = [p for p, _hw in result.profiles]
@@ -251,6 +282,7 @@ def render_profiles(profiles: list[Any], title: str) -> None:
     at several SLOs would look like duplicates.
     """
     capacity = any(p.capacity_slo_ms is not None for p in profiles)
+    estimates = any(is_estimate(p.source) for p in profiles)  # then a source column
     render_table(
         title,
         [
@@ -266,6 +298,7 @@ def render_profiles(profiles: list[Any], title: str) -> None:
             "J/req",
             "energy",
             "hardware",
+            *(["source"] if estimates else []),
         ],
         [
             [
@@ -281,11 +314,24 @@ def render_profiles(profiles: list[Any], title: str) -> None:
                 p.energy_j,
                 p.energy_method,
                 p.hardware,
+                *([p.source] if estimates else []),
             ]
             for p in profiles
         ],
-        caption=_modeled_caption() if any(p.energy_method == "modeled" for p in profiles) else None,
+        caption=_captions(profiles),
     )
+
+
+def _captions(profiles: list[Any], *, modeled: bool = True) -> str | None:
+    """What a profile table's caption says: modeled energy, and rows that are estimates
+    (MPS-emulated or synthetic slices; the rule and its words live in data.records)."""
+    lines = [
+        _modeled_caption()
+        if modeled and any(p.energy_method == "modeled" for p in profiles)
+        else None,
+        estimate_caption(p.source for p in profiles),
+    ]
+    return "\n".join(line for line in lines if line) or None
 
 
 @profile_app.command("show")
@@ -303,6 +349,7 @@ def profile_show(
 
         print_json({"variant": asdict(v), "profiles": [asdict(p) for p in profiles]})
         return
+    estimates = any(is_estimate(p.source) for p in profiles)
     render_table(
         f"{v.name} ({v.family})",
         ["accuracy", "metric", "source", "params", "memory MB", "load s"],
@@ -324,6 +371,7 @@ def profile_show(
             "cap SLO ms",
             "samples",
             "created_at",
+            *(["source"] if estimates else []),
         ],
         [
             [
@@ -340,10 +388,106 @@ def profile_show(
                 p.energy_method,
                 p.samples,
                 p.created_at,
+                *([p.source] if estimates else []),
             ]
             for p in profiles
         ],
+        caption=_captions(profiles, modeled=False),
     )
+
+
+@profile_app.command("compare-emulated")
+def profile_compare_emulated(
+    model: Annotated[str | None, typer.Option("--model", help="Only this model family.")] = None,
+    variant: Annotated[str | None, typer.Option("--variant", help="Only this variant.")] = None,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Compare MPS-emulated MIG slices with measurements of the same GPU model.
+
+    Each emulated slice (greenctl profile --gpus --emulate-mig) beside the whole GPU
+    (gpu:MODEL), the measured MPS share at the nearest percentage (mps:PCT) and a measured
+    MIG instance of the same profile: p50, throughput and energy ratios, emulated / measured.
+    """
+    from greenctl.cli.common import err_console
+    from greenctl.data.emulation import compare_emulated
+
+    with store_for(db, create=False) as store:
+        if model is not None:
+            store.require_family(model)
+        if variant is not None:
+            store.get_variant(variant)
+        report = compare_emulated(store, family=model, variant=variant)
+    if json_out:
+        print_json(report.to_dict())
+        return
+
+    def pair(ref: Any) -> list[Any]:
+        if ref is None:
+            return [None, None]
+        return [ref.p50_ratio, ref.throughput_ratio]
+
+    render_table(
+        "MPS-emulated MIG slices against measurements (ratios: emulated / measured)",
+        [
+            "variant",
+            "batch",
+            "slice",
+            "MPS %",
+            "p50 ms",
+            "req/s",
+            "gpu p50 x",
+            "gpu req/s x",
+            "mps share",
+            "mps p50 x",
+            "mps req/s x",
+            "mig p50 x",
+            "mig req/s x",
+            "hardware",
+        ],
+        [
+            [
+                r.variant,
+                r.batch,
+                r.resource,
+                r.mps_percentage,
+                r.latency_p50_ms,
+                r.throughput_rps,
+                *pair(r.whole_gpu),
+                r.mps.resource if r.mps else None,
+                *pair(r.mps),
+                *pair(r.mig),
+                r.hardware,
+            ]
+            for r in report.rows
+        ],
+        caption="p50 x above 1: the emulated slice is slower; req/s x below 1: it serves "
+        "less. gpu: the whole GPU without MPS; mps: a measured MPS share at the nearest "
+        "percentage; mig: a measured MIG instance of the same profile.\n"
+        + (estimate_caption([MPS_EMULATED]) or ""),
+    )
+
+    def spread(stats: dict[str, float] | None) -> str | None:
+        if stats is None:
+            return None
+        return f"{stats['median']:.3g} ({stats['min']:.3g}-{stats['max']:.3g})"
+
+    render_table(
+        "Summary: median (min-max) of the ratios",
+        ["against", "pairs", "p50 x", "req/s x", "J/req x"],
+        [
+            [
+                name,
+                s["pairs"],
+                spread(s["p50_ratio"]),
+                spread(s["throughput_ratio"]),
+                spread(s["energy_ratio"]),
+            ]
+            for name, s in report.summary.items()
+        ],
+    )
+    for note in report.notes:
+        err_console.print(f"note: {note}", markup=False, highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -13,11 +13,16 @@ it is valid when
 A layout is *maximal* when no further placement of an allowed profile can be added. The
 memory check matters: on an A100 ``3g + 3g + 1g`` fits the 7 compute slices but the two 3g
 instances already hold all 8 memory slices, so it is not a valid layout.
+
+:func:`mps_percentage` is the one rule of emulating a MIG slice with an MPS active-thread
+percentage (``greenctl profile --gpus --emulate-mig``), :func:`emulated_slices` the compute
+sizes of a GPU model with the profiles each one stands for.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -330,3 +335,67 @@ def layouts_document(
         "layouts": [{"instances": [pl.to_dict() for pl in lay]} for lay in layouts],
         "multisets": [list(m) for m in groups],
     }
+
+
+# ---------------------------------------------------------------------------------------
+# MIG slices emulated with MPS (MISO)
+
+
+@dataclass(frozen=True)
+class EmulatedSlice:
+    """One compute size of a GPU model's MIG profiles and the MPS share that stands in for it.
+
+    One measurement at ``percentage`` serves every profile in ``profiles`` (they differ only
+    in memory, which MPS does not partition; the planner leaves out a variant whose memory
+    exceeds a profile's, as it does for measured rows).
+    """
+
+    compute_slices: int
+    percentage: int  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+    share: float  # compute_slices / the GPU's compute slices (energy attribution)
+    profiles: tuple[str, ...]
+
+
+def mps_percentage(geo: GpuGeometry, compute_slices: int) -> int:
+    """The MPS active-thread percentage that emulates a MIG slice of ``compute_slices``.
+
+    The one rule of MPS emulation (MISO's method): NVIDIA's MIG user guide lists the SMs of a
+    ``Cg`` profile as C of the GPU's compute slices (``1g`` = 1/7 of an A100's or H100's SMs),
+    so a ``Cg`` slice is emulated by ``round(100 * C / compute_slices)`` percent of the whole
+    GPU's threads: 14, 29, 43, 57 and 100 for 1g, 2g, 3g, 4g and 7g of a 7-slice GPU
+    (halves round up). MPS limits threads, not memory bandwidth or L2, so an emulated slice
+    is an estimate of a MIG slice, not a measurement of one.
+
+    Raises:
+        InputError: ``compute_slices`` is not between 1 and the GPU's compute slices.
+    """
+    if not 1 <= compute_slices <= geo.compute_slices:
+        raise InputError(
+            f"GPU {geo.name} has {geo.compute_slices} compute slices, not {compute_slices}"
+        )
+    return max(1, min(100, math.floor(100 * compute_slices / geo.compute_slices + 0.5)))
+
+
+def emulated_slices(geo: GpuGeometry, *, include_me: bool = False) -> list[EmulatedSlice]:
+    """Every distinct compute size of ``geo``'s MIG profiles with its MPS percentage, smallest
+    first.
+
+    ``+me`` (media extension) profiles are left out unless ``include_me``: they differ from
+    their base profile only by the media engines (NVDEC, NVJPG, OFA), which MPS can neither
+    grant nor take away, so an emulated row of one would repeat its base profile's figures
+    (``greenctl mig synth`` leaves them out by default too).
+    """
+    sizes: dict[int, list[str]] = {}
+    for p in geo.profiles:
+        if p.media_extension and not include_me:
+            continue
+        sizes.setdefault(p.compute_slices, []).append(p.name)
+    return [
+        EmulatedSlice(
+            compute_slices=c,
+            percentage=mps_percentage(geo, c),
+            share=c / geo.compute_slices,
+            profiles=tuple(names),
+        )
+        for c, names in sorted(sizes.items())
+    ]

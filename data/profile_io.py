@@ -11,7 +11,8 @@ Column contract (names are shared with other tools; keep them stable):
   these two);
 - also read, and written by export so that export -> import round-trips: ``idle_power_w``,
   ``energy_method``, ``accuracy_metric``, ``samples``, ``duration_s``, ``created_at``,
-  ``torch_version``, ``source``.
+  ``torch_version``, ``source`` (one of :data:`~greenctl.data.records.PROFILE_SOURCES`;
+  empty: ``imported``; ``mps-emulated`` and ``synthetic`` rows stay labelled as estimates).
 
 A bad row fails the whole import (file, line, column and reason) and nothing is written.
 Every rule about an imported value lives here: names are printable and short
@@ -44,6 +45,7 @@ from greenctl.data.provenance import check_import_merge
 from greenctl.data.records import (
     ENERGY_METHODS,
     MAX_BATCH,
+    PROFILE_SOURCES,
     Profile,
     Variant,
     name_problem,
@@ -317,6 +319,15 @@ def _parse_row(path: str, line: int, raw: dict[str, Any], now: str) -> _Row:
             column="energy_method",
             hint=f"use one of {', '.join(ENERGY_METHODS)}",
         )
+    source = texts["source"] or "imported"
+    if source not in PROFILE_SOURCES:
+        raise FileFormatError(
+            path,
+            f"unknown source '{shown(source)}'",
+            line=line,
+            column="source",
+            hint=f"use one of {', '.join(PROFILE_SOURCES)}, or leave it empty (imported)",
+        )
     samples_raw = raw.get("samples")
     samples = None
     if not _is_blank(samples_raw):
@@ -362,7 +373,7 @@ def _parse_row(path: str, line: int, raw: dict[str, Any], now: str) -> _Row:
         isolated_p95_ms=num("isolated_p95_ms"),
         isolated_p99_ms=num("isolated_p99_ms"),
         torch_version=texts["torch_version"],
-        source=texts["source"] or "imported",
+        source=source,
         created_at=created_at or now,
     )
     return _Row(

@@ -6,6 +6,7 @@ Plain dataclasses with units in field names; the store maps them to rows one to 
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -87,6 +88,47 @@ def name_problem(text: str) -> str | None:
 
 ENERGY_METHODS = ("nvml", "nvml-attributed", "rapl", "modeled", "imported", "synthetic")
 
+#: Where a profile's figures come from (``Profile.source``): ``measured`` by ``greenctl
+#: profile`` on the resource it names, ``imported`` from a file, ``synthetic`` (made up by
+#: ``greenctl mig synth``), ``mps-emulated`` (a MIG slice measured as an MPS active-thread
+#: share of the whole GPU: ``greenctl profile --gpus --emulate-mig``).
+PROFILE_SOURCES = ("measured", "imported", "synthetic", "mps-emulated")
+MPS_EMULATED = "mps-emulated"
+#: The one rule of which sources are estimates of the resource they name rather than
+#: measurements of it, and what a user is told beside every figure built on them (plans
+#: label themselves with :func:`estimate_label`, tables add :func:`estimate_caption`).
+ESTIMATE_SOURCES: dict[str, str] = {
+    MPS_EMULATED: "MIG slices emulated on the whole GPU with the MPS active-thread percentage "
+    "of each slice's share of compute (1g of 7 = 14 %), not measured on MIG instances: MPS "
+    "does not isolate memory bandwidth or L2 the way MIG does",
+    "synthetic": "made up by greenctl.planner.synthetic from a documented formula, not measured",
+}
+
+
+def is_estimate(source: str | None) -> bool:
+    """Whether profiles of ``source`` are estimates (see :data:`ESTIMATE_SOURCES`)."""
+    return source in ESTIMATE_SOURCES
+
+
+def estimate_sources(sources: Iterable[str | None]) -> list[str]:
+    """The estimate sources among ``sources``, in :data:`ESTIMATE_SOURCES` order."""
+    present = set(sources)
+    return [s for s in ESTIMATE_SOURCES if s in present]
+
+
+def estimate_label(sources: Iterable[str | None]) -> str | None:
+    """The label of figures built on profiles of ``sources``: ``"synthetic profiles"``,
+    ``"mps-emulated profiles"``, ``"mps-emulated and synthetic profiles"``; None when every
+    source is a measurement or an import."""
+    found = estimate_sources(sources)
+    return f"{' and '.join(found)} profiles" if found else None
+
+
+def estimate_caption(sources: Iterable[str | None]) -> str | None:
+    """One line per estimate source among ``sources`` saying what it is; None without any."""
+    found = estimate_sources(sources)
+    return "\n".join(f"{s}: {ESTIMATE_SOURCES[s]}" for s in found) if found else None
+
 
 @dataclass
 class Hardware:
@@ -153,7 +195,7 @@ class Profile:
     isolated_p95_ms: float | None = None
     isolated_p99_ms: float | None = None
     torch_version: str | None = None
-    source: str = "measured"  # measured | imported | synthetic
+    source: str = "measured"  # one of PROFILE_SOURCES
     created_at: str = field(default_factory=utcnow_iso)
     id: int | None = None
 

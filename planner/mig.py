@@ -51,6 +51,7 @@ from typing import Any
 
 from greenctl.data.errors import InfeasiblePlan, InputError
 from greenctl.data.plan import Deployment, Plan
+from greenctl.data.records import estimate_label
 
 # The problem and the serving model live in mig_problem / mig_model, which the solvers
 # import too (so none of them imports this module); re-exported here for callers.
@@ -244,7 +245,8 @@ def plan_mig(
         for k, o in enumerate(model.pairs)
         if config.n[k] > 0
     ]
-    synthetic = any(o.source == "synthetic" for o in model.pairs)
+    # profiles that estimate their slices (synthetic, MPS-emulated) label the whole plan
+    label = estimate_label(o.source for o in model.pairs)
     request = {
         "gpu": problem.geo.name,
         "gpus": problem.gpus,
@@ -276,7 +278,7 @@ def plan_mig(
             "(policy wrr); each instance an M/G/1 FIFO queue; p95 = mixture of the queues "
             "(analytic, evaluation core); p95_fifo_ms = one central FIFO queue, for reference",
             "notes": problem.notes,
-            **({"label": "synthetic profiles"} if synthetic else {}),
+            **({"label": label} if label else {}),
         },
         "configuration": describe_config(model, config),
     }

@@ -9,7 +9,11 @@ the user's choices into :class:`RunItem` s, one per (resource, variant):
   profile, ``CUDA_VISIBLE_DEVICES=MIG-<uuid>``) and ``mps:PCT`` (when an MPS daemon runs;
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=PCT``) run in a child process,
   ``python -m greenctl.profiler.child``, that sees exactly that device as ``cuda:0`` and reads
-  the parent GPU's NVML energy counter itself (attributed by its share for MIG/MPS).
+  the parent GPU's NVML energy counter itself (attributed by its share for MIG/MPS);
+- with ``emulate_mig``, every MIG slice of each whole GPU as an MPS share (``mig:PROFILE``
+  rows with ``source`` ``mps-emulated``, :func:`_emulated_items`): these run first, as
+  clients of an MPS daemon that runs already or one started for them and stopped right after
+  (:mod:`greenctl.profiler.mps`).
 
 :func:`measure` warms up, then runs batches for a fixed duration or request count, timing
 each batch with device synchronisation; per-request latency is the latency of its batch.
@@ -37,8 +41,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from greenctl.data.errors import HardwareError, InputError, NotFoundError
-from greenctl.data.records import Hardware, Profile, Variant
+from greenctl.data.records import MPS_EMULATED, Hardware, Profile, Variant
 from greenctl.profiler.energy import EnergyMeter, EnergyReading, NvmlEnergyMeter, cpu_meter
+from greenctl.profiler.runner import (
+    GPU_REWARM_S,
+    GPU_WARMUP_S,
+    CudaRunner,
+    host_example,
+    pipeline_enabled,
+)
 
 if TYPE_CHECKING:
     from greenctl.data.store import Store
@@ -49,17 +60,14 @@ Progress = Callable[[str, float], None]
 
 MIN_BATCHES = 3
 DEFAULT_WARMUP = 3
-#: On a GPU the warm-up also lasts at least this long. Three runs were not enough on the
-#: H100 host: the first run took 700 ms (library start-up), resnet18 at batch 1 then ran at
-#: 2.8 ms for about 1.2 s before settling at 1.5 ms, and a profile taken after three runs
-#: put resnet50 at batch 1 at 6.2 ms p50 against 3.6-3.9 ms warm (slower than at batch 8).
-GPU_WARMUP_S = 2.0
 DEFAULT_DURATION_S = 1.0
 #: Requests measured one at a time after an idle gap (the open-loop, low-load case).
 DEFAULT_ISOLATED = 20
 ISOLATED_GAP_S = 0.02
 DEFAULT_MPS = (25, 50, 100)
 CHILD_TIMEOUT_S = 3600
+#: CUDA devices this process has measured on (see ``measure``: the first point warms longer)
+_WARM_DEVICES: set[str] = set()
 
 
 def _noop(_msg: str, _frac: float) -> None:
@@ -219,9 +227,25 @@ def measure(
         raise InputError(f"batch must be >= 1, got {batch}")
     if requests is None and (duration_s is None or duration_s <= 0):
         raise InputError("give a positive --duration or --requests")
-    x = loaded.example(batch)
     on_gpu = loaded.device.startswith("cuda")
-    warm_up(loaded, x, runs=warmup, min_s=GPU_WARMUP_S if on_gpu else 0.0)
+    runs: Any = loaded
+    x: Any
+    if on_gpu and pipeline_enabled():
+        # the executors' runner (greenctl.profiler.runner): the batch's copy to the GPU, its
+        # graph replay and the copy back, as a served batch of this size runs
+        runs = CudaRunner(loaded, sizes=[batch], depth=1)
+        x = host_example(loaded, batch)
+    else:
+        x = loaded.example(batch)
+    min_s = 0.0
+    if on_gpu:
+        # the first GPU point of a process pays the library start-up and the clocks' ramp;
+        # later points (another batch size, the next variant of the same child) warm the
+        # new shapes only
+        min_s = GPU_REWARM_S if _WARM_DEVICES else GPU_WARMUP_S
+    warm_up(runs, x, runs=warmup, min_s=min_s)
+    if on_gpu:
+        _WARM_DEVICES.add(str(loaded.device))
     # as the executors do before serving (greenctl.executor.procs.settle_heap): a full
     # collection of torch's objects mid-loop would put a pause of tens of ms into the p99
     gc.collect()
@@ -240,7 +264,7 @@ def measure(
     last_report = start
     while True:
         t0 = time.perf_counter()
-        loaded.run(x)
+        runs.run(x)
         t1 = time.perf_counter()
         lat.append((t1 - t0) * 1000.0)
         if not on_gpu:
@@ -260,7 +284,7 @@ def measure(
             last_report = t1
     duration = time.perf_counter() - start
     energy = meter.stop(requests=batch * len(lat)) if meter is not None else None
-    iso = _isolated(loaded, x, isolated, budget_s=max(0.5 * (duration_s or duration), 1.0))
+    iso = _isolated(runs, x, isolated, budget_s=max(0.5 * (duration_s or duration), 1.0))
     if on_gpu:
         import torch
 
@@ -321,7 +345,7 @@ def warm_up(
     return done
 
 
-def _isolated(loaded: LoadedModel, x: Any, count: int, *, budget_s: float) -> list[float]:
+def _isolated(loaded: Any, x: Any, count: int, *, budget_s: float) -> list[float]:
     """Latencies (ms) of ``count`` runs, each after an idle gap; stops at ``budget_s``."""
     out: list[float] = []
     start = time.perf_counter()
@@ -349,10 +373,25 @@ class RunItem:
     cores: int | None = None  # cpu:N
     env: dict[str, str] | None = None  # set: run in a child process with this environment
     meter: dict[str, Any] = field(default_factory=dict)  # {"kind": "cpu"|"nvml", ...}
+    #: ``Profile.source`` of its rows (``mps-emulated``: a MIG slice measured as an MPS share)
+    source: str = "measured"
+    #: more resource labels its measurements are also stored under (one MPS share emulates
+    #: every MIG profile of its compute size: ``mig:1g.10gb`` and ``mig:1g.20gb``)
+    also: list[str] = field(default_factory=list)
+    #: a client of the run's MPS session (:func:`greenctl.profiler.mps.mps_session`): runs
+    #: while that daemon does, its pipe directory added to ``env`` then
+    mps_client: bool = False
 
     @property
     def in_child(self) -> bool:
         return self.env is not None
+
+    @property
+    def title(self) -> str:
+        """What progress lines call it: ``resnet50 on mig:1g.10gb (MPS 14 %)``."""
+        pct = (self.env or {}).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+        emulated = f" (MPS {pct} %)" if self.source == MPS_EMULATED and pct else ""
+        return f"{self.variant.name} on {self.resource}{emulated}"
 
     def to_spec(self, *, duration_s: float | None, requests: int | None, warmup: int) -> dict:
         """The JSON document a child process takes on stdin."""
@@ -376,14 +415,33 @@ def plan_runs(
     cpus: Sequence[int] = (1,),
     gpus: bool = False,
     batches: Sequence[int] = (1,),
-    mps: Sequence[int] = DEFAULT_MPS,
+    mps: Sequence[int] | None = None,
+    emulate_mig: bool = False,
 ) -> list[RunItem]:
     """Turn hardware and choices into run items (see the module docstring).
 
+    Args:
+        inventory: what :func:`greenctl.profiler.hw.discover` found.
+        variants: the variants to measure.
+        cpus: core counts, one ``cpu:N`` item per variant each.
+        gpus: also every whole GPU, MIG instance and (when a daemon runs) MPS share.
+        batches: the batch sizes every item measures (all in one child per item).
+        mps: MPS active-thread percentages; None: :data:`DEFAULT_MPS` when an MPS daemon
+            runs, and none on the daemon ``emulate_mig`` starts.
+        emulate_mig: also every MIG slice of each whole GPU (MIG mode off) whose model the
+            MIG geometry knows, as an MPS share (:func:`_emulated_items`); these items come
+            first, so that a failure of MPS shows within the first minute of a run.
+
     Raises:
-        InputError: a ``cpu:N`` needs more cores than this process may use, or ``gpus`` was
-            asked for and there is no NVIDIA GPU.
+        InputError: a ``cpu:N`` needs more cores than this process may use, ``gpus`` was
+            asked for and there is no NVIDIA GPU, ``emulate_mig`` without ``gpus``, or no GPU
+            whose slices can be emulated.
     """
+    if emulate_mig and not gpus:
+        raise InputError(
+            "--emulate-mig needs --gpus",
+            hint="add --gpus: MIG slices are emulated on this machine's whole GPUs",
+        )
     avail = len(inventory.cpu_info.usable_cores)
     for n in cpus:
         if n > avail:
@@ -417,7 +475,15 @@ def plan_runs(
                 )
             )
     if gpus:
-        items += _gpu_items(inventory, variants, list(batches), list(mps))
+        shares = list(DEFAULT_MPS if mps is None else mps)
+        emulated: list[RunItem] = []
+        if emulate_mig:
+            # every MPS share runs in the emulation's MPS session: the defaults when a daemon
+            # runs already (as without --emulate-mig), only those given on greenctl's own
+            session_shares = shares if inventory.mps_pipe else list(mps or ())
+            emulated = _emulated_items(inventory, variants, list(batches), session_shares)
+            shares = []
+        items = emulated + items + _gpu_items(inventory, variants, list(batches), shares)
     return items
 
 
@@ -519,6 +585,119 @@ def _gpu_items(
     return items
 
 
+def _emulated_items(
+    inv: Inventory, variants: Sequence[Variant], batches: list[int], mps: list[int]
+) -> list[RunItem]:
+    """MIG slices emulated as MPS shares of whole GPUs (MISO's method).
+
+    For each whole GPU (MIG mode off) whose model the MIG geometry knows (the first GPU of
+    each model, as for ``gpu:MODEL``), one child per (compute size, variant) runs with
+    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` =
+    :func:`~greenctl.data.mig_geometry.mps_percentage` (14/29/43/57/100 on a 7-slice GPU);
+    its rows are stored as ``mig:<profile>`` for every profile of that size (``+me`` left
+    out, see :func:`~greenctl.data.mig_geometry.emulated_slices`) with ``source``
+    ``mps-emulated``, the GPU's NVML name as ``hardware`` and energy attributed by the
+    slice's share of compute (``nvml-attributed``). These items, and the percentages in
+    ``mps`` measured as ``mps:PCT`` on every whole GPU, are clients of the run's MPS session
+    (``mps_client``: the daemon that runs, or one the run starts), so that each of them is
+    checked to reach MPS and a dead daemon's pipe gets a private daemon instead.
+    No memory limit is set per client (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``): one share
+    stands for profiles of several memory sizes, and the planner already leaves out a
+    variant that does not fit a profile's memory.
+
+    Raises:
+        InputError: no GPU whose slices can be emulated (a GPU in MIG mode is a note: its
+            real instances are profiled instead).
+    """
+    from greenctl.data.mig_geometry import emulated_slices, find_gpu, known_gpu_names
+
+    items: list[RunItem] = []
+    private = inv.mps_pipe is None
+    base_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if not private:
+        assert inv.mps_pipe is not None
+        base_env["CUDA_MPS_PIPE_DIRECTORY"] = os.path.dirname(inv.mps_pipe)
+    mig_gpus = set(inv.mig_enabled) | {m.device_index for m in inv.mig}
+    seen: set[str] = set()
+    unknown: list[str] = []
+    for gpu in inv.gpus:
+        if gpu.device_index in mig_gpus:
+            inv.notes.append(
+                f"GPU {gpu.device_index} ({gpu.model_name}) is in MIG mode: its MIG instances "
+                "are profiled instead of emulated slices (greenctl does not change MIG mode)"
+            )
+            continue
+        if gpu.model_name in seen or not gpu.uuid:
+            continue
+        seen.add(gpu.model_name)
+        geo = find_gpu(gpu.model_name)
+        if geo is None:
+            unknown.append(f"GPU {gpu.device_index} ({gpu.model_name})")
+        env = {**base_env, "CUDA_VISIBLE_DEVICES": str(gpu.uuid)}
+
+        def share_hw(fraction: float, gpu: Hardware = gpu) -> Hardware:
+            return Hardware(
+                host=gpu.host,
+                kind="mps",
+                model_name=gpu.model_name,
+                device_index=gpu.device_index,
+                memory_mb=gpu.memory_mb,
+                compute_share=fraction,
+                uuid=gpu.uuid,
+                parent_uuid=gpu.uuid,
+                driver_version=gpu.driver_version,
+                cuda_version=gpu.cuda_version,
+            )
+
+        for sl in emulated_slices(geo) if geo is not None else []:
+            hw = share_hw(sl.share)
+            senv = {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(sl.percentage)}
+            for v in variants:
+                items.append(
+                    RunItem(
+                        resource=f"mig:{sl.profiles[0]}",
+                        variant=v,
+                        hardware=hw,
+                        batches=batches,
+                        device="cuda:0",
+                        env=senv,
+                        meter={"kind": "nvml", "gpu_index": gpu.device_index, "share": sl.share},
+                        source=MPS_EMULATED,
+                        also=[f"mig:{p}" for p in sl.profiles[1:]],
+                        mps_client=True,
+                    )
+                )
+        for pct in mps:
+            hw = share_hw(pct / 100.0)
+            penv = {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct)}
+            for v in variants:
+                items.append(
+                    RunItem(
+                        resource=f"mps:{pct}",
+                        variant=v,
+                        hardware=hw,
+                        batches=batches,
+                        device="cuda:0",
+                        env=penv,
+                        meter={"kind": "nvml", "gpu_index": gpu.device_index, "share": pct / 100},
+                        mps_client=True,
+                    )
+                )
+    if unknown:
+        msg = (
+            f"{'; '.join(unknown)}: greenctl knows no MIG geometry for this model, so it has "
+            f"no slices to emulate (known: {', '.join(known_gpu_names())})"
+        )
+        if not any(i.source == MPS_EMULATED for i in items) and not mig_gpus:
+            raise InputError(
+                f"--emulate-mig: {msg}",
+                hint="drop --emulate-mig to profile the whole GPU, or add the model to "
+                "data/datasets/mig_geometry.json (its NVML name under nvml_names)",
+            )
+        inv.notes.append(msg)
+    return items
+
+
 # -- running ----------------------------------------------------------------------------------
 def make_meter(spec: dict[str, Any]) -> tuple[EnergyMeter | None, Callable[[], None]]:
     """Build the energy meter a run item names; returns (meter, close)."""
@@ -602,13 +781,18 @@ def run_child(
     *,
     timeout_s: float = CHILD_TIMEOUT_S,
     progress: Progress = _noop,
+    what: str | None = None,
 ) -> tuple[list[Measurement], dict[str, Any]]:
-    """Run one item in ``python -m greenctl.profiler.child`` with the item's environment.
+    """Run one item (or, with ``spec["items"]``, a group of items of ``item``'s resource and
+    environment) in ``python -m greenctl.profiler.child`` with the item's environment.
 
     The child reports progress as ``@@greenctl-progress FRACTION MESSAGE`` lines on stderr
-    (forwarded to ``progress``) and its result as one JSON line on stdout.
+    (forwarded to ``progress``) and its result as one JSON line on stdout. ``what`` names the
+    variants in messages (default ``item``'s).
     """
     import threading
+
+    what = what or item.variant.name
 
     env = {**os.environ, **(item.env or {})}
     proc = subprocess.Popen(
@@ -652,13 +836,15 @@ def run_child(
             pass  # the child died at once; its stderr says why
         stdout = proc.stdout.read()
         proc.wait()
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM under an MPS session): no orphan
+        proc.kill()
+        proc.wait()
+        raise
     finally:
         timer.cancel()
     reader.join(timeout=5)
     if killed:
-        raise HardwareError(
-            f"profiling {item.variant.name} on {item.resource} timed out after {timeout_s:g} s"
-        )
+        raise HardwareError(f"profiling {what} on {item.resource} timed out after {timeout_s:g} s")
     if proc.returncode == InputError.exit_code:  # the child refused the input: say so
         said = [e.removeprefix("Error: ") for e in errors if e.startswith("Error: ")]
         hints = [e.strip().removeprefix("hint: ") for e in errors if e.strip().startswith("hint:")]
@@ -667,8 +853,7 @@ def run_child(
     if proc.returncode != 0:
         tail = [e for e in errors if e.strip()][-3:] or stdout.strip().splitlines()[-3:]
         raise HardwareError(
-            f"profiling {item.variant.name} on {item.resource} failed in its child process: "
-            + " | ".join(tail),
+            f"profiling {what} on {item.resource} failed in its child process: " + " | ".join(tail),
             hint=f"the child ran with {', '.join(f'{k}={v}' for k, v in (item.env or {}).items())}",
         )
     try:
@@ -705,6 +890,33 @@ class ProfileResult:
     notes: list[str] = field(default_factory=list)
 
 
+def group_items(items: Sequence[RunItem]) -> list[list[RunItem]]:
+    """Consecutive child items of one resource, environment, meter and batch sizes, grouped to
+    run in one child process (one interpreter, torch import and CUDA context for all of their
+    variants instead of one each); in-process (CPU) items stay alone."""
+    groups: list[list[RunItem]] = []
+
+    def key(i: RunItem) -> tuple[Any, ...]:
+        return (
+            i.resource,
+            json.dumps(i.env, sort_keys=True),
+            i.device,
+            json.dumps(i.meter, sort_keys=True),
+            tuple(i.batches),
+            i.source,
+            tuple(i.also),
+            i.mps_client,
+            id(i.hardware) if i.hardware is not None else None,
+        )
+
+    for i in items:
+        if i.in_child and groups and groups[-1][0].in_child and key(groups[-1][0]) == key(i):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 def run_items(
     items: Sequence[RunItem],
     *,
@@ -712,33 +924,114 @@ def run_items(
     requests: int | None = None,
     warmup: int = DEFAULT_WARMUP,
     progress: Progress = _noop,
+    mps_pipe: str | None = None,
+    notes: list[str] | None = None,
 ) -> ProfileResult:
-    """Measure every item (CPU in-process, GPU/MIG/MPS in child processes)."""
+    """Measure every item (CPU in-process, GPU/MIG/MPS in child processes).
+
+    Items that are MPS clients (``mps_client``) run inside one MPS session
+    (:func:`greenctl.profiler.mps.mps_session`: the daemon at ``mps_pipe`` when one runs, else
+    a private one started just before the first of them and stopped right after the last,
+    also when a run fails or is interrupted); after the first of them the session checks that
+    it reached MPS. What the session did goes to ``notes``.
+    """
+    from contextlib import ExitStack
+
     t0 = time.perf_counter()
     profiles: list[tuple[Profile, Hardware]] = []
     variants: dict[str, Variant] = {}
-    for k, item in enumerate(items):
-        label = f"{item.variant.name} on {item.resource}"
-        progress(label, k / max(len(items), 1))
-        spec = item.to_spec(duration_s=duration_s, requests=requests, warmup=warmup)
+    notes = notes if notes is not None else []
+    session: Any = None
+    groups = group_items(items)
+    done = 0
+    with ExitStack() as stack:
+        for group in groups:
+            item = group[0]
+            if item.mps_client and session is None:
+                from greenctl.profiler.mps import mps_session
 
-        def inner(msg: str, frac: float, k: int = k, label: str = label) -> None:
-            progress(f"{label}: {msg}", (k + frac) / len(items))
+                uuids = sorted({str(i.hardware.uuid) for i in items if i.mps_client})
+                session = stack.enter_context(
+                    mps_session(existing_pipe=mps_pipe, gpu_uuids=uuids, notes=notes)
+                )
+            elif not item.mps_client and session is not None:
+                stack.close()  # the daemon's clients are done: stop it before the rest
+                session = None
+            label = item.title if len(group) == 1 else f"{len(group)} variants on {item.resource}"
+            progress(label, done / max(len(items), 1))
 
-        if item.in_child:
-            measurements, _doc = run_child(item, spec, progress=inner)
-            facts: dict[str, Any] = {}
-        else:
-            measurements, _load_s, facts = measure_variant(spec, progress=inner)
-        v = variants.setdefault(item.variant.name, item.variant)
-        if v.params is None and facts:
-            variants[v.name] = replace(v, params=facts["params"], memory_mb=facts["memory_mb"])
-        for m in measurements:
-            profiles.append(
-                (m.to_profile(item.variant.name, item.resource, item.hardware), item.hardware)
-            )
+            def inner(msg: str, frac: float, k: int = done, n: int = len(group),
+                      label: str = label) -> None:  # fmt: skip
+                progress(f"{label}: {msg}", (k + frac * n) / len(items))
+
+            specs = [
+                i.to_spec(duration_s=duration_s, requests=requests, warmup=warmup) for i in group
+            ]
+            results: list[tuple[list[Measurement], dict[str, Any]]] = []
+            if item.in_child:
+                run = item
+                timeout_s: float = CHILD_TIMEOUT_S
+                if session is not None:
+                    run = replace(item, env={**(item.env or {}), **session.client_env()})
+                    timeout_s = len(group) * mps_child_timeout(len(item.batches), duration_s)
+                spec = specs[0] if len(group) == 1 else {"items": specs}
+                what = ", ".join(i.variant.name for i in group)
+                try:
+                    _first, doc = run_child(
+                        run, spec, timeout_s=timeout_s, progress=inner, what=what
+                    )
+                except HardwareError as exc:
+                    tail = session.log_tail() if session is not None else ""
+                    if tail:  # what the MPS daemon said belongs to the child's failure
+                        exc.hint = f"{exc.hint}; MPS {tail}" if exc.hint else f"MPS {tail}"
+                    raise
+                docs = doc.get("results") or [doc]
+                if len(docs) != len(group):
+                    raise HardwareError(
+                        f"the child for {what} on {item.resource} answered for {len(docs)} of "
+                        f"{len(group)} variants"
+                    )
+                for d in docs:
+                    ms = [measurement_from_dict(m) for m in d["measurements"]]
+                    results.append((ms, d.get("facts") or {}))
+                if session is not None:
+                    session.verify_client()
+            else:
+                measurements, _load_s, facts = measure_variant(specs[0], progress=inner)
+                results.append((measurements, facts))
+            for member, (measurements, facts) in zip(group, results, strict=True):
+                v = variants.setdefault(member.variant.name, member.variant)
+                if v.params is None and facts.get("params") is not None:
+                    variants[v.name] = replace(
+                        v, params=facts["params"], memory_mb=facts.get("memory_mb")
+                    )
+                for m in measurements:
+                    row = m.to_profile(member.variant.name, member.resource, member.hardware)
+                    if member.source != row.source:
+                        row = replace(row, source=member.source)
+                    for resource in (member.resource, *member.also):
+                        profiles.append((replace(row, resource=resource), member.hardware))
+            done += len(group)
     progress("done", 1.0)
-    return ProfileResult(list(variants.values()), profiles, list(items), time.perf_counter() - t0)
+    return ProfileResult(
+        list(variants.values()), profiles, list(items), time.perf_counter() - t0, notes
+    )
+
+
+#: A child on an MPS share that takes longer than this has hung (an MPS server that waits for
+#: another user's to end, a client that cannot reach its daemon): start-up (python, torch,
+#: CUDA, the model) plus per batch size the warm-up, the timed runs and the isolated runs.
+MPS_CHILD_STARTUP_S = 120.0
+MPS_CHILD_PER_BATCH_S = 20.0
+
+
+def mps_child_timeout(batches: int, duration_s: float | None) -> float:
+    """How long a child on an MPS share may run before it counts as hung (see above); with
+    ``--requests`` (no duration) the usual :data:`CHILD_TIMEOUT_S`."""
+    if duration_s is None:
+        return CHILD_TIMEOUT_S
+    per_batch = MPS_CHILD_PER_BATCH_S + GPU_WARMUP_S + 2 * duration_s
+    return MPS_CHILD_STARTUP_S + batches * per_batch
 
 
 def save_result(store: Store, result: ProfileResult) -> list[int]:
@@ -825,17 +1118,29 @@ def profile(
     duration_s: float | None = DEFAULT_DURATION_S,
     requests: int | None = None,
     warmup: int = DEFAULT_WARMUP,
-    mps: Sequence[int] = DEFAULT_MPS,
+    mps: Sequence[int] | None = None,
+    emulate_mig: bool = False,
     inventory: Inventory | None = None,
     progress: Progress = _noop,
 ) -> ProfileResult:
     """Discover, plan, measure and store (one transaction at the end; nothing on failure).
 
+    ``mps``: MPS percentages (None: :data:`DEFAULT_MPS` when a daemon runs); ``emulate_mig``:
+    also emulate every MIG slice of each whole GPU as an MPS share (see :func:`plan_runs`),
+    under an MPS daemon that runs already or one started for the run and stopped after it.
+
     Raises:
-        InputError: bad choices (unknown variant, too many cores, --gpus without a GPU).
-        HardwareError: the hardware or a child run failed.
+        InputError: bad choices (unknown variant, too many cores, --gpus without a GPU,
+            --emulate-mig without --gpus or without ``nvidia-cuda-mps-control``).
+        HardwareError: the hardware or a child run failed, or an MPS child did not reach MPS.
     """
     from greenctl.profiler.hw import discover
+
+    if emulate_mig and not gpus:
+        raise InputError(
+            "--emulate-mig needs --gpus",
+            hint="add --gpus: MIG slices are emulated on this machine's whole GPUs",
+        )
 
     for b in batches:
         if int(b) < 1:
@@ -850,11 +1155,24 @@ def profile(
         )
     chosen = resolve_variants(store, names=variants, family=family, user=user)
     inv = inventory if inventory is not None else discover(backend=True if gpus else None)
-    items = plan_runs(inv, chosen, cpus=cpus, gpus=gpus, batches=batches, mps=mps)
-    result = run_items(
-        items, duration_s=duration_s, requests=requests, warmup=warmup, progress=progress
+    items = plan_runs(
+        inv, chosen, cpus=cpus, gpus=gpus, batches=batches, mps=mps, emulate_mig=emulate_mig
     )
-    result.notes = list(inv.notes)
+    if inv.mps_pipe is None and any(i.mps_client for i in items):
+        from greenctl.profiler.mps import control_binary
+
+        control_binary()  # missing: an input error now, before anything is measured
+    session_notes: list[str] = []
+    result = run_items(
+        items,
+        duration_s=duration_s,
+        requests=requests,
+        warmup=warmup,
+        progress=progress,
+        mps_pipe=inv.mps_pipe,
+        notes=session_notes,
+    )
+    result.notes = list(inv.notes) + session_notes
     busy = busy_note(len(inv.cpu_info.usable_cores))
     if busy and any(i.cores for i in items):
         result.notes.append(busy)
@@ -879,14 +1197,33 @@ def busy_note(usable_cores: int) -> str | None:
 
 
 def child_main(stdin_text: str, *, progress: Progress = _noop) -> str:
-    """The child-process entry: JSON spec in, JSON measurements out."""
+    """The child-process entry: JSON spec in, JSON measurements out.
+
+    The spec is one run item's (:meth:`RunItem.to_spec`) or ``{"items": [spec, ...]}``: run
+    items of one resource and environment measured one after the other in this process (one
+    interpreter, torch import and CUDA context for all of them); the answer then holds
+    ``results``, one per item, in order.
+    """
     spec = json.loads(stdin_text)
-    measurements, load_s, facts = measure_variant(spec, progress=progress)
+    subs = spec["items"] if isinstance(spec, dict) and "items" in spec else [spec]
+    results = []
+    for k, sub in enumerate(subs):
+
+        def inner(msg: str, frac: float, k: int = k) -> None:
+            progress(msg, (k + frac) / len(subs))
+
+        measurements, load_s, facts = measure_variant(sub, progress=inner)
+        results.append(
+            {
+                "measurements": [measurement_to_dict(m) for m in measurements],
+                "load_time_s": load_s,
+                "facts": facts,
+            }
+        )
     return json.dumps(
         {
-            "measurements": [measurement_to_dict(m) for m in measurements],
-            "load_time_s": load_s,
-            "facts": facts,
+            **results[0],
+            "results": results,
             "pid": os.getpid(),
             "cwd": str(Path.cwd()),
             "env": {

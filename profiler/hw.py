@@ -121,7 +121,10 @@ def cpu_info() -> CpuInfo:
 def mps_pipe() -> str | None:
     """The control pipe of a running MPS daemon, or None.
 
-    The daemon listens on ``$CUDA_MPS_PIPE_DIRECTORY/control`` (default /tmp/nvidia-mps).
+    The daemon listens on ``$CUDA_MPS_PIPE_DIRECTORY/control`` (default /tmp/nvidia-mps): a
+    named pipe, or a UNIX socket with recent drivers ("Starting control daemon using socket
+    /tmp/nvidia-mps/control"). One left behind by a daemon that died is caught when the run
+    asks it something (:func:`greenctl.profiler.mps.mps_session`).
     """
     base = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_DEFAULT_PIPE
     control = os.path.join(base, "control")
@@ -129,7 +132,7 @@ def mps_pipe() -> str | None:
         mode = os.stat(control).st_mode
     except OSError:
         return None
-    return control if stat.S_ISFIFO(mode) else None
+    return control if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) else None
 
 
 def discover(*, backend: GpuBackend | bool | None = True) -> Inventory:

@@ -47,6 +47,9 @@ import numpy as np
 #: about 1.2 s before settling at 1.5 ms, and a profile taken after three runs put resnet50 at
 #: batch 1 at 6.2 ms p50 against 3.6-3.9 ms warm (slower than at batch 8).
 GPU_WARMUP_S = 2.0
+#: Later points of the same process (another batch size or variant): the library is loaded
+#: and the clocks are up; the new shapes' kernels and algorithms are chosen in the warm-up runs.
+GPU_REWARM_S = 0.5
 #: Every batch size up to this one gets its own graph; above it, powers of two and the largest.
 DENSE_SIZES = 8
 #: Batches in flight at once on a GPU: one running, one being assembled and enqueued.

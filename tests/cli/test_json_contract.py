@@ -71,6 +71,7 @@ STEP_NAMES = [
     "profile import",
     "profile list",
     "profile show",
+    "profile compare-emulated",
     "plan mix",
     "plan mig",
     "gpulet import",
@@ -150,6 +151,8 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Step
     run("profile import", "profile", "import", str(work / "resnet.csv"))
     run("profile list", "profile", "list", "--model", "resnet")
     run("profile show", "profile", "show", "resnet50")
+    # no MPS-emulated rows in this store: an error, and nothing on stdout
+    run("profile compare-emulated", "profile", "compare-emulated", ok=False)
     run(
         "plan mix",
         "plan", "mix", "--model", "resnet", "--rate", "75", "--slo-ms", "750",

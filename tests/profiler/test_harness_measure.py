@@ -236,7 +236,7 @@ def test_failed_profile_leaves_the_store_untouched(store, monkeypatch):
 
 
 def test_unknown_variant_names_the_builtins(store):
-    with pytest.raises(InputError, match="built-in variants: .*resnet101"):
+    with pytest.raises(InputError, match=r"built-in variants: .*resnet101"):
         profile(store, variants=["resnet9"], requests=1)
 
 
@@ -259,6 +259,39 @@ def test_child_process_run_with_mig_environment_and_attributed_energy(gpu_invent
     assert m.energy.idle_power_w == pytest.approx(280.0 * 3 / 7)  # settled with the model loaded
     p = m.to_profile("tiny-s", item.resource, item.hardware)
     assert p.energy_method == "nvml-attributed" and p.hardware == "NVIDIA A100-SXM4-40GB"
+
+
+def test_variants_of_one_resource_share_one_child_process(gpu_inventory, monkeypatch):
+    """The items of one resource and environment run in one child (one interpreter, torch
+    import and CUDA context), each variant's rows returned in order; CPU items stay alone."""
+    from greenctl.profiler.harness import group_items, run_items
+
+    monkeypatch.setenv("GREENCTL_FAKE_NVML", str(FAKE))
+    tiny = [builtin_variant("tiny-s"), builtin_variant("tiny-m")]
+    items = plan_runs(gpu_inventory, tiny, cpus=[1], gpus=True, batches=[2])
+    groups = group_items(items)
+    assert [len(g) for g in groups if not g[0].in_child] == [1, 1]  # cpu:1, each variant alone
+    for g in groups:
+        assert len({i.resource for i in g}) == 1
+    assert any(len(g) == 2 for g in groups if g[0].in_child)
+    mig = [replace(i, device="cpu") for i in items if i.resource == "mig:3g.20gb"]
+    assert len(mig) == 2 and len(group_items(mig)) == 1
+    pids: list[int] = []
+    real = harness.run_child
+
+    def spy(*a, **kw):
+        out = real(*a, **kw)
+        pids.append(out[1]["pid"])
+        return out
+
+    monkeypatch.setattr(harness, "run_child", spy)
+    result = run_items(mig, duration_s=None, requests=4, warmup=1)
+    assert len(pids) == 1  # one child for both variants
+    assert [(p.variant, p.resource, p.batch) for p, _ in result.profiles] == [
+        ("tiny-s", "mig:3g.20gb", 2),
+        ("tiny-m", "mig:3g.20gb", 2),
+    ]
+    assert all(p.energy_method == "nvml-attributed" for p, _ in result.profiles)
 
 
 def test_child_timeout_kills_it(gpu_inventory):
