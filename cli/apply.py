@@ -149,11 +149,12 @@ def _apply_ray(
 ) -> None:
     from greenctl.data.plan import Plan
     from greenctl.executor.apply import verify_plan
+    from greenctl.executor.kinds import get_kind
     from greenctl.executor.ray_backend import apply_ray
-    from greenctl.planner.policy import plan_policy
 
     assert isinstance(plan, Plan) and address is not None
-    policy = plan_policy(plan, policy)  # a bad --policy is refused before the store is touched
+    # the kind's policy (the one rule); a bad --policy is refused before the store is touched
+    policy = get_kind(plan.kind).dispatch_policy(plan, policy)
     with store_for(db) as store:
         if plan.id is None:
             store.save_plan(plan, source="apply")

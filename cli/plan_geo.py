@@ -121,42 +121,43 @@ def plan_geo_cmd(
     The plan (kind geo) is saved in the store; all figures are modeled from the traces.
     """
     from greenctl.cli.plan import check_writable, save_plan
-    from greenctl.planner.geo import run_geo_files
+    from greenctl.data.errors import InputError
+    from greenctl.data.geo_io import write_allocations
+    from greenctl.executor.kinds import get_kind
 
     check_writable(output)
     check_writable(allocations, option="--allocations")
     check_writable(plot, option="--plot")
-    store_variants = None
-    if family is not None:
-        from greenctl.data.geo_io import variants_from_store
-
-        with store_for(db) as store:
-            store_variants = variants_from_store(store, family)
-    run = run_geo_files(
-        sites,
-        demand,
-        routes,
-        variants_file=variants,
-        variants=store_variants,
-        min_accuracy=min_accuracy,
-        algorithm=algorithm,
-        mu_carbon=mu_carbon,
-        mu_water=mu_water,
-        eta=eta,
-        z_max=z_max,
-        horizon=horizon,
-        forecast=forecast,
-        weight_carbon=weight_carbon,
-        weight_water=weight_water,
-        model=model,
-        variant=variant,
-    )
-    if allocations is not None:
-        run.write_allocations(allocations)
-    if plot is not None:
-        _plot(run, plot)
+    if variants is not None and family is not None:
+        raise InputError(
+            "give variants as a file (--variants) or from the store (--family), not both"
+        )
+    request = {  # the registry's geo entry plans it (and `replan` plans it again)
+        "sites": str(sites),
+        "demand": str(demand),
+        "routes": None if routes is None else str(routes),
+        "variants": None if variants is None else str(variants),
+        "family": family,
+        "min_accuracy": min_accuracy,
+        "algorithm": algorithm,
+        "mu_carbon_usd_per_kg": mu_carbon,
+        "mu_water_usd_per_l": mu_water,
+        "eta": eta,
+        "z_max_usd": z_max,
+        "horizon": horizon,
+        "forecast": forecast,
+        "weight_carbon_usd_per_kg": weight_carbon,
+        "weight_water_usd_per_l": weight_water,
+        "model": model,
+        "variant": variant,
+    }
     with store_for(db) as store:
-        save_plan(store, run.plan, output)
+        plan, run = get_kind("geo").plan(store, request)
+        if allocations is not None:
+            write_allocations(allocations, run.allocation_rows())
+        if plot is not None:
+            _plot(run, plot)
+        save_plan(store, plan, output)
     if json_out:
         print_json(run.plan.to_dict())
         return

@@ -80,82 +80,49 @@ def plan_glet_cmd(
     """Pack models onto the fewest GPUs with partitions (glets) and time sharing (gpulet)."""
     from greenctl.cli.plan import check_writable, save_plan
     from greenctl.data.errors import InputError
-    from greenctl.data.gpulet_import import (
-        get_interference_model,
-        load_latency_table,
-        load_utilisation,
-        resolve_variant,
-    )
-    from greenctl.planner.glet import DEFAULT_PARTITIONS, GletModel, GletProblem, plan_glet
-    from greenctl.planner.glet_spec import (
+    from greenctl.data.glet_spec import (
         GletSpec,
         load_glet_spec,
         parse_model_arg,
         parse_partitions,
     )
-    from greenctl.planner.interference import InterferenceModel
+    from greenctl.executor.kinds import get_kind
+    from greenctl.planner.glet import ALGORITHMS
 
     check_writable(output)
-    spec_doc = load_glet_spec(spec) if spec is not None else GletSpec()
+    spec_doc = load_glet_spec(spec, algorithms=ALGORITHMS) if spec is not None else GletSpec()
     models = list(spec_doc.models) + [parse_model_arg(m) for m in model or []]
     if not models:
         raise InputError(
             "no models given", hint="pass --model NAME:RATE:SLO_MS (repeatable) or --spec FILE"
         )
-    parts = (
-        parse_partitions(partitions.split(","))
-        if partitions is not None
-        else spec_doc.partitions or list(DEFAULT_PARTITIONS)
-    )
     algo = algorithm or spec_doc.algorithm or "glet"
-    notes: list[str] = []
+    request = {  # flags win over the spec file; the registry's glet entry plans it
+        "spec": str(spec) if spec else None,
+        "hardware": hardware,
+        "models": models,
+        "partitions": (
+            parse_partitions(partitions.split(","))
+            if partitions is not None
+            else spec_doc.partitions
+        ),
+        "max_gpus": max_gpus or spec_doc.max_gpus,
+        "rate_percentile": (
+            rate_percentile if rate_percentile is not None else spec_doc.rate_percentile
+        ),
+        "algorithm": algo,
+        "interference": (
+            None
+            if no_interference
+            else interference_model
+            if interference_model is not None
+            else "newest"
+        ),
+        "simulate_s": simulate_seconds,
+        "seed": seed,
+    }
     with store_for(db) as store:
-        resolved = [
-            GletModel(m.name, m.rate_rps, m.slo_ms, resolve_variant(store, m.variant_name))
-            for m in models
-        ]
-        latency = load_latency_table(
-            store, sorted({m.variant_name for m in resolved}), hardware=hardware
-        )
-        imodel = None
-        utilisation = {}
-        if not no_interference:
-            try:
-                imodel = InterferenceModel.from_dict(
-                    get_interference_model(store, interference_model)
-                )
-                utilisation = load_utilisation(store)
-            except InputError:
-                if interference_model is not None:
-                    raise
-                notes.append(
-                    "no interference model in the store (run `greenctl interference fit`); "
-                    "planned without interference"
-                )
-        problem = GletProblem(
-            models=resolved,
-            latency_ms=latency,
-            partitions=parts,
-            max_gpus=max_gpus or spec_doc.max_gpus or 8,
-            rate_percentile=(
-                rate_percentile
-                if rate_percentile is not None
-                else spec_doc.rate_percentile
-                if spec_doc.rate_percentile is not None
-                else 99.0
-            ),
-            interference=imodel,
-            utilisation=utilisation,
-        )
-        plan = plan_glet(
-            problem,
-            algorithm=algo,
-            request={"spec": str(spec) if spec else None, "hardware": hardware},
-            simulate_s=simulate_seconds,
-            seed=seed,
-        )
-        if notes:
-            plan.extra.setdefault("notes", []).extend(notes)
+        plan, _ = get_kind("glet").plan(store, request)
         save_plan(store, plan, output)
     if json_out:
         print_json(plan.to_dict())

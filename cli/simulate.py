@@ -95,44 +95,41 @@ def simulate_cmd(
     from greenctl.data.errors import InputError
     from greenctl.data.plan import load_plan_file
     from greenctl.data.traces import read_rps_trace
-    from greenctl.planner.policy import plan_policy
-    from greenctl.planner.simulator import evaluate_plan
+    from greenctl.executor.kinds import get_kind
 
     if rate is not None and trace is not None:
         raise InputError("give --rate or --trace, not both")
     if duration is not None and requests is not None:
         raise InputError("give --duration or --requests, not both")
     plan = load_plan_file(plan_file)
-    names = {d.variant for d in plan.deployments}
-    with store_for(db) as store:
-        profiles = [p for name in sorted(names) for p in store.latest_profiles(variant=name)]
-        variants = [v for v in store.variants() if v.name in names]
-    variants += _builtin_variants(names - {v.name for v in variants})
+    kind = get_kind(plan.kind)
+    if not kind.serves:
+        raise kind.refuse("simulate")
     if slo_ms is None:
         asked = plan.request.get("slo_ms") if isinstance(plan.request, dict) else None
         if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > 0:
             slo_ms = float(asked)
-    pol = plan_policy(plan, policy)
-    result = evaluate_plan(
-        plan,
-        profiles,
-        variants,
-        rate_rps=rate,
-        trace=read_rps_trace(trace) if trace is not None else None,
-        trace_scale=scale,
-        duration_s=duration,
-        n_requests=requests,
-        policy=pol,
-        analytic=analytic,
-        seed=seed,
-        queue_limit=queue_limit,
-        percentile_slo_ms=slo_ms,
-        carbon_g_per_kwh=carbon_intensity,
-        pue=pue,
-        wue_l_per_kwh=wue,
-        ewif_l_per_kwh=ewif,
-        device_idle_power_w=idle_power,
-    )
+    pol = kind.dispatch_policy(plan, policy)
+    with store_for(db) as store:  # the kind's prediction: the evaluation core for instances
+        result = kind.predict(
+            store,
+            plan,
+            rate_rps=rate,
+            trace=read_rps_trace(trace) if trace is not None else None,
+            trace_scale=scale,
+            duration_s=duration,
+            n_requests=requests,
+            policy=pol,
+            analytic=analytic,
+            seed=seed,
+            queue_limit=queue_limit,
+            percentile_slo_ms=slo_ms,
+            carbon_g_per_kwh=carbon_intensity,
+            pue=pue,
+            wue_l_per_kwh=wue,
+            ewif_l_per_kwh=ewif,
+            device_idle_power_w=idle_power,
+        )
     method = "analytic" if analytic else "simulated"
     if json_out:
         print_json({"method": method, "policy": pol, **{k: _finite(v) for k, v in result.items()}})
@@ -153,15 +150,6 @@ def simulate_cmd(
             "[bold red]Overloaded:[/] the load exceeds the plan's capacity; the queue grows "
             "without bound (latency percentiles are infinite)."
         )
-
-
-def _builtin_variants(names: set[str]) -> list[Any]:
-    """Built-in catalog records of ``names`` not in the store (their family is known)."""
-    if not names:
-        return []
-    from greenctl.profiler.models import builtin_variants
-
-    return [v for v in builtin_variants() if v.name in names]
 
 
 def _finite(value: Any) -> Any:

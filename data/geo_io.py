@@ -573,18 +573,25 @@ def problem_to_csv(problem: GeoProblem, out_dir: str | Path) -> dict[str, Path]:
 
 def write_allocations(path: str | Path, rows: Iterable[tuple[Any, ...]]) -> int:
     """Write ``time,gateway,site,load_mw`` rows (a fifth element becomes a ``variant``
-    column); returns the number of rows written."""
+    column); returns the number of rows written.
+
+    Raises:
+        InputError: the file cannot be written (naming it).
+    """
     n = 0
-    with Path(path).open("w", newline="") as fh:
-        w = csv.writer(fh)
-        for row in rows:
+    try:
+        with Path(path).open("w", newline="") as fh:
+            w = csv.writer(fh)
+            for row in rows:
+                if n == 0:
+                    w.writerow([*ALLOCATION_COLUMNS, *(["variant"] if len(row) > 4 else [])])
+                t, gw, site, load, *rest = row
+                w.writerow([t, gw, site, f"{load:.10g}", *rest])
+                n += 1
             if n == 0:
-                w.writerow([*ALLOCATION_COLUMNS, *(["variant"] if len(row) > 4 else [])])
-            t, gw, site, load, *rest = row
-            w.writerow([t, gw, site, f"{load:.10g}", *rest])
-            n += 1
-        if n == 0:
-            w.writerow(ALLOCATION_COLUMNS)
+                w.writerow(ALLOCATION_COLUMNS)
+    except OSError as exc:
+        raise InputError(f"cannot write allocations {path}: {exc.strerror}") from None
     return n
 
 

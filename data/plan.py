@@ -14,7 +14,10 @@ from greenctl.data.records import MAX_BATCH, utcnow_iso
 from greenctl.data.resources import parse_resource
 
 PLAN_SCHEMA = "greenctl.plan/v1"
+#: The built-in plan kinds; the registry of plan kinds (``greenctl.executor.kinds``) adds the
+#: ones registered at run time with :func:`add_plan_kind`.
 PLAN_KINDS = ("mix", "mig", "glet", "geo")
+_added_kinds: list[str] = []
 
 #: The most executor instances one plan may hold (its deployments' counts, or the slices of
 #: a MIG layout, added up). The one rule for every step that expands a plan into instances:
@@ -27,6 +30,23 @@ MAX_NAME_CHARS = 200
 
 _RESOURCE_HINT = "use cpu:N, gpu:MODEL, mig:PROFILE, mps:PCT or another kind:size label"
 _WRITE_HINT = "write plans with `greenctl plan ...` (-o FILE), or fix the field"
+
+
+def add_plan_kind(name: str) -> None:
+    """Let plan documents of kind ``name`` be read (a kind registered at run time)."""
+    if name not in PLAN_KINDS and name not in _added_kinds:
+        _added_kinds.append(name)
+
+
+def discard_plan_kind(name: str) -> None:
+    """Undo :func:`add_plan_kind` (the built-in kinds stay)."""
+    if name in _added_kinds:
+        _added_kinds.remove(name)
+
+
+def plan_kinds() -> tuple[str, ...]:
+    """The kinds a plan document may have: the built-in ones and those added."""
+    return (*PLAN_KINDS, *_added_kinds)
 
 
 @dataclass
@@ -176,10 +196,10 @@ class _PlanReader:
                 hint="write plans with `greenctl plan ...`",
             )
         kind = doc.get("kind")
-        if not isinstance(kind, str) or kind not in PLAN_KINDS:
+        if not isinstance(kind, str) or kind not in plan_kinds():
             raise FileFormatError(
                 self.source,
-                f"field 'kind' is {_show(kind)}, expected one of {', '.join(PLAN_KINDS)}",
+                f"field 'kind' is {_show(kind)}, expected one of {', '.join(plan_kinds())}",
             )
         created_at = doc.get("created_at")
         if created_at is not None and not isinstance(created_at, str):

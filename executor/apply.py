@@ -40,6 +40,7 @@ from greenctl.data.resources import (
 )
 from greenctl.data.store import Store
 from greenctl.executor import partition
+from greenctl.executor.kinds import get_kind
 from greenctl.executor.procs import (
     apply_lock,
     is_alive,
@@ -50,7 +51,6 @@ from greenctl.executor.procs import (
     terminate,
     wait_for_state_file,
 )
-from greenctl.planner.policy import plan_policy
 
 DEFAULT_LOADER = "greenctl.profiler.models:load_model"
 
@@ -273,7 +273,8 @@ def apply_plan(
         wait: wait for a concurrent apply to finish instead of failing with LockedError.
         loader: ``module:function`` that loads a variant (default: the built-in catalog).
         policy: dispatch policy (fifo, wrr, batch), wins over the plan's own; default
-            :func:`~greenctl.planner.policy.plan_policy`, the policy ``simulate`` assumes.
+            the plan kind's (:meth:`~greenctl.executor.kinds.PlanKind.dispatch_policy`, the
+            one rule), the policy ``simulate`` assumes.
         host / port: the dispatcher's address (loopback and any free port by default).
         cores: CPU cores usable by executors (default: this process's affinity mask).
         max_queue: bounded queue per model in the dispatcher.
@@ -282,6 +283,7 @@ def apply_plan(
         verify_duration_s / verify_rate_rps: the verification load.
 
     Raises:
+        InputError: a plan whose kind does not describe instances (geo), or a bad plan.
         InfeasiblePlan / HardwareError: the plan does not fit this machine (nothing changed).
         LockedError: another apply runs.
         ExecutorError: a step failed; every step taken was undone and the previous
@@ -289,11 +291,14 @@ def apply_plan(
     """
     state_dir = state_dir_for(store.path)
     loader = loader or DEFAULT_LOADER
-    pol = plan_policy(plan, policy)
+    kind = get_kind(plan.kind)  # the registry of plan kinds: policy, instances, sharing
+    if not kind.serves:
+        raise kind.refuse("apply")
+    pol = kind.dispatch_policy(plan, policy)
     for i, d in enumerate(plan.deployments):
         runnable_resource(d.resource, field=f"deployments[{i}].resource")
     with apply_lock(state_dir, wait=wait, timeout_s=lock_timeout_s):
-        specs = desired_instances(plan)
+        specs = (kind.instances or desired_instances)(plan)
         if not specs:
             raise InputError(
                 "the plan has no deployments to run", hint="plan with `greenctl plan ...` first"
@@ -316,7 +321,7 @@ def apply_plan(
         new_cores = partition.assign_cores(
             [parse_resource(s.resource).cpu_cores or 0 for s in new_specs], usable, taken
         )
-        _validate_gpu(specs, time_shared=plan.kind == "glet")
+        _validate_gpu(specs, time_shared=kind.time_shared)
         want_port = port if port is not None else (plan.extra.get("dispatcher") or {}).get("port")
         new_dispatcher = (
             disp is None

@@ -303,14 +303,6 @@ def _replan_kind(
     return new, old_obj, note
 
 
-def _maximise(plan: Any) -> bool:
-    if plan.kind == "mig":
-        return True  # Clover's f = lambda*dCarbon + (1-lambda)*dAccuracy
-    from greenctl.planner.mix import is_maximise
-
-    return is_maximise(str(plan.predicted.get("objective_name") or "balanced"))
-
-
 def _improvement(maximise: bool, old: float | None, new: float | None) -> float | None:
     if old is None or new is None:
         return None
@@ -415,11 +407,18 @@ def replan_once(
                 foreign = serving_id
         from greenctl.executor.kinds import KINDS, get_kind
 
-        if not get_kind(running.kind).replannable:
+        kind = get_kind(running.kind)
+        if not kind.replannable:
             able = ", ".join(k for k, v in KINDS.items() if v.replannable)
             raise InputError(
                 f"replan supports {able} plans; plan {running.id} is a {running.kind} plan",
                 hint="re-run its planner with the new signal (`greenctl plan ...`)",
+            )
+        if apply and not kind.serves:
+            raise InputError(
+                f"replan --apply cannot apply plan {running.id}, a {kind.name} plan: "
+                f"{kind.not_served}",
+                hint="replan without --apply: a better plan is saved and proposed",
             )
         reg = region or running.extra.get("carbon_region") or running.request.get("carbon_region")
         if not reg:
@@ -468,7 +467,7 @@ def replan_once(
             "forecast_rps": None,
             "running_plan_id": serving_id,  # what really serves (None: nothing)
             "new_plan_id": None,
-            "old_objective": running.predicted.get("objective"),
+            "old_objective": kind.objective(running)[1],
             "new_objective": None,
             "improvement": None,
             "action": "hold",
@@ -518,12 +517,9 @@ def replan_once(
             carbon.record_intensity(new, ci)  # the value, its source and carbon_region
             if note:
                 notes.append(note)
-            objective = str(
-                new.predicted.get("objective_name") or ("clover" if new.kind == "mig" else "")
-            )
+            objective, record["new_objective"], maximise = kind.objective(new)
             record["old_objective"] = old_obj
-            record["new_objective"] = new.predicted.get("objective")
-            imp = _improvement(_maximise(new), old_obj, record["new_objective"])
+            imp = _improvement(maximise, old_obj, record["new_objective"])
             record["improvement"] = imp
             sig_txt = f"carbon intensity {signal:.1f} g/kWh" + (
                 "" if change is None else f" moved {change * 100:.1f} % from {ref:.1f}"
@@ -533,7 +529,7 @@ def replan_once(
                 if target is new:
                     store.save_plan(new, source="replan")
                 record["new_plan_id"] = target.id
-                record["new_objective"] = target.predicted.get("objective")
+                record["new_objective"] = kind.objective(target)[1]
                 record["reason"] = (
                     f"nothing is serving ({serving['why']}); {sig_txt}; applied the best plan, "
                     f"plan {target.id}"
@@ -938,7 +934,8 @@ def run_demo(
             progress=lambda m, f: progress(f"profiling: {m}", 0.02 + 0.23 * f),
         )
         summary["profiles"] = store.profile_count()
-        from greenctl.executor.serving import measure_serving, save_serving
+        from greenctl.executor.serving import save_serving
+        from greenctl.executor.serving_measure import measure_serving
 
         # each variant its own: how much slower a served run is than the profile's differs
         # (tiny-l about 1.8x, tiny-s 3x on the development VM); quick: tiny-l stands for all

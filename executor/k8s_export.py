@@ -21,7 +21,7 @@ from typing import Any
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.resources import RESOURCE_KINDS, parse_resource
-from greenctl.planner.policy import plan_policy
+from greenctl.executor.kinds import get_kind
 
 PORT = 8080
 DEFAULT_IMAGE = "greenctl-executor:0.1.0"
@@ -131,16 +131,14 @@ def build_k8s_export(
         mig_config: a prebuilt mig-parted v1 document for MIG plans; when None one is
             derived from ``plan.extra["gpus"]`` per node.
         policy: the dispatcher's policy, wins over the plan's own; default
-            :func:`~greenctl.planner.policy.plan_policy`.
+            :meth:`~greenctl.executor.kinds.PlanKind.dispatch_policy`.
 
     Raises:
         InputError: a geo plan, an empty plan or an unmappable resource.
     """
-    if plan.kind == "geo":
-        raise InputError(
-            "a geo plan allocates load across sites, not instances on one cluster",
-            hint="export the mix/mig/glet plan of each site; route with the geo plan's allocations",
-        )
+    kind = get_kind(plan.kind)
+    if not kind.serves:
+        raise kind.refuse("export")
     if not plan.deployments:
         raise InputError("the plan has no deployments to export")
     if gpus_per_node < 1:
@@ -211,7 +209,7 @@ def build_k8s_export(
         )
 
     dispatcher = dns_name(base, "dispatcher")
-    policy = plan_policy(plan, policy)  # what simulate assumed and a local apply serves
+    policy = kind.dispatch_policy(plan, policy)  # what simulate assumed, a local apply serves
     # the dispatcher's routing-table document (greenctl.executor.dispatcher --routes)
     config_doc = {
         "generation": f"k8s-{base}",

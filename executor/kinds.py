@@ -1,41 +1,129 @@
-"""The registry of plan kinds: how each kind's problem is built from the store and a request,
-how it is solved, and how a running plan of the kind is scored in a new problem.
+"""The registry of plan kinds: everything a command or a loop needs to know about one kind.
 
-``greenctl plan mix``/``plan mig`` and ``replan`` call the same entry, so a replanned plan is
-built exactly as the command builds it (before, ``replan`` rebuilt both problems with copies
-of the commands' code). A kind's request is the plain dict its plan document records in
-``request``: everything needed to plan it again.
+Each kind (:class:`PlanKind`) says in one place
 
-Kinds whose inputs are still assembled inside their commands (``glet``, ``geo``) are listed
-with no builder; ``replan`` refuses them by asking the registry, not by a list of its own.
+- ``plan``: how its problem is built from the store and a request, and solved;
+- ``score``: how a running plan of the kind is scored in a new problem (``replan``);
+- ``objective``: which figure of its plans the solver optimised, and in which direction;
+- ``default_policy``: its default dispatch policy, handed to the one rule in
+  :mod:`greenctl.planner.policy` (:meth:`PlanKind.dispatch_policy`);
+- ``predict``: how ``simulate`` predicts its plans under a load;
+- ``instances``: how its plan becomes executor instances (``apply``), ``time_shared``
+  when several models of its plans share one partition, and ``serves`` whether its plans
+  describe instances at all.
+
+A kind's request is the plain dict its plan document records in ``request``: everything
+needed to plan it again. ``greenctl plan mix|mig|glet|geo`` parse their options into such a
+request and call the kind's ``plan``, and ``replan`` and the demo call the same entry with
+the running plan's request, so a plan is built one way whoever builds it. ``simulate``,
+``apply`` (local, Ray), the Kubernetes export and ``replan`` ask the registry for the rest,
+so adding a kind is a planner module and one :func:`register` call (with no command of its
+own, its plans are made through ``get_kind(name).plan``).
+
+A geo plan allocates load across sites, not instances (``serves=False``): ``simulate``,
+``apply``, Ray, the Kubernetes export and ``replan --apply`` refuse it with
+:meth:`PlanKind.refuse`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from greenctl.data.errors import InputError
-from greenctl.data.plan import Plan
+from greenctl.data.plan import Plan, add_plan_kind, discard_plan_kind
+from greenctl.planner.policy import plan_policy
 
-#: (new plan, the problem it solved)
+#: (new plan, the problem it solved; for geo the run, which holds the problem)
 Planned = tuple[Plan, Any]
+#: (the objective's name, its value in a plan or None, whether larger is better)
+Objective = tuple[str, float | None, bool]
+
+
+# -- the defaults every serving kind shares ---------------------------------------------------
+def predict_serving(
+    store: Any, plan: Plan, *, policy: str | None = None, **options: Any
+) -> dict[str, Any]:
+    """What a plan of executor instances does under a load: the evaluation core's
+    :func:`~greenctl.planner.simulator.evaluate_plan` (options as there) with the newest
+    profiles of its variants in the store (variants the store lacks but greenctl has built
+    in are known by their catalog record), under ``policy`` (default: the kind's,
+    :meth:`PlanKind.dispatch_policy`)."""
+    from greenctl.planner.simulator import evaluate_plan
+    from greenctl.profiler.models import builtin_variants
+
+    names = {d.variant for d in plan.deployments}
+    profiles = [p for name in sorted(names) for p in store.latest_profiles(variant=name)]
+    variants = [v for v in store.variants() if v.name in names]
+    missing = names - {v.name for v in variants}
+    if missing:
+        variants += [v for v in builtin_variants() if v.name in missing]
+    pol = get_kind(plan.kind).dispatch_policy(plan, policy)
+    return evaluate_plan(plan, profiles, variants, policy=pol, **options)
+
+
+def predicted_objective(plan: Plan) -> Objective:
+    """``predicted.objective`` under ``predicted.objective_name``, smaller is better."""
+    value = plan.predicted.get("objective")
+    return str(plan.predicted.get("objective_name") or ""), _number(value), False
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if ok and math.isfinite(value) else None
 
 
 @dataclass(frozen=True)
 class PlanKind:
-    """One kind of plan, as every command and loop that plans it sees it."""
+    """One kind of plan, as every command and loop that handles it sees it."""
 
     name: str
     #: plan(store, request, current=None, **options) -> (plan, problem); None: not yet here
     plan: Callable[..., Planned] | None = None
     #: score(problem, running plan) -> (its objective in the problem or None, note or None)
     score: Callable[[Any, Plan], tuple[float | None, str | None]] | None = None
+    #: objective(plan) -> (name, value, larger is better): what ``replan`` compares
+    objective: Callable[[Plan], Objective] = predicted_objective
+    #: the policy when neither the plan nor batching decides (rule 4 of
+    #: :mod:`greenctl.planner.policy`); None: that module's table, else ``wrr``
+    default_policy: str | None = None
+    #: its plans describe executor instances: ``simulate`` predicts them, ``apply`` runs
+    #: them, the backends and the export take them; False: those steps refuse them, saying
+    #: ``not_served`` (and ``not_served_hint``)
+    serves: bool = True
+    not_served: str = "it does not describe executor instances"
+    not_served_hint: str | None = None
+    #: predict(store, plan, policy=..., **evaluate_plan options) -> metrics (``simulate``)
+    predict: Callable[..., dict[str, Any]] = predict_serving
+    #: instances(plan) -> the executor instance specs ``apply`` runs; None: apply's own
+    #: expansion (:func:`greenctl.executor.apply.desired_instances`: ``count`` instances of
+    #: each deployment, MIG layouts slot by slot)
+    instances: Callable[[Plan], list[Any]] | None = None
+    #: several models of one plan share a partition in turn (glet duty cycles): their MPS
+    #: shares on one GPU may add up past 100 %
+    time_shared: bool = False
 
     @property
     def replannable(self) -> bool:
         return self.plan is not None and self.score is not None
+
+    def dispatch_policy(self, plan: Plan, override: str | None = None) -> str:
+        """The policy ``plan`` is predicted, simulated and served with: the one rule
+        (:func:`~greenctl.planner.policy.plan_policy`) with this kind's default.
+
+        Raises:
+            InputError: ``override`` or the plan's own choice is not a policy.
+        """
+        return plan_policy(plan, override, kind_default=self.default_policy)
+
+    def refuse(self, action: str) -> InputError:
+        """The error for ``action`` (``simulate``, ``apply``, ...) on a plan of this kind."""
+        return InputError(
+            f"cannot {action} a {self.name} plan: {self.not_served}", hint=self.not_served_hint
+        )
 
 
 # -- mix (InfAdapter / INFaaS) -----------------------------------------------------------------
@@ -90,6 +178,14 @@ def _mix_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
             prev_n, prev_q = alloc.setdefault(fi, {}).get(idx, (0, 0.0))
             alloc[fi][idx] = (prev_n + d.count, prev_q + q)
     return float(mix.evaluate_allocation(problem, alloc)["objective"]), None
+
+
+def _mix_objective(plan: Plan) -> Objective:
+    from greenctl.planner.mix import is_maximise
+
+    name = str(plan.predicted.get("objective_name") or "")
+    value = _number(plan.predicted.get("objective"))
+    return name, value, is_maximise(name or "balanced")
 
 
 # -- mig (Clover) -------------------------------------------------------------------------------
@@ -154,18 +250,299 @@ def _mig_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
     return float(ev.objective), None
 
 
+def _mig_objective(plan: Plan) -> Objective:
+    # Clover's f = lambda*dCarbon + (1-lambda)*dAccuracy
+    return "clover", _number(plan.predicted.get("objective")), True
+
+
+# -- glet (gpulet) -------------------------------------------------------------------------------
+_GLET_HINT = (
+    "a glet request holds models (name, rate_rps, slo_ms[, variant]), as `plan glet` writes"
+)
+
+
+def _option(request: dict[str, Any], key: str, default: Any, kind: type) -> Any:
+    """``request[key]`` as a ``kind`` (int: a whole number), ``default`` when absent.
+
+    Raises:
+        InputError: a value of another type.
+    """
+    value = request.get(key)
+    if value is None:
+        return default
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if not (whole if kind is int else _number(value) is not None):
+        what = "a whole number" if kind is int else "a number"
+        raise InputError(f"request.{key} is {value!r}, not {what}", hint=_GLET_HINT)
+    return kind(value)
+
+
+def _glet_models(request: dict[str, Any]) -> list[Any]:
+    """The request's models as the planner's :class:`GletModel` (variants not resolved)."""
+    from greenctl.planner.glet import GletModel
+
+    models = request.get("models")
+    if not isinstance(models, list) or not models:
+        raise InputError("the glet request has no models", hint=_GLET_HINT)
+    out = []
+    for n, m in enumerate(models):
+        where = f"request.models[{n}]"
+        if not isinstance(m, dict) or not isinstance(m.get("name"), str) or not m["name"]:
+            raise InputError(f"{where} needs a name", hint=_GLET_HINT)
+        rate, slo = _number(m.get("rate_rps")), _number(m.get("slo_ms"))
+        if rate is None or slo is None:
+            raise InputError(f"{where} needs numbers rate_rps and slo_ms", hint=_GLET_HINT)
+        variant = m.get("variant")
+        if variant is not None and not isinstance(variant, str):
+            raise InputError(f"{where}.variant must be a variant name", hint=_GLET_HINT)
+        out.append(GletModel(m["name"], rate, slo, variant or None))
+    return out
+
+
+def _glet_interference(store: Any, want: Any) -> tuple[Any, dict[Any, Any], list[str]]:
+    """(interference model or None, utilisation, notes) for the request's ``interference``:
+    absent or ``"newest"`` the store's newest (none: planned without, with a note), an id
+    that stored model, a plan's record of one (``id`` and ``coefficients``) that model, None
+    or False none."""
+    from greenctl.data.gpulet_import import get_interference_model, load_utilisation
+    from greenctl.planner.interference import InterferenceModel
+
+    if want is None or want is False:
+        return None, {}, []
+    if isinstance(want, dict) and want.get("coefficients") is not None:
+        return InterferenceModel.from_dict(want), load_utilisation(store), []
+    if isinstance(want, dict):
+        want = want.get("id")
+    model_id = None if want in ("newest", True, None) else want
+    if model_id is not None and (isinstance(model_id, bool) or not isinstance(model_id, int)):
+        raise InputError(
+            f"request.interference is {model_id!r}, not an interference model id",
+            hint='an id from `greenctl interference fit`, "newest" or null',
+        )
+    try:
+        imodel = InterferenceModel.from_dict(get_interference_model(store, model_id))
+        return imodel, load_utilisation(store), []
+    except InputError:
+        if model_id is not None:
+            raise
+    note = (
+        "no interference model in the store (run `greenctl interference fit`); "
+        "planned without interference"
+    )
+    return None, {}, [note]
+
+
+def _glet_plan(store: Any, request: dict[str, Any], *, current: Plan | None = None) -> Planned:
+    """Plan ``request`` (a glet plan's ``request``, or what ``plan glet`` parsed): models
+    with rate and SLO, ``partitions``, ``max_gpus`` (8), ``rate_percentile`` (99),
+    ``algorithm`` (glet), ``interference`` (see :func:`_glet_interference`), ``hardware``,
+    ``simulate_s`` (0) and ``seed`` (0) of the schedule's check, ``spec`` (recorded)."""
+    from greenctl.data.glet_spec import parse_partitions
+    from greenctl.data.gpulet_import import load_latency_table, resolve_variant
+    from greenctl.planner.glet import DEFAULT_PARTITIONS, GletModel, GletProblem, plan_glet
+
+    models = _glet_models(request)
+    parts = request.get("partitions")
+    if parts is not None and not isinstance(parts, list):
+        raise InputError("request.partitions must be a list", hint=_GLET_HINT)
+    partitions = (
+        list(DEFAULT_PARTITIONS)
+        if parts is None
+        else parse_partitions(parts, where="request.partitions")
+    )
+    hardware, algorithm = request.get("hardware"), request.get("algorithm") or "glet"
+    if not isinstance(hardware, str | None) or not isinstance(algorithm, str):
+        raise InputError("request.hardware and request.algorithm must be names", hint=_GLET_HINT)
+    max_gpus = _option(request, "max_gpus", 8, int)
+    percentile = _option(request, "rate_percentile", 99.0, float)
+    simulate_s, seed = _option(request, "simulate_s", 0.0, float), _option(request, "seed", 0, int)
+    resolved = [
+        GletModel(m.name, m.rate_rps, m.slo_ms, resolve_variant(store, m.variant_name))
+        for m in models
+    ]
+    latency = load_latency_table(
+        store, sorted({m.variant_name for m in resolved}), hardware=hardware
+    )
+    imodel, utilisation, notes = _glet_interference(store, request.get("interference", "newest"))
+    problem = GletProblem(
+        models=resolved,
+        latency_ms=latency,
+        partitions=partitions,
+        max_gpus=max_gpus,
+        rate_percentile=percentile,
+        interference=imodel,
+        utilisation=utilisation,
+    )
+    plan = plan_glet(
+        problem,
+        algorithm=algorithm,
+        request={"spec": request.get("spec"), "hardware": hardware},
+        simulate_s=simulate_s,
+        seed=seed,
+    )
+    plan.request["simulate_s"], plan.request["seed"] = simulate_s, seed  # the check, again
+    if notes:
+        plan.extra.setdefault("notes", []).extend(notes)
+    return plan, problem
+
+
+def _glet_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
+    """The GPUs the running layout takes in ``problem`` (None when it cannot serve it)."""
+    from greenctl.planner.glet import layout_gpus
+
+    gpus, note = layout_gpus(problem, running.extra.get("gpus") or [])
+    return (None, note) if gpus is None else (float(gpus), None)
+
+
+def _glet_objective(plan: Plan) -> Objective:
+    return "GPUs", _number(plan.predicted.get("gpus")), False
+
+
+# -- geo (eGLB) ----------------------------------------------------------------------------------
+#: request key -> run_geo option
+_GEO_OPTIONS = {
+    "algorithm": "algorithm",
+    "mu_carbon_usd_per_kg": "mu_carbon",
+    "mu_water_usd_per_l": "mu_water",
+    "eta": "eta",
+    "z_max_usd": "z_max",
+    "horizon": "horizon",
+    "forecast": "forecast",
+    "weight_carbon_usd_per_kg": "weight_carbon",
+    "weight_water_usd_per_l": "weight_water",
+    "model": "model",
+    "variant": "variant",
+    "min_accuracy": "min_accuracy",
+}
+_GEO_TEXT = ("algorithm", "forecast", "model", "variant")
+
+
+def _geo_options(request: dict[str, Any]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for key, option in _GEO_OPTIONS.items():
+        value = request.get(key)
+        if value is None:
+            continue
+        if key in _GEO_TEXT:
+            ok = isinstance(value, str)
+        elif key == "horizon":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = _number(value) is not None
+        if not ok:
+            raise InputError(
+                f"request.{key} is {value!r}",
+                hint="a geo request holds the options of `greenctl plan geo`, as it writes them",
+            )
+        options[option] = value
+    return options
+
+
+def _geo_path(request: dict[str, Any], key: str, *, required: bool = True) -> str | None:
+    value = request.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str | Path) or not str(value):
+        raise InputError(
+            f"the geo request needs {key} (a CSV path)",
+            hint="a geo request names its sites, demand (and routes) CSV files",
+        )
+    return str(value)
+
+
+def _geo_plan(store: Any, request: dict[str, Any], *, current: Plan | None = None) -> Planned:
+    """Plan ``request`` (a geo plan's ``request``, or what ``plan geo`` parsed): the
+    ``sites``, ``demand`` and ``routes`` CSVs, heterogeneous variants from a ``family`` in
+    the store or else a ``variants`` CSV, and ``plan geo``'s options under the names the
+    plan records them (``mu_carbon_usd_per_kg``, ...). The plan's request records absolute
+    paths (and the family), so the plan can be made again from anywhere.
+
+    Returns:
+        (the plan, the :class:`~greenctl.planner.geo.GeoRun`: the problem and every
+        algorithm's solution).
+    """
+    import numpy as np
+    from greenctl.data.geo_io import (
+        GeoVariants,
+        load_geo_problem,
+        read_variants,
+        variants_from_store,
+    )
+    from greenctl.planner import geo
+
+    family = request.get("family")
+    if family is not None and not isinstance(family, str):
+        raise InputError(f"request.family is {family!r}, not a family name")
+    variants = variants_from_store(store, family) if family else None
+    variants_file = None if family else _geo_path(request, "variants", required=False)
+    options = _geo_options(request)
+    checked = dict(options)
+    if variants_file is not None:  # stands in for the file's variants in the option checks
+        checked["variants"] = GeoVariants(["?"], np.ones(1), np.ones(1))
+    elif variants is not None:
+        checked["variants"] = variants
+    geo.check_options(**checked)  # a bad option fails before the files are read
+    paths = {
+        k: _geo_path(request, k, required=k != "routes") for k in ("sites", "demand", "routes")
+    }
+    problem = load_geo_problem(paths["sites"] or "", paths["demand"] or "", paths["routes"])
+    problem.sources = {k: str(Path(v).resolve()) for k, v in problem.sources.items()}
+    if variants_file is not None:
+        variants = read_variants(variants_file, problem.sites)
+        variants.source = str(Path(variants_file).resolve())
+    run = geo.run_geo(problem, variants=variants, **options)
+    if family:
+        run.plan.request["family"] = family
+    return run.plan, run
+
+
+def _geo_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
+    # a geo plan keeps each site's totals, not the per-step flows its objective is made of
+    return None, "a geo plan records per-site totals, not its per-step allocation"
+
+
+def _geo_objective(plan: Plan) -> Objective:
+    # energy cost + mu_c x max-site carbon + mu_w x max-site water (USD)
+    return "eGLB", _number(plan.predicted.get("objective")), False
+
+
 KINDS: dict[str, PlanKind] = {
-    "mix": PlanKind("mix", plan=_mix_plan, score=_mix_score),
-    "mig": PlanKind("mig", plan=_mig_plan, score=_mig_score),
-    # inputs still assembled in their commands (cli/plan_glet.py, cli/plan_geo.py)
-    "glet": PlanKind("glet"),
-    "geo": PlanKind("geo"),
+    "mix": PlanKind("mix", plan=_mix_plan, score=_mix_score, objective=_mix_objective),
+    "mig": PlanKind("mig", plan=_mig_plan, score=_mig_score, objective=_mig_objective),
+    "glet": PlanKind(
+        "glet", plan=_glet_plan, score=_glet_score, objective=_glet_objective, time_shared=True
+    ),
+    "geo": PlanKind(
+        "geo",
+        plan=_geo_plan,
+        score=_geo_score,
+        objective=_geo_objective,
+        serves=False,
+        not_served="it allocates load across sites, not instances on one cluster",
+        not_served_hint="its figures are modeled by `greenctl plan geo`; plan, simulate and "
+        "apply (or export) a mix/mig/glet plan for each site, and route with the geo plan's "
+        "allocations",
+    ),
 }
 
 
 def register(kind: PlanKind) -> None:
-    """Add (or replace) a plan kind."""
+    """Add (or replace) a plan kind; plan documents of the kind can be read from then on."""
     KINDS[kind.name] = kind
+    add_plan_kind(kind.name)
+
+
+def unregister(name: str) -> None:
+    """Remove a kind added with :func:`register` (a built-in kind is put back as it was)."""
+    if name in BUILTIN:
+        KINDS[name] = BUILTIN[name]
+        return
+    KINDS.pop(name, None)
+    discard_plan_kind(name)
+
+
+#: The built-in kinds, as :func:`unregister` restores them.
+BUILTIN: dict[str, PlanKind] = dict(KINDS)
 
 
 def get_kind(name: str) -> PlanKind:

@@ -40,7 +40,7 @@ from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Variant, utcnow_iso
 from greenctl.data.resources import parse_resource
 from greenctl.data.store import Store
-from greenctl.planner.policy import plan_policy
+from greenctl.executor.kinds import get_kind
 
 NAMESPACE = "greenctl"
 ROUTER_APP = "greenctl-router"
@@ -453,21 +453,21 @@ def apply_ray(
 ) -> RayApplyResult:
     """Deploy ``plan`` on the Ray cluster at ``address``; roll back on failure.
 
-    Requests are routed with ``policy`` when given, else the plan's
-    (:func:`~greenctl.planner.policy.plan_policy`, as the local backend and ``simulate``).
+    Requests are routed with ``policy`` when given, else the plan kind's
+    (:meth:`~greenctl.executor.kinds.PlanKind.dispatch_policy`, as the local backend and
+    ``simulate``).
 
     Raises:
         InputError: Ray missing, a geo plan, or the cluster lacks the plan's resources.
         ExecutorError: the deploy failed (the previous version keeps serving).
     """
-    if plan.kind == "geo":
-        raise InputError(
-            "a geo plan allocates load across sites; apply each site's plan on its cluster"
-        )
+    kind = get_kind(plan.kind)
+    if not kind.serves:
+        raise kind.refuse("apply")
     if not plan.deployments:
         raise InputError("the plan has no deployments")
     _check_families(plan, store)
-    policy = plan_policy(plan, policy)
+    policy = kind.dispatch_policy(plan, policy)
     t0 = time.perf_counter()
     app = _app_name(plan)
     url = f"http://127.0.0.1:{http_port}"

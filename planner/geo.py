@@ -28,18 +28,11 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from greenctl.data.errors import InfeasiblePlan, InputError
-from greenctl.data.geo_io import (
-    GeoProblem,
-    GeoVariants,
-    load_geo_problem,
-    read_variants,
-    write_allocations,
-)
+from greenctl.data.geo_io import GeoProblem, GeoVariants
 from greenctl.data.plan import Deployment, Plan
 from greenctl.planner.geo_lp import (
     SMALL_LP_OPTIONS,
@@ -808,16 +801,14 @@ class GeoRun:
 
     variants: GeoVariants | None = None
 
-    def write_allocations(self, path: str | Path) -> int:
-        """Write the plan's algorithm's ``time,gateway,site,load_mw`` rows (plus ``variant``
-        with heterogeneous models; load in reference MW); returns the row count."""
+    def allocation_rows(self) -> Iterator[tuple[Any, ...]]:
+        """The plan's algorithm's ``(time, gateway, site, load_mw)`` flows (plus the
+        ``variant`` with heterogeneous models; load in reference MW), for
+        :func:`greenctl.data.geo_io.write_allocations`."""
         sol = self.solutions[self.plan.extra["algorithm"]]
-        try:
-            if self.variants is not None and sol.variant_load is not None:
-                return write_allocations(path, sol.variant_flows(self.problem, self.variants))
-            return write_allocations(path, sol.gateway_flows(self.problem))
-        except OSError as exc:
-            raise InputError(f"cannot write allocations {path}: {exc.strerror}") from None
+        if self.variants is not None and sol.variant_load is not None:
+            return sol.variant_flows(self.problem, self.variants)
+        return sol.gateway_flows(self.problem)
 
 
 def run_geo(
@@ -851,7 +842,7 @@ def run_geo(
     Raises:
         InputError: bad options. InfeasiblePlan: a step that cannot be served.
     """
-    opts = _options_from(
+    opts = check_options(
         algorithm=algorithm,
         mu_carbon=mu_carbon,
         mu_water=mu_water,
@@ -981,32 +972,7 @@ def _add_variants(
     summary["accuracy_mean"] = float((z * variants.accuracy).sum()) / total if total > 0 else None
 
 
-def run_geo_files(
-    sites: str | Path,
-    demand: str | Path,
-    routes: str | Path | None = None,
-    *,
-    variants_file: str | Path | None = None,
-    **options: Any,
-) -> GeoRun:
-    """Read and validate the CSVs (and a variants CSV), then :func:`run_geo` (same
-    keyword-only options).
-
-    The options are checked first, so a bad flag fails before the files are read.
-    """
-    if variants_file is not None and options.get("variants") is not None:
-        raise InputError("give variants as a file or from the store, not both")
-    pre = dict(options)
-    if variants_file is not None:  # stands in for the file's variants in the option checks
-        pre["variants"] = GeoVariants(["?"], np.ones(1), np.ones(1))
-    _options_from(**pre)
-    problem = load_geo_problem(sites, demand, routes)
-    if variants_file is not None:
-        options["variants"] = read_variants(variants_file, problem.sites)
-    return run_geo(problem, **options)
-
-
-def _options_from(
+def check_options(
     *,
     algorithm: str = "eglb-off",
     mu_carbon: float = DEFAULT_MU_CARBON,
@@ -1021,6 +987,12 @@ def _options_from(
     min_accuracy: float | None = None,
     **_: Any,
 ) -> GeoOptions:
+    """The options of :func:`run_geo` (same keywords; others are ignored), checked.
+
+    Raises:
+        InputError: an unknown algorithm or forecast, or a weight, rate or horizon out of
+            range.
+    """
     if algorithm != "all" and algorithm not in ALGORITHMS:
         raise InputError(
             f"unknown algorithm '{algorithm}'", hint=f"one of {', '.join(ALGORITHMS)}, all"

@@ -52,6 +52,7 @@ Algorithms (``algorithm=``):
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from greenctl.data.errors import InfeasiblePlan, InputError
@@ -85,6 +86,7 @@ __all__ = [
     "State",
     "consolidate",
     "describe",
+    "layout_gpus",
     "plan_glet",
     "poisson_batch_mean",
     "run_algorithm",
@@ -471,6 +473,69 @@ def describe(state: State) -> dict[str, Any]:
             }
         )
     return {"gpus": gpus_out, "per_model": per_model}
+
+
+def layout_gpus(
+    problem: GletProblem, gpus: Sequence[Mapping[str, Any]]
+) -> tuple[int | None, str | None]:
+    """The GPUs a running plan's layout (its ``gpus``) takes to serve ``problem``.
+
+    Each model's running rate is split over its glets as the layout splits it, scaled to the
+    problem's rate; every glet must still keep the duty-cycle rule with its actual co-runner
+    at the problem's profiles, partitions and interference model.
+
+    Returns:
+        (GPUs used, None), or (None, why the layout cannot serve the problem).
+    """
+    c = Compiled(problem)
+    index = {m.name: i for i, m in enumerate(c.models)}
+    part = {label: j for j, label in enumerate(c.labels)}
+    old: dict[str, float] = {}
+    for gpu in gpus:
+        for g in gpu.get("glets") or []:
+            for m in g.get("models") or []:
+                old[str(m.get("model"))] = old.get(str(m.get("model")), 0.0) + float(
+                    m.get("rate_rps") or 0.0
+                )
+    for i, m in enumerate(c.models):
+        if c.rate[i] > EPS and old.get(m.name, 0.0) <= EPS:
+            return None, f"the running layout does not serve {m.name}"
+    state = State(c, max(len(gpus), 1))
+    for n, gpu in enumerate(gpus):
+        glets: list[Glet] = []
+        for g in gpu.get("glets") or []:
+            j = part.get(str(g.get("resource")))
+            if j is None:
+                return None, f"running glet {g.get('resource')} is not one of the partitions"
+            entries: list[tuple[int, float]] = []
+            for m in g.get("models") or []:
+                k = index.get(str(m.get("model")))
+                if k is None or m.get("variant") != c.models[k].variant_name:
+                    return None, f"running {m.get('model')} ({m.get('variant')}) is not planned"
+                total = old[c.models[k].name]
+                share = float(m.get("rate_rps") or 0.0) / total if total > EPS else 0.0
+                entries = add_entry(entries, k, share * c.rate[k])
+            glets.append(Glet(j, entries))
+        js = sorted(g.j for g in glets)
+        if len(js) == 1 and js[0] != c.full and c.complement[js[0]] is not None:
+            comp = c.complement[js[0]]
+            assert comp is not None
+            glets.append(Glet(comp))  # the idle other half of a split GPU
+        elif not (js == [c.full] or (len(js) == 2 and c.complement[js[0]] == js[1])):
+            return None, f"running GPU {n} is split in a way the partitions do not allow"
+        state.gpus.append(Gpu(glets))
+    if state.used_gpus > problem.max_gpus:
+        return None, f"the running layout uses more than {problem.max_gpus} GPUs"
+    for gi, gpu in enumerate(state.gpus):
+        for li, g in enumerate(gpu.glets):
+            if (
+                g.entries
+                and c.config(g.j, g.entries, state.w_for(gi, li, assume_worst=False)) is None
+            ):
+                return None, (
+                    f"running glet {c.labels[g.j]} on GPU {gi} misses an SLO at the new load"
+                )
+    return state.used_gpus, None
 
 
 def plan_glet(

@@ -12,9 +12,11 @@ The rule, first match wins:
 3. ``batch`` when any deployment has ``batch > 1``: executors batch dynamically, and only
    the ``batch`` model predicts a batched deployment (``fifo`` and ``wrr`` serve one request
    at a time, and the evaluation core refuses them for batched deployments);
-4. by plan kind (:data:`KIND_POLICY`): ``wrr`` for mix and geo (requests follow the quotas,
-   InfAdapter), mig (the planner splits load by quota per instance class and predicts with
-   ``wrr``) and ``batch`` for glet (gpulet's glets run duty cycles).
+4. by plan kind: the kind's own default as its entry in the registry of plan kinds
+   (``greenctl.executor.kinds``) passes it (``kind_default``), else :data:`KIND_POLICY`:
+   ``wrr`` for mix and geo (requests follow the quotas, InfAdapter), mig (the planner
+   splits load by quota per instance class and predicts with ``wrr``) and ``batch`` for
+   glet (gpulet's glets run duty cycles); ``wrr`` for any other kind.
 
 :class:`SmoothWRR` is the weighted round robin that the simulator, the local dispatcher and
 the Ray router all use: stride scheduling, instance ``i``'s ``k``-th request is the one with
@@ -57,19 +59,23 @@ def check_policy_name(policy: object, *, field: str = "policy") -> str:
     return policy
 
 
-def default_policy(kind: str, batches: Iterable[int]) -> str:
-    """The policy a plan of ``kind`` with deployments of ``batches`` gets by default."""
+def default_policy(kind: str, batches: Iterable[int], *, kind_default: str | None = None) -> str:
+    """The policy a plan of ``kind`` with deployments of ``batches`` gets by default
+    (``kind_default``: the kind's own, rule 4)."""
     if any(b > 1 for b in batches):
         return "batch"
+    if kind_default is not None:
+        return check_policy_name(kind_default, field=f"the {kind} kind's default policy")
     return KIND_POLICY.get(kind, "wrr")
 
 
-def plan_policy(plan: Plan, override: str | None = None) -> str:
+def plan_policy(plan: Plan, override: str | None = None, *, kind_default: str | None = None) -> str:
     """The dispatch policy a plan is predicted, simulated and served with (module docstring).
 
     Args:
         plan: the plan document.
         override: an explicit choice (``--policy``); wins over the plan's own.
+        kind_default: the plan kind's default (rule 4), as its registry entry declares it.
 
     Raises:
         InputError: a choice that is not one of :data:`POLICIES`.
@@ -84,7 +90,7 @@ def plan_policy(plan: Plan, override: str | None = None) -> str:
     for value, field in chosen:
         if value is not None and value != "":
             return check_policy_name(value, field=field)
-    return default_policy(plan.kind, (d.batch for d in plan.deployments))
+    return default_policy(plan.kind, (d.batch for d in plan.deployments), kind_default=kind_default)
 
 
 class SmoothWRR:

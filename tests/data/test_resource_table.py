@@ -40,8 +40,7 @@ OWNED_ELSEWHERE = {
 # ``kind_of(label)``) instead, or add a field to the table.
 ALLOWED = {
     # plan kinds ("mig" plans), not resource kinds: the plan-kind registry's business
-    ("executor/control.py", "plan.kind == 'mig'"),
-    ("executor/control.py", "new.kind == 'mig'"),
+    # (replan's two moved into it: executor/kinds.py's objective hook)
     ("executor/k8s_export.py", "plan.kind == 'mig'"),
     ("planner/mig.py", "current.kind != 'mig'"),
     # a torch device name, not a resource kind

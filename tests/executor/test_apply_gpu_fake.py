@@ -309,7 +309,7 @@ def test_serving_path_measured_on_a_whole_gpu(run_store, tmp_path, monkeypatch):
     """`profile serving --resource gpu:...` applies its scratch plan on that GPU (checked
     against the fake NVML) and records where it ran; the no-op stand-in runs without CUDA.
     A GPU this machine does not have is refused before anything starts."""
-    from greenctl.executor.serving import measure_serving
+    from greenctl.executor.serving_measure import measure_serving
     from greenctl.profiler.hw import discover
 
     _fake(tmp_path, monkeypatch, mig=False)

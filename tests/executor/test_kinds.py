@@ -1,4 +1,5 @@
-"""The registry of plan kinds: `plan mix`/`plan mig` and `replan` plan through one entry."""
+"""The registry of plan kinds: every plan command, `simulate`, `apply` and `replan` go
+through one entry per kind; a kind registered at run time works through all of them."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def test_replan_at_the_same_signal_finds_the_commands_plan(cli, resnet):
 
 
 def test_replan_asks_the_registry_which_kinds_it_can_replan(store):
-    assert {k for k, v in KINDS.items() if v.replannable} == {"mix", "mig"}
+    assert {k for k, v in KINDS.items() if v.replannable} == {"mix", "mig", "glet", "geo"}
     with pytest.raises(InputError, match=r"(?s)unknown plan kind 'nope'.*glet"):
         get_kind("nope")
 
@@ -74,3 +75,269 @@ def test_a_registered_kind_is_planned_and_scored_through_the_registry(store, mon
     assert calls == [("plan", 123.0, 7), ("score", "P")]
     assert new.request["rate_rps"] == 9.0 and "carbon_region" not in new.request
     assert (old_obj, note) == (1.0, None)
+
+
+# -- glet and geo: planned by the commands through the registry, and planned again by it ------
+@pytest.fixture
+def gpulet(store, reference):
+    """The gpulet reference data with a fitted interference model."""
+    from greenctl.data.gpulet_import import (
+        import_gpulet,
+        load_colocations,
+        load_solo_latency,
+        load_utilisation,
+        save_interference_model,
+    )
+    from greenctl.planner.interference import FEATURES, fit_interference
+
+    import_gpulet(store, reference / "gpulet" / "data")
+    fit = fit_interference(
+        load_colocations(store), load_solo_latency(store), load_utilisation(store)
+    )
+    save_interference_model(
+        store,
+        coefficients=list(fit.model.coefficients),
+        features=FEATURES,
+        n_train=fit.n_train,
+        n_test=fit.n_test,
+        errors=fit.errors,
+        source="test",
+    )
+    return store
+
+
+def test_a_glet_plan_is_planned_again_from_its_request(cli, gpulet):
+    r = cli(
+        "plan", "glet", "--model", "resnet50:400:25", "--model", "vgg16:300:30",
+        "--simulate-seconds", "0", "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    planned = gpulet.get_plan(json.loads(r.stdout)["id"])
+    assert planned.request["interference"]["id"] is not None  # the model used, recorded
+    new, old_obj, note = control._replan_kind(gpulet, planned, intensity=300.0, rate=None)
+    assert new.extra["gpus"] == planned.extra["gpus"]
+    assert new.request["models"] == planned.request["models"]
+    assert new.request["interference"] == planned.request["interference"]
+    assert (old_obj, note) == (planned.predicted["gpus"], None)
+    assert get_kind("glet").objective(new) == ("GPUs", new.predicted["gpus"], False)
+
+
+def test_a_glet_layout_that_cannot_carry_the_load_is_not_scored(cli, gpulet):
+    import dataclasses
+
+    from greenctl.planner.glet import layout_gpus
+
+    r = cli(
+        "plan", "glet", "--model", "resnet50:400:25", "--simulate-seconds", "0", "--json",
+    )  # fmt: skip
+    planned = gpulet.get_plan(json.loads(r.stdout)["id"])
+    _, problem = get_kind("glet").plan(gpulet, planned.request)
+    assert layout_gpus(problem, planned.extra["gpus"]) == (planned.predicted["gpus"], None)
+    busier = dataclasses.replace(
+        problem, models=[dataclasses.replace(m, rate_rps=m.rate_rps * 5) for m in problem.models]
+    )
+    gpus, note = layout_gpus(busier, planned.extra["gpus"])
+    assert gpus is None and "misses an SLO" in note
+    moved = json.loads(json.dumps(planned.extra["gpus"]))
+    moved[0]["glets"][0]["resource"] = "mps:30"
+    gpus, note = layout_gpus(problem, moved)
+    assert gpus is None and "not one of the partitions" in note
+
+
+@pytest.fixture
+def eglb(tmp_path, monkeypatch):
+    """12 hours of the bundled eGLB traces, written to tmp_path/eglb; the working folder is
+    tmp_path, so relative paths name them."""
+    from greenctl.data.eglb_convert import convert_eglb
+
+    monkeypatch.chdir(tmp_path)
+    convert_eglb(None, tmp_path / "eglb", steps=12, routes="partial")
+    return ["--sites", "eglb/sites.csv", "--demand", "eglb/demand.csv"]
+
+
+def test_a_geo_plan_is_planned_again_from_anywhere(cli, store, eglb, tmp_path, monkeypatch):
+    from greenctl.data import carbon_io
+
+    r = cli("plan", "geo", *eglb, "--routes", "eglb/routes.csv", "-a", "eglb", "--json")
+    assert r.exit_code == 0, r.output
+    planned = store.get_plan(json.loads(r.stdout)["id"])
+    # the request names its files absolutely: a cron job in another folder reads the same
+    assert planned.request["sites"] == str(tmp_path / "eglb" / "sites.csv")
+    assert planned.request["routes"] == str(tmp_path / "eglb" / "routes.csv")
+    monkeypatch.chdir("/")
+    new, old_obj, note = control._replan_kind(store, planned, intensity=300.0, rate=None)
+    assert new.predicted["objective"] == pytest.approx(planned.predicted["objective"])
+    assert [d.to_dict() for d in new.deployments] == [d.to_dict() for d in planned.deployments]
+    assert old_obj is None and "per-step" in note  # its per-step flows are not in the plan
+    carbon_io.import_bundled(store, "clover-ciso-march")
+    args = ("replan", "--plan", planned.id, "--region", "CISO", "--at", "2021-03-01T00:00:00Z")
+    r = cli(*args, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["action"] == "keep"
+    r = cli(*args, "--apply")  # no backend runs a geo plan: said plainly, nothing recorded
+    assert r.exit_code == 2
+    assert "cannot apply plan" in r.output and "replan without --apply" in r.output
+
+
+def test_a_geo_plan_of_a_store_family_keeps_the_family(cli, store, eglb):
+    from greenctl.data.records import Profile, Variant
+
+    for name, acc, energy in (("tiny-s", 0.70, 0.05), ("tiny-l", 0.80, 0.6)):
+        store.upsert_variant(Variant(name, "tiny", accuracy=acc))
+        store.add_profiles([Profile(name, "cpu:1", 1, 100.0, latency_p50_ms=5.0, energy_j=energy)])
+    r = cli("plan", "geo", *eglb, "--family", "tiny", "--min-accuracy", "0.75", "--json")
+    assert r.exit_code == 0, r.output
+    planned = store.get_plan(json.loads(r.stdout)["id"])
+    assert planned.request["family"] == "tiny"
+    again, _ = get_kind("geo").plan(store, planned.request)
+    assert again.predicted["objective"] == pytest.approx(planned.predicted["objective"])
+    assert again.request == planned.request
+    r = cli("plan", "geo", *eglb, "--family", "tiny", "--variants", "v.csv")
+    assert r.exit_code == 2 and "not both" in r.output
+
+
+def test_a_geo_plan_is_neither_simulated_nor_applied(cli, eglb, tmp_path):
+    r = cli("plan", "geo", *eglb, "-o", "geo.json")
+    assert r.exit_code == 0, r.output
+    for args in (("simulate", "geo.json", "--rate", "5"), ("apply", "geo.json", "--dry-run")):
+        r = cli(*args)
+        assert r.exit_code == 2
+        assert "a geo plan: it allocates load across sites" in " ".join(r.output.split())
+
+
+# -- the acceptance test: a kind registered at run time, through every step -----------------
+NOOP = "greenctl.executor.daemon:noop_loader"
+TOY_ENERGY_J = {"tiny-s": 0.05, "tiny-m": 0.2}
+TOY_ACCURACY = {"tiny-s": 0.70, "tiny-m": 0.76}
+
+
+def _toy_cost(intensity: float, variant: str) -> float:
+    """Carbon per request priced against lost accuracy: tiny-m below 160 g/kWh, else tiny-s."""
+    return intensity * TOY_ENERGY_J[variant] + 400 * (1 - TOY_ACCURACY[variant])
+
+
+def _toy_plan(store, request, *, current=None):
+    from greenctl.data.plan import Deployment, Plan
+
+    intensity, rate = float(request["carbon_intensity"]), float(request["rate_rps"])
+    best = min(TOY_ENERGY_J, key=lambda v: _toy_cost(intensity, v))
+    plan = Plan(
+        kind="toy",
+        request=dict(request),
+        deployments=[Deployment(request["model"], best, "cpu:1", count=1, quota_rps=rate)],
+        predicted={"rate_rps": rate, "objective": _toy_cost(intensity, best)},
+    )
+    return plan, intensity  # the toy's problem is the intensity it was planned at
+
+
+def _toy_score(intensity, running):
+    return _toy_cost(intensity, running.deployments[0].variant), None
+
+
+@pytest.fixture
+def toy(store, monkeypatch, tmp_path):
+    """A tiny family profiled on one core, the CISO carbon trace, and the kind ``toy``
+    registered (with ``fifo`` as its default policy) for the test only."""
+    from greenctl.data import carbon_io
+    from greenctl.data.records import Profile, Variant
+    from greenctl.executor.kinds import unregister
+
+    for name, lat in (("tiny-s", 3.0), ("tiny-m", 8.0)):
+        store.upsert_variant(Variant(name, "tiny", accuracy=TOY_ACCURACY[name]))
+        store.add_profiles(
+            [
+                Profile(
+                    name, "cpu:1", 1, 1000 / lat, latency_p50_ms=lat, latency_p95_ms=1.5 * lat,
+                    latency_p99_ms=2 * lat, power_w=10.0, energy_j=TOY_ENERGY_J[name],
+                    energy_method="modeled", source="synthetic",
+                )
+            ]
+        )  # fmt: skip
+    carbon_io.import_bundled(store, "clover-ciso-march")
+    monkeypatch.setenv("GREENCTL_STATE_DIR", str(tmp_path / "state"))
+    register(
+        PlanKind(
+            "toy",
+            plan=_toy_plan,
+            score=_toy_score,
+            objective=lambda p: ("toy", p.predicted.get("objective"), False),
+            default_policy="fifo",
+        )
+    )
+    yield store
+    unregister("toy")
+
+
+def test_a_registered_kind_goes_through_plan_simulate_apply_and_replan(cli, toy, tmp_path):
+    from greenctl.data.errors import FileFormatError
+    from greenctl.data.plan import load_plan_file, write_plan_file
+
+    # plan: the kind's entry, as `plan X` commands call theirs (1 March, 00:00: 124.57 g/kWh)
+    request = {"model": "tiny", "rate_rps": 20.0, "slo_ms": 100.0, "carbon_intensity": 124.57}
+    plan, _ = get_kind("toy").plan(toy, request)
+    plan.extra["carbon_region"] = "CISO"
+    toy.save_plan(plan)
+    path = tmp_path / "toy.json"
+    write_plan_file(plan, path)
+    assert [d.variant for d in load_plan_file(path).deployments] == ["tiny-m"]
+
+    # simulate: predicted by the kind's hook, under the kind's default policy
+    for extra in (("--analytic",), ("--requests", "3000")):
+        r = cli("simulate", path, "--json", *extra)
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout)
+        assert doc["policy"] == "fifo" and not doc["overloaded"]
+        assert doc["rate_rps"] == pytest.approx(20.0, rel=0.05)  # the simulated is measured
+
+    # apply --dry-run: the kind's instances, served under the same policy
+    r = cli("apply", path, "--dry-run", "--json", "--loader", NOOP)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["dry_run"] and doc["policy"] == "fifo"
+    starts = [a for a in doc["actions"] if a["action"] == "start-executor"]
+    assert [a["variant"] for a in starts] == ["tiny-m"]
+
+    # replan: at 04:00 the grid is at 240.4 g/kWh; the kind plans tiny-s and scores tiny-m
+    r = cli("replan", "--plan", plan.id, "--at", "2021-03-01T04:00:00Z", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["action"] == "propose" and d["signal_g_per_kwh"] == pytest.approx(240.4)
+    assert d["old_objective"] == pytest.approx(_toy_cost(240.4, "tiny-m"))
+    assert d["new_objective"] == pytest.approx(_toy_cost(240.4, "tiny-s"))
+    assert d["improvement"] > 0
+    new = toy.get_plan(d["new_plan_id"])
+    assert new.kind == "toy" and [x.variant for x in new.deployments] == ["tiny-s"]
+
+    # once the kind is gone its plans are refused where they are read
+    from greenctl.executor.kinds import unregister
+
+    unregister("toy")
+    with pytest.raises(FileFormatError, match="field 'kind' is 'toy'"):
+        load_plan_file(path)
+
+
+@pytest.mark.parametrize(
+    ("kind", "request_doc", "words"),
+    [
+        ("glet", {}, "no models"),
+        ("glet", {"models": [{"name": "a", "rate_rps": "x", "slo_ms": 5}]}, "models[0]"),
+        (
+            "glet",
+            {"models": [{"name": "a", "rate_rps": 1, "slo_ms": 5}], "max_gpus": 1.5},
+            "max_gpus",
+        ),
+        (
+            "glet",
+            {"models": [{"name": "a", "rate_rps": 1, "slo_ms": 5}], "partitions": "20"},
+            "partitions",
+        ),
+        ("geo", {"demand": "d.csv"}, "needs sites"),
+        ("geo", {"sites": "s.csv", "demand": "d.csv", "horizon": "3"}, "request.horizon"),
+        ("geo", {"sites": "s.csv", "demand": "d.csv", "family": 3}, "request.family"),
+    ],
+)
+def test_a_bad_request_is_refused_naming_the_field(store, kind, request_doc, words):
+    """A hand-edited plan's request is refused naming the field (exit 2), never a traceback."""
+    with pytest.raises(InputError) as err:
+        get_kind(kind).plan(store, request_doc)
+    assert words in err.value.message

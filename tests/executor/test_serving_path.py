@@ -10,11 +10,11 @@ from greenctl.data.plan import Deployment, Plan
 from greenctl.executor.serving import (
     QUANTILE_POINTS,
     ServingMeasurement,
-    measure_serving,
     save_serving,
     serving_overheads,
     serving_rows,
 )
+from greenctl.executor.serving_measure import measure_serving
 from greenctl.planner.evaluate import ServingPath
 from greenctl.planner.latency import ServiceTime
 

@@ -1,5 +1,9 @@
 """Inputs of ``plan glet``: the ``--spec`` file (TOML or JSON) and ``--model`` arguments.
 
+Each model is read into the plain dict a glet plan's ``request.models`` holds
+(``name``, ``rate_rps``, ``slo_ms``, ``variant`` or None): what the registry of plan kinds
+(``greenctl.executor.kinds``) builds the problem from.
+
 A spec file::
 
     max_gpus = 4              # optional, like --max-gpus
@@ -21,28 +25,38 @@ from __future__ import annotations
 import json
 import math
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from greenctl.data.errors import FileFormatError, InputError
 from greenctl.data.resources import parse_resource
-from greenctl.planner.glet_model import ALGORITHMS, GletModel
+
+#: One model to serve, as a request holds it: name, rate_rps, slo_ms, variant (or None).
+GletModelDoc = dict[str, Any]
+
+
+def glet_model(
+    name: str, rate_rps: float, slo_ms: float, variant: str | None = None
+) -> GletModelDoc:
+    """A model entry of a glet request."""
+    return {"name": name, "rate_rps": rate_rps, "slo_ms": slo_ms, "variant": variant}
 
 
 @dataclass
 class GletSpec:
     """What a spec file (or flags) says; None means 'not given'."""
 
-    models: list[GletModel] = field(default_factory=list)
+    models: list[GletModelDoc] = field(default_factory=list)
     partitions: list[str] | None = None
     max_gpus: int | None = None
     rate_percentile: float | None = None
     algorithm: str | None = None
 
 
-def parse_model_arg(text: str) -> GletModel:
-    """``NAME:RATE:SLO_MS`` -> GletModel.
+def parse_model_arg(text: str) -> GletModelDoc:
+    """``NAME:RATE:SLO_MS`` -> a model entry (:func:`glet_model`).
 
     Raises:
         InputError: naming the argument and the expected form.
@@ -60,7 +74,7 @@ def parse_model_arg(text: str) -> GletModel:
         raise InputError(f"--model '{text}': rate must be a number >= 0 req/s", hint=hint)
     if not (math.isfinite(slo) and slo > 0):
         raise InputError(f"--model '{text}': SLO must be a number > 0 ms", hint=hint)
-    return GletModel(name=name, rate_rps=rate, slo_ms=slo)
+    return glet_model(name, rate, slo)
 
 
 def parse_partitions(values: list[Any], *, where: str = "--partitions") -> list[str]:
@@ -87,8 +101,13 @@ def parse_partitions(values: list[Any], *, where: str = "--partitions") -> list[
     return out
 
 
-def load_glet_spec(path: str | Path) -> GletSpec:
+def load_glet_spec(path: str | Path, *, algorithms: Sequence[str] | None = None) -> GletSpec:
     """Read a TOML or JSON spec file.
+
+    Args:
+        path: the file.
+        algorithms: the scheduling algorithms ``algorithm`` may name (the planner's
+            ``ALGORITHMS``); None: any name.
 
     Raises:
         InputError / FileFormatError: missing file, syntax error (with line), bad field.
@@ -152,9 +171,7 @@ def load_glet_spec(path: str | Path) -> GletSpec:
         extra = sorted(set(m) - {"name", "rate_rps", "slo_ms", "variant"})
         if extra:
             raise FileFormatError(str(p), f"{where} has unknown field '{extra[0]}'")
-        spec.models.append(
-            GletModel(name=name, rate_rps=vals["rate_rps"], slo_ms=vals["slo_ms"], variant=variant)
-        )
+        spec.models.append(glet_model(name, vals["rate_rps"], vals["slo_ms"], variant))
     if "partitions" in doc:
         if not isinstance(doc["partitions"], list):
             raise FileFormatError(str(p), "field 'partitions' must be a list")
@@ -176,9 +193,11 @@ def load_glet_spec(path: str | Path) -> GletSpec:
         spec.rate_percentile = float(v)
     if "algorithm" in doc:
         v = doc["algorithm"]
-        if v not in ALGORITHMS:
+        if not isinstance(v, str) or (algorithms is not None and v not in algorithms):
             raise FileFormatError(
-                str(p), f"field 'algorithm' is {v!r}, expected one of {', '.join(ALGORITHMS)}"
+                str(p),
+                f"field 'algorithm' is {v!r}, expected "
+                + (f"one of {', '.join(algorithms)}" if algorithms is not None else "a name"),
             )
         spec.algorithm = v
     return spec

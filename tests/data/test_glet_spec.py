@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 from greenctl.data.errors import FileFormatError, InputError
-from greenctl.planner.glet_spec import load_glet_spec, parse_model_arg, parse_partitions
+from greenctl.data.glet_spec import load_glet_spec, parse_model_arg, parse_partitions
+from greenctl.planner.glet_model import ALGORITHMS
 
 
 def test_model_arg():
     m = parse_model_arg("resnet50:200:25.5")
-    assert (m.name, m.rate_rps, m.slo_ms, m.variant_name) == ("resnet50", 200, 25.5, "resnet50")
+    assert m == {"name": "resnet50", "rate_rps": 200, "slo_ms": 25.5, "variant": None}
     for bad in ("resnet50:200", "resnet50:x:3", ":1:2", "a:1:0", "a:-1:5"):
         with pytest.raises(InputError, match="--model"):
             parse_model_arg(bad)
@@ -30,13 +31,13 @@ def test_toml_and_json_specs(tmp_path):
         'max_gpus = 3\nrate_percentile = 95\npartitions = [50, 100]\nalgorithm = "sbp"\n'
         '[[models]]\nname = "a"\nrate_rps = 10\nslo_ms = 30\nvariant = "a1"\n'
     )
-    spec = load_glet_spec(t)
+    spec = load_glet_spec(t, algorithms=ALGORITHMS)
     assert spec.max_gpus == 3 and spec.rate_percentile == 95 and spec.algorithm == "sbp"
     assert spec.partitions == ["mps:50", "mps:100"]
-    assert spec.models[0].variant_name == "a1"
+    assert spec.models[0]["variant"] == "a1"
     j = tmp_path / "s.json"
     j.write_text('{"models": [{"name": "b", "rate_rps": 5, "slo_ms": 10}]}')
-    assert load_glet_spec(j).models[0].name == "b"
+    assert load_glet_spec(j).models[0]["name"] == "b"
 
 
 @pytest.mark.parametrize(
@@ -65,7 +66,7 @@ def test_bad_specs_name_file_and_field(tmp_path, text, suffix, words):
     f = tmp_path / f"spec{suffix}"
     f.write_text(text)
     with pytest.raises(FileFormatError) as exc:
-        load_glet_spec(f)
+        load_glet_spec(f, algorithms=ALGORITHMS)
     assert words in str(exc.value) and str(f) in str(exc.value)
 
 

@@ -1,0 +1,329 @@
+"""Measure the serving path: what a request spends outside the model.
+
+A model's profile times inference in-process. A served request also crosses the client's
+HTTP stack, the dispatcher (parse, route, forward) and the executor daemon (parse, batch
+queue, worker thread, encode) and back. :func:`measure_serving` measures exactly that part:
+it starts, in a scratch state folder (the running plan is never touched), one executor (on
+one core, or on the GPU, MIG or MPS resource given, at the batch given) and a dispatcher,
+and sends open-loop Poisson loads at a few rates through the dispatcher
+(``path="dispatcher"``) and straight to the executor (``path="direct"``).
+
+The executor runs a stand-in:
+
+- ``model`` (default): the variant itself. Every answer carries the executor's own queue
+  and batch run times (``Greenctl-Queue-Ms``, ``Greenctl-Infer-Ms``); the serving path of a
+  request is its latency less those two, so what the model's CPU use does to the HTTP hops
+  (they share the machine's cores) is in the measurement, and what the queueing model
+  predicts is not counted twice.
+- ``noop``: a no-op model shaped like the variant (its input, a zero output of its size):
+  the path alone, on otherwise idle cores.
+
+The rows are :class:`~greenctl.executor.serving.ServingMeasurement` records; measuring runs
+``apply`` in a scratch store, which is why it is apart from the lookups that planning uses
+(:mod:`greenctl.executor.serving`, which the registry of plan kinds imports).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from greenctl.data.errors import InputError
+from greenctl.data.records import Variant, utcnow_iso
+from greenctl.data.store import Store
+from greenctl.executor.serving import (
+    DEFAULT_RATES,
+    PATHS,
+    QUANTILE_POINTS,
+    STAND_INS,
+    ServingMeasurement,
+)
+
+Progress = Callable[[str, float], None]
+
+
+def _noop(_msg: str, _frac: float) -> None:
+    pass
+
+
+def output_elements_of(variant: Variant) -> int:
+    """Elements per row of ``variant``'s output (loads it on the CPU and runs one row)."""
+    from greenctl.profiler.models import load_model
+
+    loaded = load_model(variant, device="cpu")
+    out = loaded.run(loaded.example(1))
+    return max(int(out.numel() if hasattr(out, "numel") else len(out)), 1)
+
+
+def _cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of a process so far (Linux /proc), None when unreadable."""
+    if not pid:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _ms_per_request(before: float | None, pid: int | None, requests: int) -> float | None:
+    """CPU ms a process spent per request since ``before`` (None when unknown)."""
+    after = _cpu_s(pid)
+    if before is None or after is None or requests <= 0:
+        return None
+    return 1000.0 * (after - before) / requests
+
+
+def _midpoint_quantiles(values: Any, n: int = QUANTILE_POINTS) -> list[float]:
+    import numpy as np
+
+    arr = np.asarray(values, dtype=float)
+    return [float(x) for x in np.quantile(arr, (np.arange(n) + 0.5) / n)]
+
+
+@contextlib.contextmanager
+def _env(**values: str) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+#: Requests per rate and path at the least (``measure_serving``): the p95 and p99 of fewer
+#: are set by a handful of requests.
+MIN_REQUESTS = 400
+
+
+def measure_serving(
+    store: Store,
+    *,
+    variant: str,
+    rates: Sequence[float] = DEFAULT_RATES,
+    duration_s: float = 5.0,
+    policy: str = "wrr",
+    paths: Sequence[str] = PATHS,
+    output_elements: int | None = None,
+    cores: list[int] | None = None,
+    stand_in: str = "model",
+    min_requests: int = MIN_REQUESTS,
+    resource: str = "cpu:1",
+    batch: int = 1,
+    progress: Progress = _noop,
+) -> list[ServingMeasurement]:
+    """Measure the serving path for ``variant``'s tensor shapes at each rate (nothing saved).
+
+    Args:
+        store: the store (for the variant record; the measurement runs in a scratch one).
+        variant: the variant served (``noop``: whose tensor shapes the no-op model copies).
+        rates: offered loads in req/s.
+        duration_s: seconds of load per rate and path ...
+        min_requests: ... and at least this many requests (low rates run longer: the
+            stored 100 quantiles of 80 requests would be mostly noise).
+        policy: the dispatcher's policy (``wrr``, ``fifo``).
+        paths: ``dispatcher`` and/or ``direct``.
+        output_elements: output elements per row of the no-op model (default: the variant's).
+        cores: CPU cores the executor may use (default: this process's affinity).
+        stand_in: ``model`` (the variant, its own queue and run times subtracted per
+            request) or ``noop`` (module docstring).
+        resource: where the executor runs (default one CPU core; ``gpu:MODEL``, ``mig:...``
+            or ``mps:PCT`` measure served runs on that accelerator, which planning then
+            applies to instances on the same resource).
+        batch: the executor's largest batch (requests are batched dynamically; each row
+            keeps the median rows its batches carried).
+
+    Measure while nothing else loads the machine for figures that hold.
+
+    Raises:
+        InputError: bad rates, duration, path, or a variant without an input shape.
+        NotFoundError: unknown variant.
+        ExecutorError: the executor or dispatcher did not start.
+    """
+    import numpy as np
+    from greenctl.data.plan import Deployment, Plan
+    from greenctl.data.store import open_store
+    from greenctl.executor.apply import apply_plan, down, status
+    from greenctl.executor.daemon import NOOP_LOADER
+    from greenctl.executor.loadgen import model_input, run_load
+    from greenctl.profiler.harness import resolve_variants
+    from greenctl.profiler.hw import cpu_info
+
+    rates = [float(r) for r in rates]
+    if not rates or any(not (r > 0) for r in rates):
+        raise InputError("serving rates must be > 0 req/s", hint="for example --rate 10 --rate 40")
+    if not duration_s > 0:
+        raise InputError("--duration must be > 0 seconds")
+    if stand_in not in STAND_INS:
+        raise InputError(f"unknown stand-in '{stand_in}'", hint="use model or noop")
+    bad = [p for p in paths if p not in PATHS]
+    if bad or not paths:
+        raise InputError(
+            f"unknown serving path {bad[0] if bad else ''!r}", hint="use dispatcher or direct"
+        )
+    from greenctl.data.resources import parse_resource
+
+    where = parse_resource(resource)
+    if not isinstance(batch, int) or batch < 1:
+        raise InputError(f"--batch must be a whole number >= 1, got {batch!r}")
+    (v,) = resolve_variants(store, names=[variant])  # NotFoundError names the known ones
+    if not v.input_shape:
+        raise InputError(
+            f"variant '{variant}' has no input shape",
+            hint="profile it first (`greenctl profile --variant ...`) so its shape is recorded",
+        )
+    if stand_in == "noop":
+        progress("finding the model's output size", 0.01)
+        out_elems = int(output_elements) if output_elements else output_elements_of(v)
+    else:
+        out_elems = int(output_elements or 0)  # read from the executor's metadata below
+    hardware = cpu_info().model_name if where.spec.pins_cores else where.label
+    stamp = utcnow_iso()  # one stamp for the whole run: serving_overheads picks runs by it
+    tmp = Path(tempfile.mkdtemp(prefix="greenctl-serving-"))
+    rows: list[ServingMeasurement] = []
+    # A scratch store and state folder: the running plan's state, lock and ports stay apart.
+    try:
+        with _env(GREENCTL_STATE_DIR=str(tmp / "state")):
+            scratch = open_store(tmp / "serving.db")
+            scratch.upsert_variant(v)
+            plan = Plan(
+                kind="mix",
+                deployments=[
+                    Deployment(
+                        model=v.family,
+                        variant=v.name,
+                        resource=where.label,
+                        count=1,
+                        batch=batch,
+                        quota_rps=max(rates),
+                    )
+                ],
+            )
+            try:
+                progress(f"starting a {stand_in} executor and a dispatcher (scratch state)", 0.05)
+                with _env(
+                    GREENCTL_NOOP_OUTPUT_ELEMENTS=str(out_elems), GREENCTL_NOOP_SERVICE_MS="0"
+                ):
+                    res = apply_plan(
+                        plan,
+                        store=scratch,
+                        loader=NOOP_LOADER if stand_in == "noop" else None,
+                        policy=policy,
+                        cores=cores if where.spec.pins_cores else None,
+                        max_queue=4096,
+                        max_wait_ms=0.0,
+                    )
+                st = status(scratch)
+                urls = {"dispatcher": res.dispatcher_url or "", "direct": st["instances"][0]["url"]}
+                pids = {
+                    "dispatcher": st["dispatcher"]["pid"],
+                    "executor": st["instances"][0]["pid"],
+                }
+                body, _headers = model_input(urls["direct"], v.family)
+                if not out_elems:
+                    out_elems = _output_elements(urls["direct"], v.family)
+                for url in {urls[p] for p in paths}:  # warm both hops up
+                    run_load(url, v.family, duration_s=0.5, rate_rps=min(rates), seed=99)
+                steps = len(rates) * len(paths)
+                k = 0
+                for rate in rates:
+                    for path in paths:
+                        progress(f"{path} at {rate:g} req/s", 0.1 + 0.9 * k / steps)
+                        k += 1
+                        before = {n: _cpu_s(p) for n, p in pids.items()}
+                        out = run_load(
+                            urls[path],
+                            v.family,
+                            duration_s=max(duration_s, min_requests / rate),
+                            rate_rps=rate,
+                            seed=k,
+                        )
+                        cpu_ms = {
+                            n: _ms_per_request(before[n], p, out.ok)
+                            if n == "executor" or path == "dispatcher"
+                            else None
+                            for n, p in pids.items()
+                        }
+                        if not out.latencies_ms:
+                            raise InputError(
+                                f"no request succeeded through the {path} path at {rate:g} req/s",
+                                hint="lower the rate",
+                            )
+                        lat = np.asarray(out.latencies_ms)
+                        runs_ms = np.asarray(out.server_infer_ms, dtype=float)
+                        timed = stand_in == "model" and bool(np.isfinite(runs_ms).any())
+                        infer_q = (
+                            [float(x) for x in np.nanpercentile(runs_ms, [50, 95, 99])]
+                            if timed
+                            else [None, None, None]
+                        )
+                        rows_run = np.asarray(out.server_batch_rows, dtype=float)
+                        rows_p50 = (
+                            float(np.nanmedian(rows_run))
+                            if timed and bool(np.isfinite(rows_run).any())
+                            else None
+                        )
+                        if timed and cpu_ms["executor"] is not None:
+                            # the daemon's own CPU per request: less the model's run (one thread)
+                            own = cpu_ms["executor"] - float(np.nanmean(runs_ms))
+                            cpu_ms["executor"] = max(own, 0.0)
+                        if stand_in == "model":
+                            inside = np.asarray(out.server_queue_ms) + runs_ms
+                            lat = np.clip(lat - np.nan_to_num(inside, nan=0.0), 0.0, None)
+                        q = _midpoint_quantiles(lat)
+                        rows.append(
+                            ServingMeasurement(
+                                family=v.family,
+                                variant=v.name,
+                                path=path,
+                                stand_in=stand_in,
+                                policy=policy,
+                                rate_rps=rate,
+                                input_bytes=len(body),
+                                output_elements=out_elems,
+                                p50_ms=float(np.percentile(lat, 50)),
+                                p95_ms=float(np.percentile(lat, 95)),
+                                p99_ms=float(np.percentile(lat, 99)),
+                                quantiles_ms=q,
+                                executor_cpu_ms_per_request=cpu_ms["executor"],
+                                dispatcher_cpu_ms_per_request=cpu_ms["dispatcher"],
+                                infer_p50_ms=infer_q[0],
+                                infer_p95_ms=infer_q[1],
+                                infer_p99_ms=infer_q[2],
+                                resource=where.label,
+                                batch=batch,
+                                infer_rows_p50=rows_p50,
+                                samples=len(lat),
+                                hardware=hardware,
+                                created_at=stamp,
+                            )
+                        )
+            finally:
+                with contextlib.suppress(Exception):
+                    down(scratch)
+                scratch.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    progress("done", 1.0)
+    return rows
+
+
+def _output_elements(url: str, model: str) -> int:
+    """Output elements per row, from the executor's model metadata."""
+    import math
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/v2/models/{model}", timeout=5.0) as resp:
+        meta = json.loads(resp.read())
+    shape = [d for d in meta["outputs"][0]["shape"] if d >= 0]
+    return max(math.prod(shape), 1)
