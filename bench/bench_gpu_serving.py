@@ -193,7 +193,7 @@ def client_proc(url: str, model: str, concurrency: int, start_at: float, duratio
 
 
 def saturate(url: str, model: str, pid: int, *, outstanding: int, procs: int,
-             duration_s: float) -> dict[str, Any]:  # fmt: skip
+             duration_s: float, spy: str | None = None) -> dict[str, Any]:  # fmt: skip
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     per = max(1, math.ceil(outstanding / procs))
@@ -207,7 +207,21 @@ def saturate(url: str, model: str, pid: int, *, outstanding: int, procs: int,
     while time.time() < start_at:
         time.sleep(0.001)
     cpu0, busy0, t0 = cpu_s(pid), scrape_busy_s(url), time.time()
+    spying = None
+    if spy:  # where the executor's CPU goes (py-spy, when installed): raw stacks per thread
+        import shutil
+
+        exe = shutil.which("py-spy")
+        if exe:
+            spying = subprocess.Popen(
+                [exe, "record", "-p", str(pid), "-d", str(max(1, int(duration_s) - 1)),
+                 "-r", "250", "-f", "raw", "-o", spy, "--nonblocking", "--threads"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
     time.sleep(duration_s)
+    if spying is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            spying.wait(20)
     cpu1, busy1, t1 = cpu_s(pid), scrape_busy_s(url), time.time()
     parts = [q.get(timeout=60) for _ in workers]
     for w in workers:
@@ -238,9 +252,12 @@ def run_arm(arm: str, variant: str, batch: int, args: argparse.Namespace, workdi
     proc, state = start_executor(arm, variant, batch, args.max_wait_ms, workdir, args.device)
     url = state["url"]
     try:
+        spy = None
+        if args.py_spy:
+            spy = str(Path(args.py_spy) / f"spy-{arm}-b{batch}.txt")
         sat = saturate(
             url, variant, proc.pid, outstanding=max(8, 4 * batch), procs=args.client_procs,
-            duration_s=args.duration,
+            duration_s=args.duration, spy=spy,
         )  # fmt: skip
         # half of what this arm can do (the lower of its profile and what it served)
         rate = max(1.0, 0.5 * min(prof["throughput_rps"], sat["served_rps"] or math.inf))
@@ -312,6 +329,9 @@ def main() -> int:
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--json", metavar="FILE", help="write every figure here")
+    ap.add_argument(
+        "--py-spy", metavar="DIR", help="record the executor's stacks during saturation here"
+    )
     ap.add_argument(
         "--device", default="cuda:0", help="cuda:0; cpu only to smoke-test this script itself"
     )

@@ -186,7 +186,8 @@ def model_input(
             hint="point --endpoint at greenctl's dispatcher or executor, or another OIP v2 server",
         ) from None
     arr = np.random.default_rng(0).random(shape).astype(dtype)
-    return oip.encode_request([(spec["name"], arr)], binary=binary)
+    # binary outputs too, as tritonclient asks for them when no output is named
+    return oip.encode_request([(spec["name"], arr)], binary=binary, binary_outputs=binary)
 
 
 def open_session(connections: int = 256, timeout_s: float = 30.0) -> Any:

@@ -190,6 +190,8 @@ def run_eager(loaded: Any, arr: np.ndarray, *, numpy_native: bool) -> np.ndarray
         return np.asarray(loaded.run(arr))
     import torch
 
+    if not arr.flags.writeable:  # a view of a request body: torch wants its own memory
+        arr = arr.copy()
     x = torch.from_numpy(np.ascontiguousarray(arr))
     device = str(getattr(loaded, "device", "cpu"))
     if device != "cpu":  # the batch goes to the model's device

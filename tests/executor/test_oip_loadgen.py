@@ -34,6 +34,31 @@ def test_request_round_trip(shape, dtype, binary):
     assert tensors[0][1].dtype == arr.dtype and np.array_equal(tensors[0][1], arr)
 
 
+def test_binary_inputs_are_views_of_the_body_not_copies():
+    """A 224x224 image is 600 KB: decoding it must not copy it (each copy was CPU per request
+    in the executor), and a big-endian FP32 tensor still decodes to native values."""
+    arr = np.random.default_rng(1).random((2, 3, 8, 8)).astype(np.float32)
+    body, headers = oip.encode_request([("x", arr)], binary=True)
+    _, tensors = oip.decode_request(body, int(headers[oip.HEADER_LENGTH]))
+    got = tensors[0][1]
+    assert np.array_equal(got, arr) and not got.flags.writeable  # a view of the body
+    assert np.shares_memory(got, np.frombuffer(body, dtype=np.uint8))
+
+
+def test_the_load_generator_asks_for_binary_outputs_like_tritonclient(monkeypatch):
+    import io
+    import json
+    import urllib.request
+
+    meta = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, 3]}]}
+    monkeypatch.setattr(
+        urllib.request, "urlopen", lambda url, timeout=None: io.BytesIO(json.dumps(meta).encode())
+    )
+    body, headers = model_input("http://127.0.0.1:1", "m")
+    doc = json.loads(body[: int(headers[oip.HEADER_LENGTH])])
+    assert doc["parameters"] == {"binary_data_output": True}
+
+
 def test_response_binary_when_asked():
     out = np.ones((2, 3), dtype=np.float32)
     request = {"id": "a", "outputs": [{"name": "output", "parameters": {"binary_data": True}}]}

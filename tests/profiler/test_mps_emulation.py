@@ -323,14 +323,19 @@ def test_quit_is_sent_on_ctrl_c(store, inventory, fake_control, monkeypatch):
 def test_sigterm_stops_the_daemon_too(fake_control):
     log, _ = fake_control
     notes: list[str] = []
-    with (
-        pytest.raises(KeyboardInterrupt),
-        mps.mps_session(existing_pipe=None, gpu_uuids=[H100_UUID], notes=notes) as daemon,
-    ):
-        os.kill(os.getpid(), signal.SIGTERM)
-    assert _calls(log)[-1] == "cmd=quit"
-    assert not mps.processes_with_pipe(daemon.pipe_dir)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+    # a known handler before (an earlier test's Ray may have installed its own)
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with (
+            pytest.raises(KeyboardInterrupt),
+            mps.mps_session(existing_pipe=None, gpu_uuids=[H100_UUID], notes=notes) as daemon,
+        ):
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert _calls(log)[-1] == "cmd=quit"
+        assert not mps.processes_with_pipe(daemon.pipe_dir)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+    finally:
+        signal.signal(signal.SIGTERM, before)
     shutil.rmtree(daemon.root or "", ignore_errors=True)
 
 
