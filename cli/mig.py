@@ -78,6 +78,23 @@ def mig_synth(
         str, typer.Option("--family", help="efficientnet, yolo or albert (Clover's families).")
     ] = "efficientnet",
     me: Annotated[bool, typer.Option("--me/--no-me", help="Also +me profiles.")] = False,
+    prefix: Annotated[
+        str | None,
+        typer.Option(
+            "--prefix",
+            help="Write every variant and the family as PREFIX-NAME (--prefix synthetic: "
+            "synthetic-efficientnet-b0 of family synthetic-efficientnet), apart from real ones.",
+        ),
+    ] = None,
+    merge: Annotated[
+        bool,
+        typer.Option(
+            "--merge",
+            help="Add the synthetic rows beside a family's real (built-in, measured, imported) "
+            "variants on purpose; their records stay, and real and MPS-emulated rows of a point "
+            "win over synthetic ones (refused otherwise).",
+        ),
+    ] = False,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -86,32 +103,59 @@ def mig_synth(
     No public per-slice measurements exist: latency, power and energy come from the
     documented formula in greenctl.planner.synthetic and are stored with source and
     energy method 'synthetic'. Accuracies are the published ones Clover ships.
-    Real profiles come from `greenctl profile` on a MIG GPU.
+    Real profiles come from `greenctl profile` on a MIG GPU. A family that holds real
+    variants (built-in, measured, imported) is refused: write beside it with --prefix,
+    or add to it with --merge.
     """
     from dataclasses import asdict
 
     from greenctl.data.mig_geometry import resolve_gpu
+    from greenctl.data.provenance import store_synthetic
     from greenctl.planner.synthetic import synthetic_family
 
     geo = resolve_gpu(gpu)
-    variants, profiles = synthetic_family(geo, family, include_me=me)
-    with store_for(db) as store, store.transaction():
-        for v in variants:
-            store.upsert_variant(v)
-        store.add_profiles(profiles)
+    variants, profiles = synthetic_family(geo, family, include_me=me, prefix=prefix)
+    written, example = variants[0].family, variants[0].name  # every family has variants
+    rename = (
+        f"choose another --prefix than '{prefix}'"
+        if prefix is not None
+        else f"write a separate family with --prefix synthetic ({example} becomes "
+        f"synthetic-{example} of family synthetic-{family})"
+    )
+    with store_for(db) as store:
+        merged, kept = store_synthetic(
+            store,
+            variants,
+            profiles,
+            what=f"mig synth of family '{written}'",
+            hint=f"{rename}, or pass --merge to add the synthetic rows beside them on purpose "
+            "(their variant records stay; real and MPS-emulated rows of a point win over "
+            "synthetic ones)",
+            merge=merge,
+        )
+    for line in merged:
+        say(f"note: merged on purpose (--merge): {line}", err=True, highlight=False)
+    if kept:
+        say(
+            "note: kept the records of variants that are not synthetic: " + ", ".join(kept),
+            err=True,
+            highlight=False,
+        )
     if json_out:
         print_json(
             {
                 "gpu": geo.name,
-                "family": family,
+                "family": written,
                 "source": "synthetic",
-                "variants": [asdict(v) for v in variants],
+                "variants": [asdict(v) for v in variants if v.name not in kept],
+                "kept_variants": kept,
+                "merged": merged,
                 "profiles": [asdict(p) for p in profiles],
             }
         )
         return
     render_table(
-        f"SYNTHETIC profiles written: {family} on {geo.name} ({len(profiles)} rows)",
+        f"SYNTHETIC profiles written: {written} on {geo.name} ({len(profiles)} rows)",
         ["variant", "resource", "p50 ms", "p95 ms", "power W", "idle W", "J/req", "source"],
         [
             [

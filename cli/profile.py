@@ -251,22 +251,53 @@ def profile_list(
     resource: Annotated[
         str | None, typer.Option("--resource", help="Only this resource label.")
     ] = None,
+    all_rows: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help="Every stored row (older and lower-ranked ones too), the one the planners "
+            "use marked.",
+        ),
+    ] = False,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """List the latest profile of every (variant, resource, batch) point."""
+    """List the profile the planners use of every (variant, resource, batch) point.
+
+    That is the newest row of the point's best source: real measurements and imports,
+    then MPS-emulated, then synthetic rows (a synthetic or emulated row stored after a
+    real measurement does not replace it). --all lists every row.
+    """
     with store_for(db, create=False) as store:
         if model is not None:
             store.require_family(model)
         if variant is not None:
             store.get_variant(variant)  # NotFoundError naming the known variants
         profiles = store.latest_profiles(family=model, variant=variant, resource=resource)
+        history = (
+            store.profile_history(family=model, variant=variant, resource=resource)
+            if all_rows
+            else None
+        )
+    if history is not None:
+        used = {p.id for p in profiles}
+        if json_out:
+            from dataclasses import asdict
+
+            print_json([{**asdict(p), "used": p.id in used} for p in history])
+            return
+        render_profiles(
+            history,
+            "Profiles (every row; used: the row of its point the planners use)",
+            used=used,
+        )
+        return
     if json_out:
         from dataclasses import asdict
 
         print_json([asdict(p) for p in profiles])
         return
-    render_profiles(profiles, "Profiles (latest of each point)")
+    render_profiles(profiles, "Profiles (the row of each point the planners use)")
 
 
 def _modeled_caption() -> str:
@@ -275,14 +306,17 @@ def _modeled_caption() -> str:
     return model_caption()
 
 
-def render_profiles(profiles: list[Any], title: str) -> None:
+def render_profiles(profiles: list[Any], title: str, *, used: set[Any] | None = None) -> None:
     """The profile table of `profile list` (also shown after measuring).
 
     Load-tested points add their capacity and its SLO: without them rows of one point tested
-    at several SLOs would look like duplicates.
+    at several SLOs would look like duplicates. With ``used`` (the ids of the rows the
+    planners use; `profile list --all`) every row shows its source, time and whether it is
+    used.
     """
     capacity = any(p.capacity_slo_ms is not None for p in profiles)
-    estimates = any(is_estimate(p.source) for p in profiles)  # then a source column
+    history = used is not None
+    estimates = history or any(is_estimate(p.source) for p in profiles)  # a source column
     render_table(
         title,
         [
@@ -299,6 +333,7 @@ def render_profiles(profiles: list[Any], title: str) -> None:
             "energy",
             "hardware",
             *(["source"] if estimates else []),
+            *(["created_at", "used"] if history else []),
         ],
         [
             [
@@ -315,6 +350,7 @@ def render_profiles(profiles: list[Any], title: str) -> None:
                 p.energy_method,
                 p.hardware,
                 *([p.source] if estimates else []),
+                *([p.created_at, "yes" if p.id in (used or ()) else ""] if history else []),
             ]
             for p in profiles
         ],

@@ -8,30 +8,71 @@ figures changes what ``plan mix`` optimises without anyone asking (the gpulet GP
 no energy, so the carbon term drops out of the InfAdapter CPU family's objective). Every
 importer therefore calls :func:`check_import_merge` before it writes: an import that would add
 a data set to an existing variant or family is refused unless the caller merges on purpose.
+
+Synthetic profiles (``greenctl mig synth``) carry a real GPU's NVML name as their hardware
+label, so that ``plan mig`` finds them, but they are no measurement of that GPU: with
+``synthetic_apart`` all of them together are one data set of their own,
+:data:`SYNTHETIC_DATASET` (:func:`dataset_label`). ``mig synth`` writes through
+:func:`store_synthetic`, which follows the same rule so, and never rewrites the record of a
+variant that is not synthetic (a built-in's ``memory_mb`` decides which MIG slices it fits).
+File imports name their rows' data sets by hardware label alone (a synthetic row of a file is
+the GPU it names), so re-importing an export of synthetic rows stays a no-op.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from greenctl.data.errors import InputError
+from greenctl.data.records import SYNTHETIC, Profile, Variant
 
 UNLABELLED = "(no hardware label)"
+#: The data set of every synthetic profile, whichever GPU it names.
+SYNTHETIC_DATASET = "synthetic (greenctl mig synth)"
+_PREFIX_RE = re.compile(r"[A-Za-z][A-Za-z0-9._-]*")
 
 
 def _label(hardware: str | None) -> str:
     return UNLABELLED if hardware is None else hardware
 
 
+def dataset_label(hardware: str | None, source: str | None) -> str | None:
+    """The data set a profile belongs to: its hardware label, or :data:`SYNTHETIC_DATASET`
+    for a synthetic one."""
+    return SYNTHETIC_DATASET if source == SYNTHETIC else hardware
+
+
+def prefixed(prefix: str, name: str) -> str:
+    """``PREFIX-NAME``: a variant or family imported beside another data set's of that name.
+
+    Raises:
+        InputError: ``prefix`` is not a name (a letter, then letters, digits, ``._-``).
+    """
+    stem = prefix.rstrip("-")
+    if not _PREFIX_RE.fullmatch(stem):
+        raise InputError(
+            f"--prefix '{prefix}' is not a name",
+            hint="start with a letter; letters, digits, '.', '_' and '-' only (e.g. synthetic)",
+        )
+    return f"{stem}-{name}"
+
+
 def stored_datasets(
-    store: Any, *, variants: Iterable[str] = (), families: Iterable[str] = ()
+    store: Any,
+    *,
+    variants: Iterable[str] = (),
+    families: Iterable[str] = (),
+    synthetic_apart: bool = False,
 ) -> dict[str, Any]:
     """The data sets (hardware labels) already in the store.
 
     Returns:
         ``{"variants": {name: (family, {labels})}, "families": {family: {label: {variants}}}}``
-        for the named variants (those that exist) and families (those with profiles).
+        for the named variants (those that exist) and families (those with profiles); a
+        label is a profile's hardware label, or with ``synthetic_apart``
+        :func:`dataset_label` of it and the profile's source.
     """
     names = set(variants)
     out: dict[str, Any] = {"variants": {}, "families": {}}
@@ -42,14 +83,15 @@ def stored_datasets(
     if not fams:
         return out
     rows = store.db.query(
-        "select distinct v.family as family, p.variant as variant, p.hardware as hardware "
-        "from profiles p join variants v on v.name = p.variant"
+        "select distinct v.family as family, p.variant as variant, p.hardware as hardware, "
+        "p.source as source from profiles p join variants v on v.name = p.variant"
     )
     for r in (r for r in rows if r["family"] in fams):
+        label = dataset_label(r["hardware"], r["source"]) if synthetic_apart else r["hardware"]
         fam_sets = out["families"].setdefault(r["family"], {})
-        fam_sets.setdefault(r["hardware"], set()).add(r["variant"])
+        fam_sets.setdefault(label, set()).add(r["variant"])
         if r["variant"] in out["variants"]:
-            out["variants"][r["variant"]][1].add(r["hardware"])
+            out["variants"][r["variant"]][1].add(label)
     return out
 
 
@@ -60,6 +102,7 @@ def check_import_merge(
     what: str,
     hint: str,
     merge: bool = False,
+    synthetic_apart: bool = False,
 ) -> list[str]:
     """Refuse an import that would add another data set to an existing variant or family.
 
@@ -69,12 +112,15 @@ def check_import_merge(
 
     Args:
         store: the store the import writes to (only read here).
-        incoming: ``(variant, family, hardware label)`` of every profile the import writes
-            (a new variant's family as the import would register it; an existing variant
-            keeps its stored family).
+        incoming: ``(variant, family, data set)`` of every profile the import writes (a new
+            variant's family as the import would register it; an existing variant keeps its
+            stored family); the data set is the profile's hardware label, or with
+            ``synthetic_apart`` :func:`dataset_label` of it and its source.
         what: the import, for the message (for example ``gpulet import of DIR``).
         hint: how to import under other names, or merge on purpose.
         merge: merge on purpose: nothing is refused.
+        synthetic_apart: the stored synthetic profiles are :data:`SYNTHETIC_DATASET`, not
+            the GPU they name (for a writer whose incoming labels are :func:`dataset_label`).
 
     Returns:
         One line per merge the import makes (empty when it merges nothing); with ``merge``
@@ -85,7 +131,10 @@ def check_import_merge(
     """
     rows = list(incoming)
     seen = stored_datasets(
-        store, variants=[v for v, _, _ in rows], families=[f for _, f, _ in rows]
+        store,
+        variants=[v for v, _, _ in rows],
+        families=[f for _, f, _ in rows],
+        synthetic_apart=synthetic_apart,
     )
     by_variant: dict[str, set[str | None]] = {}
     by_family: dict[str, set[str | None]] = {}
@@ -95,11 +144,13 @@ def check_import_merge(
         by_variant.setdefault(variant, set()).add(hardware)
         by_family.setdefault(family, set()).add(hardware)
     merges: list[str] = []
+    subjects: list[str] = []  # the variant or family of each merge line
     reported: set[str] = set()
     for name, (family, held) in sorted(seen["variants"].items()):
         new = by_variant[name] - held
         if held and new:
             reported.add(family)
+            subjects.append(name)
             merges.append(
                 f"variant '{name}' (family '{family}') holds profiles of data set "
                 f"{_labels(held)}; the import adds {_labels(new)}"
@@ -112,6 +163,7 @@ def check_import_merge(
                 f"{_label(h)} ({', '.join(sorted(vs))})"
                 for h, vs in sorted(held_by.items(), key=lambda kv: _label(kv[0]))
             )
+            subjects.append(family)
             merges.append(
                 f"family '{family}' holds profiles of data set {desc}; the import adds "
                 f"{_labels(new)}"
@@ -119,12 +171,70 @@ def check_import_merge(
     if merges and not merge:
         raise InputError(
             f"{what} would merge two data sets: {merges[0]}"
-            + (f" (and {len(merges) - 1} more)" if len(merges) > 1 else "")
+            + (f" (and {len(merges) - 1} more: {_names(subjects[1:])})" if len(merges) > 1 else "")
             + "; an import never merges data sets silently",
             hint=hint,
         )
     return merges
 
 
+def _names(names: list[str], shown: int = 10) -> str:
+    """At most ``shown`` names, comma-separated."""
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+
+
 def _labels(hardware: Iterable[str | None]) -> str:
     return ", ".join(sorted(_label(h) for h in hardware))
+
+
+def store_synthetic(
+    store: Any,
+    variants: Sequence[Variant],
+    profiles: Sequence[Profile],
+    *,
+    what: str,
+    hint: str,
+    merge: bool = False,
+) -> tuple[list[str], list[str]]:
+    """Write synthetic variants and profiles (``greenctl mig synth``) in one transaction.
+
+    Synthetic profiles are :data:`SYNTHETIC_DATASET`: a variant or family that holds another
+    data set's profiles (measured, MPS-emulated, imported) is refused unless ``merge``
+    (:func:`check_import_merge`), and so is a stored variant that is not synthetic (a
+    built-in, a measured or an imported one) without profiles yet. With ``merge`` such a
+    variant keeps its record: only new and synthetic variants are written, and the synthetic
+    rows go beside its own, which the store prefers
+    (:func:`~greenctl.data.records.source_rank`).
+
+    Returns:
+        (the merges made on purpose, the variants whose records were kept).
+
+    Raises:
+        InputError: the write would merge and ``merge`` is False (nothing is written).
+    """
+    family_of = {v.name: v.family for v in variants}
+    with store.transaction():
+        merges = check_import_merge(
+            store,
+            [
+                (p.variant, family_of[p.variant], dataset_label(p.hardware, p.source))
+                for p in profiles
+            ],
+            what=what,
+            hint=hint,
+            merge=merge,
+            synthetic_apart=True,
+        )
+        stored = {v.name: v for v in store.variants()}
+        kept = [v.name for v in variants if v.name in stored and stored[v.name].source != SYNTHETIC]
+        if kept and not merge:  # records of another data set, without profiles of it yet
+            raise InputError(
+                f"{what} would add synthetic profiles to variants that are not synthetic: "
+                + ", ".join(f"{n} ({stored[n].source})" for n in kept),
+                hint=hint,
+            )
+        for v in variants:
+            if v.name not in kept:
+                store.upsert_variant(v)
+        store.add_profiles(profiles)
+    return merges, kept

@@ -94,20 +94,53 @@ ENERGY_METHODS = ("nvml", "nvml-attributed", "rapl", "modeled", "imported", "syn
 #: share of the whole GPU: ``greenctl profile --gpus --emulate-mig``).
 PROFILE_SOURCES = ("measured", "imported", "synthetic", "mps-emulated")
 MPS_EMULATED = "mps-emulated"
+SYNTHETIC = "synthetic"
 #: The one rule of which sources are estimates of the resource they name rather than
 #: measurements of it, and what a user is told beside every figure built on them (plans
 #: label themselves with :func:`estimate_label`, tables add :func:`estimate_caption`).
+#: Listed from the closest to a measurement to the furthest: the order is also the rank
+#: of :func:`source_rank`.
 ESTIMATE_SOURCES: dict[str, str] = {
     MPS_EMULATED: "MIG slices emulated on the whole GPU with the MPS active-thread percentage "
     "of each slice's share of compute (1g of 7 = 14 %), not measured on MIG instances: MPS "
     "does not isolate memory bandwidth or L2 the way MIG does",
-    "synthetic": "made up by greenctl.planner.synthetic from a documented formula, not measured",
+    SYNTHETIC: "made up by greenctl.planner.synthetic from a documented formula, not measured",
 }
 
 
 def is_estimate(source: str | None) -> bool:
     """Whether profiles of ``source`` are estimates (see :data:`ESTIMATE_SOURCES`)."""
     return source in ESTIMATE_SOURCES
+
+
+# The one rule of which stored row represents a measurement point (variant, resource,
+# batch, hardware, capacity SLO) when several were stored: rows of the best rank, and the
+# newest of those. Real measurements (``measured``, ``imported``) rank 0, then the estimate
+# sources in :data:`ESTIMATE_SOURCES` order (``mps-emulated`` 1, ``synthetic`` 2), so that a
+# synthetic demo or an emulated run stored after a real measurement of the same point
+# never replaces it (a newer real measurement does replace an estimate).
+# ``Store.latest_profiles`` (and so ``profile list``, the exports and every planner) and
+# the MIG problem's own choice go through it.
+def source_rank(source: str | None) -> int:
+    """The rank of a profile's source when a point's row is chosen (0 is best)."""
+    if not is_estimate(source):
+        return 0
+    return 1 + list(ESTIMATE_SOURCES).index(str(source))
+
+
+def source_rank_sql(column: str) -> str:
+    """:func:`source_rank` as an SQL expression over ``column`` (a trusted column name)."""
+    cases = " ".join(f"when '{s}' then {source_rank(s)}" for s in ESTIMATE_SOURCES)
+    return f"(case {column} {cases} else 0 end)"
+
+
+def point_preference(profile: Profile) -> tuple[int, str, int]:
+    """Sort key of the rows of one point: the row with the largest key represents it.
+
+    Best source rank (:func:`source_rank`) first, then the newest (``created_at``, then
+    the id: the later stored of two rows of one time).
+    """
+    return (-source_rank(profile.source), profile.created_at, profile.id or 0)
 
 
 def estimate_sources(sources: Iterable[str | None]) -> list[str]:

@@ -26,8 +26,11 @@ from greenctl.data.records import (
     Hardware,
     Profile,
     Variant,
+    point_preference,
     record_to_row,
     row_to_record,
+    source_rank,
+    source_rank_sql,
     utcnow_iso,
 )
 
@@ -169,30 +172,20 @@ class Store:
         resource: str | None = None,
         hardware: str | None = None,
     ) -> list[Profile]:
-        """The newest profile of every (variant, resource, batch, hardware, capacity SLO) point.
+        """The row that represents every (variant, resource, batch, hardware, capacity SLO)
+        point: the newest of its best-ranked source (:func:`~greenctl.data.records.source_rank`:
+        real measurements, then MPS-emulated, then synthetic rows).
 
-        Repeated measurements of a point are all kept; this returns the latest of each.
+        Repeated measurements of a point are all kept (:meth:`profile_history`); a synthetic
+        or emulated row stored after a real measurement of its point does not replace it.
         """
-        clauses, params = [], []
-        if variant is not None:
-            clauses.append("p.variant = ?")
-            params.append(variant)
-        if family is not None:
-            clauses.append("v.family = ?")
-            params.append(family)
-        if resource is not None:
-            clauses.append("p.resource = ?")
-            params.append(resource)
-        if hardware is not None:
-            clauses.append("p.hardware = ?")
-            params.append(hardware)
-        where = ("where " + " and ".join(clauses)) if clauses else ""
+        where, params = _profile_filter(variant, family, resource, hardware)
         sql = f"""
             select * from (
               select p.*, row_number() over (
                 partition by p.variant, p.resource, p.batch, coalesce(p.hardware, ''),
                              coalesce(p.capacity_slo_ms, -1)
-                order by p.created_at desc, p.id desc) as _rank
+                order by {source_rank_sql("p.source")}, p.created_at desc, p.id desc) as _rank
               from profiles p join variants v on v.name = p.variant
               {where})
             where _rank = 1
@@ -200,12 +193,30 @@ class Store:
         found = [row_to_record(Profile, r) for r in self.db.query(sql, params)]
         return sorted(found, key=_profile_order)
 
+    def profile_history(
+        self,
+        *,
+        variant: str | None = None,
+        family: str | None = None,
+        resource: str | None = None,
+        hardware: str | None = None,
+    ) -> list[Profile]:
+        """Every stored row, the rows of each point together, the one that represents it
+        (what :meth:`latest_profiles` returns) first."""
+        where, params = _profile_filter(variant, family, resource, hardware)
+        sql = f"select p.* from profiles p join variants v on v.name = p.variant {where}"
+        rows = [row_to_record(Profile, r) for r in self.db.query(sql, params)]
+        rows.sort(key=point_preference, reverse=True)
+        return sorted(rows, key=_point_order)  # stable: best first within a point
+
     def has_profile(self, profile: Profile, *, same_time: bool) -> bool:
         """Whether the store holds ``profile`` already: every field equal but ``id``.
 
         With ``same_time`` False, ``created_at`` is not compared and only the latest row of
-        the profile's point counts (re-importing figures that carry no time is a no-op only
-        while nothing newer has been measured there).
+        the profile's point and source rank counts (re-importing figures that carry no time
+        is a no-op only while nothing newer of that rank has been stored there: a newer
+        synthetic row does not make a real measurement's re-import new, and the other way
+        round).
         """
         row = record_to_row(profile)
         row.pop("id", None)
@@ -215,9 +226,13 @@ class Store:
         row.pop("created_at")
         point = ("variant", "resource", "batch", "hardware", "capacity_slo_ms")
         where = " and ".join(f"[{k}] is ?" for k in point)
+        where += f" and {source_rank_sql('[source]')} = ?"
         latest = list(
             self.db.table("profiles").rows_where(
-                where, [row[k] for k in point], order_by="created_at desc, id desc", limit=1
+                where,
+                [row[k] for k in point] + [source_rank(profile.source)],
+                order_by="created_at desc, id desc",
+                limit=1,
             )
         )
         return bool(latest) and all(latest[0].get(k) == v for k, v in row.items())
@@ -300,9 +315,31 @@ class Store:
         )
 
 
+def _profile_filter(
+    variant: str | None, family: str | None, resource: str | None, hardware: str | None
+) -> tuple[str, list[Any]]:
+    """The ``where`` clause (over ``profiles p join variants v``) of the profile queries."""
+    clauses, params = [], []
+    for column, value in (
+        ("p.variant", variant),
+        ("v.family", family),
+        ("p.resource", resource),
+        ("p.hardware", hardware),
+    ):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    return ("where " + " and ".join(clauses)) if clauses else "", params
+
+
 def _profile_order(p: Profile) -> tuple[Any, ...]:
     slo = p.capacity_slo_ms
     return (p.variant, resource_order(p.resource), p.batch, slo is not None, slo or 0.0)
+
+
+def _point_order(p: Profile) -> tuple[Any, ...]:
+    """:func:`_profile_order` with the hardware label: the whole point."""
+    return (*_profile_order(p)[:3], p.hardware or "", *_profile_order(p)[3:])
 
 
 def _pk(value: object) -> int:

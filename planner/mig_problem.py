@@ -16,7 +16,7 @@ from greenctl.data.errors import InputError
 from greenctl.data.mig_geometry import (
     GpuGeometry,
 )
-from greenctl.data.records import Profile, Variant
+from greenctl.data.records import Profile, Variant, point_preference
 from greenctl.data.resources import PIN_MIG_INSTANCE, kind_of
 from greenctl.planner.latency import ServiceTime
 from greenctl.planner.service import service_time
@@ -140,7 +140,12 @@ def build_problem(
     idle_per_slice: list[float] = []
     seen: set[tuple[str, str]] = set()
     notes: list[str] = []
-    for p in sorted(profiles, key=lambda r: (r.variant, r.resource, r.created_at), reverse=True):
+    # The rows of one (variant, slice), best first: several points (hardware labels that
+    # name this GPU model, capacity SLOs) may remain after the store's choice of each.
+    by_preference = sorted(
+        profiles, key=lambda r: (r.variant, r.resource, point_preference(r)), reverse=True
+    )
+    for p in by_preference:
         if p.variant not in vmap or kind_of(p.resource).pinning != PIN_MIG_INSTANCE or p.batch != 1:
             continue
         hw = find_gpu(p.hardware)
@@ -148,7 +153,7 @@ def build_problem(
             continue
         key = (p.variant, p.resource[4:])
         if key in seen:
-            continue  # an older measurement of the same point
+            continue  # an older or lower-ranked row of the same slice
         seen.add(key)
         v = vmap[p.variant]
         prof = geo.profile(p.resource)

@@ -39,9 +39,9 @@ from typing import Any
 
 from greenctl.data.errors import InputError
 from greenctl.data.mig_geometry import GpuGeometry, MigProfile
-from greenctl.data.records import Profile, Variant
+from greenctl.data.provenance import prefixed
+from greenctl.data.records import SYNTHETIC, Profile, Variant
 
-SYNTHETIC = "synthetic"
 ACCURACY_FILE = "clover_accuracy.json"
 ACCURACY_SOURCE = "boringlee24/sc23-clover accuracy.json (MIT), via greenctl clover_accuracy.json"
 
@@ -140,7 +140,7 @@ def fits(geo: GpuGeometry, profile: MigProfile, spec: VariantSpec) -> bool:
 
 
 def synthetic_family(
-    geo: GpuGeometry, family: str, *, include_me: bool = False
+    geo: GpuGeometry, family: str, *, include_me: bool = False, prefix: str | None = None
 ) -> tuple[list[Variant], list[Profile]]:
     """Synthetic variants (real accuracies) and per-slice profiles of a family on a GPU.
 
@@ -148,13 +148,16 @@ def synthetic_family(
         geo: the GPU model.
         family: one of :func:`family_names`.
         include_me: also emit profiles for ``+me`` instances (same figures as without).
+        prefix: name every variant and the family ``PREFIX-NAME`` (``efficientnet-b0`` of
+            ``efficientnet`` becomes ``synthetic-efficientnet-b0`` of
+            ``synthetic-efficientnet`` with ``synthetic``), apart from real variants.
 
     Returns:
         (variants, profiles); every profile has ``source`` and ``energy_method``
         ``"synthetic"`` and ``hardware`` set to the GPU's first NVML name.
 
     Raises:
-        InputError: unknown family.
+        InputError: unknown family, or a prefix that is not a name.
     """
     if family not in FAMILIES:
         raise InputError(
@@ -163,10 +166,14 @@ def synthetic_family(
         )
     acc = clover_accuracy()["families"][family]
     hardware = geo.nvml_names[0] if geo.nvml_names else geo.name
+
+    def name(base: str) -> str:
+        return base if prefix is None else prefixed(prefix, base)
+
     variants = [
         Variant(
-            name=spec.name,
-            family=family,
+            name=name(spec.name),
+            family=name(family),
             accuracy=float(acc["variants"][spec.key]) / 100.0,
             accuracy_metric=str(acc["metric"]).removesuffix("-pct"),
             accuracy_source=ACCURACY_SOURCE,
@@ -187,7 +194,7 @@ def synthetic_family(
             lat = fig["latency_ms"]
             profiles.append(
                 Profile(
-                    variant=spec.name,
+                    variant=name(spec.name),
                     resource=prof.resource,
                     batch=1,
                     throughput_rps=1000.0 / lat,

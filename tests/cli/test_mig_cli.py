@@ -142,3 +142,130 @@ def test_plan_mig_unwritable_output_saves_nothing(cli, tmp_path, monkeypatch):
     r = cli(*base, "-o", tmp_path / "plan.json")
     assert r.exit_code == 2 and "No space left" in r.output
     assert cli("plan", "list", "--json").stdout.strip() == "[]"
+
+
+# -- synthetic rows beside real ones ---------------------------------------------------------
+PLAN_H200 = ["plan", "mig", "--gpu", "H200", "--gpus", "2", "--model", "efficientnet",
+             "--rate", "60", "--carbon-intensity", "250", "--json"]  # fmt: skip
+
+
+def _real_efficientnet(store, source: str, created_at: str) -> dict:
+    """Built-in efficientnet records and real (or emulated) rows on every H200 slice, as
+    `greenctl profile --gpus [--emulate-mig]` stores them: the same points `mig synth`
+    writes. Returns the variant records."""
+    from dataclasses import replace
+
+    from greenctl.data.mig_geometry import resolve_gpu
+    from greenctl.planner.synthetic import synthetic_family
+    from greenctl.profiler.models import builtin_variants
+
+    _, rows = synthetic_family(resolve_gpu("H200"), "efficientnet")
+    with store.transaction():
+        for v in builtin_variants("efficientnet"):
+            store.upsert_variant(replace(v, memory_mb=1000.0))
+        store.add_profiles(
+            [
+                replace(p, source=source, energy_method="nvml-attributed", created_at=created_at)
+                for p in rows
+            ]
+        )
+    return {v.name: v for v in store.variants("efficientnet")}
+
+
+def _sources(cli, *args: str) -> set[str]:
+    r = cli(*args)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    return {p["source"] for p in doc}
+
+
+def test_synth_refuses_a_family_of_real_variants_and_names_the_fixes(cli, store):
+    records = _real_efficientnet(store, "measured", "2026-01-01T00:00:00Z")
+    count = store.profile_count()
+    r = cli("mig", "synth", "--gpu", "H200", "--family", "efficientnet")
+    assert r.exit_code == 2, r.output
+    text = " ".join(r.output.split())
+    assert "efficientnet-b0" in text and "--merge" in text
+    assert "--prefix synthetic" in text and "synthetic-efficientnet-b0" in text
+    assert store.profile_count() == count
+    assert {v.name: v for v in store.variants("efficientnet")} == records
+
+
+def test_synth_merge_keeps_records_and_measured_rows_in_use(cli, store):
+    records = _real_efficientnet(store, "measured", "2026-01-01T00:00:00Z")
+    before = cli(*PLAN_H200)
+    assert before.exit_code == 0, before.output
+    r = cli("mig", "synth", "--gpu", "H200", "--family", "efficientnet", "--merge", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert sorted(doc["kept_variants"]) == sorted(records) and doc["variants"] == []
+    assert "merged on purpose" in r.stderr
+    # the built-in records are untouched (params, memory_mb, source)
+    assert {v.name: v for v in store.variants("efficientnet")} == records
+    # the synthetic rows are stored, newer, but neither `profile list` nor `plan mig` use them
+    assert _sources(cli, "profile", "list", "--model", "efficientnet", "--json") == {"measured"}
+    everything = json.loads(
+        cli("profile", "list", "--model", "efficientnet", "--all", "--json").stdout
+    )
+    assert {(p["source"], p["used"]) for p in everything} == {
+        ("measured", True),
+        ("synthetic", False),
+    }
+    after = cli(*PLAN_H200)
+    assert after.exit_code == 0, after.output
+    plan, plan_before = json.loads(after.stdout), json.loads(before.stdout)
+    assert plan["predicted"]["source"] == "measured" and "label" not in plan["model"]
+    assert plan["deployments"] == plan_before["deployments"]
+    r = cli("profile", "list", "--model", "efficientnet", "--all")
+    assert r.exit_code == 0 and "used" in r.output and "synthetic" in r.output
+
+
+def test_synthetic_after_emulated_and_emulated_after_real_do_not_shadow(cli, store):
+    _real_efficientnet(store, "mps-emulated", "2026-01-01T00:00:00Z")
+    r = cli("mig", "synth", "--gpu", "H200", "--family", "efficientnet", "--merge")
+    assert r.exit_code == 0, r.output
+    listed = ("profile", "list", "--model", "efficientnet", "--json")
+    assert _sources(cli, *listed) == {"mps-emulated"}
+    plan = json.loads(cli(*PLAN_H200).stdout)
+    assert plan["model"]["label"] == "mps-emulated profiles"
+    # a real MIG measurement replaces the emulated rows; a later emulated run does not
+    _real_efficientnet(store, "measured", "2026-02-01T00:00:00Z")
+    _real_efficientnet(store, "mps-emulated", "2026-03-01T00:00:00Z")
+    assert _sources(cli, *listed) == {"measured"}
+    plan = json.loads(cli(*PLAN_H200).stdout)
+    assert plan["predicted"]["source"] == "measured" and "label" not in plan["model"]
+
+
+def test_synth_prefix_writes_a_separate_family(cli, store):
+    records = _real_efficientnet(store, "measured", "2026-01-01T00:00:00Z")
+    r = cli("mig", "synth", "--gpu", "H200", "--family", "efficientnet", "--prefix", "synthetic")
+    assert r.exit_code == 0, r.output
+    assert "synthetic-efficientnet" in r.output
+    assert {v.name: v for v in store.variants("efficientnet")} == records
+    assert [v.name for v in store.variants("synthetic-efficientnet")][:2] == [
+        "synthetic-efficientnet-b0",
+        "synthetic-efficientnet-b1",
+    ]
+    r = cli("plan", "mig", "--gpu", "H200", "--gpus", "2", "--model", "synthetic-efficientnet",
+            "--rate", "60", "--carbon-intensity", "250", "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["predicted"]["source"] == "synthetic"
+    # the family it writes now holds synthetic variants: running it again needs no flag
+    r = cli(
+        "mig", "synth", "--gpu", "H100-80GB", "--family", "efficientnet", "--prefix", "synthetic"
+    )
+    assert r.exit_code == 0, r.output
+    r = cli("mig", "synth", "--gpu", "H200", "--family", "efficientnet", "--prefix", "no good")
+    assert r.exit_code == 2 and "not a name" in r.output
+
+
+def test_an_export_of_synthetic_rows_re_imports_as_a_no_op(cli, tmp_path, store):
+    assert cli("mig", "synth", "--gpu", "A30", "--family", "albert").exit_code == 0
+    count = store.profile_count()
+    out = tmp_path / "albert.csv"
+    assert cli("profile", "export", "--format", "csv", "-o", out).exit_code == 0
+    r = cli("profile", "import", out)
+    assert r.exit_code == 0, r.output
+    assert store.profile_count() == count
+    # and mig synth again into its own (synthetic) family needs no flag
+    assert cli("mig", "synth", "--gpu", "A30", "--family", "albert").exit_code == 0
