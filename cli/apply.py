@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from greenctl.cli.common import (
@@ -18,6 +18,13 @@ from greenctl.cli.common import (
 
 BackendOpt = Annotated[
     str, typer.Option("--backend", help="local (executor daemons here) or ray (a Ray cluster).")
+]
+RecordedBackendOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--backend",
+        help="local or ray (default: the backend the last apply ran the plan on).",
+    ),
 ]
 AddressOpt = Annotated[
     str | None, typer.Option("--address", help="Ray cluster address (host:6379) for --backend ray.")
@@ -77,38 +84,30 @@ def apply_cmd(
 ) -> None:
     """Make a plan real: partitions, executor daemons and a dispatcher, with rollback."""
     from greenctl.data.plan import load_plan_file
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.backends import get_backend
 
     plan = load_plan_file(plan_file)
-    if _backend(backend, address) == "ray":
-        _apply_ray(
-            plan,
-            db=db,
-            address=address,
-            http_port=ray_http_port,
-            dry_run=dry_run,
-            verify=verify,
-            verify_duration=verify_duration,
-            json_out=json_out,
-            policy=policy,
-        )
-        return
+    runner = get_backend(backend, address=address)  # a bad --backend: refused before the store
     with store_for(db) as store:
-        result = apply_plan(
+        result = runner.apply(
             plan,
             store=store,
             dry_run=dry_run,
             verify=verify,
-            mig_parted=mig_parted,
-            wait=wait,
+            verify_duration_s=verify_duration,
             policy=policy,
+            mig_parted=mig_parted,  # each backend takes its own options
+            wait=wait,
             port=port,
             host=host,
             loader=loader,
-            verify_duration_s=verify_duration,
+            http_port=ray_http_port,
         )
     if json_out:
         print_json(result.to_dict())
+        return
+    if runner.name == "ray":
+        _print_ray_apply(result, dry_run=dry_run)
         return
     if not result.changed:
         console.print("Nothing to do: the plan is already running.")
@@ -125,63 +124,13 @@ def apply_cmd(
         _print_verify(result.verify)
 
 
-def _backend(backend: str, address: str | None) -> str:
-    from greenctl.data.errors import InputError
-
-    if backend not in ("local", "ray"):
-        raise InputError(f"--backend {backend!r} is not known", hint="use local or ray")
-    if backend == "ray" and not address:
-        raise InputError("--backend ray needs --address HOST:PORT of the Ray cluster")
-    return backend
-
-
-def _apply_ray(
-    plan: object,
-    *,
-    db: str | None,
-    address: str | None,
-    http_port: int,
-    dry_run: bool,
-    verify: bool,
-    verify_duration: float,
-    json_out: bool,
-    policy: str | None,
-) -> None:
-    from greenctl.data.plan import Plan
-    from greenctl.executor.apply import verify_plan
-    from greenctl.executor.kinds import get_kind
-    from greenctl.executor.ray_backend import apply_ray
-
-    assert isinstance(plan, Plan) and address is not None
-    # the kind's policy (the one rule); a bad --policy is refused before the store is touched
-    policy = get_kind(plan.kind).dispatch_policy(plan, policy)
-    with store_for(db) as store:
-        if plan.id is None:
-            store.save_plan(plan, source="apply")
-        result = apply_ray(
-            plan,
-            store=store,
-            address=address,
-            http_port=http_port,
-            dry_run=dry_run,
-            policy=policy,
-        )
-        checked = (
-            verify_plan(plan, store=store, endpoint=result.url, duration_s=verify_duration)
-            if verify and not dry_run
-            else None
-        )
-    if json_out:
-        from dataclasses import asdict
-
-        print_json({**asdict(result), "verify": checked})
-        return
+def _print_ray_apply(result: Any, *, dry_run: bool) -> None:
     title = "Planned actions (dry run, Ray)" if dry_run else "Actions taken (Ray)"
     render_table(title, ["action"], [[a] for a in result.actions])
     if not dry_run:
         say(f"Endpoint: {result.url}  (Open Inference Protocol v2) in {result.elapsed_s:.1f} s")
-    if checked:
-        _print_verify(checked)
+    if result.verify:
+        _print_verify(result.verify)
 
 
 def _details(action: dict[str, object]) -> str:
@@ -211,22 +160,21 @@ def _print_verify(v: dict[str, object]) -> None:
 
 
 def status_cmd(
-    backend: BackendOpt = "local",
+    backend: RecordedBackendOpt = None,
     address: AddressOpt = None,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Show the dispatcher and every running instance (variant, resource, pid, port, p95)."""
-    from greenctl.executor.apply import status
+    from greenctl.executor.backends import status
 
-    if backend == "ray":
-        from greenctl.executor.ray_backend import status_ray
-
-        with store_for(db) as store:
-            doc = status_ray(store=store, address=address)
-        if json_out:
-            print_json(doc)
-            return
+    # read-only: a missing store is not created, except to ask a named cluster (as before)
+    with store_for(db, create=backend not in (None, "local")) as store:
+        doc = status(store, backend=backend, address=address)
+    if json_out:
+        print_json(doc)
+        return
+    if doc.get("backend") == "ray":
         if doc["app"] is None:
             where = f"the Ray cluster at {doc['address']}" if doc["address"] else "Ray"
             say(
@@ -247,12 +195,6 @@ def status_cmd(
             ["variant", "resource", "replicas", "status"],
             [[i["variant"], i["resource"], i["replicas"], i["status"]] for i in doc["instances"]],
         )
-        return
-    _backend(backend, address)
-    with store_for(db, create=False) as store:  # read-only: a missing store is not created
-        doc = status(store)
-    if json_out:
-        print_json(doc)
         return
     disp = doc["dispatcher"]
     if disp is None and not doc["instances"]:
@@ -301,29 +243,22 @@ def down_cmd(
             "--restore-mig", help="Put back the MIG layout checkpointed before the first apply."
         ),
     ] = False,
-    backend: BackendOpt = "local",
+    backend: RecordedBackendOpt = None,
     address: AddressOpt = None,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Stop the dispatcher and every executor greenctl started."""
-    from greenctl.executor.apply import down
+    """Stop the dispatcher and every executor greenctl started (on the backend that runs the
+    plan, unless --backend names one)."""
+    from greenctl.executor.backends import down
 
-    if backend == "ray":
-        from greenctl.executor.ray_backend import down_ray
-
-        with store_for(db) as store:
-            deleted = down_ray(store=store, address=address)
-        if json_out:
-            print_json({"deleted": deleted})
-        else:
-            console.print(f"Deleted {len(deleted)} Ray Serve application(s).")
-        return
-    _backend(backend, address)
     with store_for(db) as store:
-        doc = down(store, restore_mig=restore_mig)
+        doc = down(store, backend=backend, address=address, restore_mig=restore_mig)
     if json_out:
         print_json(doc)
+        return
+    if doc.get("backend") == "ray":
+        console.print(f"Deleted {len(doc['deleted'])} Ray Serve application(s).")
         return
     console.print(f"Stopped {len(doc['stopped'])} process(es).")
     for r in doc["restored_mig"]:

@@ -1,5 +1,6 @@
 """The control loop's tables behind named functions: measured load, saved forecasters,
-replanning decisions, the dispatcher's request counters.
+replanning decisions, the dispatcher's request counters (what runs, and on which backend,
+is in :mod:`greenctl.data.deployments`).
 
 ``executor/control.py`` observes, decides and reconciles; what it reads and writes in the
 store goes through here, so the SQL lives in ``data/`` (see ARCHITECTURE.md).
@@ -82,19 +83,7 @@ def last_applied_decision(store: Any, lineage: str) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
-# -- the running dispatcher and its counters --------------------------------------------------
-def running_dispatcher(store: Any) -> dict[str, Any] | None:
-    """The newest dispatcher row in state ``running`` (as apply recorded it), or None."""
-    if "executor_dispatcher" not in store.db.table_names():
-        return None
-    rows = list(
-        store.db.table("executor_dispatcher").rows_where(
-            "state = ?", ["running"], order_by="id desc", limit=1
-        )
-    )
-    return rows[0] if rows else None
-
-
+# -- the dispatcher's counters (the running dispatcher itself: data/deployments.py) -----------
 def load_counter(store: Any, *, source: str, model: str) -> dict[str, Any] | None:
     """The last request count read from ``source`` for ``model`` (``time, count``), or None."""
     rows = list(

@@ -1,4 +1,6 @@
-"""Make a plan real: ``apply_plan``, ``status`` and ``down`` (the library twins of the CLI).
+"""Make a plan real on this machine: ``apply_plan``, ``status`` and ``down``, the local
+backend (:class:`greenctl.executor.backends.LocalBackend` is its face to the CLI and to
+``replan --apply``; the state it keeps is in :mod:`greenctl.data.deployments`).
 
 ``apply_plan`` validates a plan against this machine, diffs it against what runs now (state
 in the store), and then acts in an order that keeps serving: MIG layout (with a checkpoint),
@@ -23,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from greenctl.data import deployments
 from greenctl.data.errors import (
     ExecutorError,
     GreenctlError,
@@ -53,6 +56,8 @@ from greenctl.executor.procs import (
 )
 
 DEFAULT_LOADER = "greenctl.profiler.models:load_model"
+BACKEND = "local"  # this module is the local backend (executor/backends.py)
+MPS_SERVICE = "mps-control"
 
 
 @dataclass
@@ -189,22 +194,7 @@ def _placement_start(placement: Any, i: int) -> int | None:
     return None
 
 
-# -- the store's view of what runs ------------------------------------------------------
-def _running_instances(store: Store) -> list[dict[str, Any]]:
-    return list(
-        store.db.table("executor_instances").rows_where("state = ?", ["ready"], order_by="id")
-    )
-
-
-def _running_dispatcher(store: Store) -> dict[str, Any] | None:
-    rows = list(
-        store.db.table("executor_dispatcher").rows_where(
-            "state = ?", ["running"], order_by="id desc", limit=1
-        )
-    )
-    return rows[0] if rows else None
-
-
+# -- the dispatcher's admin API ---------------------------------------------------------
 def _dispatcher_token(row: dict[str, Any]) -> str:
     from greenctl.executor.procs import read_json
 
@@ -295,6 +285,8 @@ def apply_plan(
     if not kind.serves:
         raise kind.refuse("apply")
     pol = kind.dispatch_policy(plan, policy)
+    # what `replan --apply` applies again with (executor/backends.py): the address asked for
+    backend_options = {"host": host, "port": port}
     for i, d in enumerate(plan.deployments):
         runnable_resource(d.resource, field=f"deployments[{i}].resource")
     with apply_lock(state_dir, wait=wait, timeout_s=lock_timeout_s):
@@ -305,13 +297,11 @@ def apply_plan(
             )
         variants = _resolve_variants(specs, store, loader)
         check_families(plan.deployments, {name: v.family for name, v in variants.items()})
-        running = _reconcile_dead(store, _running_instances(store), record=not dry_run)
-        disp = _running_dispatcher(store)
+        running = _reconcile_dead(store, deployments.ready_instances(store), record=not dry_run)
+        disp = deployments.running_dispatcher(store)
         if disp is not None and not is_alive(disp["pid"], disp["pid_start"]):
             if not dry_run:  # it died: record that; this apply starts a new one
-                store.db.table("executor_dispatcher").update(
-                    disp["id"], {"state": "failed", "stopped_at": utcnow_iso()}
-                )
+                deployments.end_dispatcher(store, disp["id"], state="failed")
             disp = None
         kept, new_specs, to_stop = _diff(running, specs)
         usable = cores if cores is not None else partition.available_cores()
@@ -334,12 +324,7 @@ def apply_plan(
         mig_actions = _describe_mig(specs, mig_gpus, mig_parted)
         actions = mig_actions + actions
         needs_mps = any(parse_resource(s.resource).spec.thread_percentage for s in specs)
-        mps_running = (
-            store.db.table("executor_services").count_where(
-                "name = ? and state = ?", ["mps-control", "running"]
-            )
-            > 0
-        )
+        mps_running = deployments.service_running(store, MPS_SERVICE)
         if needs_mps and not mps_running:
             actions.insert(0, {"action": "start-mps-control"})
         changed = bool(actions) or routes_changed or _quotas_changed(kept, specs)
@@ -357,6 +342,14 @@ def apply_plan(
                 instances=[_instance_view(r) for r in kept],
                 policy=pol,
             )
+            if not dry_run:  # it runs here already: the local backend runs the plan
+                with store.transaction():
+                    deployments.record_backend(
+                        store,
+                        BACKEND,
+                        plan_id=disp["plan_id"] if plan.id is None and disp else plan.id,
+                        options=backend_options,
+                    )
         else:
             if plan.id is None:
                 store.save_plan(plan, source="apply")
@@ -382,6 +375,7 @@ def apply_plan(
                 needs_mps=needs_mps and not mps_running,
                 planned_actions=actions,
                 variants=variants,
+                backend_options=backend_options,
             )
     if verify and not dry_run and result.dispatcher_url:  # also when it was already running
         result.verify = verify_plan(
@@ -479,9 +473,7 @@ def _reconcile_dead(
         if is_alive(row["pid"], row["pid_start"]):
             alive.append(row)
         elif record:
-            store.db.table("executor_instances").update(
-                row["id"], {"state": "failed", "stopped_at": utcnow_iso()}
-            )
+            deployments.end_instance(store, row["id"], state="failed")
     return alive
 
 
@@ -625,19 +617,9 @@ def _execute(
     needs_mps: bool,
     planned_actions: list[dict[str, Any]],
     variants: dict[str, Any],
+    backend_options: dict[str, Any],
 ) -> ApplyResult:
-    started_at = utcnow_iso()
-    history = store.db.table("executor_apply_history")
-    history_id = int(
-        history.insert(
-            {
-                "plan_id": plan.id,
-                "started_at": started_at,
-                "status": "running",
-                "actions": json.dumps(planned_actions),
-            }
-        ).last_pk
-    )
+    history_id = deployments.start_apply(store, plan_id=plan.id, actions=planned_actions)
     undo: list[tuple[str, Callable[[], object]]] = []
     done: list[dict[str, Any]] = []
     new_rows: list[dict[str, Any]] = []
@@ -657,21 +639,13 @@ def _execute(
                     (m.profile, m.start) for m in want
                 }:
                     continue
-                if not store.db.table("executor_mig_checkpoints").count_where(
-                    "gpu_index = ? and restored_at is null", [gpu]
-                ):
-                    store.db.table("executor_mig_checkpoints").insert(
-                        {
-                            "apply_id": history_id,
-                            "created_at": utcnow_iso(),
-                            "gpu_index": gpu,
-                            "gpu_uuid": next(
-                                (g.uuid for g in backend.gpus() if g.index == gpu), None
-                            ),
-                            "layout": json.dumps(
-                                [{"profile": c["profile"], "start": c["start"]} for c in layout]
-                            ),
-                        }
+                if not deployments.has_open_mig_checkpoint(store, gpu):
+                    deployments.add_mig_checkpoint(
+                        store,
+                        apply_id=history_id,
+                        gpu_index=gpu,
+                        gpu_uuid=next((g.uuid for g in backend.gpus() if g.index == gpu), None),
+                        layout=[{"profile": c["profile"], "start": c["start"]} for c in layout],
                     )
                 done.append({"action": "mig-checkpoint", "gpu": gpu})
                 going = {(c["profile"], c["start"]) for c in layout} - {
@@ -791,50 +765,30 @@ def _execute(
         # 6. commit the new state in one transaction
         step = "recording the new state"
         with store.transaction():
-            inst = store.db.table("executor_instances")
-            for row in new_rows:
-                inst.insert(row)
+            deployments.add_instances(store, new_rows)
             for row in kept:
-                inst.update(row["id"], {"quota_rps": row["_spec"].quota_rps, "plan_id": plan.id})
+                deployments.reassign_instance(
+                    store, row["id"], plan_id=plan.id, quota_rps=row["_spec"].quota_rps
+                )
             for row in to_stop:
-                inst.update(row["id"], {"state": "stopped", "stopped_at": utcnow_iso()})
+                deployments.end_instance(store, row["id"])
             if new_disp_row is not None:
                 new_disp_row["plan_id"] = plan.id
-                store.db.table("executor_dispatcher").insert(new_disp_row)
+                deployments.add_dispatcher(store, new_disp_row)
                 if disp is not None:
-                    store.db.table("executor_dispatcher").update(
-                        disp["id"], {"state": "stopped", "stopped_at": utcnow_iso()}
-                    )
+                    deployments.end_dispatcher(store, disp["id"])
             else:
-                store.db.table("executor_dispatcher").update(
-                    target["id"], {"plan_id": plan.id, "apply_id": history_id}
+                deployments.point_dispatcher(
+                    store, target["id"], plan_id=plan.id, apply_id=history_id
                 )
             if needs_mps:
-                store.db.table("executor_services").upsert(
-                    {
-                        "name": "mps-control",
-                        "pid": None,
-                        "info": json.dumps(mps_env),
-                        "started_at": utcnow_iso(),
-                        "state": "running",
-                    },
-                    pk="name",
-                )
-            history.update(
-                history_id,
-                {"status": "applied", "finished_at": utcnow_iso(), "actions": json.dumps(done)},
-            )
+                deployments.start_service(store, MPS_SERVICE, info=mps_env)
+            deployments.record_backend(store, BACKEND, plan_id=plan.id, options=backend_options)
+            deployments.finish_apply(store, history_id, status="applied", actions=done)
     except (GreenctlError, OSError) as exc:
         undone = _undo(undo)
-        history.update(
-            history_id,
-            {
-                "status": "failed",
-                "finished_at": utcnow_iso(),
-                "actions": json.dumps(done),
-                "undone": json.dumps(undone),
-                "error": str(exc),
-            },
+        deployments.finish_apply(
+            store, history_id, status="failed", actions=done, undone=undone, error=str(exc)
         )
         message = exc.message if isinstance(exc, GreenctlError) else str(exc)
         raise ExecutorError(
@@ -859,7 +813,7 @@ def _execute(
     if new_disp_row is not None and disp is not None:
         terminate(disp["pid"], disp["pid_start"])
         done.append({"action": "stop-dispatcher", "pid": disp["pid"]})
-    history.update(history_id, {"actions": json.dumps(done)})
+    deployments.set_apply_actions(store, history_id, done)
     url = f"http://{_connect_host(target['host'])}:{target['port']}"
     return ApplyResult(
         plan_id=plan.id,
@@ -867,7 +821,7 @@ def _execute(
         dry_run=False,
         actions=done,
         dispatcher_url=url,
-        instances=[_instance_view(r) for r in _running_instances(store)],
+        instances=[_instance_view(r) for r in deployments.ready_instances(store)],
         warnings=warnings,
         history_id=history_id,
         policy=policy,
@@ -1152,7 +1106,7 @@ def status(store: Store, *, timeout_s: float = 1.0) -> dict[str, Any]:
     """What runs now: the dispatcher's address and every instance with its live figures."""
     from greenctl.executor.daemon import parse_prometheus
 
-    disp = _running_dispatcher(store)
+    disp = deployments.running_dispatcher(store)
     disp_view: dict[str, Any] | None = None
     if disp is not None:
         url = f"http://{_connect_host(disp['host'])}:{disp['port']}"
@@ -1165,9 +1119,7 @@ def status(store: Store, *, timeout_s: float = 1.0) -> dict[str, Any]:
             "log_file": disp["log_file"],
         }
     instances = []
-    for row in list(
-        store.db.table("executor_instances").rows_where("state = ?", ["ready"], order_by="id")
-    ):
+    for row in deployments.ready_instances(store):
         view = _instance_view(row)
         url = f"http://{_connect_host(row['host'])}:{row['port']}"
         view["url"] = url
@@ -1191,16 +1143,16 @@ def status(store: Store, *, timeout_s: float = 1.0) -> dict[str, Any]:
                 view["p95_ms"] = p95[0] if p95 else None
         view["p95"] = view["p95_ms"]  # the issue's field name; milliseconds
         instances.append(view)
-    restarts = store.db.table("executor_restarts").count
-    last = list(store.db.table("executor_apply_history").rows_where(order_by="id desc", limit=1))
+    last = deployments.last_apply(store)
     return {
+        "backend": BACKEND,
         "dispatcher": disp_view,
         "instances": instances,
-        "restarts": restarts,
+        "restarts": deployments.restart_count(store),
         "last_apply": None
-        if not last
+        if last is None
         else {
-            k: last[0][k] for k in ("id", "plan_id", "status", "started_at", "finished_at", "error")
+            k: last[k] for k in ("id", "plan_id", "status", "started_at", "finished_at", "error")
         },
     }
 
@@ -1227,44 +1179,34 @@ def down(store: Store, *, restore_mig: bool = False, wait: bool = True) -> dict[
     state_dir = state_dir_for(store.path)
     stopped: list[dict[str, Any]] = []
     with apply_lock(state_dir, wait=wait, timeout_s=60.0):
-        for row in store.db.table("executor_dispatcher").rows_where("state = ?", ["running"]):
+        for row in deployments.running_dispatchers(store):
             terminate(row["pid"], row["pid_start"])
-            store.db.table("executor_dispatcher").update(
-                row["id"], {"state": "stopped", "stopped_at": utcnow_iso()}
-            )
+            deployments.end_dispatcher(store, row["id"])
             stopped.append({"dispatcher": row["id"], "pid": row["pid"]})
-        for row in list(store.db.table("executor_instances").rows_where("state = ?", ["ready"])):
+        for row in deployments.ready_instances(store):
             ok = terminate(row["pid"], row["pid_start"])
-            store.db.table("executor_instances").update(
-                row["id"], {"state": "stopped", "stopped_at": utcnow_iso()}
-            )
+            deployments.end_instance(store, row["id"])
             stopped.append({"instance": row["id"], "pid": row["pid"], "stopped": ok})
-        services = store.db.table("executor_services")
-        if services.count_where("name = ? and state = ?", ["mps-control", "running"]):
+        if deployments.service_running(store, MPS_SERVICE):
             with contextlib.suppress(HardwareError):
                 partition.stop_mps(state_dir)
-            services.update("mps-control", {"state": "stopped"})
-            stopped.append({"service": "mps-control"})
+            deployments.stop_service(store, MPS_SERVICE)
+            stopped.append({"service": MPS_SERVICE})
+        deployments.stop_backend(store, BACKEND)
         restored = []
         if restore_mig:
-            checkpoints = list(
-                store.db.table("executor_mig_checkpoints").rows_where(
-                    "restored_at is null", order_by="id"
-                )
-            )
+            checkpoints = deployments.open_mig_checkpoints(store)
             if checkpoints:
                 backend = partition.gpu_backend()
                 for cp in checkpoints:
-                    partition.restore_layout(backend, cp["gpu_index"], json.loads(cp["layout"]))
-                    store.db.table("executor_mig_checkpoints").update(
-                        cp["id"], {"restored_at": utcnow_iso()}
-                    )
-                    restored.append({"gpu": cp["gpu_index"], "layout": json.loads(cp["layout"])})
+                    partition.restore_layout(backend, cp["gpu_index"], cp["layout"])
+                    deployments.mark_mig_checkpoint_restored(store, cp["id"])
+                    restored.append({"gpu": cp["gpu_index"], "layout": cp["layout"]})
     return {"stopped": stopped, "restored_mig": restored, "logs": str(state_dir)}
 
 
 def executor_log(store: Store, instance_id: str, lines: int = 20) -> str:
     """The tail of an instance's log (for error reports)."""
-    row = store.db.table("executor_instances").get(instance_id)
+    row = deployments.instance_row(store, instance_id)
     spawn = json.loads(row["spawn"] or "{}")
     return log_tail(spawn.get("log_file", os.devnull), lines)

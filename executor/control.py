@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from greenctl.data import loop_state
+from greenctl.data import deployments, loop_state
 from greenctl.data.errors import InputError, NotFoundError
 from greenctl.data.records import utcnow_iso
 
@@ -271,36 +271,34 @@ def _same_config(a: Any, b: Any) -> bool:
     return key(a) == key(b)
 
 
-def _replan_request(running: Any, *, intensity: float, rate: float | None) -> dict[str, Any]:
-    """The running plan's request at the new signal (and forecast rate): what its kind's
-    planner takes to plan it again."""
-    request = {k: v for k, v in running.request.items() if k != "carbon_region"}
-    request["carbon_intensity"] = intensity
-    if rate is not None:
-        fams = request.get("families")
-        if fams and len(fams) == 1:
-            request["families"] = [{**fams[0], "rate_rps": rate}]
-        elif request.get("model") is not None:
-            request["rate_rps"] = rate
-    request.pop("baseline", None)  # a replan plans greenctl's configuration, not a baseline
-    return request
-
-
 def _replan_kind(
-    store: Any, running: Any, *, intensity: float, rate: float | None
-) -> tuple[Any, float | None, str | None]:
-    """Plan ``running``'s kind again at ``intensity`` (and ``rate``) through the registry;
-    returns (new plan, the running plan's objective in the same problem or None, a note).
-    The running plan is the new solve's current configuration (no loading cost for a mix,
-    the warm start and kept layouts for MIG), and is scored in the same problem."""
-    from greenctl.executor.kinds import get_kind
+    store: Any,
+    running: Any,
+    *,
+    intensity: float,
+    rate: float | None = None,
+    forecast: Callable[[str], float | None] | None = None,
+) -> tuple[Any, float | None, str | None, Any]:
+    """Plan ``running``'s kind again at ``intensity`` through the registry, its request
+    rewritten by the kind (:attr:`~greenctl.executor.kinds.PlanKind.replan_request`) for the
+    plan's forecast load ``rate`` or the per-model ``forecast``.
+
+    Returns:
+        (new plan, the running plan's objective in the same problem or None, a note, the
+        :class:`~greenctl.executor.kinds.ReplanRequest`). The running plan is the new solve's
+        current configuration (no loading cost for a mix, the warm start and kept layouts
+        for MIG), and is scored in the same problem.
+    """
+    from greenctl.executor.kinds import ReplanSignal, get_kind
 
     kind = get_kind(running.kind)
     assert kind.plan is not None and kind.score is not None  # checked by replan_once
-    request = _replan_request(running, intensity=intensity, rate=rate)
-    new, problem = kind.plan(store, request, current=running)
+    rewritten = kind.replan_request(
+        running, ReplanSignal(intensity, rate_rps=rate, forecast=forecast)
+    )
+    new, problem = kind.plan(store, rewritten.request, current=running)
     old_obj, note = kind.score(problem, running)
-    return new, old_obj, note
+    return new, old_obj, note, rewritten
 
 
 def _improvement(maximise: bool, old: float | None, new: float | None) -> float | None:
@@ -365,16 +363,20 @@ def replan_once(
     """One replanning round (the cron entry point's library twin).
 
     Redo the running plan of ``plan``'s lineage with the carbon signal in force at ``at``
-    (default now) and, with ``forecaster``, the forecast peak load; compare the new plan's
-    objective with the running plan's in the same problem; act when the signal moved by
-    more than ``threshold`` since the running plan was chosen, or the objective improves by
-    more than ``margin``, and not sooner than ``min_dwell_s`` after the last change. With
-    ``apply`` the new plan is applied (``apply_fn``, default ``executor.apply.apply_plan``);
+    (default now) and, with ``forecaster``, the forecast peak load (of each model the kind's
+    request rewrite asks for, :attr:`~greenctl.executor.kinds.PlanKind.replan_request`; with
+    ``load_model``, that model's load spread over the plan as planned); compare the new
+    plan's objective with the running plan's in the same problem; act when the signal moved
+    by more than ``threshold`` since the running plan was chosen, or the objective improves
+    by more than ``margin``, and not sooner than ``min_dwell_s`` after the last change. With
+    ``apply`` the new plan is applied (``apply_fn``, default: on the backend that runs the
+    plan, :func:`greenctl.executor.backends.apply_where_running`, with ``apply_options``);
     otherwise it is saved and proposed. Every round appends a decision record. With a
     forecaster and ``sample_load``, the running dispatcher's request counters are first
     turned into a ``load_history`` sample (so cron runs collect the load they forecast).
 
-    What serves is read from the executor layer (live processes, :func:`serving_state`), and
+    What serves is asked of the backend that runs the plan (live processes or replicas,
+    :func:`serving_state`), and
     ``running_plan_id`` records it (None: nothing serves). When nothing serves (after
     ``greenctl down`` or a reboot), ``apply`` applies the best plan at once, whatever the
     dwell, threshold and margin. A plan of another lineage serving is left alone (``hold``,
@@ -498,22 +500,24 @@ def replan_once(
                     )
                     return _record(store, record)
             rate = None
+            forecast = None
             notes = []
             if forecaster:
                 # cron runs double as the load sampler: the dispatcher's counters since the
                 # last run become a load_history row (nothing when no dispatcher runs)
                 if sample_load:
                     sample_dispatcher_load(store)
-                fam = load_model or _single_family(running)
-                try:
-                    pred = predict_load(store, forecaster=forecaster, model=fam)
-                    rate = pred["predicted_peak_rps"]
-                    record["forecast_rps"] = rate
-                except InputError as exc:
-                    if "no measured load" not in exc.message:
-                        raise
-                    notes.append("no measured load yet: planned rate kept")
-            new, old_obj, note = _replan_kind(store, running, intensity=signal, rate=rate)
+                forecast = _forecast_peak(store, forecaster)
+                if load_model is not None:  # the plan follows this model's load
+                    rate = forecast(load_model)
+                    if rate is None:
+                        notes.append("no measured load yet: planned rate kept")
+                    forecast = None
+            new, old_obj, note, rewritten = _replan_kind(
+                store, running, intensity=signal, rate=rate, forecast=forecast
+            )
+            record["forecast_rps"] = rate if rate is not None else rewritten.forecast_rps
+            notes += rewritten.notes  # what the kind's rewrite left alone
             carbon.record_intensity(new, ci)  # the value, its source and carbon_region
             if note:
                 notes.append(note)
@@ -594,25 +598,13 @@ def replan_once(
 
 
 def serving_state(store: Any) -> dict[str, Any]:
-    """What really serves, from the executor layer's status (live processes, not the rows
-    of the last apply): ``live`` (a dispatcher and at least one executor run), ``plan_id``
-    (the dispatcher's plan) and ``why`` nothing serves when not ``live``."""
-    from greenctl.executor.apply import status
+    """What really serves, asked of the backend that runs the plan (live processes or
+    replicas, not the rows of the last apply; :func:`greenctl.executor.backends.serving`):
+    ``backend``, ``live``, ``plan_id`` (the plan that serves) and ``why`` nothing serves when
+    not ``live``."""
+    from greenctl.executor import backends
 
-    st = status(store, timeout_s=1.0)
-    disp = st["dispatcher"]
-    plan_id = None if disp is None or disp["plan_id"] is None else int(disp["plan_id"])
-    why = None
-    if disp is None:
-        why = "no dispatcher runs, after `greenctl down` or before any apply"
-    elif not disp["alive"]:
-        why = (
-            f"the dispatcher of plan {plan_id}, pid {disp['pid']}, is gone after a restart "
-            "or a kill"
-        )
-    elif not any(i["alive"] for i in st["instances"]):
-        why = f"no executor of plan {plan_id} is alive"
-    return {"live": why is None, "plan_id": plan_id if why is None else None, "why": why}
+    return backends.serving(store).to_dict()
 
 
 def _serves_config_of(store: Any, plan_id: int | None, plan: Any) -> bool:
@@ -627,17 +619,31 @@ def _serves_config_of(store: Any, plan_id: int | None, plan: Any) -> bool:
     return bool(other.kind == plan.kind and _same_config(other, plan))
 
 
-def _single_family(plan: Any) -> str | None:
-    fams = plan.request.get("families") or []
-    if len(fams) == 1:
-        return str(fams[0]["model"])
-    return plan.request.get("model")
+def _forecast_peak(store: Any, forecaster: str) -> Callable[[str], float | None]:
+    """forecast(model) -> ``forecaster``'s next peak of ``model``'s measured load, None when
+    none is measured (what a kind's replan rewrite asks, model by model)."""
+    get_forecaster(store, forecaster)  # an unknown forecaster fails whichever kind replans
+    cache: dict[str, float | None] = {}
+
+    def forecast(model: str) -> float | None:
+        if model not in cache:
+            try:
+                pred = predict_load(store, forecaster=forecaster, model=model)
+                cache[model] = float(pred["predicted_peak_rps"])
+            except InputError as exc:
+                if "no measured load" not in exc.message:
+                    raise
+                cache[model] = None
+        return cache[model]
+
+    return forecast
 
 
 def _default_apply(plan: Any, *, store: Any, **options: Any) -> Any:
-    from greenctl.executor.apply import apply_plan
+    """Apply on the backend that runs the plan (or ran it last), as it was applied there."""
+    from greenctl.executor import backends
 
-    return apply_plan(plan, store=store, **options)
+    return backends.apply_where_running(plan, store=store, **options)
 
 
 def _record(store: Any, record: dict[str, Any]) -> dict[str, Any]:
@@ -1110,7 +1116,7 @@ def write_demo_report(
 
 # -- measured load from the running dispatcher ------------------------------------------------
 def _dispatcher_url(store: Any) -> str | None:
-    row = loop_state.running_dispatcher(store)
+    row = deployments.running_dispatcher(store)
     if row is None:
         return None
     host = row["host"] or "127.0.0.1"

@@ -22,21 +22,21 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import importlib
 import importlib.util
+import math
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from greenctl.data.errors import InputError
+from greenctl.data.errors import InputError, shown
 from greenctl.data.resources import kind_of
 from greenctl.executor import httpserver as hs
 from greenctl.executor import oip
@@ -47,11 +47,16 @@ from greenctl.executor.metrics import (
     histogram_lines,
 )
 from greenctl.executor.procs import proc_start_ticks, run_async, settle_heap, write_json_atomic
+from greenctl.profiler.user_code import caller_dir, import_user_module, user_path
 
 DEFAULT_LOADER = "greenctl.profiler.models:load_model"
 NOOP_LOADER = "greenctl.executor.daemon:noop_loader"
 INPUT_NAME = "input"
 OUTPUT_NAME = "output"
+#: rows one request may carry, as a multiple of the largest batch (``--max-rows`` overrides;
+#: at least this many rows): a request runs as one batch, so the limit bounds how long one
+#: request holds the executor (a 2,000-row request held one for 7.8 s)
+ROWS_PER_BATCH_LIMIT = 8
 
 
 # -- models ------------------------------------------------------------------------------
@@ -101,6 +106,10 @@ def noop_loader(variant: Any, *, device: str = "cpu") -> NoopModel:
 def resolve_loader(spec: str) -> Callable[..., Any]:
     """``package.module:function`` or ``/path/file.py:function`` -> the function.
 
+    A module that is not installed, and a relative file, are looked for in the folder
+    greenctl was run from (:func:`~greenctl.profiler.user_code.caller_dir`; a daemon is told
+    it, as it runs elsewhere).
+
     Raises:
         InputError: the module or function cannot be found.
     """
@@ -109,7 +118,7 @@ def resolve_loader(spec: str) -> Callable[..., Any]:
         raise InputError(f"loader '{spec}' must look like module:function or file.py:function")
     try:
         if mod_name.endswith(".py"):
-            path = Path(mod_name)
+            path = Path(user_path(mod_name))
             module_spec = importlib.util.spec_from_file_location(
                 f"_greenctl_loader_{path.stem}", path
             )
@@ -118,7 +127,7 @@ def resolve_loader(spec: str) -> Callable[..., Any]:
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
         else:
-            module = importlib.import_module(mod_name)
+            module = import_user_module(mod_name)
     except (ImportError, OSError) as exc:
         raise InputError(f"cannot import loader module '{mod_name}': {exc}") from None
     fn = getattr(module, func, None)
@@ -350,6 +359,11 @@ class Batcher:
         self.wait_pool.shutdown(wait=False, cancel_futures=True)
 
 
+def default_max_rows(max_batch: int) -> int:
+    """Rows one request may carry by default: :data:`ROWS_PER_BATCH_LIMIT` batches."""
+    return ROWS_PER_BATCH_LIMIT * max(1, int(max_batch))
+
+
 def run_model(loaded: Any, arr: np.ndarray, *, numpy_native: bool) -> np.ndarray:
     """Run one batch through a LoadedModel eagerly (see :func:`greenctl.profiler.runner.run_eager`)."""
     from greenctl.profiler.runner import run_eager
@@ -371,6 +385,7 @@ class ExecutorServer:
         max_batch: int,
         max_wait_s: float,
         runner: Any = None,
+        max_rows: int | None = None,
     ) -> None:
         self.loaded = loaded
         self.model = model
@@ -392,6 +407,7 @@ class ExecutorServer:
         )
         self.warmup: dict[str, Any] = {}
         self.input_shape = tuple(int(d) for d in loaded.input_shape)
+        self.max_rows = max(1, max_rows) if max_rows else default_max_rows(max_batch)
         example = np.asarray(_to_numpy(loaded.example(1)))
         self.input_dtype = example.dtype
         self.output_shape: tuple[int, ...] = ()
@@ -473,6 +489,7 @@ class ExecutorServer:
                     "variant": self.variant,
                     "resource": self.resource,
                     "max_batch_size": self.batcher.max_batch,
+                    "max_rows_per_request": self.max_rows,
                 },
             }
         )
@@ -491,20 +508,8 @@ class ExecutorServer:
             return bad
         body = await request.read()
         try:
-            header = request.headers.get(oip.HEADER_LENGTH)
-            doc, tensors = oip.decode_request(body, int(header) if header else None)
-            arr = tensors[0][1]
-            squeeze = False
-            if arr.ndim == len(self.input_shape):
-                arr, squeeze = arr[None, ...], True
-            if tuple(arr.shape[1:]) != self.input_shape:
-                raise InputError(
-                    f"input shape {list(arr.shape)} does not match the model's "
-                    f"[-1, {', '.join(map(str, self.input_shape))}]"
-                )
-            if arr.dtype != self.input_dtype:
-                arr = arr.astype(self.input_dtype)
-        except (InputError, ValueError) as exc:
+            doc, arr, squeeze = self.decode(body, request.headers.get(oip.HEADER_LENGTH))
+        except (InputError, ValueError) as exc:  # what the request says is wrong: a 4xx
             self.metrics.observe("400", time.perf_counter() - t0)
             return hs.json_response({"error": str(exc)}, status=400)
         try:
@@ -522,6 +527,76 @@ class ExecutorServer:
         headers[oip.INFER_MS_HEADER] = f"{ran_s * 1000.0:.4f}"
         headers[oip.BATCH_ROWS_HEADER] = str(batch_rows)
         return hs.Response(body=payload, headers=headers)
+
+    def decode(
+        self, body: bytes, header_length: str | None
+    ) -> tuple[dict[str, Any], np.ndarray, bool]:
+        """A request's JSON, its input as a batch of rows, and whether it came as one row
+        without the batch dimension (answered the same way).
+
+        Raises:
+            InputError: a malformed request, inputs or outputs this model does not have, a
+                shape that does not fit it, or more rows than ``max_rows``.
+        """
+        length = None
+        if header_length is not None:
+            text = header_length.strip()
+            if not (text.isascii() and text.isdigit()):
+                raise InputError(f"{oip.HEADER_LENGTH} {shown(header_length)} is not a byte count")
+            length = int(text)
+        hint = (
+            f"send them in several requests: this executor takes at most {self.max_rows} rows "
+            f"of {list(self.input_shape)} per request (its --max-rows)"
+        )
+        try:
+            doc, tensors = oip.decode_request(
+                body,
+                length,
+                max_elements=self.max_rows * math.prod(self.input_shape),
+                limit_hint=hint,
+            )
+        except oip.TensorTooLarge as exc:  # refused before its data was converted
+            if len(exc.shape) != len(self.input_shape) + 1:
+                raise
+            raise self._too_many_rows(exc.shape[0], hint) from None
+        for name, _ in tensors:
+            if name != INPUT_NAME:
+                raise InputError(
+                    f"model '{self.model}' has no input '{shown(name)}'; "
+                    f"its one input is '{INPUT_NAME}'"
+                )
+        if len(tensors) > 1:
+            raise InputError(f"input '{INPUT_NAME}' is given {len(tensors)} times")
+        for out in doc.get("outputs") or []:
+            if out["name"] != OUTPUT_NAME:
+                raise InputError(
+                    f"model '{self.model}' has no output '{shown(out['name'])}'; "
+                    f"its one output is '{OUTPUT_NAME}'"
+                )
+        arr = tensors[0][1]
+        squeeze = False
+        if arr.ndim == len(self.input_shape):
+            arr, squeeze = arr[None, ...], True
+        if tuple(arr.shape[1:]) != self.input_shape:
+            raise InputError(
+                f"input shape {list(arr.shape)} does not match the model's "
+                f"[-1, {', '.join(map(str, self.input_shape))}]"
+            )
+        rows = int(arr.shape[0])
+        if rows < 1:
+            raise InputError("the input has no rows")
+        if rows > self.max_rows:
+            raise self._too_many_rows(rows, hint)
+        if arr.dtype != self.input_dtype:
+            with np.errstate(all="ignore"):
+                arr = arr.astype(self.input_dtype)
+        return doc, arr, squeeze
+
+    def _too_many_rows(self, rows: int, hint: str) -> InputError:
+        return InputError(
+            f"{rows} rows in one request are over this executor's limit of {self.max_rows}",
+            hint=hint,
+        )
 
     async def metrics_page(self, request: Any) -> Any:
         labels = f'model="{self.model}",variant="{self.variant}",resource="{self.resource}"'
@@ -580,6 +655,25 @@ def _load_variant(args: argparse.Namespace) -> Any:
     return Variant(name=args.variant, family=args.model, input_shape=args.input_shape)
 
 
+@contextlib.contextmanager
+def _in_folder(folder: str) -> Iterator[None]:
+    """Run the body in ``folder`` (when it exists), then back in the daemon's own folder.
+
+    Nothing is imported from the current folder (``python -P``), so this only decides where
+    relative file names in the user's loader resolve, as when they profiled from there.
+    """
+    home = os.getcwd()
+    try:
+        os.chdir(folder)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.chdir(home)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m greenctl.executor.daemon", description=__doc__)
     p.add_argument("--model", required=True, help="model (family) name served")
@@ -588,6 +682,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cores", default="", help="CPU cores to pin to, comma separated")
     p.add_argument("--batch", type=int, default=1, help="largest batch (rows)")
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="longest wait for a batch")
+    p.add_argument(
+        "--max-rows",
+        type=int,
+        default=None,
+        help=f"most rows in one request (default {ROWS_PER_BATCH_LIMIT} x --batch)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=int, default=0, help="port (0: any free port)")
     p.add_argument("--state-file", default=None, help="where to write pid/port when ready")
@@ -623,7 +723,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.loader != NOOP_LOADER:
             _set_torch_threads(len(cores) or os.cpu_count() or 1)
         variant = _load_variant(args)
-        loaded = resolve_loader(args.loader)(variant, device=device)
+        with _in_folder(caller_dir()):  # user code may open files relative to its folder
+            loaded = resolve_loader(args.loader)(variant, device=device)
         server = ExecutorServer(
             loaded,
             model=args.model,
@@ -631,6 +732,7 @@ def main(argv: list[str] | None = None) -> int:
             resource=args.resource,
             max_batch=args.batch,
             max_wait_s=args.max_wait_ms / 1000.0,
+            max_rows=args.max_rows,
         )
         server.warm_up()
         settle_heap()  # no full-heap collection pauses (tens of ms with torch) while serving

@@ -456,7 +456,7 @@ class Dispatcher:
         try:
             doc = await request.json()
             self.set_routes(doc)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not an object
             return hs.json_response({"error": f"bad routing table: {exc}"}, status=400)
         return hs.json_response(self.routes_doc())
 
@@ -558,32 +558,20 @@ class Dispatcher:
     def _record_restart(self, b: Backend, old_pid: int | None, port: int) -> None:
         if not self.db:
             return
-        from greenctl.data.records import utcnow_iso
+        from greenctl.data import deployments
         from greenctl.data.store import open_store
 
         try:
             with open_store(self.db) as store, store.transaction():
-                store.db.table("executor_restarts").insert(
-                    {
-                        "instance_id": b.id,
-                        "at": utcnow_iso(),
-                        "reason": "process exited",
-                        "old_pid": old_pid,
-                        "new_pid": b.pid,
-                        "new_port": port,
-                    }
+                deployments.record_restart(
+                    store,
+                    b.id,
+                    old_pid=old_pid,
+                    new_pid=b.pid,
+                    pid_start=b.pid_start,
+                    port=port,
+                    restarts=b.restarts,
                 )
-                table = store.db.table("executor_instances")
-                if table.count_where("id = ?", [b.id]):
-                    table.update(
-                        b.id,
-                        {
-                            "pid": b.pid,
-                            "pid_start": b.pid_start,
-                            "port": port,
-                            "restarts": b.restarts,
-                        },
-                    )
         except Exception as exc:  # the store is a record, not a dependency of serving
             print(f"supervisor: could not record the restart of {b.id}: {exc}", flush=True)
 

@@ -12,9 +12,31 @@ Inference Protocol endpoints need:
 - a router of ``GET``/``POST`` paths with ``{name}`` segments (404 and 405 with ``Allow``);
 - :class:`Request` and :class:`Response` objects with the few aiohttp-like members the
   handlers use (``match_info``, ``headers``, ``path``, ``remote``, ``read()``, ``json()``);
-- limits: a request body over ``max_body`` is refused with 413, a malformed request gets
-  400 and the connection is closed, connections idle for ``keepalive_s`` are closed, and a
-  handler's exception becomes a 500 JSON error (the traceback goes to stderr);
+- limits against slow or hostile clients (every one a :class:`Server` option):
+
+  ==================== ========= ============================================================
+  option               default   what happens beyond it
+  ==================== ========= ============================================================
+  ``header_timeout_s`` 10 s      a request line and headers not complete this long after
+                                 their first byte (a new connection: after it opened) get
+                                 408 and the connection is closed (slow-loris)
+  ``body_timeout_s``   10 s      a body that pauses this long between two reads gets 408
+                                 (a ``Content-Length`` larger than what is sent)
+  ``request_timeout_s`` 60 s     head and body not complete this long after the first byte
+                                 get 408 (a body trickled a byte at a time)
+  ``keepalive_s``      75 s      an idle keep-alive connection is closed
+  ``send_timeout_s``   30 s      a client that reads none of its responses for this long is
+                                 disconnected (pipelined requests stop being answered, then
+                                 read, while it does not read)
+  ``max_connections``  1024      a new connection closes the longest-idle keep-alive one, or
+                                 when none is idle is answered 503 + ``Retry-After`` and closed
+  ``max_header_bytes`` 64 KiB    request line plus headers: 431, connection closed
+  ``max_body``         64 MiB    413, connection closed
+  ==================== ========= ============================================================
+
+  A malformed request gets 400 and the connection is closed; a handler's exception becomes
+  a 500 JSON error (the traceback goes to stderr): handlers answer 4xx to bad input
+  themselves. One sweep per server checks the timeouts, at least once a second;
 - :meth:`Server.shutdown` stops accepting, lets in-flight requests finish (bounded), then
   closes every connection.
 """
@@ -23,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import re
 import sys
@@ -79,7 +102,15 @@ class Request:
         return self.body
 
     async def json(self) -> Any:
-        return json.loads(self.body)
+        """The body as JSON.
+
+        Raises:
+            ValueError: not JSON, or nested too deeply to parse (what handlers answer 400 to).
+        """
+        try:
+            return json.loads(self.body)
+        except RecursionError:
+            raise ValueError("the JSON body is nested too deeply") from None
 
 
 class Response:
@@ -169,7 +200,13 @@ class Router:
 
 
 class _Connection(asyncio.Protocol):
-    """One client connection: parse requests, run handlers one at a time, answer in order."""
+    """One client connection: parse requests, run handlers one at a time, answer in order.
+
+    Receive state for the timeouts: ``started`` is when the request being received began
+    (its first byte; for a new connection, when it opened), None between requests;
+    ``head_done`` whether its headers are in; ``last_read`` when a piece of its body last
+    came. ``idle_since`` is when the connection last finished a request or a response.
+    """
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -180,18 +217,36 @@ class _Connection(asyncio.Protocol):
         self.busy = False
         self.closing = False
         self.paused = False
-        self.last_active = time.monotonic()
+        now = time.monotonic()
+        self.started: float | None = now
+        self.head_done = False
+        self.last_read = now
+        self.idle_since = now
+        self.write_stalled_since: float | None = None
+        self.closed_at = now
         self._url = b""
         self._headers: Headers = Headers()
         self._body: list[bytes] = []
         self._size = 0
+        self._head_size = 0
         self._too_large = False
+        self._refusal: tuple[int, str] | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.remote = peer[0] if isinstance(peer, tuple) and peer else None
+        if not self.server.admit(self):
+            self.closing = True
+            refusal = json_response(
+                {"error": "too many open connections; retry later"},
+                status=503,
+                headers={"Retry-After": "1"},
+            )
+            transport.write(refusal.encode(keep_alive=False))  # type: ignore[attr-defined]
+            _linger(transport, self.server.loop)
+            return
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -199,8 +254,15 @@ class _Connection(asyncio.Protocol):
         self.pending.clear()
         self.server.connections.discard(self)
 
+    def pause_writing(self) -> None:
+        self.write_stalled_since = time.monotonic()
+
+    def resume_writing(self) -> None:
+        self.write_stalled_since = None
+        if not self.busy and not self.closing:
+            self._next()
+
     def data_received(self, data: bytes) -> None:
-        self.last_active = time.monotonic()
         if self.closing:
             return
         try:
@@ -208,26 +270,44 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not supported")
         except httptools.HttpParserError as exc:
-            self._fail(400, f"malformed HTTP request: {exc}")
+            if self._refusal is not None:
+                self._fail(*self._refusal)
+            else:
+                self._fail(400, f"malformed HTTP request: {exc}")
 
     # -- httptools callbacks --------------------------------------------------------------
     def on_message_begin(self) -> None:
+        if self.started is None:
+            self.started = time.monotonic()
+        self.head_done = False
         self._url = b""
         self._headers = Headers()
         self._body = []
         self._size = 0
+        self._head_size = 0
         self._too_large = False
 
+    def _count_head(self, n: int) -> None:
+        self._head_size += n
+        if self._head_size > self.server.max_header_bytes:
+            limit = self.server.max_header_bytes
+            self._refusal = (431, f"request line and headers exceed the {limit} byte limit")
+            raise ValueError(self._refusal[1])  # stops the parser: data_received answers
+
     def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         old = dict.get(self._headers, key)
         dict.__setitem__(self._headers, key, text if old is None else f"{old}, {text}")
 
     def on_headers_complete(self) -> None:
+        self.head_done = True
+        self.last_read = time.monotonic()
         length = dict.get(self._headers, "content-length")
         if length is not None and length.isdigit() and int(length) > self.server.max_body:
             self._too_large = True
@@ -235,6 +315,7 @@ class _Connection(asyncio.Protocol):
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, chunk: bytes) -> None:
+        self.last_read = time.monotonic()
         if self._too_large:
             return
         self._size += len(chunk)
@@ -245,6 +326,9 @@ class _Connection(asyncio.Protocol):
         self._body.append(chunk)
 
     def on_message_complete(self) -> None:
+        self.started = None
+        self.head_done = False
+        self.idle_since = time.monotonic()
         keep_alive = bool(self.parser.should_keep_alive())
         method = self.parser.get_method().decode("latin-1")
         if self._too_large:
@@ -263,7 +347,7 @@ class _Connection(asyncio.Protocol):
         if len(self.pending) > _MAX_PIPELINED and not self.paused:
             self.paused = True
             self.transport.pause_reading()
-        if not self.busy:
+        if not self.busy and self.write_stalled_since is None:
             self._next()
 
     # -- answering ------------------------------------------------------------------------
@@ -314,9 +398,12 @@ class _Connection(asyncio.Protocol):
             return
         keep_alive = keep_alive and not self.server.stopping
         self.transport.write(response.encode(keep_alive=keep_alive, head_only=head))
-        self.last_active = time.monotonic()
+        self.idle_since = time.monotonic()
         if not keep_alive:
             self.close()
+            return
+        if self.write_stalled_since is not None:  # the client is not reading: wait for it
+            self.busy = False
             return
         self._next()
 
@@ -325,16 +412,64 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         self.transport.write(json_response({"error": why}, status=status).encode(keep_alive=False))
-        self.close()
+        if self.closing:
+            return
+        self.closing = True
+        self.closed_at = time.monotonic()
+        if self.paused:
+            self.transport.resume_reading()  # drain what the client still sends
+        _linger(self.transport, self.server.loop)
+
+    def check(self, now: float) -> None:
+        """Enforce the server's timeouts on this connection (called by the sweep)."""
+        server = self.server
+        stalled = self.write_stalled_since
+        if self.closing:
+            # still flushing to a client that does not read: give up on it
+            if stalled is not None or now - self.closed_at > server.send_timeout_s:
+                self.transport.abort()
+            return
+        if stalled is not None:
+            if now - stalled > server.send_timeout_s:
+                self.closing = True
+                self.transport.abort()
+            return
+        started = self.started
+        if started is not None:
+            if self.paused:  # we stopped reading (pipelined backlog): not the client's delay
+                return
+            if not self.head_done:
+                if now - started > server.header_timeout_s:
+                    self._fail(
+                        408, f"request head not received within {server.header_timeout_s:g} s"
+                    )
+            elif now - self.last_read > server.body_timeout_s:
+                self._fail(408, f"request body stalled for {server.body_timeout_s:g} s")
+            elif now - started > server.request_timeout_s:
+                self._fail(408, f"request not received within {server.request_timeout_s:g} s")
+        elif not self.busy and not self.pending and now - self.idle_since > server.keepalive_s:
+            self.close()
+
+    def idle(self) -> bool:
+        """Between requests with nothing to answer: what may be closed to admit another."""
+        return not (self.closing or self.busy or self.pending or self.started is not None)
 
     def close(self) -> None:
         if not self.closing:
             self.closing = True
-            self.transport.close()
+            self.closed_at = time.monotonic()
+            if self.write_stalled_since is not None:
+                self.transport.abort()  # close() would wait to flush to a client not reading
+            else:
+                self.transport.close()
 
 
 class Server:
-    """A listening socket served by :class:`_Connection` protocols."""
+    """A listening socket served by :class:`_Connection` protocols.
+
+    The limits (see the module's table) are per server; the defaults suit loopback and LAN
+    clients sending tensors of up to ``max_body`` bytes.
+    """
 
     def __init__(
         self,
@@ -342,13 +477,26 @@ class Server:
         *,
         max_body: int = 64 * 1024 * 1024,
         keepalive_s: float = 75.0,
+        header_timeout_s: float = 10.0,
+        body_timeout_s: float = 10.0,
+        request_timeout_s: float = 60.0,
+        send_timeout_s: float = 30.0,
+        max_connections: int = 1024,
+        max_header_bytes: int = 64 * 1024,
     ) -> None:
         self.router = router
         self.max_body = max_body
         self.keepalive_s = keepalive_s
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.send_timeout_s = send_timeout_s
+        self.max_connections = max(1, max_connections)
+        self.max_header_bytes = max_header_bytes
         self.connections: set[_Connection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
+        self.refused = 0
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -360,20 +508,43 @@ class Server:
             OSError: the address cannot be bound.
         """
         self.loop = asyncio.get_running_loop()
+        self.max_connections = _fit_descriptor_limit(self.max_connections)
         self._server = await self.loop.create_server(
             lambda: _Connection(self), host, port, backlog=backlog, reuse_address=True
         )
         self._sweeper = self.loop.create_task(self._sweep())
         return int(self._server.sockets[0].getsockname()[1])
 
+    def admit(self, conn: _Connection) -> bool:
+        """Whether a new connection may stay open: below ``max_connections``, or after
+        closing the connection idle the longest."""
+        if len(self.connections) < self.max_connections:
+            return True
+        open_ = [c for c in self.connections if not c.closing]  # closing ones are on their way
+        if len(open_) < self.max_connections:
+            return True
+        idle = [c for c in open_ if c.idle()]
+        if not idle:
+            self.refused += 1
+            return False
+        min(idle, key=lambda c: c.idle_since).close()
+        return True
+
     async def _sweep(self) -> None:
-        """Close keep-alive connections idle for longer than ``keepalive_s``."""
+        """Apply the timeouts to every connection, at least once a second."""
+        tick = min(
+            self.keepalive_s,
+            self.header_timeout_s,
+            self.body_timeout_s,
+            self.request_timeout_s,
+            self.send_timeout_s,
+        )
+        tick = max(0.02, min(1.0, tick / 4))
         while True:
-            await asyncio.sleep(min(self.keepalive_s, 10.0))
+            await asyncio.sleep(tick)
             now = time.monotonic()
             for conn in list(self.connections):
-                if not conn.busy and now - conn.last_active > self.keepalive_s:
-                    conn.close()
+                conn.check(now)
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop accepting, let in-flight requests finish (up to ``timeout_s``), close all."""
@@ -393,3 +564,48 @@ class Server:
             conn.close()
         if self._server is not None:
             await self._server.wait_closed()
+
+
+def _fit_descriptor_limit(connections: int, *, spare: int = 256) -> int:
+    """Raise this process's open-file limit so ``connections`` client sockets fit beside
+    ``spare`` other descriptors (upstream connections, logs, the store); when the hard limit
+    does not allow it, the number of connections that fit."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return connections
+    need = connections + spare
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return connections
+    return max(1, min(connections, soft - spare))
+
+
+#: seconds a refused client may go on sending before its connection is reset
+LINGER_S = 2.0
+
+
+def _linger(transport: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """Close after an error answer without losing it: send it and a FIN, then read (and drop)
+    what the client still sends until it closes too, for at most :data:`LINGER_S`. Closing at
+    once would make the kernel answer its next bytes with a reset, which destroys the answer
+    not yet read on the client's side."""
+    try:
+        transport.write_eof()
+    except (OSError, RuntimeError, NotImplementedError):
+        transport.close()
+        return
+    loop.call_later(LINGER_S, _abort, transport)
+
+
+def _abort(transport: Any) -> None:
+    with contextlib.suppress(Exception):  # already gone
+        transport.abort()

@@ -4,6 +4,8 @@ Each kind (:class:`PlanKind`) says in one place
 
 - ``plan``: how its problem is built from the store and a request, and solved;
 - ``score``: how a running plan of the kind is scored in a new problem (``replan``);
+- ``replan_request``: how a running plan's request is rewritten for a new carbon signal and
+  load forecast (``replan``): which of its rates a forecast sets, and what it leaves alone;
 - ``objective``: which figure of its plans the solver optimised, and in which direction;
 - ``default_policy``: its default dispatch policy, handed to the one rule in
   :mod:`greenctl.planner.policy` (:meth:`PlanKind.dispatch_policy`);
@@ -28,8 +30,8 @@ A geo plan allocates load across sites, not instances (``serves=False``): ``simu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,117 @@ def _number(value: Any) -> float | None:
     return float(value) if ok and math.isfinite(value) else None
 
 
+# -- replanning: a running plan's request at a new signal -------------------------------------
+@dataclass(frozen=True)
+class ReplanSignal:
+    """What a replanning round knows when it plans a running plan again."""
+
+    #: the region's carbon intensity now (g/kWh)
+    carbon_intensity: float
+    #: the forecast peak of the plan's whole load, when the caller names the load to follow
+    #: (``replan_once(load_model=...)``); spread over the plan's models as planned
+    rate_rps: float | None = None
+    #: forecast(name) -> the forecast peak load (req/s) of one model as the measured load
+    #: names it (the dispatcher records each family it routes), None when none is measured;
+    #: None: no forecaster (the planned rates stay)
+    forecast: Callable[[str], float | None] | None = None
+
+
+@dataclass
+class ReplanRequest:
+    """A running plan's request rewritten for a :class:`ReplanSignal`."""
+
+    request: dict[str, Any]
+    #: the forecast load the request now plans for (None: the planned rates stay)
+    forecast_rps: float | None = None
+    #: what the rewrite left alone, and why (a decision's reason shows them)
+    notes: list[str] = field(default_factory=list)
+
+
+def _base_request(running: Plan) -> dict[str, Any]:
+    """The running plan's request as inputs to plan it again: without the region it was
+    recorded for, and without a baseline (a replan plans greenctl's configuration)."""
+    request = {k: v for k, v in running.request.items() if k != "carbon_region"}
+    request.pop("baseline", None)
+    return request
+
+
+def forecast_rates(
+    planned: Mapping[str, float],
+    signal: ReplanSignal,
+    *,
+    groups: Mapping[str, str] | None = None,
+) -> tuple[dict[str, float], float | None, list[str]]:
+    """New rates for the planned ``{name: rate_rps}`` under ``signal``.
+
+    With ``signal.rate_rps`` the whole load is spread over the names as planned. Otherwise
+    each name takes its own forecast when its load is measured, else its share (as planned)
+    of its group's forecast (``groups``: name -> the name its load is measured under, e.g. a
+    glet model's family); names with neither keep their planned rate, which a note says.
+
+    Returns:
+        (the rates that changed, the forecast load they add up to or None, notes).
+    """
+    names = list(planned)
+    groups = groups or {}
+
+    def split(load: float, among: list[str], over: list[str]) -> dict[str, float]:
+        """``load`` shared as planned over ``over``: the parts of those ``among``."""
+        part = sum(max(float(planned[n]), 0.0) for n in over)
+        return {
+            n: load * max(float(planned[n]), 0.0) / part if part > 0 else load / len(over)
+            for n in among
+        }
+
+    if signal.rate_rps is not None:
+        rate = float(signal.rate_rps)
+        return (split(rate, names, names), rate, []) if names else ({}, None, [])
+    if signal.forecast is None or not names:
+        return {}, None, []
+    new: dict[str, float] = {}
+    for n in names:
+        own = signal.forecast(n)
+        if own is not None:
+            new[n] = float(own)
+    for group in dict.fromkeys(groups[n] for n in names if n in groups):
+        among = [n for n in names if groups.get(n) == group and n not in new and n != group]
+        if not among:
+            continue
+        load = signal.forecast(group)
+        if load is not None:  # the members without a forecast of their own take their share
+            new.update(split(float(load), among, [n for n in names if groups.get(n) == group]))
+    missing = [n for n in names if n not in new]
+    notes = []
+    if missing and len(names) == 1:
+        notes.append("no measured load yet: planned rate kept")
+    elif len(missing) == 1:
+        notes.append(f"no measured load yet for {missing[0]}: its planned rate kept")
+    elif missing:
+        notes.append(f"no measured load yet for {', '.join(missing)}: their planned rates kept")
+    return new, (sum(new.values()) if new else None), notes
+
+
+def replan_model_rate(running: Plan, signal: ReplanSignal) -> ReplanRequest:
+    """A request of one model (``model``, ``rate_rps``, planned at ``carbon_intensity``): the
+    new signal, and the forecast of the model's load as its rate. The default of a kind that
+    says nothing else (mig's request has this shape)."""
+    request = _base_request(running)
+    request["carbon_intensity"] = signal.carbon_intensity
+    model = request.get("model")
+    if model is None:
+        notes = []
+        if signal.rate_rps is not None or signal.forecast is not None:
+            notes.append(
+                f"a {running.kind} request names no model: the forecast load is not applied"
+            )
+        return ReplanRequest(request, None, notes)
+    planned = _number(request.get("rate_rps")) or 0.0
+    new, forecast, notes = forecast_rates({str(model): planned}, signal)
+    if str(model) in new:
+        request["rate_rps"] = new[str(model)]
+    return ReplanRequest(request, forecast, notes)
+
+
 @dataclass(frozen=True)
 class PlanKind:
     """One kind of plan, as every command and loop that handles it sees it."""
@@ -85,6 +198,9 @@ class PlanKind:
     plan: Callable[..., Planned] | None = None
     #: score(problem, running plan) -> (its objective in the problem or None, note or None)
     score: Callable[[Any, Plan], tuple[float | None, str | None]] | None = None
+    #: replan_request(running plan, signal) -> its request at the new signal and forecast
+    #: (``replan``); default :func:`replan_model_rate` (one model's ``rate_rps``)
+    replan_request: Callable[[Plan, ReplanSignal], ReplanRequest] = replan_model_rate
     #: objective(plan) -> (name, value, larger is better): what ``replan`` compares
     objective: Callable[[Plan], Objective] = predicted_objective
     #: the policy when neither the plan nor batching decides (rule 4 of
@@ -186,6 +302,27 @@ def _mix_objective(plan: Plan) -> Objective:
     name = str(plan.predicted.get("objective_name") or "")
     value = _number(plan.predicted.get("objective"))
     return name, value, is_maximise(name or "balanced")
+
+
+def _mix_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
+    """A mix request at the new signal: one family's (``model`` or one of ``families``) rate
+    is the forecast of its load; several families each take their own."""
+    fams = running.request.get("families")
+    if not isinstance(fams, list) or not fams:
+        return replan_model_rate(running, signal)
+    request = _base_request(running)
+    request["carbon_intensity"] = signal.carbon_intensity
+    planned = {
+        str(f.get("model")): _number(f.get("rate_rps")) or 0.0 for f in fams if isinstance(f, dict)
+    }
+    new, forecast, notes = forecast_rates(planned, signal)
+    request["families"] = [
+        {**f, "rate_rps": new[str(f.get("model"))]}
+        if isinstance(f, dict) and str(f.get("model")) in new
+        else f
+        for f in fams
+    ]
+    return ReplanRequest(request, forecast, notes)
 
 
 # -- mig (Clover) -------------------------------------------------------------------------------
@@ -356,10 +493,12 @@ def _glet_plan(store: Any, request: dict[str, Any], *, current: Plan | None = No
     max_gpus = _option(request, "max_gpus", 8, int)
     percentile = _option(request, "rate_percentile", 99.0, float)
     simulate_s, seed = _option(request, "simulate_s", 0.0, float), _option(request, "seed", 0, int)
-    resolved = [
-        GletModel(m.name, m.rate_rps, m.slo_ms, resolve_variant(store, m.variant_name))
-        for m in models
-    ]
+    resolved = []
+    for m in models:
+        variant = resolve_variant(store, m.variant_name)
+        # the family its deployments serve (a plan document's `model`, as apply checks)
+        family = store.get_variant(variant).family
+        resolved.append(GletModel(m.name, m.rate_rps, m.slo_ms, variant, family))
     latency = load_latency_table(
         store, sorted({m.variant_name for m in resolved}), hardware=hardware
     )
@@ -396,6 +535,34 @@ def _glet_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
 
 def _glet_objective(plan: Plan) -> Objective:
     return "GPUs", _number(plan.predicted.get("gpus")), False
+
+
+def _glet_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
+    """A glet request at a new load: each model's rate becomes the forecast of its own
+    measured load, else its share (as planned) of its family's (the dispatcher measures
+    each family it routes), else stays, with a note. A glet plan minimises GPUs: the carbon
+    signal is recorded on the new plan, not planned with."""
+    request = _base_request(running)
+    models = request.get("models")
+    if not isinstance(models, list):
+        return ReplanRequest(request)  # the planner names what is wrong
+    family = {d.variant: d.model for d in running.deployments}
+    planned: dict[str, float] = {}
+    groups: dict[str, str] = {}
+    for m in models:
+        if not isinstance(m, dict) or not isinstance(m.get("name"), str):
+            continue
+        name = m["name"]
+        planned[name] = _number(m.get("rate_rps")) or 0.0
+        fam = m.get("family") or family.get(str(m.get("variant") or name))
+        if isinstance(fam, str):
+            groups[name] = fam
+    new, forecast, notes = forecast_rates(planned, signal, groups=groups)
+    request["models"] = [
+        {**m, "rate_rps": new[m["name"]]} if isinstance(m, dict) and m.get("name") in new else m
+        for m in models
+    ]
+    return ReplanRequest(request, forecast, notes)
 
 
 # -- geo (eGLB) ----------------------------------------------------------------------------------
@@ -496,6 +663,18 @@ def _geo_plan(store: Any, request: dict[str, Any], *, current: Plan | None = Non
     return run.plan, run
 
 
+def _geo_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
+    """None: a geo plan is planned from its files (each site's carbon and water intensity,
+    the demand per step); the region's signal and a load forecast are not its inputs."""
+    note = (
+        "a geo plan takes each site's carbon, water and demand from its sites and demand "
+        "files: the region's signal"
+        + (" and the load forecast are" if signal.forecast or signal.rate_rps else " is")
+        + " not planned with"
+    )
+    return ReplanRequest(_base_request(running), None, [note])
+
+
 def _geo_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
     # a geo plan keeps each site's totals, not the per-step flows its objective is made of
     return None, "a geo plan records per-site totals, not its per-step allocation"
@@ -507,15 +686,33 @@ def _geo_objective(plan: Plan) -> Objective:
 
 
 KINDS: dict[str, PlanKind] = {
-    "mix": PlanKind("mix", plan=_mix_plan, score=_mix_score, objective=_mix_objective),
-    "mig": PlanKind("mig", plan=_mig_plan, score=_mig_score, objective=_mig_objective),
+    "mix": PlanKind(
+        "mix",
+        plan=_mix_plan,
+        score=_mix_score,
+        replan_request=_mix_replan_request,
+        objective=_mix_objective,
+    ),
+    "mig": PlanKind(
+        "mig",
+        plan=_mig_plan,
+        score=_mig_score,
+        replan_request=replan_model_rate,
+        objective=_mig_objective,
+    ),
     "glet": PlanKind(
-        "glet", plan=_glet_plan, score=_glet_score, objective=_glet_objective, time_shared=True
+        "glet",
+        plan=_glet_plan,
+        score=_glet_score,
+        replan_request=_glet_replan_request,
+        objective=_glet_objective,
+        time_shared=True,
     ),
     "geo": PlanKind(
         "geo",
         plan=_geo_plan,
         score=_geo_score,
+        replan_request=_geo_replan_request,
         objective=_geo_objective,
         serves=False,
         not_served="it allocates load across sites, not instances on one cluster",

@@ -10,10 +10,11 @@ followed by raw little-endian tensor bytes, its length given in the
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
-from greenctl.data.errors import InputError
+from greenctl.data.errors import InputError, shown
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 #: greenctl's executors answer with their own timing of a request (ms): time queued for a
@@ -49,52 +50,179 @@ def oip_datatype(arr: np.ndarray) -> str:
     return _NP_TO_OIP[key]
 
 
+#: the most dimensions a tensor may have (numpy's portable limit)
+MAX_DIMS = 32
+
+
+class TensorTooLarge(InputError):
+    """A tensor with more elements than the server takes in one request."""
+
+    def __init__(self, message: str, *, shape: list[int], hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.shape = shape
+
+
+def _load_json(text: bytes | str, what: str) -> Any:
+    """``json.loads`` whose every failure is an :class:`InputError` (deep nesting included)."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise InputError(f"{what} is nested too deeply") from None
+    except (ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InputError(f"{what} is not valid JSON: {exc}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _whole(value: Any) -> bool:
+    """A JSON whole number (``true`` is an int to Python, not to JSON)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    """``value`` when it is a JSON object, ``{}`` when absent or null."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(f"{what} must be an object")
+    return value
+
+
+def _check_head(doc: Any) -> None:
+    """The request's fields other than the input tensors: types a handler relies on."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) or not doc["inputs"]:
+        raise InputError("request needs a non-empty 'inputs' list")
+    rid = doc.get("id")
+    if rid is not None and not isinstance(rid, str) and not _whole(rid):
+        raise InputError("'id' must be a string")
+    _object(doc.get("parameters"), "'parameters'")
+    outputs = doc.get("outputs")
+    if outputs is None:
+        return
+    if not isinstance(outputs, list):
+        raise InputError("'outputs' must be a list")
+    for i, out in enumerate(outputs):
+        if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+            raise InputError(f"outputs[{i}] must be an object with a string 'name'")
+        _object(out.get("parameters"), f"outputs[{i}].parameters")
+
+
+def _json_tensor(data: Any, dtype_name: str, i: int) -> np.ndarray:
+    """The flat array of a JSON tensor's ``data``, refusing values its datatype cannot hold
+    (strings, nulls, numbers out of range: JSON's ``1e400`` parses as infinity)."""
+    if not isinstance(data, list):
+        raise InputError(f"inputs[{i}].data must be a list of numbers")
+    try:
+        raw = np.asarray(data).reshape(-1)
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise InputError(f"inputs[{i}].data: {exc}") from None
+    if raw.size and raw.dtype.kind not in "biuf":
+        raise InputError(
+            f"inputs[{i}].data holds values that are not {dtype_name} numbers "
+            "(strings, nulls, objects, or whole numbers too large)"
+        )
+    target = np.dtype(DTYPES[dtype_name])
+    bad = False
+    with np.errstate(all="ignore"):
+        if target.kind in "iu" and raw.size:
+            if raw.dtype.kind == "f":
+                bad = not bool(np.all(np.isfinite(raw)) and np.all(raw == np.floor(raw)))
+            if not bad:
+                info = np.iinfo(target)
+                bad = bool(raw.min() < info.min or raw.max() > info.max)
+        arr = raw.astype(target)
+        if target.kind == "f" and arr.size:
+            bad = not bool(np.all(np.isfinite(arr)))
+    if bad:
+        raise InputError(f"inputs[{i}].data holds values out of range for {dtype_name}")
+    return arr
+
+
 def decode_request(
-    body: bytes, header_length: int | None = None
+    body: bytes,
+    header_length: int | None = None,
+    *,
+    max_elements: int | None = None,
+    limit_hint: str | None = None,
 ) -> tuple[dict[str, Any], list[tuple[str, np.ndarray]]]:
     """Parse an inference request into its JSON header and named numpy inputs.
 
+    Every malformed request is an :class:`InputError` (what a server answers 400 to): the
+    JSON, each field's type, shapes of whole numbers, data that fills the shape with values
+    its datatype holds, and binary parts whose ``binary_data_size`` is exactly what the
+    declared shape needs and that together fill the bytes after the JSON header.
+
+    Args:
+        body: the request body.
+        header_length: ``Inference-Header-Content-Length`` (binary tensor extension).
+        max_elements: refuse a tensor with more elements (checked before any data is
+            converted); ``limit_hint`` says where the limit comes from.
+
     Raises:
-        InputError: malformed JSON, an unknown datatype, or data that does not fill the shape.
+        InputError: the request is malformed; :class:`TensorTooLarge` when a tensor exceeds
+            ``max_elements``.
     """
     # views, not copies: a 224x224 image is 600 KB, and every copy of it is CPU per request
     view = memoryview(body)
     if header_length is not None:
+        if not 0 < header_length <= len(body):
+            raise InputError(
+                f"{HEADER_LENGTH} {header_length} is not within the body's {len(body)} bytes"
+            )
         head_bytes, blob = bytes(view[:header_length]), view[header_length:]
     else:
         head_bytes, blob = body, memoryview(b"")
-    try:
-        doc = json.loads(head_bytes)
-    except ValueError as exc:
-        raise InputError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) or not doc["inputs"]:
-        raise InputError("request needs a non-empty 'inputs' list")
+    doc = _load_json(head_bytes, "request body" if header_length is None else "request header")
+    _check_head(doc)
     tensors: list[tuple[str, np.ndarray]] = []
     offset = 0
     for i, item in enumerate(doc["inputs"]):
         if not isinstance(item, dict):
             raise InputError(f"inputs[{i}] must be an object")
-        name = str(item.get("name", f"input{i}"))
+        name = item.get("name")
         dtype_name = item.get("datatype")
         shape = item.get("shape")
-        if dtype_name not in DTYPES:
+        if not isinstance(name, str):
+            raise InputError(f"inputs[{i}] needs a string 'name'")
+        if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
             raise InputError(
-                f"inputs[{i}].datatype {dtype_name!r} is not supported",
+                f"inputs[{i}].datatype {shown(dtype_name)} is not supported",
                 hint=f"use one of {', '.join(DTYPES)}",
             )
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise InputError(f"inputs[{i}].shape must be a list of whole numbers")
+        if (
+            not isinstance(shape, list)
+            or len(shape) > MAX_DIMS
+            or not all(_whole(d) and d >= 0 for d in shape)
+        ):
+            raise InputError(
+                f"inputs[{i}].shape must be a list of at most {MAX_DIMS} whole numbers >= 0"
+            )
+        count = math.prod(shape)
+        if max_elements is not None and count > max_elements:
+            raise TensorTooLarge(
+                f"inputs[{i}]: shape {shape} has {count} elements, over the limit of "
+                f"{max_elements} per request",
+                shape=shape,
+                hint=limit_hint,
+            )
         dtype = np.dtype(DTYPES[dtype_name]).newbyteorder("<")
-        count = int(np.prod(shape)) if shape else 1
-        size = (item.get("parameters") or {}).get("binary_data_size")
+        size = _object(item.get("parameters"), f"inputs[{i}].parameters").get("binary_data_size")
         if size is not None:
-            chunk = blob[offset : offset + int(size)]
-            offset += int(size)
-            if len(chunk) != count * dtype.itemsize:
+            need = count * dtype.itemsize
+            if not _whole(size) or size != need:
                 raise InputError(
-                    f"inputs[{i}]: {len(chunk)} binary bytes do not fill shape {shape} "
-                    f"of {dtype_name}"
+                    f"inputs[{i}].parameters.binary_data_size {shown(size)} does not match shape "
+                    f"{shape} of {dtype_name} ({need} bytes)"
                 )
+            if offset + need > len(blob):
+                raise InputError(
+                    f"inputs[{i}]: {max(0, len(blob) - offset)} binary bytes left, shape "
+                    f"{shape} of {dtype_name} needs {need}"
+                )
+            chunk = blob[offset : offset + need]
+            offset += need
             arr = np.frombuffer(chunk, dtype=dtype)
             if not arr.dtype.isnative:  # big-endian hosts only: a native copy
                 arr = arr.astype(dtype.newbyteorder("="))
@@ -103,16 +231,22 @@ def decode_request(
             data = item.get("data")
             if data is None:
                 raise InputError(f"inputs[{i}] has neither 'data' nor binary_data_size")
-            try:
-                arr = np.asarray(data, dtype=DTYPES[dtype_name]).reshape(-1)
-            except (TypeError, ValueError) as exc:
-                raise InputError(f"inputs[{i}].data: {exc}") from None
+            arr = _json_tensor(data, dtype_name, i)
             if arr.size != count:
                 raise InputError(
                     f"inputs[{i}]: {arr.size} values do not fill shape {shape}",
                     hint="data holds the tensor flattened in row-major order",
                 )
-        tensors.append((name, arr.reshape(shape)))
+        try:
+            arr = arr.reshape(shape)
+        except (ValueError, OverflowError) as exc:  # e.g. [0, 2**70]: no elements, no array
+            raise InputError(f"inputs[{i}].shape {shape}: {exc}") from None
+        tensors.append((name, arr))
+    if offset != len(blob):
+        raise InputError(
+            f"{len(blob) - offset} bytes after the JSON header belong to no input "
+            "(binary_data_size of each binary input must add up to them)"
+        )
     return doc, tensors
 
 

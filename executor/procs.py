@@ -1,7 +1,16 @@
 """Process and file plumbing shared by apply, the dispatcher and the daemons.
 
 Detached daemons, liveness checks that survive pid reuse and zombies, atomic state files,
-the per-store state directory and the apply lock. No greenctl imports beyond ``data``.
+the per-store state directory and the apply lock. No greenctl imports beyond ``data`` and
+:mod:`greenctl.profiler.user_code` (where a user's own modules are found).
+
+Daemons are isolated from the folder they are started from: ``python -P`` keeps it off their
+import path (``PYTHONPATH`` still works; ``-I`` would drop it, and greenctl installed with
+``pip install --target`` lives there), they run in their state folder, every relative path
+they are given is made absolute against the caller's folder, and they are told that folder
+explicitly (:data:`~greenctl.profiler.user_code.CALLER_DIR_ENV`) for the user's own model
+modules and loaders. The state folder is 0700, and logs, state files and the store 0600,
+whatever the umask.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -21,8 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data.errors import ExecutorError, LockedError
+from greenctl.profiler.user_code import CALLER_DIR_ENV, caller_dir
 
 STATE_DIR_ENV = "GREENCTL_STATE_DIR"
+#: options of daemon command lines whose values are paths (made absolute when built)
+PATH_OPTIONS = ("--db", "--state-file", "--routes")
+#: environment variables holding a path, made absolute for a daemon
+PATH_ENV = ("GREENCTL_DB", STATE_DIR_ENV, "GREENCTL_FAKE_NVML")
 
 
 def settle_heap() -> None:
@@ -62,11 +77,32 @@ def state_dir_for(db_path: str | os.PathLike[str]) -> Path:
 
     ``$GREENCTL_STATE_DIR`` when set, else ``<store>.run`` beside the store file, so every
     store (and every test) gets its own.
+
+    Returned absolute (daemons run in it and are handed paths inside it). It is made 0700
+    and the store beside it, which holds the command lines the supervisor runs, 0600 (with
+    its WAL files), whatever the umask.
     """
     env = os.environ.get(STATE_DIR_ENV)
-    path = Path(env) if env else Path(str(db_path) + ".run")
-    path.mkdir(parents=True, exist_ok=True)
+    path = Path(os.path.abspath(env if env else str(db_path) + ".run"))
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private(path)
+    for suffix in ("", "-wal", "-shm"):
+        make_private(str(db_path) + suffix)
     return path
+
+
+def make_private(path: str | os.PathLike[str]) -> None:
+    """Take group and other permissions off a file or folder of ours (0700 / 0600).
+
+    Left alone: what does not exist or belongs to another user (a shared folder someone
+    named as ``$GREENCTL_STATE_DIR``).
+    """
+    try:
+        st = os.stat(path)
+        if st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
+    except OSError:
+        pass
 
 
 def proc_start_ticks(pid: int) -> str | None:
@@ -103,26 +139,76 @@ def is_alive(pid: int | None, start_ticks: str | None = None) -> bool:
 
 
 def spawn_detached(
-    argv: Sequence[str], *, env: Mapping[str, str], log_file: str | os.PathLike[str]
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    log_file: str | os.PathLike[str],
+    cwd: str | os.PathLike[str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start a daemon in its own session (it outlives the caller), output to ``log_file``."""
+    """Start a daemon in its own session (it outlives the caller), output to ``log_file``.
+
+    It runs in ``cwd`` (default: the log file's folder, its state folder), with the caller's
+    folder in :data:`CALLER_DIR_ENV` (kept when the caller is itself a daemon restarting an
+    executor), relative paths in ``PYTHONPATH`` and :data:`PATH_ENV` made absolute against
+    that folder and empty ``PYTHONPATH`` entries (the current folder, usually by accident of
+    ``$PYTHONPATH:...``) dropped. The log is created 0600.
+    """
+    caller = env.get(CALLER_DIR_ENV) or _caller_dir()
     full_env = dict(os.environ)
     full_env.update(env)
-    with open(log_file, "ab") as log:
+    full_env[CALLER_DIR_ENV] = caller
+    for key in PATH_ENV:
+        if full_env.get(key):
+            full_env[key] = os.path.join(caller, full_env[key])
+    if "PYTHONPATH" in full_env:
+        entries = [os.path.join(caller, e) for e in full_env["PYTHONPATH"].split(os.pathsep) if e]
+        if entries:
+            full_env["PYTHONPATH"] = os.pathsep.join(entries)
+        else:
+            del full_env["PYTHONPATH"]
+    log_path = os.path.join(caller, log_file)
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o600)  # created under another umask, or by an older greenctl
+    with os.fdopen(fd, "ab") as log:
         return subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=full_env,
+            cwd=os.path.join(caller, cwd) if cwd is not None else os.path.dirname(log_path),
             start_new_session=True,
             close_fds=True,
         )
 
 
 def python_module_argv(module: str, *args: str) -> list[str]:
-    """``python -m module args...`` with this interpreter."""
-    return [sys.executable, "-m", module, *args]
+    """``python -P -m module args...`` with this interpreter: the folder it starts in is not
+    on its import path, and the values of :data:`PATH_OPTIONS` are made absolute (daemons run
+    in their state folder)."""
+    out = [sys.executable, "-P", "-m", module]
+    caller = _caller_dir()
+    take_path = False
+    for arg in args:
+        if take_path:
+            arg = os.path.join(caller, arg)
+            take_path = False
+        elif arg in PATH_OPTIONS:
+            take_path = True
+        elif arg.startswith(tuple(f"{o}=" for o in PATH_OPTIONS)):
+            option, _, value = arg.partition("=")
+            arg = f"{option}={os.path.join(caller, value)}"
+        out.append(arg)
+    return out
+
+
+def _caller_dir() -> str:
+    """:func:`caller_dir`, or ``/`` when the current folder no longer exists."""
+    try:
+        return os.path.abspath(caller_dir())
+    except OSError:
+        return "/"
 
 
 def terminate(pid: int | None, start_ticks: str | None = None, *, timeout_s: float = 5.0) -> bool:

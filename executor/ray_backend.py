@@ -35,13 +35,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from greenctl.data import deployments
 from greenctl.data.errors import ExecutorError, InputError
 from greenctl.data.plan import Deployment, Plan
-from greenctl.data.records import Variant, utcnow_iso
+from greenctl.data.records import Variant
 from greenctl.data.resources import parse_resource
 from greenctl.data.store import Store
 from greenctl.executor.kinds import get_kind
 
+BACKEND = "ray"  # the backend's name (executor/backends.py)
 NAMESPACE = "greenctl"
 ROUTER_APP = "greenctl-router"
 INSTALL_HINT = "install the Ray extra: pip install 'greenctl[ray]'"
@@ -81,6 +83,10 @@ class RayApplyResult:
     elapsed_s: float = 0.0
     changed: bool = True
     policy: str | None = None
+    verify: dict[str, Any] | None = None  # apply --verify: measured against predicted
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 # --------------------------------------------------------------------------------------
@@ -485,6 +491,15 @@ def apply_ray(
     if previous == app:
         result.changed = False
         result.actions = ["the running plan version is this plan: nothing to do"]
+        if not dry_run:  # it runs there already: Ray is the backend that runs the plan
+            with store.transaction():
+                deployments.record_backend(
+                    store,
+                    BACKEND,
+                    plan_id=plan.id,
+                    address=address,
+                    options={"http_port": http_port},
+                )
         return result
     if dry_run:  # a dry run leaves the cluster as it was: Serve is not started
         return result
@@ -535,7 +550,7 @@ def apply_ray(
     if previous:
         serve.delete(previous)
         result.actions.append(f"deleted previous version {previous}")
-    _record(store, plan, address=address, app=app, url=url)
+    _record(store, plan, address=address, app=app, url=url, http_port=http_port)
     result.elapsed_s = time.perf_counter() - t0
     return result
 
@@ -561,18 +576,12 @@ def _active_app(serve: Any) -> str | None:
     return serve.get_app_handle(ROUTER_APP).active.remote().result(timeout_s=30)  # type: ignore[no-any-return]
 
 
-def _record(store: Store, plan: Plan, *, address: str, app: str, url: str) -> None:
+def _record(store: Store, plan: Plan, *, address: str, app: str, url: str, http_port: int) -> None:
+    """``app`` is the active version, and Ray the backend that runs the plan."""
     with store.transaction():
-        store.db.execute("update ray_apps set active = 0 where active = 1")
-        store.db.table("ray_apps").insert(
-            {
-                "plan_id": plan.id,
-                "address": address,
-                "app": app,
-                "url": url,
-                "applied_at": utcnow_iso(),
-                "active": 1,
-            }
+        deployments.record_ray_app(store, plan_id=plan.id, address=address, app=app, url=url)
+        deployments.record_backend(
+            store, BACKEND, plan_id=plan.id, address=address, options={"http_port": http_port}
         )
 
 
@@ -585,8 +594,8 @@ def status_ray(*, store: Store, address: str | None = None) -> dict[str, Any]:
         InputError: a malformed address.
         ExecutorError: the cluster (``address``, else the one recorded) does not answer.
     """
-    rows = list(store.db.table("ray_apps").rows_where("active = 1", limit=1))
-    if not rows:
+    row = deployments.active_ray_app(store)
+    if row is None:
         if address is not None:  # nothing recorded: still say whether the cluster answers
             _connect(address)
         return {
@@ -598,7 +607,6 @@ def status_ray(*, store: Store, address: str | None = None) -> dict[str, Any]:
             "dispatcher": None,
             "instances": [],
         }
-    row = rows[0]
     _connect(address or row["address"])
     from ray import serve
 
@@ -632,8 +640,8 @@ def status_ray(*, store: Store, address: str | None = None) -> dict[str, Any]:
 
 def down_ray(*, store: Store, address: str | None = None) -> list[str]:
     """Delete every greenctl Serve application on the cluster; returns what was deleted."""
-    rows = list(store.db.table("ray_apps").rows_where(order_by="id desc", limit=1))
-    addr = address or (rows[0]["address"] if rows else None)
+    last = deployments.last_ray_app(store)
+    addr = address or (last["address"] if last else None)
     if addr is None:
         return []
     _connect(addr)
@@ -645,5 +653,6 @@ def down_ray(*, store: Store, address: str | None = None) -> list[str]:
             serve.delete(app)
             deleted.append(app)
     with store.transaction():
-        store.db.execute("update ray_apps set active = 0")
+        deployments.deactivate_ray_apps(store)
+        deployments.stop_backend(store, BACKEND)
     return deleted

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from greenctl.data import serving_rows as serving_rows_db
 from greenctl.data.records import utcnow_iso
 from greenctl.data.resources import kind_of
 from greenctl.data.store import Store
@@ -88,21 +89,17 @@ def save_serving(store: Store, rows: Iterable[ServingMeasurement]) -> list[int]:
     ids = []
     with store.transaction():
         for r in rows:
-            pk = store.db.table("serving_profiles").insert(r.to_row()).last_pk
-            r.id = int(pk) if pk is not None else None
-            ids.append(int(pk) if pk is not None else 0)
+            r.id = serving_rows_db.add_serving_row(store, r.to_row())
+            ids.append(r.id if r.id is not None else 0)
     return ids
 
 
 def serving_rows(store: Store, *, variant: str | None = None) -> list[ServingMeasurement]:
     """Stored measurements, newest first."""
-    sql = "select * from serving_profiles"
-    params: list[Any] = []
-    if variant:
-        sql += " where variant = ?"
-        params.append(variant)
-    sql += " order by created_at desc, id desc"
-    return [ServingMeasurement.from_row(r) for r in store.db.query(sql, params)]
+    return [
+        ServingMeasurement.from_row(r)
+        for r in serving_rows_db.serving_profile_rows(store, variant=variant)
+    ]
 
 
 def _off_cpu(row: ServingMeasurement) -> str | None:
@@ -214,11 +211,8 @@ def serving_overheads(
     for family, rate in rates.items():
         rows = [
             ServingMeasurement.from_row(r)
-            for r in store.db.query(
-                "select * from serving_profiles where path = ? and family = ? "
-                "and coalesce(stand_in, 'noop') = coalesce(?, stand_in, 'noop') "
-                "order by created_at desc, id desc",
-                [path, family, stand_in],
+            for r in serving_rows_db.family_serving_rows(
+                store, path=path, family=family, stand_in=stand_in
             )
         ]
         target = max(float(rate), 1e-9)

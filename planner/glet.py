@@ -550,7 +550,7 @@ def plan_glet(
 
     Returns:
         A ``kind: "glet"`` plan: ``gpus`` (per GPU its glets and their models), aggregated
-        ``deployments`` and ``predicted`` with ``gpus`` and ``per_model``. With
+        ``deployments`` (whose ``model`` is the variant's family, ``GletModel.family``) and ``predicted`` with ``gpus`` and ``per_model``. With
         ``simulate_s > 0`` each ``per_model`` entry also carries the p99 latency and SLO
         violation share of a Poisson simulation of the time-shared cycles (``seed``).
 
@@ -576,15 +576,18 @@ def plan_glet(
             hint="raise --max-gpus, lower the rates or relax the SLOs",
         )
     desc = describe(state)
+    # a deployment serves its variant's family (the plan document's ``model``, the name
+    # clients ask for); the glets keep each model's own name, as the request gives it
+    family = {m.name: m.family_name for m in problem.models}
     deployments: dict[tuple[str, str, str, int], Deployment] = {}
     for gpu in desc["gpus"]:
         for g in gpu["glets"]:
             for m in g["models"]:
-                key = (m["model"], m["variant"], g["resource"], m["batch"])
+                key = (family[m["model"]], m["variant"], g["resource"], m["batch"])
                 dep = deployments.get(key)
                 if dep is None:
                     dep = Deployment(
-                        model=m["model"],
+                        model=family[m["model"]],
                         variant=m["variant"],
                         resource=g["resource"],
                         count=0,
@@ -626,6 +629,7 @@ def plan_glet(
         "models",
         [
             {"name": m.name, "variant": m.variant_name, "rate_rps": m.rate_rps, "slo_ms": m.slo_ms}
+            | ({"family": m.family} if m.family else {})
             for m in problem.models
         ],
     )

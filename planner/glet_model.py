@@ -32,10 +32,17 @@ class GletModel:
     rate_rps: float
     slo_ms: float
     variant: str | None = None  # the profiled variant; defaults to ``name``
+    #: the variant's family: what its deployments serve (the model name a client asks the
+    #: dispatcher for, as in every plan document); None: ``name``
+    family: str | None = None
 
     @property
     def variant_name(self) -> str:
         return self.variant or self.name
+
+    @property
+    def family_name(self) -> str:
+        return self.family or self.name
 
 
 @dataclass

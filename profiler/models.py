@@ -22,11 +22,8 @@ torch is imported lazily, inside functions.
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
 import pickle
-import sys
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -35,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from greenctl.data.errors import InputError, NotFoundError
 from greenctl.data.records import Variant
+from greenctl.profiler.user_code import import_user_module
 
 if TYPE_CHECKING:
     import torch
@@ -388,12 +386,9 @@ def _import_callable(spec: str) -> Any:
         raise InputError(
             f"'{spec}' is not module:callable", hint="for example --model-path mypkg.models:build"
         )
-    added = False
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # let users point at a module in the current folder
-        added = True
     try:
-        mod = importlib.import_module(mod_name)
+        # a module in the folder greenctl runs in (a daemon's caller's, given explicitly)
+        mod = import_user_module(mod_name)
     except ImportError as exc:
         raise InputError(
             f"cannot import module '{mod_name}': {exc}",
@@ -404,9 +399,6 @@ def _import_callable(spec: str) -> Any:
             f"importing module '{mod_name}' failed: {one_line_error(exc)}",
             hint=f"fix the module so that `python -c 'import {mod_name}'` works",
         ) from None
-    finally:
-        if added:
-            sys.path.remove(os.getcwd())
     obj = mod
     for part in attr.split("."):
         if not hasattr(obj, part):

@@ -255,3 +255,62 @@ def test_no_private_names_across_modules(edges: list[Edge]) -> None:
 def test_cycle_finder_finds_a_circle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == {("a", "b", "c")}
+
+
+# -- the store's tables are reached through named functions in data/ ---------------------------
+#: sqlite-utils / sqlite3 calls that reach a table, a query or the connection
+RAW_STORE_CALLS = frozenset(
+    {"table", "tables", "table_names", "query", "execute", "executescript", "conn", "view"}
+)
+
+
+def _raw_store_calls(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """``x.db.table(...)``-style uses: a raw-store attribute of ``<anything>.db`` or of a
+    name ``db``, and imports of sqlite3 / sqlite_utils."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in RAW_STORE_CALLS:
+            inner = node.value
+            if (isinstance(inner, ast.Attribute) and inner.attr == "db") or (
+                isinstance(inner, ast.Name) and inner.id == "db"
+            ):
+                yield node.lineno, f"db.{node.attr}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in ("sqlite3", "sqlite_utils"):
+                    yield node.lineno, f"import {alias.name}"
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").split(".")[0] in ("sqlite3", "sqlite_utils")
+        ):
+            yield node.lineno, f"from {node.module} import"
+
+
+def test_only_data_touches_the_store_tables(modules: dict[str, Path]) -> None:
+    """Every query sits behind a named function in data/ (ARCHITECTURE.md): the executor's
+    state (:mod:`greenctl.data.deployments`), the control loop's
+    (:mod:`greenctl.data.loop_state`), the serving runs (:mod:`greenctl.data.serving_rows`)."""
+    found = sorted(
+        f"{path.relative_to(REPO)}:{line}: {what}"
+        for name, path in modules.items()
+        if _layer(name) != "data"
+        for line, what in _raw_store_calls(ast.parse(path.read_text(encoding="utf-8")))
+    )
+    assert found == [], "raw store calls outside data/ (put them behind a data/ function)"
+
+
+def test_the_raw_store_call_finder_finds_them() -> None:
+    tree = ast.parse(
+        "store.db.table('x').insert({})\n"
+        "rows = store.db.query('select 1')\n"
+        "db.execute('update x set y = 1')\n"
+        "import sqlite3\n"
+        "open_store(self.db)\n"  # a path called db is not a store call
+        "args.db\n"
+    )
+    assert sorted(_raw_store_calls(tree)) == [
+        (1, "db.table"),
+        (2, "db.query"),
+        (3, "db.execute"),
+        (4, "import sqlite3"),
+    ]

@@ -61,6 +61,7 @@ def test_dry_run_json(cli, plan_file, state_dir):
     ]
     r = cli("status", "--json")
     assert json.loads(r.stdout) == {
+        "backend": "local",  # nothing applied: the local backend answers
         "dispatcher": None,
         "instances": [],
         "restarts": 0,

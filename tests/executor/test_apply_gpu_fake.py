@@ -227,9 +227,10 @@ def test_mps_shares_start_control_daemon(run_store, loaders, tmp_path, monkeypat
     assert env["vb"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "60"
     assert env["va"]["CUDA_VISIBLE_DEVICES"] == "GPU-11111111-2222-3333-4444-555555555555"
     # the routing policy of a glet plan is "batch"
-    from greenctl.executor.apply import _admin, _running_dispatcher
+    from greenctl.data.deployments import running_dispatcher
+    from greenctl.executor.apply import _admin
 
-    routes = _admin(_running_dispatcher(run_store), "GET")
+    routes = _admin(running_dispatcher(run_store), "GET")
     assert {m["policy"] for m in routes["models"].values()} == {"batch"}
     assert {b["slots"] for m in routes["models"].values() for b in m["instances"]} == {5, 3}
     down(run_store)

@@ -278,6 +278,163 @@ def test_idle_keepalive_connections_are_swept() -> None:
     assert _run(scenario()) == b""
 
 
+async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes:
+    """Everything the server sends until it closes the connection (bounded: a test of a
+    timeout must not hang when the timeout is missing)."""
+    return await asyncio.wait_for(reader.read(), seconds)
+
+
+def test_slow_loris_heads_get_408_and_are_closed() -> None:
+    """A head trickled a byte at a time, and a connection that sends nothing at all, are
+    dropped after ``header_timeout_s`` (not kept while bytes keep coming)."""
+
+    async def scenario() -> tuple[bytes, bytes, bytes]:
+        server, port, _ = await _serve(header_timeout_s=0.4)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        silent_r, silent_w = await asyncio.open_connection("127.0.0.1", port)
+        head = b"GET /fast HTTP/1.1\r\nHost: h\r\nX-Slow: " + b"a" * 100
+        reading = asyncio.ensure_future(_closed_within(reader, 5))  # read as it comes
+        for byte in head[:30]:  # 3 s of one byte per 0.1 s: far past the 0.4 s limit
+            if reading.done():
+                break
+            writer.write(bytes([byte]))
+            await asyncio.sleep(0.1)
+        trickled = await reading
+        silent = await _closed_within(silent_r, 5)
+        # a well-behaved client on the same server is unaffected
+        ok_r, ok_w = await asyncio.open_connection("127.0.0.1", port)
+        ok_w.write(b"GET /fast HTTP/1.1\r\nHost: h\r\n\r\n")
+        ok = (await _read_response(ok_r))[2]
+        for w in (writer, silent_w, ok_w):
+            w.close()
+        await server.shutdown()
+        return trickled, silent, ok
+
+    trickled, silent, ok = _run(scenario())  # type: ignore[misc]
+    assert trickled.startswith(b"HTTP/1.1 408 ") and b"request head not received" in trickled
+    assert b"Connection: close" in trickled
+    assert silent.startswith(b"HTTP/1.1 408 ")
+    assert ok == b"fast"
+
+
+def test_a_body_shorter_than_its_content_length_times_out() -> None:
+    async def scenario() -> tuple[bytes, bytes]:
+        server, port, _ = await _serve(body_timeout_s=0.3)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 1000\r\n\r\n{"
+        )
+        stalled = await _closed_within(reader, 5)
+        writer.close()
+        # a body trickled faster than body_timeout_s still ends at request_timeout_s
+        await server.shutdown()
+        server, port, _ = await _serve(body_timeout_s=0.3, request_timeout_s=0.8)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 1000\r\n\r\n")
+        reading = asyncio.ensure_future(_closed_within(reader, 5))
+        for _ in range(40):  # 4 s of a byte per 0.1 s
+            if reading.done():
+                break
+            writer.write(b"x")
+            await asyncio.sleep(0.1)
+        trickled = await reading
+        writer.close()
+        await server.shutdown()
+        return stalled, trickled
+
+    stalled, trickled = _run(scenario())  # type: ignore[misc]
+    assert stalled.startswith(b"HTTP/1.1 408 ") and b"body stalled" in stalled
+    assert trickled.startswith(b"HTTP/1.1 408 ") and b"request not received" in trickled
+
+
+def test_connection_cap_closes_the_longest_idle_then_refuses_with_503() -> None:
+    async def scenario() -> dict[str, object]:
+        server, port, _ = await _serve(max_connections=2)
+        out: dict[str, object] = {}
+        conns = []
+        for _ in range(2):  # two idle keep-alive connections
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"GET /fast HTTP/1.1\r\nHost: h\r\n\r\n")
+            await _read_response(r)
+            conns.append((r, w))
+            await asyncio.sleep(0.02)
+        # a third connection closes the one idle the longest, and is served
+        r3, w3 = await asyncio.open_connection("127.0.0.1", port)
+        out["oldest"] = await _closed_within(conns[0][0], 5)
+        w3.write(b"GET /fast HTTP/1.1\r\nHost: h\r\n")  # mid-request: not idle
+        r4, w4 = await asyncio.open_connection("127.0.0.1", port)  # closes conns[1]
+        out["second"] = await _closed_within(conns[1][0], 5)
+        w4.write(b"GET /fast HTTP/1.1\r\n")  # mid-request too
+        await asyncio.sleep(0.05)
+        r5, w5 = await asyncio.open_connection("127.0.0.1", port)  # nothing idle: refused
+        out["refused"] = await _closed_within(r5, 5)
+        w3.write(b"\r\n")
+        out["third"] = (await _read_response(r3))[2]
+        out["count"] = server.refused
+        for _, w in [*conns, (r3, w3), (r4, w4), (r5, w5)]:
+            w.close()
+        await server.shutdown()
+        return out
+
+    out = _run(scenario())
+    assert out["oldest"] == b"" and out["second"] == b""  # type: ignore[index]
+    refused = out["refused"]  # type: ignore[index]
+    assert refused.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in refused
+    assert out["third"] == b"fast" and out["count"] == 1  # type: ignore[index]
+
+
+def test_oversized_head_gets_431() -> None:
+    async def scenario() -> bytes:
+        server, port, _ = await _serve(max_header_bytes=1000)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /fast HTTP/1.1\r\nHost: h\r\nX-Big: " + b"a" * 5000 + b"\r\n\r\n")
+        answer = await _closed_within(reader, 5)
+        writer.close()
+        await server.shutdown()
+        return answer
+
+    answer = _run(scenario())
+    assert answer.startswith(b"HTTP/1.1 431 ") and b"1000 byte limit" in answer  # type: ignore[union-attr]
+
+
+def test_a_client_that_does_not_read_its_answers_is_dropped() -> None:
+    """Pipelined requests from a client that never reads: answering stops when its socket
+    is full (no unbounded buffering), and it is disconnected after ``send_timeout_s``."""
+    import socket
+
+    async def scenario() -> tuple[int, int]:
+        router = hs.Router()
+
+        async def big(request: hs.Request) -> hs.Response:
+            return hs.Response(body=b"z" * 1_000_000)
+
+        router.add_get("/big", big)
+        server = hs.Server(router, send_timeout_s=0.5)
+        port = await server.start("127.0.0.1", 0)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"GET /big HTTP/1.1\r\nHost: h\r\n\r\n" * 50)  # 50 MB of answers
+        for _ in range(100):
+            await asyncio.sleep(0.1)
+            if not server.connections:
+                break
+        left = len(server.connections)
+        running = len(server.tasks)  # handlers still waiting to write
+        sock.close()
+        await server.shutdown()
+        return left, running
+
+    left, running = _run(scenario())  # type: ignore[misc]
+    assert left == 0 and running == 0
+
+
+def test_request_json_refuses_deep_nesting_as_a_value_error() -> None:
+    request = hs.Request("POST", "/", "", hs.Headers(), b"[" * 100_000 + b"]" * 100_000, None)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        asyncio.run(request.json())
+
+
 def test_settle_heap_freezes_what_is_alive_and_still_collects_later_garbage() -> None:
     """Run in a child so the test process's own collector is left as it was."""
     import subprocess

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from greenctl.data.errors import InputError
+from greenctl.data.plan import Deployment, Plan
 from greenctl.executor import control
 from greenctl.executor.kinds import KINDS, PlanKind, get_kind, register
 
@@ -34,7 +35,7 @@ def test_replan_at_the_same_signal_finds_the_commands_plan(cli, resnet):
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     planned = resnet.get_plan(json.loads(r.stdout)["id"])
-    new, old_obj, note = control._replan_kind(resnet, planned, intensity=300.0, rate=None)
+    new, old_obj, note, _ = control._replan_kind(resnet, planned, intensity=300.0, rate=None)
     key = sorted((d.variant, d.resource, d.count) for d in planned.deployments)
     assert sorted((d.variant, d.resource, d.count) for d in new.deployments) == key
     assert note is None
@@ -71,7 +72,7 @@ def test_a_registered_kind_is_planned_and_scored_through_the_registry(store, mon
         deployments=[Deployment("tiny", "tiny-s", "cpu:1", count=1, quota_rps=5.0)],
         id=7,
     )
-    new, old_obj, note = control._replan_kind(store, running, intensity=123.0, rate=9.0)
+    new, old_obj, note, _ = control._replan_kind(store, running, intensity=123.0, rate=9.0)
     assert calls == [("plan", 123.0, 7), ("score", "P")]
     assert new.request["rate_rps"] == 9.0 and "carbon_region" not in new.request
     assert (old_obj, note) == (1.0, None)
@@ -114,7 +115,7 @@ def test_a_glet_plan_is_planned_again_from_its_request(cli, gpulet):
     assert r.exit_code == 0, r.output
     planned = gpulet.get_plan(json.loads(r.stdout)["id"])
     assert planned.request["interference"]["id"] is not None  # the model used, recorded
-    new, old_obj, note = control._replan_kind(gpulet, planned, intensity=300.0, rate=None)
+    new, old_obj, note, _ = control._replan_kind(gpulet, planned, intensity=300.0, rate=None)
     assert new.extra["gpus"] == planned.extra["gpus"]
     assert new.request["models"] == planned.request["models"]
     assert new.request["interference"] == planned.request["interference"]
@@ -144,6 +145,162 @@ def test_a_glet_layout_that_cannot_carry_the_load_is_not_scored(cli, gpulet):
     assert gpus is None and "not one of the partitions" in note
 
 
+def test_a_glet_plan_is_planned_simulated_and_applied(cli, gpulet, tmp_path, monkeypatch):
+    """A glet plan's deployments serve their variant's family (as every plan document's and
+    as apply checks): `plan glet` -> `simulate` -> `apply --dry-run` on a (fake) GPU."""
+    path = tmp_path / "glet.json"
+    r = cli(
+        "plan", "glet", "--model", "resnet50:400:25", "--model", "vgg16:300:30",
+        "--simulate-seconds", "0", "-o", path, "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert {(d["model"], d["variant"]) for d in doc["deployments"]} == {
+        ("resnet", "resnet50"),
+        ("vgg", "vgg16"),
+    }
+    # the glets and the request keep each model's own name (and now its family)
+    assert {m["model"] for g in doc["gpus"] for gl in g["glets"] for m in gl["models"]} == {
+        "resnet50",
+        "vgg16",
+    }
+    assert [(m["name"], m["family"]) for m in doc["request"]["models"]] == [
+        ("resnet50", "resnet"),
+        ("vgg16", "vgg"),
+    ]
+    r = cli("simulate", path, "--json", "--analytic")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["policy"] == "batch"
+    r = cli("simulate", path, "--json", "--requests", "2000")
+    assert r.exit_code == 0, r.output
+    fake = tmp_path / "fake_nvml.json"
+    fake.write_text(
+        json.dumps(
+            {"gpus": [{"name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-1", "memory_mb": 40960}]}
+        )
+    )
+    monkeypatch.setenv("GREENCTL_FAKE_NVML", str(fake))
+    monkeypatch.setenv("GREENCTL_STATE_DIR", str(tmp_path / "state"))
+    r = cli("apply", path, "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    applied = json.loads(r.stdout)
+    assert applied["dry_run"] and applied["policy"] == "batch"
+    starts = {
+        (a["model"], a["variant"], a["resource"])
+        for a in applied["actions"]
+        if a["action"] == "start-executor"
+    }
+    assert starts == {(d["model"], d["variant"], d["resource"]) for d in doc["deployments"]}
+
+
+# -- replanning: each kind rewrites its own request -------------------------------------------
+def _running(kind: str, request: dict, deployments=()) -> Plan:
+    return Plan(kind=kind, request=request, deployments=list(deployments), id=1)
+
+
+def test_each_kind_rewrites_its_request_for_a_new_signal_and_load():
+    from greenctl.executor.kinds import ReplanSignal
+
+    loads = {"resnet": 90.0, "tiny": 12.0}
+    forecast = loads.get
+    # mix, one family: its rate is the family's forecast; the baseline and region go
+    mix = _running(
+        "mix",
+        {"model": "tiny", "rate_rps": 5.0, "baseline": "accuracy", "carbon_region": "CISO"},
+    )
+    out = get_kind("mix").replan_request(mix, ReplanSignal(300.0, forecast=forecast))
+    assert out.request == {"model": "tiny", "rate_rps": 12.0, "carbon_intensity": 300.0}
+    assert (out.forecast_rps, out.notes) == (12.0, [])
+    # mix, several families: each takes its own forecast; one never measured keeps its rate
+    fams = [{"model": "tiny", "rate_rps": 5.0}, {"model": "vgg", "rate_rps": 7.0}]
+    out = get_kind("mix").replan_request(
+        _running("mix", {"families": fams}), ReplanSignal(300.0, forecast=forecast)
+    )
+    assert [f["rate_rps"] for f in out.request["families"]] == [12.0, 7.0]
+    assert out.forecast_rps == 12.0 and "vgg" in out.notes[0]
+    # ...and a whole-plan forecast is spread over them as planned
+    out = get_kind("mix").replan_request(
+        _running("mix", {"families": fams}), ReplanSignal(300.0, rate_rps=24.0)
+    )
+    assert [f["rate_rps"] for f in out.request["families"]] == [10.0, 14.0]
+    # mig: the family's rate and the signal
+    mig = _running("mig", {"model": "resnet", "rate_rps": 40.0, "gpu": "A100-40GB", "gpus": 1})
+    out = get_kind("mig").replan_request(mig, ReplanSignal(250.0, forecast=forecast))
+    assert (out.request["rate_rps"], out.request["carbon_intensity"]) == (90.0, 250.0)
+    out = get_kind("mig").replan_request(mig, ReplanSignal(250.0, forecast=lambda m: None))
+    assert out.request["rate_rps"] == 40.0
+    assert out.notes == ["no measured load yet: planned rate kept"]
+    # no forecaster: rates stay, nothing to say
+    out = get_kind("mig").replan_request(mig, ReplanSignal(250.0))
+    assert (out.request["rate_rps"], out.forecast_rps, out.notes) == (40.0, None, [])
+    # geo: its files are its inputs; it says so, and sets nothing
+    geo = _running("geo", {"sites": "/s.csv", "demand": "/d.csv", "carbon_region": "X"})
+    out = get_kind("geo").replan_request(geo, ReplanSignal(250.0, forecast=forecast))
+    assert out.request == {"sites": "/s.csv", "demand": "/d.csv"}
+    assert out.forecast_rps is None and "sites and demand files" in out.notes[0]
+    assert "load forecast are not planned with" in out.notes[0]
+
+
+def test_a_glet_plans_models_take_their_measured_rates():
+    from greenctl.executor.kinds import ReplanSignal
+
+    request = {
+        "models": [
+            {"name": "resnet50", "variant": "resnet50", "rate_rps": 300.0, "slo_ms": 25.0,
+             "family": "resnet"},
+            {"name": "resnet101", "variant": "resnet101", "rate_rps": 100.0, "slo_ms": 50.0,
+             "family": "resnet"},
+            {"name": "vgg16", "variant": "vgg16", "rate_rps": 200.0, "slo_ms": 30.0},
+            {"name": "bert", "variant": "bert", "rate_rps": 50.0, "slo_ms": 80.0},
+        ],
+        "max_gpus": 8,
+    }  # fmt: skip
+    # vgg16's family comes from the running deployments (plans made before it was recorded)
+    deps = [Deployment("vgg", "vgg16", "mps:50", count=1, batch=4, quota_rps=200.0)]
+    running = _running("glet", request, deps)
+    measured = {"resnet": 600.0, "vgg": 50.0, "resnet101": 120.0}
+    out = get_kind("glet").replan_request(running, ReplanSignal(300.0, forecast=measured.get))
+    rates = {m["name"]: m["rate_rps"] for m in out.request["models"]}
+    # resnet101 is measured by its own name; resnet50 takes its planned share (3/4) of the
+    # family's load; vgg16 its family's; bert, never measured, keeps its rate
+    assert rates == {"resnet50": 450.0, "resnet101": 120.0, "vgg16": 50.0, "bert": 50.0}
+    assert out.forecast_rps == pytest.approx(620.0)
+    assert out.notes == ["no measured load yet for bert: its planned rate kept"]
+    assert "carbon_intensity" not in out.request  # glet plans minimise GPUs, not carbon
+    # a whole-plan forecast is spread over the models as planned
+    out = get_kind("glet").replan_request(running, ReplanSignal(300.0, rate_rps=1300.0))
+    assert [m["rate_rps"] for m in out.request["models"]] == [600.0, 200.0, 400.0, 100.0]
+
+
+def test_replan_forecasts_a_glet_plans_load_model_by_model(cli, gpulet):
+    from greenctl.data import carbon_io
+
+    r = cli(
+        "plan", "glet", "--model", "resnet50:400:25", "--model", "vgg16:300:30",
+        "--simulate-seconds", "0", "--json",
+    )  # fmt: skip
+    planned = gpulet.get_plan(json.loads(r.stdout)["id"])
+    planned.extra["carbon_region"] = "CISO"
+    gpulet.save_plan(planned)
+    carbon_io.import_bundled(gpulet, "clover-ciso-march")
+    # the dispatcher measured resnet (the family it routes), never vgg
+    control.record_load(
+        gpulet,
+        [control.LoadSample(f"2021-03-01T00:0{m}:00Z", 200.0, model="resnet") for m in range(3)],
+    )
+    d = control.replan_once(
+        gpulet, plan=str(planned.id), at="2021-03-01T00:00:00Z", region="CISO",
+        forecaster="last",
+    )  # fmt: skip
+    assert d["forecast_rps"] == 200.0
+    assert "no measured load yet for vgg16" in d["reason"]
+    assert d["action"] == "propose"  # (no reference signal: a glet plan plans no carbon)
+    new = gpulet.get_plan(d["new_plan_id"])
+    rates = {m["name"]: m["rate_rps"] for m in new.request["models"]}
+    assert rates == {"resnet50": 200.0, "vgg16": 300.0}
+    assert new.predicted["rate_rps"] == 500.0
+
+
 @pytest.fixture
 def eglb(tmp_path, monkeypatch):
     """12 hours of the bundled eGLB traces, written to tmp_path/eglb; the working folder is
@@ -165,7 +322,7 @@ def test_a_geo_plan_is_planned_again_from_anywhere(cli, store, eglb, tmp_path, m
     assert planned.request["sites"] == str(tmp_path / "eglb" / "sites.csv")
     assert planned.request["routes"] == str(tmp_path / "eglb" / "routes.csv")
     monkeypatch.chdir("/")
-    new, old_obj, note = control._replan_kind(store, planned, intensity=300.0, rate=None)
+    new, old_obj, note, _ = control._replan_kind(store, planned, intensity=300.0, rate=None)
     assert new.predicted["objective"] == pytest.approx(planned.predicted["objective"])
     assert [d.to_dict() for d in new.deployments] == [d.to_dict() for d in planned.deployments]
     assert old_obj is None and "per-step" in note  # its per-step flows are not in the plan

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 
 import numpy as np
 import pytest
@@ -85,6 +86,114 @@ def test_response_binary_when_asked():
 def test_bad_requests_name_the_problem(body, message):
     with pytest.raises(InputError, match=message):
         oip.decode_request(body)
+
+
+def _json_input(**fields):
+    item = {"name": "x", "shape": [2], "datatype": "FP32", "data": [1, 2], **fields}
+    return json.dumps({"inputs": [item]}).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        # what gave 500s: a bool is an int to Python, deep nesting, numbers out of range
+        (_json_input(shape=[True, 2]), "whole numbers"),
+        (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1e400]}]}',
+            "out of range for FP32",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": [1e400]}]}',
+            "out of range for INT32",
+        ),
+        (_json_input(datatype="FP16", data=[1, 70000]), "out of range for FP16"),
+        (_json_input(datatype="UINT8", data=[1, 300]), "out of range for UINT8"),
+        (_json_input(datatype="INT8", data=[1, 1.5]), "out of range for INT8"),
+        (_json_input(data=[1, 10**30]), "not FP32 numbers"),
+        (_json_input(data=[1, None]), "not FP32 numbers"),
+        (_json_input(data=[1, "2"]), "not FP32 numbers"),
+        (_json_input(data=[[1], [2, 3]]), "data"),
+        (_json_input(data=5), "must be a list"),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [NaN]}]}',
+            "not valid JSON",
+        ),
+        (_json_input(shape=[2] * 40, data=[]), "at most 32"),
+        (_json_input(shape=[0, 2**70], data=[]), "shape"),
+        (_json_input(datatype=["FP32"]), "not supported"),
+        (_json_input(name=7), "string 'name'"),
+        (_json_input(parameters=[1]), "parameters must be an object"),
+        (json.dumps({"inputs": [], "id": 1}).encode(), "non-empty"),
+        (json.dumps({"inputs": [{}], "id": [1]}).encode(), "'id' must be a string"),
+        (_json_input().replace(b"}]}", b'}], "outputs": 5}'), "'outputs' must be a list"),
+        (_json_input().replace(b"}]}", b'}], "outputs": [{"name": 1}]}'), "outputs\\[0\\]"),
+        (_json_input().replace(b"}]}", b'}], "parameters": []}'), "'parameters' must be"),
+        (b"\xff\xfe", "not valid JSON"),
+    ],
+)
+def test_malformed_requests_are_input_errors_not_crashes(body, message):
+    with pytest.raises(InputError, match=message):
+        oip.decode_request(body)
+
+
+def _binary(size, blob_len, *, header_length=None):
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "shape": [2, 3], "datatype": "FP32",
+                 "parameters": {"binary_data_size": size}}
+            ]
+        }
+    ).encode()  # fmt: skip
+    length = len(head) if header_length is None else header_length
+    return head + b"\0" * blob_len, length
+
+
+@pytest.mark.parametrize(
+    ("size", "blob_len", "header_length", "message"),
+    [
+        (10**9, 24, None, "does not match shape"),  # the blob fits: the size must still match
+        (24, 12, None, "12 binary bytes left"),
+        (24, 30, None, "6 bytes after the JSON header"),
+        (24.0, 24, None, "does not match"),
+        (True, 24, None, "does not match"),
+        (-24, 24, None, "does not match"),
+        ("24", 24, None, "does not match"),
+        (24, 24, 0, "not within"),
+        (24, 24, 10**6, "not within"),
+        (24, 24, 20, "not valid JSON"),
+    ],
+)
+def test_binary_sizes_must_match_the_declared_shape_and_the_bytes(
+    size, blob_len, header_length, message
+):
+    body, length = _binary(size, blob_len, header_length=header_length)
+    with pytest.raises(InputError, match=message):
+        oip.decode_request(body, length)
+    good, length = _binary(24, 24)
+    assert oip.decode_request(good, length)[1][0][1].shape == (2, 3)
+
+
+def test_trailing_binary_bytes_without_binary_inputs_are_refused():
+    head = _json_input()
+    with pytest.raises(InputError, match="4 bytes after the JSON header"):
+        oip.decode_request(head + b"abcd", len(head))
+
+
+def test_a_tensor_over_the_element_limit_is_refused_before_its_data_is_read():
+    body = _json_input(shape=[2000, 3], data="not even a list")
+    with pytest.raises(oip.TensorTooLarge, match="6000 elements, over the limit of 100") as info:
+        oip.decode_request(body, max_elements=100, limit_hint="send fewer rows")
+    assert info.value.shape == [2000, 3] and info.value.hint == "send fewer rows"
+
+
+def test_json_data_is_converted_to_the_declared_datatype():
+    body = _json_input(datatype="INT64", data=[[1], [2.0]], shape=[2, 1])
+    arr = oip.decode_request(body)[1][0][1]
+    assert arr.dtype == np.int64 and arr.tolist() == [[1], [2]]
+    body = _json_input(datatype="BOOL", data=[True, False])
+    assert oip.decode_request(body)[1][0][1].tolist() == [True, False]
 
 
 def test_poisson_arrivals_match_rate():

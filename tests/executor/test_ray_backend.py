@@ -70,6 +70,13 @@ def cluster(tmp_path_factory):
                 os.environ[k] = v
 
 
+@pytest.fixture(scope="module")
+def http_port() -> int:
+    """Serve's HTTP proxy port, one per cluster: once Serve runs, a later `serve.start` keeps
+    the port it started with, so every test on the module's cluster uses the same one."""
+    return _free_port()
+
+
 def _infer(url: str, model: str, rows: int = 2) -> dict:
     shape = [rows, 3, 32, 32]
     body = {
@@ -104,8 +111,7 @@ def test_actor_options_pin_resources():
 
 
 @pytest.mark.slow
-def test_apply_infer_scale_rollback_down(cluster, store, cli, tmp_path):
-    http_port = _free_port()
+def test_apply_infer_scale_rollback_down(cluster, store, cli, tmp_path, http_port):
     first = plan(Deployment("tiny", "tiny-s", "cpu:1", count=1, batch=4, quota_rps=10.0), plan_id=1)
     plan_file = tmp_path / "first.json"
     plan_file.write_text(first.to_json())
@@ -188,6 +194,68 @@ def test_apply_infer_scale_rollback_down(cluster, store, cli, tmp_path):
     assert down.exit_code == 0, down.output
     assert ray_backend.ROUTER_APP in json.loads(down.stdout)["deleted"]
     assert status_ray(store=store)["instances"] == []
+
+
+@pytest.mark.slow
+def test_replan_apply_switches_the_plan_on_ray(cluster, store, cli, http_port):
+    """A plan applied on Ray is replanned there: the backend that runs it is recorded, and
+    `replan --apply`, `status` and `down` (no --backend) ask it."""
+    from greenctl.data import carbon_io, deployments
+    from greenctl.data.records import Profile
+    from greenctl.executor.kinds import get_kind
+    from greenctl.profiler.models import builtin_variant
+
+    rows = []
+    for name, thr, energy, lat in (("tiny-s", 400, 0.05, 3), ("tiny-m", 150, 0.2, 8)):
+        store.upsert_variant(builtin_variant(name))
+        rows.append(
+            Profile(
+                name, "cpu:1", 1, thr, latency_p50_ms=lat, latency_p95_ms=1.5 * lat,
+                latency_p99_ms=2 * lat, power_w=10.0, energy_j=energy, energy_method="modeled",
+                capacity_rps=thr * 0.8, capacity_slo_ms=100, source="synthetic",
+            )
+        )  # fmt: skip
+    store.add_profiles(rows)
+    carbon_io.import_bundled(store, "clover-ciso-march")
+    request = {"model": "tiny", "rate_rps": 50, "slo_ms": 100, "budgets": {"cpu": 1},
+               "carbon_intensity": 124.57, "gamma": 0.5}  # fmt: skip
+    first, _ = get_kind("mix").plan(store, request)
+    first.extra["carbon_region"] = "CISO"
+    pid = store.save_plan(first)
+    assert [d.variant for d in first.deployments] == ["tiny-m"]  # accurate while the grid is clean
+    r = cli("apply", _plan_path(store, pid), "--backend", "ray",
+            "--address", cluster, "--ray-http-port", http_port, "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    url = json.loads(r.stdout)["url"]
+    recorded = deployments.running_backend(store)
+    assert recorded is not None and recorded["backend"] == "ray"
+    assert (recorded["address"], recorded["options"]) == (cluster, {"http_port": http_port})
+    try:
+        # 05:00: the grid is more than twice as dirty; the cheaper variant is applied on Ray
+        r = cli("replan", "--plan", pid, "--region", "CISO", "--at", "2021-03-01T05:00:00Z",
+                "--apply", "--json")  # fmt: skip
+        assert r.exit_code == 0, r.output
+        d = json.loads(r.stdout)
+        assert d["action"] == "apply" and d["running_plan_id"] == pid, d["reason"]
+        assert deployments.running_dispatcher(store) is None  # nothing started locally
+        doc = json.loads(cli("status", "--json").stdout)
+        assert doc["backend"] == "ray" and doc["plan_id"] == d["new_plan_id"]
+        assert doc["dispatcher"]["url"] == url  # the same endpoint, the new version behind it
+        assert _infer(url, "tiny", rows=1)["model_version"] == "tiny-s"
+    finally:
+        down = cli("down", "--json")
+    assert down.exit_code == 0, down.output
+    assert ray_backend.ROUTER_APP in json.loads(down.stdout)["deleted"]
+    assert deployments.running_backend(store) is None
+
+
+def _plan_path(store, plan_id: int):
+    """The stored plan as a file (what `greenctl apply` takes)."""
+    from greenctl.data.plan import write_plan_file
+
+    path = store.path.parent / f"plan-{plan_id}.json"
+    write_plan_file(store.get_plan(plan_id), path)
+    return path
 
 
 # -- without a cluster: fast failures, no Ray import, nothing on stdout ------------------------

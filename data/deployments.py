@@ -1,0 +1,361 @@
+"""What runs a plan, behind named functions: the local backend's executors, dispatcher,
+apply history, restarts, MIG checkpoints and services; the Ray backend's Serve applications;
+and which backend runs the plan now (``backend_applies``).
+
+``executor/`` makes plans real and keeps them real; what it reads and writes in the store
+goes through here, so the SQL lives in ``data/`` (see ARCHITECTURE.md). Writes that belong
+together are grouped by the caller in one ``store.transaction()``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from greenctl.data.records import utcnow_iso
+
+READY = "ready"
+RUNNING = "running"
+
+
+def _first(rows: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    return next(iter(rows), None)
+
+
+# -- executor instances -----------------------------------------------------------------------
+def ready_instances(store: Any) -> list[dict[str, Any]]:
+    """The executor instances recorded as ``ready`` (as the last apply left them), by id."""
+    return list(
+        store.db.table("executor_instances").rows_where("state = ?", [READY], order_by="id")
+    )
+
+
+def instance_row(store: Any, instance_id: str) -> dict[str, Any]:
+    """The instance ``instance_id`` (any state).
+
+    Raises:
+        sqlite_utils.db.NotFoundError: no such instance.
+    """
+    return dict(store.db.table("executor_instances").get(instance_id))
+
+
+def add_instances(store: Any, rows: Iterable[dict[str, Any]]) -> None:
+    """Record newly started instances."""
+    table = store.db.table("executor_instances")
+    for row in rows:
+        table.insert(row)
+
+
+def reassign_instance(
+    store: Any, instance_id: str, *, plan_id: int | None, quota_rps: float | None
+) -> None:
+    """A kept instance now serves ``plan_id`` with ``quota_rps``."""
+    store.db.table("executor_instances").update(
+        instance_id, {"quota_rps": quota_rps, "plan_id": plan_id}
+    )
+
+
+def end_instance(store: Any, instance_id: str, *, state: str = "stopped") -> None:
+    """Mark an instance ``stopped`` (or ``failed``: its process died) now."""
+    store.db.table("executor_instances").update(
+        instance_id, {"state": state, "stopped_at": utcnow_iso()}
+    )
+
+
+def record_restart(
+    store: Any,
+    instance_id: str,
+    *,
+    old_pid: int | None,
+    new_pid: int | None,
+    pid_start: str | None,
+    port: int,
+    restarts: int,
+    reason: str = "process exited",
+) -> None:
+    """The dispatcher's supervisor restarted ``instance_id``: log it, and point the instance
+    (when it is still recorded) at the new process."""
+    store.db.table("executor_restarts").insert(
+        {
+            "instance_id": instance_id,
+            "at": utcnow_iso(),
+            "reason": reason,
+            "old_pid": old_pid,
+            "new_pid": new_pid,
+            "new_port": port,
+        }
+    )
+    table = store.db.table("executor_instances")
+    if table.count_where("id = ?", [instance_id]):
+        table.update(
+            instance_id,
+            {"pid": new_pid, "pid_start": pid_start, "port": port, "restarts": restarts},
+        )
+
+
+def restart_count(store: Any) -> int:
+    """Every restart the supervisors recorded."""
+    return int(store.db.table("executor_restarts").count)
+
+
+# -- the dispatcher ---------------------------------------------------------------------------
+def running_dispatcher(store: Any) -> dict[str, Any] | None:
+    """The newest dispatcher recorded as ``running`` (as apply recorded it), or None."""
+    if "executor_dispatcher" not in store.db.table_names():
+        return None
+    return _first(
+        store.db.table("executor_dispatcher").rows_where(
+            "state = ?", [RUNNING], order_by="id desc", limit=1
+        )
+    )
+
+
+def running_dispatchers(store: Any) -> list[dict[str, Any]]:
+    """Every dispatcher recorded as ``running`` (``down`` stops them all)."""
+    return list(store.db.table("executor_dispatcher").rows_where("state = ?", [RUNNING]))
+
+
+def add_dispatcher(store: Any, row: dict[str, Any]) -> None:
+    """Record a newly started dispatcher."""
+    store.db.table("executor_dispatcher").insert(row)
+
+
+def point_dispatcher(store: Any, dispatcher_id: int, *, plan_id: int | None, apply_id: int) -> None:
+    """The running dispatcher now routes ``plan_id`` (switched by apply ``apply_id``)."""
+    store.db.table("executor_dispatcher").update(
+        dispatcher_id, {"plan_id": plan_id, "apply_id": apply_id}
+    )
+
+
+def end_dispatcher(store: Any, dispatcher_id: int, *, state: str = "stopped") -> None:
+    """Mark a dispatcher ``stopped`` (or ``failed``: its process died) now."""
+    store.db.table("executor_dispatcher").update(
+        dispatcher_id, {"state": state, "stopped_at": utcnow_iso()}
+    )
+
+
+# -- apply history ----------------------------------------------------------------------------
+def start_apply(store: Any, *, plan_id: int | None, actions: list[dict[str, Any]]) -> int:
+    """Open an apply history record (``running``) with its planned actions; returns its id."""
+    return int(
+        store.db.table("executor_apply_history")
+        .insert(
+            {
+                "plan_id": plan_id,
+                "started_at": utcnow_iso(),
+                "status": "running",
+                "actions": json.dumps(actions),
+            }
+        )
+        .last_pk
+    )
+
+
+def set_apply_actions(store: Any, apply_id: int, actions: list[dict[str, Any]]) -> None:
+    """Replace the actions an apply record lists (what was done so far)."""
+    store.db.table("executor_apply_history").update(apply_id, {"actions": json.dumps(actions)})
+
+
+def finish_apply(
+    store: Any,
+    apply_id: int,
+    *,
+    status: str,
+    actions: list[dict[str, Any]],
+    undone: list[str] | None = None,
+    error: str | None = None,
+) -> None:
+    """Close an apply record: ``applied``, or ``failed`` with what was undone and why."""
+    fields: dict[str, Any] = {
+        "status": status,
+        "finished_at": utcnow_iso(),
+        "actions": json.dumps(actions),
+    }
+    if undone is not None:
+        fields["undone"] = json.dumps(undone)
+    if error is not None:
+        fields["error"] = error
+    store.db.table("executor_apply_history").update(apply_id, fields)
+
+
+def last_apply(store: Any) -> dict[str, Any] | None:
+    """The newest apply record, or None."""
+    return _first(store.db.table("executor_apply_history").rows_where(order_by="id desc", limit=1))
+
+
+# -- MIG checkpoints --------------------------------------------------------------------------
+def has_open_mig_checkpoint(store: Any, gpu_index: int) -> bool:
+    """Whether GPU ``gpu_index``'s layout before greenctl changed it is kept (not restored)."""
+    return bool(
+        store.db.table("executor_mig_checkpoints").count_where(
+            "gpu_index = ? and restored_at is null", [gpu_index]
+        )
+    )
+
+
+def add_mig_checkpoint(
+    store: Any,
+    *,
+    apply_id: int,
+    gpu_index: int,
+    gpu_uuid: str | None,
+    layout: list[dict[str, Any]],
+) -> None:
+    """Keep GPU ``gpu_index``'s MIG layout before apply ``apply_id`` changes it."""
+    store.db.table("executor_mig_checkpoints").insert(
+        {
+            "apply_id": apply_id,
+            "created_at": utcnow_iso(),
+            "gpu_index": gpu_index,
+            "gpu_uuid": gpu_uuid,
+            "layout": json.dumps(layout),
+        }
+    )
+
+
+def open_mig_checkpoints(store: Any) -> list[dict[str, Any]]:
+    """The kept layouts not yet restored, oldest first (``layout`` decoded)."""
+    rows = store.db.table("executor_mig_checkpoints").rows_where(
+        "restored_at is null", order_by="id"
+    )
+    return [{**row, "layout": json.loads(row["layout"])} for row in rows]
+
+
+def mark_mig_checkpoint_restored(store: Any, checkpoint_id: int) -> None:
+    store.db.table("executor_mig_checkpoints").update(checkpoint_id, {"restored_at": utcnow_iso()})
+
+
+# -- services (the MPS control daemon) ---------------------------------------------------------
+def service_running(store: Any, name: str) -> bool:
+    """Whether apply recorded the service ``name`` (e.g. ``mps-control``) as running."""
+    return bool(
+        store.db.table("executor_services").count_where("name = ? and state = ?", [name, RUNNING])
+    )
+
+
+def start_service(store: Any, name: str, *, info: dict[str, Any], pid: int | None = None) -> None:
+    """Record the service ``name`` as running (``info``: how to reach it)."""
+    store.db.table("executor_services").upsert(
+        {
+            "name": name,
+            "pid": pid,
+            "info": json.dumps(info),
+            "started_at": utcnow_iso(),
+            "state": RUNNING,
+        },
+        pk="name",
+    )
+
+
+def stop_service(store: Any, name: str) -> None:
+    store.db.table("executor_services").update(name, {"state": "stopped"})
+
+
+# -- Ray Serve applications -------------------------------------------------------------------
+def record_ray_app(store: Any, *, plan_id: int | None, address: str, app: str, url: str) -> None:
+    """``app`` on the cluster at ``address`` is now the active plan version (the only one)."""
+    store.db.execute("update ray_apps set active = 0 where active = 1")
+    store.db.table("ray_apps").insert(
+        {
+            "plan_id": plan_id,
+            "address": address,
+            "app": app,
+            "url": url,
+            "applied_at": utcnow_iso(),
+            "active": 1,
+        }
+    )
+
+
+def active_ray_app(store: Any) -> dict[str, Any] | None:
+    """The Serve application greenctl last applied and has not taken down, or None."""
+    return _first(store.db.table("ray_apps").rows_where("active = 1", order_by="id desc", limit=1))
+
+
+def last_ray_app(store: Any) -> dict[str, Any] | None:
+    """The Serve application greenctl applied last (active or not), or None."""
+    return _first(store.db.table("ray_apps").rows_where(order_by="id desc", limit=1))
+
+
+def deactivate_ray_apps(store: Any) -> None:
+    """No Serve application of greenctl's is active any more (``down``)."""
+    store.db.execute("update ray_apps set active = 0")
+
+
+# -- which backend runs the plan --------------------------------------------------------------
+def record_backend(
+    store: Any,
+    backend: str,
+    *,
+    plan_id: int | None,
+    address: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> None:
+    """``backend`` (at ``address``, applied with ``options``) now runs ``plan_id``: the
+    backend ``status``, ``down`` and ``replan --apply`` ask. An earlier running record of the
+    same backend is superseded; the same record again adds nothing."""
+    doc = json.dumps(options or {}, sort_keys=True)
+    current = running_backend(store)
+    if (
+        current is not None
+        and current["backend"] == backend
+        and current["address"] == address
+        and current["plan_id"] == plan_id
+        and json.dumps(current["options"], sort_keys=True) == doc
+    ):
+        return
+    now = utcnow_iso()
+    store.db.execute(
+        "update backend_applies set state = 'replaced', stopped_at = ? "
+        "where backend = ? and state = ?",
+        [now, backend, RUNNING],
+    )
+    store.db.table("backend_applies").insert(
+        {
+            "backend": backend,
+            "address": address,
+            "plan_id": plan_id,
+            "options": doc,
+            "applied_at": now,
+            "state": RUNNING,
+        }
+    )
+
+
+def _backend_row(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    return {**row, "options": json.loads(row.get("options") or "{}")}
+
+
+def running_backend(store: Any) -> dict[str, Any] | None:
+    """The newest backend record still running (``backend, address, plan_id, options,
+    applied_at``), or None: nothing applied, or everything taken down."""
+    if "backend_applies" not in store.db.table_names():
+        return None
+    return _backend_row(
+        _first(
+            store.db.table("backend_applies").rows_where(
+                "state = ?", [RUNNING], order_by="id desc", limit=1
+            )
+        )
+    )
+
+
+def last_backend(store: Any) -> dict[str, Any] | None:
+    """The newest backend record of any state (where a plan ran last), or None."""
+    if "backend_applies" not in store.db.table_names():
+        return None
+    return _backend_row(
+        _first(store.db.table("backend_applies").rows_where(order_by="id desc", limit=1))
+    )
+
+
+def stop_backend(store: Any, backend: str) -> None:
+    """``backend`` runs nothing any more (``down``)."""
+    store.db.execute(
+        "update backend_applies set state = 'stopped', stopped_at = ? "
+        "where backend = ? and state = ?",
+        [utcnow_iso(), backend, RUNNING],
+    )

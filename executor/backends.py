@@ -1,0 +1,363 @@
+"""The backends that run plans, behind one interface, and the one place that picks one.
+
+A backend (:class:`Backend`) makes a plan real and answers for it:
+
+- ``apply(plan, store=..., dry_run=, verify=, verify_duration_s=, policy=, **options)``:
+  run the plan (``options``: the backend's own, :attr:`Backend.option_names`; those of
+  another backend are left out, so one set of ``apply`` flags serves every backend);
+- ``status(store)``: what runs (a document with ``backend``);
+- ``down(store, **options)``: stop what greenctl started there;
+- ``serving(store)``: whether the plan really serves now, which plan, and why not
+  (:class:`Serving`), which is what ``replan`` decides on.
+
+Two backends run plans: ``local`` (executor daemons and a dispatcher on this machine,
+:mod:`greenctl.executor.apply`) and ``ray`` (Ray Serve on a cluster,
+:mod:`greenctl.executor.ray_backend`). The Kubernetes export (``greenctl export k8s``,
+:mod:`greenctl.executor.k8s_export`) stands beside them: it writes manifests for a cluster
+greenctl does not drive, so there is nothing here to ask its status or switch a plan on.
+
+Every apply that leaves a plan running records its backend in the store (address and how it
+was applied: :func:`greenctl.data.deployments.record_backend`), so ``status`` and ``down``
+without ``--backend``, and ``replan --apply``, ask the backend that runs the plan:
+:func:`backend_for` is the one place that picks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from greenctl.data import deployments
+from greenctl.data.errors import ExecutorError, InputError
+from greenctl.data.plan import Plan
+from greenctl.data.store import Store
+
+
+@dataclass(frozen=True)
+class Serving:
+    """Whether a plan really serves on a backend (live processes or replicas, not the rows
+    of the last apply)."""
+
+    backend: str
+    live: bool
+    plan_id: int | None  # the plan that serves (None when nothing does)
+    why: str | None = None  # why nothing serves
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "live": self.live,
+            "plan_id": self.plan_id,
+            "why": self.why,
+        }
+
+
+class Applied(Protocol):
+    """What a backend's ``apply`` returns (its own result type, with these in common)."""
+
+    plan_id: int | None
+    changed: bool
+    policy: str | None
+    verify: dict[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class Backend(Protocol):
+    """One way of running plans."""
+
+    name: str
+    address: str | None
+    #: how plans are applied here unless told otherwise (recorded, and used again by
+    #: ``replan --apply``): local ``host``/``port``, Ray ``http_port``
+    options: dict[str, Any]
+    option_names: ClassVar[frozenset[str]]
+
+    def apply(
+        self,
+        plan: Plan,
+        *,
+        store: Store,
+        dry_run: bool = False,
+        verify: bool = False,
+        verify_duration_s: float = 10.0,
+        policy: str | None = None,
+        **options: Any,
+    ) -> Applied: ...
+
+    def status(self, store: Store) -> dict[str, Any]: ...
+
+    def down(self, store: Store, **options: Any) -> dict[str, Any]: ...
+
+    def serving(self, store: Store) -> Serving: ...
+
+
+# -- local daemons ----------------------------------------------------------------------------
+class LocalBackend:
+    """Executor daemons and a dispatcher on this machine (:mod:`greenctl.executor.apply`)."""
+
+    name = "local"
+    option_names: ClassVar[frozenset[str]] = frozenset(
+        {
+            "mig_parted",
+            "wait",
+            "lock_timeout_s",
+            "loader",
+            "host",
+            "port",
+            "cores",
+            "max_queue",
+            "max_wait_ms",
+            "ready_timeout_s",
+            "verify_rate_rps",
+        }
+    )
+
+    def __init__(self, address: str | None = None, options: Mapping[str, Any] | None = None):
+        self.address: str | None = None  # this machine
+        self.options = dict(options or {})
+
+    def apply(
+        self,
+        plan: Plan,
+        *,
+        store: Store,
+        dry_run: bool = False,
+        verify: bool = False,
+        verify_duration_s: float = 10.0,
+        policy: str | None = None,
+        **options: Any,
+    ) -> Applied:
+        from greenctl.executor.apply import apply_plan
+
+        return apply_plan(
+            plan,
+            store=store,
+            dry_run=dry_run,
+            verify=verify,
+            verify_duration_s=verify_duration_s,
+            policy=policy,
+            **_own(self, options),
+        )
+
+    def status(self, store: Store) -> dict[str, Any]:
+        from greenctl.executor.apply import status
+
+        return status(store)
+
+    def down(self, store: Store, **options: Any) -> dict[str, Any]:
+        from greenctl.executor.apply import down
+
+        return {"backend": self.name, **down(store, **options)}
+
+    def serving(self, store: Store) -> Serving:
+        from greenctl.executor.apply import status
+
+        st = status(store, timeout_s=1.0)
+        disp = st["dispatcher"]
+        plan_id = None if disp is None or disp["plan_id"] is None else int(disp["plan_id"])
+        why = None
+        if disp is None:
+            why = "no dispatcher runs, after `greenctl down` or before any apply"
+        elif not disp["alive"]:
+            why = (
+                f"the dispatcher of plan {plan_id}, pid {disp['pid']}, is gone after a restart "
+                "or a kill"
+            )
+        elif not any(i["alive"] for i in st["instances"]):
+            why = f"no executor of plan {plan_id} is alive"
+        return Serving(self.name, why is None, plan_id if why is None else None, why)
+
+
+# -- Ray Serve --------------------------------------------------------------------------------
+class RayBackend:
+    """Ray Serve on a cluster (:mod:`greenctl.executor.ray_backend`). ``address`` None: the
+    cluster greenctl last applied on (``status``, ``down``); ``apply`` needs one."""
+
+    name = "ray"
+    option_names: ClassVar[frozenset[str]] = frozenset({"http_port", "max_wait_ms", "timeout_s"})
+
+    def __init__(self, address: str | None = None, options: Mapping[str, Any] | None = None):
+        self.address: str | None = address
+        self.options = dict(options or {})
+
+    def apply(
+        self,
+        plan: Plan,
+        *,
+        store: Store,
+        dry_run: bool = False,
+        verify: bool = False,
+        verify_duration_s: float = 10.0,
+        policy: str | None = None,
+        **options: Any,
+    ) -> Applied:
+        from greenctl.executor.apply import verify_plan
+        from greenctl.executor.kinds import get_kind
+        from greenctl.executor.ray_backend import apply_ray
+
+        if not self.address:
+            raise InputError("--backend ray needs --address HOST:PORT of the Ray cluster")
+        # the kind's policy (the one rule); a bad --policy is refused before anything is saved
+        policy = get_kind(plan.kind).dispatch_policy(plan, policy)
+        if plan.id is None:
+            store.save_plan(plan, source="apply")
+        result = apply_ray(
+            plan,
+            store=store,
+            address=self.address,
+            dry_run=dry_run,
+            policy=policy,
+            **_own(self, options),
+        )
+        if verify and not dry_run:
+            result.verify = verify_plan(
+                plan, store=store, endpoint=result.url, duration_s=verify_duration_s
+            )
+        return result
+
+    def status(self, store: Store) -> dict[str, Any]:
+        from greenctl.executor.ray_backend import status_ray
+
+        return status_ray(store=store, address=self.address)
+
+    def down(self, store: Store, **options: Any) -> dict[str, Any]:
+        from greenctl.executor.ray_backend import down_ray
+
+        return {"backend": self.name, "deleted": down_ray(store=store, address=self.address)}
+
+    def serving(self, store: Store) -> Serving:
+        from greenctl.executor.ray_backend import status_ray
+
+        if deployments.active_ray_app(store) is None:
+            return Serving(
+                self.name,
+                False,
+                None,
+                "no greenctl application is active on Ray, after `greenctl down` or before "
+                "any apply",
+            )
+        try:
+            doc = status_ray(store=store, address=self.address)
+        except ExecutorError as exc:
+            return Serving(
+                self.name, False, None, f"the Ray cluster does not answer: {exc.message}"
+            )
+        plan_id = None if doc["plan_id"] is None else int(doc["plan_id"])
+        why = None
+        if not doc["running"]:
+            why = (
+                f"Ray application {doc['app']} of plan {plan_id} is not on the cluster at "
+                f"{doc['address']}: deleted, or the cluster restarted"
+            )
+        elif not any(i["ready"] for i in doc["instances"]):
+            why = f"no replica of plan {plan_id} runs on the Ray cluster at {doc['address']}"
+        return Serving(self.name, why is None, plan_id if why is None else None, why)
+
+
+def _own(backend: Backend, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options ``backend`` takes: its recorded ones, overridden by ``options``; the
+    options of another backend are left out (``apply --port`` means nothing to Ray).
+
+    Raises:
+        TypeError: an option no backend takes.
+    """
+    unknown = set(options) - {n for cls in BACKENDS.values() for n in cls.option_names}
+    if unknown:
+        raise TypeError(f"no backend takes the option(s) {', '.join(sorted(unknown))}")
+    mine = {k: v for k, v in options.items() if k in backend.option_names}
+    return {**backend.options, **mine}
+
+
+#: name -> backend class: the backends ``--backend`` names
+BACKENDS: dict[str, type[LocalBackend] | type[RayBackend]] = {
+    "local": LocalBackend,
+    "ray": RayBackend,
+}
+DEFAULT = "local"
+
+
+# -- the one place a backend is picked ----------------------------------------------------------
+def get_backend(
+    name: str, *, address: str | None = None, options: Mapping[str, Any] | None = None
+) -> Backend:
+    """The backend called ``name`` (at ``address``: a Ray cluster).
+
+    Raises:
+        InputError: no such backend.
+    """
+    cls = BACKENDS.get(name)
+    if cls is None:
+        raise InputError(
+            f"--backend {name!r} is not known",
+            hint=f"use {' or '.join(BACKENDS)}; for Kubernetes, `greenctl export k8s` writes "
+            "manifests",
+        )
+    return cls(address, options)
+
+
+def recorded_backend(store: Store, *, running_only: bool = True) -> Backend | None:
+    """The backend the store records as running the plan (the newest apply that is not taken
+    down), with its address and options; with ``running_only=False`` also the backend a plan
+    ran on last when nothing runs now. None: nothing recorded."""
+    row = deployments.running_backend(store)
+    if row is None and not running_only:
+        row = deployments.last_backend(store)
+    if row is None or row["backend"] not in BACKENDS:
+        return None
+    return get_backend(row["backend"], address=row["address"], options=row["options"])
+
+
+def backend_for(store: Store, name: str | None = None, *, address: str | None = None) -> Backend:
+    """The backend to ask: ``name`` when given (at ``address``), else the one that runs the
+    plan (:func:`recorded_backend`), else ``local``.
+
+    Raises:
+        InputError: an unknown ``name``.
+    """
+    if name is not None:
+        return get_backend(name, address=address)
+    recorded = recorded_backend(store)
+    if recorded is None:
+        return get_backend(DEFAULT)
+    if address is not None and recorded.name == "ray":
+        recorded.address = address
+    return recorded
+
+
+# -- the library twins of `greenctl status` and `down`, and what `replan` needs -----------------
+def status(
+    store: Store, *, backend: str | None = None, address: str | None = None
+) -> dict[str, Any]:
+    """What runs on ``backend`` (default: the backend that runs the plan)."""
+    return backend_for(store, backend, address=address).status(store)
+
+
+def down(
+    store: Store, *, backend: str | None = None, address: str | None = None, **options: Any
+) -> dict[str, Any]:
+    """Stop what greenctl started on ``backend`` (default: the backend that runs the plan);
+    ``options``: the backend's own (local: ``restore_mig``, ``wait``)."""
+    return backend_for(store, backend, address=address).down(store, **options)
+
+
+def serving(store: Store) -> Serving:
+    """Whether a plan really serves on the backend that runs it, or ran one last (after
+    ``down`` or a reboot: the backend :func:`apply_where_running` applies on), and which
+    plan; local when none is recorded."""
+    target = recorded_backend(store, running_only=False) or get_backend(DEFAULT)
+    return target.serving(store)
+
+
+def apply_where_running(plan: Plan, *, store: Store, **options: Any) -> Applied:
+    """Apply ``plan`` on the backend that runs the plan now, or that ran one last (after
+    ``down`` or a reboot), with the options it was applied with there; local when none is
+    recorded (``replan --apply``). ``options`` (:meth:`Backend.apply`'s) another backend
+    takes are left out.
+
+    Raises:
+        TypeError: an option no backend takes.
+    """
+    target = recorded_backend(store, running_only=False) or get_backend(DEFAULT)
+    return target.apply(plan, store=store, **options)
