@@ -388,6 +388,10 @@ def open_store(db: str | os.PathLike[str] | None = None, *, create: bool = True)
         if not named and not in_memory:
             folder.mkdir(parents=True, exist_ok=True)
         target = ":memory:" if in_memory else str(path)
+        if not in_memory and not path.exists():
+            # the store holds the executors' restart command lines, which the supervisor
+            # runs: owner-only whatever the umask (SQLite gives its -wal/-shm files this mode)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         conn = sqlite3.connect(target, timeout=30.0, check_same_thread=False)
         import sqlite_utils
 

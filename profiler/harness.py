@@ -796,7 +796,8 @@ def run_child(
 
     env = {**os.environ, **(item.env or {})}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "greenctl.profiler.child"],
+        # -P: a file in the caller's folder named like a module the child imports is not run
+        [sys.executable, "-P", "-m", "greenctl.profiler.child"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -89,3 +89,22 @@ def test_plan_round_trip(store):
     assert again.to_dict() == plan.to_dict()
     with pytest.raises(NotFoundError):
         store.get_plan(pid + 100)
+
+
+def test_a_new_store_is_private_whatever_the_umask(tmp_path):
+    """The store holds the executors' restart command lines: 0600 from its creation, not only
+    once apply tightens the state folder (a store only profiled into was 0644 under umask 022
+    and 0666 under umask 000)."""
+    import os
+    import stat
+
+    old = os.umask(0)
+    try:
+        path = tmp_path / "g.db"
+        with open_store(path) as store:
+            store.upsert_variant(Variant(name="v", family="f"))
+    finally:
+        os.umask(old)
+    for p in tmp_path.iterdir():
+        if p.name.startswith("g.db"):
+            assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
