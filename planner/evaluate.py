@@ -14,8 +14,13 @@ Dispatch policies (the list, and the rule that picks a plan's, are
 - ``wrr``: weighted round-robin over deployments by ``quota_rps`` (InfAdapter), round-robin
   over a deployment's instances; each instance is a G/G/1 queue whose arrivals are a
   fraction ``p`` of one Poisson stream spread evenly (stride scheduling), so ``ca2 = p``.
-- ``batch``: the same split, each instance batching up to its deployment's ``batch`` with
-  a duty cycle (Nexus/gpulet; :func:`greenctl.planner.queueing.batch_model`).
+- ``batch``: the same split, each instance batching dynamically up to its deployment's
+  ``batch`` as its executor does: a batch closes when full or ``max_wait_ms`` after its first
+  request (the executors' :data:`~greenctl.data.batching.DEFAULT_MAX_WAIT_MS`, or a glet's
+  planned ``placement["duty_cycle_ms"]``) and runs for the time of its padded size, from the
+  profiles at every measured batch size of the (variant, resource)
+  (:func:`greenctl.planner.service.batch_service`,
+  :func:`greenctl.planner.queueing.dynamic_batch`).
 
 Load split: over models by ``rate_rps`` when it is a dict, else in proportion to their
 quotas when every deployment has one, else to their capacity. Over deployments of a model
@@ -33,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from greenctl.data.carbon_io import carbon_option
@@ -41,18 +46,18 @@ from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
 from greenctl.data.resources import kind_of
-from greenctl.planner.latency import ServiceTime
+from greenctl.planner.latency import BatchService, ServiceTime
 from greenctl.planner.policy import check_policy_name
 from greenctl.planner.queueing import (
     LatencyModel,
-    batch_model,
-    default_duty_cycle_ms,
+    batch_capacity_rps,
+    dynamic_batch,
     mgc_model,
     mixture_quantiles,
     pooled_shares,
     with_overhead,
 )
-from greenctl.planner.service import service_time
+from greenctl.planner.service import batch_service, service_time
 
 PREDICTED_KEYS = (
     "rate_rps",
@@ -93,11 +98,17 @@ class Instance:
     service: ServiceTime  # execution time of one batch of ``batch``
     profile: Profile
     device: str
-    duty_cycle_ms: float | None = None
+    #: batching instances: the run time at every batch size (the one service model) and the
+    #: profile behind each measured size
+    batches: BatchService | None = None
+    batch_profiles: tuple[tuple[int, Profile], ...] = ()
 
     @property
     def capacity_rps(self) -> float:
-        """Requests per second this instance completes when always busy."""
+        """Requests per second this instance completes when always busy (a batching one:
+        as its executor batches when saturated, :func:`~greenctl.planner.queueing.batch_capacity_rps`)."""
+        if self.batches is not None:
+            return batch_capacity_rps(self.batches)
         return 1000.0 * self.batch / self.service.mean_ms
 
 
@@ -105,9 +116,15 @@ def build_instances(
     deployments: Sequence[Deployment],
     profiles: Mapping[ProfileKey, Profile],
     *,
-    duty_cycle_ms: float | None = None,
+    max_wait_ms: float | None = None,
 ) -> list[Instance]:
     """Expand deployments into instances with their service-time distributions.
+
+    A batching deployment (``batch > 1``) gets its batch service model from the profiles of
+    every measured batch size up to its own of its (variant, resource) in ``profiles``, with
+    the executors' batching (``max_wait_ms``, default
+    :data:`~greenctl.data.batching.DEFAULT_MAX_WAIT_MS`; a deployment's
+    ``placement["duty_cycle_ms"]``, a glet's planned cycle, wins).
 
     Raises:
         InputError: a deployment without a profile (names variant, resource and batch).
@@ -129,9 +146,19 @@ def build_instances(
             )
         if key not in fitted:
             fitted[key] = service_time(profile)  # the one model the planners size from
-        duty = duty_cycle_ms
+        wait = max_wait_ms
         if isinstance(dep.placement, dict) and dep.placement.get("duty_cycle_ms") is not None:
-            duty = float(dep.placement["duty_cycle_ms"])
+            wait = float(dep.placement["duty_cycle_ms"])
+        batches: BatchService | None = None
+        by_size: tuple[tuple[int, Profile], ...] = ()
+        if dep.batch > 1:
+            rows = {
+                b: p
+                for (v, r, b), p in profiles.items()
+                if v == dep.variant and r == dep.resource and 1 <= b <= dep.batch
+            }
+            by_size = tuple(sorted(rows.items()))
+            batches = batch_service(rows, dep.resource, dep.batch, max_wait_ms=wait)
         for _ in range(dep.count):
             idx = len(out)
             device = str(dep.device) if dep.device is not None else f"instance-{idx}"
@@ -146,7 +173,8 @@ def build_instances(
                     service=fitted[key],
                     profile=profile,
                     device=device,
-                    duty_cycle_ms=duty,
+                    batches=batches,
+                    batch_profiles=by_size,
                 )
             )
     return out
@@ -272,6 +300,35 @@ def served_service(
     if path.service_scale is None:
         return warm_service(inst, rate_rps, busy_frac), demand
     return stretched_service(inst.service, path), demand
+
+
+def served_batches(
+    inst: Instance, rate_rps: float, path: ServingPath | None = None
+) -> tuple[BatchService, float] | None:
+    """A batching instance's service model as served at ``rate_rps``, and the executor CPU
+    (ms per request) that shares its cores; None when the rate overloads it.
+
+    Each measured size's run becomes :func:`served_service`'s (the cold-run shift at the
+    batch rate and busy time the profiled runs give, or the serving path's stretch), so
+    ``predict`` and ``simulate`` run the executor's batching on the same runs.
+    """
+    if inst.batches is None:
+        raise InputError(f"{inst.variant} on {inst.resource} does not batch")
+    hot = dynamic_batch(rate_rps, inst.batches) if rate_rps > 0 else None
+    if rate_rps > 0 and hot is None:
+        return None
+    batch_rate = rate_rps / hot.mean_batch if hot is not None else 0.0
+    busy_frac = hot.busy_frac if hot is not None else 0.0
+    per_size = dict(inst.batch_profiles)
+    demand = 0.0
+
+    def as_served(n: int, svc: ServiceTime) -> ServiceTime:
+        nonlocal demand
+        at = replace(inst, profile=per_size[n], service=svc, batch=n)
+        out, demand = served_service(at, batch_rate, busy_frac, path)
+        return out
+
+    return inst.batches.map(as_served), demand
 
 
 def stretched_service(hot: ServiceTime, path: ServingPath) -> ServiceTime:
@@ -466,7 +523,7 @@ def predict(
     wue_l_per_kwh: float | None = None,
     ewif_l_per_kwh: float | None = None,
     device_idle_power_w: float | None = None,
-    duty_cycle_ms: float | None = None,
+    max_wait_ms: float | None = None,
     serving: ServingInput | None = None,
 ) -> dict[str, Any]:
     """Analytic prediction of a configuration's latency, accuracy, energy, carbon and cost.
@@ -483,8 +540,9 @@ def predict(
         wue_l_per_kwh: direct (on-site) water usage effectiveness, L/kWh.
         ewif_l_per_kwh: indirect (electricity generation) water intensity, L/kWh.
         device_idle_power_w: idle power of each whole device, shared by its instances.
-        duty_cycle_ms: duty cycle of the batch policy (default: each batch's mean time;
-            a deployment's ``placement["duty_cycle_ms"]`` wins).
+        max_wait_ms: how long an executor waits for a batch to fill (default: the executors'
+            :data:`~greenctl.data.batching.DEFAULT_MAX_WAIT_MS`; a deployment's
+            ``placement["duty_cycle_ms"]`` wins).
         serving: the measured serving path (``greenctl profile serving``): a
             :class:`ServingPath` or bare overhead samples in ms, one for every model or
             ``{variant or model: ...}`` (a variant's own entry first, then its model's, then
@@ -507,7 +565,7 @@ def predict(
     Raises:
         InputError: a missing profile, an unknown policy, a bad number.
     """
-    instances = build_instances(deployments, profiles, duty_cycle_ms=duty_cycle_ms)
+    instances = build_instances(deployments, profiles, max_wait_ms=max_wait_ms)
     check_policy(policy, instances)
     model_rate, shares = split_load(instances, deployments, rate_rps)
     total_rate = sum(model_rate.values())
@@ -531,7 +589,24 @@ def predict(
     violation = 0.0
     overloaded = False
 
-    def queue(rate: float, members: list[Instance], model: LatencyModel | None) -> None:
+    def batching(i: Instance, rate: float) -> tuple[LatencyModel | None, float]:
+        """A batching instance at ``rate``: its latency model and busy fraction."""
+        got = served_batches(i, rate, _path_for(serving, i.model, i.variant, i.resource))
+        if got is None:
+            return None, 1.0
+        model, demand = got
+        pred = dynamic_batch(rate, model)
+        if pred is None:
+            return None, 1.0
+        # on CPU the executor's own work per request shares the cores too
+        return pred.latency, min(pred.busy_frac + rate * demand / 1000.0, 1.0)
+
+    def queue(
+        rate: float,
+        members: list[Instance],
+        model: LatencyModel | None,
+        busy_frac: float | None = None,
+    ) -> None:
         nonlocal violation, overloaded
         if rate <= 0:
             return
@@ -558,7 +633,9 @@ def predict(
         else:
             (i,) = members
             served[i.index] = rate
-            busy[i.index] = min(stretch[i.index] * _busy_fraction(i, rate, policy), 1.0)
+            if busy_frac is None:
+                busy_frac = stretch[i.index] * _busy_fraction(i, rate)
+            busy[i.index] = min(busy_frac, 1.0)
 
     for m, rate in model_rate.items():
         members = [i for i in instances if i.model == m]
@@ -576,14 +653,18 @@ def predict(
         else:
             for i in members:
                 r = rate * shares[i.index]
-                svc, demand = served_at(i, r / i.batch, _busy_fraction(i, r, policy))
+                if policy == "batch" and i.batches is not None:
+                    if r > 0:
+                        queue(r, [i], *batching(i, r))
+                    continue
+                svc, demand = served_at(i, r, _busy_fraction(i, r))
                 if policy == "wrr":
                     # stride-scheduled share p of a Poisson stream: interarrival ca2 ~ p
                     lm = mgc_model(
                         r, [svc], ca2=max(min(shares[i.index], 1.0), 0.05), demand_ms=demand
                     )
-                else:
-                    lm = batch_model(r, svc, i.batch, duty_cycle_ms=i.duty_cycle_ms)
+                else:  # batch policy, batch 1: a FIFO server
+                    lm = mgc_model(r, [svc])
                 queue(r, [i], lm)
 
     result = account(
@@ -611,16 +692,6 @@ def predict(
     return _order(result, percentile_slo_ms is not None)
 
 
-def _busy_fraction(inst: Instance, rate: float, policy: str) -> float:
-    """Fraction of time an instance executes at ``rate`` (batching: partial batches)."""
-    if policy != "batch" or inst.batch == 1:
-        return min(rate / inst.capacity_rps, 1.0)
-    lam = rate / 1000.0
-    mean_l = inst.service.mean_ms
-    d = (
-        inst.duty_cycle_ms
-        if inst.duty_cycle_ms is not None
-        else default_duty_cycle_ms(inst.service)
-    )
-    k = min(float(inst.batch), 1.0 + lam * max(d, mean_l))
-    return min(lam * mean_l / k, 1.0)
+def _busy_fraction(inst: Instance, rate: float) -> float:
+    """Fraction of time an instance serving one request at a time executes at ``rate``."""
+    return min(rate / inst.capacity_rps, 1.0)

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+from greenctl.data.batching import Batching
 from greenctl.data.errors import InputError
 
 if TYPE_CHECKING:
@@ -308,6 +310,76 @@ class ServiceTime:
             f"{self.shift_ms:.4g} ms + lognormal(median {self.scale_ms:.4g} ms, "
             f"sigma {self.sigma:.3g})"
         )
+
+
+@dataclass(frozen=True)
+class BatchService:
+    """The service model of one batching instance: how long a batch of each size it runs takes
+    (built by :func:`greenctl.planner.service.batch_service`, whose module docstring gives the
+    rule: the padded size, linear in rows between measured sizes).
+
+    Attributes:
+        points: ``(size, service time of one batch of that size)`` at every measured size, in
+            increasing size, the instance's own batch included.
+        batching: how the executor batches (max batch, max wait, depth, padding).
+    """
+
+    points: tuple[tuple[int, ServiceTime], ...]
+    batching: Batching
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            raise InputError("a batch service model needs at least one measured batch size")
+        sizes = [n for n, _ in self.points]
+        if sizes != sorted(set(sizes)) or sizes[0] < 1:
+            raise InputError(f"batch sizes must increase and be >= 1, got {sizes}")
+
+    @property
+    def batch(self) -> int:
+        """The most rows in one batch."""
+        return self.batching.batch
+
+    @property
+    def full(self) -> ServiceTime:
+        """The service time of a full batch."""
+        return self.at(self.batch)
+
+    def at(self, rows: int) -> ServiceTime:
+        """The service time of a batch of ``rows`` rows (padded, then interpolated)."""
+        return interpolate_service(self.points, self.batching.run_size(rows))
+
+    def mean_ms(self, rows: int) -> float:
+        """The mean service time of a batch of ``rows`` rows."""
+        return self.at(rows).mean_ms
+
+    def map(self, fn: Callable[[int, ServiceTime], ServiceTime]) -> BatchService:
+        """The same model with every measured point's service time replaced by
+        ``fn(size, service)`` (served runs, cold runs)."""
+        return BatchService(tuple((n, fn(n, s)) for n, s in self.points), self.batching)
+
+
+@lru_cache(maxsize=65536)
+def interpolate_service(points: tuple[tuple[int, ServiceTime], ...], size: int) -> ServiceTime:
+    """The service time of a batch of ``size`` rows from the measured ``points``: linear in
+    rows between the two nearest measured sizes (each of p50/p95/p99, fitted again), the
+    smallest measured size's time below it, the largest's scaled by the rows above it."""
+    size = max(1, int(size))
+    lo = None
+    for n, svc in points:
+        if n == size:
+            return svc
+        if n > size:
+            if lo is None:  # below the smallest measured size: its time (conservative)
+                return svc
+            n0, s0 = lo
+            t = (size - n0) / (n - n0)
+            qs = [(1.0 - t) * s0.quantile(q) + t * svc.quantile(q) for q in (0.5, 0.95, 0.99)]
+            for i in range(1, 3):  # non-decreasing after rounding
+                qs[i] = max(qs[i], qs[i - 1])
+            return ServiceTime.from_percentiles(*qs)
+        lo = (n, svc)
+    n_top, s_top = points[-1]
+    return s_top.scaled(size / n_top)  # above the largest measured size: per-row time
 
 
 def _fit_two(a: tuple[str, float], b: tuple[str, float]) -> ServiceTime:

@@ -349,28 +349,47 @@ def _percentile_latency(p: Profile, pct: str) -> float | None:
 
 
 def _capacity_from_latency(
-    p: Profile, *, slo_ms: float, q: float, path: Any = None, res: Resource | None = None
+    p: Profile,
+    *,
+    slo_ms: float,
+    q: float,
+    path: Any = None,
+    res: Resource | None = None,
+    sizes: Mapping[int, Profile] | None = None,
 ) -> tuple[float, float, str]:
     """Capacity (rps) of one instance at the SLO derived from its latency profile.
 
     The evaluation core's queueing model: ``capacity_at_slo`` (one G/G/1 server, batch 1)
-    or ``batch_capacity_at_slo`` (a batching instance with its default duty cycle). A
-    served CPU instance's service is longer (:func:`served_service_of`).
+    or ``batch_capacity_at_slo`` (an executor batching dynamically, its service model built
+    from the rows of every measured batch size up to ``p.batch``, ``sizes``:
+    :func:`greenctl.planner.service.batch_service`). A served CPU instance's service is
+    longer (:func:`served_service_of`).
 
     Returns:
-        (capacity_rps, service latency at quantile ``q`` in ms, source)
+        (capacity_rps, latency at quantile ``q`` in ms: the service's, or for a batching
+        instance a lone request's (its wait for the batch to fill included), source)
     """
-    from greenctl.planner.queueing import batch_capacity_at_slo, capacity_at_slo
+    from greenctl.planner.queueing import batch_capacity_at_slo, capacity_at_slo, dynamic_batch
+    from greenctl.planner.service import batch_service
 
     service, stretch = served_service_of(path, res, p)
     source = f"queueing, served x{stretch:.2f}" if stretch > 1.0 else "queueing"
+    if p.batch > 1:
+        rows = {n: r for n, r in (sizes or {}).items() if n <= p.batch}
+        rows[p.batch] = p
+        model = batch_service(rows, p.resource, p.batch).map(
+            lambda n, _svc: served_service_of(path, res, rows[n])[0]
+        )
+        alone = dynamic_batch(0.0, model)
+        lat = float(alone.latency.quantile(q)) if alone is not None else math.inf
+        if lat > slo_ms:
+            return 0.0, lat, source
+        cap = batch_capacity_at_slo(model, slo_ms=slo_ms, percentile=q)
+        return max(float(cap), 0.0), lat, source
     lat = float(service.quantile(q))
     if lat > slo_ms:
         return 0.0, lat, source
-    if p.batch > 1:
-        cap = batch_capacity_at_slo(service, p.batch, slo_ms=slo_ms, percentile=q)
-    else:
-        cap = capacity_at_slo(service, servers=1, slo_ms=slo_ms, percentile=q)
+    cap = capacity_at_slo(service, servers=1, slo_ms=slo_ms, percentile=q)
     return max(float(cap), 0.0), lat, source
 
 
@@ -445,6 +464,7 @@ def build_mix_problem(
     notes: list[str] = []
     families: list[MixFamily] = []
     seen_resources: set[Resource] = set()
+    all_sizes: dict[tuple[str, str], dict[int, Profile]] = {}
     for fam in req["families"]:
         path_ms = _path_quantile((serving or {}).get(fam["model"]), q)
         if path_ms > 0:
@@ -469,6 +489,12 @@ def build_mix_problem(
             if p.variant in fvars:
                 groups.setdefault((p.variant, p.resource, int(p.batch), p.hardware), []).append(p)
         options, ineligible = [], []
+        # the row each measured batch size stands with: a batching option's service model
+        # uses every size of its (variant, resource)
+        sizes: dict[tuple[str, str, str | None], dict[int, Profile]] = {}
+        for (vname, label, batch, hw), rows in groups.items():
+            sizes.setdefault((vname, label, hw), {})[batch] = _size_row(rows, fam["slo_ms"])
+            all_sizes.setdefault((vname, label), {})[batch] = sizes[(vname, label, hw)][batch]
         for (vname, label, batch, hw), rows in sorted(
             groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or "")
         ):
@@ -486,6 +512,7 @@ def build_mix_problem(
                 q,
                 path_ms=_path_quantile(own, q) if own is not None else path_ms,
                 path=own if own is not None else (serving or {}).get(fam["model"]),
+                sizes=sizes[(vname, label, hw)],
             )
             if isinstance(opt, str):
                 ineligible.append(f"{vname} on {label} batch {batch}: {opt}")
@@ -542,6 +569,11 @@ def build_mix_problem(
         for o in f.options
         if o.profile is not None
     }
+    for key, rows_at in all_sizes.items():  # the smaller sizes behind batching options
+        for o in (o for f in families for o in f.options if (o.variant, o.resource) == key):
+            for n, row in rows_at.items():
+                if n < o.batch:
+                    option_profiles.setdefault((o.variant, o.resource, n), row)
     return MixProblem(
         profiles=option_profiles,
         variant_records={v.name: v for v in variants if v.family in requested},
@@ -567,6 +599,18 @@ def _resource_units(res: Resource) -> float:
     return res.amount
 
 
+def _size_row(rows: list[Profile], slo_ms: float) -> Profile:
+    """The row one (variant, resource, batch) stands with, as :func:`_make_option` picks it:
+    its load test at the SLO, else its newest plain measurement."""
+    from greenctl.planner.service import load_test_row
+
+    row = load_test_row(rows, slo_ms)
+    if row is not None and (row.capacity_rps or 0) > 0:
+        return row
+    plain = [p for p in rows if p.capacity_slo_ms is None] or rows
+    return max(plain, key=lambda p: (p.created_at or "", p.id or 0))
+
+
 def _make_option(
     vname: str,
     res: Resource,
@@ -579,8 +623,12 @@ def _make_option(
     *,
     path_ms: float = 0.0,
     path: Any = None,
+    sizes: Mapping[int, Profile] | None = None,
 ) -> MixOption | str:
     """The option for one (variant, resource, batch), or why it is not eligible.
+
+    ``sizes``: the row chosen at every measured batch size of the (variant, resource), the
+    service model of a batching option (:func:`_capacity_from_latency`).
 
     ``path_ms``: the serving path's latency at the percentile; an option derived from a
     latency profile must meet the SLO less that (load-tested capacities were measured
@@ -625,7 +673,9 @@ def _make_option(
     budget = slo_ms - path_ms
     if budget <= 0:
         return f"the serving path alone takes {path_ms:.4g} ms at {pct}"
-    cap, lat, source = _capacity_from_latency(base, slo_ms=budget, q=q, path=path, res=res)
+    cap, lat, source = _capacity_from_latency(
+        base, slo_ms=budget, q=q, path=path, res=res, sizes=sizes
+    )
     if lat > budget:
         if path_ms > 0:
             return f"{pct} latency {lat:.4g} ms plus the serving path's {path_ms:.3g} ms exceeds the SLO"
@@ -1282,12 +1332,14 @@ def _predict_with_core(
     keys = {(d.variant, d.resource, d.batch) for d in deployments}
     if not keys <= set(profiles):
         return predicted
+    pairs = {(v, r) for v, r, _ in keys}  # every batch size: batching instances' models
+    policy = default_policy("mix", (d.batch for d in deployments))  # what apply serves
     out = predict(
         deployments,
-        {k: profiles[k] for k in keys},
+        {k: p for k, p in profiles.items() if (k[0], k[1]) in pairs},
         variants,
         rate_rps=rates,
-        policy=default_policy("mix", (d.batch for d in deployments)),  # what apply serves
+        policy=policy,
         percentile_slo_ms=max(f.slo_ms for f in problem.families),
         carbon_g_per_kwh=problem.intensity,
         pue=problem.pue,
@@ -1313,7 +1365,7 @@ def _predict_with_core(
             merged[key] = out[key]
     merged["method"] = (
         "modeled: latency, energy and carbon from the evaluation core's analytic predict "
-        "(wrr over quotas); accuracy, cost and objective from the planner"
+        f"({policy} over quotas); accuracy, cost and objective from the planner"
     )
     merged["latency_includes"] = (
         "model + measured serving path (client, dispatcher, executor)"

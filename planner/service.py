@@ -1,5 +1,5 @@
-"""One service model per (variant, resource, batch): the service time of one instance, built
-from everything a profile row holds.
+"""One service model per (variant, resource): the service time of one instance, built from
+everything its profile rows hold.
 
 The mix planner sizes instances from it, and :func:`greenctl.planner.evaluate.predict` and
 :func:`greenctl.planner.simulator.simulate` evaluate plans with it, so a plan and its
@@ -28,12 +28,13 @@ Two kinds of profile rows:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
+from greenctl.data.batching import executor_batching
 from greenctl.data.errors import InputError
 from greenctl.data.records import Profile
-from greenctl.planner.latency import ServiceTime
+from greenctl.planner.latency import BatchService, ServiceTime
 
 _Q_OF = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
 
@@ -114,3 +115,24 @@ def load_test_service_ms(rate_rps: float, latency_ms: float, q: float) -> float:
         if hi - lo < 1e-9 * hi:
             break
     return lo if lo > 0 else hi
+
+
+def batch_service(
+    rows: Mapping[int, Profile],
+    resource: str,
+    batch: int,
+    *,
+    max_wait_ms: float | None = None,
+) -> BatchService:
+    """The service model of an instance batching up to ``batch`` rows on ``resource``, from
+    the profile rows of its (variant, resource) by batch size (``rows``; sizes above
+    ``batch`` are not used): each row's :func:`service_time`, and the executor's batching
+    (:func:`greenctl.data.batching.executor_batching`, ``max_wait_ms`` None: its default).
+
+    Raises:
+        InputError: no row at any size up to ``batch``, or a row without a service time.
+    """
+    points = tuple(
+        (int(n), service_time(p)) for n, p in sorted(rows.items()) if 1 <= int(n) <= batch
+    )
+    return BatchService(points, executor_batching(resource, batch, max_wait_ms=max_wait_ms))

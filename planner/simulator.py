@@ -13,9 +13,14 @@ and are dispatched by a policy:
   the ``k``-th smallest virtual time ``(k + 1/2) / p_i``. Each instance is then a FIFO
   queue solved by Lindley's recursion in closed form,
   ``W = X - cummin(X)`` with ``X`` the running sum of (service - interarrival): numpy only.
-- ``batch``: the same split; each instance collects up to ``batch`` requests and starts
-  when the batch is full or one duty cycle after its first request arrived (or when it
-  becomes free, if later); a batch of any size runs ``L(b)`` drawn from the batch profile.
+- ``batch``: the same shares, each an independent thinning of the arrivals (a Poisson
+  stream per instance, as the analytic model takes it); each instance batches as its executor does
+  (:func:`batch_queue`): a batch closes when it holds ``batch`` requests or ``max_wait_ms``
+  after the batcher took its first (the executors' default, or a glet's planned duty cycle),
+  at most ``depth`` batches are in flight (2 on GPUs, whose runner pads a batch to a prepared
+  size; 1 on CPUs), the dispatcher lets at most ``batch + 1`` requests into an executor, and
+  a batch of ``r`` rows runs for a draw of the service model at its padded size
+  (:class:`~greenctl.planner.latency.BatchService`).
 
 Service times are drawn from each instance's :class:`~greenctl.planner.latency.ServiceTime`.
 The first ``warmup_frac`` of requests are left out of the latency statistics. A bounded
@@ -27,13 +32,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_right
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from greenctl.data.batching import DEFAULT_MAX_WAIT_MS
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan, check_families
 from greenctl.data.records import Profile, Variant
@@ -44,12 +49,12 @@ from greenctl.planner.evaluate import (
     build_instances,
     check_policy,
     predict,
+    served_batches,
     split_load,
 )
-from greenctl.planner.latency import ServiceTime
+from greenctl.planner.latency import BatchService, ServiceTime
 from greenctl.planner.loads import check_arrivals, poisson_arrivals
 from greenctl.planner.policy import SmoothWRR, plan_policy
-from greenctl.planner.queueing import default_duty_cycle_ms
 from greenctl.planner.service import load_test_row
 
 
@@ -240,39 +245,102 @@ def wrr_queues(
 # -- batch ----------------------------------------------------------------------------------
 def batch_queue(
     arrival_ms: np.ndarray,
-    service: ServiceTime,
+    service: BatchService | ServiceTime,
     batch: int,
     rng: np.random.Generator,
     *,
-    duty_cycle_ms: float | None = None,
+    max_wait_ms: float | None = None,
+    depth: int = 1,
+    slots: int | None = None,
 ) -> QueueRun:
-    """One batching server: a batch starts when full, or one duty cycle after its first
-    request arrived, or when the server frees up, whichever is latest of (server free) and
-    earliest of (full, duty cycle); every batch runs a draw of ``L(batch)``."""
+    """One executor batching dynamically, as ``greenctl.executor.daemon.Batcher`` does.
+
+    The batcher takes the first waiting request when it is ready for the next batch (at
+    once with ``depth`` >= 2, when the running batch has finished with ``depth`` 1), adds
+    requests until the batch holds ``batch`` or ``max_wait_ms`` has passed since it took the
+    first, and submits it once fewer than ``depth`` batches are in flight; the device runs
+    batches in order, a batch of ``r`` rows for a draw of ``service.at(r)`` (the padded size's
+    time; a plain :class:`ServiceTime` is every batch's time). With ``slots``, at most that
+    many requests are inside the executor at once (the dispatcher's cap,
+    :func:`greenctl.data.batching.dispatcher_slots`); the others wait in arrival order for a
+    batch to finish, and that wait counts in their latency. Batches share one standard
+    normal draw across sizes (common random numbers), so a batch's time rises with its rows.
+
+    Args:
+        arrival_ms: sorted arrival times in ms.
+        service: the batch service model (or one service time for every batch).
+        batch: the most rows in a batch.
+        rng: the random generator (service draws).
+        max_wait_ms: default :data:`greenctl.data.batching.DEFAULT_MAX_WAIT_MS`.
+        depth: batches in flight at once.
+        slots: requests inside the executor at once (>= ``batch``); None: no cap.
+    """
     n = int(arrival_ms.size)
-    d = default_duty_cycle_ms(service) if duty_cycle_ms is None else float(duty_cycle_ms)
+    b = max(1, int(batch))
+    w = DEFAULT_MAX_WAIT_MS if max_wait_ms is None else max(float(max_wait_ms), 0.0)
+    if w != w or w == math.inf:
+        raise InputError(f"the max wait must be a finite number of ms, got {max_wait_ms}")
+    cap = None if slots is None else max(int(slots), b)
+    d = max(1, int(depth))
     arr = arrival_ms.tolist()
-    n_batches_max = n
-    draws = service.sample(rng, n_batches_max).tolist()
+    z = rng.standard_normal(max(n, 1)).tolist()
+    draw = _batch_sampler(service)
+    finish = [0.0] * n
     start_of = np.empty(n)
     svc_of = np.empty(n)
+    entry = arr if cap is None else [0.0] * n
+    known = 0 if cap is not None else n  # entry times worked out so far
+    ends: list[float] = []
     i = 0
-    free = 0.0
-    nb = 0
+    ready = 0.0  # when the batcher takes its next first request
+    free = 0.0  # when the device has finished every submitted batch
+    k = 0
     while i < n:
-        head = arr[i]
-        full_at = arr[i + batch - 1] if i + batch - 1 < n else math.inf
-        close = min(head + d, full_at)
-        st = close if close > free else free
-        # everyone who has arrived by the start joins, up to the batch size
-        j = min(bisect_right(arr, st, i), i + batch)
-        s = draws[nb]
-        nb += 1
+        last = min(i + b, n)
+        # the dispatcher lets a request in when the one `cap` ahead of it has left (its batch,
+        # at least one batch earlier, has finished)
+        for j in range(known, last):
+            entry[j] = arr[j] if j < cap else max(arr[j], finish[j - cap])  # type: ignore[operator]
+        known = max(known, last)
+        opened = max(ready, entry[i])
+        deadline = opened + w
+        j = i + 1
+        while j < last and entry[j] <= deadline:
+            j += 1
+        rows = j - i
+        close = max(opened, entry[j - 1]) if rows == b else deadline
+        submit = close if k < d else max(close, ends[k - d])
+        st = max(submit, free)
+        s = draw(rows, z[k])
+        free = st + s
+        ends.append(free)
+        for m in range(i, j):
+            finish[m] = free
         start_of[i:j] = st
         svc_of[i:j] = s
-        free = st + s
+        ready = free if d == 1 else submit
         i = j
+        k += 1
     return QueueRun(arrival_ms, start_of - arrival_ms, svc_of, np.zeros(n, dtype=int))
+
+
+def _batch_sampler(service: BatchService | ServiceTime) -> Callable[[int, float], float]:
+    """A batch's time from its rows and a standard normal draw (monotone in the draw)."""
+    params: dict[int, tuple[str, float, float, float]] = {}
+
+    def draw(rows: int, z: float) -> float:
+        p = params.get(rows)
+        if p is None:
+            svc = service.at(rows) if isinstance(service, BatchService) else service
+            p = params[rows] = (svc.kind, svc.shift_ms, svc.scale_ms, svc.sigma)
+        kind, shift, scale, sigma = p
+        if kind == "deterministic":
+            return shift
+        if kind == "exponential":
+            return shift - scale * math.log(max(0.5 * math.erfc(z / math.sqrt(2.0)), 1e-300))
+        return shift + scale * math.exp(sigma * z)
+
+    return draw
 
 
 # -- whole configuration --------------------------------------------------------------------
@@ -294,7 +362,7 @@ def simulate(
     wue_l_per_kwh: float | None = None,
     ewif_l_per_kwh: float | None = None,
     device_idle_power_w: float | None = None,
-    duty_cycle_ms: float | None = None,
+    max_wait_ms: float | None = None,
     warmup_frac: float = 0.01,
 ) -> dict[str, Any]:
     """Simulate a configuration; returns the same keys as :func:`~greenctl.planner.evaluate.predict`.
@@ -313,7 +381,7 @@ def simulate(
     then ``p50/p95/p99_ms`` are ``math.inf``. ``dropped_rps`` counts drops by a bounded
     queue plus, when overloaded, the backlog left at the end.
     """
-    instances = build_instances(deployments, profiles, duty_cycle_ms=duty_cycle_ms)
+    instances = build_instances(deployments, profiles, max_wait_ms=max_wait_ms)
     check_policy(policy, instances)
     if queue_limit is not None and queue_limit < 0:
         raise InputError(f"queue limit must be >= 0, got {queue_limit}")
@@ -372,15 +440,34 @@ def simulate(
                 run = wrr_queues(a, [i.service for i in members], sh, rng, queue_limit=queue_limit)
                 runs = [(run, members)]
             else:
-                assign = stride_assign(sh, idx.size)
+                # each instance's share as an independent thinning, a Poisson stream as
+                # predict() models it (the dispatcher's batch policy fills the busiest
+                # instance first, which neither models)
+                assign = (
+                    rng.choice(len(members), size=idx.size, p=np.asarray(sh) / sum(sh))
+                    if len(members) > 1
+                    else np.zeros(idx.size, dtype=int)
+                )
                 runs = []
                 for k, inst in enumerate(members):
                     sub = np.flatnonzero(assign == k)
                     if sub.size == 0:
                         continue
-                    b = batch_queue(
-                        a[sub], inst.service, inst.batch, rng, duty_cycle_ms=inst.duty_cycle_ms
-                    )
+                    if inst.batches is None:  # batch 1: a FIFO server
+                        b = batch_queue(a[sub], inst.service, 1, rng)
+                    else:
+                        # the runs predict() models at this rate (cold runs at light load)
+                        got = served_batches(inst, rate * sh[k])
+                        how = inst.batches.batching
+                        b = batch_queue(
+                            a[sub],
+                            inst.batches if got is None else got[0],
+                            inst.batch,
+                            rng,
+                            max_wait_ms=how.max_wait_ms,
+                            depth=how.depth,
+                            slots=how.slots,
+                        )
                     run_full = QueueRun(
                         a, np.full(a.size, np.nan), np.full(a.size, np.nan), np.full(a.size, -1)
                     )

@@ -8,7 +8,8 @@ the copy back), not a figure of another code path.
   in :meth:`~EagerRunner.submit` (``torch.inference_mode``; numpy in, numpy out).
 - :class:`CudaRunner`: models on a CUDA device. What keeps a GPU busy and a CPU idle:
 
-  * **static shapes**: a fixed set of batch sizes (:func:`graph_sizes`); a batch of ``r`` rows
+  * **static shapes**: a fixed set of batch sizes (:func:`graph_sizes`, the padding rule of
+    :mod:`greenctl.data.batching`, which the planner models too); a batch of ``r`` rows
     runs at the smallest size >= ``r``, its padding rows ignored;
   * **CUDA graphs** per size where the model allows capture (one memory pool shared by all
     sizes), else the eager module on the same static buffers;
@@ -42,6 +43,10 @@ from typing import Any
 
 import numpy as np
 
+# The padding rule (prepared sizes, the size a batch runs at) and the pipeline depth live in
+# data/, where the planner's service model reads them too.
+from greenctl.data.batching import DEFAULT_DEPTH, graph_sizes, pick_size
+
 #: On a GPU the warm-up lasts at least this long. Three runs were not enough on the H100 host:
 #: the first run took 700 ms (library start-up), resnet18 at batch 1 then ran at 2.8 ms for
 #: about 1.2 s before settling at 1.5 ms, and a profile taken after three runs put resnet50 at
@@ -50,36 +55,10 @@ GPU_WARMUP_S = 2.0
 #: Later points of the same process (another batch size or variant): the library is loaded
 #: and the clocks are up; the new shapes' kernels and algorithms are chosen in the warm-up runs.
 GPU_REWARM_S = 0.5
-#: Every batch size up to this one gets its own graph; above it, powers of two and the largest.
-DENSE_SIZES = 8
-#: Batches in flight at once on a GPU: one running, one being assembled and enqueued.
-DEFAULT_DEPTH = 2
 #: The warm-up has settled when the median of the last ``SETTLE_WINDOW`` batch times is within
 #: ``SETTLE_TOLERANCE`` of the median of the window before it.
 SETTLE_WINDOW = 20
 SETTLE_TOLERANCE = 0.05
-
-
-def graph_sizes(max_batch: int) -> list[int]:
-    """The static batch sizes a runner of ``max_batch`` rows prepares: 1..8, then the powers of
-    two below ``max_batch``, then ``max_batch`` itself (a batch is padded at most to twice its
-    rows above 8)."""
-    top = max(1, int(max_batch))
-    sizes = set(range(1, min(top, DENSE_SIZES) + 1))
-    p = DENSE_SIZES * 2
-    while p < top:
-        sizes.add(p)
-        p *= 2
-    sizes.add(top)
-    return sorted(sizes)
-
-
-def pick_size(sizes: Sequence[int], rows: int) -> int | None:
-    """The smallest prepared size holding ``rows`` rows (None: more rows than any size)."""
-    for s in sizes:
-        if s >= rows:
-            return s
-    return None
 
 
 def pipeline_enabled() -> bool:

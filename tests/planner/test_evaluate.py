@@ -170,13 +170,21 @@ def test_overloaded_is_never_comfortable(policy):
     assert out["utilisation"] == 1.0
 
 
-def test_batch_policy_and_duty_cycle():
+def test_batch_policy_and_max_wait():
     deps = [Deployment("resnet", "big", "gpu:A100", count=1, batch=16)]
-    out = predict(deps, PROFILES, VARIANTS, rate_rps=200.0, policy="batch")
+    # Only batch 16 is measured: a batch of any size runs ~30 ms (the smallest measured
+    # size stands for the smaller ones), and the local dispatcher's 17 slots over the GPU
+    # runner's two batches in flight and the one filling cap the throughput at ~5 rows/batch.
+    (inst,) = build_instances(deps, PROFILES)
+    assert inst.batches is not None and inst.batches.batching.max_wait_ms == 2.0
+    assert inst.capacity_rps == pytest.approx(17 * 1000 / (3 * inst.service.mean_ms), rel=1e-6)
+    out = predict(deps, PROFILES, VARIANTS, rate_rps=100.0, policy="batch")
     assert math.isfinite(out["p95_ms"]) and out["p95_ms"] >= 36.0
-    longer = predict(deps, PROFILES, VARIANTS, rate_rps=50.0, policy="batch", duty_cycle_ms=80.0)
-    shorter = predict(deps, PROFILES, VARIANTS, rate_rps=50.0, policy="batch", duty_cycle_ms=5.0)
-    assert longer["p95_ms"] > shorter["p95_ms"]
+    assert predict(deps, PROFILES, VARIANTS, rate_rps=200.0, policy="batch")["overloaded"]
+    # a longer wait fills batches: more time waiting at light load
+    longer = predict(deps, PROFILES, VARIANTS, rate_rps=5.0, policy="batch", max_wait_ms=80.0)
+    shorter = predict(deps, PROFILES, VARIANTS, rate_rps=5.0, policy="batch", max_wait_ms=5.0)
+    assert longer["p50_ms"] > shorter["p50_ms"] + 50.0
     with pytest.raises(InputError, match="--policy batch"):
         predict(deps, PROFILES, VARIANTS, rate_rps=50.0, policy="fifo")
 

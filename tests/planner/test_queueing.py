@@ -239,11 +239,11 @@ def test_batching_latency_rises_with_load_and_overloads():
     cap = 8 * 1000 / lb.mean_ms
     values = [batch_latency_quantile_ms(cap * u, lb, 8, 0.95) for u in (0.1, 0.3, 0.5, 0.7, 0.9)]
     assert all(math.isfinite(v) for v in values)
-    # At light load batches close on the duty cycle, so more load can fill them sooner;
+    # At light load batches close on the max wait, so more load can fill them sooner;
     # from half load up the instance's queue dominates and latency rises.
     assert values[2:] == sorted(values[2:])
     assert min(values) >= lb.quantile(0.95)
-    # a batch waits at most one duty cycle to fill, then runs
+    # a batch waits at most the max wait to fill (and the running batch), then runs
     assert values[0] <= lb.quantile(0.95) + lb.mean_ms + 1e-6
     assert batch_latency_quantile_ms(cap, lb, 8, 0.95) == math.inf
     assert batch_latency_quantile_ms(50.0, lb, 1, 0.95) == latency_quantile_ms(50.0, lb, 1, 0.95)

@@ -113,14 +113,14 @@ def test_stride_assignment_is_exactly_proportional():
 def test_batches_respect_size_and_duty_cycle():
     service = ServiceTime.deterministic(20.0)
     a = poisson_arrivals(150.0, n=20_000, seed=4) * 1000
-    run = batch_queue(a, service, 4, np.random.default_rng(1), duty_cycle_ms=10.0)
+    run = batch_queue(a, service, 4, np.random.default_rng(1), max_wait_ms=10.0)
     starts = run.arrival_ms + run.wait_ms
     _, sizes = np.unique(starts, return_counts=True)
     assert sizes.max() <= 4 and sizes.min() >= 1
     assert (run.wait_ms >= -1e-9).all()
     # at light load nobody waits longer than the duty cycle plus the running batch
     light = poisson_arrivals(5.0, n=5_000, seed=5) * 1000
-    r2 = batch_queue(light, service, 4, np.random.default_rng(2), duty_cycle_ms=10.0)
+    r2 = batch_queue(light, service, 4, np.random.default_rng(2), max_wait_ms=10.0)
     assert r2.wait_ms.max() <= 10.0 + 20.0 + 1e-9
 
 
