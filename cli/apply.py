@@ -165,15 +165,24 @@ def status_cmd(
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Show the dispatcher and every running instance (variant, resource, pid, port, p95)."""
-    from greenctl.executor.backends import status
+    """Show the dispatcher and every running instance (variant, resource, pid, port, p95).
+    Exits 1 when the plan is not fully serving (and says why)."""
+    from greenctl.data.errors import ExecutorError
+    from greenctl.executor.backends import not_serving, status
 
     # read-only: a missing store is not created, except to ask a named cluster (as before)
     with store_for(db, create=backend not in (None, "local")) as store:
         doc = status(store, backend=backend, address=address)
     if json_out:
         print_json(doc)
-        return
+    else:
+        _print_status(doc)
+    reasons = not_serving(doc)
+    if reasons:
+        raise ExecutorError("the plan is not fully serving: " + "; ".join(reasons))
+
+
+def _print_status(doc: dict[str, Any]) -> None:
     if doc.get("backend") == "ray":
         if doc["app"] is None:
             where = f"the Ray cluster at {doc['address']}" if doc["address"] else "Ray"
@@ -202,7 +211,11 @@ def status_cmd(
         return
     if disp is not None:
         state = "ready" if disp["ready"] else ("alive, not ready" if disp["alive"] else "DOWN")
-        say(f"Dispatcher: {disp['url']}  pid {disp['pid']}  {state}")
+        sup = disp.get("supervisor")
+        watched = ""
+        if sup is not None:
+            watched = f"  (supervisor pid {sup['pid']}{'' if sup['alive'] else ' GONE'})"
+        say(f"Dispatcher: {disp['url']}  pid {disp['pid']}  {state}{watched}")
     render_table(
         "Instances",
         [
@@ -212,7 +225,7 @@ def status_cmd(
             "resource",
             "pid",
             "port",
-            "ready",
+            "state",
             "requests",
             "p95 ms",
             "restarts",
@@ -225,7 +238,7 @@ def status_cmd(
                 i["resource"],
                 i["pid"],
                 i["port"],
-                i["ready"],
+                i["state"],
                 i["requests"],
                 i["p95_ms"],
                 i["restarts"],
@@ -234,6 +247,7 @@ def status_cmd(
         ],
         caption="p95 over each instance's last 4096 requests, measured inside the executor",
     )
+    say(f"State: {doc['state']}", style="bold" if doc["state"] == "serving" else "bold red")
 
 
 def down_cmd(

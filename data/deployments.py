@@ -17,6 +17,10 @@ from greenctl.data.records import utcnow_iso
 
 READY = "ready"
 RUNNING = "running"
+#: journaled before its process starts, not yet part of the running configuration
+STARTING = "starting"
+#: retired by an apply that has switched away from it, not yet stopped
+STOPPING = "stopping"
 
 
 def _first(rows: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
@@ -40,11 +44,48 @@ def instance_row(store: Any, instance_id: str) -> dict[str, Any]:
     return dict(store.db.table("executor_instances").get(instance_id))
 
 
-def add_instances(store: Any, rows: Iterable[dict[str, Any]]) -> None:
-    """Record newly started instances."""
+def journal_instance(store: Any, row: dict[str, Any]) -> None:
+    """Record an instance about to start (``starting``, no process yet): what the next
+    ``apply``, ``status`` or ``down`` stops if the apply starting it never commits."""
+    store.db.table("executor_instances").insert({**row, "state": STARTING})
+
+
+def set_instance_process(store: Any, instance_id: str, **fields: Any) -> None:
+    """Where an instance's process runs (``pid``, ``pid_start``, ``host``, ``port``),
+    recorded as soon as it is known (by apply, or the supervisor restarting it); nothing
+    when the instance is not recorded."""
     table = store.db.table("executor_instances")
-    for row in rows:
-        table.insert(row)
+    if table.count_where("id = ?", [instance_id]):
+        table.update(instance_id, fields)
+
+
+def commit_instance(store: Any, instance_id: str, **fields: Any) -> None:
+    """A started instance joins the running configuration (``ready``)."""
+    store.db.table("executor_instances").update(instance_id, {**fields, "state": READY})
+
+
+def forget_instance(store: Any, instance_id: str) -> None:
+    """Drop a journaled instance that never joined a configuration (its apply was undone
+    or interrupted, and its process stopped): the store is left as the apply found it."""
+    store.db.execute(
+        "delete from executor_instances where id = ? and state = ?", [instance_id, STARTING]
+    )
+
+
+def retire_instance(store: Any, instance_id: str) -> None:
+    """The running configuration no longer has the instance; it is to be stopped."""
+    store.db.table("executor_instances").update(instance_id, {"state": STOPPING})
+
+
+def instances_in(store: Any, states: Iterable[str]) -> list[dict[str, Any]]:
+    """The instances in any of ``states``, by id."""
+    wanted = list(states)
+    marks = ", ".join("?" for _ in wanted)
+    return list(
+        store.db.table("executor_instances").rows_where(
+            f"state in ({marks})", wanted, order_by="id"
+        )
+    )
 
 
 def reassign_instance(
@@ -116,9 +157,49 @@ def running_dispatchers(store: Any) -> list[dict[str, Any]]:
     return list(store.db.table("executor_dispatcher").rows_where("state = ?", [RUNNING]))
 
 
-def add_dispatcher(store: Any, row: dict[str, Any]) -> None:
-    """Record a newly started dispatcher."""
-    store.db.table("executor_dispatcher").insert(row)
+def dispatchers_in(store: Any, states: Iterable[str]) -> list[dict[str, Any]]:
+    """The dispatchers in any of ``states``, oldest first."""
+    wanted = list(states)
+    marks = ", ".join("?" for _ in wanted)
+    return list(
+        store.db.table("executor_dispatcher").rows_where(
+            f"state in ({marks})", wanted, order_by="id"
+        )
+    )
+
+
+def journal_dispatcher(store: Any, row: dict[str, Any]) -> int:
+    """Record a dispatcher (and its supervisor) about to start (``starting``); its id."""
+    return int(store.db.table("executor_dispatcher").insert({**row, "state": STARTING}).last_pk)
+
+
+def forget_dispatcher(store: Any, dispatcher_id: int) -> None:
+    """Drop a journaled dispatcher that never served a configuration (its apply was undone
+    or interrupted, and its processes stopped)."""
+    store.db.execute(
+        "delete from executor_dispatcher where id = ? and state = ?", [dispatcher_id, STARTING]
+    )
+
+
+def set_dispatcher_process(store: Any, dispatcher_id: int, **fields: Any) -> None:
+    """Where a dispatcher pair runs now: ``pid``/``pid_start`` (the dispatcher),
+    ``supervisor_pid``/``supervisor_pid_start``, ``port``. Apply records them as soon as
+    they are known; the pair records each other's restarts."""
+    table = store.db.table("executor_dispatcher")
+    if table.count_where("id = ?", [dispatcher_id]):
+        table.update(dispatcher_id, fields)
+
+
+def commit_dispatcher(store: Any, dispatcher_id: int, *, plan_id: int | None) -> None:
+    """A started dispatcher becomes the running one (``running``) for ``plan_id``."""
+    store.db.table("executor_dispatcher").update(
+        dispatcher_id, {"state": RUNNING, "plan_id": plan_id}
+    )
+
+
+def retire_dispatcher(store: Any, dispatcher_id: int) -> None:
+    """A new dispatcher replaced this one; it is to be stopped."""
+    store.db.table("executor_dispatcher").update(dispatcher_id, {"state": STOPPING})
 
 
 def point_dispatcher(store: Any, dispatcher_id: int, *, plan_id: int | None, apply_id: int) -> None:
@@ -177,6 +258,28 @@ def finish_apply(
     if error is not None:
         fields["error"] = error
     store.db.table("executor_apply_history").update(apply_id, fields)
+
+
+def open_applies(store: Any) -> list[dict[str, Any]]:
+    """Apply records still ``running``: under the apply lock, applies that died unfinished."""
+    return list(
+        store.db.table("executor_apply_history").rows_where(
+            "status = ?", ["running"], order_by="id"
+        )
+    )
+
+
+def unsettled(store: Any) -> bool:
+    """Whether an apply left work behind: an apply record still ``running``, or an instance
+    or dispatcher ``starting`` or ``stopping`` (cheap; ``status`` asks before locking)."""
+    if "executor_instances" not in store.db.table_names():
+        return False
+    states = [STARTING, STOPPING]
+    return bool(
+        store.db.table("executor_apply_history").count_where("status = ?", ["running"])
+        or store.db.table("executor_instances").count_where("state in (?, ?)", states)
+        or store.db.table("executor_dispatcher").count_where("state in (?, ?)", states)
+    )
 
 
 def last_apply(store: Any) -> dict[str, Any] | None:

@@ -7,8 +7,23 @@ in the store), and then acts in an order that keeps serving: MIG layout (with a 
 MPS control daemon, dispatcher, new executors (waiting until ready), one atomic routing switch
 on the dispatcher, the store commit, and only then stopping what the plan no longer needs.
 Any failure before the commit undoes every step already taken, in reverse, so the previous
-configuration keeps serving. Applying the running plan again does nothing. A lock file
-serialises concurrent applies. Nothing here prints: results are returned.
+configuration keeps serving; so does SIGTERM or SIGINT (^C) part-way. Applying the running
+plan again does nothing. A lock file serialises concurrent applies. Nothing here prints:
+results are returned.
+
+Crash consistency: every process is journaled in the store before it starts (``starting``,
+with the state file it reports to; its pid as soon as it is spawned) and joins the running
+configuration only in the commit; what an apply retires is ``stopping`` until it is stopped.
+An apply killed at any step (even ``kill -9``) leaves only journaled processes, and the next
+``apply``, ``status`` or ``down`` (:func:`recover`, under the apply lock) puts the
+dispatcher's routes back to what the store records and stops the rest. Pids are checked with
+their start times (a reused pid is never signalled), and a process whose pid was never
+written down is found by the state file on its command line.
+
+Supervision (:mod:`greenctl.executor.supervisor`): each dispatcher runs beside a supervisor
+that holds its listening socket and restarts it; the dispatcher restarts its executors and
+its supervisor. ``down`` stops the pair first (its stop file, then SIGTERM), then the
+executors, then any greenctl daemon of the store the records missed.
 """
 
 from __future__ import annotations
@@ -16,7 +31,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
+import signal
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -31,6 +48,7 @@ from greenctl.data.errors import (
     GreenctlError,
     HardwareError,
     InputError,
+    LockedError,
     NotFoundError,
 )
 from greenctl.data.plan import Plan, check_families
@@ -46,18 +64,25 @@ from greenctl.executor import partition
 from greenctl.executor.kinds import get_kind
 from greenctl.executor.procs import (
     apply_lock,
+    find_processes,
     is_alive,
     log_tail,
+    proc_start_ticks,
+    process_argv,
     python_module_argv,
+    read_json,
     spawn_detached,
     state_dir_for,
+    stray_daemons,
     terminate,
     wait_for_state_file,
+    write_json_atomic,
 )
 
 DEFAULT_LOADER = "greenctl.profiler.models:load_model"
 BACKEND = "local"  # this module is the local backend (executor/backends.py)
 MPS_SERVICE = "mps-control"
+SUPERVISOR_MODULE = "greenctl.executor.supervisor"
 
 
 @dataclass
@@ -198,7 +223,7 @@ def _placement_start(placement: Any, i: int) -> int | None:
 def _dispatcher_token(row: dict[str, Any]) -> str:
     from greenctl.executor.procs import read_json
 
-    doc = read_json(row["state_file"]) or {}
+    doc = (read_json(row["state_file"]) if row.get("state_file") else None) or {}
     return str(doc.get("token", ""))
 
 
@@ -290,93 +315,121 @@ def apply_plan(
     for i, d in enumerate(plan.deployments):
         runnable_resource(d.resource, field=f"deployments[{i}].resource")
     with apply_lock(state_dir, wait=wait, timeout_s=lock_timeout_s):
-        specs = (kind.instances or desired_instances)(plan)
-        if not specs:
-            raise InputError(
-                "the plan has no deployments to run", hint="plan with `greenctl plan ...` first"
-            )
-        variants = _resolve_variants(specs, store, loader)
-        check_families(plan.deployments, {name: v.family for name, v in variants.items()})
-        running = _reconcile_dead(store, deployments.ready_instances(store), record=not dry_run)
-        disp = deployments.running_dispatcher(store)
-        if disp is not None and not is_alive(disp["pid"], disp["pid_start"]):
-            if not dry_run:  # it died: record that; this apply starts a new one
-                deployments.end_dispatcher(store, disp["id"], state="failed")
-            disp = None
-        kept, new_specs, to_stop = _diff(running, specs)
-        usable = cores if cores is not None else partition.available_cores()
-        cpu_needs = [parse_resource(s.resource).cpu_cores or 0 for s in specs]
-        partition.assign_cores(cpu_needs, usable)  # validates the whole plan fits
-        taken = {c for row in kept for c in json.loads(row["cores"] or "[]")}
-        new_cores = partition.assign_cores(
-            [parse_resource(s.resource).cpu_cores or 0 for s in new_specs], usable, taken
-        )
-        _validate_gpu(specs, time_shared=kind.time_shared)
-        want_port = port if port is not None else (plan.extra.get("dispatcher") or {}).get("port")
-        new_dispatcher = (
-            disp is None
-            or disp["host"] != host
-            or (want_port not in (None, 0) and disp["port"] != want_port)
-        )
-        routes_changed = disp is None or _route_signature(disp, kept, specs, pol) is None
-        actions = _describe(new_specs, new_cores, to_stop, disp, new_dispatcher, host, want_port)
-        mig_gpus = sorted({s.mig.gpu for s in specs if s.mig is not None})
-        mig_actions = _describe_mig(specs, mig_gpus, mig_parted)
-        actions = mig_actions + actions
-        needs_mps = any(parse_resource(s.resource).spec.thread_percentage for s in specs)
-        mps_running = deployments.service_running(store, MPS_SERVICE)
-        if needs_mps and not mps_running:
-            actions.insert(0, {"action": "start-mps-control"})
-        changed = bool(actions) or routes_changed or _quotas_changed(kept, specs)
-        if changed and not any(a["action"] == "switch-routes" for a in actions):
-            actions.append({"action": "switch-routes", "models": sorted({s.model for s in specs})})
-        if dry_run or not changed:
-            result = ApplyResult(
-                plan_id=plan.id,
-                changed=changed,
-                dry_run=dry_run,
-                actions=actions if changed else [],
-                dispatcher_url=None
-                if disp is None
-                else f"http://{_connect_host(disp['host'])}:{disp['port']}",
-                instances=[_instance_view(r) for r in kept],
-                policy=pol,
-            )
-            if not dry_run:  # it runs here already: the local backend runs the plan
-                with store.transaction():
-                    deployments.record_backend(
-                        store,
-                        BACKEND,
-                        plan_id=disp["plan_id"] if plan.id is None and disp else plan.id,
-                        options=backend_options,
+        if not dry_run:  # what an interrupted apply left: routes put back, processes stopped
+            recover(store)
+        with _SignalGuard() as signals:
+            try:
+                specs = (kind.instances or desired_instances)(plan)
+                if not specs:
+                    raise InputError(
+                        "the plan has no deployments to run",
+                        hint="plan with `greenctl plan ...` first",
                     )
-        else:
-            if plan.id is None:
-                store.save_plan(plan, source="apply")
-            result = _execute(
-                plan,
-                store=store,
-                state_dir=state_dir,
-                specs=specs,
-                kept=kept,
-                new_specs=new_specs,
-                new_cores=new_cores,
-                to_stop=to_stop,
-                disp=disp,
-                new_dispatcher=new_dispatcher,
-                host=host,
-                port=want_port,
-                policy=pol,
-                loader=loader,
-                max_queue=max_queue,
-                max_wait_ms=max_wait_ms,
-                ready_timeout_s=ready_timeout_s,
-                mig_gpus=[] if mig_parted else mig_gpus,
-                needs_mps=needs_mps and not mps_running,
-                planned_actions=actions,
-                variants=variants,
-                backend_options=backend_options,
-            )
+                variants = _resolve_variants(specs, store, loader)
+                check_families(plan.deployments, {name: v.family for name, v in variants.items()})
+                running = _reconcile_dead(
+                    store, deployments.ready_instances(store), record=not dry_run
+                )
+                disp = deployments.running_dispatcher(store)
+                reuse_port = None
+                if disp is not None and not _pair_serves(disp):
+                    # both dispatcher and supervisor are gone: a new pair starts, on the
+                    # same port (clients keep their URL) unless another program took it
+                    reuse_port = disp["port"]
+                    if not dry_run:
+                        _stop_pair(disp)
+                        deployments.end_dispatcher(store, disp["id"], state="failed")
+                    disp = None
+                kept, new_specs, to_stop = _diff(running, specs)
+                usable = cores if cores is not None else partition.available_cores()
+                cpu_needs = [parse_resource(s.resource).cpu_cores or 0 for s in specs]
+                partition.assign_cores(cpu_needs, usable)  # validates the whole plan fits
+                taken = {c for row in kept for c in json.loads(row["cores"] or "[]")}
+                new_cores = partition.assign_cores(
+                    [parse_resource(s.resource).cpu_cores or 0 for s in new_specs], usable, taken
+                )
+                _validate_gpu(specs, time_shared=kind.time_shared)
+                want_port = (
+                    port if port is not None else (plan.extra.get("dispatcher") or {}).get("port")
+                )
+                any_port = False
+                if want_port in (None, 0) and reuse_port:
+                    want_port, any_port = reuse_port, True
+                new_dispatcher = (
+                    disp is None
+                    or disp["host"] != host
+                    or (want_port not in (None, 0) and disp["port"] != want_port)
+                )
+                routes_changed = disp is None or _route_signature(disp, kept, specs, pol) is None
+                actions = _describe(
+                    new_specs, new_cores, to_stop, disp, new_dispatcher, host, want_port
+                )
+                mig_gpus = sorted({s.mig.gpu for s in specs if s.mig is not None})
+                mig_actions = _describe_mig(specs, mig_gpus, mig_parted)
+                actions = mig_actions + actions
+                needs_mps = any(parse_resource(s.resource).spec.thread_percentage for s in specs)
+                mps_running = deployments.service_running(store, MPS_SERVICE)
+                if needs_mps and not mps_running:
+                    actions.insert(0, {"action": "start-mps-control"})
+                changed = bool(actions) or routes_changed or _quotas_changed(kept, specs)
+                if changed and not any(a["action"] == "switch-routes" for a in actions):
+                    actions.append(
+                        {"action": "switch-routes", "models": sorted({s.model for s in specs})}
+                    )
+                if dry_run or not changed:
+                    result = ApplyResult(
+                        plan_id=plan.id,
+                        changed=changed,
+                        dry_run=dry_run,
+                        actions=actions if changed else [],
+                        dispatcher_url=None
+                        if disp is None
+                        else f"http://{_connect_host(disp['host'])}:{disp['port']}",
+                        instances=[_instance_view(r) for r in kept],
+                        policy=pol,
+                    )
+                    if not dry_run:  # it runs here already: the local backend runs the plan
+                        with store.transaction():
+                            deployments.record_backend(
+                                store,
+                                BACKEND,
+                                plan_id=disp["plan_id"] if plan.id is None and disp else plan.id,
+                                options=backend_options,
+                            )
+                else:
+                    if plan.id is None:
+                        store.save_plan(plan, source="apply")
+                    result = _execute(
+                        plan,
+                        store=store,
+                        state_dir=state_dir,
+                        specs=specs,
+                        kept=kept,
+                        new_specs=new_specs,
+                        new_cores=new_cores,
+                        to_stop=to_stop,
+                        disp=disp,
+                        new_dispatcher=new_dispatcher,
+                        host=host,
+                        port=want_port,
+                        any_port=any_port,
+                        policy=pol,
+                        loader=loader,
+                        max_queue=max_queue,
+                        max_wait_ms=max_wait_ms,
+                        ready_timeout_s=ready_timeout_s,
+                        mig_gpus=[] if mig_parted else mig_gpus,
+                        needs_mps=needs_mps and not mps_running,
+                        planned_actions=actions,
+                        variants=variants,
+                        backend_options=backend_options,
+                        signals=signals,
+                    )
+            except _Interrupted as sig:
+                raise ExecutorError(
+                    f"apply interrupted by {sig.name} before it started anything; nothing changed"
+                ) from None
+
     if verify and not dry_run and result.dispatcher_url:  # also when it was already running
         result.verify = verify_plan(
             plan,
@@ -594,6 +647,52 @@ def _describe_mig(
     return out
 
 
+class _Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived while an apply was changing things (not an Exception, so no
+    ``except Exception`` on the way swallows it before the apply is undone)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+class _SignalGuard:
+    """SIGTERM and SIGINT during an apply: the first raises :class:`_Interrupted` where the
+    apply is (it then undoes what it did); while it undoes, or once it has committed, they are
+    only remembered (an apply never stops half-way through undoing or retiring). Only in the
+    main thread (elsewhere signals are not ours to handle)."""
+
+    def __init__(self) -> None:
+        self.armed = True
+        self.pending: int | None = None
+        self.old: dict[int, Any] = {}
+
+    def __enter__(self) -> _SignalGuard:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.pending is None:
+            self.pending = signum
+        if self.armed:
+            self.armed = False
+            raise _Interrupted(signum)
+
+    def hold(self) -> None:
+        """From now on, remember signals instead of raising them."""
+        self.armed = False
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+
+
 def _execute(
     plan: Plan,
     *,
@@ -608,6 +707,7 @@ def _execute(
     new_dispatcher: bool,
     host: str,
     port: int | None,
+    any_port: bool,
     policy: str,
     loader: str,
     max_queue: int,
@@ -618,6 +718,7 @@ def _execute(
     planned_actions: list[dict[str, Any]],
     variants: dict[str, Any],
     backend_options: dict[str, Any],
+    signals: _SignalGuard,
 ) -> ApplyResult:
     history_id = deployments.start_apply(store, plan_id=plan.id, actions=planned_actions)
     undo: list[tuple[str, Callable[[], object]]] = []
@@ -677,16 +778,21 @@ def _execute(
             done.append({"action": "start-mps-control"})
         elif any(parse_resource(s.resource).spec.thread_percentage for s in specs):
             mps_env = partition.mps_dirs(state_dir)
-        # 3. a new dispatcher when none runs (or its address changes)
+        # 3. a new dispatcher, with its supervisor, when none runs (or its address changes)
         if new_dispatcher:
             step = "starting the dispatcher"
-            new_disp_row = _start_dispatcher(
-                store, state_dir, host, port, max_queue, history_id, ready_timeout_s
+            new_disp_row = _start_pair(
+                store,
+                state_dir,
+                host=host,
+                port=port,
+                any_port=any_port,
+                max_queue=max_queue,
+                apply_id=history_id,
+                ready_timeout_s=ready_timeout_s,
+                undo=undo,
             )
             row = new_disp_row
-            undo.append(
-                ("stop the new dispatcher", lambda: terminate(row["pid"], row["pid_start"]))
-            )
             done.append(
                 {
                     "action": "start-dispatcher",
@@ -695,7 +801,7 @@ def _execute(
             )
         target = new_disp_row or disp
         assert target is not None
-        # 4. new executors, all started at once, then each waited for
+        # 4. new executors, each journaled before it starts, all started, then waited for
         step = "starting executors"
         launching = []
         for n, (s, cores) in enumerate(zip(new_specs, new_cores, strict=True)):
@@ -704,10 +810,30 @@ def _execute(
                 s, inst_id, cores, state_dir, store, loader, max_wait_ms, mps_env, ready_timeout_s
             )
             spawn["argv"] += ["--variant-json", json.dumps(asdict(variants[s.variant]))]
+            row = {
+                "id": inst_id,
+                "apply_id": history_id,
+                "plan_id": plan.id,
+                "model": s.model,
+                "variant": s.variant,
+                "resource": s.resource,
+                "batch": s.batch,
+                "quota_rps": s.quota_rps,
+                "key": s.key,
+                "cores": json.dumps(cores),
+                "device": spawn["env"].get("CUDA_VISIBLE_DEVICES"),
+                "spawn": json.dumps(spawn),
+                "restarts": 0,
+            }
+            deployments.journal_instance(store, row)
+            undo.append((f"stop executor {inst_id}", _instance_stopper(store, row)))
             proc = spawn_detached(spawn["argv"], env=spawn["env"], log_file=spawn["log_file"])
-            undo.append((f"stop executor {inst_id}", _stopper(proc)))
-            launching.append((s, inst_id, cores, spawn, proc))
-        for s, inst_id, cores, spawn, proc in launching:
+            deployments.set_instance_process(
+                store, inst_id, pid=proc.pid, pid_start=proc_start_ticks(proc.pid)
+            )
+            launching.append((s, row, spawn, proc))
+        for s, row, spawn, proc in launching:
+            inst_id = row["id"]
             step = f"starting executor {inst_id} ({s.variant} on {s.resource})"
             doc = wait_for_state_file(
                 Path(spawn["state_file"]),
@@ -716,29 +842,22 @@ def _execute(
                 what=f"executor {inst_id} ({s.variant} on {s.resource})",
                 log_file=Path(spawn["log_file"]),
             )
-            new_rows.append(
-                {
-                    "id": inst_id,
-                    "apply_id": history_id,
-                    "plan_id": plan.id,
-                    "model": s.model,
-                    "variant": s.variant,
-                    "resource": s.resource,
-                    "batch": s.batch,
-                    "quota_rps": s.quota_rps,
-                    "key": s.key,
-                    "cores": json.dumps(cores),
-                    "device": spawn["env"].get("CUDA_VISIBLE_DEVICES"),
-                    "spawn": json.dumps(spawn),
-                    "host": doc["host"],
-                    "port": int(doc["port"]),
-                    "pid": int(doc["pid"]),
-                    "pid_start": doc.get("pid_start"),
-                    "state": "ready",
-                    "restarts": 0,
-                    "started_at": utcnow_iso(),
-                }
+            row.update(
+                host=doc["host"],
+                port=int(doc["port"]),
+                pid=int(doc["pid"]),
+                pid_start=doc.get("pid_start"),
+                started_at=utcnow_iso(),
             )
+            deployments.set_instance_process(
+                store,
+                inst_id,
+                host=row["host"],
+                port=row["port"],
+                pid=row["pid"],
+                pid_start=row["pid_start"],
+            )
+            new_rows.append(row)
             done.append(
                 {
                     "action": "start-executor",
@@ -750,9 +869,7 @@ def _execute(
             )
         # 5. one routing switch
         step = "switching the dispatcher's routes"
-        final = [(row, row["_spec"]) for row in kept] + [
-            (row, _spec_of(row, new_specs, new_rows)) for row in new_rows
-        ]
+        final = [{**row, "quota_rps": row["_spec"].quota_rps} for row in kept] + new_rows
         routes = _routes_doc(final, policy, max_queue, history_id)
         previous = None
         if new_disp_row is None:
@@ -765,18 +882,18 @@ def _execute(
         # 6. commit the new state in one transaction
         step = "recording the new state"
         with store.transaction():
-            deployments.add_instances(store, new_rows)
+            for row in new_rows:
+                deployments.commit_instance(store, row["id"], started_at=row["started_at"])
             for row in kept:
                 deployments.reassign_instance(
                     store, row["id"], plan_id=plan.id, quota_rps=row["_spec"].quota_rps
                 )
             for row in to_stop:
-                deployments.end_instance(store, row["id"])
+                deployments.retire_instance(store, row["id"])
             if new_disp_row is not None:
-                new_disp_row["plan_id"] = plan.id
-                deployments.add_dispatcher(store, new_disp_row)
+                deployments.commit_dispatcher(store, new_disp_row["id"], plan_id=plan.id)
                 if disp is not None:
-                    deployments.end_dispatcher(store, disp["id"])
+                    deployments.retire_dispatcher(store, disp["id"])
             else:
                 deployments.point_dispatcher(
                     store, target["id"], plan_id=plan.id, apply_id=history_id
@@ -785,21 +902,30 @@ def _execute(
                 deployments.start_service(store, MPS_SERVICE, info=mps_env)
             deployments.record_backend(store, BACKEND, plan_id=plan.id, options=backend_options)
             deployments.finish_apply(store, history_id, status="applied", actions=done)
-    except (GreenctlError, OSError) as exc:
+        signals.hold()  # committed: a signal from now on lets the apply finish retiring
+    except (Exception, _Interrupted) as exc:
+        signals.hold()
         undone = _undo(undo)
+        hint = None
+        if isinstance(exc, _Interrupted):
+            what = f"apply interrupted by {exc.name} while {step}"
+        elif isinstance(exc, GreenctlError):
+            what, hint = f"apply failed while {step}: {exc.message}", exc.hint
+        else:
+            what = f"apply failed while {step}: {exc}"
         deployments.finish_apply(
-            store, history_id, status="failed", actions=done, undone=undone, error=str(exc)
+            store, history_id, status="failed", actions=done, undone=undone, error=what
         )
-        message = exc.message if isinstance(exc, GreenctlError) else str(exc)
+        if not isinstance(exc, GreenctlError | OSError | _Interrupted):
+            raise  # a bug: undone and recorded, and shown as it is
         raise ExecutorError(
-            f"apply failed while {step}: {message}; undid {len(undone)} step(s), the previous "
-            "configuration is still serving",
-            hint=getattr(exc, "hint", None),
+            f"{what}; undid {len(undone)} step(s), the previous configuration is still serving",
+            hint=hint,
         ) from None
     # 7. retire what the plan no longer needs (after the switch: no gap in service)
     warnings: list[str] = []
     for row in to_stop:
-        if not terminate(row["pid"], row["pid_start"]):
+        if not _stop_instance(row):
             warnings.append(f"executor {row['id']} (pid {row['pid']}) did not stop")
         else:
             done.append(
@@ -810,10 +936,17 @@ def _execute(
                     "resource": row["resource"],
                 }
             )
+        deployments.end_instance(store, row["id"])
     if new_disp_row is not None and disp is not None:
-        terminate(disp["pid"], disp["pid_start"])
+        _stop_pair(disp)
+        deployments.end_dispatcher(store, disp["id"])
         done.append({"action": "stop-dispatcher", "pid": disp["pid"]})
     deployments.set_apply_actions(store, history_id, done)
+    if signals.pending is not None:
+        warnings.append(
+            f"{signal.Signals(signals.pending).name} arrived after the new configuration was "
+            "committed; the apply finished retiring the old one first"
+        )
     url = f"http://{_connect_host(target['host'])}:{target['port']}"
     return ApplyResult(
         plan_id=plan.id,
@@ -844,14 +977,6 @@ def _drop_from_routes(
     )
 
 
-def _stopper(proc: subprocess.Popen[bytes]) -> Callable[[], object]:
-    def stop() -> None:
-        terminate(proc.pid)
-        proc.poll()
-
-    return stop
-
-
 def _undo(undo: list[tuple[str, Callable[[], object]]]) -> list[str]:
     undone = []
     for what, fn in reversed(undo):
@@ -861,12 +986,6 @@ def _undo(undo: list[tuple[str, Callable[[], object]]]) -> list[str]:
         except Exception as exc:  # keep undoing the rest
             undone.append(f"{what} (failed: {exc})")
     return undone
-
-
-def _spec_of(
-    row: dict[str, Any], new_specs: list[InstanceSpec], new_rows: list[dict[str, Any]]
-) -> InstanceSpec:
-    return new_specs[new_rows.index(row)]
 
 
 def _strip_runtime(doc: dict[str, Any]) -> dict[str, Any]:
@@ -881,21 +1000,23 @@ def _strip_runtime(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _routes_doc(
-    final: list[tuple[dict[str, Any], InstanceSpec]], policy: str, max_queue: int, generation: int
+    rows: list[dict[str, Any]], policy: str, max_queue: int, generation: int | None
 ) -> dict[str, Any]:
+    """The dispatcher's routing table for instance rows (``model``, ``batch``,
+    ``quota_rps``, address and process, ``spawn``)."""
     models: dict[str, Any] = {}
-    for row, spec in final:
+    for row in rows:
         m = models.setdefault(
-            spec.model, {"policy": policy, "max_queue": max_queue, "instances": []}
+            row["model"], {"policy": policy, "max_queue": max_queue, "instances": []}
         )
         m["instances"].append(
             {
                 "id": row["id"],
                 "url": f"http://{_connect_host(row['host'])}:{row['port']}",
-                "weight": spec.quota_rps if spec.quota_rps else 1.0,
+                "weight": row["quota_rps"] if row["quota_rps"] else 1.0,
                 # batch + 1: one request travels while a full batch runs, so the executor
                 # does not idle for the dispatcher's round trip (fifo/batch policies)
-                "slots": spec.batch + 1,
+                "slots": int(row["batch"]) + 1,
                 "pid": row["pid"],
                 "pid_start": row["pid_start"],
                 "spawn": json.loads(row["spawn"]) if row.get("spawn") else None,
@@ -975,55 +1096,273 @@ def _spawn_spec(
     return spawn
 
 
-def _start_dispatcher(
+# -- the dispatcher and its supervisor (a pair) ------------------------------------------------
+def _start_pair(
     store: Store,
     state_dir: Path,
+    *,
     host: str,
     port: int | None,
+    any_port: bool,
     max_queue: int,
     apply_id: int,
     ready_timeout_s: float,
+    undo: list[tuple[str, Callable[[], object]]],
 ) -> dict[str, Any]:
+    """Journal a dispatcher pair, start its supervisor (which binds the address and starts
+    the dispatcher), and wait until the dispatcher serves; returns its row.
+
+    Raises:
+        ExecutorError: the address cannot be bound or the dispatcher did not start (nothing
+            of it is left running).
+    """
+    import secrets
+
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
-    state_file = state_dir / f"dispatcher-{stamp}.json"
-    log_file = state_dir / f"dispatcher-{stamp}.log"
-    argv = python_module_argv(
-        "greenctl.executor.dispatcher",
-        "--host",
-        host,
-        "--port",
-        str(port or 0),
-        "--state-file",
-        str(state_file),
-        "--db",
-        str(store.path),
-        "--max-queue",
-        str(max_queue),
-    )
-    proc = spawn_detached(argv, env={"GREENCTL_DB": str(store.path)}, log_file=log_file)
-    try:
-        doc = wait_for_state_file(
-            state_file,
-            proc=proc,
-            timeout_s=min(ready_timeout_s, 60.0),
-            what="the dispatcher",
-            log_file=log_file,
-        )
-    except ExecutorError:
-        terminate(proc.pid)
-        proc.poll()
-        raise
-    return {
+    base = state_dir / f"dispatcher-{stamp}"
+    pair: dict[str, Any] = {
+        "db": str(store.path),
+        "host": host,
+        "port": int(port or 0),
+        "any_port": any_port,
+        "max_queue": max_queue,
+        "ready_timeout_s": min(ready_timeout_s, 60.0),
+        "token": secrets.token_hex(16),
+        "dispatcher_state_file": f"{base}.json",
+        "dispatcher_log_file": f"{base}.log",
+        "supervisor_state_file": f"{base}.supervisor.json",
+        "supervisor_log_file": f"{base}.supervisor.log",
+        "routes_file": f"{base}.routes.json",
+        "stop_file": f"{base}.stop",
+    }
+    row: dict[str, Any] = {
         "apply_id": apply_id,
         "host": host,
-        "port": int(doc["port"]),
-        "pid": int(doc["pid"]),
-        "pid_start": doc.get("pid_start"),
-        "state_file": str(state_file),
-        "log_file": str(log_file),
-        "state": "running",
+        "port": int(port or 0),
+        "state_file": pair["dispatcher_state_file"],
+        "log_file": pair["dispatcher_log_file"],
+        "pair_file": f"{base}.pair.json",
         "started_at": utcnow_iso(),
     }
+    row["id"] = deployments.journal_dispatcher(store, row)
+    pair["id"] = row["id"]
+    write_json_atomic(row["pair_file"], pair)
+
+    def stop() -> None:
+        _stop_pair(row)
+        deployments.forget_dispatcher(store, row["id"])
+
+    undo.append(("stop the new dispatcher and its supervisor", stop))
+    from greenctl.executor.supervisor import supervisor_argv
+
+    proc = spawn_detached(
+        supervisor_argv(row["pair_file"], str(store.path)),
+        env={"GREENCTL_DB": str(store.path)},
+        log_file=pair["supervisor_log_file"],
+    )
+    ticks = proc_start_ticks(proc.pid)
+    deployments.set_dispatcher_process(
+        store, row["id"], supervisor_pid=proc.pid, supervisor_pid_start=ticks
+    )
+    doc = wait_for_state_file(
+        Path(pair["supervisor_state_file"]),
+        proc=proc,
+        timeout_s=float(pair["ready_timeout_s"]) + 5.0,
+        what="the dispatcher",
+        log_file=Path(pair["dispatcher_log_file"]),
+    )
+    row.update(
+        port=int(doc["port"]),
+        pid=doc.get("dispatcher_pid"),
+        pid_start=doc.get("dispatcher_pid_start"),
+        supervisor_pid=proc.pid,
+        supervisor_pid_start=ticks,
+        state="starting",
+    )
+    deployments.set_dispatcher_process(
+        store, row["id"], port=row["port"], pid=row["pid"], pid_start=row["pid_start"]
+    )
+    return row
+
+
+def _pair(row: dict[str, Any]) -> dict[str, Any]:
+    """The pair file of a dispatcher row (empty for a dispatcher without a supervisor)."""
+    return (read_json(row["pair_file"]) if row.get("pair_file") else None) or {}
+
+
+def _dispatcher_process(row: dict[str, Any]) -> tuple[int, str | None] | None:
+    """The dispatcher process of a pair that runs now (its supervisor may have replaced the
+    one the row names), or None."""
+    doc = read_json(row["state_file"]) if row.get("state_file") else None
+    for pid, ticks in (
+        ((doc or {}).get("pid"), (doc or {}).get("pid_start")),
+        (row.get("pid"), row.get("pid_start")),
+    ):
+        if pid and is_alive(int(pid), ticks):
+            return int(pid), ticks
+    return None
+
+
+def _supervisor_process(row: dict[str, Any]) -> tuple[int, str | None] | None:
+    """The supervisor process of a pair that runs now, or None."""
+    doc = read_json(_pair(row).get("supervisor_state_file") or os.devnull)
+    for pid, ticks in (
+        ((doc or {}).get("pid"), (doc or {}).get("pid_start")),
+        (row.get("supervisor_pid"), row.get("supervisor_pid_start")),
+    ):
+        if pid and is_alive(int(pid), ticks):
+            return int(pid), ticks
+    return None
+
+
+def _pair_serves(row: dict[str, Any], wait_s: float = 5.0) -> bool:
+    """Whether a recorded dispatcher runs: its process, or (while it is being replaced) its
+    supervisor and a new dispatcher within ``wait_s``."""
+    if _dispatcher_process(row) is not None:
+        return True
+    deadline = time.monotonic() + wait_s
+    while _supervisor_process(row) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        if _dispatcher_process(row) is not None:
+            return True
+    return False
+
+
+def _stop_pair(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """Stop a dispatcher and its supervisor, whatever state the row is in: the stop file
+    first (neither restarts anything once it exists), then the supervisor (which stops its
+    dispatcher), then any process of the pair left (found by pid and start time, or by the
+    pair's files on its command line when no pid was recorded). Returns what was running."""
+    pair = _pair(row)
+    if pair.get("stop_file"):
+        fd = os.open(pair["stop_file"], os.O_WRONLY | os.O_CREAT, 0o600)
+        os.close(fd)
+    found: list[tuple[str, int, str | None]] = []
+    seen: set[int] = set()
+
+    def add(kind: str, pid: Any, ticks: Any) -> None:
+        if pid and int(pid) not in seen and is_alive(int(pid), ticks):
+            seen.add(int(pid))
+            found.append((kind, int(pid), ticks))
+
+    sup = _supervisor_process(row)
+    if sup is not None:
+        add("supervisor", *sup)
+    add("supervisor", row.get("supervisor_pid"), row.get("supervisor_pid_start"))
+    disp = _dispatcher_process(row)
+    if disp is not None:
+        add("dispatcher", *disp)
+    add("dispatcher", row.get("pid"), row.get("pid_start"))
+    if row.get("pair_file"):  # processes started but never recorded
+        for pid, ticks in find_processes(str(row["pair_file"])):
+            argv = process_argv(pid) or []
+            add("supervisor" if SUPERVISOR_MODULE in argv else "dispatcher", pid, ticks)
+    if row.get("state_file"):
+        for pid, ticks in find_processes(str(row["state_file"])):
+            add("dispatcher", pid, ticks)
+    stopped = []
+    # supervisors first: each stops its dispatcher on SIGTERM
+    for kind, pid, ticks in sorted(found, key=lambda f: f[0] != "supervisor"):
+        terminate(pid, ticks)
+        stopped.append({kind: row["id"], "pid": pid})
+    return stopped
+
+
+def _instance_processes(row: dict[str, Any]) -> list[tuple[int, str | None]]:
+    """The processes of an instance row that run now: its recorded pid, the pid its state
+    file names, and any process with its state file on the command line (started but not
+    recorded)."""
+    found: dict[int, str | None] = {}
+    candidates: list[tuple[Any, Any]] = [(row.get("pid"), row.get("pid_start"))]
+    state_file = json.loads(row.get("spawn") or "{}").get("state_file")
+    if state_file:
+        doc = read_json(state_file) or {}
+        candidates.append((doc.get("pid"), doc.get("pid_start")))
+        candidates += find_processes(str(state_file))
+    for pid, ticks in candidates:
+        if pid and int(pid) not in found and is_alive(int(pid), ticks):
+            found[int(pid)] = ticks
+    return list(found.items())
+
+
+def _stop_instance(row: dict[str, Any]) -> bool:
+    """Stop every process of an instance row; True when none is left."""
+    ok = True
+    for pid, ticks in _instance_processes(row):
+        ok = terminate(pid, ticks) and ok
+    return ok
+
+
+def _instance_stopper(store: Store, row: dict[str, Any]) -> Callable[[], object]:
+    def stop() -> None:
+        current = deployments.instance_row(store, row["id"])
+        _stop_instance(current)
+        deployments.forget_instance(store, row["id"])
+
+    return stop
+
+
+# -- crash consistency -------------------------------------------------------------------------
+def recover(store: Store) -> list[dict[str, Any]]:
+    """Finish what interrupted applies left, under the apply lock (the caller holds it, so
+    no apply runs): their records are closed as failed, the running dispatcher's routes are
+    put back to the instances the store records as running (a killed apply may have
+    switched them before it committed), and every process journaled as ``starting`` (never
+    committed) or ``stopping`` (retired, not yet stopped) is stopped. Returns what it did.
+    """
+    done: list[dict[str, Any]] = []
+    interrupted = deployments.open_applies(store)
+    for rec in interrupted:
+        deployments.finish_apply(
+            store,
+            rec["id"],
+            status="failed",
+            actions=json.loads(rec["actions"] or "[]"),
+            error="interrupted: the apply ended before it finished (killed?); what it had "
+            "started was stopped by the next greenctl command",
+        )
+        done.append({"action": "close-interrupted-apply", "id": rec["id"]})
+    if interrupted:
+        done += _resync_routes(store)
+    # never committed (``starting``): stopped and forgotten; retired (``stopping``): stopped
+    for row in deployments.dispatchers_in(store, [deployments.STARTING, deployments.STOPPING]):
+        stopped = _stop_pair(row)
+        if row["state"] == deployments.STARTING:
+            deployments.forget_dispatcher(store, row["id"])
+        else:
+            deployments.end_dispatcher(store, row["id"])
+        done.append({"action": "stop-dispatcher", "id": row["id"], "processes": stopped})
+    for row in deployments.instances_in(store, [deployments.STARTING, deployments.STOPPING]):
+        pids = [pid for pid, _ in _instance_processes(row)]
+        _stop_instance(row)
+        if row["state"] == deployments.STARTING:
+            deployments.forget_instance(store, row["id"])
+        else:
+            deployments.end_instance(store, row["id"])
+        done.append({"action": "stop-executor", "id": row["id"], "pids": pids})
+    return done
+
+
+def _resync_routes(store: Store) -> list[dict[str, Any]]:
+    """Point the running dispatcher at the instances the store records as ready, if a
+    killed apply left it routing elsewhere."""
+    disp = deployments.running_dispatcher(store)
+    if disp is None or _dispatcher_process(disp) is None:
+        return []
+    try:
+        doc = _admin(disp, "GET", timeout_s=3.0)
+    except ExecutorError:
+        return []
+    rows = deployments.ready_instances(store)
+    have = sorted(b["id"] for m in (doc.get("models") or {}).values() for b in m["instances"])
+    if have == sorted(r["id"] for r in rows):
+        return []
+    models: dict[str, Any] = doc.get("models") or {}
+    first: dict[str, Any] = next(iter(models.values()), {})
+    policy = str(first.get("policy") or "fifo")
+    max_queue = int(first.get("max_queue") or 256)
+    _admin(disp, "POST", _routes_doc(rows, policy, max_queue, disp.get("apply_id")))
+    return [{"action": "restore-routes", "instances": [r["id"] for r in rows]}]
 
 
 def _instance_view(row: dict[str, Any]) -> dict[str, Any]:
@@ -1103,27 +1442,97 @@ def verify_plan(
 
 # -- status and down ---------------------------------------------------------------------
 def status(store: Store, *, timeout_s: float = 1.0) -> dict[str, Any]:
-    """What runs now: the dispatcher's address and every instance with its live figures."""
+    """What runs now, with live figures, and whether the plan fully serves.
+
+    ``state`` is ``idle`` (nothing applied, or taken down), ``serving`` (the dispatcher, its
+    supervisor and every instance up), ``degraded`` (the dispatcher serves, but an instance
+    is down, restarting or crash-looping, or the supervisor is gone) or ``down`` (no
+    dispatcher serves); ``problems`` says why in words. What an interrupted apply left is
+    stopped first (``recovered``), unless an apply runs now (``apply_running``).
+    """
     from greenctl.executor.daemon import parse_prometheus
 
+    problems: list[str] = []
+    recovered: list[dict[str, Any]] = []
+    apply_running = False
+    if deployments.unsettled(store):
+        try:
+            with apply_lock(state_dir_for(store.path)):
+                recovered = recover(store)
+        except LockedError:
+            apply_running = True  # what it started is its own to finish or undo
     disp = deployments.running_dispatcher(store)
     disp_view: dict[str, Any] | None = None
+    routed: dict[str, dict[str, Any]] = {}  # instance id -> the dispatcher's view of it
     if disp is not None:
         url = f"http://{_connect_host(disp['host'])}:{disp['port']}"
+        proc = _dispatcher_process(disp)
+        sup = _supervisor_process(disp)
+        pair = _pair(disp)
+        sup_doc = read_json(pair["supervisor_state_file"]) if pair else None
+        alive = proc is not None
         disp_view = {
             "url": url,
-            "pid": disp["pid"],
-            "alive": is_alive(disp["pid"], disp["pid_start"]),
-            "ready": _get_ok(url + "/v2/health/ready", timeout_s),
+            "port": disp["port"],
+            "pid": proc[0] if proc else disp["pid"],
+            "alive": alive,
+            "ready": alive and _get_ok(url + "/v2/health/ready", timeout_s),
             "plan_id": disp["plan_id"],
             "log_file": disp["log_file"],
+            "supervisor": None,
         }
+        if pair:
+            retry_at = (sup_doc or {}).get("retry_at")
+            disp_view["supervisor"] = {
+                "pid": sup[0] if sup else disp.get("supervisor_pid"),
+                "alive": sup is not None,
+                "log_file": pair.get("supervisor_log_file"),
+                "dispatcher_restarts": int((sup_doc or {}).get("restarts") or 0),
+                "dispatcher_failures": int((sup_doc or {}).get("failures") or 0),
+                "retry_in_s": None if not retry_at else max(0.0, retry_at - time.time()),
+            }
+        if alive:
+            with contextlib.suppress(ExecutorError):
+                doc = _admin(disp, "GET", timeout_s=max(timeout_s, 1.0))
+                for name, m in (doc.get("models") or {}).items():
+                    for b in m.get("instances") or []:
+                        routed[b["id"]] = {**b, "model": name}
+            if pair and sup is None:
+                problems.append(
+                    f"the dispatcher's supervisor (pid {disp.get('supervisor_pid')}) is gone; "
+                    "the dispatcher starts a new one"
+                )
+        elif sup is not None:
+            sv = disp_view["supervisor"] or {}
+            looping = (
+                f" in {sv['retry_in_s']:.0f} s (crash loop: {sv['dispatcher_failures']} "
+                "failures in a row)"
+                if sv.get("retry_in_s")
+                else ""
+            )
+            problems.append(
+                f"the dispatcher at {url} is down; its supervisor (pid {sup[0]}) restarts "
+                f"it{looping}"
+            )
+        else:
+            problems.append(
+                f"the dispatcher at {url} and its supervisor are gone: nothing answers there; "
+                "`greenctl apply PLAN` starts them again on the same port (`greenctl down` "
+                "stops the executors)"
+            )
     instances = []
     for row in deployments.ready_instances(store):
         view = _instance_view(row)
+        b = routed.get(row["id"])
+        pid, ticks = row["pid"], row["pid_start"]
         url = f"http://{_connect_host(row['host'])}:{row['port']}"
+        if b is not None:  # the dispatcher knows best: it restarts them
+            pid, ticks, url = b.get("pid"), b.get("pid_start"), b.get("url") or url
+            view["pid"] = pid
+            view["port"] = int(url.rsplit(":", 1)[-1]) if url.rsplit(":", 1)[-1].isdigit() else None
+            view["restarts"] = max(view["restarts"], int(b.get("restarts") or 0))
         view["url"] = url
-        view["alive"] = is_alive(row["pid"], row["pid_start"])
+        view["alive"] = is_alive(pid, ticks)
         view["ready"] = view["alive"] and _get_ok(url + "/v2/health/ready", timeout_s)
         view["requests"] = None
         view["p95_ms"] = None
@@ -1142,10 +1551,58 @@ def status(store: Store, *, timeout_s: float = 1.0) -> dict[str, Any]:
                 ]
                 view["p95_ms"] = p95[0] if p95 else None
         view["p95"] = view["p95_ms"]  # the issue's field name; milliseconds
+        failures = int((b or {}).get("failures") or 0)
+        retry = (b or {}).get("retry_in_s")
+        if failures >= 2:  # died soon after its last restarts (even if up again, for now)
+            state = "crash-loop"
+        elif b is not None and b.get("restarting"):
+            state = "restarting"
+        elif view["ready"]:
+            state = "ready"
+        elif view["alive"]:
+            state = "not ready"
+        else:
+            state = "down"
+        view.update(
+            state=state,
+            up=None if b is None else bool(b.get("up")),  # the dispatcher routes to it
+            failures=failures,
+            retry_in_s=retry,
+            last_error=(b or {}).get("last_error"),
+        )
+        what = f"instance {row['id']} ({row['variant']} on {row['resource']})"
+        if state == "crash-loop":
+            if retry:
+                now = f"the supervisor restarts it in {retry:.0f} s"
+            elif b is not None and b.get("restarting"):
+                now = "the supervisor is restarting it"
+            else:
+                now = "it is up again, for now"
+            problems.append(
+                f"{what} is crash-looping: {failures} failures in a row, each soon after it "
+                f"started; {now} (backing off, never giving up)"
+                + (f"; last error: {view['last_error']}" if view["last_error"] else "")
+            )
+        elif state == "restarting":
+            problems.append(f"{what} is restarting after its process exited")
+        elif state != "ready":
+            problems.append(f"{what} is {state}")
+        if disp_view is not None and disp_view["alive"] and routed and b is None:
+            problems.append(f"{what} is not in the dispatcher's routes")
         instances.append(view)
+    if disp is None and instances:
+        problems.insert(0, f"no dispatcher runs for the {len(instances)} instance(s)")
+    if disp is None and not instances:
+        state = "idle"
+    elif disp_view is None or not disp_view["alive"]:
+        state = "down"
+    else:
+        state = "degraded" if problems else "serving"
     last = deployments.last_apply(store)
     return {
         "backend": BACKEND,
+        "state": state,
+        "problems": problems,
         "dispatcher": disp_view,
         "instances": instances,
         "restarts": deployments.restart_count(store),
@@ -1154,6 +1611,8 @@ def status(store: Store, *, timeout_s: float = 1.0) -> dict[str, Any]:
         else {
             k: last[k] for k in ("id", "plan_id", "status", "started_at", "finished_at", "error")
         },
+        "apply_running": apply_running,
+        "recovered": recovered,
     }
 
 
@@ -1174,19 +1633,38 @@ def _get_text(url: str, timeout_s: float) -> str | None:
 
 
 def down(store: Store, *, restore_mig: bool = False, wait: bool = True) -> dict[str, Any]:
-    """Stop everything greenctl started for this store (dispatcher first, so its supervisor
-    does not restart the executors), and restore the checkpointed MIG layout if asked."""
+    """Stop everything greenctl started for this store, and restore the checkpointed MIG
+    layout if asked.
+
+    Every dispatcher pair is told to stop first (its stop file: nothing is restarted from
+    then on), then what interrupted applies left is stopped (:func:`recover`), then the
+    pairs, the executors, and last any greenctl daemon of this store still running that the
+    records missed. ``stopped`` lists each process that was running.
+    """
     state_dir = state_dir_for(store.path)
     stopped: list[dict[str, Any]] = []
     with apply_lock(state_dir, wait=wait, timeout_s=60.0):
+        pairs = deployments.dispatchers_in(
+            store, [deployments.STARTING, deployments.RUNNING, deployments.STOPPING]
+        )
+        for row in pairs:
+            stop_file = _pair(row).get("stop_file")
+            if stop_file:
+                os.close(os.open(stop_file, os.O_WRONLY | os.O_CREAT, 0o600))
+        for action in recover(store):
+            stopped += action.get("processes") or []
+            stopped += [{"instance": action["id"], "pid": p} for p in action.get("pids") or []]
         for row in deployments.running_dispatchers(store):
-            terminate(row["pid"], row["pid_start"])
+            stopped += _stop_pair(row)
             deployments.end_dispatcher(store, row["id"])
-            stopped.append({"dispatcher": row["id"], "pid": row["pid"]})
         for row in deployments.ready_instances(store):
-            ok = terminate(row["pid"], row["pid_start"])
+            pids = [pid for pid, _ in _instance_processes(row)]
+            ok = _stop_instance(row)
             deployments.end_instance(store, row["id"])
-            stopped.append({"instance": row["id"], "pid": row["pid"], "stopped": ok})
+            stopped += [{"instance": row["id"], "pid": pid, "stopped": ok} for pid in pids]
+        for pid, ticks in stray_daemons(state_dir, str(store.path)):
+            terminate(pid, ticks)
+            stopped.append({"stray": (process_argv(pid) or ["?"])[0], "pid": pid})
         if deployments.service_running(store, MPS_SERVICE):
             with contextlib.suppress(HardwareError):
                 partition.stop_mps(state_dir)

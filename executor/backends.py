@@ -154,7 +154,7 @@ class LocalBackend:
     def serving(self, store: Store) -> Serving:
         from greenctl.executor.apply import status
 
-        st = status(store, timeout_s=1.0)
+        st = status(store, timeout_s=1.0)  # its state and problems say more (`greenctl status`)
         disp = st["dispatcher"]
         plan_id = None if disp is None or disp["plan_id"] is None else int(disp["plan_id"])
         why = None
@@ -340,6 +340,25 @@ def down(
     """Stop what greenctl started on ``backend`` (default: the backend that runs the plan);
     ``options``: the backend's own (local: ``restore_mig``, ``wait``)."""
     return backend_for(store, backend, address=address).down(store, **options)
+
+
+def not_serving(doc: dict[str, Any]) -> list[str]:
+    """Why the plan a ``status`` document describes does not fully serve (empty when it does,
+    or when nothing is applied): what makes ``greenctl status`` exit 1."""
+    if doc.get("backend") == "ray":
+        if doc.get("app") is None:
+            return []
+        if not doc.get("running"):
+            return [f"Ray application {doc['app']} is not on the cluster at {doc.get('address')}"]
+        return [
+            f"deployment {i.get('variant')} on {i.get('resource')} has no running replica "
+            f"({i.get('status')})"
+            for i in doc.get("instances") or []
+            if not i.get("ready")
+        ]
+    if doc.get("state") in ("degraded", "down"):
+        return list(doc.get("problems") or ["the plan is not fully serving"])
+    return []
 
 
 def serving(store: Store) -> Serving:

@@ -13,11 +13,20 @@ instances with the plan's policy:
 - ``batch``: like ``fifo`` but fills the busiest instance's batch first (gpulet's glets).
 
 The queue is bounded: when full the dispatcher answers 503 with ``Retry-After``. A request
-whose instance dies mid-flight is retried once on another instance. The supervisor loop, in
-this process, restarts crashed executors with the command line they were started with and
-records each restart in the store. The admin endpoints (``/admin/routes``) answer only
-loopback clients presenting the token from the state file; ``greenctl apply`` uses them to
-switch routing atomically.
+whose instance dies mid-flight (connection refused, reset or closed) is retried once: on
+another instance of the model, or, when it was the only one, on the same instance once it is
+back. While no instance of a model is up but one is being restarted, new requests wait in the
+bounded queue for at most ``--restart-wait-s`` (then 503 with ``Retry-After``; at once when
+a crash loop's back-off runs past that).
+
+The supervisor loop, in this process, restarts crashed executors with the command line they
+were started with (at once, then with a back-off that doubles while it keeps crashing, never
+giving up: :func:`~greenctl.executor.procs.restart_delay`) and records each restart in the
+store. Started by :mod:`greenctl.executor.supervisor` (``--pair``), it serves on the
+supervisor's listening socket (``--listen-fd``), keeps its routing table in a file
+(``--routes-state``) for the dispatcher that replaces it, and restarts its supervisor when
+that dies. The admin endpoints (``/admin/routes``) answer only loopback clients presenting
+the token from the state file; ``greenctl apply`` uses them to switch routing atomically.
 """
 
 from __future__ import annotations
@@ -28,9 +37,11 @@ import collections
 import contextlib
 import hmac
 import json
+import math
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -42,16 +53,21 @@ from greenctl.executor import httpserver as hs
 from greenctl.executor import oip
 from greenctl.executor.metrics import LATENCY_BUCKETS_S, bucket_index, histogram_lines
 from greenctl.executor.procs import (
+    STABLE_S,
+    backoff_settings,
+    find_processes,
     is_alive,
     proc_start_ticks,
+    process_age_s,
     read_json,
+    restart_delay,
     run_async,
     settle_heap,
     spawn_detached,
     terminate,
     write_json_atomic,
 )
-from greenctl.executor.upstream import UpstreamError, UpstreamPool
+from greenctl.executor.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
 from greenctl.planner.policy import POLICIES, SmoothWRR
 
 TOKEN_HEADER = "X-Greenctl-Token"
@@ -64,8 +80,18 @@ _FORWARD_HEADERS = (
 )
 
 
+#: how long a request may wait for a model none of whose instances is up (default)
+RESTART_WAIT_S = 10.0
+
+
 class QueueFull(Exception):
-    """The model's bounded queue is full."""
+    """No instance can take the request now: the model's bounded queue is full, or none of
+    its instances is up and none comes back soon enough (``reason`` says which)."""
+
+    def __init__(self, reason: str = "", retry_after_s: float = 1.0) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
 
 
 class Backend:
@@ -84,10 +110,39 @@ class Backend:
         self.up = True
         self.restarting = False
         self.restarts = int(spec.get("restarts") or 0)
-        self.restart_times: collections.deque[float] = collections.deque(maxlen=5)
+        #: deaths in a row, each soon after it became ready: sets the back-off
+        self.failures = int(spec.get("failures") or 0)
+        #: when it became ready (monotonic); for a process found running, when it started
+        self.started_at = time.monotonic() - (process_age_s(self.pid) or 0.0)
+        self.retry_at: float | None = None  # monotonic time of the next restart (backing off)
+        self.last_error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def update(self, spec: dict[str, Any]) -> None:
+        """Take a new routing table's view of this instance, keeping what the dispatcher
+        knows better: a process it restarted (or is restarting) stays the one it routes to."""
+        self.weight = float(spec.get("weight") or 1.0)
+        self.slots = max(1, int(spec.get("slots") or 1))
+        self.spawn = spec.get("spawn")
+        pid = spec.get("pid")
+        if pid != self.pid and not self.restarting and is_alive(pid, spec.get("pid_start")):
+            self.pid, self.pid_start, self.url = pid, spec.get("pid_start"), spec["url"]
+            self.pool.close()
+            self.pool = UpstreamPool(self.url)
+            self.up = True
+
+    @property
+    def recoverable(self) -> bool:
+        """Whether the supervisor restarts it when it dies (it knows how it was started)."""
+        return self.spawn is not None
+
+    def retry_in_s(self) -> float | None:
+        """Seconds until the next restart attempt while backing off, else None."""
+        if self.retry_at is None:
+            return None
+        return max(0.0, self.retry_at - time.monotonic())
+
+    def to_dict(self, *, runtime: bool = True) -> dict[str, Any]:
+        doc = {
             "id": self.id,
             "url": self.url,
             "weight": self.weight,
@@ -95,35 +150,62 @@ class Backend:
             "pid": self.pid,
             "pid_start": self.pid_start,
             "spawn": self.spawn,
-            "up": self.up,
-            "inflight": self.inflight,
             "restarts": self.restarts,
+            "failures": self.failures,
         }
+        if runtime:
+            retry = self.retry_in_s()
+            doc.update(
+                up=self.up,
+                inflight=self.inflight,
+                restarting=self.restarting,
+                retry_in_s=None if retry is None else round(retry, 3),
+                last_error=self.last_error,
+            )
+        return doc
 
 
 class ModelRoute:
     """The instances of one model and the policy that picks among them."""
 
-    def __init__(self, name: str, spec: dict[str, Any], *, max_queue: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        *,
+        max_queue: int,
+        restart_wait_s: float = RESTART_WAIT_S,
+        known: dict[str, Backend] | None = None,
+    ) -> None:
         self.name = name
         self.policy = spec.get("policy", "fifo")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}")
         self.max_queue = int(spec.get("max_queue") or max_queue)
-        self.backends = [Backend(b) for b in spec.get("instances", [])]
+        self.restart_wait_s = restart_wait_s
+        self.backends = []
+        for b_spec in spec.get("instances", []):
+            b = (known or {}).get(b_spec["id"])
+            if b is None:
+                b = Backend(b_spec)
+            else:  # the same instance in a new table: keep what we know of it
+                b.update(b_spec)
+            self.backends.append(b)
         try:
             self.wrr = SmoothWRR([b.weight for b in self.backends])
         except InputError as exc:  # the admin endpoint answers 400 for a ValueError
             raise ValueError(f"model {name!r}: {exc}") from exc
         self.waiters: collections.deque[asyncio.Future[Backend]] = collections.deque()
+        #: waiters that wait for an instance to come back, with their deadline timers
+        self.deadlines: dict[asyncio.Future[Backend], asyncio.TimerHandle] = {}
+        self.closing = False  # the dispatcher stops: nothing will be restarted
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy,
-            "max_queue": self.max_queue,
-            "queued": len(self.waiters),
-            "instances": [b.to_dict() for b in self.backends],
-        }
+    def to_dict(self, *, runtime: bool = True) -> dict[str, Any]:
+        doc: dict[str, Any] = {"policy": self.policy, "max_queue": self.max_queue}
+        if runtime:
+            doc["queued"] = len(self.waiters)
+        doc["instances"] = [b.to_dict(runtime=runtime) for b in self.backends]
+        return doc
 
     def _free(self, exclude: set[str]) -> list[Backend]:
         return [b for b in self.backends if b.up and b.id not in exclude and b.inflight < b.slots]
@@ -133,21 +215,55 @@ class ModelRoute:
         k = self.wrr.pick(live)
         return None if k is None else self.backends[k]
 
+    def any_up(self) -> bool:
+        return any(b.up for b in self.backends)
+
+    def coming_back(self) -> list[Backend]:
+        """Instances that are down but will be restarted (none while the dispatcher stops)."""
+        if self.closing:
+            return []
+        return [b for b in self.backends if not b.up and b.recoverable]
+
+    def eta_s(self) -> float:
+        """Seconds until the soonest restart attempt of an instance that is down (0 when
+        one is under way)."""
+        waits = [b.retry_in_s() or 0.0 for b in self.coming_back()]
+        return min(waits) if waits else math.inf
+
+    def down_reason(self) -> str:
+        """Why no instance is up, for a 503's message."""
+        back = self.coming_back()
+        if not back:
+            return f"no instance of model '{self.name}' is up"
+        looping = [b for b in back if b.failures >= 2]
+        if looping and all(b.retry_in_s() for b in back):
+            b = min(looping, key=lambda x: x.retry_in_s() or 0.0)
+            return (
+                f"no instance of model '{self.name}' is up: instance {b.id} is crash-looping "
+                f"({b.failures} failures in a row), next restart in {b.retry_in_s() or 0:.0f} s"
+            )
+        return f"no instance of model '{self.name}' is up: restarting {back[0].id}"
+
     async def acquire(self, exclude: set[str]) -> Backend:
         """A backend for one request (its slot taken); waits in the FIFO queue if needed.
 
         Raises:
-            QueueFull: the bounded queue is full, or no instance is up.
+            QueueFull: the bounded queue is full, or no instance is up and none comes back
+                within ``restart_wait_s``.
         """
         if self.policy == "wrr":
             if (
                 sum(b.inflight for b in self.backends)
                 >= sum(b.slots for b in self.backends if b.up) + self.max_queue
             ):
-                raise QueueFull
+                raise QueueFull(f"model '{self.name}' is at capacity; retry later")
             b = self._pick_wrr(exclude)
+            if b is None and not self.any_up():  # wait for one to come back
+                return await self._wait(exclude)
             if b is None:
-                raise QueueFull
+                b = self._pick_wrr(set())
+            if b is None:
+                raise QueueFull(self.down_reason())
             b.inflight += 1
             return b
         if not self.waiters:
@@ -159,20 +275,57 @@ class ModelRoute:
                     b = min(free, key=lambda x: x.inflight / x.slots)
                 b.inflight += 1
                 return b
-        if len(self.waiters) >= self.max_queue or not any(b.up for b in self.backends):
-            raise QueueFull
+        return await self._wait(exclude)
+
+    async def _wait(self, exclude: set[str]) -> Backend:
+        if len(self.waiters) >= self.max_queue:
+            raise QueueFull(f"model '{self.name}' is at capacity; retry later")
+        up = self.any_up()
+        if not up:
+            if not self.coming_back():
+                raise QueueFull(self.down_reason())
+            eta = self.eta_s()
+            if eta > self.restart_wait_s:  # a crash loop backing off: do not hold the client
+                raise QueueFull(self.down_reason(), retry_after_s=eta)
         fut: asyncio.Future[Backend] = asyncio.get_running_loop().create_future()
         self.waiters.append(fut)
+        if not up:
+            self._set_deadline(fut)
         try:
             b = await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self.release(fut.result())
             raise
-        if b.id in exclude:  # handed the instance that just failed us: take the next one
+        finally:
+            timer = self.deadlines.pop(fut, None)
+            if timer is not None:
+                timer.cancel()
+        if b.id in exclude and any(x.up and x.id not in exclude for x in self.backends):
+            # handed the instance that just failed us while another is up: take that one
             self.release(b)
             return await self.acquire(exclude)
         return b
+
+    def _set_deadline(self, fut: asyncio.Future[Backend]) -> None:
+        if fut not in self.deadlines and not fut.done():
+            loop = asyncio.get_running_loop()
+            self.deadlines[fut] = loop.call_later(self.restart_wait_s, self._expire, fut)
+
+    def _expire(self, fut: asyncio.Future[Backend]) -> None:
+        """A request waited ``restart_wait_s`` for an instance to come back: 503."""
+        self.deadlines.pop(fut, None)
+        if fut.done():
+            return
+        with contextlib.suppress(ValueError):
+            self.waiters.remove(fut)
+        eta = self.eta_s()
+        fut.set_exception(
+            QueueFull(
+                f"{self.down_reason()} (waited {self.restart_wait_s:.0f} s)",
+                retry_after_s=eta if math.isfinite(eta) else 1.0,
+            )
+        )
 
     def release(self, b: Backend) -> None:
         b.inflight = max(0, b.inflight - 1)
@@ -180,40 +333,69 @@ class ModelRoute:
 
     def wake(self) -> None:
         """Hand free slots to queued requests, first come first served."""
-        if self.policy == "wrr":
-            return
         while self.waiters:
-            free = self._free(set())
-            if not free:
-                return
+            if self.policy == "wrr":  # waiters only wait for an instance to come back
+                b = self._pick_wrr(set())
+                if b is None:
+                    return
+            else:
+                free = self._free(set())
+                if not free:
+                    return
+                if self.policy == "batch":
+                    b = max(free, key=lambda x: (x.inflight, -x.slots))
+                else:
+                    b = min(free, key=lambda x: x.inflight / x.slots)
             fut = self.waiters.popleft()
             if fut.done():
                 continue
-            if self.policy == "batch":
-                b = max(free, key=lambda x: (x.inflight, -x.slots))
-            else:
-                b = min(free, key=lambda x: x.inflight / x.slots)
             b.inflight += 1
             fut.set_result(b)
 
     def fail_waiters(self) -> None:
-        """No instance left: queued requests get 503 instead of waiting forever."""
-        if any(b.up for b in self.backends):
+        """No instance left up: queued requests wait (a bounded time) for one that is being
+        restarted, or get 503 at once when none will be (or not soon enough)."""
+        if self.any_up() or not self.waiters:
             return
+        eta = self.eta_s()
+        if self.coming_back() and eta <= self.restart_wait_s:
+            for fut in self.waiters:
+                self._set_deadline(fut)
+            return
+        reason = self.down_reason()
         while self.waiters:
             fut = self.waiters.popleft()
             if not fut.done():
-                fut.set_exception(QueueFull())
+                fut.set_exception(
+                    QueueFull(reason, retry_after_s=eta if math.isfinite(eta) else 1.0)
+                )
 
 
 class Dispatcher:
     """The dispatcher process: routing table, forwarding, metrics and the supervisor."""
 
-    def __init__(self, *, token: str, db: str | None, max_queue: int, state_dir: Path) -> None:
+    def __init__(
+        self,
+        *,
+        token: str,
+        db: str | None,
+        max_queue: int,
+        state_dir: Path,
+        restart_wait_s: float = RESTART_WAIT_S,
+        routes_state: Path | None = None,
+        pair: dict[str, Any] | None = None,
+        pair_file: str | None = None,
+    ) -> None:
         self.token = token
         self.db = db
         self.max_queue = max_queue
         self.state_dir = state_dir
+        self.restart_wait_s = restart_wait_s
+        #: where the routing table is kept for the dispatcher that replaces this one
+        self.routes_state = routes_state
+        #: the supervisor pair this dispatcher belongs to (None: run alone)
+        self.pair = pair
+        self.pair_file = pair_file
         self.routes: dict[str, ModelRoute] = {}
         self.generation: Any = None
         self.session: Any = None
@@ -224,39 +406,86 @@ class Dispatcher:
         self.rejected = 0
         self.restarts = 0
         self.children: list[subprocess.Popen[bytes]] = []
-        self.restart_tasks: set[asyncio.Task[None]] = set()
+        self.restart_tasks: dict[Backend, asyncio.Task[None]] = {}
         self.timeout_s = 60.0
+        self.closing = False
+        self.listen_fd: int | None = None
+        # the supervisor: its process, and how often it died soon after starting
+        self.supervisor_pid: int | None = None
+        self.supervisor_ticks: str | None = None
+        self.supervisor_proc: subprocess.Popen[bytes] | None = None
+        self.supervisor_started = time.monotonic()
+        self.supervisor_failures = 0
+        self.supervisor_retry_at = 0.0
+        self.backoff = backoff_settings()
         self._supervisor: asyncio.Task[None] | None = None
+
+    def stopping(self) -> bool:
+        """Whether this dispatcher stops, or its pair is being stopped (``down``): then
+        nothing is restarted any more."""
+        if self.closing:
+            return True
+        stop_file = (self.pair or {}).get("stop_file")
+        return bool(stop_file) and os.path.exists(str(stop_file))
 
     # -- routing table ------------------------------------------------------------------
     def set_routes(self, doc: dict[str, Any]) -> None:
-        """Replace the routing table; in-flight requests finish on their old instances."""
+        """Replace the routing table; in-flight requests finish on their old instances.
+
+        An instance that stays (same id) keeps its state (a restart under way, its
+        back-off); restarts of instances the new table drops are called off.
+        """
+        known = {b.id: b for r in self.routes.values() for b in r.backends}
         new = {
-            name: ModelRoute(name, spec, max_queue=self.max_queue)
+            name: ModelRoute(
+                name,
+                spec,
+                max_queue=self.max_queue,
+                restart_wait_s=self.restart_wait_s,
+                known=known,
+            )
             for name, spec in (doc.get("models") or {}).items()
         }
         old = self.routes
         self.routes = new
         self.generation = doc.get("generation")
+        kept = {b for r in new.values() for b in r.backends}
+        for b, task in list(self.restart_tasks.items()):
+            if b not in kept:
+                task.cancel()  # it stops what it started
         for name, route in old.items():  # move queued requests to the new table
             target = new.get(name)
             while route.waiters:
                 fut = route.waiters.popleft()
+                timer = route.deadlines.pop(fut, None)
+                if timer is not None:
+                    timer.cancel()
                 if fut.done():
                     continue
                 if target is None:
-                    fut.set_exception(QueueFull())
+                    fut.set_exception(QueueFull(f"model '{name}' is no longer served"))
                 else:
                     target.waiters.append(fut)
         for route in new.values():
             route.wake()
             route.fail_waiters()
+        self.persist_routes()
 
-    def routes_doc(self) -> dict[str, Any]:
+    def routes_doc(self, *, runtime: bool = True) -> dict[str, Any]:
         return {
             "generation": self.generation,
-            "models": {name: r.to_dict() for name, r in self.routes.items()},
+            "models": {name: r.to_dict(runtime=runtime) for name, r in self.routes.items()},
         }
+
+    def persist_routes(self) -> None:
+        """Keep the routing table (with the processes restarts started) for a dispatcher
+        that replaces this one."""
+        if self.routes_state is None:
+            return
+        try:
+            write_json_atomic(self.routes_state, self.routes_doc(runtime=False))
+        except OSError as exc:
+            print(f"dispatcher: cannot keep the routing table: {exc}", flush=True)
 
     # -- HTTP -----------------------------------------------------------------------------
     def router(self) -> hs.Router:
@@ -270,8 +499,11 @@ class Dispatcher:
         router.add_post("/admin/routes", self.admin_set)
         return router
 
-    async def start(self, host: str, port: int) -> tuple[hs.Server, int]:
-        """Listen on ``host:port`` and start the supervisor; returns the server and its port.
+    async def start(
+        self, host: str, port: int, *, sock: socket.socket | None = None
+    ) -> tuple[hs.Server, int]:
+        """Listen on ``host:port`` (or serve ``sock``, a listening socket handed over by the
+        supervisor) and start the supervisor loop; returns the server and its port.
 
         Raises:
             OSError: the address cannot be bound (nothing is left running).
@@ -279,7 +511,7 @@ class Dispatcher:
         import aiohttp
 
         server = hs.Server(self.router())
-        bound = await server.start(host, port)
+        bound = await server.start(host, port, sock=sock)
         # cold paths only (metadata, health checks); inference uses the lean upstream pools
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
@@ -291,15 +523,18 @@ class Dispatcher:
 
     async def stop(self, server: hs.Server) -> None:
         """Stop serving (in-flight requests finish), the supervisor and pending restarts."""
+        self.closing = True
+        for route in self.routes.values():
+            route.closing = True
         await server.shutdown()
         if self._supervisor is not None:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
         # restarts still waiting for readiness would leave executors nobody knows about
-        for task in list(self.restart_tasks):
+        for task in list(self.restart_tasks.values()):
             task.cancel()
-        await asyncio.gather(*self.restart_tasks, return_exceptions=True)
+        await asyncio.gather(*self.restart_tasks.values(), return_exceptions=True)
         if self.session is not None:
             await self.session.close()
         for route in self.routes.values():
@@ -361,22 +596,29 @@ class Dispatcher:
         for attempt in (0, 1):
             try:
                 b = await route.acquire(tried)
-            except QueueFull:
+            except QueueFull as full:
                 self.rejected += 1
                 self._count(route.name, "503", t0)
                 return hs.json_response(
-                    {"error": f"model '{route.name}' is at capacity; retry later"},
+                    {"error": full.reason or f"model '{route.name}' is at capacity; retry later"},
                     status=503,
-                    headers={"Retry-After": "1"},
+                    headers={"Retry-After": str(max(1, math.ceil(full.retry_after_s)))},
                 )
             try:
                 status, rh, data = await b.pool.post(request.path, body, headers, self.timeout_s)
             except UpstreamError as exc:
                 tried.add(b.id)
                 self._suspect(b)
-                if attempt == 0 and any(x.up and x.id not in tried for x in route.backends):
-                    self.retries += 1
-                    continue
+                # inference is idempotent: a request whose connection failed (refused, reset,
+                # closed) is sent once more, to another instance, or, when there is none, to
+                # this one once it is back; one that timed out is not (it may still run)
+                if attempt == 0 and not isinstance(exc, UpstreamTimeout):
+                    others = [x for x in route.backends if x.up and x.id not in tried]
+                    if others or route.coming_back():
+                        if not others:
+                            tried.clear()  # wait in the queue for it (or a sibling) to return
+                        self.retries += 1
+                        continue
                 self._count(route.name, "502", t0)
                 return hs.json_response(
                     {"error": f"instance {b.id} of '{route.name}' failed: {exc}"}, status=502
@@ -461,28 +703,57 @@ class Dispatcher:
         return hs.json_response(self.routes_doc())
 
     # -- supervisor ---------------------------------------------------------------------
-    async def supervise(self, interval_s: float = 0.2) -> None:
-        """Restart crashed executors; bring suspected-but-alive ones back after a health check."""
+    async def supervise(self, interval_s: float = 0.1) -> None:
+        """Restart crashed executors (backing off while they keep crashing), bring
+        suspected-but-alive ones back after a health check, and restart the supervisor of
+        this dispatcher's pair when it dies."""
         while True:
             await asyncio.sleep(interval_s)
             for child in list(self.children):  # reap executors we restarted
                 if child.poll() is not None:
                     self.children.remove(child)
+            if self.stopping():
+                continue
+            if self.pair is not None:
+                await self._watch_supervisor()
             for route in list(self.routes.values()):
                 for b in list(route.backends):
                     if b.restarting:
                         continue
                     if not is_alive(b.pid, b.pid_start):
-                        if b.spawn:
-                            b.restarting = True
-                            b.up = False
-                            route.fail_waiters()
-                            task = asyncio.get_running_loop().create_task(self._restart(route, b))
-                            self.restart_tasks.add(task)
-                            task.add_done_callback(self.restart_tasks.discard)
+                        if b.recoverable:
+                            self._schedule_restart(route, b)
                     elif not b.up and await self._healthy(b.url):
                         b.up = True
                         route.wake()
+                    elif b.failures and time.monotonic() - b.started_at >= STABLE_S:
+                        b.failures = 0  # up a while: the crash loop is over
+
+    def _schedule_restart(self, route: ModelRoute, b: Backend) -> None:
+        now = time.monotonic()
+        if now - b.started_at >= STABLE_S:
+            b.failures = 0  # it ran a while: not a crash loop
+        base, cap = self.backoff
+        delay = restart_delay(b.failures, base=base, cap=cap)
+        b.failures += 1
+        b.up = False
+        b.restarting = True
+        b.retry_at = now + delay if delay else None
+        if delay:
+            print(
+                f"supervisor: {b.id} failed {b.failures} times in a row; "
+                f"restarting it in {delay:.1f} s",
+                flush=True,
+            )
+        route.fail_waiters()
+        task = asyncio.get_running_loop().create_task(self._restart(route, b, delay))
+        self.restart_tasks[b] = task
+
+        def forget(_: asyncio.Task[None]) -> None:
+            if self.restart_tasks.get(b) is task:
+                del self.restart_tasks[b]
+
+        task.add_done_callback(forget)
 
     async def _healthy(self, url: str) -> bool:
         import aiohttp
@@ -495,65 +766,102 @@ class Dispatcher:
         except Exception:
             return False
 
-    async def _restart(self, route: ModelRoute, b: Backend) -> None:
+    async def _restart(self, route: ModelRoute, b: Backend, delay: float = 0.0) -> None:
         assert b.spawn is not None
-        now = time.monotonic()
-        if len(b.restart_times) == b.restart_times.maxlen and now - b.restart_times[0] < 60:
-            print(f"supervisor: {b.id} crashed 5 times within a minute; not restarting", flush=True)
+        if delay:
+            await asyncio.sleep(delay)
+        b.retry_at = None
+        if self.stopping():
             return  # stays down (restarting=True keeps the loop off it)
-        b.restart_times.append(now)
         old_pid = b.pid
         state_file = Path(b.spawn["state_file"])
-        with contextlib.suppress(FileNotFoundError):
-            state_file.unlink()
-        env = dict(b.spawn.get("env") or {})
-        mig = b.spawn.get("mig")
-        if mig:  # its MIG instance may have been re-created (new UUID) since it started
-            try:
-                from greenctl.executor.partition import MigSlot, gpu_backend, mig_uuid
+        # a restart a killed dispatcher left under way: adopt that process, do not start a
+        # second one on the same cores
+        found = [
+            p for p in await asyncio.to_thread(find_processes, str(state_file)) if p[0] != old_pid
+        ]
+        proc: subprocess.Popen[bytes] | None = None
+        if found:
+            pid, ticks = found[0]
+            print(f"supervisor: adopting {b.id}'s restart under way (pid {pid})", flush=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                state_file.unlink()
+            env = dict(b.spawn.get("env") or {})
+            mig = b.spawn.get("mig")
+            if mig:  # its MIG instance may have been re-created (new UUID) since it started
+                try:
+                    from greenctl.executor.partition import MigSlot, gpu_backend, mig_uuid
 
-                slot = MigSlot(int(mig["gpu"]), str(mig["profile"]), int(mig["start"]))
-                env["CUDA_VISIBLE_DEVICES"] = await asyncio.to_thread(
-                    lambda: mig_uuid(gpu_backend(), slot)
-                )
-            except Exception as exc:
-                print(f"supervisor: cannot resolve the MIG instance of {b.id}: {exc}", flush=True)
-        try:
-            proc = spawn_detached(b.spawn["argv"], env=env, log_file=b.spawn["log_file"])
-        except OSError as exc:
-            print(f"supervisor: cannot restart {b.id}: {exc}", flush=True)
-            b.restarting = False
-            return
-        self.children.append(proc)
+                    slot = MigSlot(int(mig["gpu"]), str(mig["profile"]), int(mig["start"]))
+                    env["CUDA_VISIBLE_DEVICES"] = await asyncio.to_thread(
+                        lambda: mig_uuid(gpu_backend(), slot)
+                    )
+                except Exception as exc:
+                    print(
+                        f"supervisor: cannot resolve the MIG instance of {b.id}: {exc}", flush=True
+                    )
+            try:
+                proc = spawn_detached(b.spawn["argv"], env=env, log_file=b.spawn["log_file"])
+            except OSError as exc:
+                print(f"supervisor: cannot restart {b.id}: {exc}", flush=True)
+                b.last_error = str(exc)
+                b.started_at = time.monotonic()
+                b.restarting = False
+                return
+            self.children.append(proc)
+            pid, ticks = proc.pid, proc_start_ticks(proc.pid)
+        # recorded before it is ready: whoever stops this plan finds it
+        b.pid, b.pid_start, b.started_at = pid, ticks, time.monotonic()
+        self.persist_routes()
         deadline = time.monotonic() + float(b.spawn.get("ready_timeout_s") or 120)
         doc = None
         try:
-            while time.monotonic() < deadline:
+            await asyncio.to_thread(self._record_process, b)
+            while time.monotonic() < deadline and not self.stopping():
                 doc = read_json(state_file)
-                if doc and (doc.get("ready") or doc.get("error")):
+                if doc and doc.get("pid") == pid and (doc.get("ready") or doc.get("error")):
                     break
-                if proc.poll() is not None:
+                if not is_alive(pid, ticks):
                     break
-                await asyncio.sleep(0.05)
-        except asyncio.CancelledError:  # the dispatcher is stopping: do not orphan it
-            await asyncio.to_thread(terminate, proc.pid)
-            proc.poll()
+                await asyncio.sleep(0.02)
+        except asyncio.CancelledError:  # stopping, or its route was dropped: do not orphan it
+            await asyncio.to_thread(terminate, pid, ticks)
+            if proc is not None:
+                proc.poll()
             raise
-        if not doc or not doc.get("ready"):
-            print(f"supervisor: restart of {b.id} failed: {(doc or {}).get('error')}", flush=True)
-            b.pid, b.pid_start = proc.pid, None
-            b.restarting = False  # the loop will see it dead and try again (bounded above)
+        if not doc or not doc.get("ready") or doc.get("pid") != pid:
+            b.last_error = (doc or {}).get("error") or "exited before it was ready"
+            print(f"supervisor: restart of {b.id} failed: {b.last_error}", flush=True)
+            if is_alive(pid, ticks):  # not ready in time: stop it, the loop tries again
+                await asyncio.to_thread(terminate, pid, ticks)
+            b.restarting = False  # the loop sees it dead and tries again, backing off
             return
-        b.pid, b.pid_start, b.url = doc["pid"], doc.get("pid_start"), doc["url"]
+        b.url = doc["url"]
         b.pool.close()
         b.pool = UpstreamPool(b.url)
+        b.started_at = time.monotonic()  # its time up counts from here
         b.restarts += 1
+        b.last_error = None
         self.restarts += 1
         b.up = True
         b.restarting = False
         route.wake()
+        self.persist_routes()
         print(f"supervisor: restarted {b.id} (pid {old_pid} -> {b.pid}, {b.url})", flush=True)
         await asyncio.to_thread(self._record_restart, b, old_pid, int(doc["port"]))
+
+    def _record_process(self, b: Backend) -> None:
+        if not self.db:
+            return
+        from greenctl.data import deployments
+        from greenctl.data.store import open_store
+
+        try:
+            with open_store(self.db) as store, store.transaction():
+                deployments.set_instance_process(store, b.id, pid=b.pid, pid_start=b.pid_start)
+        except Exception as exc:  # the store is a record, not a dependency of serving
+            print(f"supervisor: could not record the new process of {b.id}: {exc}", flush=True)
 
     def _record_restart(self, b: Backend, old_pid: int | None, port: int) -> None:
         if not self.db:
@@ -575,6 +883,46 @@ class Dispatcher:
         except Exception as exc:  # the store is a record, not a dependency of serving
             print(f"supervisor: could not record the restart of {b.id}: {exc}", flush=True)
 
+    # -- the pair's supervisor -----------------------------------------------------------
+    async def _watch_supervisor(self) -> None:
+        """Start a new supervisor when this dispatcher's dies (it adopts this process)."""
+        if self.supervisor_proc is not None and self.supervisor_proc.poll() is not None:
+            self.supervisor_proc = None  # reaped
+        if is_alive(self.supervisor_pid, self.supervisor_ticks):
+            return
+        now = time.monotonic()
+        if now < self.supervisor_retry_at:
+            return
+        if now - self.supervisor_started >= STABLE_S:
+            self.supervisor_failures = 0
+        base, cap = self.backoff
+        self.supervisor_failures += 1
+        self.supervisor_retry_at = now + restart_delay(self.supervisor_failures, base=base, cap=cap)
+        assert self.pair is not None and self.pair_file is not None and self.db
+        from greenctl.executor.supervisor import supervisor_argv
+
+        me = os.getpid()
+        extra = ["--adopt-pid", str(me), "--adopt-ticks", str(proc_start_ticks(me) or "")]
+        fds: tuple[int, ...] = ()
+        if self.listen_fd is not None:
+            extra += ["--listen-fd", str(self.listen_fd)]
+            fds = (self.listen_fd,)
+        try:
+            proc = spawn_detached(
+                supervisor_argv(self.pair_file, self.db, *extra),
+                env={"GREENCTL_DB": self.db},
+                log_file=self.pair["supervisor_log_file"],
+                pass_fds=fds,
+            )
+        except OSError as exc:
+            print(f"dispatcher: cannot start a supervisor: {exc}", flush=True)
+            return
+        old = self.supervisor_pid
+        self.supervisor_proc = proc
+        self.supervisor_pid, self.supervisor_ticks = proc.pid, proc_start_ticks(proc.pid)
+        self.supervisor_started = now
+        print(f"dispatcher: supervisor pid {old} is gone; started pid {proc.pid}", flush=True)
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m greenctl.executor.dispatcher", description=__doc__)
@@ -582,21 +930,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=0, help="port (0: any free port)")
     p.add_argument("--state-file", required=True, help="where to write pid/port/token when ready")
     p.add_argument("--routes", default=None, help="JSON file with the initial routing table")
+    p.add_argument(
+        "--routes-state",
+        default=None,
+        help="file keeping the routing table: read at start when it exists, rewritten on "
+        "every change (a dispatcher that replaces this one starts from it)",
+    )
     p.add_argument("--db", default=None, help="greenctl store (records supervisor restarts)")
     p.add_argument("--max-queue", type=int, default=256, help="queued requests per model")
     p.add_argument("--timeout-s", type=float, default=60.0, help="per-request upstream timeout")
+    p.add_argument(
+        "--restart-wait-s",
+        type=float,
+        default=RESTART_WAIT_S,
+        help="longest wait of a request for a model none of whose instances is up",
+    )
+    p.add_argument(
+        "--listen-fd", type=int, default=None, help="serve this inherited listening socket"
+    )
+    p.add_argument("--pair", default=None, help="the supervisor pair's file (supervised mode)")
+    p.add_argument("--supervisor-pid", type=int, default=None, help="the pair's supervisor")
+    p.add_argument("--supervisor-ticks", default=None, help="its start time (ticks since boot)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     state_file = Path(args.state_file)
-    token = secrets.token_hex(16)
+    pair = read_json(args.pair) if args.pair else None
+    token = str((pair or {}).get("token") or secrets.token_hex(16))
     disp = Dispatcher(
-        token=token, db=args.db, max_queue=args.max_queue, state_dir=state_file.parent
+        token=token,
+        db=args.db,
+        max_queue=args.max_queue,
+        state_dir=state_file.parent,
+        restart_wait_s=args.restart_wait_s,
+        routes_state=Path(args.routes_state) if args.routes_state else None,
+        pair=pair,
+        pair_file=args.pair if pair is not None else None,
     )
     disp.timeout_s = args.timeout_s
-    if args.routes:
+    disp.supervisor_pid = args.supervisor_pid
+    disp.supervisor_ticks = args.supervisor_ticks or None
+    kept = read_json(args.routes_state) if args.routes_state else None
+    if kept is not None:  # a dispatcher restarted: the table its predecessor served
+        disp.set_routes(kept)
+    elif args.routes:
         disp.set_routes(json.loads(Path(args.routes).read_text()))
     settle_heap()
     return int(run_async(_serve(disp, args, state_file)))
@@ -607,8 +986,13 @@ async def _serve(disp: Dispatcher, args: argparse.Namespace, state_file: Path) -
         doc.update(pid=os.getpid(), pid_start=proc_start_ticks(os.getpid()))
         write_json_atomic(state_file, doc)
 
+    sock = None
+    if args.listen_fd is not None:
+        # a duplicate: the inherited descriptor stays open to hand to a new supervisor
+        disp.listen_fd = args.listen_fd
+        sock = socket.socket(fileno=os.dup(args.listen_fd))
     try:
-        server, port = await disp.start(args.host, args.port)
+        server, port = await disp.start(args.host, args.port, sock=sock)
     except OSError as exc:
         report({"error": f"cannot bind {args.host}:{args.port}: {exc.strerror or exc}"})
         return 4

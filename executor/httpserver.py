@@ -48,6 +48,7 @@ import collections
 import contextlib
 import json
 import re
+import socket
 import sys
 import time
 import traceback
@@ -501,17 +502,26 @@ class Server:
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
-    async def start(self, host: str, port: int, *, backlog: int = 2048) -> int:
-        """Listen on ``host:port`` (0: any free port); returns the bound port.
+    async def start(
+        self, host: str, port: int, *, backlog: int = 2048, sock: socket.socket | None = None
+    ) -> int:
+        """Listen on ``host:port`` (0: any free port), or serve ``sock``, a socket already
+        listening (handed over by a supervisor that keeps it open across restarts); returns
+        the bound port.
 
         Raises:
             OSError: the address cannot be bound.
         """
         self.loop = asyncio.get_running_loop()
         self.max_connections = _fit_descriptor_limit(self.max_connections)
-        self._server = await self.loop.create_server(
-            lambda: _Connection(self), host, port, backlog=backlog, reuse_address=True
-        )
+        if sock is not None:
+            self._server = await self.loop.create_server(
+                lambda: _Connection(self), sock=sock, backlog=backlog
+            )
+        else:
+            self._server = await self.loop.create_server(
+                lambda: _Connection(self), host, port, backlog=backlog, reuse_address=True
+            )
         self._sweeper = self.loop.create_task(self._sweep())
         return int(self._server.sockets[0].getsockname()[1])
 

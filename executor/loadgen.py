@@ -63,6 +63,18 @@ class LoadResult:
         return doc
 
 
+@dataclass
+class RequestOutcome:
+    """One request of a load: when it was due and answered (seconds from the start of the
+    load), its final status (``200``, ``503``, an exception name) and whether it was sent a
+    second time after its connection failed."""
+
+    at_s: float
+    done_s: float
+    code: str
+    retried: bool
+
+
 def read_trace(path: str | Path) -> list[float]:
     """A requests-per-second trace file, read by the one trace reader
     (:func:`greenctl.data.traces.read_rps_trace`).
@@ -208,11 +220,23 @@ async def send_load(
     times: list[float],
     body: bytes,
     headers: dict[str, str],
+    *,
+    retry_connection_errors: bool = False,
+    outcomes: list[RequestOutcome] | None = None,
 ) -> tuple[list[float], list[tuple[float, float, float]], dict[str, int], float]:
     """Send one request at each of ``times`` (seconds from now) over ``session``; returns
     the successful requests' latencies (ms) and what the server said of each (queue ms,
-    run ms, batch rows; NaN where it did not), the status counts and the seconds it took."""
+    run ms, batch rows; NaN where it did not), the status counts and the seconds it took.
+
+    ``retry_connection_errors``: a request whose connection failed (refused, reset, closed
+    before the answer) is sent once more, on a new connection (the kept-alive ones may be as
+    dead as the one that failed), as a client of an idempotent inference service does
+    (latency still counts from its first scheduled time). ``outcomes``: each request's
+    :class:`RequestOutcome` is appended there.
+    """
     import aiohttp
+
+    fresh: Any = None  # the session retries go through: a new connection each
 
     url = f"{endpoint.rstrip('/')}/v2/models/{model}/infer"
     latencies: list[float] = []
@@ -228,23 +252,41 @@ async def send_load(
         # from the scheduled time (no coordinated omission), or from the actual send
         # when the millisecond timer woke the sender a little early
         at = min(at, clock())
-        try:
-            async with session.post(url, data=body, headers=headers) as resp:
-                await resp.read()
-                code = str(resp.status)
-                timing = (
-                    _header_float(resp.headers, oip.QUEUE_MS_HEADER),
-                    _header_float(resp.headers, oip.INFER_MS_HEADER),
-                    _header_float(resp.headers, oip.BATCH_ROWS_HEADER),
+        retried = False
+        timing = (math.nan, math.nan, math.nan)
+        nonlocal fresh
+        for attempt in (0, 1):
+            if attempt and fresh is None:
+                fresh = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(force_close=True), timeout=session.timeout
                 )
-        except TimeoutError:
-            code = "timeout"
-        except aiohttp.ClientError as exc:
-            code = type(exc).__name__
+            try:
+                async with (fresh if attempt else session).post(
+                    url, data=body, headers=headers
+                ) as resp:
+                    await resp.read()
+                    code = str(resp.status)
+                    timing = (
+                        _header_float(resp.headers, oip.QUEUE_MS_HEADER),
+                        _header_float(resp.headers, oip.INFER_MS_HEADER),
+                        _header_float(resp.headers, oip.BATCH_ROWS_HEADER),
+                    )
+            except TimeoutError:
+                code = "timeout"
+            except aiohttp.ClientConnectionError as exc:
+                code = type(exc).__name__
+                if retry_connection_errors and attempt == 0:
+                    retried = True
+                    continue
+            except aiohttp.ClientError as exc:
+                code = type(exc).__name__
+            break
         codes[code] = codes.get(code, 0) + 1
         if code == "200":
             latencies.append((clock() - at) * 1000.0)
             server.append(timing)
+        if outcomes is not None:
+            outcomes.append(RequestOutcome(at - start, clock() - start, code, retried))
 
     pending: set[asyncio.Task[None]] = set()  # only those in flight: gathering every task
     for t in times:  # ever sent at the end would stall the last answers by milliseconds
@@ -257,6 +299,8 @@ async def send_load(
         task.add_done_callback(pending.discard)
     if pending:
         await asyncio.gather(*pending)
+    if fresh is not None:
+        await fresh.close()
     return latencies, server, codes, clock() - start
 
 

@@ -34,6 +34,16 @@ from greenctl.data.errors import ExecutorError, LockedError
 from greenctl.profiler.user_code import CALLER_DIR_ENV, caller_dir
 
 STATE_DIR_ENV = "GREENCTL_STATE_DIR"
+#: ``BASE,CAP`` seconds: how supervisors back off a process that keeps crashing
+BACKOFF_ENV = "GREENCTL_RESTART_BACKOFF"
+#: a process that served this long before dying was not crash-looping (its failures reset)
+STABLE_S = 5.0
+#: the daemons greenctl starts (``down`` looks for leftovers of these)
+DAEMON_MODULES = (
+    "greenctl.executor.daemon",
+    "greenctl.executor.dispatcher",
+    "greenctl.executor.supervisor",
+)
 #: options of daemon command lines whose values are paths (made absolute when built)
 PATH_OPTIONS = ("--db", "--state-file", "--routes")
 #: environment variables holding a path, made absolute for a daemon
@@ -144,6 +154,7 @@ def spawn_detached(
     env: Mapping[str, str],
     log_file: str | os.PathLike[str],
     cwd: str | os.PathLike[str] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
     """Start a daemon in its own session (it outlives the caller), output to ``log_file``.
 
@@ -151,7 +162,8 @@ def spawn_detached(
     folder in :data:`CALLER_DIR_ENV` (kept when the caller is itself a daemon restarting an
     executor), relative paths in ``PYTHONPATH`` and :data:`PATH_ENV` made absolute against
     that folder and empty ``PYTHONPATH`` entries (the current folder, usually by accident of
-    ``$PYTHONPATH:...``) dropped. The log is created 0600.
+    ``$PYTHONPATH:...``) dropped. The log is created 0600. ``pass_fds`` stay open in it
+    (a listening socket handed from supervisor to dispatcher and back).
     """
     caller = env.get(CALLER_DIR_ENV) or _caller_dir()
     full_env = dict(os.environ)
@@ -180,6 +192,7 @@ def spawn_detached(
             cwd=os.path.join(caller, cwd) if cwd is not None else os.path.dirname(log_path),
             start_new_session=True,
             close_fds=True,
+            pass_fds=tuple(pass_fds),
         )
 
 
@@ -226,6 +239,94 @@ def terminate(pid: int | None, start_ticks: str | None = None, *, timeout_s: flo
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     return wait_dead(pid, 2.0)
+
+
+def process_argv(pid: int) -> list[str] | None:
+    """The command line of ``pid`` (None when it is gone or not ours to read)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _own_processes() -> Iterator[tuple[int, list[str]]]:
+    """This user's live processes (not zombies) other than this one, with command lines."""
+    me, uid = os.getpid(), os.getuid()
+    try:
+        entries = list(Path("/proc").iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        pid = int(entry.name)
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+        except OSError:
+            continue
+        argv = process_argv(pid)
+        if argv and is_alive(pid):
+            yield pid, argv
+
+
+def find_processes(argument: str) -> list[tuple[int, str | None]]:
+    """``(pid, start ticks)`` of this user's live processes with ``argument`` as one element
+    of their command line: a daemon found by its own state file when its pid was never
+    recorded (its starter was killed between spawning it and writing the pid down)."""
+    return [(pid, proc_start_ticks(pid)) for pid, argv in _own_processes() if argument in argv[1:]]
+
+
+def stray_daemons(state_dir: str | os.PathLike[str], db: str) -> list[tuple[int, str | None]]:
+    """``(pid, start ticks)`` of greenctl daemons of one store still running: this user's
+    ``python -m`` one of :data:`DAEMON_MODULES` with ``--db`` the store and a file of
+    ``state_dir`` on their command line. ``down`` stops them whatever the journal says."""
+    folder = os.path.join(os.path.abspath(state_dir), "")
+    db = os.path.abspath(db)
+    found = []
+    for pid, argv in _own_processes():
+        if not any(m in argv for m in DAEMON_MODULES):
+            continue
+        dbs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--db"]
+        if db not in dbs or not any(a.startswith(folder) for a in argv):
+            continue
+        found.append((pid, proc_start_ticks(pid)))
+    return found
+
+
+def backoff_settings() -> tuple[float, float]:
+    """``(base, cap)`` seconds of crash-loop back-off: ``$GREENCTL_RESTART_BACKOFF``
+    (``BASE,CAP``), else 0.5 s doubling up to 30 s."""
+    text = os.environ.get(BACKOFF_ENV, "")
+    try:
+        base, cap = (float(x) for x in text.split(","))
+        if 0 < base <= cap:
+            return base, cap
+    except ValueError:
+        pass
+    return 0.5, 30.0
+
+
+def restart_delay(failures: int, *, base: float, cap: float) -> float:
+    """Seconds to wait before restarting a process that failed ``failures`` times in a row
+    (each time it died within :data:`STABLE_S` of becoming ready): none for the first two
+    (a process killed once, or twice by bad luck, comes back at once), then ``base``
+    doubling up to ``cap``. There is no last try: a crash loop is retried every ``cap``
+    seconds for good."""
+    if failures <= 1:
+        return 0.0
+    return float(min(cap, base * 2.0 ** min(failures - 2, 30)))
+
+
+def process_age_s(pid: int | None) -> float | None:
+    """Seconds since ``pid`` started (Linux), or None when it is gone or unknown."""
+    ticks = proc_start_ticks(pid) if pid else None
+    try:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - int(ticks or "") / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError):
+        return None
 
 
 def wait_dead(pid: int, timeout_s: float) -> bool:

@@ -19,6 +19,10 @@ class UpstreamError(Exception):
     """The upstream connection failed or answered something we cannot forward."""
 
 
+class UpstreamTimeout(UpstreamError):
+    """The upstream took longer than the request's timeout (it may still be working on it)."""
+
+
 class _Conn(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: Any = None  # asyncio's or uvloop's transport
@@ -150,4 +154,4 @@ class UpstreamPool:
 
 def _expire(fut: asyncio.Future[tuple[int, dict[str, str], bytes]]) -> None:
     if not fut.done():
-        fut.set_exception(UpstreamError("timed out"))
+        fut.set_exception(UpstreamTimeout("timed out"))

@@ -60,12 +60,17 @@ def test_dry_run_json(cli, plan_file, state_dir):
         "switch-routes",
     ]
     r = cli("status", "--json")
+    assert r.exit_code == 0  # nothing applied: nothing to serve, not a failure
     assert json.loads(r.stdout) == {
         "backend": "local",  # nothing applied: the local backend answers
+        "state": "idle",
+        "problems": [],
         "dispatcher": None,
         "instances": [],
         "restarts": 0,
         "last_apply": None,
+        "apply_running": False,
+        "recovered": [],
     }
 
 
@@ -118,9 +123,9 @@ def test_apply_status_loadgen_verify_down(cli, plan_file, state_dir, store):
     assert store.db.table("runs").count_where("kind = ?", ["verify"]) == 2
 
     r = cli("status")
-    assert r.exit_code == 0 and url in r.output
+    assert r.exit_code == 0 and url in r.output and "State: serving" in r.output
     r = cli("down")
-    assert r.exit_code == 0 and "Stopped 2" in r.output
+    assert r.exit_code == 0 and "Stopped 3" in r.output  # supervisor, dispatcher, executor
     assert not is_alive(inst["pid"]) and not is_alive(st["dispatcher"]["pid"])
 
 

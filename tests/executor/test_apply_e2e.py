@@ -129,19 +129,22 @@ def test_replace_variant_keeps_serving(run_store, loaders, leftovers):
     assert second.dispatcher_url == first.dispatcher_url  # the front endpoint stays
     now = status(run_store)["instances"]
     assert [i["variant"] for i in now] == ["v2"] and now[0]["pid"] != old["pid"]
-    assert len(leftovers()) == 2  # one dispatcher, one executor
+    assert len(leftovers()) == 3  # a supervisor, its dispatcher, one executor
 
-    # a dead dispatcher is noticed: applying again starts a new one for the same executors
+    # a dead dispatcher (with its supervisor) is noticed: applying again starts a new pair,
+    # on the same port, for the same executors
     import os
     import signal
 
     from greenctl.executor.procs import wait_dead
 
-    disp_pid = status(run_store)["dispatcher"]["pid"]
-    os.kill(disp_pid, signal.SIGKILL)
-    assert wait_dead(disp_pid, 10)
+    disp = status(run_store)["dispatcher"]
+    for pid in (disp["supervisor"]["pid"], disp["pid"]):
+        os.kill(pid, signal.SIGKILL)
+    assert wait_dead(disp["pid"], 10)
     healed = apply_plan(_plan("m", [("v2", 1)]), store=run_store, loader=loaders["noop"])
     assert [a["action"] for a in healed.actions] == ["start-dispatcher", "switch-routes"]
+    assert healed.dispatcher_url == first.dispatcher_url
     assert status(run_store)["instances"][0]["pid"] == now[0]["pid"]
     states = [
         r["state"] for r in run_store.db.table("executor_dispatcher").rows_where(order_by="id")

@@ -93,7 +93,7 @@ def test_modules_planted_in_the_callers_folder_are_not_run_by_the_daemons(
 
     state_dir = Path(os.environ["GREENCTL_STATE_DIR"])
     pids = _daemon_pids(state_dir)
-    assert len(pids) == 2  # the dispatcher and the executor
+    assert len(pids) == 3  # the supervisor, the dispatcher and the executor
     for pid in pids:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         assert argv[1] == b"-P"
