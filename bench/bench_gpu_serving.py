@@ -254,6 +254,7 @@ def run_arm(arm: str, variant: str, batch: int, args: argparse.Namespace, workdi
     try:
         spy = None
         if args.py_spy:
+            Path(args.py_spy).mkdir(parents=True, exist_ok=True)
             spy = str(Path(args.py_spy) / f"spy-{arm}-b{batch}.txt")
         sat = saturate(
             url, variant, proc.pid, outstanding=max(8, 4 * batch), procs=args.client_procs,

@@ -151,12 +151,15 @@ def _print_verify(v: dict[str, object]) -> None:
             ["p99 ms", pred.get("p99_ms"), meas.get("p99_ms")],
             ["errors", None, meas.get("errors")],
             ["503s", None, meas.get("rejected_503")],
+            ["client lag p95 ms", None, meas.get("client_lag_p95_ms")],
         ],
         caption=(
             f"run {v.get('run_id')} stored; see `greenctl report`. Predicted latency: "
             + str(pred.get("latency_includes") or "model only (modeled)")
         ),
     )
+    if meas.get("note"):
+        say(("warning:", "yellow"), f" {meas['note']}", err=True)
 
 
 def status_cmd(
@@ -304,7 +307,7 @@ def loadgen_cmd(
 ) -> None:
     """Send an open-loop Poisson load (or replay a trace) and report latency and errors."""
     from greenctl.data.errors import InputError
-    from greenctl.executor.loadgen import read_trace, run_load
+    from greenctl.executor.loadgen import client_lag_note, read_trace, run_load
 
     if (rate is None) == (trace is None):
         raise InputError("give exactly one of --rate RPS or --trace FILE")
@@ -334,6 +337,7 @@ def loadgen_cmd(
             "p95 ms",
             "p99 ms",
             "batch rows",
+            "client lag p95 ms",
         ],
         [
             [
@@ -347,10 +351,17 @@ def loadgen_cmd(
                 res.p95_ms,
                 res.p99_ms,
                 res.mean_batch_rows,
+                res.client_lag_p95_ms,
             ]
         ],
-        caption="batch rows: mean rows of the batches the requests ran in (from the executors)",
+        caption=(
+            "batch rows: mean rows of the batches the requests ran in (from the executors); "
+            "client lag: how far this load generator ran behind its own schedule"
+        ),
     )
+    note = client_lag_note(res.client_lag_p95_ms, res.p95_ms)
+    if note:
+        say(("warning:", "yellow"), f" {note}", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -1392,7 +1392,7 @@ def verify_plan(
 ) -> dict[str, Any]:
     """Load the running plan at its predicted rate and record measured vs predicted numbers."""
     import numpy as np
-    from greenctl.executor.loadgen import run_load
+    from greenctl.executor.loadgen import client_lag_note, run_load
 
     started_at = utcnow_iso()
     models: dict[str, float] = {}
@@ -1430,6 +1430,11 @@ def verify_plan(
         "duration_s": duration_s,
         "models": details,
     }
+    lags = [r["client_lag_p95_ms"] for r in details.values() if r.get("client_lag_p95_ms")]
+    measured["client_lag_p95_ms"] = max(lags) if lags else None
+    note = client_lag_note(measured["client_lag_p95_ms"], measured["p95_ms"])
+    if note:
+        measured["note"] = note
     run_id = store.add_run(
         plan.id, kind="verify", predicted=plan.predicted, measured=measured, started_at=started_at
     )

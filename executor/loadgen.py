@@ -54,6 +54,11 @@ class LoadResult:
     server_queue_ms: list[float] = field(default_factory=list, repr=False)
     server_infer_ms: list[float] = field(default_factory=list, repr=False)
     server_batch_rows: list[float] = field(default_factory=list, repr=False)
+    #: How far behind its schedule the client itself ran (ms from a request's scheduled time
+    #: until the sender began it; p95 and max): a load generator that cannot keep up adds this
+    #: to every latency it measures, so a large lag means the figures measure the client too.
+    client_lag_p95_ms: float | None = None
+    client_lag_max_ms: float | None = None
 
     def to_dict(self, *, with_latencies: bool = False) -> dict[str, Any]:
         doc = asdict(self)
@@ -223,6 +228,7 @@ async def send_load(
     *,
     retry_connection_errors: bool = False,
     outcomes: list[RequestOutcome] | None = None,
+    lags_ms: list[float] | None = None,
 ) -> tuple[list[float], list[tuple[float, float, float]], dict[str, int], float]:
     """Send one request at each of ``times`` (seconds from now) over ``session``; returns
     the successful requests' latencies (ms) and what the server said of each (queue ms,
@@ -232,7 +238,8 @@ async def send_load(
     before the answer) is sent once more, on a new connection (the kept-alive ones may be as
     dead as the one that failed), as a client of an idempotent inference service does
     (latency still counts from its first scheduled time). ``outcomes``: each request's
-    :class:`RequestOutcome` is appended there.
+    :class:`RequestOutcome` is appended there. ``lags_ms``: how late (ms) the sender began
+    each request after its scheduled time is appended there (the client's own backlog).
     """
     import aiohttp
 
@@ -251,7 +258,10 @@ async def send_load(
     async def one(at: float) -> None:
         # from the scheduled time (no coordinated omission), or from the actual send
         # when the millisecond timer woke the sender a little early
-        at = min(at, clock())
+        now = clock()
+        if lags_ms is not None:
+            lags_ms.append(max(now - at, 0.0) * 1000.0)
+        at = min(at, now)
         retried = False
         timing = (math.nan, math.nan, math.nan)
         nonlocal fresh
@@ -312,9 +322,10 @@ async def _run(
     headers: dict[str, str],
     timeout_s: float,
     connections: int,
+    lags_ms: list[float],
 ) -> tuple[list[float], list[tuple[float, float, float]], dict[str, int], float]:
     async with open_session(connections, timeout_s) as session:
-        return await send_load(session, endpoint, model, times, body, headers)
+        return await send_load(session, endpoint, model, times, body, headers, lags_ms=lags_ms)
 
 
 def _header_float(headers: Any, name: str) -> float:
@@ -375,8 +386,9 @@ def run_load(
     from greenctl.executor.procs import run_async, settle_heap
 
     settle_heap()  # a full collection mid-run would stall sending and show up as latency
+    lags: list[float] = []
     latencies, server, codes, elapsed = run_async(
-        _run(endpoint, model, times, body, headers, timeout_s, connections)
+        _run(endpoint, model, times, body, headers, timeout_s, connections, lags)
     )
     lat = np.asarray(latencies) if latencies else None
     ok = codes.get("200", 0)
@@ -403,6 +415,21 @@ def run_load(
         server_queue_ms=[q for q, _, _ in server],
         server_infer_ms=[i for _, i, _ in server],
         server_batch_rows=[r for _, _, r in server],
+        client_lag_p95_ms=float(np.percentile(lags, 95)) if lags else None,
+        client_lag_max_ms=max(lags) if lags else None,
+    )
+
+
+def client_lag_note(lag_p95_ms: float | None, p95_ms: float | None) -> str | None:
+    """What a user must know when the load generator fell behind its own schedule: its p95
+    lag is over 1 ms and over a tenth of the measured p95, so the measured latencies are
+    partly the client's (None otherwise)."""
+    if lag_p95_ms is None or p95_ms is None or lag_p95_ms <= max(1.0, 0.1 * p95_ms):
+        return None
+    return (
+        f"the load generator ran {lag_p95_ms:.1f} ms behind its schedule at p95: the measured "
+        "latencies include the client's own delay (verify at a lower rate, or load from "
+        "another machine with `greenctl loadgen`)"
     )
 
 

@@ -312,3 +312,68 @@ def test_an_endpoint_that_is_not_an_inference_server(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_client_reports_how_far_it_fell_behind_its_schedule():
+    """A load generator whose event loop is held up sends late; the lag it reports is what
+    it added to every latency it measured (so verify can say its figures include it)."""
+    import asyncio
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from greenctl.executor.loadgen import open_session, send_load
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    times = [i * 0.01 for i in range(30)]  # 100 req/s for 0.3 s
+
+    async def load(hold_s: float) -> list[float]:
+        lags: list[float] = []
+
+        async def hold() -> None:  # a stall of the client's own loop mid-run
+            await asyncio.sleep(0.1)
+            time.sleep(hold_s)
+
+        async with open_session(8, 10.0) as session:
+            stall = asyncio.create_task(hold())
+            lat, _server, codes, _took = await send_load(
+                session, url, "m", times, b"{}", {}, lags_ms=lags
+            )
+            await stall
+        assert codes == {"200": 30} and len(lat) == 30
+        return lags
+
+    try:
+        stalled = asyncio.run(load(0.12))
+        smooth = asyncio.run(load(0.0))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(stalled) == 30 and len(smooth) == 30
+    assert max(stalled) >= 80.0  # the requests due during the 120 ms stall went late
+    assert sorted(smooth)[15] < 20.0  # an idle client keeps its schedule
+
+
+def test_a_lagging_client_is_named_only_when_it_matters():
+    from greenctl.executor.loadgen import client_lag_note
+
+    assert client_lag_note(None, 10.0) is None
+    assert client_lag_note(0.8, 5.0) is None  # under 1 ms
+    assert client_lag_note(3.0, 40.0) is None  # under a tenth of the p95
+    note = client_lag_note(12.0, 40.0)
+    assert note is not None and "12.0 ms behind" in note and "client" in note
