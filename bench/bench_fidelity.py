@@ -74,7 +74,7 @@ def main() -> int:
     from greenctl.executor.loadgen import run_load
     from greenctl.executor.serving import save_serving, serving_overheads
     from greenctl.executor.serving_measure import measure_serving
-    from greenctl.planner.evaluate import predict, profiles_by_key
+    from greenctl.planner.core.evaluate import predict, profiles_by_key
     from greenctl.profiler.harness import profile
 
     store = open_store()

@@ -22,7 +22,7 @@ DEFAULT_TRACE = REFERENCE / "twitter" / "requests_per_second.txt.gz"
 
 def main(argv: list[str] | None = None) -> int:
     from greenctl.data.traces import read_rps_trace
-    from greenctl.planner import forecast as fc
+    from greenctl.planner.core import forecast as fc
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=str(DEFAULT_TRACE))

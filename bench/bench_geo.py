@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 from greenctl.data.eglb_convert import convert_eglb
 from greenctl.data.geo_io import GeoProblem, load_geo_problem
-from greenctl.planner import solvers
-from greenctl.planner.geo import (
+from greenctl.planner.core import solvers
+from greenctl.planner.geo.lp import build_network, hall_cuts, solve_flow_lp, solve_site_lp
+from greenctl.planner.geo.solve import (
     ALGORITHMS,
     DEFAULT_MU_CARBON,
     DEFAULT_MU_WATER,
@@ -36,7 +37,6 @@ from greenctl.planner.geo import (
     evaluate,
     solve,
 )
-from greenctl.planner.geo_lp import build_network, hall_cuts, solve_flow_lp, solve_site_lp
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "eglb" / "data"
 MU_C, MU_W = DEFAULT_MU_CARBON, DEFAULT_MU_WATER

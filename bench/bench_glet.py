@@ -31,8 +31,8 @@ from greenctl.data.gpulet_import import (
     load_utilisation,
 )
 from greenctl.data.store import open_store
-from greenctl.planner.glet import Compiled, GletModel, GletProblem, run_elastic, schedule
-from greenctl.planner.interference import fit_interference
+from greenctl.planner.core.interference import fit_interference
+from greenctl.planner.glet.solve import Compiled, GletModel, GletProblem, run_elastic, schedule
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "gpulet" / "data"
 SLO_MS = {

@@ -11,7 +11,7 @@
 2. Scale: 10, 100 and 1,000 GPUs (rate scaled with the GPUs): exact solve time and ILP
    size, beside anneal and random.
 
-Profiles are synthetic (greenctl.planner.synthetic); accuracies are EfficientNet's
+Profiles are synthetic (greenctl.planner.core.synthetic); accuracies are EfficientNet's
 published figures. Run: ``python bench/bench_mig.py [--quick]``.
 """
 
@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 from greenctl.data.mig_geometry import resolve_gpu
-from greenctl.planner.mig import MigModel, build_problem, plan_mig
-from greenctl.planner.mig_exact import ilp_size
-from greenctl.planner.mig_sim import simulate_p95
-from greenctl.planner.synthetic import synthetic_family
+from greenctl.planner.core.synthetic import synthetic_family
+from greenctl.planner.mig.exact import ilp_size
+from greenctl.planner.mig.sim import simulate_p95
+from greenctl.planner.mig.solve import MigModel, build_problem, plan_mig
 
 TRACE = (
     Path(__file__).resolve().parents[2]
@@ -177,7 +177,7 @@ def trace_bench(
 
 
 def _config_of(model: MigModel, plan):
-    from greenctl.planner.mig import config_from_gpus
+    from greenctl.planner.mig.solve import config_from_gpus
 
     return config_from_gpus(model, plan.extra["gpus"], source="bench")
 

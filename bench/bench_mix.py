@@ -36,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from greenctl.data.errors import InfeasiblePlan
 from greenctl.data.records import Profile, Variant
-from greenctl.planner import mix, mix_decomp
-from greenctl.planner.mix import build_mix_problem, is_maximise, plan_mix
+from greenctl.planner.mix import decomp as mix_decomp
+from greenctl.planner.mix import solve as mix
+from greenctl.planner.mix.solve import build_mix_problem, is_maximise, plan_mix
 
 #: (label, capacity multiplier vs one core, price USD/h, busy power W) of the 6 sizes.
 RESOURCES = [

@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
-from greenctl.planner import queueing
-from greenctl.planner.evaluate import predict
-from greenctl.planner.latency import ServiceTime
-from greenctl.planner.loads import poisson_arrivals
-from greenctl.planner.simulator import batch_queue, fifo_queue, stride_assign, wrr_queues
+from greenctl.planner.core import queueing
+from greenctl.planner.core.evaluate import predict
+from greenctl.planner.core.latency import ServiceTime
+from greenctl.planner.core.loads import poisson_arrivals
+from greenctl.planner.core.simulator import batch_queue, fifo_queue, stride_assign, wrr_queues
 
 # Ten heterogeneous instances: shifted lognormals fitted to p50/p95/p99 like real CPU
 # profiles of ResNet-18..152 (means 12..60 ms).
@@ -268,7 +268,7 @@ def bench_trace(hours: float) -> None:
     from pathlib import Path
 
     from greenctl.data.traces import read_rps_trace as read_trace
-    from greenctl.planner.loads import trace_arrivals
+    from greenctl.planner.core.loads import trace_arrivals
 
     path = (
         Path(__file__).resolve().parent.parent.parent

@@ -29,7 +29,7 @@ def interference_fit(
         load_utilisation,
         save_interference_model,
     )
-    from greenctl.planner.interference import FEATURES, fit_interference
+    from greenctl.planner.core.interference import FEATURES, fit_interference
 
     with store_for(db) as store:
         result = fit_interference(

@@ -101,7 +101,7 @@ def mig_synth(
     """Write SYNTHETIC per-MIG-slice profiles of a family into the store (for demos/tests).
 
     No public per-slice measurements exist: latency, power and energy come from the
-    documented formula in greenctl.planner.synthetic and are stored with source and
+    documented formula in greenctl.planner.core.synthetic and are stored with source and
     energy method 'synthetic'. Accuracies are the published ones Clover ships.
     Real profiles come from `greenctl profile` on a MIG GPU. A family that holds real
     variants (built-in, measured, imported) is refused: write beside it with --prefix,
@@ -111,7 +111,7 @@ def mig_synth(
 
     from greenctl.data.mig_geometry import resolve_gpu
     from greenctl.data.provenance import store_synthetic
-    from greenctl.planner.synthetic import synthetic_family
+    from greenctl.planner.core.synthetic import synthetic_family
 
     geo = resolve_gpu(gpu)
     variants, profiles = synthetic_family(geo, family, include_me=me, prefix=prefix)
@@ -170,7 +170,7 @@ def mig_synth(
             ]
             for p in profiles
         ],
-        caption="synthetic: made up by greenctl.planner.synthetic, not measured",
+        caption="synthetic: made up by greenctl.planner.core.synthetic, not measured",
     )
     say(f"hardware recorded as '{profiles[0].hardware}'" if profiles else "")
 

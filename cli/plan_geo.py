@@ -10,7 +10,7 @@ import typer
 from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, say, store_for
 
 if TYPE_CHECKING:
-    from greenctl.planner.geo import GeoRun
+    from greenctl.planner.geo.solve import GeoRun
 
 ALGORITHM_HELP = (
     "eglb-off (offline LP optimum), eglb (online dual mirror descent), eglb-mpc (receding "

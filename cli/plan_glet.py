@@ -87,7 +87,7 @@ def plan_glet_cmd(
         parse_partitions,
     )
     from greenctl.executor.kinds import get_kind
-    from greenctl.planner.glet import ALGORITHMS
+    from greenctl.planner.glet.solve import ALGORITHMS
 
     check_writable(output)
     spec_doc = load_glet_spec(spec, algorithms=ALGORITHMS) if spec is not None else GletSpec()

@@ -110,7 +110,7 @@ def plan_mix_cmd(
     from greenctl.data.plan import load_plan_file
     from greenctl.data.spec_io import read_mix_spec
     from greenctl.executor.kinds import get_kind
-    from greenctl.planner.mix import (
+    from greenctl.planner.mix.solve import (
         OBJECTIVES,
         REFERENCE_CARBON_INTENSITY,
         SOLVERS,

@@ -8,7 +8,7 @@ The executor's batcher (``greenctl.executor.daemon.Batcher``) closes a batch whe
 ``batch`` rows or ``max_wait_ms`` after it took the batch's first request, and keeps up to
 ``depth`` batches in flight (the GPU runner's :data:`DEFAULT_DEPTH`; the eager CPU runner runs
 each batch to completion before the batcher takes the next request). The planner's service
-model and simulator (``greenctl.planner.service``, ``greenctl.planner.simulator``) read the
+model and simulator (``greenctl.planner.core.service``, ``greenctl.planner.core.simulator``) read the
 same rule here, so what they predict is what the executor runs.
 """
 

@@ -104,7 +104,7 @@ ESTIMATE_SOURCES: dict[str, str] = {
     MPS_EMULATED: "MIG slices emulated on the whole GPU with the MPS active-thread percentage "
     "of each slice's share of compute (1g of 7 = 14 %), not measured on MIG instances: MPS "
     "does not isolate memory bandwidth or L2 the way MIG does",
-    SYNTHETIC: "made up by greenctl.planner.synthetic from a documented formula, not measured",
+    SYNTHETIC: "made up by greenctl.planner.core.synthetic from a documented formula, not measured",
 }
 
 

@@ -58,7 +58,7 @@ def load_history_minutes(store: Any, *, model: str | None = None) -> Any:
 
 def _history(store: Any, *, trace: str | None, model: str | None) -> tuple[Any, str]:
     from greenctl.data.traces import read_rps_trace
-    from greenctl.planner import forecast as fc
+    from greenctl.planner.core import forecast as fc
 
     if trace:
         return fc.minute_maxima(read_rps_trace(trace)), f"trace:{Path(trace).name}"
@@ -89,7 +89,7 @@ def fit_forecaster(
     Returns:
         ``{"name", "kind", "trained_on", "train_minutes", "test_minutes", "metrics"}``.
     """
-    from greenctl.planner import forecast as fc
+    from greenctl.planner.core import forecast as fc
 
     minutes, source = _history(store, trace=trace, model=model)
     f = fc.make_forecaster(kind, **(params or {}))
@@ -133,7 +133,7 @@ def get_forecaster(store: Any, name: str) -> Any:
     Raises:
         NotFoundError: neither a saved forecaster nor a rule-based kind.
     """
-    from greenctl.planner import forecast as fc
+    from greenctl.planner.core import forecast as fc
 
     r = loop_state.forecaster_row(store, name)
     if r is not None:

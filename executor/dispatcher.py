@@ -8,7 +8,7 @@ instances with the plan's policy:
   slot (an instance has ``batch + 1`` slots: it can batch, and never idles waiting for the
   next request's round trip) (Clover);
 - ``wrr``: smooth weighted round robin by each instance's quota (InfAdapter): the
-  simulator's own :class:`~greenctl.planner.policy.SmoothWRR`, skipping instances that are
+  simulator's own :class:`~greenctl.planner.core.policy.SmoothWRR`, skipping instances that are
   down;
 - ``batch``: like ``fifo`` but fills the busiest instance's batch first (gpulet's glets).
 
@@ -68,7 +68,7 @@ from greenctl.executor.procs import (
     write_json_atomic,
 )
 from greenctl.executor.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
-from greenctl.planner.policy import POLICIES, SmoothWRR
+from greenctl.planner.core.policy import POLICIES, SmoothWRR
 
 TOKEN_HEADER = "X-Greenctl-Token"
 _HEADER_LENGTH = "Inference-Header-Content-Length"

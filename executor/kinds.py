@@ -8,7 +8,7 @@ Each kind (:class:`PlanKind`) says in one place
   load forecast (``replan``): which of its rates a forecast sets, and what it leaves alone;
 - ``objective``: which figure of its plans the solver optimised, and in which direction;
 - ``default_policy``: its default dispatch policy, handed to the one rule in
-  :mod:`greenctl.planner.policy` (:meth:`PlanKind.dispatch_policy`);
+  :mod:`greenctl.planner.core.policy` (:meth:`PlanKind.dispatch_policy`);
 - ``predict``: how ``simulate`` predicts its plans under a load;
 - ``instances``: how its plan becomes executor instances (``apply``), ``time_shared``
   when several models of its plans share one partition, and ``serves`` whether its plans
@@ -37,7 +37,7 @@ from typing import Any
 
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Plan, add_plan_kind, discard_plan_kind
-from greenctl.planner.policy import plan_policy
+from greenctl.planner.core.policy import plan_policy
 
 #: (new plan, the problem it solved; for geo the run, which holds the problem)
 Planned = tuple[Plan, Any]
@@ -50,11 +50,11 @@ def predict_serving(
     store: Any, plan: Plan, *, policy: str | None = None, **options: Any
 ) -> dict[str, Any]:
     """What a plan of executor instances does under a load: the evaluation core's
-    :func:`~greenctl.planner.simulator.evaluate_plan` (options as there) with the newest
+    :func:`~greenctl.planner.core.simulator.evaluate_plan` (options as there) with the newest
     profiles of its variants in the store (variants the store lacks but greenctl has built
     in are known by their catalog record), under ``policy`` (default: the kind's,
     :meth:`PlanKind.dispatch_policy`)."""
-    from greenctl.planner.simulator import evaluate_plan
+    from greenctl.planner.core.simulator import evaluate_plan
     from greenctl.profiler.models import builtin_variants
 
     names = {d.variant for d in plan.deployments}
@@ -204,7 +204,7 @@ class PlanKind:
     #: objective(plan) -> (name, value, larger is better): what ``replan`` compares
     objective: Callable[[Plan], Objective] = predicted_objective
     #: the policy when neither the plan nor batching decides (rule 4 of
-    #: :mod:`greenctl.planner.policy`); None: that module's table, else ``wrr``
+    #: :mod:`greenctl.planner.core.policy`); None: that module's table, else ``wrr``
     default_policy: str | None = None
     #: its plans describe executor instances: ``simulate`` predicts them, ``apply`` runs
     #: them, the backends and the export take them; False: those steps refuse them, saying
@@ -228,7 +228,7 @@ class PlanKind:
 
     def dispatch_policy(self, plan: Plan, override: str | None = None) -> str:
         """The policy ``plan`` is predicted, simulated and served with: the one rule
-        (:func:`~greenctl.planner.policy.plan_policy`) with this kind's default.
+        (:func:`~greenctl.planner.core.policy.plan_policy`) with this kind's default.
 
         Raises:
             InputError: ``override`` or the plan's own choice is not a policy.
@@ -245,7 +245,7 @@ class PlanKind:
 # -- mix (InfAdapter / INFaaS) -----------------------------------------------------------------
 def _mix_plan(store: Any, request: dict[str, Any], *, current: Plan | None = None) -> Planned:
     from greenctl.executor.serving import serving_overheads
-    from greenctl.planner import mix
+    from greenctl.planner.mix import solve as mix
 
     request = dict(request)
     if current is not None:
@@ -267,7 +267,7 @@ def _mix_plan(store: Any, request: dict[str, Any], *, current: Plan | None = Non
 
 def _mix_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
     """The running plan's objective in ``problem`` (its quotas scaled to the new load)."""
-    from greenctl.planner import mix
+    from greenctl.planner.mix import solve as mix
 
     alloc: dict[int, dict[int, tuple[int, float]]] = {}
     for fi, fam in enumerate(problem.families):
@@ -297,7 +297,7 @@ def _mix_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
 
 
 def _mix_objective(plan: Plan) -> Objective:
-    from greenctl.planner.mix import is_maximise
+    from greenctl.planner.mix.solve import is_maximise
 
     name = str(plan.predicted.get("objective_name") or "")
     value = _number(plan.predicted.get("objective"))
@@ -334,7 +334,7 @@ def _mig_plan(
     baseline: str | None = None,
 ) -> Planned:
     from greenctl.data.mig_geometry import resolve_gpu
-    from greenctl.planner import mig
+    from greenctl.planner.mig import solve as mig
 
     try:
         geo = resolve_gpu(str(request["gpu"]))
@@ -374,7 +374,7 @@ def _mig_plan(
 
 def _mig_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
     """The running layouts' objective in ``problem`` (None when they miss the SLA)."""
-    from greenctl.planner import mig
+    from greenctl.planner.mig import solve as mig
 
     model = mig.MigModel(problem)
     try:
@@ -416,7 +416,7 @@ def _option(request: dict[str, Any], key: str, default: Any, kind: type) -> Any:
 
 def _glet_models(request: dict[str, Any]) -> list[Any]:
     """The request's models as the planner's :class:`GletModel` (variants not resolved)."""
-    from greenctl.planner.glet import GletModel
+    from greenctl.planner.glet.solve import GletModel
 
     models = request.get("models")
     if not isinstance(models, list) or not models:
@@ -442,7 +442,7 @@ def _glet_interference(store: Any, want: Any) -> tuple[Any, dict[Any, Any], list
     that stored model, a plan's record of one (``id`` and ``coefficients``) that model, None
     or False none."""
     from greenctl.data.gpulet_import import get_interference_model, load_utilisation
-    from greenctl.planner.interference import InterferenceModel
+    from greenctl.planner.core.interference import InterferenceModel
 
     if want is None or want is False:
         return None, {}, []
@@ -476,7 +476,7 @@ def _glet_plan(store: Any, request: dict[str, Any], *, current: Plan | None = No
     ``simulate_s`` (0) and ``seed`` (0) of the schedule's check, ``spec`` (recorded)."""
     from greenctl.data.glet_spec import parse_partitions
     from greenctl.data.gpulet_import import load_latency_table, resolve_variant
-    from greenctl.planner.glet import DEFAULT_PARTITIONS, GletModel, GletProblem, plan_glet
+    from greenctl.planner.glet.solve import DEFAULT_PARTITIONS, GletModel, GletProblem, plan_glet
 
     models = _glet_models(request)
     parts = request.get("partitions")
@@ -527,7 +527,7 @@ def _glet_plan(store: Any, request: dict[str, Any], *, current: Plan | None = No
 
 def _glet_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
     """The GPUs the running layout takes in ``problem`` (None when it cannot serve it)."""
-    from greenctl.planner.glet import layout_gpus
+    from greenctl.planner.glet.solve import layout_gpus
 
     gpus, note = layout_gpus(problem, running.extra.get("gpus") or [])
     return (None, note) if gpus is None else (float(gpus), None)
@@ -625,7 +625,7 @@ def _geo_plan(store: Any, request: dict[str, Any], *, current: Plan | None = Non
     paths (and the family), so the plan can be made again from anywhere.
 
     Returns:
-        (the plan, the :class:`~greenctl.planner.geo.GeoRun`: the problem and every
+        (the plan, the :class:`~greenctl.planner.geo.solve.GeoRun`: the problem and every
         algorithm's solution).
     """
     import numpy as np
@@ -635,7 +635,7 @@ def _geo_plan(store: Any, request: dict[str, Any], *, current: Plan | None = Non
         read_variants,
         variants_from_store,
     )
-    from greenctl.planner import geo
+    from greenctl.planner.geo import solve as geo
 
     family = request.get("family")
     if family is not None and not isinstance(family, str):

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from greenctl.data.errors import ExecutorError, InputError
 from greenctl.executor import oip
-from greenctl.planner.loads import check_arrivals
+from greenctl.planner.core.loads import check_arrivals
 
 
 @dataclass

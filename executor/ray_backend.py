@@ -136,7 +136,7 @@ def _serve_classes() -> tuple[Any, Any, Any]:
         def __init__(
             self, routes: dict[str, list[dict[str, Any]]], policy: str, *handles: Any
         ) -> None:
-            from greenctl.planner.policy import SmoothWRR
+            from greenctl.planner.core.policy import SmoothWRR
 
             self.policy = policy
             self.routes: dict[str, list[dict[str, Any]]] = {}

@@ -8,7 +8,7 @@ measures exactly that part (see there); this module holds the measurement record
 and rates use (:func:`serving_overheads`).
 
 Each row keeps 100 quantiles of the serving path, which
-:func:`greenctl.planner.evaluate.predict` adds to a plan's model latency.
+:func:`greenctl.planner.core.evaluate.predict` adds to a plan's model latency.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from greenctl.data import serving_rows as serving_rows_db
 from greenctl.data.records import utcnow_iso
 from greenctl.data.resources import kind_of
 from greenctl.data.store import Store
-from greenctl.planner.service import service_time
+from greenctl.planner.core.service import service_time
 
 if TYPE_CHECKING:
-    from greenctl.planner.evaluate import ServingPath
+    from greenctl.planner.core.evaluate import ServingPath
 
 DEFAULT_RATES = (10.0, 40.0, 160.0)
 PATHS = ("dispatcher", "direct")
@@ -135,8 +135,8 @@ def serving_overheads(
     import math
     import statistics
 
-    from greenctl.planner.evaluate import ServingPath
-    from greenctl.planner.latency import ServiceTime
+    from greenctl.planner.core.evaluate import ServingPath
+    from greenctl.planner.core.latency import ServiceTime
 
     profiles: dict[tuple[str, str], dict[int, Any]] = {}  # one query per (variant, resource)
 

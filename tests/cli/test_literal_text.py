@@ -112,7 +112,7 @@ def test_replan_prints_its_reason_literally(cli, store, wide):
     names = (f"t{ODD}s", f"t{ODD}l")
     _tiny(store, names)
     carbon_io.import_bundled(store, "clover-ciso-march")
-    from greenctl.planner import mix
+    from greenctl.planner.mix import solve as mix
 
     req = {"model": "tiny", "rate_rps": 50, "slo_ms": 100, "budgets": {"cpu": 4},
            "carbon_intensity": 124.57}  # fmt: skip

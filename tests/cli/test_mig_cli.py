@@ -156,7 +156,7 @@ def _real_efficientnet(store, source: str, created_at: str) -> dict:
     from dataclasses import replace
 
     from greenctl.data.mig_geometry import resolve_gpu
-    from greenctl.planner.synthetic import synthetic_family
+    from greenctl.planner.core.synthetic import synthetic_family
     from greenctl.profiler.models import builtin_variants
 
     _, rows = synthetic_family(resolve_gpu("H200"), "efficientnet")

@@ -24,7 +24,7 @@ def prepared_db(tmp_path_factory) -> Path:
         save_interference_model,
     )
     from greenctl.data.store import open_store
-    from greenctl.planner.interference import FEATURES, fit_interference
+    from greenctl.planner.core.interference import FEATURES, fit_interference
 
     path = tmp_path_factory.mktemp("glet") / "base.db"
     with open_store(path) as store:

@@ -91,7 +91,7 @@ def test_errors_and_exit_codes(cli, tiny_store, args, code, text):
 
 
 def test_strategies_and_cbc(cli, tiny_store):
-    from greenctl.planner.solvers import find_cbc
+    from greenctl.planner.core.solvers import find_cbc
 
     values = {}
     runs = [["--strategy", "ilp"], ["--strategy", "greedy"], ["--strategy", "single"]]

@@ -237,7 +237,7 @@ def test_export_import_keeps_the_source(cli, emulated_store, tmp_path):
 
 def test_plan_mig_on_emulated_rows_carries_the_label(cli, store):
     from greenctl.data.mig_geometry import resolve_gpu
-    from greenctl.planner.synthetic import synthetic_family
+    from greenctl.planner.core.synthetic import synthetic_family
 
     variants, profiles = synthetic_family(resolve_gpu("H100-80GB"), "efficientnet")
     with store.transaction():

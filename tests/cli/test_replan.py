@@ -50,7 +50,7 @@ def tiny(store):
             )
     store.add_profiles(rows)
     carbon_io.import_bundled(store, "clover-ciso-march")
-    from greenctl.planner import mix
+    from greenctl.planner.mix import solve as mix
 
     req = {
         "model": "tiny",
@@ -297,8 +297,8 @@ def test_parse_duration(text, seconds):
 def test_mig_plan_replans_with_clover_objective(store):
     """A Clover MIG plan (synthetic A30 profiles) is redone at the new carbon intensity."""
     from greenctl.data.mig_geometry import resolve_gpu
-    from greenctl.planner import mig
-    from greenctl.planner.synthetic import synthetic_family
+    from greenctl.planner.core.synthetic import synthetic_family
+    from greenctl.planner.mig import solve as mig
 
     geo = resolve_gpu("A30")
     variants, profiles = synthetic_family(geo, "albert")
@@ -459,7 +459,7 @@ def test_after_a_reboot_stale_rows_do_not_count_as_serving(tiny):
 
 
 def _other_plan(store):
-    from greenctl.planner import mix
+    from greenctl.planner.mix import solve as mix
 
     req = {"model": "tiny", "rate_rps": 250, "slo_ms": 100, "budgets": {"cpu": 4},
            "carbon_intensity": 124.57, "gamma": 0.5}  # fmt: skip

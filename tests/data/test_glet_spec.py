@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from greenctl.data.errors import FileFormatError, InputError
 from greenctl.data.glet_spec import load_glet_spec, parse_model_arg, parse_partitions
-from greenctl.planner.glet_model import ALGORITHMS
+from greenctl.planner.glet.model import ALGORITHMS
 
 
 def test_model_arg():

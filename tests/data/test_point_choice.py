@@ -18,8 +18,8 @@ from greenctl.data.records import (
     point_preference,
     source_rank,
 )
-from greenctl.planner.mig_problem import build_problem
-from greenctl.planner.synthetic import synthetic_family
+from greenctl.planner.core.synthetic import synthetic_family
+from greenctl.planner.mig.problem import build_problem
 
 HW = "NVIDIA H200"
 T1, T2, T3 = "2026-01-01T00:00:00Z", "2026-02-01T00:00:00Z", "2026-03-01T00:00:00Z"

@@ -42,7 +42,7 @@ ALLOWED = {
     # plan kinds ("mig" plans), not resource kinds: the plan-kind registry's business
     # (replan's two moved into it: executor/kinds.py's objective hook)
     ("executor/k8s_export.py", "plan.kind == 'mig'"),
-    ("planner/mig.py", "current.kind != 'mig'"),
+    ("planner/mig/solve.py", "current.kind != 'mig'"),
     # a torch device name, not a resource kind
     ("profiler/runner.py", "device != 'cpu'"),
     # an energy meter's kind ("cpu" RAPL or "nvml"), not a resource kind

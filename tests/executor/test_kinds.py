@@ -89,7 +89,7 @@ def gpulet(store, reference):
         load_utilisation,
         save_interference_model,
     )
-    from greenctl.planner.interference import FEATURES, fit_interference
+    from greenctl.planner.core.interference import FEATURES, fit_interference
 
     import_gpulet(store, reference / "gpulet" / "data")
     fit = fit_interference(
@@ -126,7 +126,7 @@ def test_a_glet_plan_is_planned_again_from_its_request(cli, gpulet):
 def test_a_glet_layout_that_cannot_carry_the_load_is_not_scored(cli, gpulet):
     import dataclasses
 
-    from greenctl.planner.glet import layout_gpus
+    from greenctl.planner.glet.solve import layout_gpus
 
     r = cli(
         "plan", "glet", "--model", "resnet50:400:25", "--simulate-seconds", "0", "--json",

@@ -15,8 +15,8 @@ from greenctl.executor.serving import (
     serving_rows,
 )
 from greenctl.executor.serving_measure import measure_serving
-from greenctl.planner.evaluate import ServingPath
-from greenctl.planner.latency import ServiceTime
+from greenctl.planner.core.evaluate import ServingPath
+from greenctl.planner.core.latency import ServiceTime
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -226,7 +226,7 @@ def test_one_stalled_rate_cannot_drag_the_served_tail(store):
     from dataclasses import replace
 
     from greenctl.data.records import Variant
-    from greenctl.planner.evaluate import predict, profiles_by_key
+    from greenctl.planner.core.evaluate import predict, profiles_by_key
 
     _tiny_s_profile(
         store, throughput_rps=380.0, latency_p50_ms=2.59, latency_p95_ms=3.19, latency_p99_ms=3.25
@@ -318,7 +318,7 @@ def test_served_runs_measured_on_a_gpu_apply_to_that_gpu_only(store):
     batches carried (here 4, between the profiled 1 and 8: 1.857 ms)."""
     from dataclasses import replace
 
-    from greenctl.planner.evaluate import build_instances, served_service
+    from greenctl.planner.core.evaluate import build_instances, served_service
 
     _gpu_profiles(store)
     row = replace(

@@ -1,5 +1,5 @@
 """Dynamic batching: the padding rule in one place, the batch service model, and the
-simulator and the analytic model of an executor that batches (greenctl.planner.queueing)."""
+simulator and the analytic model of an executor that batches (greenctl.planner.core.queueing)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from greenctl.data import batching as bt
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
-from greenctl.planner.evaluate import build_instances, predict
-from greenctl.planner.latency import BatchService, ServiceTime
-from greenctl.planner.loads import poisson_arrivals
-from greenctl.planner.queueing import (
+from greenctl.planner.core.evaluate import build_instances, predict
+from greenctl.planner.core.latency import BatchService, ServiceTime
+from greenctl.planner.core.loads import poisson_arrivals
+from greenctl.planner.core.queueing import (
     batch_capacity_at_slo,
     batch_capacity_rps,
     dynamic_batch,
 )
-from greenctl.planner.service import batch_service
-from greenctl.planner.simulator import batch_queue, simulate
+from greenctl.planner.core.service import batch_service
+from greenctl.planner.core.simulator import batch_queue, simulate
 from greenctl.profiler import runner
 
 # resnet152 on an NVIDIA H200 (bench/results/h200-2026-11-26/profiles.csv): p50, p95, p99 ms

@@ -9,7 +9,7 @@ import pytest
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
-from greenctl.planner.evaluate import PREDICTED_KEYS, build_instances, predict
+from greenctl.planner.core.evaluate import PREDICTED_KEYS, build_instances, predict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

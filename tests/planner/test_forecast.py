@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from greenctl.data.errors import FileFormatError, InputError
 from greenctl.data.traces import read_rps_trace
-from greenctl.planner import forecast as fc
+from greenctl.planner.core import forecast as fc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -7,7 +7,8 @@ import pytest
 from greenctl.data.errors import InfeasiblePlan, InputError
 from greenctl.data.geo_io import GeoProblem
 from greenctl.data.resources import parse_resource
-from greenctl.planner.geo import (
+from greenctl.planner.geo.lp import build_network, greedy_full, solve_flow_lp
+from greenctl.planner.geo.solve import (
     ALGORITHMS,
     GeoOptions,
     _aux_target,
@@ -17,7 +18,6 @@ from greenctl.planner.geo import (
     site_resource,
     solve,
 )
-from greenctl.planner.geo_lp import build_network, greedy_full, solve_flow_lp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -286,7 +286,7 @@ def test_site_resource_labels_parse(name: str) -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_site_load_lp_with_hall_cuts_equals_flow_lp(seed: int) -> None:
-    from greenctl.planner.geo_lp import hall_cuts, recover_flows, solve_site_lp
+    from greenctl.planner.geo.lp import hall_cuts, recover_flows, solve_site_lp
 
     rng = np.random.default_rng(seed)
     routes = rng.random((5, 5)) < 0.4

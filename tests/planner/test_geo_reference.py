@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from greenctl.data.eglb_convert import convert_eglb
 from greenctl.data.geo_io import load_geo_problem
-from greenctl.planner.geo import allocation_violations, evaluate, solve
+from greenctl.planner.geo.solve import allocation_violations, evaluate, solve
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 from greenctl.data.errors import InfeasiblePlan, InputError
-from greenctl.planner.glet import (
+from greenctl.planner.core.interference import InterferenceModel
+from greenctl.planner.glet.solve import (
     ALGORITHMS,
     Compiled,
     GletModel,
@@ -15,7 +16,6 @@ from greenctl.planner.glet import (
     plan_glet,
     schedule,
 )
-from greenctl.planner.interference import InterferenceModel
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -64,7 +64,7 @@ def ref():
     if not GPULET.is_dir():
         pytest.skip("gpulet reference data not available")
     from greenctl.data.gpulet_import import read_gpulet_dir
-    from greenctl.planner.interference import fit_interference
+    from greenctl.planner.core.interference import fit_interference
 
     data = read_gpulet_dir(GPULET)
     lat: dict = {}
@@ -185,9 +185,9 @@ def test_reference_schedules_meet_slo(ref, algorithm):
 def test_reference_schedule_under_simulated_poisson_load(ref):
     """The schedule holds up in simulation: time-shared cycles and the core's batch policy."""
     import numpy as np
-    from greenctl.planner.glet_verify import simulate_glet_plan
-    from greenctl.planner.latency import ServiceTime
-    from greenctl.planner.simulator import batch_queue
+    from greenctl.planner.core.latency import ServiceTime
+    from greenctl.planner.core.simulator import batch_queue
+    from greenctl.planner.glet.verify import simulate_glet_plan
 
     rates = {"resnet50": 800, "vgg19": 400, "densenet121": 200, "mobilenet": 100, "inception": 400}
     problem = ref_problem(ref, rates)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from greenctl.data.errors import InputError
-from greenctl.planner.interference import InterferenceModel, fit_interference
+from greenctl.planner.core.interference import InterferenceModel, fit_interference
 
 GPULET = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "gpulet" / "data"
 

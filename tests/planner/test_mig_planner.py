@@ -12,9 +12,9 @@ from greenctl.data.errors import InfeasiblePlan, InputError, NotFoundError
 from greenctl.data.mig_geometry import Placement, is_valid_layout, resolve_gpu
 from greenctl.data.plan import Plan
 from greenctl.data.records import Profile, Variant
-from greenctl.planner.mig import Config, MigModel, build_problem, plan_mig, tidy
-from greenctl.planner.mig_exact import ilp_size, solve_exact, verify_config
-from greenctl.planner.synthetic import clover_accuracy, synthetic_family
+from greenctl.planner.core.synthetic import clover_accuracy, synthetic_family
+from greenctl.planner.mig.exact import ilp_size, solve_exact, verify_config
+from greenctl.planner.mig.solve import Config, MigModel, build_problem, plan_mig, tidy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -277,7 +277,7 @@ def test_anneal_warm_starts_from_the_current_plan_and_random_is_reproducible():
 def test_anneal_neighbours_stay_within_graph_edit_distance_four():
     import random
 
-    from greenctl.planner.mig_anneal import config_graph, graph_distance, neighbour
+    from greenctl.planner.mig.anneal import config_graph, graph_distance, neighbour
 
     model = MigModel(problem("A100-40GB", "efficientnet", gpus=3))
     rng = random.Random(0)
@@ -333,7 +333,7 @@ def test_time_limit_stops_the_heuristics_and_is_validated():
 
 
 def test_a_disagreeing_simulator_tightens_the_capacity_sla_and_re_solves(monkeypatch):
-    from greenctl.planner import mig_sim
+    from greenctl.planner.mig import sim as mig_sim
 
     calls = []
 

@@ -8,8 +8,9 @@ import pytest
 from greenctl.data.errors import InfeasiblePlan, InputError, NotFoundError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
-from greenctl.planner import mix, solvers
-from greenctl.planner.mix import (
+from greenctl.planner.core import solvers
+from greenctl.planner.mix import solve as mix
+from greenctl.planner.mix.solve import (
     MixFamily,
     MixOption,
     MixProblem,
@@ -356,8 +357,8 @@ def _records(latency_only: bool = False):
 
 
 def test_every_instance_meets_the_slo_under_the_evaluation_core():
-    from greenctl.planner.latency import ServiceTime
-    from greenctl.planner.queueing import latency_quantile_ms
+    from greenctl.planner.core.latency import ServiceTime
+    from greenctl.planner.core.queueing import latency_quantile_ms
 
     variants, profiles = _records(latency_only=True)
     req = {
@@ -527,7 +528,7 @@ def test_a_slow_served_run_sizes_the_plan_on_served_capacity():
     """A CPU variant whose served runs take 2x its back-to-back profile (plus executor CPU)
     gets about half the capacity per instance, so the plan needs about twice the cores; the
     predicted latency counts the served runs; off CPU the CPU-measured path is not applied."""
-    from greenctl.planner.evaluate import ServingPath
+    from greenctl.planner.core.evaluate import ServingPath
 
     variants = [Variant("v", "m", accuracy=0.8)]
     profiles = [

@@ -8,8 +8,9 @@ from contextlib import contextmanager
 
 import pytest
 from greenctl.data.plan import Deployment
-from greenctl.planner import mix, mix_decomp
-from greenctl.planner.mix import MixFamily, MixOption, MixProblem, MixVariant, plan_mix
+from greenctl.planner.mix import decomp as mix_decomp
+from greenctl.planner.mix import solve as mix
+from greenctl.planner.mix.solve import MixFamily, MixOption, MixProblem, MixVariant, plan_mix
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

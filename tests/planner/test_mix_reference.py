@@ -6,7 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from greenctl.planner.mix import build_mix_problem, plan_mix
+from greenctl.planner.mix.solve import build_mix_problem, plan_mix
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
 

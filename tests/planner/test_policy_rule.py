@@ -21,9 +21,9 @@ from greenctl.executor import ray_backend
 from greenctl.executor.apply import apply_plan
 from greenctl.executor.dispatcher import ModelRoute
 from greenctl.executor.k8s_export import build_k8s_export
-from greenctl.planner import simulator
-from greenctl.planner.policy import POLICIES, SmoothWRR, default_policy, plan_policy
-from greenctl.planner.simulator import evaluate_plan, stride_assign
+from greenctl.planner.core import simulator
+from greenctl.planner.core.policy import POLICIES, SmoothWRR, default_policy, plan_policy
+from greenctl.planner.core.simulator import evaluate_plan, stride_assign
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from greenctl.data.errors import InputError
 from greenctl.data.records import Profile
-from greenctl.planner.latency import SIGMA_MAX, ServiceTime
-from greenctl.planner.queueing import (
+from greenctl.planner.core.latency import SIGMA_MAX, ServiceTime
+from greenctl.planner.core.queueing import (
     batch_capacity_at_slo,
     batch_latency_quantile_ms,
     capacity_at_slo,

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from greenctl.data.records import Profile
-from greenctl.planner.latency import ServiceTime
-from greenctl.planner.mix import build_mix_problem, plan_mix
-from greenctl.planner.queueing import capacity_at_slo
-from greenctl.planner.service import load_test_row, service_time
-from greenctl.planner.simulator import evaluate_plan, pick_profiles
+from greenctl.planner.core.latency import ServiceTime
+from greenctl.planner.core.queueing import capacity_at_slo
+from greenctl.planner.core.service import load_test_row, service_time
+from greenctl.planner.core.simulator import evaluate_plan, pick_profiles
+from greenctl.planner.mix.solve import build_mix_problem, plan_mix
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
 

@@ -7,15 +7,15 @@ import pytest
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
-from greenctl.planner.evaluate import (
+from greenctl.planner.core.evaluate import (
     ServingPath,
     build_instances,
     cold_fraction,
     predict,
     warm_service,
 )
-from greenctl.planner.latency import ServiceTime
-from greenctl.planner.queueing import mgc_model, with_overhead
+from greenctl.planner.core.latency import ServiceTime
+from greenctl.planner.core.queueing import mgc_model, with_overhead
 
 HOT = dict(latency_p50_ms=2.0, latency_p95_ms=2.6, latency_p99_ms=2.9)
 COLD = dict(isolated_p50_ms=3.6, isolated_p95_ms=4.0, isolated_p99_ms=4.4)
@@ -113,7 +113,7 @@ def test_a_variants_own_serving_path_wins_over_its_models():
 
 
 def test_service_scale_stretches_cpu_instances_only():
-    from greenctl.planner.evaluate import ServingPath
+    from greenctl.planner.core.evaluate import ServingPath
 
     path = ServingPath((1.0,) * 10, 0.0, 1.5)
     plain = predict(_dep(100.0), _profiles(), VARIANTS, rate_rps=100.0, serving=[1.0] * 10)
@@ -129,7 +129,7 @@ def test_service_scale_stretches_cpu_instances_only():
 def test_a_measured_served_run_replaces_the_cold_shift_at_every_load():
     """With service_scale measured, a CPU instance serves at back-to-back x scale whatever the
     load (no cold-run shift); without it (noop stand-in) the cold shift still applies."""
-    from greenctl.planner.evaluate import served_service
+    from greenctl.planner.core.evaluate import served_service
 
     (inst,) = build_instances(_dep(10.0), _profiles(**COLD))
     measured = ServingPath((0.5,) * 10, 0.0, 1.8)  # served runs 1.8x the 2.0 ms back-to-back
@@ -171,7 +171,7 @@ def test_a_measured_served_tail_shapes_the_service():
     """Served p50/p95/p99 are the back-to-back ones times the measured ratios; p50 alone
     stretches the back-to-back shape; the served instance's p95 then exceeds the plain
     stretch."""
-    from greenctl.planner.evaluate import served_service, stretched_service
+    from greenctl.planner.core.evaluate import served_service, stretched_service
 
     (inst,) = build_instances(_dep(10.0), _profiles())
     hot = inst.service

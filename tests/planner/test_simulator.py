@@ -11,15 +11,15 @@ from greenctl.data.errors import FileFormatError, InputError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
 from greenctl.data.traces import read_rps_trace as read_trace
-from greenctl.planner.evaluate import PREDICTED_KEYS, predict
-from greenctl.planner.latency import ServiceTime
-from greenctl.planner.loads import poisson_arrivals, trace_arrivals
-from greenctl.planner.queueing import (
+from greenctl.planner.core.evaluate import PREDICTED_KEYS, predict
+from greenctl.planner.core.latency import ServiceTime
+from greenctl.planner.core.loads import poisson_arrivals, trace_arrivals
+from greenctl.planner.core.queueing import (
     batch_latency_quantile_ms,
     erlang_c,
     pooled_latency_quantile_ms,
 )
-from greenctl.planner.simulator import (
+from greenctl.planner.core.simulator import (
     batch_queue,
     fifo_queue,
     lindley_queue,
@@ -320,7 +320,7 @@ def test_twitter_trace_replay(reference):
 def test_arrivals_beyond_the_one_limit_are_refused_before_allocating():
     """Every run (simulate, loadgen, direct callers) holds at most MAX_ARRIVALS arrivals."""
     from greenctl.data.errors import InputError
-    from greenctl.planner.loads import MAX_ARRIVALS, poisson_arrivals
+    from greenctl.planner.core.loads import MAX_ARRIVALS, poisson_arrivals
 
     with pytest.raises(InputError, match="at most 10,000,000"):
         poisson_arrivals(1e6, duration_s=1e5)

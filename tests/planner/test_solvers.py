@@ -19,7 +19,7 @@ import pytest
 from greenctl.data.eglb_convert import convert_eglb
 from greenctl.data.errors import GreenctlError, InfeasiblePlan, InputError
 from greenctl.data.records import Profile, Variant
-from greenctl.planner import solvers
+from greenctl.planner.core import solvers
 
 REPO = Path(__file__).resolve().parents[2]
 MAIN = "from greenctl.cli.main import main; main()"
@@ -106,7 +106,7 @@ def test_plan_mig_json_in_a_fresh_process(cli) -> None:
 
 def test_first_construction_prints_nothing_and_restores_stdout() -> None:
     code = (
-        "import os\nfrom greenctl.planner import solvers\n"
+        "import os\nfrom greenctl.planner.core import solvers\n"
         "print('before', flush=True)\nsolvers.new_highs()\nsolvers.new_highs()\n"
         "print('after', flush=True)\nos.write(1, b'fd1\\n')\n"
     )
@@ -219,8 +219,8 @@ def test_a_highs_run_that_does_not_solve_is_exit_1_not_infeasible(
 def test_pulp_models_solve_without_deprecation_warnings(cli, tiny_store) -> None:
     """PuLP 3.3 warns about every API PuLP 4 removes; greenctl uses none of them."""
     from greenctl.data.mig_geometry import resolve_gpu
-    from greenctl.planner.mig import build_problem, plan_mig
-    from greenctl.planner.synthetic import synthetic_family
+    from greenctl.planner.core.synthetic import synthetic_family
+    from greenctl.planner.mig.solve import build_problem, plan_mig
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from greenctl.planner.synthetic import clover_accuracy
+from greenctl.planner.core.synthetic import clover_accuracy
 from greenctl.profiler import models
 from greenctl.profiler.models import builtin_variants, load_model
 

@@ -1,7 +1,7 @@
 """The ``plan mig`` problem: its inputs and how they are built from profiles.
 
 :class:`MigProblem` and :func:`build_problem`, shared by the planner
-(:mod:`greenctl.planner.mig`), the serving model and the solvers.
+(:mod:`greenctl.planner.mig.solve`), the serving model and the solvers.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from greenctl.data.mig_geometry import (
 )
 from greenctl.data.records import Profile, Variant, point_preference
 from greenctl.data.resources import PIN_MIG_INSTANCE, kind_of
-from greenctl.planner.latency import ServiceTime
-from greenctl.planner.service import service_time
+from greenctl.planner.core.latency import ServiceTime
+from greenctl.planner.core.service import service_time
 
 J_PER_KWH = 3.6e6
 # Relative shortfall of capacity treated as the capacity bisection's rounding, not overload.

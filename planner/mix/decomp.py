@@ -60,8 +60,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from greenctl.data.errors import InfeasiblePlan
-from greenctl.planner import mix_model
-from greenctl.planner.mix_model import Allocation, MixProblem, Terms
+from greenctl.planner.mix import model as mix_model
+from greenctl.planner.mix.model import Allocation, MixProblem, Terms
 
 #: Enumeration limits per family (nodes of the search, plans kept); past them: fall back.
 MAX_NODES = 30_000

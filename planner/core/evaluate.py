@@ -1,16 +1,16 @@
 """Predict what a serving configuration does under a load: the plan's ``predicted`` block.
 
-:func:`predict` is the analytic twin of :func:`greenctl.planner.simulator.simulate`; both
+:func:`predict` is the analytic twin of :func:`greenctl.planner.core.simulator.simulate`; both
 return the same keys (:data:`PREDICTED_KEYS`). The shared pieces (instances, load split,
 energy/carbon/water/cost accounting) live here so the two agree on everything but latency.
 
 Dispatch policies (the list, and the rule that picks a plan's, are
-:mod:`greenctl.planner.policy`'s):
+:mod:`greenctl.planner.core.policy`'s):
 
 - ``fifo``: one central FIFO queue per model over all its instances (Clover's
   producer/consumer); a request goes to the fastest idle instance, else to the first to
   free up. Heterogeneous instances use the pooled M/G/c approximation of
-  :func:`greenctl.planner.queueing.pooled_latency_quantile_ms`.
+  :func:`greenctl.planner.core.queueing.pooled_latency_quantile_ms`.
 - ``wrr``: weighted round-robin over deployments by ``quota_rps`` (InfAdapter), round-robin
   over a deployment's instances; each instance is a G/G/1 queue whose arrivals are a
   fraction ``p`` of one Poisson stream spread evenly (stride scheduling), so ``ca2 = p``.
@@ -19,8 +19,8 @@ Dispatch policies (the list, and the rule that picks a plan's, are
   request (the executors' :data:`~greenctl.data.batching.DEFAULT_MAX_WAIT_MS`, or a glet's
   planned ``placement["duty_cycle_ms"]``) and runs for the time of its padded size, from the
   profiles at every measured batch size of the (variant, resource)
-  (:func:`greenctl.planner.service.batch_service`,
-  :func:`greenctl.planner.queueing.dynamic_batch`).
+  (:func:`greenctl.planner.core.service.batch_service`,
+  :func:`greenctl.planner.core.queueing.dynamic_batch`).
 
 Load split: over models by ``rate_rps`` when it is a dict, else in proportion to their
 quotas when every deployment has one, else to their capacity. Over deployments of a model
@@ -46,9 +46,9 @@ from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
 from greenctl.data.resources import kind_of
-from greenctl.planner.latency import BatchService, ServiceTime
-from greenctl.planner.policy import check_policy_name
-from greenctl.planner.queueing import (
+from greenctl.planner.core.latency import BatchService, ServiceTime
+from greenctl.planner.core.policy import check_policy_name
+from greenctl.planner.core.queueing import (
     LatencyModel,
     batch_capacity_rps,
     dynamic_batch,
@@ -57,7 +57,7 @@ from greenctl.planner.queueing import (
     pooled_shares,
     with_overhead,
 )
-from greenctl.planner.service import batch_service, service_time
+from greenctl.planner.core.service import batch_service, service_time
 
 PREDICTED_KEYS = (
     "rate_rps",
@@ -106,7 +106,7 @@ class Instance:
     @property
     def capacity_rps(self) -> float:
         """Requests per second this instance completes when always busy (a batching one:
-        as its executor batches when saturated, :func:`~greenctl.planner.queueing.batch_capacity_rps`)."""
+        as its executor batches when saturated, :func:`~greenctl.planner.core.queueing.batch_capacity_rps`)."""
         if self.batches is not None:
             return batch_capacity_rps(self.batches)
         return 1000.0 * self.batch / self.service.mean_ms

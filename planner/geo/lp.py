@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from greenctl.planner import solvers
+from greenctl.planner.core import solvers
 
 INF = float("inf")
 
@@ -126,7 +126,7 @@ def _colwise_lp(
 
 
 # Small LPs (one MPC window): presolve costs more than it saves. (Threads: one count for
-# the whole process, see greenctl.planner.solvers.)
+# the whole process, see greenctl.planner.core.solvers.)
 SMALL_LP_OPTIONS: dict[str, object] = {"presolve": "off"}
 
 

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 import networkx as nx
-from greenctl.planner.mig_model import Config, Evaluation, MigModel, SolveResult
+from greenctl.planner.mig.model import Config, Evaluation, MigModel, SolveResult
 
 MAX_DISTANCE = 4
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from greenctl.data.plan import Deployment
 
 if TYPE_CHECKING:
-    from greenctl.planner.mig_model import Config, MigModel
+    from greenctl.planner.mig.model import Config, MigModel
 
 
 def config_deployments(
@@ -48,7 +48,7 @@ def simulate_p95(
     ``policy="fifo"`` simulates Clover's central FIFO queue over every instance instead
     (quotas ignored, idle-quota instances serve too), for reference.
     """
-    from greenctl.planner.simulator import simulate
+    from greenctl.planner.core.simulator import simulate
 
     records = {
         (o.variant, f"mig:{o.profile}", 1): o.record for o in model.pairs if o.record is not None

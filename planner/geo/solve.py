@@ -34,7 +34,7 @@ import numpy as np
 from greenctl.data.errors import InfeasiblePlan, InputError
 from greenctl.data.geo_io import GeoProblem, GeoVariants
 from greenctl.data.plan import Deployment, Plan
-from greenctl.planner.geo_lp import (
+from greenctl.planner.geo.lp import (
     SMALL_LP_OPTIONS,
     Network,
     StepLP,

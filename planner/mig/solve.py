@@ -15,14 +15,14 @@ Additivity (the configuration graph view): only two things matter for ``f`` and 
 the number of GPUs using each slice *multiset* (layouts with the same profiles are
 interchangeable) and the number of instances of each (variant, profile) *pair*. Placement
 is reconstructed afterwards (:func:`assign_gpus`). So a configuration is a pair of count
-vectors whose length does not depend on ``N``; see :mod:`greenctl.planner.mig_exact`.
+vectors whose length does not depend on ``N``; see :mod:`greenctl.planner.mig.exact`.
 
 Serving model shared by every solver (so their objectives compare):
 
 * Dispatch: requests are routed by quota (the plan's deployments, policy ``wrr``, the
   evaluation core's weighted round-robin) to instances; every instance serves its share
   through its own FIFO queue, an M/G/1 queue of the evaluation core
-  (:mod:`greenctl.planner.queueing`). Load is split evenly over a class's instances
+  (:mod:`greenctl.planner.core.queueing`). Load is split evenly over a class's instances
   (a class = one (variant, profile) pair).
 * Linearised SLA: the p95 of a mixture of queues is nonlinear in the loads, but every
   queue meeting the SLA implies the mixture does, and an M/G/1 queue meets it exactly up to
@@ -55,7 +55,7 @@ from greenctl.data.records import estimate_label
 
 # The problem and the serving model live in mig_problem / mig_model, which the solvers
 # import too (so none of them imports this module); re-exported here for callers.
-from greenctl.planner.mig_model import (
+from greenctl.planner.mig.model import (
     FIFO_MAX_INSTANCES,
     Config,
     Evaluation,
@@ -68,7 +68,7 @@ from greenctl.planner.mig_model import (
     instance_capacity,
     tidy,
 )
-from greenctl.planner.mig_problem import (
+from greenctl.planner.mig.problem import (
     CAPACITY_TOL,
     J_PER_KWH,
     MigProblem,
@@ -202,7 +202,7 @@ def plan_mig(
             raise InfeasiblePlan(f"CO2OPT: {co2_desc}", hint="relax --sla-ms or add GPUs")
         config, info = co2_cfg, {"name": "baseline:co2opt"}
     elif solver == "exact":
-        from greenctl.planner.mig_exact import solve_exact_verified
+        from greenctl.planner.mig.exact import solve_exact_verified
 
         res = solve_exact_verified(problem, model, time_limit_s=time_limit_s, verify=verify)
         config, info, model = res.config, res.info, res.info.pop("_model", model)
@@ -211,11 +211,11 @@ def plan_mig(
             config_from_gpus(model, current_gpus, source="--current plan") if current_gpus else None
         )
         if solver == "anneal":
-            from greenctl.planner.mig_anneal import anneal
+            from greenctl.planner.mig.anneal import anneal
 
             res = anneal(model, start=start, time_limit_s=time_limit_s, seed=seed)
         else:
-            from greenctl.planner.mig_random import random_search
+            from greenctl.planner.mig.random_search import random_search
 
             res = random_search(model, time_limit_s=time_limit_s, seed=seed)
         config, info = res.config, res.info

@@ -2,8 +2,8 @@
 
 The problem (:class:`GletProblem`), its compiled tables (:class:`Compiled`), the schedule
 state (:class:`State`, :class:`Gpu`, :class:`Glet`) and small helpers on them. The
-duty-cycle rule and the algorithms are described in :mod:`greenctl.planner.glet`; the
-exhaustive search (:mod:`greenctl.planner.glet_ideal`) imports this, not ``glet``.
+duty-cycle rule and the algorithms are described in :mod:`greenctl.planner.glet.solve`; the
+exhaustive search (:mod:`greenctl.planner.glet.ideal`) imports this, not ``glet``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from greenctl.data.errors import InputError
 from greenctl.data.resources import RESOURCE_KINDS, parse_resource
-from greenctl.planner.interference import InterferenceModel
+from greenctl.planner.core.interference import InterferenceModel
 
 DEFAULT_PARTITIONS = ("mps:20", "mps:40", "mps:50", "mps:60", "mps:80", "mps:100")
 ALGORITHMS = ("glet", "sbp", "greedy", "ideal")

@@ -1,6 +1,6 @@
 """Discrete-event simulation of a serving configuration: the check on the analytic path.
 
-Requests arrive (Poisson or a trace, :mod:`greenctl.planner.loads`), are split over models
+Requests arrive (Poisson or a trace, :mod:`greenctl.planner.core.loads`), are split over models
 in proportion to their rates (independent thinning, so each model sees a Poisson stream),
 and are dispatched by a policy:
 
@@ -20,9 +20,9 @@ and are dispatched by a policy:
   at most ``depth`` batches are in flight (2 on GPUs, whose runner pads a batch to a prepared
   size; 1 on CPUs), the dispatcher lets at most ``batch + 1`` requests into an executor, and
   a batch of ``r`` rows runs for a draw of the service model at its padded size
-  (:class:`~greenctl.planner.latency.BatchService`).
+  (:class:`~greenctl.planner.core.latency.BatchService`).
 
-Service times are drawn from each instance's :class:`~greenctl.planner.latency.ServiceTime`.
+Service times are drawn from each instance's :class:`~greenctl.planner.core.latency.ServiceTime`.
 The first ``warmup_frac`` of requests are left out of the latency statistics. A bounded
 queue (``queue_limit`` waiting requests per queue) drops arrivals that find it full
 (``fifo`` and ``wrr``).
@@ -42,7 +42,7 @@ from greenctl.data.batching import DEFAULT_MAX_WAIT_MS
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan, check_families
 from greenctl.data.records import Profile, Variant
-from greenctl.planner.evaluate import (
+from greenctl.planner.core.evaluate import (
     PREDICTED_KEYS,
     Instance,
     account,
@@ -52,10 +52,10 @@ from greenctl.planner.evaluate import (
     served_batches,
     split_load,
 )
-from greenctl.planner.latency import BatchService, ServiceTime
-from greenctl.planner.loads import check_arrivals, poisson_arrivals
-from greenctl.planner.policy import SmoothWRR, plan_policy
-from greenctl.planner.service import load_test_row
+from greenctl.planner.core.latency import BatchService, ServiceTime
+from greenctl.planner.core.loads import check_arrivals, poisson_arrivals
+from greenctl.planner.core.policy import SmoothWRR, plan_policy
+from greenctl.planner.core.service import load_test_row
 
 
 @dataclass
@@ -170,7 +170,7 @@ def fifo_queue(
 # -- wrr: stride dispatch + Lindley ---------------------------------------------------------
 def stride_assign(shares: Sequence[float], n: int) -> np.ndarray:
     """Server index of each of ``n`` requests under smooth weighted round robin (stride
-    scheduling): :class:`~greenctl.planner.policy.SmoothWRR`, the dispatcher's own."""
+    scheduling): :class:`~greenctl.planner.core.policy.SmoothWRR`, the dispatcher's own."""
     return np.asarray(SmoothWRR(shares).take(n), dtype=int)
 
 
@@ -365,7 +365,7 @@ def simulate(
     max_wait_ms: float | None = None,
     warmup_frac: float = 0.01,
 ) -> dict[str, Any]:
-    """Simulate a configuration; returns the same keys as :func:`~greenctl.planner.evaluate.predict`.
+    """Simulate a configuration; returns the same keys as :func:`~greenctl.planner.core.evaluate.predict`.
 
     Args:
         rate_rps: Poisson rate, used when ``arrivals_s`` is not given.
@@ -374,7 +374,7 @@ def simulate(
         seed: makes the run reproducible.
         queue_limit: waiting requests per queue beyond which arrivals are dropped.
         warmup_frac: leading fraction of requests left out of latency statistics.
-        Others: as in :func:`~greenctl.planner.evaluate.predict`.
+        Others: as in :func:`~greenctl.planner.core.evaluate.predict`.
 
     The run is ``overloaded`` when the offered rate reaches a queue's capacity, or when
     more than 2 % of the requests (and at least 100) are still queued when arrivals stop;
@@ -594,14 +594,14 @@ def evaluate_plan(
         trace_scale: multiplies the trace.
         duration_s / n_requests: the length of a Poisson run.
         policy: ``fifo``, ``wrr`` or ``batch``, wins over the plan's own; default
-            :func:`~greenctl.planner.policy.plan_policy`, the policy ``apply`` serves with.
+            :func:`~greenctl.planner.core.policy.plan_policy`, the policy ``apply`` serves with.
         analytic: use the fast analytic path instead of the simulator.
         Others: as in :func:`simulate`.
 
     Returns:
         The metrics dict (the plan's ``predicted`` keys).
     """
-    from greenctl.planner.loads import trace_arrivals
+    from greenctl.planner.core.loads import trace_arrivals
 
     if percentile_slo_ms is not None and not (
         math.isfinite(percentile_slo_ms) and percentile_slo_ms > 0
@@ -675,7 +675,7 @@ def evaluate_plan(
 
 
 def _check_requests(expected: float, what: str) -> None:
-    """Refuse a run of more than :data:`~greenctl.planner.loads.MAX_ARRIVALS` requests."""
+    """Refuse a run of more than :data:`~greenctl.planner.core.loads.MAX_ARRIVALS` requests."""
     check_arrivals(
         expected, what, hint="shorten the run (--duration / --requests), or use --analytic"
     )
@@ -718,7 +718,7 @@ def pick_profiles(
     """One profile per (variant, resource, batch).
 
     With the SLO a variant was sized for (``slo_ms``, by variant name), the load test the
-    mix planner sized it from (:func:`greenctl.planner.service.load_test_row`) when there is
+    mix planner sized it from (:func:`greenctl.planner.core.service.load_test_row`) when there is
     one; otherwise prefer rows with latency percentiles, then without a capacity SLO (a
     plain measurement), then the newest.
     """

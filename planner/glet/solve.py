@@ -47,7 +47,7 @@ Algorithms (``algorithm=``):
 - ``sbp``: Nexus squishy bin packing on whole GPUs (saturated GPUs, residuals merged).
 - ``greedy``: best-fit partitioning without time sharing.
 - ``ideal``: exhaustive search over partition combinations of up to 4 GPUs
-  (:mod:`greenctl.planner.glet_ideal`).
+  (:mod:`greenctl.planner.glet.ideal`).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ from typing import Any
 
 from greenctl.data.errors import InfeasiblePlan, InputError
 from greenctl.data.plan import Deployment, Plan
-from greenctl.planner.glet_ideal import run_ideal
-from greenctl.planner.glet_model import (
+from greenctl.planner.glet.ideal import run_ideal
+from greenctl.planner.glet.model import (
     ALGORITHMS,
     DEFAULT_PARTITIONS,
     EPS,
@@ -601,7 +601,7 @@ def plan_glet(
                 dep.placement["gpus"].append(gpu["index"])
     total = sum(m.rate_rps for m in problem.models)
     if simulate_s > 0:
-        from greenctl.planner.glet_verify import simulate_glet_plan
+        from greenctl.planner.glet.verify import simulate_glet_plan
 
         sim = simulate_glet_plan(
             desc["gpus"],

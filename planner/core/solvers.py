@@ -115,7 +115,7 @@ def new_highs(options: Mapping[str, object] | None = None) -> Any:  # -> highspy
     _set(h, "threads", HIGHS_THREADS)
     for key, value in (options or {}).items():
         if key in _OWNED_OPTIONS:
-            raise ValueError(f"HiGHS option {key!r} is set by greenctl.planner.solvers")
+            raise ValueError(f"HiGHS option {key!r} is set by greenctl.planner.core.solvers")
         _set(h, key, value)
     return h
 

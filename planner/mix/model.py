@@ -4,7 +4,7 @@ The problem data (:class:`MixProblem` and its families, variants and options), t
 objective terms and their evaluation, the flat MILP (:func:`build_model`), the solver calls
 (:func:`solve`, :func:`solve_highs`), the greedy baseline that also warm-starts the ILP, and
 the reading of a solution back into an :data:`Allocation`. The formulation is described in
-:mod:`greenctl.planner.mix`; :mod:`greenctl.planner.mix_decomp` imports it from here, not from
+:mod:`greenctl.planner.mix.solve`; :mod:`greenctl.planner.mix.decomp` imports it from here, not from
 ``mix``, so that ``mix`` can call the decomposition without an import circle.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 from greenctl.data.errors import InfeasiblePlan
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
-from greenctl.planner import solvers
+from greenctl.planner.core import solvers
 
 PERCENTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
 

@@ -1,8 +1,8 @@
 """One service model per (variant, resource): the service time of one instance, built from
 everything its profile rows hold.
 
-The mix planner sizes instances from it, and :func:`greenctl.planner.evaluate.predict` and
-:func:`greenctl.planner.simulator.simulate` evaluate plans with it, so a plan and its
+The mix planner sizes instances from it, and :func:`greenctl.planner.core.evaluate.predict` and
+:func:`greenctl.planner.core.simulator.simulate` evaluate plans with it, so a plan and its
 simulation rest on the same model.
 
 Two kinds of profile rows:
@@ -17,7 +17,7 @@ Two kinds of profile rows:
   12 req/s with a p99 of 704.5 ms, would become a 1.4 req/s server. Instead the service time
   is the one that *reproduces the load test*: an instance fed Poisson arrivals at
   ``capacity_rps`` has, in the evaluation core's queueing model
-  (:func:`greenctl.planner.queueing.capacity_at_slo`), exactly the measured latency at the
+  (:func:`greenctl.planner.core.queueing.capacity_at_slo`), exactly the measured latency at the
   highest percentile the row records (at most ``capacity_slo_ms``). An assumption: the
   service time is deterministic. Among the service times meeting that one measured point it
   has the largest mean, so it is the least optimistic about the instance's speed (resnet34 on
@@ -34,7 +34,7 @@ from functools import lru_cache
 from greenctl.data.batching import executor_batching
 from greenctl.data.errors import InputError
 from greenctl.data.records import Profile
-from greenctl.planner.latency import BatchService, ServiceTime
+from greenctl.planner.core.latency import BatchService, ServiceTime
 
 _Q_OF = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
 
@@ -95,7 +95,7 @@ def load_test_service_ms(rate_rps: float, latency_ms: float, q: float) -> float:
     Raises:
         InputError: a rate or latency that is not a positive number.
     """
-    from greenctl.planner.queueing import capacity_at_slo
+    from greenctl.planner.core.queueing import capacity_at_slo
 
     for name, value in (("capacity_rps", rate_rps), ("latency", latency_ms)):
         if not (math.isfinite(value) and value > 0):

@@ -15,7 +15,7 @@ completed).
 
 from __future__ import annotations
 
-from greenctl.planner.glet_model import EPS, Compiled, Glet, State, add_entry, model_order
+from greenctl.planner.glet.model import EPS, Compiled, Glet, State, add_entry, model_order
 
 IDEAL_MAX_GPUS = 4
 NODE_BUDGET = 60_000

@@ -1,24 +1,24 @@
 """The exact ``plan mig`` solver: an ILP over counts whose size does not depend on ``N``.
 
-Variables (see :mod:`greenctl.planner.mig` for the serving model):
+Variables (see :mod:`greenctl.planner.mig.solve` for the serving model):
 
 * ``y_m`` (integer): GPUs using slice multiset ``m``; ``sum_m y_m = N``.
 * ``n_k`` (integer): instances of pair ``k = (variant, profile)``; for every profile ``p``,
   ``sum_{k on p} n_k = sum_m cnt(m, p) y_m`` (every slice holds one instance).
 * ``x_k`` (continuous): the rate routed to pair ``k``; ``sum_k x_k = rate``.
 * Capacity ``x_k <= n_k r_k`` with ``r_k`` one instance's capacity at the SLA (the
-  linearised p95 constraint, see :mod:`greenctl.planner.mig`).
+  linearised p95 constraint, see :mod:`greenctl.planner.mig.solve`).
 * Optional accuracy floor ``sum_k a_k x_k >= floor * rate``.
 * Objective: ``max const + sum_k coef_k x_k`` (linear: energy and accuracy are
   load-weighted sums over instances, idle power is fixed by ``N``).
 
 The size is ``|multisets| + 2 |pairs|`` variables and ``|profiles| + |pairs| + 2``
 constraints whatever ``N`` is; only the bounds grow. Solved with HiGHS through PuLP
-(on greenctl's HiGHS object, :func:`greenctl.planner.solvers.pulp_highs`), relative gap 0.
+(on greenctl's HiGHS object, :func:`greenctl.planner.core.solvers.pulp_highs`), relative gap 0.
 
 Verification: the winner is re-evaluated with the evaluation core (per-instance M/G/1 p95
 and their mixture) and, when a discrete-event simulator is available
-(``greenctl.planner.simulator``), simulated; if either puts the p95 above the SLA, the
+(``greenctl.planner.core.simulator``), simulated; if either puts the p95 above the SLA, the
 capacity SLA is tightened by 10 % and the ILP re-solved (at most 4 times).
 """
 
@@ -28,9 +28,9 @@ import time
 from typing import Any
 
 from greenctl.data.errors import InfeasiblePlan
-from greenctl.planner import solvers
-from greenctl.planner.mig_model import Config, MigModel, SolveResult, tidy
-from greenctl.planner.mig_problem import CAPACITY_TOL, MigProblem
+from greenctl.planner.core import solvers
+from greenctl.planner.mig.model import Config, MigModel, SolveResult, tidy
+from greenctl.planner.mig.problem import CAPACITY_TOL, MigProblem
 
 MAX_TIGHTEN = 4
 FIFO_SIM_MAX_INSTANCES = 512
@@ -127,7 +127,7 @@ def verify_config(model: MigModel, config: Config) -> dict[str, Any]:
     Returns ``{"analytic_p95_ms", "analytic_ok", "class_p95_ms", "simulated_p95_ms",
     "simulated_ok"}`` (simulated fields None when no simulator is available).
     """
-    from greenctl.planner.queueing import latency_quantile_ms
+    from greenctl.planner.core.queueing import latency_quantile_ms
 
     ev = model.evaluate(config)
     q = model.problem.percentile
@@ -149,7 +149,7 @@ def verify_config(model: MigModel, config: Config) -> dict[str, Any]:
         "simulated_p95_ms": None,
         "simulated_ok": None,
     }
-    from greenctl.planner import mig_sim
+    from greenctl.planner.mig import sim as mig_sim
 
     sim = mig_sim.simulate_p95(model, config, ev.split)
     if sim is not None:

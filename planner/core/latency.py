@@ -315,7 +315,7 @@ class ServiceTime:
 @dataclass(frozen=True)
 class BatchService:
     """The service model of one batching instance: how long a batch of each size it runs takes
-    (built by :func:`greenctl.planner.service.batch_service`, whose module docstring gives the
+    (built by :func:`greenctl.planner.core.service.batch_service`, whose module docstring gives the
     rule: the padded size, linear in rows between measured sizes).
 
     Attributes:

@@ -2,7 +2,7 @@
 
 Configurations (:class:`Config`), their evaluation (:class:`MigModel`), placement onto
 GPUs and a solver's answer (:class:`SolveResult`). The model itself is described in
-:mod:`greenctl.planner.mig`; the solvers import it from here, not from ``mig``, so that
+:mod:`greenctl.planner.mig.solve`; the solvers import it from here, not from ``mig``, so that
 ``mig`` can call them without an import circle.
 """
 
@@ -21,9 +21,9 @@ from greenctl.data.mig_geometry import (
     enumerate_layouts,
     layouts_by_multiset,
 )
-from greenctl.planner.latency import ServiceTime
-from greenctl.planner.mig_problem import CAPACITY_TOL, J_PER_KWH, MigProblem, SliceOption
-from greenctl.planner.queueing import latency_quantile_ms, mgc_model, mixture_quantile
+from greenctl.planner.core.latency import ServiceTime
+from greenctl.planner.core.queueing import latency_quantile_ms, mgc_model, mixture_quantile
+from greenctl.planner.mig.problem import CAPACITY_TOL, J_PER_KWH, MigProblem, SliceOption
 
 # ---------------------------------------------------------------------------------------
 # configurations and their evaluation
@@ -347,7 +347,7 @@ class MigModel:
 
 def instance_capacity(service: ServiceTime, slo_ms: float, q: float) -> float:
     """The largest rate (req/s) at which one M/G/1 instance keeps its ``q`` latency within
-    ``slo_ms``: :func:`~greenctl.planner.queueing.capacity_at_slo` with ``servers=1``,
+    ``slo_ms``: :func:`~greenctl.planner.core.queueing.capacity_at_slo` with ``servers=1``,
     computed by bisection (to 0.01 %) on the core's survival function at the SLO.
     0 when the service time alone misses the SLO.
     """
@@ -547,7 +547,7 @@ def fifo_p95(model: MigModel, config: Config) -> float | None:
     no quota, so it can exceed the SLA the quota dispatch meets. None above
     ``FIFO_MAX_INSTANCES`` mixed instances (the pooled model's cost grows with them).
     """
-    from greenctl.planner.queueing import latency_quantile_ms, pooled_latency_quantile_ms
+    from greenctl.planner.core.queueing import latency_quantile_ms, pooled_latency_quantile_ms
 
     used = [k for k, c in enumerate(config.n) if c]
     if len(used) == 1:

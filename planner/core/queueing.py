@@ -28,7 +28,7 @@ Batching (:func:`dynamic_batch`): an executor batches dynamically
 takes the first waiting request, adds requests until the batch holds ``b`` rows or
 ``max_wait`` (``w``) has passed since it took the first, and submits it; a batch of ``n`` rows
 runs for ``L(pad(n))``, the service model at its padded size
-(:class:`~greenctl.planner.latency.BatchService`). So the batch a request sees depends on the
+(:class:`~greenctl.planner.core.latency.BatchService`). So the batch a request sees depends on the
 load: the requests that queued while the batcher could not take a batch, plus the window's.
 
 - The eager runner (CPUs, depth 1) takes a batch only when the last one has finished. Exact
@@ -63,7 +63,7 @@ load: the requests that queued while the batcher could not take a batch, plus th
   exponential wait). The eager runner takes a whole batch at once, so the cap costs it
   nothing.
 
-Checked against the simulator (:func:`greenctl.planner.simulator.batch_queue`, which runs
+Checked against the simulator (:func:`greenctl.planner.core.simulator.batch_queue`, which runs
 the batcher itself) on the H200 ResNet profiles: p50 and p95 within 5 % up to 90 % of the
 capacity at batch 32 (resnet18, 50 and 152), within 10 % up to 80 % at batch 8, where the
 dispatcher's cap binds at 3 rows per batch; nearer the capacity the dispatcher's queue is
@@ -85,7 +85,7 @@ from typing import Any
 import numpy as np
 from greenctl.data.batching import DEFAULT_MAX_WAIT_MS, Batching
 from greenctl.data.errors import InputError
-from greenctl.planner.latency import BatchService, ServiceTime, lognormal_terms
+from greenctl.planner.core.latency import BatchService, ServiceTime, lognormal_terms
 
 _GRID = 33  # points per level of the quantile grid search
 _LEVELS = 2

@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from greenctl.data.mig_geometry import enumerate_layouts, multiset
-from greenctl.planner.mig_anneal import better
-from greenctl.planner.mig_model import Config, Evaluation, MigModel, SolveResult
+from greenctl.planner.mig.anneal import better
+from greenctl.planner.mig.model import Config, Evaluation, MigModel, SolveResult
 
 
 def random_config(model: MigModel, rng: random.Random) -> Config:

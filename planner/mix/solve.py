@@ -22,7 +22,7 @@ per-option count bounds ``U_o = min(ceil(L_f / capacity_o), floor(budget_k / usa
 which are also the big-M of the indicator constraints. The model is assembled as flat
 column/row arrays and handed to HiGHS in one ``passModel`` call (see ``solve_highs``), or
 to CBC through pulp. Several families are first solved by the exact Lagrangian
-decomposition of :mod:`greenctl.planner.mix_decomp` (prices by column generation, per-family
+decomposition of :mod:`greenctl.planner.mix.decomp` (prices by column generation, per-family
 enumeration and a master MILP over the shared budgets; every objective, accuracy floors under
 ``accuracy`` and ``cost``); ``extra["solver"]["method"]`` says which ran.
 """
@@ -40,8 +40,9 @@ from greenctl.data.errors import InfeasiblePlan, InputError, NotFoundError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Profile, Variant
 from greenctl.data.resources import KNOWN_KINDS, Resource, kind_of, parse_resource
-from greenctl.planner import mix_decomp, solvers
-from greenctl.planner.mix_model import (
+from greenctl.planner.core import solvers
+from greenctl.planner.mix import decomp as mix_decomp
+from greenctl.planner.mix.model import (
     DEFAULT_ALPHA,
     DEFAULT_BETA,
     DEFAULT_GAMMA,
@@ -362,15 +363,15 @@ def _capacity_from_latency(
     The evaluation core's queueing model: ``capacity_at_slo`` (one G/G/1 server, batch 1)
     or ``batch_capacity_at_slo`` (an executor batching dynamically, its service model built
     from the rows of every measured batch size up to ``p.batch``, ``sizes``:
-    :func:`greenctl.planner.service.batch_service`). A served CPU instance's service is
+    :func:`greenctl.planner.core.service.batch_service`). A served CPU instance's service is
     longer (:func:`served_service_of`).
 
     Returns:
         (capacity_rps, latency at quantile ``q`` in ms: the service's, or for a batching
         instance a lone request's (its wait for the batch to fill included), source)
     """
-    from greenctl.planner.queueing import batch_capacity_at_slo, capacity_at_slo, dynamic_batch
-    from greenctl.planner.service import batch_service
+    from greenctl.planner.core.queueing import batch_capacity_at_slo, capacity_at_slo, dynamic_batch
+    from greenctl.planner.core.service import batch_service
 
     service, stretch = served_service_of(path, res, p)
     source = f"queueing, served x{stretch:.2f}" if stretch > 1.0 else "queueing"
@@ -403,8 +404,8 @@ def served_service_of(path: Any, res: Resource | None, p: Profile) -> tuple[Any,
     or MPS resource with a path measured on that same resource: the served run alone.
     Otherwise the profile's back-to-back service and 1.
     """
-    from greenctl.planner.evaluate import ServingPath, path_serves, stretched_service
-    from greenctl.planner.service import service_time
+    from greenctl.planner.core.evaluate import ServingPath, path_serves, stretched_service
+    from greenctl.planner.core.service import service_time
 
     hot = service_time(p)
     if not isinstance(path, ServingPath) or res is None or not path_serves(path, res.label):
@@ -602,7 +603,7 @@ def _resource_units(res: Resource) -> float:
 def _size_row(rows: list[Profile], slo_ms: float) -> Profile:
     """The row one (variant, resource, batch) stands with, as :func:`_make_option` picks it:
     its load test at the SLO, else its newest plain measurement."""
-    from greenctl.planner.service import load_test_row
+    from greenctl.planner.core.service import load_test_row
 
     row = load_test_row(rows, slo_ms)
     if row is not None and (row.capacity_rps or 0) > 0:
@@ -635,7 +636,7 @@ def _make_option(
     through a real server and keep the whole SLO). ``path``: the serving path itself; on
     CPU its served run time and executor CPU lengthen the service (:func:`served_service_of`).
     """
-    from greenctl.planner.service import load_test_row
+    from greenctl.planner.core.service import load_test_row
 
     row = load_test_row(rows, slo_ms)  # the rule the simulator picks with, too
     plain = [p for p in rows if p.capacity_slo_ms is None] or rows
@@ -799,7 +800,7 @@ def _solve_exact(
     """Solve every independent group of families exactly; merge the allocations.
 
     Several families go to the exact Lagrangian decomposition of
-    :mod:`greenctl.planner.mix_decomp` first; the joint ILP runs when it does not apply or
+    :mod:`greenctl.planner.mix.decomp` first; the joint ILP runs when it does not apply or
     gives up (``DECOMPOSITION = False`` forces the joint ILP), warm-started with its best
     plan, reports the tighter of its own bound and the decomposition's, and says why the
     decomposition gave up (``decomposition_fallback``).
@@ -1149,7 +1150,7 @@ def plan_mix(
     Raises:
         InputError: unknown strategy or solver, or ``cbc`` without CBC installed.
         InfeasiblePlan: naming the binding constraint and the closest feasible alternative.
-        GreenctlError: the solver failed (exit 1; see :mod:`greenctl.planner.solvers`).
+        GreenctlError: the solver failed (exit 1; see :mod:`greenctl.planner.core.solvers`).
     """
     if strategy not in STRATEGIES:
         raise InputError(f"unknown strategy {strategy!r}", hint="use ilp, greedy or single")
@@ -1324,9 +1325,9 @@ def _predict_with_core(
     if not profiles or not variants or not deployments:
         return predicted
     # Load-tested options too: their service model reproduces the load test
-    # (greenctl.planner.service), so the analytic figures agree with the capacity sized.
-    from greenctl.planner.evaluate import predict
-    from greenctl.planner.policy import default_policy
+    # (greenctl.planner.core.service), so the analytic figures agree with the capacity sized.
+    from greenctl.planner.core.evaluate import predict
+    from greenctl.planner.core.policy import default_policy
 
     rates = {f.name: f.rate_rps for f in problem.families}
     keys = {(d.variant, d.resource, d.batch) for d in deployments}

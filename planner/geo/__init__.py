@@ -1,0 +1,1 @@
+"""The geographic load-allocation planner (eGLB): the offline and online allocation and its LPs."""

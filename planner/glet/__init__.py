@@ -1,0 +1,2 @@
+"""The spatio-temporal GPU-sharing planner (gpulet): its model, the schedule, the ideal bound and
+the verification of a schedule."""
