@@ -5,7 +5,8 @@
    for ``exact``, ``anneal`` (warm-started from its previous hour's plan, as Clover runs),
    ``random`` (BLOVER) and the CO2OPT baseline. Reports carbon saved versus BASE over the
    48 hours, the request-weighted accuracy change, SLA compliance (analytic model and the
-   discrete-event simulator), solve times, and anneal's/random's objective gap to exact.
+   discrete-event simulator), solve times, anneal's/random's objective gap to exact and
+   their time per plan as a multiple of exact's (seeded with the hour: deterministic).
    A second run (12 hours) makes capacity bind: 90 % of BASE's load, a fixed 30 ms SLA
    and lambda 0.1.
 2. Scale: 10, 100 and 1,000 GPUs (rate scaled with the GPUs): exact solve time and ILP
@@ -18,6 +19,7 @@ published figures. Run: ``python bench/bench_mig.py [--quick]``.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -95,7 +97,8 @@ def trace_bench(
     )
     solvers = ["exact", "anneal", "random", "co2opt"]
     stats: dict[str, dict[str, list[float]]] = {
-        s: {"carbon": [], "acc": [], "ok": [], "sim_ok": [], "time": [], "f": []} for s in solvers
+        s: {"carbon": [], "acc": [], "ok": [], "sim_ok": [], "time": [], "f": [], "steps": []}
+        for s in solvers
     }
     base_carbon: list[float] = []
     base_acc = 0.0
@@ -126,6 +129,7 @@ def trace_bench(
             st["acc"].append(pred["accuracy"])
             st["ok"].append(float(pred["sla_met"]))
             st["f"].append(pred["objective"])
+            st["steps"].append(float(plan.extra["solver"].get("steps", 0)))
             sla = pred["sla_ms"]
             if simulate:
                 model = MigModel(prob)
@@ -169,6 +173,11 @@ def trace_bench(
                 f" max {max(gaps):.2f} %, within 5 %: {sum(g <= 5 for g in gaps) / len(gaps):.0%}"
                 f" of {len(gaps)} hours; hours better than exact: {sum(worse)}"
             )
+        t_s, t_ex = statistics.fmean(stats[s]["time"]), statistics.fmean(stats["exact"]["time"])
+        print(
+            f"{s} time per plan: mean {t_s:.3f} s = {t_s / t_ex:.2f} x exact's {t_ex:.3f} s; "
+            f"{statistics.fmean(stats[s]['steps']):.1f} evaluations per plan"
+        )
     print(
         "ratio exact/BASE carbon: "
         f"{sum(stats['exact']['carbon']) / total_base:.3f}; exact/CO2OPT carbon: "
@@ -225,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lam", type=float, default=0.5)
     ap.add_argument("--sla-ms", type=float, default=None, help="fixed SLA (default BASE p95)")
     args = ap.parse_args(argv)
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    print(f"machine: {os.cpu_count()} CPUs, load average {load} (timings are wall clock)")
     if not TRACE.is_file():
         print(f"reference trace not found: {TRACE}", file=sys.stderr)
         return 1
