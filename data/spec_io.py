@@ -42,6 +42,31 @@ MAX_SPEC_BYTES = 1_000_000
 
 _Check = Callable[[Any, str], Any]
 
+#: The fields of a ``plan mix`` request and of one of its families: the one list the spec
+#: reader and the planner's ``normalize_request`` both refuse unknown fields with.
+MIX_REQUEST_FIELDS = (
+    "model",
+    "rate_rps",
+    "families",
+    "slo_ms",
+    "percentile",
+    "budgets",
+    "objective",
+    "min_accuracy",
+    "alpha",
+    "beta",
+    "gamma",
+    "carbon_intensity",
+    "reference_carbon_intensity",
+    "pue",
+    "headroom",
+    "current",
+    "strategy",
+    "solver",
+    "time_limit_s",
+)
+MIX_FAMILY_FIELDS = ("model", "rate_rps", "slo_ms", "min_accuracy")
+
 
 class _Spec:
     """Field checks that fail naming the spec file and the field."""
@@ -131,17 +156,16 @@ class _Spec:
         }
 
     def family(self, value: Any, field: str) -> dict[str, Any]:
-        return self.table(
-            value,
-            field,
-            {
-                "model": self.text,
-                "rate_rps": self.number,
-                "slo_ms": lambda v, f: self.number(v, f, strict=True),
-                "min_accuracy": self.fraction,
-            },
-            required=("model",),
-        )
+        return self.table(value, field, self.family_checks(), required=("model",))
+
+    def family_checks(self) -> dict[str, _Check]:
+        checks: dict[str, _Check] = {
+            "model": self.text,
+            "rate_rps": self.number,
+            "slo_ms": lambda v, f: self.number(v, f, strict=True),
+            "min_accuracy": self.fraction,
+        }
+        return checks
 
     def deployment(self, value: Any, field: str) -> dict[str, Any]:
         """A running deployment, checked as a plan document's are (``data.plan``)."""
@@ -158,32 +182,32 @@ class _Spec:
         return {k: v for k, v in d.to_dict().items() if value.get(k) is not None}
 
     def request(self, doc: Any) -> dict[str, Any]:
+        return self.table(doc, "", self.request_checks())
+
+    def request_checks(self) -> dict[str, _Check]:
         strict: _Check = lambda v, f: self.number(v, f, strict=True)  # noqa: E731
-        return self.table(
-            doc,
-            "",
-            {
-                "model": self.text,
-                "rate_rps": self.number,
-                "families": lambda v, f: self.rows(v, f, self.family, empty=False),
-                "slo_ms": strict,
-                "percentile": self.percentile,
-                "budgets": self.budgets,
-                "objective": self.choice,
-                "min_accuracy": self.fraction,
-                "alpha": self.number,
-                "beta": self.number,
-                "gamma": self.number,
-                "carbon_intensity": self.number,
-                "reference_carbon_intensity": strict,
-                "pue": lambda v, f: self.number(v, f, minimum=1.0),
-                "headroom": self.number,
-                "current": lambda v, f: self.rows(v, f, self.deployment),
-                "strategy": self.choice,
-                "solver": self.choice,
-                "time_limit_s": strict,
-            },
-        )
+        checks: dict[str, _Check] = {
+            "model": self.text,
+            "rate_rps": self.number,
+            "families": lambda v, f: self.rows(v, f, self.family, empty=False),
+            "slo_ms": strict,
+            "percentile": self.percentile,
+            "budgets": self.budgets,
+            "objective": self.choice,
+            "min_accuracy": self.fraction,
+            "alpha": self.number,
+            "beta": self.number,
+            "gamma": self.number,
+            "carbon_intensity": self.number,
+            "reference_carbon_intensity": strict,
+            "pue": lambda v, f: self.number(v, f, minimum=1.0),
+            "headroom": self.number,
+            "current": lambda v, f: self.rows(v, f, self.deployment),
+            "strategy": self.choice,
+            "solver": self.choice,
+            "time_limit_s": strict,
+        }
+        return checks
 
 
 _DEPLOYMENT_FIELDS = tuple(f.name for f in fields(Deployment))

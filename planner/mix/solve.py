@@ -40,6 +40,7 @@ from greenctl.data.errors import InfeasiblePlan, InputError, NotFoundError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Profile, Variant
 from greenctl.data.resources import KNOWN_KINDS, Resource, kind_of, parse_resource
+from greenctl.data.spec_io import MIX_FAMILY_FIELDS, MIX_REQUEST_FIELDS
 from greenctl.planner.core import solvers
 from greenctl.planner.mix import decomp as mix_decomp
 from greenctl.planner.mix.model import (
@@ -169,27 +170,7 @@ def normalize_request(request: dict[str, Any]) -> dict[str, Any]:
     """
     if not isinstance(request, dict):
         raise InputError("a plan mix request must be an object")
-    known = {
-        "model",
-        "rate_rps",
-        "families",
-        "slo_ms",
-        "percentile",
-        "budgets",
-        "objective",
-        "min_accuracy",
-        "alpha",
-        "beta",
-        "gamma",
-        "carbon_intensity",
-        "reference_carbon_intensity",
-        "pue",
-        "headroom",
-        "current",
-        "strategy",
-        "solver",
-        "time_limit_s",
-    }
+    known = set(MIX_REQUEST_FIELDS)
     unknown = sorted(set(request) - known)
     if unknown:
         raise InputError(
@@ -213,11 +194,11 @@ def normalize_request(request: dict[str, Any]) -> dict[str, Any]:
         where = f"families[{i}]"
         if not isinstance(fam, dict):
             raise InputError(f"{where} must be an object with model and rate_rps")
-        extra = sorted(set(fam) - {"model", "rate_rps", "slo_ms", "min_accuracy"})
+        extra = sorted(set(fam) - set(MIX_FAMILY_FIELDS))
         if extra:
             raise InputError(
                 f"{where}: unknown field(s) {', '.join(extra)}",
-                hint="a family takes model, rate_rps, slo_ms, min_accuracy",
+                hint=f"a family takes {', '.join(MIX_FAMILY_FIELDS)}",
             )
         model = fam.get("model")
         if not isinstance(model, str) or not model:

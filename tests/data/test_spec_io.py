@@ -121,3 +121,18 @@ def test_missing_folder_and_both_budget_spellings(tmp_path):
     p = _write(tmp_path, "[budget]\ncpu = 1\n[budgets]\ncpu = 2\n")
     with pytest.raises(FileFormatError, match="not both"):
         read_mix_spec(p)
+
+
+def test_the_spec_reader_and_the_planner_know_the_same_fields():
+    """One list of a mix request's fields: what a spec file may hold is what the planner's
+    normalize_request takes (a field added to one and not the other is refused by it)."""
+    from greenctl.data.spec_io import MIX_FAMILY_FIELDS, MIX_REQUEST_FIELDS, _Spec
+    from greenctl.planner.mix.solve import normalize_request
+
+    spec = _Spec("x.toml", {})
+    assert tuple(spec.request_checks()) == MIX_REQUEST_FIELDS
+    assert tuple(spec.family_checks()) == MIX_FAMILY_FIELDS
+    with pytest.raises(InputError, match="unknown request field"):
+        normalize_request({"model": "m", "rate_rps": 1, "slo_ms": 5, "nope": 1})
+    with pytest.raises(InputError, match=r"families\[0\]: unknown field"):
+        normalize_request({"families": [{"model": "m", "rate_rps": 1, "slo": 5}]})
