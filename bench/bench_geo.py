@@ -16,10 +16,13 @@ Run: ``python bench/bench_geo.py`` (about a minute) or ``--quick``.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +155,10 @@ def scale_problem(
             start = (g * n_sites) // n_gateways
             routes[g, (start + np.arange(routes_per_gateway)) % n_sites] = True
     return GeoProblem(
-        times=[f"step{t}" for t in range(n_steps)],
+        times=[
+            (datetime(2024, 1, 1, tzinfo=UTC) + timedelta(hours=t)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            for t in range(n_steps)
+        ],
         step_h=1.0,
         sites=[f"site{j}" for j in range(n_sites)],
         gateways=[f"gw{g}" for g in range(n_gateways)],
@@ -164,6 +170,82 @@ def scale_problem(
         capacity_mw=np.ones((n_steps, n_sites)),
         load_mw=load,
         routes=routes,
+    )
+
+
+def _load_text() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min) {five:.2f} (5 min) on {os.cpu_count()} CPUs"
+
+
+def table_before(problem: GeoProblem, sol: Any) -> tuple[list[Any], dict[str, Any]]:
+    """The router's per-slot, per-gateway fractions as greenctl built them before (every
+    gateway flow through Python, ``gateway_flows``): the baseline of ``routed_case``."""
+    index = {t: i for i, t in enumerate(problem.times)}
+    loads: list[dict[str, dict[str, float]]] = [{} for _ in problem.times]
+    total: dict[str, dict[str, float]] = {}
+    for when, gw, site, load in sol.gateway_flows(problem):
+        slot = loads[index[when]].setdefault(gw, {})
+        slot[site] = slot.get(site, 0.0) + load
+        total.setdefault(gw, {})
+        total[gw][site] = total[gw].get(site, 0.0) + load
+
+    def norm(v: dict[str, float]) -> dict[str, float]:
+        s = math.fsum(v.values())
+        return {k: x / s for k, x in sorted(v.items())} if s > 0 else {}
+
+    return [{g: norm(v) for g, v in slot.items()} for slot in loads], {
+        g: norm(v) for g, v in total.items()
+    }
+
+
+def routed_case(p: GeoProblem, sol: Any, solve_s: float, *, quick: bool, tmp: Path) -> None:
+    """The routed case as ``apply --site`` (and ``export envoy``) run it: read the plan's
+    files, the online solve, then the router's table (each slot's per-gateway fractions),
+    the table built before (per-flow Python, :func:`table_before`) and now (array-wise per
+    route set, ``gateway_fractions``) side by side on the same solve; then ``replan``'s
+    online step at this scale: one step from a stored state (after reading the files)."""
+    from greenctl.data.geo_io import load_geo_problem as load
+    from greenctl.data.geo_io import problem_to_csv
+    from greenctl.planner.geo.solve import OnlineState, online_replan
+
+    print(f"\nrouted case ({p.n_steps} slots x {len(p.gateways)} gateways), {_load_text()}:")
+    files = problem_to_csv(p, tmp / "routed")
+    t0 = time.perf_counter()
+    again = load(files["sites"], files["demand"], files.get("routes"))
+    t_read = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    before = table_before(p, sol)
+    t_before = time.perf_counter() - t0
+    load_mid = _load_text()
+    t0 = time.perf_counter()
+    after = sol.gateway_fractions(p)
+    t_after = time.perf_counter() - t0
+    worst = max(
+        (abs(f - after[0][t][g].get(s, 0.0)) for t, slot in enumerate(before[0])
+         for g, fr in slot.items() for s, f in fr.items()),
+        default=0.0,
+    )  # fmt: skip
+    base = t_read + solve_s
+    print(f"  read the sites/demand/routes files {t_read:8.2f} s")
+    print(f"  online eglb solve                  {solve_s:8.2f} s")
+    print(
+        f"  router table, before               {t_before:8.2f} s  -> routed total {base + t_before:.2f} s"
+    )
+    print(f"  router table, now                  {t_after:8.2f} s  -> routed total {base + t_after:.2f} s"
+          f"  (table {t_before / max(t_after, 1e-9):.1f}x faster; largest fraction difference "
+          f"{worst:.1e})")  # fmt: skip
+    print(f"  ({load_mid} between the two; {_load_text()} after)")
+    k = min(p.n_steps - 2, 24)
+    first = online_replan(again, "eglb", GeoOptions(), slot=k)
+    state = OnlineState.from_dict(first.state.to_dict(), n_sites=len(p.sites))
+    t0 = time.perf_counter()
+    step = online_replan(again, "eglb", GeoOptions(), slot=k + 1, state=state)
+    t_step = time.perf_counter() - t0
+    assert step.warm and step.steps == 1
+    print(
+        f"  replan's online step at this scale: one eglb step from the stored state "
+        f"{t_step * 1e3:.1f} ms (+ reading the files, {t_read:.2f} s above)"
     )
 
 
@@ -261,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         f"sets), {r_steps} steps: online eglb {t_r:.2f} s wall, {c_r:.2f} s cpu "
         "(per-step LP, warm-started primal simplex)"
     )
+    routed_case(bigr, sol, t_r, quick=args.quick, tmp=tmp)
 
     print(
         "\nComparison on the reference data (all routes; modeled; per-site avg/max over "

@@ -7,6 +7,10 @@
    `glet-core` is gpulet's elastic partitioning alone (gpulet's order, knee partition,
    worst-case co-runner sizing, no portfolio, no consolidation), to show what the rest adds.
 3. Scheduling time per decision: 10 models on 8 GPUs.
+4. A glet replan's decision time (issue 18): `replan` of a 10-model glet plan as its rates
+   move (a random walk, +-30 % per round): the whole round (lock, store, rewrite, plan, score
+   the running layout, gpulet's rule, decision record) against the schedule alone, and how
+   often the rule acts and how many glets move.
 
 Run: python bench/bench_glet.py [--k 3] [--quick] [--data DIR]
 SLOs (ms) are a fixed choice per model, between 2.5x and 6x the batch-1 latency on a
@@ -243,6 +247,87 @@ def main() -> None:
         f"glet used {min(feasible)}-{max(feasible)} GPUs; {len(used) - len(feasible)} of "
         f"{len(used)} decisions needed more than 8"
     )
+    replan_decisions(args.data, rounds=10 if args.quick else 40)
+
+
+def replan_decisions(data: Path, *, rounds: int) -> None:
+    """Time `greenctl replan` of a glet plan (the library twin, no apply) as rates move."""
+    import random
+
+    from greenctl.data.gpulet_import import save_interference_model
+    from greenctl.executor import control
+    from greenctl.executor.kinds import get_kind
+    from greenctl.planner.core.interference import FEATURES
+
+    print("\n== glet replan decision time: 10 models, rates +-30 % per round ==")
+    rng = random.Random(11)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = open_store(Path(tmp) / "replan.db")
+        import_gpulet(store, data)
+        fit = fit_interference(
+            load_colocations(store), load_solo_latency(store), load_utilisation(store)
+        )
+        save_interference_model(
+            store,
+            coefficients=list(fit.model.coefficients),
+            features=FEATURES,
+            n_train=fit.n_train,
+            n_test=fit.n_test,
+            errors=fit.errors,
+            source="bench",
+        )
+        rates = {m: float(rng.choice([100, 200, 300])) for m in ORDER}
+        request = {
+            "models": [{"name": m, "rate_rps": r, "slo_ms": SLO_MS[m]} for m, r in rates.items()]
+        }
+        plan, _ = get_kind("glet").plan(store, request)
+        plan_id = store.save_plan(plan)
+        whole: list[float] = []
+        whole_cpu: list[float] = []
+        planning: list[float] = []
+        scheduling: list[float] = []
+        actions: dict[str, int] = {}
+        moved: list[str] = []
+        for _ in range(rounds):
+            rates = {m: max(10.0, r * rng.uniform(0.7, 1.3)) for m, r in rates.items()}
+            t, tc = time.perf_counter(), time.process_time()
+            d = control.replan_once(store, plan=str(plan_id), min_dwell_s=0, rates=rates)
+            whole.append((time.perf_counter() - t) * 1000)
+            whole_cpu.append((time.process_time() - tc) * 1000)
+            actions[d["action"]] = actions.get(d["action"], 0) + 1
+            moved += [p for p in d["reason"].split("; ") if "glets move" in p]
+            running = store.get_plan(int(d["new_plan_id"] or plan_id))
+            t = time.perf_counter()
+            control._replan_kind(store, running, intensity=None, rates=rates)
+            planning.append((time.perf_counter() - t) * 1000)
+            _, problem = get_kind("glet").plan(store, {**running.request, "models": [
+                {**m, "rate_rps": rates[m["name"]]} for m in running.request["models"]
+            ]})  # fmt: skip
+            t = time.perf_counter()
+            schedule(Compiled(problem), "glet", 8)
+            scheduling.append((time.perf_counter() - t) * 1000)
+            if d["action"] == "propose":  # as if applied: the next round starts from it
+                plan_id = int(d["new_plan_id"])
+        store.close()
+
+    def line(name: str, ts: list[float]) -> str:
+        ts = sorted(ts)
+        return (
+            f"{name:<34} median {statistics.median(ts):7.1f} ms  p95 "
+            f"{ts[int(0.95 * (len(ts) - 1))]:7.1f} ms  max {ts[-1]:7.1f} ms"
+        )
+
+    print(line("replan round (decision, recorded)", whole))
+    print(line("  the same, CPU time of this process", whole_cpu))
+    print(line("  rewrite + plan + score (registry)", planning))
+    print(line("  schedule alone (glet)", scheduling))
+    print(
+        f"round / schedule: {statistics.median(whole) / statistics.median(scheduling):.1f}x "
+        f"(median); actions over {rounds} rounds: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(actions.items()))
+    )
+    if moved:
+        print(f"e.g. {moved[0]}; {moved[-1]}")
 
 
 if __name__ == "__main__":

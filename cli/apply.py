@@ -16,9 +16,6 @@ from greenctl.cli.common import (
     store_for,
 )
 
-BackendOpt = Annotated[
-    str, typer.Option("--backend", help="local (executor daemons here) or ray (a Ray cluster).")
-]
 RecordedBackendOpt = Annotated[
     str | None,
     typer.Option(
@@ -74,21 +71,44 @@ def apply_cmd(
     verify_duration: Annotated[
         float, typer.Option("--verify-duration", help="Seconds of verification load.")
     ] = 10.0,
-    backend: BackendOpt = "local",
+    backend: RecordedBackendOpt = None,
     address: AddressOpt = None,
     ray_http_port: Annotated[
         int, typer.Option("--ray-http-port", help="HTTP port of Ray Serve's proxy (--backend ray).")
     ] = 8000,
+    site: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--site",
+            help="A geo plan's site endpoint, NAME=URL (every site of the plan needs one).",
+        ),
+    ] = None,
+    gateway: Annotated[
+        str | None,
+        typer.Option("--gateway", help="Geo plan: the gateway of requests without the header."),
+    ] = None,
+    at: Annotated[
+        str | None,
+        typer.Option("--at", help="Geo plan: route with this time's slot (default: the clock)."),
+    ] = None,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Make a plan real: partitions, executor daemons and a dispatcher, with rollback."""
+    """Make a plan real: partitions, executor daemons and a dispatcher, with rollback; a geo
+    plan: a geo router forwarding each request to a site (--site NAME=URL)."""
     from greenctl.data.plan import load_plan_file
-    from greenctl.executor.backends import get_backend
+    from greenctl.executor.backends import backend_for, get_backend
 
     plan = load_plan_file(plan_file)
-    runner = get_backend(backend, address=address)  # a bad --backend: refused before the store
+    if plan.kind == "geo" or site:
+        _apply_geo(plan, site, gateway=gateway, at=at, host=host, port=port, db=db,
+                   dry_run=dry_run, json_out=json_out)  # fmt: skip
+        return
+    if backend is not None:
+        get_backend(backend, address=address)  # a bad --backend: refused before the store
     with store_for(db) as store:
+        # no --backend: where the running plan runs (switched in place there), else local
+        runner = backend_for(store, backend, address=address)
         result = runner.apply(
             plan,
             store=store,
@@ -122,6 +142,27 @@ def apply_cmd(
         say(("warning:", "yellow"), f" {w}", err=True)
     if result.verify:
         _print_verify(result.verify)
+
+
+def _apply_geo(plan: Any, site: list[str] | None, *, db: str | None, json_out: bool,
+               **options: Any) -> None:  # fmt: skip
+    from greenctl.executor.georouter import apply_geo, parse_sites
+
+    sites = parse_sites(site)
+    with store_for(db) as store:
+        doc = apply_geo(plan, store=store, sites=sites, **options)
+    if json_out:
+        print_json(doc)
+        return
+    if doc.get("dry_run"):
+        say(f"Would {doc['action']} the geo router for plan {doc['plan_id']} (dry run).")
+        return
+    say(f"Geo router: {doc['router_url']}  (Open Inference Protocol v2; {doc['action']})")
+    say(
+        f"Slot {doc['slot']} ({doc['slot_time']}{', wrapped' if doc['slot_wrapped'] else ''}); "
+        f"gateways {', '.join(doc['gateways'])} (header Greenctl-Gateway"
+        + (f", default {doc['default_gateway']})" if doc["default_gateway"] else ")")
+    )
 
 
 def _print_ray_apply(result: Any, *, dry_run: bool) -> None:
@@ -172,15 +213,28 @@ def status_cmd(
     Exits 1 when the plan is not fully serving (and says why)."""
     from greenctl.data.errors import ExecutorError
     from greenctl.executor.backends import not_serving, status
+    from greenctl.executor.georouter import router_status
 
     # read-only: a missing store is not created, except to ask a named cluster (as before)
     with store_for(db, create=backend not in (None, "local")) as store:
         doc = status(store, backend=backend, address=address)
+        geo = router_status(store)
+    if geo is not None:
+        doc["geo"] = geo
     if json_out:
         print_json(doc)
     else:
-        _print_status(doc)
+        if geo is None or doc.get("dispatcher") or doc.get("instances"):
+            _print_status(doc)
+        if geo is not None:
+            _print_geo(geo)
     reasons = not_serving(doc)
+    if geo is not None and geo["state"] != "serving":
+        drained = [n for n, s in (geo.get("sites") or {}).items() if not s.get("healthy", True)]
+        reasons.append(
+            f"the geo router is {geo['state']}"
+            + (f" (drained: {', '.join(drained)})" if drained else "")
+        )
     if reasons:
         raise ExecutorError("the plan is not fully serving: " + "; ".join(reasons))
 
@@ -253,6 +307,37 @@ def _print_status(doc: dict[str, Any]) -> None:
     say(f"State: {doc['state']}", style="bold" if doc["state"] == "serving" else "bold red")
 
 
+def _print_geo(geo: dict[str, Any]) -> None:
+    if geo["state"] == "down":
+        say(f"Geo router (plan {geo.get('plan_id')}): DOWN  {geo.get('why') or ''}")
+        return
+    wrapped = ", wrapped" if geo["slot_wrapped"] else ""
+    say(
+        f"Geo router: {geo['url']}  plan {geo['plan_id']}  slot {geo['slot']} "
+        f"({geo['slot_time']}{wrapped})  retries {geo['retries']}"
+    )
+
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{v * 100:.1f}"
+
+    rows = []
+    for gw, g in geo["gateways"].items():
+        for site, r in g["sites"].items():
+            health = "ok" if geo["sites"][site]["healthy"] else "DRAINED"
+            rows.append(
+                [gw, site, health, r["served"], pct(r["served_share"]), pct(r["planned_share"]),
+                 pct(r["slot_fraction"])]
+            )  # fmt: skip
+    render_table(
+        "Geo routing",
+        ["gateway", "site", "health", "served", "served %", "planned %", "slot %"],
+        rows,
+        caption="planned %: the plan's fractions over the slots the requests came in; "
+        "slot %: the current slot's",
+    )
+    say(f"State: {geo['state']}", style="bold" if geo["state"] == "serving" else "bold red")
+
+
 def down_cmd(
     restore_mig: Annotated[
         bool,
@@ -268,9 +353,13 @@ def down_cmd(
     """Stop the dispatcher and every executor greenctl started (on the backend that runs the
     plan, unless --backend names one)."""
     from greenctl.executor.backends import down
+    from greenctl.executor.georouter import stop_router
 
     with store_for(db) as store:
         doc = down(store, backend=backend, address=address, restore_mig=restore_mig)
+        geo_stopped = stop_router(store)
+    if geo_stopped and "stopped" in doc:
+        doc["stopped"] = list(doc["stopped"]) + [{"kind": "georouter"}] * geo_stopped
     if json_out:
         print_json(doc)
         return
@@ -303,6 +392,10 @@ def loadgen_cmd(
         bool,
         typer.Option("--json-tensors", help="Send tensors as JSON numbers, not binary data."),
     ] = False,
+    gateway: Annotated[
+        str | None,
+        typer.Option("--gateway", help="Send as this gateway (Greenctl-Gateway, a geo router)."),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Send an open-loop Poisson load (or replay a trace) and report latency and errors."""
@@ -320,6 +413,7 @@ def loadgen_cmd(
         scale=scale,
         seed=seed,
         binary=not json_tensors,
+        gateway=gateway,
     )
     if json_out:
         print_json(res.to_dict())

@@ -8,7 +8,9 @@ from typing import Annotated
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, print_json, say, store_for
 
-export_app = typer.Typer(no_args_is_help=True, help="Export plans for other engines (Kubernetes).")
+export_app = typer.Typer(
+    no_args_is_help=True, help="Export plans for other engines (Kubernetes, Envoy)."
+)
 
 
 def _load_plan(plan: str, db: str | None):
@@ -66,6 +68,43 @@ def export_k8s(
     for line in export.node_labels:
         say(f"  {line}")
     say(f"apply with: kubectl apply -k {output}")
+
+
+@export_app.command("envoy")
+def export_envoy_cmd(
+    plan: Annotated[str, typer.Argument(help="Geo plan JSON file, or a plan id from the store.")],
+    output: Annotated[
+        Path, typer.Option("-o", "--output", help="Directory to write the Envoy configs to.")
+    ],
+    at: Annotated[
+        str | None, typer.Option("--at", help="The slot of this time (ISO; default now).")
+    ] = None,
+    site: Annotated[
+        list[str] | None,
+        typer.Option("--site", help="A site's endpoint, NAME=URL (default: NAME:8000)."),
+    ] = None,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write, per gateway, an Envoy v3 config: weighted_clusters for the slot, the clusters."""
+    from greenctl.executor.envoy_export import export_envoy, write_envoy_export
+    from greenctl.executor.georouter import parse_sites
+
+    doc, _ = _load_plan(plan, db)
+    sites = parse_sites(site)
+    with store_for(db) as store:
+        export = export_envoy(doc, store=store, at=at, sites=sites)
+    written = write_envoy_export(export, output)
+    if json_out:
+        print_json({"slot": export.slot, "slot_time": export.slot_time, "files": written,
+                    "notes": export.notes})  # fmt: skip
+        return
+    say(f"slot {export.slot} ({export.slot_time})")
+    for path in written:
+        say(f"wrote {path}")
+    for note in export.notes:
+        say(f"  note: {note}")
+    say(f"run with: envoy -c {output}/gateway-NAME.yaml")
 
 
 def register(app: typer.Typer) -> None:

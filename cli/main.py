@@ -93,6 +93,7 @@ COMMAND_MODULES = [
     "greenctl.cli.forecast",
     "greenctl.cli.report",
     "greenctl.cli.replan",
+    "greenctl.cli.replay",
     "greenctl.cli.demo",
     "greenctl.cli.mig",
     "greenctl.cli.plan_mig",

@@ -17,6 +17,41 @@ from greenctl.cli.common import (
 from greenctl.cli.plan import AtOpt, RegionOpt
 
 
+def mig_request(
+    *,
+    gpu: str,
+    gpus: int,
+    model: str,
+    rate: float | None,
+    carbon_intensity: float | None,
+    sla_ms: float | None = None,
+    lam: float = 0.5,
+    base_carbon_intensity: float | None = None,
+    max_accuracy_loss: float | None = None,
+    solver: str = "exact",
+    time_limit: float | None = None,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """The MIG request of ``plan mig``'s options (``replay --kind mig`` parses the same);
+    ``gpu`` resolved to its geometry's name."""
+    from greenctl.data.mig_geometry import resolve_gpu
+
+    return {
+        "gpu": resolve_gpu(gpu).name,
+        "gpus": gpus,
+        "model": model,
+        "rate_rps": rate,
+        "carbon_intensity": carbon_intensity,
+        "sla_ms": sla_ms,
+        "lambda": lam,
+        "base_carbon_intensity": base_carbon_intensity,
+        "max_accuracy_loss_pct": max_accuracy_loss,
+        "solver": solver,
+        "time_limit_s": time_limit,
+        "seed": seed,
+    }
+
+
 def plan_mig_cmd(
     gpu: Annotated[
         str,
@@ -117,20 +152,12 @@ def plan_mig_cmd(
     current_plan = load_plan_file(current) if current is not None else None
     with store_for(db) as store:
         ci = carbon.plan_intensity(store, carbon_intensity=carbon_intensity, region=region, at=at)
-        request = {
-            "gpu": geo.name,
-            "gpus": gpus,
-            "model": model,
-            "rate_rps": rate,
-            "carbon_intensity": ci["carbon_g_per_kwh"],
-            "sla_ms": sla_ms,
-            "lambda": lam,
-            "base_carbon_intensity": base_carbon_intensity,
-            "max_accuracy_loss_pct": max_accuracy_loss,
-            "solver": solver,
-            "time_limit_s": time_limit,
-            "seed": seed,
-        }
+        request = mig_request(
+            gpu=geo.name, gpus=gpus, model=model, rate=rate,
+            carbon_intensity=ci["carbon_g_per_kwh"], sla_ms=sla_ms, lam=lam,
+            base_carbon_intensity=base_carbon_intensity, max_accuracy_loss=max_accuracy_loss,
+            solver=solver, time_limit=time_limit, seed=seed,
+        )  # fmt: skip
         # the registry's MIG entry: `replan` plans it again the same way
         plan, _ = get_kind("mig").plan(store, request, current=current_plan, baseline=baseline)
         carbon.record_intensity(plan, ci)

@@ -34,6 +34,63 @@ def _parse_budgets(items: list[str] | None) -> dict[str, float]:
     return out
 
 
+def mix_request(
+    *,
+    model: str | None,
+    rate: float | None,
+    slo_ms: float | None = None,
+    percentile: str | None = None,
+    budget: list[str] | None = None,
+    objective: str | None = None,
+    min_accuracy: float | None = None,
+    alpha: float | None = None,
+    beta: float | None = None,
+    gamma: float | None = None,
+    carbon_intensity: float | None = None,
+    headroom: float | None = None,
+    time_limit: float | None = None,
+    strategy: str | None = None,
+    solver: str | None = None,
+    spec: str | None = None,
+) -> dict[str, Any]:
+    """The mix request of ``plan mix``'s options (``replay --kind mix`` parses the same)."""
+    from greenctl.data.spec_io import read_mix_spec
+    from greenctl.planner.mix.solve import OBJECTIVES, SOLVERS, STRATEGIES
+
+    request: dict[str, Any] = {}
+    if spec is not None:
+        request = read_mix_spec(
+            spec, choices={"objective": OBJECTIVES, "strategy": STRATEGIES, "solver": SOLVERS}
+        )
+        if model is not None or rate is not None:
+            raise InputError(
+                "--model/--rate cannot be combined with --spec",
+                hint="list the families in the spec file",
+            )
+    elif model is None:
+        raise InputError("--model FAMILY is required (or --spec FILE)")
+    else:
+        request = {"model": model, "rate_rps": rate}
+    flags = {
+        "slo_ms": slo_ms,
+        "percentile": percentile,
+        "objective": objective,
+        "min_accuracy": min_accuracy,
+        "alpha": alpha,
+        "beta": beta,
+        "gamma": gamma,
+        "carbon_intensity": carbon_intensity,
+        "headroom": headroom,
+        "time_limit_s": time_limit,
+        "strategy": strategy,
+        "solver": solver,
+    }
+    request.update({k: v for k, v in flags.items() if v is not None})
+    if budget:
+        request["budgets"] = {**(request.get("budgets") or {}), **_parse_budgets(budget)}
+    return request
+
+
 def plan_mix_cmd(
     model: Annotated[str | None, typer.Option("--model", help="Model family to serve.")] = None,
     rate: Annotated[float | None, typer.Option("--rate", help="Request rate (req/s).")] = None,
@@ -108,47 +165,16 @@ def plan_mix_cmd(
     from greenctl.cli.plan import check_writable, save_plan
     from greenctl.data import carbon
     from greenctl.data.plan import load_plan_file
-    from greenctl.data.spec_io import read_mix_spec
     from greenctl.executor.kinds import get_kind
-    from greenctl.planner.mix.solve import (
-        OBJECTIVES,
-        REFERENCE_CARBON_INTENSITY,
-        SOLVERS,
-        STRATEGIES,
-    )
+    from greenctl.planner.mix.solve import REFERENCE_CARBON_INTENSITY
 
     check_writable(output)
-    request: dict[str, Any] = {}
-    if spec is not None:
-        request = read_mix_spec(
-            spec, choices={"objective": OBJECTIVES, "strategy": STRATEGIES, "solver": SOLVERS}
-        )
-        if model is not None or rate is not None:
-            raise InputError(
-                "--model/--rate cannot be combined with --spec",
-                hint="list the families in the spec file",
-            )
-    elif model is None:
-        raise InputError("--model FAMILY is required (or --spec FILE)")
-    else:
-        request = {"model": model, "rate_rps": rate}
-    flags = {
-        "slo_ms": slo_ms,
-        "percentile": percentile,
-        "objective": objective,
-        "min_accuracy": min_accuracy,
-        "alpha": alpha,
-        "beta": beta,
-        "gamma": gamma,
-        "carbon_intensity": carbon_intensity,
-        "headroom": headroom,
-        "time_limit_s": time_limit,
-        "strategy": strategy,
-        "solver": solver,
-    }
-    request.update({k: v for k, v in flags.items() if v is not None})
-    if budget:
-        request["budgets"] = {**(request.get("budgets") or {}), **_parse_budgets(budget)}
+    request = mix_request(
+        model=model, rate=rate, slo_ms=slo_ms, percentile=percentile, budget=budget,
+        objective=objective, min_accuracy=min_accuracy, alpha=alpha, beta=beta, gamma=gamma,
+        carbon_intensity=carbon_intensity, headroom=headroom, time_limit=time_limit,
+        strategy=strategy, solver=solver, spec=spec,
+    )  # fmt: skip
     if current is not None:
         request["current"] = [d.to_dict() for d in load_plan_file(current).deployments]
     with store_for(db) as store:

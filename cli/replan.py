@@ -33,7 +33,8 @@ def replan_cmd(
         typer.Option(
             "--threshold",
             help="Act when the carbon intensity moved by more than this "
-            "fraction since the running plan was chosen (Clover's trigger).",
+            "fraction since the running plan was chosen (Clover's trigger); for a glet plan, "
+            "when more than this fraction of its glets move (or its GPU count changes).",
         ),
     ] = 0.05,
     margin: Annotated[
@@ -63,6 +64,14 @@ def replan_cmd(
     at: Annotated[
         str | None,
         typer.Option("--at", help="Decide for the signal at this time (ISO; default now)."),
+    ] = None,
+    rate: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rate",
+            help="MODEL=RPS: plan this model (or family) for this rate, over the forecast "
+            "(repeat for several).",
+        ),
     ] = None,
     history: Annotated[
         bool, typer.Option("--history", help="List the decision records instead of replanning.")
@@ -106,10 +115,17 @@ def replan_cmd(
     if plan is None:
         raise InputError("--plan ID|FILE is required", hint="or pass --history to list decisions")
     dwell = control.parse_duration(min_dwell)
+    rates = _parse_rates(rate)
+    from greenctl.executor.georouter import replan_if_routed
+
     with store_for(db) as store:
+        routed = replan_if_routed(store, plan=plan, at=at)  # a geo plan its router routes
+        if routed is not None:
+            _print_geo_replan(routed, json_out=json_out)
+            return
         d = control.replan_once(
             store, plan=plan, apply=apply, threshold=threshold, margin=margin,
-            min_dwell_s=dwell, region=region, forecaster=forecaster, at=at,
+            min_dwell_s=dwell, region=region, forecaster=forecaster, at=at, rates=rates,
         )  # fmt: skip
     if json_out:
         print_json(d)
@@ -118,6 +134,47 @@ def replan_cmd(
         d["action"], "red"
     )
     say((d["action"], f"bold {colour}"), f" (decision {d['id']}): {d['reason']}", highlight=False)
+
+
+def _print_geo_replan(d: dict[str, object], *, json_out: bool) -> None:
+    if json_out:
+        print_json(d)
+        return
+    what = f"plan {d['new_plan_id']}" if d["changed"] else "the same fractions"
+    online = d.get("online")
+    if isinstance(online, dict):
+        what = f"{'new' if d['changed'] else 'the same'} fractions from eGLB's online step"
+    say(
+        ("update-router", "bold green"),
+        f" (decision {d.get('decision_id')}): the geo router at {d['router_url']} routes "
+        f"{what} in slot {d['slot']} ({d['slot_time']}), no restart",
+        highlight=False,
+    )
+
+
+def _parse_rates(items: list[str] | None) -> dict[str, float]:
+    """``--rate MODEL=RPS`` options -> ``{model: rps}``."""
+    import math
+
+    from greenctl.data.errors import InputError
+
+    out: dict[str, float] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        try:
+            rps = float(value) if sep else math.nan
+        except ValueError:
+            rps = math.nan
+        if not name or not math.isfinite(rps) or rps < 0:
+            raise InputError(
+                f"--rate '{item}' is not MODEL=RPS with a rate >= 0",
+                hint="for example --rate resnet50=400 (a model of the plan, or its family)",
+            )
+        if name in out:
+            raise InputError(f"--rate names {name} twice", hint="give each model once")
+        out[name] = rps
+    return out
 
 
 def _objectives(r: dict[str, object]) -> str:

@@ -13,7 +13,8 @@ from greenctl.data.errors import InputError
 report_app = typer.Typer(
     no_args_is_help=True,
     help="Export profiles, plans, runs, decisions and carbon signals (CSV/JSON, stable "
-    "columns), savings against a baseline plan, and PNG charts.",
+    "columns), emissions as CodeCarbon's emissions.csv, savings against a baseline plan, and "
+    "PNG charts.",
 )
 
 FormatOpt = Annotated[str, typer.Option("--format", help="csv or json.")]
@@ -78,6 +79,38 @@ def _export_command(what: str) -> Any:
 
 for _what in _HELP:
     report_app.command(_what)(_export_command(_what))
+
+
+@report_app.command("emissions")
+def report_emissions(
+    fmt: Annotated[
+        str, typer.Option("--format", help="codecarbon: CodeCarbon's emissions.csv columns.")
+    ] = "codecarbon",
+    output: OutOpt = None,
+    plan: Annotated[
+        int | None, typer.Option("--plan", help="Only this plan's verified runs and replans.")
+    ] = None,
+    db: DbOpt = None,
+) -> None:
+    """Emissions of verified runs and replan intervals as CodeCarbon's emissions.csv
+    (kg CO2eq, kWh, W, s, L); tracking_mode 'modeled' marks estimated energy."""
+    from greenctl.data import emissions
+
+    with store_for(db) as store:
+        if plan is not None:
+            store.get_plan(plan)  # an unknown id is an error, not an empty report
+        res = emissions.emissions(store, fmt=fmt, path=output, plan_id=plan)
+    note = (
+        f"{res['measured_rows']} measured, {res['modeled_rows']} modeled "
+        "(tracking_mode 'modeled': energy estimated from the plans, not measured)"
+    )
+    if res["no_intensity_rows"]:
+        note += f"; {res['no_intensity_rows']} without a grid intensity (emissions empty)"
+    if output:
+        say(f"Wrote {res['rows']} emissions rows ({fmt}) to {output}: {note}", highlight=False)
+    else:
+        sys.stdout.write(res["text"])
+        say(note, err=True, highlight=False)
 
 
 @report_app.command("savings")

@@ -141,6 +141,8 @@ def simulate_cmd(
         caption = f"simulated: {load}, policy {pol}, seed {seed}; from profiles"
     if slo_ms is not None:
         caption += f"; SLO {slo_ms:g} ms"
+    elif "slo_violation_frac" in result:
+        caption += "; each model's own SLO"
     rows = [[label, _cell(result[key]), unit] for key, label, unit in _ROWS if key in result]
     render_table(
         f"greenctl simulate {plan_file.name}", ["metric", "value", "unit"], rows, caption=caption

@@ -279,6 +279,7 @@ def unsettled(store: Any) -> bool:
         store.db.table("executor_apply_history").count_where("status = ?", ["running"])
         or store.db.table("executor_instances").count_where("state in (?, ?)", states)
         or store.db.table("executor_dispatcher").count_where("state in (?, ?)", states)
+        or bool(routers_in(store, states))
     )
 
 
@@ -462,3 +463,58 @@ def stop_backend(store: Any, backend: str) -> None:
         "where backend = ? and state = ?",
         [utcnow_iso(), backend, RUNNING],
     )
+
+
+# -- the geo router ---------------------------------------------------------------------------
+def journal_router(store: Any, row: dict[str, Any]) -> int:
+    """Record a geo router (and its supervisor) about to start (``starting``); its id."""
+    doc = {**row, "state": STARTING, "started_at": utcnow_iso()}
+    return int(store.db.table("geo_routers").insert(doc).last_pk)
+
+
+def set_router_process(store: Any, router_id: int, **fields: Any) -> None:
+    """Where a geo router runs: ``supervisor_pid``/``_start``, ``router_pid``/``_start``,
+    ``port``, ``plan_id``; nothing when the row is gone."""
+    table = store.db.table("geo_routers")
+    if table.count_where("id = ?", [router_id]):
+        table.update(router_id, fields)
+
+
+def commit_router(store: Any, router_id: int, *, plan_id: int | None) -> None:
+    """A started geo router becomes the running one, for ``plan_id``."""
+    store.db.table("geo_routers").update(router_id, {"state": RUNNING, "plan_id": plan_id})
+
+
+def retire_router(store: Any, router_id: int) -> None:
+    """A new geo router replaces this one; it is to be stopped."""
+    store.db.table("geo_routers").update(router_id, {"state": STOPPING})
+
+
+def forget_router(store: Any, router_id: int) -> None:
+    """Drop a journaled geo router that never served (its apply failed or was interrupted,
+    and its processes stopped)."""
+    store.db.execute("delete from geo_routers where id = ? and state = ?", [router_id, STARTING])
+
+
+def end_router(store: Any, router_id: int) -> None:
+    """Mark a geo router ``stopped`` now."""
+    store.db.table("geo_routers").update(
+        router_id, {"state": "stopped", "stopped_at": utcnow_iso()}
+    )
+
+
+def routers_in(store: Any, states: Iterable[str]) -> list[dict[str, Any]]:
+    """The geo routers in any of ``states``, oldest first."""
+    if "geo_routers" not in store.db.table_names():
+        return []
+    wanted = list(states)
+    marks = ", ".join("?" for _ in wanted)
+    return list(
+        store.db.table("geo_routers").rows_where(f"state in ({marks})", wanted, order_by="id")
+    )
+
+
+def running_router(store: Any) -> dict[str, Any] | None:
+    """The newest geo router recorded as ``running``, or None."""
+    rows = routers_in(store, [RUNNING])
+    return rows[-1] if rows else None

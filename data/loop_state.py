@@ -99,3 +99,37 @@ def set_load_counter(store: Any, *, source: str, model: str, time: str, count: f
     store.db.table("load_counters").insert(
         {"source": source, "model": model, "time": time, "count": count}, replace=True
     )
+
+
+# -- eGLB's online state of a routed geo plan ------------------------------------------------
+def add_geo_step(store: Any, row: dict[str, Any]) -> int:
+    """Append one online step of a routed geo plan (``lineage, plan_id, algorithm, slot,
+    slot_time, state, fractions``; the last two as dicts, stored as JSON); returns its id."""
+    import json
+
+    from greenctl.data.records import utcnow_iso
+
+    doc = {
+        **row,
+        "state": json.dumps(row["state"]),
+        "fractions": json.dumps(row.get("fractions") or {}),
+        "created_at": utcnow_iso(),
+    }
+    return int(store.db.table("geo_online_steps").insert(doc).last_pk)
+
+
+def last_geo_step(store: Any, lineage: str) -> dict[str, Any] | None:
+    """The newest online step of ``lineage`` (``state`` and ``fractions`` decoded), or None."""
+    import json
+
+    rows = list(
+        store.db.table("geo_online_steps").rows_where(
+            "lineage = ?", [lineage], order_by="id desc", limit=1
+        )
+    )
+    if not rows:
+        return None
+    row = dict(rows[0])
+    row["state"] = json.loads(row["state"])
+    row["fractions"] = json.loads(row["fractions"] or "{}")
+    return row

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data import deployments
+from greenctl.data.emissions import executor_energy_args, routes_carbon
 from greenctl.data.errors import (
     ExecutorError,
     GreenctlError,
@@ -61,7 +62,10 @@ from greenctl.data.resources import (
 )
 from greenctl.data.store import Store
 from greenctl.executor import partition
+from greenctl.executor.energy import energy_delta, energy_snapshot
 from greenctl.executor.kinds import get_kind
+from greenctl.executor.offers import MODEL_KEYS as OFFER_MODEL_KEYS
+from greenctl.executor.offers import add_offers, carry_offers
 from greenctl.executor.procs import (
     apply_lock,
     find_processes,
@@ -96,6 +100,10 @@ class InstanceSpec:
     quota_rps: float | None
     mig: partition.MigSlot | None = None
     gpu: int | None = None  # whole GPU or MPS share: NVML index
+    #: how long its batches wait to fill: a glet's planned duty cycle (``placement``'s
+    #: ``duty_cycle_ms``), as ``simulate`` predicts it; None: apply's ``max_wait_ms``. Not
+    #: part of the key: a kept glet keeps its executor (and wait) when only its cycle moves
+    max_wait_ms: float | None = None
 
     @property
     def key(self) -> str:
@@ -150,6 +158,8 @@ def desired_instances(plan: Plan) -> list[InstanceSpec]:
     for d in plan.deployments:
         r = parse_resource(d.resource)
         per = None if d.quota_rps is None else d.quota_rps / max(d.count, 1)
+        cycle = d.placement.get("duty_cycle_ms") if isinstance(d.placement, dict) else None
+        wait = float(cycle) if isinstance(cycle, int | float) and cycle > 0 else None
         if r.spec.pinning == PIN_MIG_INSTANCE and gpus:
             mig_deps[(d.variant, r.size)] = d
             continue
@@ -166,7 +176,9 @@ def desired_instances(plan: Plan) -> list[InstanceSpec]:
                     else None
                 )
             specs.append(
-                InstanceSpec(d.model, d.variant, d.resource, d.batch, per, mig=mig, gpu=gpu)
+                InstanceSpec(
+                    d.model, d.variant, d.resource, d.batch, per, mig=mig, gpu=gpu, max_wait_ms=wait
+                )
             )
     if gpus:
         for gi, g in enumerate(gpus):
@@ -312,6 +324,8 @@ def apply_plan(
     pol = kind.dispatch_policy(plan, policy)
     # what `replan --apply` applies again with (executor/backends.py): the address asked for
     backend_options = {"host": host, "port": port}
+    if loader != DEFAULT_LOADER:  # `replan --apply` loads the variants the same way
+        backend_options["loader"] = loader
     for i, d in enumerate(plan.deployments):
         runnable_resource(d.resource, field=f"deployments[{i}].resource")
     with apply_lock(state_dir, wait=wait, timeout_s=lock_timeout_s):
@@ -360,7 +374,10 @@ def apply_plan(
                     or disp["host"] != host
                     or (want_port not in (None, 0) and disp["port"] != want_port)
                 )
-                routes_changed = disp is None or _route_signature(disp, kept, specs, pol) is None
+                routes_changed = (
+                    disp is None
+                    or _route_signature(disp, kept, specs, pol, routes_carbon(plan)) is None
+                )
                 actions = _describe(
                     new_specs, new_cores, to_stop, disp, new_dispatcher, host, want_port
                 )
@@ -555,9 +572,14 @@ def _quotas_changed(kept: list[dict[str, Any]], specs: list[InstanceSpec]) -> bo
 
 
 def _route_signature(
-    disp: dict[str, Any], kept: list[dict[str, Any]], specs: list[InstanceSpec], policy: str
+    disp: dict[str, Any],
+    kept: list[dict[str, Any]],
+    specs: list[InstanceSpec],
+    policy: str,
+    carbon: dict[str, float] | None = None,
 ) -> Any:
-    """None when the dispatcher's table differs from what the kept instances need."""
+    """None when the dispatcher's table differs from what the kept instances need, or
+    carries another grid intensity than ``carbon`` (a replan with a new signal)."""
     try:
         doc = _admin(disp, "GET", timeout_s=3.0)
     except ExecutorError:
@@ -568,7 +590,7 @@ def _route_signature(
         for b in m["instances"]
     )
     want = sorted((row["model"], policy, row["id"]) for row in kept)
-    if len(kept) != len(specs) or have != want:
+    if len(kept) != len(specs) or have != want or doc.get("carbon") != carbon:
         return None
     return have
 
@@ -726,6 +748,7 @@ def _execute(
     new_rows: list[dict[str, Any]] = []
     new_disp_row: dict[str, Any] | None = None
     mps_env: dict[str, str] = {}
+    gap: tuple[float, list[str]] | None = None  # (since, models) left unrouted for a MIG change
     step = "starting"
     try:
         # 1. MIG layout (checkpoint first; executors on slices that go away stop first)
@@ -765,7 +788,10 @@ def _execute(
                     # restores the routes, and the supervisor restarts them on the re-created
                     # instances (it resolves their MIG UUIDs afresh).
                     if disp is not None:
-                        _drop_from_routes(disp, {row["id"] for row in freeing}, undo)
+                        unrouted = _drop_from_routes(disp, {row["id"] for row in freeing}, undo)
+                        if unrouted:  # no instance left: a gap until the switch, measured
+                            since = gap[0] if gap else time.monotonic()
+                            gap = (since, sorted({*(gap[1] if gap else []), *unrouted}))
                     for row in freeing:
                         terminate(row["pid"], row["pid_start"])
                         done.append({"action": "stop-executor", "id": row["id"]})
@@ -810,6 +836,9 @@ def _execute(
                 s, inst_id, cores, state_dir, store, loader, max_wait_ms, mps_env, ready_timeout_s
             )
             spawn["argv"] += ["--variant-json", json.dumps(asdict(variants[s.variant]))]
+            spawn["argv"] += executor_energy_args(  # its energy and carbon counters' figures
+                store, plan, variant=s.variant, resource=s.resource, batch=s.batch
+            )
             row = {
                 "id": inst_id,
                 "apply_id": history_id,
@@ -871,10 +900,16 @@ def _execute(
         step = "switching the dispatcher's routes"
         final = [{**row, "quota_rps": row["_spec"].quota_rps} for row in kept] + new_rows
         routes = _routes_doc(final, policy, max_queue, history_id)
+        # model-less requests (issue 19): each instance's offer, the plan's preference
+        routes = add_offers(routes, final, store, plan, max_wait_ms=max_wait_ms)
+        routes["carbon"] = routes_carbon(plan)  # exported, and handed to executors (issue 19)
         previous = None
         if new_disp_row is None:
             previous = _admin(target, "GET")
         _admin(target, "POST", routes)
+        if gap is not None:
+            gap_ms = round((time.monotonic() - gap[0]) * 1000.0, 1)
+            done.append({"action": "serving-gap", "models": gap[1], "gap_ms": gap_ms})
         if previous is not None:
             prev = _strip_runtime(previous)
             undo.append(("restore the previous routes", lambda: _admin(target, "POST", prev)))
@@ -923,7 +958,12 @@ def _execute(
             hint=hint,
         ) from None
     # 7. retire what the plan no longer needs (after the switch: no gap in service)
-    warnings: list[str] = []
+    warnings: list[str] = [
+        f"{', '.join(a['models'])} had no executor for {a['gap_ms']:g} ms while the MIG "
+        "slices they ran on were re-created (no room to start the new ones first)"
+        for a in done
+        if a["action"] == "serving-gap"
+    ]
     for row in to_stop:
         if not _stop_instance(row):
             warnings.append(f"executor {row['id']} (pid {row['pid']}) did not stop")
@@ -963,18 +1003,23 @@ def _execute(
 
 def _drop_from_routes(
     disp: dict[str, Any], ids: set[str], undo: list[tuple[str, Callable[[], object]]]
-) -> None:
+) -> list[str]:
+    """Take executors ``ids`` out of the dispatcher's routes; returns the models left with
+    none (not served until the next switch)."""
     previous = _strip_runtime(_admin(disp, "GET"))
     interim = json.loads(json.dumps(previous))
+    unrouted = []
     for name in list(interim["models"]):
         model = interim["models"][name]
         model["instances"] = [b for b in model["instances"] if b["id"] not in ids]
         if not model["instances"]:
             del interim["models"][name]
+            unrouted.append(name)
     _admin(disp, "POST", interim)
     undo.append(
         ("restore the routes before the MIG change", lambda: _admin(disp, "POST", previous))
     )
+    return unrouted
 
 
 def _undo(undo: list[tuple[str, Callable[[], object]]]) -> list[str]:
@@ -995,8 +1040,12 @@ def _strip_runtime(doc: dict[str, Any]) -> dict[str, Any]:
             "policy": m["policy"],
             "max_queue": m["max_queue"],
             "instances": m["instances"],
+            **{k: m[k] for k in OFFER_MODEL_KEYS if k in m},  # model-less requests (issue 19)
         }
-    return {"generation": doc.get("generation"), "models": models}
+    out: dict[str, Any] = {"generation": doc.get("generation"), "models": models}
+    if "carbon" in doc:  # the intensity the dispatcher counts with (issue 19)
+        out["carbon"] = doc["carbon"]
+    return out
 
 
 def _routes_doc(
@@ -1012,6 +1061,7 @@ def _routes_doc(
         m["instances"].append(
             {
                 "id": row["id"],
+                "variant": row["variant"],  # routing by variant name (issue 19)
                 "url": f"http://{_connect_host(row['host'])}:{row['port']}",
                 "weight": row["quota_rps"] if row["quota_rps"] else 1.0,
                 # batch + 1: one request travels while a full batch runs, so the executor
@@ -1054,7 +1104,7 @@ def _spawn_spec(
         "--batch",
         str(s.batch),
         "--max-wait-ms",
-        str(max_wait_ms),
+        str(max_wait_ms if s.max_wait_ms is None else s.max_wait_ms),  # a glet's: its cycle
         "--host",
         "127.0.0.1",
         "--port",
@@ -1340,7 +1390,9 @@ def recover(store: Store) -> list[dict[str, Any]]:
         else:
             deployments.end_instance(store, row["id"])
         done.append({"action": "stop-executor", "id": row["id"], "pids": pids})
-    return done
+    from greenctl.executor.georouter_procs import recover_routers
+
+    return done + recover_routers(store)  # a geo router's apply interrupted likewise
 
 
 def _resync_routes(store: Store) -> list[dict[str, Any]]:
@@ -1361,7 +1413,8 @@ def _resync_routes(store: Store) -> list[dict[str, Any]]:
     first: dict[str, Any] = next(iter(models.values()), {})
     policy = str(first.get("policy") or "fifo")
     max_queue = int(first.get("max_queue") or 256)
-    _admin(disp, "POST", _routes_doc(rows, policy, max_queue, disp.get("apply_id")))
+    routes = _routes_doc(rows, policy, max_queue, disp.get("apply_id"))
+    _admin(disp, "POST", carry_offers(doc, routes))  # keeps the offers (issue 19)
     return [{"action": "restore-routes", "instances": [r["id"] for r in rows]}]
 
 
@@ -1393,8 +1446,11 @@ def verify_plan(
     """Load the running plan at its predicted rate and record measured vs predicted numbers."""
     import numpy as np
     from greenctl.executor.loadgen import client_lag_note, run_load
+    from greenctl.planner.core.simulator import served_model_slos
 
     started_at = utcnow_iso()
+    slos = served_model_slos(plan)  # a glet plan: each model held to its own SLO
+    late = 0
     models: dict[str, float] = {}
     for d in plan.deployments:
         models[d.model] = models.get(d.model, 0.0) + float(d.quota_rps or 0.0)
@@ -1411,12 +1467,18 @@ def verify_plan(
     lat: list[float] = []
     agg = {"sent": 0, "ok": 0, "errors": 0, "rejected_503": 0}
     details = {}
+    energy_before = energy_snapshot(store)  # the executors' energy counters (issue 19)
     for i, (model, rate) in enumerate(sorted(per_model.items())):
         res = run_load(endpoint, model, duration_s=duration_s, rate_rps=rate, seed=i)
         lat += res.latencies_ms
         for k in agg:
             agg[k] += getattr(res, k)
         details[model] = res.to_dict()
+        if model in slos:  # late, failed or refused requests miss the SLO
+            miss = sum(x > slos[model] for x in res.latencies_ms) + res.sent - res.ok
+            late += miss
+            details[model].update(slo_ms=slos[model], slo_violation_frac=miss / max(res.sent, 1))
+    energy = energy_delta(energy_before, energy_snapshot(store))
     arr = np.asarray(lat) if lat else None
     measured: dict[str, Any] = {
         "rate_rps": round(agg["ok"] / duration_s, 3),
@@ -1430,6 +1492,10 @@ def verify_plan(
         "duration_s": duration_s,
         "models": details,
     }
+    if slos:
+        measured["slo_violation_frac"] = late / max(agg["sent"], 1)
+    if energy is not None:
+        measured["energy"] = energy
     lags = [r["client_lag_p95_ms"] for r in details.values() if r.get("client_lag_p95_ms")]
     measured["client_lag_p95_ms"] = max(lags) if lags else None
     note = client_lag_note(measured["client_lag_p95_ms"], measured["p95_ms"])
@@ -1455,7 +1521,7 @@ def status(store: Store, *, timeout_s: float = 1.0) -> dict[str, Any]:
     dispatcher serves); ``problems`` says why in words. What an interrupted apply left is
     stopped first (``recovered``), unless an apply runs now (``apply_running``).
     """
-    from greenctl.executor.daemon import parse_prometheus
+    from greenctl.executor.metrics import parse_prometheus
 
     problems: list[str] = []
     recovered: list[dict[str, Any]] = []
@@ -1667,6 +1733,9 @@ def down(store: Store, *, restore_mig: bool = False, wait: bool = True) -> dict[
             ok = _stop_instance(row)
             deployments.end_instance(store, row["id"])
             stopped += [{"instance": row["id"], "pid": pid, "stopped": ok} for pid in pids]
+        from greenctl.executor.georouter_procs import stop_routers
+
+        stopped += stop_routers(store)  # the geo router and its supervisor
         for pid, ticks in stray_daemons(state_dir, str(store.path)):
             terminate(pid, ticks)
             stopped.append({"stray": (process_argv(pid) or ["?"])[0], "pid": pid})

@@ -9,7 +9,7 @@ over the functions here, which take keyword-only options and return plain data.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,13 +275,15 @@ def _replan_kind(
     store: Any,
     running: Any,
     *,
-    intensity: float,
+    intensity: float | None,
     rate: float | None = None,
     forecast: Callable[[str], float | None] | None = None,
+    rates: Mapping[str, float] | None = None,
 ) -> tuple[Any, float | None, str | None, Any]:
     """Plan ``running``'s kind again at ``intensity`` through the registry, its request
     rewritten by the kind (:attr:`~greenctl.executor.kinds.PlanKind.replan_request`) for the
-    plan's forecast load ``rate`` or the per-model ``forecast``.
+    plan's forecast load ``rate``, the per-model ``forecast`` or the given per-model
+    ``rates``.
 
     Returns:
         (new plan, the running plan's objective in the same problem or None, a note, the
@@ -294,7 +296,7 @@ def _replan_kind(
     kind = get_kind(running.kind)
     assert kind.plan is not None and kind.score is not None  # checked by replan_once
     rewritten = kind.replan_request(
-        running, ReplanSignal(intensity, rate_rps=rate, forecast=forecast)
+        running, ReplanSignal(intensity, rate_rps=rate, forecast=forecast, rates=rates)
     )
     new, problem = kind.plan(store, rewritten.request, current=running)
     old_obj, note = kind.score(problem, running)
@@ -306,6 +308,123 @@ def _improvement(maximise: bool, old: float | None, new: float | None) -> float 
         return None
     gain = (new - old) if maximise else (old - new)
     return gain / max(abs(old), 1e-12)
+
+
+def dwell_since(last_change_at: str, when: str, min_dwell_s: float) -> float | None:
+    """Seconds from the last change to ``when`` while that is under ``min_dwell_s`` (no
+    change yet), else None (a change may happen)."""
+    from greenctl.data.carbon_io import parse_time
+
+    if min_dwell_s <= 0:
+        return None
+    since = (parse_time(when) - parse_time(last_change_at)).total_seconds()
+    return since if since < min_dwell_s else None
+
+
+@dataclass
+class ReplanChoice:
+    """What a replanning round found (:func:`replan_choice`), before it acts."""
+
+    #: the new plan (not saved)
+    new: Any
+    old_objective: float | None
+    new_objective: float | None
+    improvement: float | None
+    #: the forecast load the rewritten request plans for (None: the planned rates stay)
+    forecast_rps: float | None
+    #: the best plan is the running configuration
+    same: bool
+    #: why a change is worth it (empty: it is not)
+    triggers: list[str]
+    #: notes of the round (the rewrite's, the scoring's), after the caller's
+    notes: list[str]
+    #: the signal and how far it moved, for a reason
+    signal_text: str
+    #: the reason when nothing triggers a change
+    not_worth: str
+
+
+def replan_choice(
+    store: Any,
+    running: Any,
+    *,
+    signal: float | None,
+    reference: float | None,
+    threshold: float,
+    margin: float,
+    rate: float | None = None,
+    forecast: Callable[[str], float | None] | None = None,
+    rates: Mapping[str, float] | None = None,
+    notes: list[str] | None = None,
+) -> ReplanChoice:
+    """Plan ``running`` again at carbon intensity ``signal`` and the forecast load, score the
+    running plan in the same problem and say whether a change is worth it: the signal moved
+    by more than ``threshold`` from ``reference`` (or there is none), the running plan cannot
+    be scored (it cannot carry the load), or the objective improves by more than ``margin``.
+    A kind with its own :attr:`~greenctl.executor.kinds.PlanKind.triggers` decides instead of
+    the signal and the margin (a glet plan: its GPU count changes, or more than ``threshold``
+    of its glets move); ``signal`` None: no region (a kind that plans no carbon). ``rates``:
+    models' rates given by name (``--rate NAME=RPS``), over the forecast.
+
+    The decision of :func:`replan_once` (which adds the store, the dwell and applying) and of
+    the what-if replay (:mod:`greenctl.executor.replay`); it writes nothing.
+    """
+    from greenctl.executor.kinds import get_kind
+
+    kind = get_kind(running.kind)
+    new, old_obj, note, rewritten = _replan_kind(
+        store, running, intensity=signal, rate=rate, forecast=forecast, rates=rates
+    )
+    notes = [*(notes or []), *rewritten.notes]  # what the kind's rewrite left alone
+    if note:
+        notes.append(note)
+    objective, new_obj, maximise = kind.objective(new)
+    imp = _improvement(maximise, old_obj, new_obj)
+    change = (
+        None
+        if reference is None or signal is None
+        else abs(signal - reference) / max(reference, 1e-9)
+    )
+    if signal is None:
+        load = rewritten.forecast_rps if rate is None else rate
+        sig_txt = "no carbon region" + ("" if load is None else f"; load {load:.4g} req/s")
+    else:
+        sig_txt = f"carbon intensity {signal:.1f} g/kWh" + (
+            "" if change is None else f" moved {change * 100:.1f} % from {reference:.1f}"
+        )
+    triggers = []
+    compared = ""
+    if kind.triggers is not None:  # the kind's own rule (glet: GPUs, glets moved)
+        triggers, compared = kind.triggers(running, new, threshold)
+    elif change is None or change > threshold:
+        triggers.append(
+            "no reference signal"
+            if change is None
+            else f"signal moved {change * 100:.1f} % > {threshold * 100:g} %"
+        )
+    if old_obj is None:
+        triggers.append(notes[-1] if notes else "running plan not comparable")
+    elif kind.triggers is None and imp is not None and imp > margin:
+        triggers.append(f"{objective} objective improves {imp * 100:.1f} % > {margin * 100:g} %")
+    not_worth = (
+        f"{sig_txt}; {compared}: not worth a change"
+        if kind.triggers is not None
+        else f"{sig_txt} (<= {threshold * 100:g} %) and the {objective} objective "
+        f"improves {0.0 if imp is None else imp * 100:.2f} % "
+        f"(<= {margin * 100:g} %): not worth a change"
+    )
+    return ReplanChoice(
+        new=new,
+        old_objective=old_obj,
+        new_objective=new_obj,
+        improvement=imp,
+        forecast_rps=rewritten.forecast_rps,
+        same=_same_config(new, running),
+        triggers=triggers,
+        notes=notes,
+        signal_text=sig_txt,
+        not_worth=not_worth,
+    )
 
 
 @contextmanager
@@ -355,6 +474,7 @@ def replan_once(
     region: str | None = None,
     forecaster: str | None = None,
     load_model: str | None = None,
+    rates: Mapping[str, float] | None = None,
     at: str | None = None,
     apply_fn: ApplyFn | None = None,
     apply_options: dict[str, Any] | None = None,
@@ -368,7 +488,11 @@ def replan_once(
     ``load_model``, that model's load spread over the plan as planned); compare the new
     plan's objective with the running plan's in the same problem; act when the signal moved
     by more than ``threshold`` since the running plan was chosen, or the objective improves
-    by more than ``margin``, and not sooner than ``min_dwell_s`` after the last change. With
+    by more than ``margin`` (:func:`replan_choice`: a glet plan acts when its GPU count
+    changes or more than ``threshold`` of its glets move; a running plan that cannot carry
+    the load is replaced), and not sooner than ``min_dwell_s`` after the last change.
+    ``rates`` (``--rate NAME=RPS``) set models' rates by name, over the forecast; a kind that
+    plans no carbon (a glet plan) needs no region. With
     ``apply`` the new plan is applied (``apply_fn``, default: on the backend that runs the
     plan, :func:`greenctl.executor.backends.apply_where_running`, with ``apply_options``);
     otherwise it is saved and proposed. Every round appends a decision record. With a
@@ -390,7 +514,7 @@ def replan_once(
         ``failed`` decision is recorded; the running plan is left as it was.
     """
     from greenctl.data import carbon
-    from greenctl.data.carbon_io import normalise_time, parse_time
+    from greenctl.data.carbon_io import normalise_time
     from greenctl.data.errors import GreenctlError
 
     if threshold < 0 or margin < 0:
@@ -423,7 +547,7 @@ def replan_once(
                 hint="replan without --apply: a better plan is saved and proposed",
             )
         reg = region or running.extra.get("carbon_region") or running.request.get("carbon_region")
-        if not reg:
+        if not reg and kind.carbon_signal:  # (a glet plan plans no carbon: none needed)
             raise InputError(
                 "no carbon region to replan for", hint="pass --region R (see `carbon regions`)"
             )
@@ -434,7 +558,7 @@ def replan_once(
                 raise InputError(f"--at: {exc}") from None
         when = at or utcnow_iso()
         try:  # the one rule every plan's intensity follows (plan mix/mig --region --at)
-            ci = carbon.plan_intensity(store, region=reg, at=at)
+            ci = carbon.plan_intensity(store, region=reg, at=at) if reg else None
         except GreenctlError as exc:
             _record(
                 store,
@@ -450,13 +574,13 @@ def replan_once(
                 },
             )
             raise
-        signal = float(ci["carbon_g_per_kwh"])
+        signal = None if ci is None else float(ci["carbon_g_per_kwh"])
         ref = None
         if last is not None and last.get("signal_g_per_kwh") is not None:
             ref = float(last["signal_g_per_kwh"])
         elif running.request.get("carbon_intensity") is not None:
             ref = float(running.request["carbon_intensity"])
-        change = None if ref is None else abs(signal - ref) / max(ref, 1e-9)
+        change = None if ref is None or signal is None else abs(signal - ref) / max(ref, 1e-9)
         record: dict[str, Any] = {
             "time": utcnow_iso(),
             "at": when,
@@ -491,9 +615,9 @@ def replan_once(
                 )
                 return _record(store, record)
             recover = apply and not serving["live"]  # nothing serves: apply the best plan now
-            if last is not None and min_dwell_s > 0 and not recover:
-                since = (parse_time(when) - parse_time(last["at"] or last["time"])).total_seconds()
-                if since < min_dwell_s:
+            if last is not None and not recover:
+                since = dwell_since(last["at"] or last["time"], when, min_dwell_s)
+                if since is not None:
                     record["reason"] = (
                         f"min dwell: last change at {last['at']} was {since / 60:.0f} min ago "
                         f"(< {min_dwell_s / 60:.0f} min)"
@@ -513,21 +637,17 @@ def replan_once(
                     if rate is None:
                         notes.append("no measured load yet: planned rate kept")
                     forecast = None
-            new, old_obj, note, rewritten = _replan_kind(
-                store, running, intensity=signal, rate=rate, forecast=forecast
-            )
-            record["forecast_rps"] = rate if rate is not None else rewritten.forecast_rps
-            notes += rewritten.notes  # what the kind's rewrite left alone
-            carbon.record_intensity(new, ci)  # the value, its source and carbon_region
-            if note:
-                notes.append(note)
-            objective, record["new_objective"], maximise = kind.objective(new)
-            record["old_objective"] = old_obj
-            imp = _improvement(maximise, old_obj, record["new_objective"])
-            record["improvement"] = imp
-            sig_txt = f"carbon intensity {signal:.1f} g/kWh" + (
-                "" if change is None else f" moved {change * 100:.1f} % from {ref:.1f}"
-            )
+            choice = replan_choice(
+                store, running, signal=signal, reference=ref, threshold=threshold,
+                margin=margin, rate=rate, forecast=forecast, rates=rates, notes=notes,
+            )  # fmt: skip
+            new, notes, sig_txt = choice.new, choice.notes, choice.signal_text
+            record["forecast_rps"] = rate if rate is not None else choice.forecast_rps
+            if ci is not None:
+                carbon.record_intensity(new, ci)  # the value, its source and carbon_region
+            record["old_objective"] = choice.old_objective
+            record["new_objective"] = choice.new_objective
+            record["improvement"] = choice.improvement
             if recover:
                 target = running if _same_config(new, running) else new
                 if target is new:
@@ -541,7 +661,7 @@ def replan_once(
                 (apply_fn or _default_apply)(target, store=store, **(apply_options or {}))
                 record["action"] = "apply"
                 record["applied"] = 1
-            elif _same_config(new, running):
+            elif choice.same:
                 record["action"] = "keep"
                 record["reason"] = (
                     f"{sig_txt}; the best plan is the running configuration"
@@ -549,29 +669,12 @@ def replan_once(
                     else f"{sig_txt}; the best plan is plan {running.id}'s configuration"
                 )
             else:
-                triggers = []
-                if change is None or change > threshold:
-                    triggers.append(
-                        "no reference signal"
-                        if change is None
-                        else f"signal moved {change * 100:.1f} % > {threshold * 100:g} %"
-                    )
-                if old_obj is None:
-                    triggers.append(notes[-1] if notes else "running plan not comparable")
-                elif imp is not None and imp > margin:
-                    triggers.append(
-                        f"{objective} objective improves {imp * 100:.1f} % > {margin * 100:g} %"
-                    )
-                if not triggers:
-                    record["reason"] = (
-                        f"{sig_txt} (<= {threshold * 100:g} %) and the {objective} objective "
-                        f"improves {0.0 if imp is None else imp * 100:.2f} % "
-                        f"(<= {margin * 100:g} %): not worth a change"
-                    )
+                if not choice.triggers:
+                    record["reason"] = choice.not_worth
                 else:
                     store.save_plan(new, source="replan")
                     record["new_plan_id"] = new.id
-                    record["reason"] = "; ".join(triggers)
+                    record["reason"] = "; ".join(choice.triggers)
                     if apply:
                         fn = apply_fn or _default_apply
                         fn(new, store=store, **(apply_options or {}))
@@ -647,6 +750,12 @@ def _default_apply(plan: Any, *, store: Any, **options: Any) -> Any:
 
 
 def _record(store: Any, record: dict[str, Any]) -> dict[str, Any]:
+    return record_decision(store, record)
+
+
+def record_decision(store: Any, record: dict[str, Any]) -> dict[str, Any]:
+    """Append a replanning decision record (one transaction); returns it with its ``id``
+    and ``applied`` as a bool. Every replan writes one, whichever kind it replans."""
     with store.transaction():
         record["id"] = loop_state.add_decision(store, record)
     out = dict(record)

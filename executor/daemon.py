@@ -9,7 +9,11 @@ the variant, then serves the Open Inference Protocol (KServe v2 REST) on loopbac
 - ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}`` (metadata),
   ``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer`` (JSON tensors, and Triton's
   binary tensor extension), optionally under ``/versions/{v}``;
-- ``GET /metrics``: Prometheus text (requests, latency histogram, batch sizes, busy time).
+- ``GET /metrics``: Prometheus text (requests, latency histogram, batch sizes, busy time,
+  and energy, power and carbon: ``greenctl_energy_joules_total``, ``greenctl_power_watts``,
+  ``greenctl_carbon_grams_total`` labelled by ``source``, see :func:`energy_export`);
+- ``POST /admin/carbon`` (loopback only): the grid intensity and PUE carbon is counted with
+  from now on (:meth:`ExecutorServer.admin_carbon`).
 
 Requests are batched dynamically up to ``--batch`` rows, waiting at most ``--max-wait-ms``
 for a batch to fill; inference runs in one worker thread. When ready it writes its pid and
@@ -43,7 +47,9 @@ from greenctl.executor import oip
 from greenctl.executor.metrics import (
     BATCH_BUCKETS,
     LATENCY_BUCKETS_S,
+    EnergyExport,
     bucket_index,
+    check_carbon,
     histogram_lines,
 )
 from greenctl.executor.procs import proc_start_ticks, run_async, settle_heap, write_json_atomic
@@ -207,18 +213,6 @@ class Metrics:
                     f'greenctl_request_latency_window_ms{{{labels},quantile="{q}"}} {value:.4f}'
                 )
         return "\n".join(lines) + "\n"
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Flatten Prometheus text into ``{"name{labels}": value}`` (used by ``greenctl status``)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        with contextlib.suppress(ValueError):
-            out[key] = float(value)
-    return out
 
 
 # -- batching ----------------------------------------------------------------------------
@@ -413,6 +407,7 @@ class ExecutorServer:
         self.output_shape: tuple[int, ...] = ()
         self.output_dtype = "FP32"
         self.ready = False
+        self.energy: EnergyExport | None = None
 
     def warm_up(self, rounds: int = 3) -> None:
         """Run every batch size the runner will serve (on a GPU, then the largest one until
@@ -441,7 +436,33 @@ class ExecutorServer:
             model_meta=self.model_meta, model_ready=self.model_ready, infer=self.infer,
             metrics=self.metrics_page,
         )  # fmt: skip
+        router.add_post("/admin/carbon", self.admin_carbon)
         return router
+
+    async def admin_carbon(self, request: Any) -> Any:
+        """``POST /admin/carbon`` ``{"carbon_g_per_kwh": G, "pue": P}`` (loopback clients
+        only): count carbon at a new grid intensity from now on, without a restart (the
+        dispatcher sends its plan's after ``replan --apply`` kept this executor)."""
+        remote = request.remote or ""
+        if remote not in ("127.0.0.1", "::1") and not remote.startswith("127."):
+            return hs.json_response({"error": "forbidden"}, status=403)
+        if self.energy is None or self.energy.counter is None:
+            return hs.json_response({"error": "this executor counts no energy"}, status=409)
+        try:
+            doc = await request.json()
+            if not isinstance(doc, dict):
+                raise InputError("the body must be a JSON object")
+            intensity, pue = check_carbon(
+                doc.get("carbon_g_per_kwh"),
+                doc.get("pue", 1.0),
+                names=("carbon_g_per_kwh", "pue"),
+            )
+        except ValueError as exc:
+            return hs.json_response({"error": f"not JSON: {exc}"}, status=400)
+        except InputError as exc:
+            return hs.json_response({"error": exc.message}, status=400)
+        self.energy.set_carbon(intensity, pue)
+        return hs.json_response({"carbon_g_per_kwh": intensity, "pue": pue})
 
     async def server_meta(self, request: Any) -> Any:
         return hs.json_response(
@@ -600,7 +621,10 @@ class ExecutorServer:
 
     async def metrics_page(self, request: Any) -> Any:
         labels = f'model="{self.model}",variant="{self.variant}",resource="{self.resource}"'
-        return hs.Response(text=self.metrics.render(labels), content_type="text/plain")
+        text = self.metrics.render(labels)
+        if self.energy is not None:
+            text += "\n".join(self.energy.render(labels)) + "\n"
+        return hs.Response(text=text, content_type="text/plain")
 
 
 def _to_numpy(x: Any) -> Any:
@@ -698,7 +722,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--variant-json", default=None, help="the Variant record as JSON (then no store is read)"
     )
+    e = p.add_argument_group("energy and carbon (greenctl_energy_joules_total, ...)")
+    e.add_argument(
+        "--energy-source",
+        default="auto",
+        choices=("auto", "nvml", "rapl", "modeled"),
+        help="where energy comes from (auto: NVML on GPUs, RAPL on CPUs, else modeled)",
+    )
+    e.add_argument("--carbon-intensity", type=float, default=None, help="grid gCO2/kWh")
+    e.add_argument("--pue", type=float, default=1.0, help="facility over IT energy (>= 1)")
+    # the modeled source's figures: apply passes the stored profile's (the daemon does not
+    # open the store for them: that costs over a second at start)
+    e.add_argument("--power-w", type=float, default=None, help="modeled busy power (W)")
+    e.add_argument("--idle-power-w", type=float, default=None, help="modeled idle power (W)")
+    e.add_argument(
+        "--energy-j-per-request", type=float, default=None, help="modeled J per request row"
+    )
     return p
+
+
+def energy_export(server: ExecutorServer, args: argparse.Namespace, cores: int) -> EnergyExport:
+    """The executor's energy counter (:func:`greenctl.profiler.energy.serving_counter`) and
+    the intensity and PUE its carbon is counted with.
+
+    Raises:
+        InputError: a negative intensity or a PUE under 1.
+    """
+    from greenctl.profiler.energy import serving_counter
+
+    intensity, pue = check_carbon(args.carbon_intensity, args.pue)
+    m = server.metrics
+    counter, notes = serving_counter(
+        args.resource,
+        cores=cores,
+        env=dict(os.environ),
+        busy_s=lambda: m.busy_s,
+        requests=lambda: m.batch_sum,
+        source=args.energy_source,
+        busy_w=args.power_w,
+        idle_w=args.idle_power_w,
+        energy_j_per_request=args.energy_j_per_request,
+    )
+    return EnergyExport(counter, carbon_g_per_kwh=intensity, pue=pue, notes=notes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -735,6 +800,7 @@ def main(argv: list[str] | None = None) -> int:
             max_rows=args.max_rows,
         )
         server.warm_up()
+        server.energy = energy_export(server, args, len(cores) or os.cpu_count() or 1)
         settle_heap()  # no full-heap collection pauses (tens of ms with torch) while serving
     except Exception as exc:
         traceback.print_exc()
@@ -753,6 +819,8 @@ async def _serve(
         report({"error": f"cannot bind {args.host}:{args.port}: {exc.strerror or exc}"})
         return 4
     batcher_task = asyncio.get_running_loop().create_task(server.batcher.run_forever())
+    if server.energy is not None:
+        server.energy.start()
     server.ready = True
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -774,6 +842,12 @@ async def _serve(
             },
             "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
             "warmup": server.warmup,
+            "energy": {
+                "source": server.energy.source if server.energy else None,
+                "notes": server.energy.notes if server.energy else [],
+                "carbon_g_per_kwh": args.carbon_intensity,
+                "pue": args.pue,
+            },
         }
     )
     print(
@@ -782,6 +856,8 @@ async def _serve(
     )
     await stop.wait()
     server.ready = False
+    if server.energy is not None:
+        server.energy.stop()
     await http.shutdown()
     batcher_task.cancel()
     with contextlib.suppress(asyncio.CancelledError):

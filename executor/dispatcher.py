@@ -27,6 +27,17 @@ supervisor's listening socket (``--listen-fd``), keeps its routing table in a fi
 (``--routes-state``) for the dispatcher that replaces it, and restarts its supervisor when
 that dies. The admin endpoints (``/admin/routes``) answer only loopback clients presenting
 the token from the state file; ``greenctl apply`` uses them to switch routing atomically.
+
+Energy and carbon (issue 19): every few seconds (``$GREENCTL_ENERGY_SCRAPE_S``, default 2),
+off the request path, it reads its executors' ``/metrics`` and exports per model and source
+``greenctl_energy_joules_total`` and ``greenctl_carbon_grams_total``, the sums of every
+executor process's counter increase (a restarted executor's counter starts from zero again:
+counted as Prometheus's ``increase()`` counts a reset), and the grid intensity its routing
+table's ``carbon`` says the running plan was made with (``greenctl_grid_intensity_grams_per_
+kwh``). It hands that intensity and PUE to each executor process (``POST /admin/carbon``)
+that has not been told it, so executors kept by ``replan --apply`` count carbon at the new
+plan's intensity without a restart, and restarted ones (started with the old command line)
+too.
 """
 
 from __future__ import annotations
@@ -51,7 +62,19 @@ from typing import Any
 from greenctl.data.errors import InputError
 from greenctl.executor import httpserver as hs
 from greenctl.executor import oip
-from greenctl.executor.metrics import LATENCY_BUCKETS_S, bucket_index, histogram_lines
+from greenctl.executor.metrics import (
+    CARBON_TOTAL,
+    ENERGY_TOTAL,
+    GRID_INTENSITY,
+    LATENCY_BUCKETS_S,
+    IncreaseSum,
+    bucket_index,
+    check_carbon,
+    histogram_lines,
+    label_value,
+    model_energy_lines,
+    parse_prometheus,
+)
 from greenctl.executor.procs import (
     STABLE_S,
     backoff_settings,
@@ -68,6 +91,15 @@ from greenctl.executor.procs import (
     write_json_atomic,
 )
 from greenctl.executor.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
+from greenctl.planner.core.choice import (
+    PREFERENCES,
+    REQUIREMENT_KEYS,
+    Offer,
+    Requirements,
+    check_requirement,
+    choose,
+    closest,
+)
 from greenctl.planner.core.policy import POLICIES, SmoothWRR
 
 TOKEN_HEADER = "X-Greenctl-Token"
@@ -82,6 +114,43 @@ _FORWARD_HEADERS = (
 
 #: how long a request may wait for a model none of whose instances is up (default)
 RESTART_WAIT_S = 10.0
+#: the response header naming the variant that served a request
+VARIANT_HEADER = "Greenctl-Variant"
+#: seconds between reads of the executors' energy counters (``$GREENCTL_ENERGY_SCRAPE_S``)
+ENERGY_SCRAPE_ENV = "GREENCTL_ENERGY_SCRAPE_S"
+ENERGY_SCRAPE_S = 2.0
+
+
+def energy_scrape_s() -> float:
+    """Seconds between reads of the executors' energy counters: ``$GREENCTL_ENERGY_SCRAPE_S``
+    when it is a number > 0, else :data:`ENERGY_SCRAPE_S`."""
+    with contextlib.suppress(ValueError):
+        value = float(os.environ.get(ENERGY_SCRAPE_ENV, ""))
+        if math.isfinite(value) and value > 0:
+            return value
+    return ENERGY_SCRAPE_S
+
+
+def table_carbon(doc: dict[str, Any]) -> dict[str, float] | None:
+    """A routing table's ``carbon`` (``{"carbon_g_per_kwh": G, "pue": P}`` or None), checked.
+
+    Raises:
+        ValueError: not an object with an intensity >= 0 and a PUE >= 1 (answered 400).
+    """
+    carbon = doc.get("carbon")
+    if carbon is None:
+        return None
+    if not isinstance(carbon, dict):
+        raise ValueError("'carbon' must be an object {carbon_g_per_kwh, pue} or null")
+    try:
+        intensity, pue = check_carbon(
+            carbon.get("carbon_g_per_kwh"),
+            carbon.get("pue", 1.0),
+            names=("carbon.carbon_g_per_kwh", "carbon.pue"),
+        )
+    except InputError as exc:
+        raise ValueError(exc.message) from None
+    return None if intensity is None else {"carbon_g_per_kwh": intensity, "pue": pue}
 
 
 class QueueFull(Exception):
@@ -94,12 +163,150 @@ class QueueFull(Exception):
         self.retry_after_s = retry_after_s
 
 
+class NoVariant(Exception):
+    """No running variant meets a model-less request: the closest, and what it offers."""
+
+    def __init__(
+        self, name: str, req: Requirements, offer: Offer, latency_ms: float | None
+    ) -> None:
+        self.name, self.req, self.offer, self.latency_ms = name, req, offer, latency_ms
+        ms = "unknown" if latency_ms is None else f"{latency_ms:.3g} ms"
+        acc = "unknown" if offer.accuracy is None else f"{offer.accuracy:g}"
+        super().__init__(
+            f"no running variant of '{name}' meets {req.describe()}: the closest is "
+            f"'{offer.variant}', predicted latency {ms} (p95, with the requests it holds now), "
+            f"accuracy {acc}"
+        )
+
+    def doc(self) -> dict[str, Any]:
+        """The 422 response's body."""
+        return {
+            "error": str(self),
+            "requirements": {
+                k: v
+                for k, v in (
+                    ("latency_slo_ms", self.req.latency_slo_ms),
+                    ("min_accuracy", self.req.min_accuracy),
+                )
+                if v is not None
+            },
+            "closest": {
+                "variant": self.offer.variant,
+                "predicted_latency_ms": self.latency_ms,
+                "accuracy": self.offer.accuracy,
+                "carbon_g_per_request": self.offer.carbon_g_per_request,
+                "energy_j_per_request": self.offer.energy_j_per_request,
+            },
+        }
+
+
+#: a request with no requirement (one naming a variant)
+_ANY = Requirements()
+#: words of a request parameter that greenctl would read: an unknown one is refused (a typo
+#: must not pass silently as a request without requirements)
+_OURS = ("slo", "latency", "accuracy", "carbon", "energy", "cost", "variant", "greenctl")
+_OURS_BYTES = tuple(w.encode() for w in _OURS)
+#: above this size a request's JSON is not parsed whole to find its parameters: each
+#: parameters object is, read from at most ``_WINDOW`` bytes
+_PARSE_LIMIT = 8192
+_WINDOW = 2048
+
+
+def _offer(variant: str | None, doc: dict[str, Any] | None) -> Offer | None:
+    if variant is None or doc is None:
+        return None
+    return Offer.from_dict(variant, doc)  # a ValueError: the admin endpoint answers 400
+
+
+def requirements_of(body: bytes, header_length: str | None) -> Requirements | None:
+    """A request's requirements (``latency_slo_ms``, ``min_accuracy`` in its
+    ``parameters``), None when it states none (it routes by its model's policy).
+
+    Only the JSON part is read, and only when it names a greenctl-looking word at all; a
+    large JSON body (tensor data inline) is not parsed whole: each ``"parameters"`` object
+    in it (of at most 2 KiB) is, and those holding greenctl-looking keys count.
+
+    Raises:
+        InputError: a requirement that is not a number in range, or an unknown key that
+            looks like greenctl's (names it).
+    """
+    head = body
+    if header_length is not None:
+        with contextlib.suppress(ValueError):
+            head = body[: int(header_length)]
+    params: list[Any] = []
+    if len(head) <= _PARSE_LIMIT:
+        if b'"parameters"' not in head or not any(w in head for w in _OURS_BYTES):
+            return None
+        try:
+            doc = json.loads(head)
+        except (ValueError, RecursionError):
+            return None  # the executor answers a malformed request
+        params = [doc.get("parameters")] if isinstance(doc, dict) else []
+    else:  # one pass over the body, then only the parameters objects
+        decoder = json.JSONDecoder()
+        at = head.find(b'"parameters"')
+        while at >= 0:
+            window = head[at + 12 : at + 12 + _WINDOW]
+            if any(w in window for w in _OURS_BYTES):
+                text = window.decode("utf-8", errors="replace").lstrip()
+                with contextlib.suppress(ValueError, RecursionError):
+                    params.append(decoder.raw_decode(text.removeprefix(":").lstrip())[0])
+            at = head.find(b'"parameters"', at + 12)
+    found: dict[str, float] = {}
+    for p in params:
+        if not isinstance(p, dict):
+            continue
+        for key, value in p.items():
+            low = str(key).lower()
+            if key in REQUIREMENT_KEYS:
+                found[key] = check_requirement(key, value)
+            elif any(w in low for w in _OURS):
+                raise InputError(
+                    f"unknown request parameter {key!r}: greenctl reads latency_slo_ms "
+                    "(ms, > 0) and min_accuracy (a fraction, 0 to 1)"
+                    + (
+                        "; to pick a variant, name it: POST /v2/models/{variant}/infer"
+                        if "variant" in low
+                        else ""
+                    )
+                )
+    if not found:
+        return None
+    return Requirements(found.get("latency_slo_ms"), found.get("min_accuracy"))
+
+
+def _name_variant(
+    data: bytes, head_len: str | None, variant: str, family: str, named: str | None
+) -> tuple[bytes, str | None]:
+    """An executor's answer with the variant that served it in its ``parameters`` and, for
+    a request that named the variant, as its ``model_name`` (the executor answers with its
+    family's name). Our executors write no top-level ``parameters``."""
+    if not data.startswith(b"{") or data.startswith(b"{}"):
+        return data, head_len
+    grown = len(data)
+    lead = b'{"parameters":{"variant":' + json.dumps(variant).encode() + b"},"
+    skip = 1
+    prefix = b'{"model_name":' + json.dumps(family).encode()
+    if named is not None and data.startswith(prefix):
+        lead += b'"model_name":' + json.dumps(named).encode()
+        skip = len(prefix)
+    data = b"".join((lead, memoryview(data)[skip:]))  # one copy of the (binary) answer
+    if head_len is not None:
+        with contextlib.suppress(ValueError):
+            head_len = str(int(head_len) + len(data) - grown)
+    return data, head_len
+
+
 class Backend:
     """One executor instance as the dispatcher sees it."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.id: str = spec["id"]
         self.url: str = spec["url"]
+        self.variant: str | None = spec.get("variant")
+        self.offer_doc: dict[str, Any] | None = spec.get("offer")
+        self.offer = _offer(self.variant, self.offer_doc)
         self.pool = UpstreamPool(self.url)
         self.weight = float(spec.get("weight") or 1.0)
         self.slots = max(1, int(spec.get("slots") or 1))
@@ -123,6 +330,9 @@ class Backend:
         self.weight = float(spec.get("weight") or 1.0)
         self.slots = max(1, int(spec.get("slots") or 1))
         self.spawn = spec.get("spawn")
+        self.variant = spec.get("variant", self.variant)
+        self.offer_doc = spec.get("offer", self.offer_doc)
+        self.offer = _offer(self.variant, self.offer_doc)
         pid = spec.get("pid")
         if pid != self.pid and not self.restarting and is_alive(pid, spec.get("pid_start")):
             self.pid, self.pid_start, self.url = pid, spec.get("pid_start"), spec["url"]
@@ -142,7 +352,7 @@ class Backend:
         return max(0.0, self.retry_at - time.monotonic())
 
     def to_dict(self, *, runtime: bool = True) -> dict[str, Any]:
-        doc = {
+        doc: dict[str, Any] = {
             "id": self.id,
             "url": self.url,
             "weight": self.weight,
@@ -153,6 +363,10 @@ class Backend:
             "restarts": self.restarts,
             "failures": self.failures,
         }
+        if self.variant is not None:
+            doc["variant"] = self.variant
+        if self.offer_doc is not None:
+            doc["offer"] = self.offer_doc
         if runtime:
             retry = self.retry_in_s()
             doc.update(
@@ -195,6 +409,22 @@ class ModelRoute:
             self.wrr = SmoothWRR([b.weight for b in self.backends])
         except InputError as exc:  # the admin endpoint answers 400 for a ValueError
             raise ValueError(f"model {name!r}: {exc}") from exc
+        # model-less requests: the plan's preference and, in its order, each variant's offer
+        # with its instances (per variant too, for requests that name a variant)
+        self.prefer: str | None = spec.get("prefer")
+        if self.prefer is not None and self.prefer not in PREFERENCES:
+            raise ValueError(f"model {name!r}: unknown preference {self.prefer!r}")
+        groups: dict[Offer, list[Backend]] = {}
+        for b in self.backends:
+            if b.variant is not None:
+                groups.setdefault(b.offer or Offer(b.variant), []).append(b)
+        ranked = sorted(
+            groups.items(), key=lambda g: (g[0].rank(self.prefer or "cost"), g[0].variant)
+        )
+        self.candidates: list[tuple[Offer, list[Backend]]] = ranked
+        self.variants: dict[str, list[tuple[Offer, list[Backend]]]] = {}
+        for offer, members in ranked:
+            self.variants.setdefault(offer.variant, []).append((offer, members))
         self.waiters: collections.deque[asyncio.Future[Backend]] = collections.deque()
         #: waiters that wait for an instance to come back, with their deadline timers
         self.deadlines: dict[asyncio.Future[Backend], asyncio.TimerHandle] = {}
@@ -202,6 +432,8 @@ class ModelRoute:
 
     def to_dict(self, *, runtime: bool = True) -> dict[str, Any]:
         doc: dict[str, Any] = {"policy": self.policy, "max_queue": self.max_queue}
+        if self.prefer is not None:
+            doc["prefer"] = self.prefer
         if runtime:
             doc["queued"] = len(self.waiters)
         doc["instances"] = [b.to_dict(runtime=runtime) for b in self.backends]
@@ -397,6 +629,8 @@ class Dispatcher:
         self.pair = pair
         self.pair_file = pair_file
         self.routes: dict[str, ModelRoute] = {}
+        #: variant name -> the route of its family
+        self.variant_routes: dict[str, ModelRoute] = {}
         self.generation: Any = None
         self.session: Any = None
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -419,6 +653,15 @@ class Dispatcher:
         self.supervisor_retry_at = 0.0
         self.backoff = backoff_settings()
         self._supervisor: asyncio.Task[None] | None = None
+        #: the grid intensity and PUE of the running plan (the routing table's ``carbon``)
+        self.carbon: dict[str, float] | None = None
+        #: executors' energy and carbon counters summed per model (see :meth:`scrape_energy`)
+        self.energy = IncreaseSum()
+        #: per instance, the process and ``carbon`` it was last told (``/admin/carbon``)
+        self.carbon_told: dict[str, tuple[Any, dict[str, float]]] = {}
+        self.started_ticks = proc_start_ticks(os.getpid())
+        self.energy_interval_s = energy_scrape_s()
+        self._energy: asyncio.Task[None] | None = None
 
     def stopping(self) -> bool:
         """Whether this dispatcher stops, or its pair is being stopped (``down``): then
@@ -436,6 +679,7 @@ class Dispatcher:
         back-off); restarts of instances the new table drops are called off.
         """
         known = {b.id: b for r in self.routes.values() for b in r.backends}
+        carbon = table_carbon(doc) if "carbon" in doc else self.carbon
         new = {
             name: ModelRoute(
                 name,
@@ -448,6 +692,13 @@ class Dispatcher:
         }
         old = self.routes
         self.routes = new
+        self.carbon = carbon  # a table without it (an older apply's) keeps the one in force
+        # a variant's own name routes to its instances (a family's name wins a clash)
+        self.variant_routes = {}
+        for route in new.values():
+            for variant in route.variants:
+                if variant not in new:
+                    self.variant_routes.setdefault(variant, route)
         self.generation = doc.get("generation")
         kept = {b for r in new.values() for b in r.backends}
         for b, task in list(self.restart_tasks.items()):
@@ -475,6 +726,7 @@ class Dispatcher:
         return {
             "generation": self.generation,
             "models": {name: r.to_dict(runtime=runtime) for name, r in self.routes.items()},
+            "carbon": self.carbon,
         }
 
     def persist_routes(self) -> None:
@@ -519,6 +771,7 @@ class Dispatcher:
             auto_decompress=False,
         )
         self._supervisor = asyncio.get_running_loop().create_task(self.supervise())
+        self._energy = asyncio.get_running_loop().create_task(self.energy_loop())
         return server, bound
 
     async def stop(self, server: hs.Server) -> None:
@@ -527,10 +780,11 @@ class Dispatcher:
         for route in self.routes.values():
             route.closing = True
         await server.shutdown()
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+        for task in (self._supervisor, self._energy):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         # restarts still waiting for readiness would leave executors nobody knows about
         for task in list(self.restart_tasks.values()):
             task.cancel()
@@ -553,49 +807,111 @@ class Dispatcher:
         ok = bool(self.routes) and all(any(b.up for b in r.backends) for r in self.routes.values())
         return hs.json_response({"ready": ok}, status=200 if ok else 503)
 
-    def _route(self, request: Any) -> tuple[ModelRoute | None, Any]:
+    def _route(self, request: Any) -> tuple[ModelRoute | None, str | None, Any]:
+        """The route a request names: a model's (variant None), or, for a variant's own
+        name, its family's and that variant; else a 404 response."""
         name = request.match_info["name"]
         route = self.routes.get(name)
-        if route is None:
-            known = ", ".join(sorted(self.routes)) or "none"
-            return None, hs.json_response(
+        if route is not None:
+            return route, None, None
+        route = self.variant_routes.get(name)
+        if route is not None:
+            return route, name, None
+        known = ", ".join(sorted(self.routes)) or "none"
+        if self.variant_routes:
+            known += f"; variants: {', '.join(sorted(self.variant_routes))}"
+        return (
+            None,
+            None,
+            hs.json_response(
                 {"error": f"unknown model '{name}' (this plan serves: {known})"}, status=404
-            )
-        return route, None
+            ),
+        )
+
+    def _members(self, route: ModelRoute, variant: str | None) -> list[Backend]:
+        if variant is None:
+            return route.backends
+        return [b for _, group in route.variants.get(variant, ()) for b in group]
 
     async def model_meta(self, request: Any) -> Any:
-        route, bad = self._route(request)
+        route, variant, bad = self._route(request)
         if route is None:
             return bad
-        for b in route.backends:
+        for b in self._members(route, variant):
             if not b.up:
                 continue
             with contextlib.suppress(Exception):
                 async with self.session.get(b.url + request.path) as resp:
                     body = await resp.read()
+                    if variant is not None and resp.status == 200:  # it answers as a model
+                        doc = json.loads(body)
+                        doc["name"] = variant
+                        doc.setdefault("parameters", {})["family"] = route.name
+                        return hs.json_response(doc)
                     return hs.Response(
                         status=resp.status, body=body, content_type="application/json"
                     )
-        return hs.json_response({"error": f"no ready instance of '{route.name}'"}, status=503)
+        return hs.json_response(
+            {"error": f"no ready instance of '{variant or route.name}'"}, status=503
+        )
 
     async def model_ready(self, request: Any) -> Any:
-        route, bad = self._route(request)
+        route, variant, bad = self._route(request)
         if route is None:
             return bad
-        ok = any(b.up for b in route.backends)
-        return hs.json_response({"name": route.name, "ready": ok}, status=200 if ok else 503)
+        ok = any(b.up for b in self._members(route, variant))
+        return hs.json_response(
+            {"name": variant or route.name, "ready": ok}, status=200 if ok else 503
+        )
+
+    def choose(self, route: ModelRoute, variant: str | None, req: Requirements) -> Backend:
+        """The instance a model-less request (or one naming ``variant``) goes to, its slot
+        taken: among the variants that meet ``req``, the plan's preferred, and of its
+        instances the one predicted fastest (:func:`~greenctl.planner.core.choice.choose`).
+        It goes straight to that instance's queue, past the model's central queue.
+
+        Raises:
+            NoVariant: no instance that is up meets ``req`` (names the closest).
+            QueueFull: none is up, or the chosen one holds ``max_queue`` requests beyond its
+                slots.
+        """
+        cands = route.candidates if variant is None else route.variants.get(variant, [])
+        got = choose(cands, req)
+        if got is None:
+            near = closest(cands, req)
+            if near is None:
+                if variant is None:
+                    raise QueueFull(route.down_reason())
+                raise QueueFull(f"no instance of variant '{variant}' is up")
+            raise NoVariant(route.name if variant is None else variant, req, *near)
+        b = got[1]
+        assert isinstance(b, Backend)
+        if b.inflight >= b.slots + route.max_queue:
+            raise QueueFull(f"variant '{b.variant}' of '{route.name}' is at capacity; retry later")
+        b.inflight += 1
+        return b
 
     async def infer(self, request: Any) -> Any:
         t0 = time.perf_counter()
-        route, bad = self._route(request)
+        route, variant, bad = self._route(request)
         if route is None:
             return bad
         body = await request.read()
         headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
+        try:
+            req = requirements_of(body, headers.get(_HEADER_LENGTH))
+        except InputError as exc:
+            self._count(route.name, "400", t0)
+            return hs.json_response({"error": exc.message}, status=400)
+        chosen = req is not None or variant is not None  # model-less, or a variant's name
         tried: set[str] = set()
+        failed = ""
         for attempt in (0, 1):
             try:
-                b = await route.acquire(tried)
+                if chosen:
+                    b = self.choose(route, variant, req or _ANY)
+                else:
+                    b = await route.acquire(tried)
             except QueueFull as full:
                 self.rejected += 1
                 self._count(route.name, "503", t0)
@@ -604,33 +920,43 @@ class Dispatcher:
                     status=503,
                     headers={"Retry-After": str(max(1, math.ceil(full.retry_after_s)))},
                 )
+            except NoVariant as none:
+                if attempt:  # the instance chosen first failed, and no other one meets it
+                    self._count(route.name, "502", t0)
+                    return hs.json_response({"error": f"{failed}; {none}"}, status=502)
+                self._count(route.name, "422", t0)
+                return hs.json_response(none.doc(), status=422)
             try:
                 status, rh, data = await b.pool.post(request.path, body, headers, self.timeout_s)
             except UpstreamError as exc:
                 tried.add(b.id)
                 self._suspect(b)
+                failed = f"instance {b.id} of '{route.name}' failed: {exc}"
                 # inference is idempotent: a request whose connection failed (refused, reset,
                 # closed) is sent once more, to another instance, or, when there is none, to
                 # this one once it is back; one that timed out is not (it may still run)
                 if attempt == 0 and not isinstance(exc, UpstreamTimeout):
                     others = [x for x in route.backends if x.up and x.id not in tried]
-                    if others or route.coming_back():
+                    if others or (route.coming_back() and not chosen):
                         if not others:
                             tried.clear()  # wait in the queue for it (or a sibling) to return
                         self.retries += 1
                         continue
                 self._count(route.name, "502", t0)
-                return hs.json_response(
-                    {"error": f"instance {b.id} of '{route.name}' failed: {exc}"}, status=502
-                )
+                return hs.json_response({"error": failed}, status=502)
             finally:
                 route.release(b)
             out_headers = {"Content-Type": rh.get("content-type", "application/json")}
-            if "inference-header-content-length" in rh:
-                out_headers[_HEADER_LENGTH] = rh["inference-header-content-length"]
+            head_len = rh.get("inference-header-content-length")
+            if chosen and status == 200 and b.variant is not None:
+                data, head_len = _name_variant(data, head_len, b.variant, route.name, variant)
+            if head_len is not None:
+                out_headers[_HEADER_LENGTH] = head_len
             for name in oip.TIMING_HEADERS:  # the executor's own timing, passed on
                 if (value := rh.get(name.lower())) is not None:
                     out_headers[name] = value
+            if b.variant is not None:
+                out_headers[VARIANT_HEADER] = b.variant
             self._count(route.name, str(status), t0)
             return hs.Response(status=status, body=data, headers=out_headers)
         raise AssertionError("unreachable")
@@ -679,6 +1005,8 @@ class Dispatcher:
             "# TYPE greenctl_dispatcher_restarts_total counter",
             f"greenctl_dispatcher_restarts_total {self.restarts}",
         ]
+        intensity = None if self.carbon is None else self.carbon["carbon_g_per_kwh"]
+        lines += model_energy_lines(self.energy.totals, intensity)
         return hs.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def _admin_ok(self, request: Any) -> bool:
@@ -701,6 +1029,99 @@ class Dispatcher:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not an object
             return hs.json_response({"error": f"bad routing table: {exc}"}, status=400)
         return hs.json_response(self.routes_doc())
+
+    # -- energy and carbon --------------------------------------------------------------
+    async def energy_loop(self) -> None:
+        """Read the executors' energy counters every :attr:`energy_interval_s` seconds."""
+        while True:
+            await asyncio.sleep(self.energy_interval_s)
+            try:
+                await self.scrape_energy()
+            except Exception as exc:  # a bad round must not end the loop
+                print(f"dispatcher: reading executors' energy failed: {exc!r}", flush=True)
+
+    @staticmethod
+    def _process(b: Backend) -> tuple[Any, ...]:
+        """What tells one process of an instance from the next (a restart changes it)."""
+        return (b.pid, b.pid_start, b.url)
+
+    def _predates(self, b: Backend) -> bool:
+        """Whether ``b``'s process started before this dispatcher: the dispatcher this one
+        replaced counted its energy until now."""
+        ticks = b.pid_start or (proc_start_ticks(b.pid) if b.pid else None)
+        try:
+            return int(ticks or "") < int(self.started_ticks or "")
+        except ValueError:
+            return False
+
+    async def scrape_energy(self) -> None:
+        """One round: each instance's energy and carbon counters added (by increase) to its
+        model's totals, and each process that exports energy told the plan's ``carbon``."""
+        import aiohttp
+
+        if self.session is None:
+            return
+        # each process as it was when read (a restart may replace it while we wait)
+        members = [
+            (route.name, b, self._process(b))
+            for route in self.routes.values()
+            for b in route.backends
+            if b.up and not b.restarting
+        ]
+        timeout = aiohttp.ClientTimeout(total=max(1.0, self.energy_interval_s))
+
+        async def get(b: Backend) -> str | None:
+            try:
+                async with self.session.get(b.url + "/metrics", timeout=timeout) as resp:
+                    return (await resp.text()) if resp.status == 200 else None
+            except Exception:
+                return None
+
+        texts = await asyncio.gather(*(get(b) for _, b, _ in members))
+        tell = []
+        for (model, b, proc), text in zip(members, texts, strict=True):
+            if not text or proc != self._process(b):
+                continue
+            baseline = self._predates(b)
+            counts_energy = False
+            intensity = None
+            for key, value in parse_prometheus(text).items():
+                name = key.partition("{")[0]
+                if name == GRID_INTENSITY:
+                    intensity = value
+                if name not in (ENERGY_TOTAL, CARBON_TOTAL):
+                    continue
+                counts_energy = True
+                source = label_value(key, "source") or "unknown"
+                self.energy.observe(
+                    (b.id, proc, key), value, (name, model, source), baseline=baseline
+                )
+            carbon = self.carbon
+            told = self.carbon_told.get(b.id) == (proc, carbon)
+            if carbon is not None and intensity != carbon["carbon_g_per_kwh"]:
+                told = False  # a process started with an older command line, or told by hand
+            if counts_energy and carbon is not None and not told:
+                tell.append((b, proc, carbon))
+        current = {(b.id, self._process(b)) for r in self.routes.values() for b in r.backends}
+        self.energy.keep(lambda series: isinstance(series, tuple) and series[:2] in current)
+        if tell:
+            await asyncio.gather(*(self._tell_carbon(b, proc, c) for b, proc, c in tell))
+
+    async def _tell_carbon(self, b: Backend, proc: Any, carbon: dict[str, float]) -> None:
+        """Hand an executor process the grid intensity and PUE to count carbon with."""
+        import aiohttp
+
+        try:
+            async with self.session.post(
+                b.url + "/admin/carbon",
+                json=carbon,
+                timeout=aiohttp.ClientTimeout(total=max(1.0, self.energy_interval_s)),
+            ) as resp:
+                # 404/405: an executor from before this endpoint; 409: it counts no energy
+                if resp.status in (200, 404, 405, 409):
+                    self.carbon_told[b.id] = (proc, carbon)
+        except Exception:
+            pass  # told in the next round
 
     # -- supervisor ---------------------------------------------------------------------
     async def supervise(self, interval_s: float = 0.1) -> None:

@@ -23,8 +23,10 @@ so adding a kind is a planner module and one :func:`register` call (with no comm
 own, its plans are made through ``get_kind(name).plan``).
 
 A geo plan allocates load across sites, not instances (``serves=False``): ``simulate``,
-``apply``, Ray, the Kubernetes export and ``replan --apply`` refuse it with
-:meth:`PlanKind.refuse`.
+the backends' ``apply``, Ray, the Kubernetes export and ``replan --apply`` refuse it with
+:meth:`PlanKind.refuse`. It is routed instead: ``apply --site`` starts the geo router
+(:mod:`greenctl.executor.georouter`), whose fractions come from this registry's ``plan``
+entry, as do ``replan``'s of a routed plan and ``export envoy``'s.
 """
 
 from __future__ import annotations
@@ -55,6 +57,15 @@ def predict_serving(
     in are known by their catalog record), under ``policy`` (default: the kind's,
     :meth:`PlanKind.dispatch_policy`)."""
     from greenctl.planner.core.simulator import evaluate_plan
+
+    profiles, variants = plan_inputs(store, plan)
+    pol = get_kind(plan.kind).dispatch_policy(plan, policy)
+    return evaluate_plan(plan, profiles, variants, policy=pol, **options)
+
+
+def plan_inputs(store: Any, plan: Plan) -> tuple[list[Any], list[Any]]:
+    """The newest profiles and the variant records of a plan's variants in the store
+    (variants the store lacks but greenctl has built in are known by their catalog record)."""
     from greenctl.profiler.models import builtin_variants
 
     names = {d.variant for d in plan.deployments}
@@ -63,8 +74,7 @@ def predict_serving(
     missing = names - {v.name for v in variants}
     if missing:
         variants += [v for v in builtin_variants() if v.name in missing]
-    pol = get_kind(plan.kind).dispatch_policy(plan, policy)
-    return evaluate_plan(plan, profiles, variants, policy=pol, **options)
+    return profiles, variants
 
 
 def predicted_objective(plan: Plan) -> Objective:
@@ -83,8 +93,9 @@ def _number(value: Any) -> float | None:
 class ReplanSignal:
     """What a replanning round knows when it plans a running plan again."""
 
-    #: the region's carbon intensity now (g/kWh)
-    carbon_intensity: float
+    #: the region's carbon intensity now (g/kWh); None for a kind that plans no carbon
+    #: (:attr:`PlanKind.carbon_signal` False) replanned without a region
+    carbon_intensity: float | None
     #: the forecast peak of the plan's whole load, when the caller names the load to follow
     #: (``replan_once(load_model=...)``); spread over the plan's models as planned
     rate_rps: float | None = None
@@ -92,6 +103,9 @@ class ReplanSignal:
     #: names it (the dispatcher records each family it routes), None when none is measured;
     #: None: no forecaster (the planned rates stay)
     forecast: Callable[[str], float | None] | None = None
+    #: rates given by name (``replan --rate NAME=RPS``): a name's own rate, or its group's
+    #: (a glet model's family) shared as planned; they win over ``forecast``
+    rates: Mapping[str, float] | None = None
 
 
 @dataclass
@@ -122,15 +136,27 @@ def forecast_rates(
     """New rates for the planned ``{name: rate_rps}`` under ``signal``.
 
     With ``signal.rate_rps`` the whole load is spread over the names as planned. Otherwise
-    each name takes its own forecast when its load is measured, else its share (as planned)
-    of its group's forecast (``groups``: name -> the name its load is measured under, e.g. a
-    glet model's family); names with neither keep their planned rate, which a note says.
+    each name takes its given rate (``signal.rates``), else its own forecast when its load is
+    measured, else its share (as planned) of its group's given rate or forecast (``groups``:
+    name -> the name its load is measured under, e.g. a glet model's family); names with
+    neither keep their planned rate, which a note says when there is a forecast.
 
     Returns:
         (the rates that changed, the forecast load they add up to or None, notes).
+
+    Raises:
+        InputError: a given rate names neither a name nor a group (``--rate``).
     """
     names = list(planned)
     groups = groups or {}
+    given = dict(signal.rates or {})
+    known = list(dict.fromkeys([*names, *(groups[n] for n in names if n in groups)]))
+    unknown = [k for k in given if k not in known]
+    if unknown:
+        raise InputError(
+            f"--rate {unknown[0]}={given[unknown[0]]:g}: the plan serves no model {unknown[0]!r}",
+            hint="name one of its models: " + ", ".join(known),
+        )
 
     def split(load: float, among: list[str], over: list[str]) -> dict[str, float]:
         """``load`` shared as planned over ``over``: the parts of those ``among``."""
@@ -143,21 +169,27 @@ def forecast_rates(
     if signal.rate_rps is not None:
         rate = float(signal.rate_rps)
         return (split(rate, names, names), rate, []) if names else ({}, None, [])
-    if signal.forecast is None or not names:
+    if (signal.forecast is None and not given) or not names:
         return {}, None, []
+
+    def rate_of(name: str) -> float | None:
+        if name in given:
+            return float(given[name])
+        return None if signal.forecast is None else signal.forecast(name)
+
     new: dict[str, float] = {}
     for n in names:
-        own = signal.forecast(n)
+        own = rate_of(n)
         if own is not None:
             new[n] = float(own)
     for group in dict.fromkeys(groups[n] for n in names if n in groups):
         among = [n for n in names if groups.get(n) == group and n not in new and n != group]
         if not among:
             continue
-        load = signal.forecast(group)
+        load = rate_of(group)
         if load is not None:  # the members without a forecast of their own take their share
             new.update(split(float(load), among, [n for n in names if groups.get(n) == group]))
-    missing = [n for n in names if n not in new]
+    missing = [n for n in names if n not in new] if signal.forecast is not None else []
     notes = []
     if missing and len(names) == 1:
         notes.append("no measured load yet: planned rate kept")
@@ -177,7 +209,7 @@ def replan_model_rate(running: Plan, signal: ReplanSignal) -> ReplanRequest:
     model = request.get("model")
     if model is None:
         notes = []
-        if signal.rate_rps is not None or signal.forecast is not None:
+        if signal.rate_rps is not None or signal.forecast is not None or signal.rates:
             notes.append(
                 f"a {running.kind} request names no model: the forecast load is not applied"
             )
@@ -203,6 +235,16 @@ class PlanKind:
     replan_request: Callable[[Plan, ReplanSignal], ReplanRequest] = replan_model_rate
     #: objective(plan) -> (name, value, larger is better): what ``replan`` compares
     objective: Callable[[Plan], Objective] = predicted_objective
+    #: its plans are planned with the region's carbon intensity: ``replan`` needs a region
+    #: and acts when the intensity moved beyond ``--threshold``; False: the intensity is
+    #: read (and recorded on the new plan) only when a region is known
+    carbon_signal: bool = True
+    #: triggers(running plan, new plan, threshold) -> (why the new plan is worth a change,
+    #: empty: it is not; what was compared, for the reason when it is not); None:
+    #: ``replan``'s own (the signal moved beyond ``threshold``, or the objective improves
+    #: beyond ``--margin``). Either way a running plan that cannot serve the new load
+    #: (``score`` None) is replaced.
+    triggers: Callable[[Plan, Plan, float], tuple[list[str], str]] | None = None
     #: the policy when neither the plan nor batching decides (rule 4 of
     #: :mod:`greenctl.planner.core.policy`); None: that module's table, else ``wrr``
     default_policy: str | None = None
@@ -221,6 +263,10 @@ class PlanKind:
     #: several models of one plan share a partition in turn (glet duty cycles): their MPS
     #: shares on one GPU may add up past 100 %
     time_shared: bool = False
+    #: carbon_aware(plan) -> whether its objective weighs carbon: the dispatcher then serves
+    #: a model-less request by the variant with the least carbon per request, else the
+    #: cheapest (:mod:`greenctl.planner.core.choice`)
+    carbon_aware: Callable[[Plan], bool] = lambda plan: False
 
     @property
     def replannable(self) -> bool:
@@ -302,6 +348,15 @@ def _mix_objective(plan: Plan) -> Objective:
     name = str(plan.predicted.get("objective_name") or "")
     value = _number(plan.predicted.get("objective"))
     return name, value, is_maximise(name or "balanced")
+
+
+def _mix_carbon_aware(plan: Plan) -> bool:
+    """``carbon``, and ``balanced`` with its carbon term (``gamma`` > 0, the default)."""
+    name = str(plan.predicted.get("objective_name") or plan.request.get("objective") or "")
+    if name == "carbon":
+        return True
+    gamma = plan.request.get("gamma")
+    return name in ("balanced", "") and (_number(gamma) is None or (_number(gamma) or 0.0) > 0)
 
 
 def _mix_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
@@ -473,7 +528,9 @@ def _glet_plan(store: Any, request: dict[str, Any], *, current: Plan | None = No
     """Plan ``request`` (a glet plan's ``request``, or what ``plan glet`` parsed): models
     with rate and SLO, ``partitions``, ``max_gpus`` (8), ``rate_percentile`` (99),
     ``algorithm`` (glet), ``interference`` (see :func:`_glet_interference`), ``hardware``,
-    ``simulate_s`` (0) and ``seed`` (0) of the schedule's check, ``spec`` (recorded)."""
+    ``simulate_s`` (0) and ``seed`` (0) of the schedule's check, ``spec`` (recorded). With
+    ``current`` (a running glet plan) the new GPUs are numbered after the running ones, so
+    the glets that stay keep running where they are."""
     from greenctl.data.glet_spec import parse_partitions
     from greenctl.data.gpulet_import import load_latency_table, resolve_variant
     from greenctl.planner.glet.solve import DEFAULT_PARTITIONS, GletModel, GletProblem, plan_glet
@@ -512,12 +569,14 @@ def _glet_plan(store: Any, request: dict[str, Any], *, current: Plan | None = No
         interference=imodel,
         utilisation=utilisation,
     )
+    running = current.extra.get("gpus") if current is not None else None
     plan = plan_glet(
         problem,
         algorithm=algorithm,
         request={"spec": request.get("spec"), "hardware": hardware},
         simulate_s=simulate_s,
         seed=seed,
+        current_gpus=running if current is not None and current.kind == "glet" else None,
     )
     plan.request["simulate_s"], plan.request["seed"] = simulate_s, seed  # the check, again
     if notes:
@@ -537,11 +596,45 @@ def _glet_objective(plan: Plan) -> Objective:
     return "GPUs", _number(plan.predicted.get("gpus")), False
 
 
+def _glet_triggers(running: Plan, new: Plan, threshold: float) -> tuple[list[str], str]:
+    """gpulet's rescheduling rule: a new schedule is worth a change when it takes another
+    number of GPUs, or moves more than ``threshold`` of the glets (started or stopped:
+    :func:`~greenctl.planner.glet.moves.layout_moves`).
+
+    Returns:
+        (the triggers that fire, what was compared, for a reason when none does).
+    """
+    from greenctl.planner.glet.moves import layout_moves
+
+    out = []
+    old_gpus, new_gpus = _number(running.predicted.get("gpus")), _number(new.predicted.get("gpus"))
+    gpus = f"GPUs {_gpus_text(old_gpus)} -> {_gpus_text(new_gpus)}"
+    if old_gpus != new_gpus:
+        out.append(gpus)
+    moved, total = layout_moves(running.extra.get("gpus") or [], new.extra.get("gpus") or [])
+    share = moved / total if total else 0.0
+    glets = f"{moved} of {total} glets move ({share * 100:.0f} %"
+    if share > threshold:
+        out.append(f"{glets} > {threshold * 100:g} %)")
+    return out, f"{gpus}, {glets} <= {threshold * 100:g} %)"
+
+
+def _gpus_text(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}"
+
+
+#: the least rate a measured glet model is planned for: a model measured idle keeps a glet
+#: (and its route), so the requests that come before the next round are served
+GLET_MIN_RATE_RPS = 1.0
+
+
 def _glet_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
-    """A glet request at a new load: each model's rate becomes the forecast of its own
-    measured load, else its share (as planned) of its family's (the dispatcher measures
-    each family it routes), else stays, with a note. A glet plan minimises GPUs: the carbon
-    signal is recorded on the new plan, not planned with."""
+    """A glet request at a new load: each model's rate becomes its given rate
+    (``replan --rate``, by its name or its family's), else the forecast of its own measured
+    load, else its share (as planned) of its family's (the dispatcher measures each family it
+    routes), else stays, with a note; a measured rate below :data:`GLET_MIN_RATE_RPS` is
+    raised to it. A glet plan minimises GPUs: the carbon signal is recorded on the new plan,
+    not planned with."""
     request = _base_request(running)
     models = request.get("models")
     if not isinstance(models, list):
@@ -558,6 +651,20 @@ def _glet_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
         if isinstance(fam, str):
             groups[name] = fam
     new, forecast, notes = forecast_rates(planned, signal, groups=groups)
+    given = signal.rates or {}
+    idle = [
+        n
+        for n, r in new.items()
+        if r < GLET_MIN_RATE_RPS and n not in given and groups.get(n) not in given
+    ]
+    for n in idle:
+        new[n] = GLET_MIN_RATE_RPS
+    if idle:
+        notes.append(
+            f"{', '.join(idle)} measured below {GLET_MIN_RATE_RPS:g} req/s: planned at "
+            f"{GLET_MIN_RATE_RPS:g} req/s to stay served"
+        )
+        forecast = sum(new.values())
     request["models"] = [
         {**m, "rate_rps": new[m["name"]]} if isinstance(m, dict) and m.get("name") in new else m
         for m in models
@@ -628,6 +735,23 @@ def _geo_plan(store: Any, request: dict[str, Any], *, current: Plan | None = Non
         (the plan, the :class:`~greenctl.planner.geo.solve.GeoRun`: the problem and every
         algorithm's solution).
     """
+    from greenctl.planner.geo import solve as geo
+
+    problem, options, variants = geo_inputs(store, request)
+    run = geo.run_geo(problem, variants=variants, **options)
+    if request.get("family"):
+        run.plan.request["family"] = request["family"]
+    return run.plan, run
+
+
+def geo_inputs(store: Any, request: dict[str, Any]) -> tuple[Any, dict[str, Any], Any]:
+    """What a geo ``request`` plans with, read afresh (the files' newest rows): the
+    :class:`~greenctl.data.geo_io.GeoProblem`, ``run_geo``'s options and the variants (or
+    None); bad options fail before the files are read.
+
+    Raises:
+        InputError: a bad option or path. FileFormatError: a bad file.
+    """
     import numpy as np
     from greenctl.data.geo_io import (
         GeoVariants,
@@ -657,10 +781,7 @@ def _geo_plan(store: Any, request: dict[str, Any], *, current: Plan | None = Non
     if variants_file is not None:
         variants = read_variants(variants_file, problem.sites)
         variants.source = str(Path(variants_file).resolve())
-    run = geo.run_geo(problem, variants=variants, **options)
-    if family:
-        run.plan.request["family"] = family
-    return run.plan, run
+    return problem, options, variants
 
 
 def _geo_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
@@ -692,6 +813,7 @@ KINDS: dict[str, PlanKind] = {
         score=_mix_score,
         replan_request=_mix_replan_request,
         objective=_mix_objective,
+        carbon_aware=_mix_carbon_aware,
     ),
     "mig": PlanKind(
         "mig",
@@ -699,6 +821,7 @@ KINDS: dict[str, PlanKind] = {
         score=_mig_score,
         replan_request=replan_model_rate,
         objective=_mig_objective,
+        carbon_aware=lambda plan: True,  # Clover: lambda * dCarbon + (1 - lambda) * dAccuracy
     ),
     "glet": PlanKind(
         "glet",
@@ -707,6 +830,8 @@ KINDS: dict[str, PlanKind] = {
         replan_request=_glet_replan_request,
         objective=_glet_objective,
         time_shared=True,
+        carbon_signal=False,
+        triggers=_glet_triggers,
     ),
     "geo": PlanKind(
         "geo",
@@ -718,7 +843,7 @@ KINDS: dict[str, PlanKind] = {
         not_served="it allocates load across sites, not instances on one cluster",
         not_served_hint="its figures are modeled by `greenctl plan geo`; plan, simulate and "
         "apply (or export) a mix/mig/glet plan for each site, and route with the geo plan's "
-        "allocations",
+        "allocations: `greenctl apply GEO_PLAN --site NAME=URL ...` or `greenctl export envoy`",
     ),
 }
 

@@ -347,6 +347,7 @@ def run_load(
     timeout_s: float = 30.0,
     connections: int = 256,
     binary: bool = True,
+    gateway: str | None = None,
 ) -> LoadResult:
     """Send an open-loop load to ``endpoint`` for ``model`` and measure it.
 
@@ -360,6 +361,7 @@ def run_load(
         timeout_s: per-request timeout.
         connections: most concurrent keep-alive connections.
         binary: send tensors with the binary extension (else as JSON numbers).
+        gateway: send every request as this gateway (a geo router's ``Greenctl-Gateway``).
 
     Raises:
         InputError: bad rate/trace, or the endpoint does not serve the model.
@@ -383,6 +385,8 @@ def run_load(
         duration_s=duration_s, rate_rps=rate_rps, trace=trace, scale=scale, seed=seed
     )
     body, headers = model_input(endpoint, model, binary=binary)
+    if gateway is not None:
+        headers = {**headers, oip.GATEWAY_HEADER: gateway}
     from greenctl.executor.procs import run_async, settle_heap
 
     settle_heap()  # a full collection mid-run would stall sending and show up as latency

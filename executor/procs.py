@@ -43,6 +43,7 @@ DAEMON_MODULES = (
     "greenctl.executor.daemon",
     "greenctl.executor.dispatcher",
     "greenctl.executor.supervisor",
+    "greenctl.executor.georouter",
 )
 #: options of daemon command lines whose values are paths (made absolute when built)
 PATH_OPTIONS = ("--db", "--state-file", "--routes")

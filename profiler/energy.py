@@ -340,3 +340,223 @@ def cpu_meter(cores: int, *, total_cores: int, rapl: list[str] | None = None) ->
     if rapl:
         return RaplMeter(rapl, share=min(cores / max(total_cores, 1), 1.0))
     return ModeledCpuMeter(cores)
+
+
+# -- serving: cumulative counters an executor exports -----------------------------------------
+#: The sources of a serving energy counter (``greenctl_energy_joules_total{source=...}``).
+SERVING_SOURCES = ("nvml", "nvml-attributed", "rapl", "modeled")
+
+
+class EnergyCounter(Protocol):
+    """Energy (J) used since the counter was made, read as often as wanted."""
+
+    source: str
+
+    def joules(self) -> float: ...
+
+
+class NvmlCounter:
+    """The GPU's NVML total-energy counter since start, times ``share`` (the same
+    attribution as :class:`NvmlEnergyMeter`: a MIG instance's compute slices over the GPU's,
+    an MPS share's active-thread percentage). GPUs without the counter (before Volta) are
+    integrated from power readings taken at each read."""
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        gpu_index: int,
+        *,
+        share: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share}")
+        self.backend = backend
+        self.gpu_index = gpu_index
+        self.share = share
+        self.source = "nvml" if share >= 1.0 else "nvml-attributed"
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._acc = 0.0
+        self._t = clock()
+        self._e0: int | None
+        try:
+            self._e0 = backend.energy_mj(gpu_index)
+        except HardwareError as err:
+            if getattr(err, "nvml_code", None) != NVML_ERROR_NOT_SUPPORTED:
+                raise
+            self._e0 = None
+            self._p = backend.power_w(gpu_index)  # raises when there is no reading either
+
+    def joules(self) -> float:
+        with self._lock:
+            if self._e0 is not None:
+                return (
+                    max(self.backend.energy_mj(self.gpu_index) - self._e0, 0)
+                    / 1000.0
+                    * (self.share)
+                )
+            now, p = self._clock(), self.backend.power_w(self.gpu_index)
+            self._acc += (self._p + p) / 2.0 * (now - self._t) * self.share  # trapezoids
+            self._t, self._p = now, p
+            return self._acc
+
+
+class RaplCounter:
+    """CPU package energy since start from RAPL, by core share (as :class:`RaplMeter`).
+
+    Each read adds the change since the last one, so a counter that wraps (at
+    ``max_energy_range_uj``) between two reads is counted right; reads must come more often
+    than a wrap (minutes at full power), which the executor's sampler ensures.
+    """
+
+    source = "rapl"
+
+    def __init__(self, files: list[str], *, share: float = 1.0) -> None:
+        self._meter = RaplMeter(files, share=share, idle_window_s=0.0)
+        self.share = share
+        self._lock = threading.Lock()
+        self._last = self._meter._read()
+        self._acc = 0.0
+
+    def joules(self) -> float:
+        with self._lock:
+            now = self._meter._read()
+            self._acc += self._meter._delta_j(self._last, now) * self.share
+            self._last = now
+            return self._acc
+
+
+class ModeledCounter:
+    """Energy from the profile's figures, by the rule the planners predict with
+    (:func:`greenctl.planner.core.evaluate.account`): ``busy_w`` while running batches and
+    ``idle_w`` otherwise; without a busy power, ``energy_j_per_request`` per request served.
+    Shown as ``modeled`` (an estimate, not a measurement)."""
+
+    source = "modeled"
+
+    def __init__(
+        self,
+        *,
+        busy_s: Callable[[], float],
+        requests: Callable[[], int],
+        busy_w: float | None = None,
+        idle_w: float | None = None,
+        energy_j_per_request: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if busy_w is None and energy_j_per_request is None:
+            raise ValueError("a modeled counter needs a busy power or an energy per request")
+        self.busy_w = busy_w
+        self.idle_w = idle_w or 0.0
+        self.energy_j_per_request = energy_j_per_request
+        self._busy_s = busy_s
+        self._requests = requests
+        self._clock = clock
+        self._t0 = clock()
+
+    def joules(self) -> float:
+        elapsed = max(self._clock() - self._t0, 0.0)
+        busy = min(max(self._busy_s(), 0.0), elapsed)
+        if self.busy_w is not None:
+            busy_j = busy * self.busy_w
+        else:
+            busy_j = self._requests() * float(self.energy_j_per_request or 0.0)
+        return busy_j + (elapsed - busy) * self.idle_w
+
+
+def _gpu_location(backend: GpuBackend, visible: str) -> tuple[int, float] | None:
+    """(GPU index, compute share) of the device ``CUDA_VISIBLE_DEVICES`` names: a GPU index
+    or UUID (share 1), or a MIG UUID (its compute slices over the GPU's)."""
+    first = visible.split(",")[0].strip()
+    gpus = backend.gpus()
+    if first.isdigit():
+        return (int(first), 1.0) if any(g.index == int(first) for g in gpus) else None
+    for g in gpus:
+        if g.uuid == first:
+            return g.index, 1.0
+    if first.startswith("MIG-"):
+        for g in gpus:
+            if not g.mig_enabled:
+                continue
+            for m in backend.mig_instances(g.index):
+                if m.uuid == first:
+                    return g.index, m.slices / backend.total_compute_slices(g.index)
+    return None
+
+
+def serving_counter(
+    resource: str,
+    *,
+    cores: int,
+    env: dict[str, str],
+    busy_s: Callable[[], float],
+    requests: Callable[[], int],
+    busy_w: float | None = None,
+    idle_w: float | None = None,
+    energy_j_per_request: float | None = None,
+    source: str = "auto",
+    rapl: list[str] | None = None,
+    total_cores: int | None = None,
+) -> tuple[EnergyCounter | None, list[str]]:
+    """The energy counter of an executor on ``resource``, and notes saying why a source was
+    passed over.
+
+    ``auto`` picks, in order: NVML on GPUs, MIG instances and MPS shares (the device
+    ``CUDA_VISIBLE_DEVICES`` names; attributed by compute share as the profiler does), RAPL
+    on CPUs where readable (``rapl``: the counter files, default :func:`~greenctl.profiler.
+    hw.rapl_files`; by ``cores`` over ``total_cores``), else the profile's figures
+    (:class:`ModeledCounter`); on a CPU without figures, the CPU power model of this module.
+    ``source`` forces one. None (with the reason in the notes) when nothing can say.
+    """
+    from greenctl.data.resources import kind_of
+
+    notes: list[str] = []
+    accel = kind_of(resource).accelerator
+    if source in ("auto", "nvml", "nvml-attributed") and accel:
+        try:
+            from greenctl.profiler.device import get_backend
+
+            backend = get_backend()
+            where = None
+            if backend is not None:
+                where = _gpu_location(backend, env.get("CUDA_VISIBLE_DEVICES", "0"))
+            if backend is None:
+                notes.append("no NVML: no GPU energy counter")
+            elif where is None:
+                notes.append(f"NVML knows no device {env.get('CUDA_VISIBLE_DEVICES', '0')!r}")
+            else:
+                share = where[1]
+                pct = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+                if pct:
+                    share *= min(max(float(pct) / 100.0, 1e-6), 1.0)
+                return NvmlCounter(backend, where[0], share=share), notes
+        except (HardwareError, ValueError) as exc:
+            notes.append(f"NVML energy unreadable: {exc}")
+    if source in ("auto", "rapl") and not accel:
+        from greenctl.profiler.hw import rapl_files
+
+        files = rapl_files() if rapl is None else rapl
+        if files:
+            share = min(cores / max(total_cores or os.cpu_count() or 1, 1), 1.0)
+            try:
+                return RaplCounter(files, share=share), notes
+            except HardwareError as exc:
+                notes.append(str(exc))
+        else:
+            notes.append("RAPL is not readable (/sys/class/powercap)")
+    if busy_w is None and energy_j_per_request is None and not accel:
+        model = ModeledCpuMeter(max(cores, 1))
+        busy_w, idle_w = model.power_at(1.0), model.power_at(0.0)
+        notes.append(model_caption())
+    if busy_w is None and energy_j_per_request is None:
+        notes.append("no profile figures (power_w or energy_j) to model energy from")
+        return None, notes
+    counter = ModeledCounter(
+        busy_s=busy_s,
+        requests=requests,
+        busy_w=busy_w,
+        idle_w=idle_w,
+        energy_j_per_request=energy_j_per_request,
+    )
+    return counter, notes

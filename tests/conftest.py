@@ -56,5 +56,34 @@ def reference() -> Path:
     return SHARED_REFERENCE
 
 
+@pytest.fixture
+def gpulet(store, reference):
+    """The test's store with the gpulet reference data (profiles, utilisation) and an
+    interference model fitted on it: what `plan glet` plans with."""
+    from greenctl.data.gpulet_import import (
+        import_gpulet,
+        load_colocations,
+        load_solo_latency,
+        load_utilisation,
+        save_interference_model,
+    )
+    from greenctl.planner.core.interference import FEATURES, fit_interference
+
+    import_gpulet(store, reference / "gpulet" / "data")
+    fit = fit_interference(
+        load_colocations(store), load_solo_latency(store), load_utilisation(store)
+    )
+    save_interference_model(
+        store,
+        coefficients=list(fit.model.coefficients),
+        features=FEATURES,
+        n_train=fit.n_train,
+        n_test=fit.n_test,
+        errors=fit.errors,
+        source="test",
+    )
+    return store
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("GREENCTL_TEST", "1")

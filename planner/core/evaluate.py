@@ -78,6 +78,19 @@ PREDICTED_KEYS = (
 )
 
 ProfileKey = tuple[str, str, int]
+#: a latency SLO in ms: one for every request, or each variant's own (``{variant: ms}``, a
+#: glet plan's models; a variant without one is held to none)
+SloInput = float | Mapping[str, float] | None
+
+
+def slo_for(slo: SloInput, variants: Sequence[str]) -> float | None:
+    """The SLO (ms) requests served by ``variants`` are held to: the one SLO, else the
+    strictest of those variants' own (None: none)."""
+    if slo is None or isinstance(slo, int | float):
+        return None if slo is None else float(slo)
+    own = [float(slo[v]) for v in variants if v in slo]
+    return min(own) if own else None
+
 
 #: How long (ms) an instance must sit idle before its next request runs "cold" (at the
 #: profile's isolated latency rather than its back-to-back one). An assumption: on the
@@ -517,7 +530,7 @@ def predict(
     *,
     rate_rps: float | Mapping[str, float],
     policy: str = "fifo",
-    percentile_slo_ms: float | None = None,
+    percentile_slo_ms: SloInput = None,
     carbon_g_per_kwh: float | None = None,
     pue: float = 1.0,
     wue_l_per_kwh: float | None = None,
@@ -534,7 +547,8 @@ def predict(
         variants: ``{name: Variant}`` for accuracy.
         rate_rps: the total arrival rate (Poisson), or ``{model: rate}``.
         policy: ``fifo``, ``wrr`` or ``batch`` (module docstring).
-        percentile_slo_ms: an SLO in ms; adds ``slo_violation_frac``.
+        percentile_slo_ms: an SLO in ms, or each variant's own (``{variant: ms}``, a glet
+            plan's models, :func:`slo_for`); adds ``slo_violation_frac``.
         carbon_g_per_kwh: grid carbon intensity (g CO2 / kWh).
         pue: power usage effectiveness (>= 1).
         wue_l_per_kwh: direct (on-site) water usage effectiveness, L/kWh.
@@ -621,8 +635,9 @@ def predict(
                 busy[i.index] = 1.0
             return
         parts.append((rate, model))
-        if percentile_slo_ms is not None:
-            violation += rate * float(model.sf(percentile_slo_ms)[0])
+        slo = slo_for(percentile_slo_ms, [i.variant for i in members])
+        if slo is not None:
+            violation += rate * float(model.sf(slo)[0])
         if policy == "fifo" and len(members) > 1:
             # Pooled queue: fastest idle instance first (queueing.pooled_shares).
             for i, share in zip(

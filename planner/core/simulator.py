@@ -45,11 +45,13 @@ from greenctl.data.records import Profile, Variant
 from greenctl.planner.core.evaluate import (
     PREDICTED_KEYS,
     Instance,
+    SloInput,
     account,
     build_instances,
     check_policy,
     predict,
     served_batches,
+    slo_for,
     split_load,
 )
 from greenctl.planner.core.latency import BatchService, ServiceTime
@@ -356,7 +358,7 @@ def simulate(
     policy: str = "fifo",
     seed: int = 0,
     queue_limit: int | None = None,
-    percentile_slo_ms: float | None = None,
+    percentile_slo_ms: SloInput = None,
     carbon_g_per_kwh: float | None = None,
     pue: float = 1.0,
     wue_l_per_kwh: float | None = None,
@@ -418,6 +420,7 @@ def simulate(
     horizon_ms = horizon_s * 1000.0
 
     latency = np.full(n, np.nan)
+    slo_ms = np.full(n, np.inf)  # the SLO each request is held to (its instance's variant's)
     served_count = np.zeros(len(instances))
     busy_ms = np.zeros(len(instances))
     backlog = 0
@@ -485,6 +488,9 @@ def simulate(
                 if not sel.any():
                     continue
                 served_count[inst.index] += int(sel.sum())
+                slo = slo_for(percentile_slo_ms, [inst.variant])
+                if slo is not None:
+                    slo_ms[idx[sel]] = slo
                 backlog += int((finish[sel] > horizon_ms).sum())
                 busy_ms[inst.index] += _busy_time(run, sel, inst, policy)
     overloaded = saturated or backlog > max(100, 0.02 * n)
@@ -517,7 +523,8 @@ def simulate(
     else:
         result.update(p50_ms=None, p95_ms=None, p99_ms=None)
     if percentile_slo_ms is not None:
-        late = int((measured > percentile_slo_ms).sum())
+        held = slo_ms[start:][~np.isnan(steady)]
+        late = int((measured > held).sum())
         lost = int(np.isnan(steady).sum())
         frac = (late + lost) / max(steady.size, 1)
         result["slo_violation_frac"] = 1.0 if saturated else frac
@@ -614,11 +621,16 @@ def evaluate_plan(
         raise InputError(f"the trace scale must be a number > 0, got {trace_scale}")
     pol = plan_policy(plan, policy)
     by_name = {v.name: v for v in variants}
-    table = pick_profiles(profiles, sized_slo_ms(plan, by_name, percentile_slo_ms))
+    sized = sized_slo_ms(plan, by_name, percentile_slo_ms)
+    table = pick_profiles(profiles, sized)
     check_families(plan.deployments, {v.name: v.family for v in variants})
+    # without an SLO asked for, a plan of models with SLOs of their own (glet) is held to them
+    slo: SloInput = percentile_slo_ms
+    if slo is None and model_slos(plan):
+        slo = sized
     common: dict[str, Any] = dict(
         policy=pol,
-        percentile_slo_ms=percentile_slo_ms,
+        percentile_slo_ms=slo,
         carbon_g_per_kwh=carbon_g_per_kwh,
         pue=pue,
         wue_l_per_kwh=wue_l_per_kwh,
@@ -684,31 +696,60 @@ def _check_requests(expected: float, what: str) -> None:
 def sized_slo_ms(
     plan: Plan, variants: Mapping[str, Variant], fallback_ms: float | None = None
 ) -> dict[str, float]:
-    """The SLO (ms) each variant of ``plan`` was sized for: its model's ``slo_ms`` in
+    """The SLO (ms) each variant of ``plan`` was sized for: its own model's ``slo_ms`` in
+    ``request.models`` (a glet plan, :func:`model_slos`), else its model's in
     ``request.families``, else ``request.slo_ms``, else ``fallback_ms``; variants without
     one are left out."""
     req = plan.request if isinstance(plan.request, dict) else {}
-
-    def ms(value: Any) -> float | None:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        return float(value) if ok and math.isfinite(value) and value > 0 else None
-
+    own = model_slos(plan)
     by_model: dict[str, float] = {}
     fams = req.get("families")
     for fam in fams if isinstance(fams, list) else []:
         if isinstance(fam, dict) and isinstance(fam.get("model"), str):
-            slo = ms(fam.get("slo_ms"))
+            slo = _ms(fam.get("slo_ms"))
             if slo is not None:
                 by_model[fam["model"]] = slo
-    default = ms(req.get("slo_ms"))
+    default = _ms(req.get("slo_ms"))
     if default is None:
         default = fallback_ms
     out: dict[str, float] = {}
     for dep in plan.deployments:
         family = variants[dep.variant].family if dep.variant in variants else dep.model
-        slo = by_model.get(family, by_model.get(dep.model, default))
+        slo = own.get(dep.variant, by_model.get(family, by_model.get(dep.model, default)))
         if slo is not None:
             out[dep.variant] = slo
+    return out
+
+
+def _ms(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if ok and math.isfinite(value) and value > 0 else None
+
+
+def served_model_slos(plan: Plan) -> dict[str, float]:
+    """The SLO (ms) each model a client asks for (a deployment's ``model``) is held to where
+    the plan's models have their own (:func:`model_slos`): the strictest of its variants'."""
+    own = model_slos(plan)
+    out: dict[str, float] = {}
+    for dep in plan.deployments:
+        if dep.variant in own:
+            out[dep.model] = min(own[dep.variant], out.get(dep.model, own[dep.variant]))
+    return out
+
+
+def model_slos(plan: Plan) -> dict[str, float]:
+    """Each variant's own SLO (ms) where the plan's request gives its models one each
+    (``request.models``: name, variant, slo_ms, as a glet plan records them; a variant two
+    models share takes the stricter); empty for other plans."""
+    req = plan.request if isinstance(plan.request, dict) else {}
+    models = req.get("models")
+    out: dict[str, float] = {}
+    for m in models if isinstance(models, list) else []:
+        if not isinstance(m, dict):
+            continue
+        variant, slo = m.get("variant") or m.get("name"), _ms(m.get("slo_ms"))
+        if isinstance(variant, str) and slo is not None:
+            out[variant] = min(slo, out.get(variant, slo))
     return out
 
 

@@ -515,8 +515,7 @@ class StepLP:
     from the previous optimal basis and needs a handful of simplex iterations.
     """
 
-    def __init__(self, net: Network) -> None:
-
+    def __init__(self, net: Network, *, basis: dict[str, list[int]] | None = None) -> None:
         self.net = net
         S, E, K = net.n_sites, net.n_edges, net.n_classes
         es, ec = net.edge_site, net.edge_class
@@ -545,6 +544,31 @@ class StepLP:
         self.cols = np.arange(E, dtype=np.int32)
         self.rows = np.arange(n_rows, dtype=np.int32)
         self.E, self.K = E, K
+        self._cap: np.ndarray | None = None  # the column bounds last set (skip when same)
+        if basis is not None:
+            self.set_basis(basis)
+
+    def basis(self) -> dict[str, list[int]] | None:
+        """The last optimal basis as plain ints (None before the first optimal solve): what a
+        stored online state keeps so that the next step starts warm in another process."""
+        b = self.h.getBasis()
+        if not b.valid:
+            return None
+        return {"col": [int(x) for x in b.col_status], "row": [int(x) for x in b.row_status]}
+
+    def set_basis(self, basis: dict[str, list[int]]) -> bool:
+        """Start the next solve from ``basis`` (from :meth:`basis`); False (and a cold start)
+        when it does not fit this network."""
+        import highspy
+
+        cols, rows = basis.get("col") or [], basis.get("row") or []
+        if len(cols) != self.E or len(rows) != self.rows.size:
+            return False
+        b = highspy.HighsBasis()
+        b.col_status = [highspy.HighsBasisStatus(int(x)) for x in cols]
+        b.row_status = [highspy.HighsBasisStatus(int(x)) for x in rows]
+        b.valid = True
+        return bool(self.h.setBasis(b) == highspy.HighsStatus.kOk)
 
     def solve(
         self, cost_s: np.ndarray, cap_s: np.ndarray, demand_k: np.ndarray
@@ -557,10 +581,18 @@ class StepLP:
         es = self.net.edge_site
         h = self.h
         h.changeColsCost(self.E, self.cols, cost_s[es])
-        h.changeColsBounds(self.E, self.cols, np.zeros(self.E), cap_s[es])
+        if self._cap is None or not np.array_equal(self._cap, cap_s):  # capacities seldom move
+            h.changeColsBounds(self.E, self.cols, np.zeros(self.E), cap_s[es])
+            self._cap = np.array(cap_s, dtype=float)
         lower = np.concatenate([demand_k, np.full(self.cap_sites.size, -INF)])
         upper = np.concatenate([demand_k, cap_s[self.cap_sites]])
         h.changeRowsBounds(self.rows.size, self.rows, lower, upper)
+        basis = h.getBasis()
+        if basis.valid:
+            # restart from the basis alone, as a new process does from a stored basis
+            # (:meth:`set_basis`): a replan's step then allocates as the whole solve did
+            h.clearSolver()
+            h.setBasis(basis)
         h.run()
         if solvers.highs_outcome(h, what="the geo step LP") != solvers.OPTIMAL:
             return None

@@ -27,7 +27,7 @@ import math
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -174,6 +174,57 @@ class GeoSolution:
                         v = share * f[e_local]
                         if v > 1e-12:
                             yield when, problem.gateways[g], problem.sites[net.edge_site[e]], v
+
+    def gateway_fractions(
+        self, problem: GeoProblem
+    ) -> tuple[list[dict[str, dict[str, float]]], dict[str, dict[str, float]]]:
+        """:func:`gateway_fractions` of this solution's flows (what the geo router routes)."""
+        return gateway_fractions(problem, self.network, self.flow)
+
+
+def gateway_fractions(
+    problem: GeoProblem, net: Network, flow: np.ndarray, *, first_step: int = 0
+) -> tuple[list[dict[str, dict[str, float]]], dict[str, dict[str, float]]]:
+    """Per step, each gateway's share of its load per site (sites in name order; a gateway
+    without load in a step is absent from it), and its shares over all the steps given:
+    :meth:`GeoSolution.gateway_flows` normalised, computed array-wise per class.
+
+    Args:
+        flow: ``[n, E]`` edge flows of steps ``first_step .. first_step + n - 1``.
+    """
+    n = flow.shape[0]
+    steps = slice(first_step, first_step + n)
+    slots: list[dict[str, dict[str, float]]] = [{} for _ in range(n)]
+    overall: dict[str, dict[str, float]] = {}
+    for k in range(net.n_classes):
+        edges = np.flatnonzero(net.edge_class == k)
+        names = [problem.sites[j] for j in net.edge_site[edges]]
+        order = sorted(range(len(names)), key=names.__getitem__)
+        edges = edges[order]
+        names = [names[i] for i in order]
+        F = flow[:, edges]
+        dk = net.demand[steps, k]
+        for g in np.flatnonzero(net.gateway_class == k):
+            share = np.divide(problem.load_mw[steps, g], dk, out=np.zeros(n), where=dk > 0)
+            V = share[:, None] * F
+            V[V <= 1e-12] = 0.0  # as gateway_flows: no flow below 1e-12 MW
+            total = V.sum(axis=1)
+            rows = np.flatnonzero(total > 0)
+            frac = V[rows] / total[rows, None]
+            gw = problem.gateways[g]
+            # only the non-zero shares go through Python (row-major: sites in name order)
+            nz_r, nz_c = np.nonzero(frac)
+            steps_nz = rows[nz_r].tolist()
+            for t, c, f in zip(steps_nz, nz_c.tolist(), frac[nz_r, nz_c].tolist(), strict=True):
+                d = slots[t].get(gw)
+                if d is None:
+                    d = slots[t][gw] = {}
+                d[names[c]] = f
+            whole = V.sum(axis=0)
+            if whole.sum() > 0:
+                shares = (whole / whole.sum()).tolist()
+                overall[gw] = {name: f for name, f in zip(names, shares, strict=True) if f > 0}
+    return slots, overall
 
 
 # -- metrics ------------------------------------------------------------------------------------
@@ -390,68 +441,207 @@ def _aux_target(gamma: np.ndarray, z_max: np.ndarray) -> np.ndarray:
     return np.minimum(m, z_max)
 
 
-def solve_online(
-    problem: GeoProblem, net: Network, opts: GeoOptions
-) -> tuple[np.ndarray, dict[str, Any]]:
-    """eglb: online dual mirror descent (Euclidean mirror map, projected to gamma >= 0).
+@dataclass
+class OnlineState:
+    """eGLB's online state between two steps: all an online step needs from the past, so
+    ``replan`` can store it and take the next step alone (``slot`` is the last step taken,
+    -1 before the first). Arrays are ``[S]``; plain values go in and out
+    (:meth:`to_dict`, :meth:`from_dict`): the planner stores nothing itself.
+    """
 
-    Per step t, seeing only steps <= t:
+    algorithm: str  # eglb | eglb-mpc
+    slot: int
+    eta: float
+    gamma_carbon: np.ndarray  # duals of the carbon and water maxima (eglb)
+    gamma_water: np.ndarray
+    zc_max: np.ndarray  # running max of the weighted per-step footprints (USD, eglb)
+    zw_max: np.ndarray
+    past_carbon_kg: np.ndarray  # footprints spent so far (eglb-mpc plans with them)
+    past_water_l: np.ndarray
+    accuracy_surplus: float = 0.0
+    #: the step LP's last optimal basis (eglb with routes): the next step starts warm
+    basis: dict[str, list[int]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready values."""
+        return {
+            "algorithm": self.algorithm,
+            "slot": self.slot,
+            "eta": self.eta,
+            **{k: getattr(self, k).tolist() for k in _STATE_ARRAYS},
+            "accuracy_surplus": self.accuracy_surplus,
+            "basis": self.basis,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any], *, n_sites: int) -> OnlineState:
+        """The state :meth:`to_dict` wrote, checked against the problem's ``n_sites``.
+
+        Raises:
+            InputError: a field is missing or of the wrong size (naming it).
+        """
+        try:
+            arrays = {k: np.asarray(doc[k], dtype=float) for k in _STATE_ARRAYS}
+            state = cls(
+                algorithm=str(doc["algorithm"]),
+                slot=int(doc["slot"]),
+                eta=float(doc["eta"]),
+                accuracy_surplus=float(doc.get("accuracy_surplus") or 0.0),
+                basis=doc.get("basis"),
+                **arrays,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(
+                f"the stored eGLB online state lacks or mangles {exc}",
+                hint="replan from the plan's files: the state is rebuilt from slot 0",
+            ) from None
+        for k, v in arrays.items():
+            if v.shape != (n_sites,):
+                raise InputError(
+                    f"the stored eGLB online state's {k} has {v.size} sites, the plan {n_sites}",
+                    hint="the sites file changed its sites: plan it again (`greenctl plan geo`)",
+                )
+        return state
+
+
+_STATE_ARRAYS = (
+    "gamma_carbon",
+    "gamma_water",
+    "zc_max",
+    "zw_max",
+    "past_carbon_kg",
+    "past_water_l",
+)
+ONLINE_ALGORITHMS = ("eglb", "eglb-mpc")
+
+
+def online_init(problem: GeoProblem, algorithm: str, opts: GeoOptions) -> OnlineState:
+    """The state before step 0. ``eta`` defaults to the textbook online gradient step
+    ``D / (G sqrt(T))`` with dual diameter ``D = 1`` (the duals of a max lie on the simplex)
+    and gradient bound ``G = mean z_max x sqrt(2 S)`` (z_max of step 0, T the plan's steps).
+    """
+    T, S = problem.capacity_mw.shape
+    bc0 = opts.mu_carbon_usd_per_kg * problem.carbon_kg_per_mw[0] * problem.capacity_mw[0]
+    bw0 = opts.mu_water_usd_per_l * problem.water_l_per_mw[0] * problem.capacity_mw[0]
+    if opts.z_max_usd is not None:
+        bc0 = bw0 = np.full(S, float(opts.z_max_usd))
+    if opts.eta is not None:
+        eta = float(opts.eta)
+    else:
+        scale = float(np.mean(np.concatenate([bc0, bw0])))
+        eta = 1.0 / (scale * math.sqrt(2 * S * T)) if scale > 0 else 0.0
+    z = np.zeros(S)
+    return OnlineState(algorithm, -1, eta, z, z, z, z, z, z)
+
+
+def online_step(
+    state: OnlineState,
+    net: Network,
+    opts: GeoOptions,
+    *,
+    cost: np.ndarray,
+    carbon: np.ndarray,
+    water: np.ndarray,
+    cap: np.ndarray,
+    demand: np.ndarray,
+    step_lp: StepLP | None = None,
+) -> tuple[np.ndarray | None, OnlineState]:
+    """One step of eglb (online dual mirror descent, Euclidean mirror map, gamma >= 0):
+
       1. allocate with prices ``a_t + gamma_c mu_c b_t + gamma_w mu_w q_t``;
       2. auxiliary targets ``z = argmin max z_c + max z_w - gamma . z`` on ``[0, z_max]``;
       3. ``gamma <- max(0, gamma + eta (B_t x_t - z))`` with ``B_t x_t`` the step's
          mu-weighted per-site footprints (USD).
-    ``z_max`` defaults to each site's largest possible per-step weighted footprint seen so
-    far (``mu x capacity x intensity``, running maximum); ``eta`` to the textbook online
-    gradient step ``D / (G sqrt(T))`` with dual diameter ``D = 1`` (the duals of a max lie
-    on the simplex) and gradient bound ``G = mean z_max x sqrt(2 S)``.
+
+    ``z_max`` is each site's largest possible per-step weighted footprint seen so far
+    (``mu x capacity x intensity``, a running maximum) unless ``--z-max`` fixes it.
+
+    Args:
+        state: the state after the previous step (:func:`online_init` before the first).
+        cost, carbon, water, cap: ``[S]`` per-MW cost (USD), carbon (kg), water (L) and
+            capacity (MW) of this step; demand: ``[K]`` class loads (MW).
+        step_lp: the routed step LP kept warm across steps (None: one built from the
+            state's basis).
+
+    Returns:
+        The edge flows ``[E]`` (None: the step is infeasible) and the state after the step
+        (``state`` itself is left as it was).
     """
-    T, S = problem.capacity_mw.shape
     mu_c, mu_w = opts.mu_carbon_usd_per_kg, opts.mu_water_usd_per_l
-    a = problem.cost_usd_per_mw
-    bc = mu_c * problem.carbon_kg_per_mw
-    bw = mu_w * problem.water_l_per_mw
-    cap = problem.capacity_mw
+    bc, bw = mu_c * carbon, mu_w * water
     if opts.z_max_usd is not None:
-        zc_max = np.full((T, S), float(opts.z_max_usd))
-        zw_max = zc_max
+        zc_max = zw_max = np.full(cap.size, float(opts.z_max_usd))
     else:
-        zc_max = np.maximum.accumulate(bc * cap, axis=0)
-        zw_max = np.maximum.accumulate(bw * cap, axis=0)
-    if opts.eta is not None:
-        eta = float(opts.eta)
+        zc_max = np.maximum(state.zc_max, bc * cap)
+        zw_max = np.maximum(state.zw_max, bw * cap)
+    gc, gw = state.gamma_carbon, state.gamma_water
+    price = cost + gc * bc + gw * bw
+    basis = state.basis
+    if net.full:
+        order = np.argsort(price, kind="stable")
+        cap_o = cap[order]
+        y_o = np.clip(demand[0] - (np.cumsum(cap_o) - cap_o), 0.0, cap_o)
+        f = np.empty(cap.size)
+        f[order] = y_o
+        y = f
     else:
-        scale = float(np.mean(np.concatenate([zc_max[0], zw_max[0]])))
-        eta = 1.0 / (scale * math.sqrt(2 * S * T)) if scale > 0 else 0.0
-    gc = np.zeros(S)
-    gw = np.zeros(S)
-    out = np.zeros((T, net.n_edges))
+        lp = step_lp if step_lp is not None else StepLP(net, basis=basis)
+        got = lp.solve(price, cap, demand)
+        if got is None:
+            return None, state
+        f = got
+        y = np.asarray(np.bincount(net.edge_site, weights=f, minlength=cap.size), dtype=float)
+        basis = None if step_lp is not None else lp.basis()  # kept warm by the caller
+    zc = _aux_target(gc, zc_max)
+    zw = _aux_target(gw, zw_max)
+    return f, OnlineState(
+        state.algorithm,
+        state.slot + 1,
+        state.eta,
+        np.maximum(0.0, gc + state.eta * (bc * y - zc)),
+        np.maximum(0.0, gw + state.eta * (bw * y - zw)),
+        zc_max,
+        zw_max,
+        state.past_carbon_kg + carbon * y,
+        state.past_water_l + water * y,
+        state.accuracy_surplus,
+        basis,
+    )
+
+
+def solve_online(
+    problem: GeoProblem, net: Network, opts: GeoOptions, *, upto: int | None = None
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """eglb: :func:`online_step` over every step (seeing only steps <= t at step t).
+
+    With ``upto`` only steps ``0 .. upto - 1`` are taken; ``info["state"]`` then holds the
+    :class:`OnlineState` after them (what ``replan`` steps on from).
+    """
+    T = problem.capacity_mw.shape[0]
+    n = T if upto is None else max(0, min(int(upto), T))
+    a = problem.cost_usd_per_mw
+    b, q = problem.carbon_kg_per_mw, problem.water_l_per_mw
+    cap = problem.capacity_mw
+    state = online_init(problem, "eglb", opts)
+    out = np.zeros((n, net.n_edges))
     step_lp = None if net.full else StepLP(net)
-    D = net.demand[:, 0] if net.full else None
-    for t in range(T):
-        price = a[t] + gc * bc[t] + gw * bw[t]
-        if D is not None:
-            order = np.argsort(price, kind="stable")
-            cap_o = cap[t, order]
-            y_o = np.clip(D[t] - (np.cumsum(cap_o) - cap_o), 0.0, cap_o)
-            y = np.empty(S)
-            y[order] = y_o
-            out[t] = y
-        else:
-            assert step_lp is not None
-            f = step_lp.solve(price, cap[t], net.demand[t])
-            if f is None:
-                raise _first_infeasible_step(problem, net)
-            out[t] = f
-            y = np.bincount(net.edge_site, weights=f, minlength=S)
-        zc = _aux_target(gc, zc_max[t])
-        zw = _aux_target(gw, zw_max[t])
-        gc = np.maximum(0.0, gc + eta * (bc[t] * y - zc))
-        gw = np.maximum(0.0, gw + eta * (bw[t] * y - zw))
-    info = {
-        "eta": eta,
-        "gamma_carbon_final": gc.tolist(),
-        "gamma_water_final": gw.tolist(),
+    for t in range(n):
+        f, state = online_step(
+            state, net, opts, cost=a[t], carbon=b[t], water=q[t], cap=cap[t],
+            demand=net.demand[t], step_lp=step_lp,
+        )  # fmt: skip
+        if f is None:
+            raise _first_infeasible_step(problem, net)
+        out[t] = f
+    info: dict[str, Any] = {
+        "eta": state.eta,
+        "gamma_carbon_final": state.gamma_carbon.tolist(),
+        "gamma_water_final": state.gamma_water.tolist(),
     }
+    if upto is not None:
+        if step_lp is not None:
+            state.basis = step_lp.basis()
+        info["state"] = state
     return out, info
 
 
@@ -518,6 +708,92 @@ def solve_online_variants(
     return y_out, z_out, {"eta": eta}
 
 
+@dataclass
+class OnlineStep:
+    """What :func:`online_replan` decided for one slot."""
+
+    slot: int
+    #: each gateway's share per site in the slot (gateways without load absent)
+    fractions: dict[str, dict[str, float]]
+    site_load_mw: np.ndarray  # [S]
+    state: OnlineState  # after the slot (store it for the next one)
+    warm: bool  # stepped on from the given state (False: rebuilt from step 0)
+    steps: int  # online steps taken (1 when the state was the previous slot's)
+
+
+def online_replan(
+    problem: GeoProblem,
+    algorithm: str,
+    opts: GeoOptions,
+    *,
+    slot: int,
+    state: OnlineState | None = None,
+) -> OnlineStep:
+    """eGLB's online decision for step ``slot`` from ``state`` (the state after an earlier
+    step, as a previous call returned it): the steps after ``state.slot`` up to ``slot``
+    (one when it is the previous slot's), on ``problem``'s newest traces. Without a usable
+    state (None, another algorithm, or one at or past ``slot``) the state is rebuilt by
+    the same algorithm over steps ``0 .. slot - 1``, so on unchanged traces the slot's
+    allocation is the whole-horizon solve's.
+
+    Raises:
+        InputError: not an online algorithm, variants (not stepped online), or a slot the
+            traces do not cover. InfeasiblePlan: the slot cannot be served.
+    """
+    if algorithm not in ONLINE_ALGORITHMS:
+        raise InputError(
+            f"algorithm {algorithm} has no online step",
+            hint=f"online algorithms: {', '.join(ONLINE_ALGORITHMS)}",
+        )
+    if opts.variants is not None:
+        raise InputError("the online step of a geo plan with --variants is not supported")
+    T, S = problem.capacity_mw.shape
+    if not 0 <= slot < T:
+        raise InputError(
+            f"slot {slot} is outside the traces' {T} steps ({problem.times[0]} .. "
+            f"{problem.times[-1]})",
+            hint="append the newest rows to the sites and demand files, or pass --at within them",
+        )
+    net = build_network(problem.load_mw, S, problem.routes)
+    warm = state is not None and state.algorithm == algorithm and state.slot < slot
+    if not warm:
+        if algorithm == "eglb":
+            state = solve_online(problem, net, opts, upto=slot)[1]["state"]
+        else:
+            state = solve_mpc(problem, net, opts, upto=slot)[2]["state"]
+    assert state is not None
+    a, b, q = problem.cost_usd_per_mw, problem.carbon_kg_per_mw, problem.water_l_per_mw
+    cap = problem.capacity_mw
+    lp = None if net.full or algorithm != "eglb" else StepLP(net, basis=state.basis)
+    cuts = mpc_cuts(net, opts) if algorithm == "eglb-mpc" else None
+    steps = 0
+    flow: np.ndarray | None = None
+    while state.slot < slot:
+        t = state.slot + 1
+        if algorithm == "eglb":
+            flow, state = online_step(
+                state, net, opts, cost=a[t], carbon=b[t], water=q[t], cap=cap[t],
+                demand=net.demand[t], step_lp=lp,
+            )  # fmt: skip
+            if flow is None:
+                raise InfeasiblePlan(
+                    f"step {t} ({problem.times[t]}) is infeasible: the gateways' allowed "
+                    "sites cannot carry their load",
+                    hint="allow more routes or raise capacity_mw",
+                )
+        else:
+            y, _, _, state = mpc_step(state, problem, net, opts, cuts=cuts)
+            one = replace(net, demand=net.demand[t : t + 1])
+            flow = recover_flows(one, y[None, :], cap[t : t + 1])[0]
+        steps += 1
+    assert flow is not None
+    if lp is not None:
+        state.basis = lp.basis()
+    y = flow if net.full else np.bincount(net.edge_site, weights=flow, minlength=S)
+    fractions = gateway_fractions(problem, net, flow[None, :], first_step=slot)[0][0]
+    return OnlineStep(slot, fractions, y, state, warm, steps)
+
+
 def _forecast_index(t: int, length: int, mode: str, period: int) -> np.ndarray:
     """Which observed step stands in for each of steps ``t .. t+length-1``."""
     tau = np.arange(t, t + length)
@@ -531,75 +807,114 @@ def _forecast_index(t: int, length: int, mode: str, period: int) -> np.ndarray:
     return np.where(src >= 0, src, t)
 
 
+def mpc_step(
+    state: OnlineState,
+    problem: GeoProblem,
+    net: Network,
+    opts: GeoOptions,
+    *,
+    cuts: list[tuple[np.ndarray, np.ndarray]] | None,
+    warm: dict[str, Any] | None = None,
+) -> tuple[np.ndarray, np.ndarray | None, float, OnlineState]:
+    """One step of eglb-mpc at step ``state.slot + 1``: the eGLB LP over the next
+    ``horizon`` steps (forecast from ``problem``'s traces, see :func:`solve_mpc`), counting
+    the footprint already spent, and its first step applied.
+
+    Returns:
+        (``[S]`` site loads, ``[S, M]`` variant loads or None, LP seconds, the new state).
+
+    Raises:
+        InputError: variants with too many route sets. InfeasiblePlan: the window cannot
+        be served.
+    """
+    t = state.slot + 1
+    T, S = problem.capacity_mw.shape
+    H = max(1, int(opts.horizon))
+    period = max(1, round(24.0 / problem.step_h))
+    src = _forecast_index(t, min(H, T - t), opts.forecast, period)
+    a, b, q = problem.cost_usd_per_mw, problem.carbon_kg_per_mw, problem.water_l_per_mw
+    cap = problem.capacity_mw
+    v = opts.variants
+    kw: dict[str, Any] = dict(
+        carbon=b[src],
+        water=q[src],
+        mu_carbon=opts.mu_carbon_usd_per_kg,
+        mu_water=opts.mu_water_usd_per_l,
+        past_carbon=state.past_carbon_kg,
+        past_water=state.past_water_l,
+        options=SMALL_LP_OPTIONS,
+    )
+    surplus = state.accuracy_surplus
+    if cuts is not None:
+        res = solve_site_lp(
+            net, cuts, a[src], cap[src], net.demand[src], **kw, **opts.variant_kw(),
+            past_accuracy_surplus=surplus, warm=warm,
+        )  # fmt: skip
+        if res.status != "Optimal":
+            raise _infeasible(problem, net, opts)
+        y = res.flow[0]
+    else:
+        res = solve_flow_lp(net, a[src], cap[src], net.demand[src], **kw)
+        if res.status != "Optimal":
+            raise _first_infeasible_step(problem, net)
+        y = np.bincount(net.edge_site, weights=res.flow[0], minlength=S)
+    power, z = y, None
+    if v is not None and res.variant_load is not None:
+        z = res.variant_load[0]
+        power = (z * v.relative_energy).sum(axis=1)
+        if opts.min_accuracy is not None:
+            surplus += float(((v.accuracy - opts.min_accuracy) * z).sum())
+    new = OnlineState(
+        state.algorithm, t, state.eta, state.gamma_carbon, state.gamma_water, state.zc_max,
+        state.zw_max, state.past_carbon_kg + b[t] * power, state.past_water_l + q[t] * power,
+        surplus,
+    )  # fmt: skip
+    return y, z, res.solve_s, new
+
+
+def mpc_cuts(net: Network, opts: GeoOptions) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """The Hall cuts eglb-mpc's site-load LP needs (None: the flow LP instead).
+
+    Raises:
+        InputError: variants with more route sets than cuts allow.
+    """
+    cuts = [] if net.full else hall_cuts(net)
+    if cuts is None and opts.variants is not None:
+        raise InputError("--variants with these routes: too many distinct route sets")
+    return cuts
+
+
 def solve_mpc(
-    problem: GeoProblem, net: Network, opts: GeoOptions
+    problem: GeoProblem, net: Network, opts: GeoOptions, *, upto: int | None = None
 ) -> tuple[np.ndarray, np.ndarray | None, dict[str, Any]]:
     """eglb-mpc: per step, solve the eGLB LP over the next ``horizon`` steps (forecast),
-    counting the footprint already spent, and apply the first step.
+    counting the footprint already spent, and apply the first step (:func:`mpc_step`).
 
     Forecasts move price, carbon, water, capacity and load together (``oracle``: the true
     future; ``persistence``: the present repeated; ``seasonal``: the same hour one period
     (24 h) earlier, or the present when there is no such hour yet). The present step is
-    always known exactly.
+    always known exactly. With ``upto`` only steps ``0 .. upto - 1`` are taken and
+    ``info["state"]`` holds the :class:`OnlineState` after them.
     """
     T, S = problem.capacity_mw.shape
-    H = max(1, int(opts.horizon))
-    period = max(1, round(24.0 / problem.step_h))
-    a, b, q = problem.cost_usd_per_mw, problem.carbon_kg_per_mw, problem.water_l_per_mw
-    cap = problem.capacity_mw
-    past_c = np.zeros(S)
-    past_w = np.zeros(S)
-    surplus = 0.0
-    out = np.zeros((T, S))
+    n = T if upto is None else max(0, min(int(upto), T))
     v = opts.variants
-    zs = np.zeros((T, S, len(v.names))) if v is not None else None
+    out = np.zeros((n, S))
+    zs = np.zeros((n, S, len(v.names))) if v is not None else None
     lp_s = 0.0
-    cuts = [] if net.full else hall_cuts(net)
-    if cuts is None and v is not None:
-        raise InputError("--variants with these routes: too many distinct route sets")
+    cuts = mpc_cuts(net, opts)
     warm: dict[str, Any] = {}  # one HiGHS instance, each window starts from the last basis
-    for t in range(T):
-        src = _forecast_index(t, min(H, T - t), opts.forecast, period)
-        kw: dict[str, Any] = dict(
-            carbon=b[src],
-            water=q[src],
-            mu_carbon=opts.mu_carbon_usd_per_kg,
-            mu_water=opts.mu_water_usd_per_l,
-            past_carbon=past_c,
-            past_water=past_w,
-            options=SMALL_LP_OPTIONS,
-        )
-        if cuts is not None:
-            res = solve_site_lp(
-                net,
-                cuts,
-                a[src],
-                cap[src],
-                net.demand[src],
-                **kw,
-                **opts.variant_kw(),
-                past_accuracy_surplus=surplus,
-                warm=warm,
-            )
-            if res.status != "Optimal":
-                raise _infeasible(problem, net, opts)
-            y = res.flow[0]
-        else:
-            res = solve_flow_lp(net, a[src], cap[src], net.demand[src], **kw)
-            if res.status != "Optimal":
-                raise _first_infeasible_step(problem, net)
-            y = np.bincount(net.edge_site, weights=res.flow[0], minlength=S)
-        lp_s += res.solve_s
-        out[t] = y
-        power = y
-        if v is not None and zs is not None and res.variant_load is not None:
-            zs[t] = res.variant_load[0]
-            power = (zs[t] * v.relative_energy).sum(axis=1)
-            if opts.min_accuracy is not None:
-                surplus += float(((v.accuracy - opts.min_accuracy) * zs[t]).sum())
-        past_c += b[t] * power
-        past_w += q[t] * power
-    return out, zs, {"horizon": H, "forecast": opts.forecast, "lp_s": lp_s}
+    state = online_init(problem, "eglb-mpc", opts)
+    for t in range(n):
+        out[t], z, dt, state = mpc_step(state, problem, net, opts, cuts=cuts, warm=warm)
+        lp_s += dt
+        if zs is not None and z is not None:
+            zs[t] = z
+    info: dict[str, Any] = {"horizon": max(1, int(opts.horizon)), "forecast": opts.forecast,
+                            "lp_s": lp_s}  # fmt: skip
+    if upto is not None:
+        info["state"] = state
+    return out, zs, info
 
 
 def nearest_order(problem: GeoProblem) -> list[np.ndarray]:

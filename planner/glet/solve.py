@@ -545,12 +545,20 @@ def plan_glet(
     request: dict[str, Any] | None = None,
     simulate_s: float = 0.0,
     seed: int = 0,
+    current_gpus: Sequence[Mapping[str, Any]] | None = None,
 ) -> Plan:
     """Plan spatio-temporal sharing of GPUs for ``problem`` with ``algorithm``.
 
+    With ``current_gpus`` (the running plan's ``gpus``, when replanning) the new schedule's
+    GPUs are numbered after the running ones (:func:`~greenctl.planner.glet.moves.align_gpus`),
+    so the glets that stay keep running where they are.
+
     Returns:
-        A ``kind: "glet"`` plan: ``gpus`` (per GPU its glets and their models), aggregated
-        ``deployments`` (whose ``model`` is the variant's family, ``GletModel.family``) and ``predicted`` with ``gpus`` and ``per_model``. With
+        A ``kind: "glet"`` plan: ``gpus`` (per GPU its glets and their models),
+        ``deployments`` (whose ``model`` is the variant's family, ``GletModel.family``; one
+        per variant, partition, batch and duty cycle, ``placement`` holding each instance's
+        GPU in ``gpus`` and the glet's ``duty_cycle_ms``, which ``simulate`` batches with) and
+        ``predicted`` with ``gpus`` and ``per_model``. With
         ``simulate_s > 0`` each ``per_model`` entry also carries the p99 latency and SLO
         violation share of a Poisson simulation of the time-shared cycles (``seed``).
 
@@ -576,14 +584,24 @@ def plan_glet(
             hint="raise --max-gpus, lower the rates or relax the SLOs",
         )
     desc = describe(state)
+    if current_gpus:
+        from greenctl.planner.glet.moves import align_gpus
+
+        desc["gpus"] = align_gpus(desc["gpus"], current_gpus)
     # a deployment serves its variant's family (the plan document's ``model``, the name
     # clients ask for); the glets keep each model's own name, as the request gives it
     family = {m.name: m.family_name for m in problem.models}
-    deployments: dict[tuple[str, str, str, int], Deployment] = {}
+    deployments: dict[tuple[str, str, str, int, float], Deployment] = {}
     for gpu in desc["gpus"]:
         for g in gpu["glets"]:
             for m in g["models"]:
-                key = (family[m["model"]], m["variant"], g["resource"], m["batch"])
+                key = (
+                    family[m["model"]],
+                    m["variant"],
+                    g["resource"],
+                    m["batch"],
+                    g["duty_cycle_ms"],
+                )
                 dep = deployments.get(key)
                 if dep is None:
                     dep = Deployment(
@@ -593,7 +611,7 @@ def plan_glet(
                         count=0,
                         batch=m["batch"],
                         quota_rps=0.0,
-                        placement={"gpus": []},
+                        placement={"gpus": [], "duty_cycle_ms": g["duty_cycle_ms"]},
                     )
                     deployments[key] = dep
                 dep.count += 1

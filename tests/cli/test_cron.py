@@ -18,7 +18,7 @@ def _install(cli, *args, every="15m"):
 @pytest.mark.parametrize(
     ("args", "said", "hint"),
     [
-        (["replna", "--plan", "3"], "no command 'replna'", "did you mean replan"),
+        (["replna", "--plan", "3"], "no command 'replna'", "did you mean replay or replan"),
         (["replan", "--plann", "3"], "No such option: --plann", "did you mean --plan?"),
         (["carbon", "fetc"], "`greenctl carbon` has no command 'fetc'", "did you mean fetch?"),
         (["replan", "--plan", "3", "--limit", "x"], "integer", "greenctl replan --help"),

@@ -83,6 +83,7 @@ STEP_NAMES = [
     "plan list",
     "simulate",
     "export k8s",
+    "export envoy",
     "carbon import",
     "carbon show",
     "carbon now",
@@ -91,6 +92,7 @@ STEP_NAMES = [
     "forecast fit",
     "forecast predict",
     "forecast list",
+    "replay",
     "profile (measure)",
     "plan mix tiny",
     "apply --dry-run",
@@ -189,6 +191,8 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Step
     run("plan list", "plan", "list")
     run("simulate", "simulate", str(work / "mix.json"), "--requests", "5000")
     run("export k8s", "export", "k8s", str(work / "mix.json"), "-o", str(work / "k8s"))
+    geo_id = str((steps["plan geo"].doc or {}).get("id"))
+    run("export envoy", "export", "envoy", geo_id, "-o", str(work / "envoy"), "--at", "2024-01-01")
     run(
         "carbon import",
         "carbon", "import", str(CARBON_TRACE), "--format", "clover", "--region", "CISO",
@@ -205,6 +209,12 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Step
     run("forecast fit", "forecast", "fit", "--forecaster", "moving-max", "--trace", twitter)
     run("forecast predict", "forecast", "predict", "--trace", twitter, "--upto-minute", "600")
     run("forecast list", "forecast", "list")
+    run(
+        "replay",
+        "replay", "--load-trace", twitter, "--model", "resnet", "--slo-ms", "750",
+        "--budget", "cpu=14", "--from", "24h", "--hours", "0.1", "--region", "CISO",
+        "--min-dwell", "0", "-o", str(work / "replay"),
+    )  # fmt: skip
     run(
         "profile (measure)",
         "profile", "--variant", "tiny-s", "--batch", "1", "--duration", "0.3",

@@ -539,3 +539,41 @@ def test_nothing_serving_recovers_with_real_executors(tiny, tmp_path, monkeypatc
         assert all(i["alive"] for i in st["instances"]) and st["instances"]
     finally:
         down(store)
+
+
+# -- glet plans (issue 18): new per-model rates, gpulet's rescheduling rule, no region ----------
+def test_a_glet_plan_is_replanned_at_given_rates_without_a_region(cli, gpulet):
+    r = cli(
+        "plan", "glet", "--model", "resnet50:400:25", "--model", "vgg16:300:30",
+        "--model", "inception:200:40", "--simulate-seconds", "0", "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    planned = json.loads(r.stdout)
+    # the planned rates: the new schedule is the running one (no region needed)
+    r = cli("replan", "--plan", planned["id"], "--min-dwell", "0", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert (d["action"], d["region"], d["signal_g_per_kwh"]) == ("keep", None, None)
+    # a model's rate given (by its name) and a family's (shared by its models as planned)
+    r = cli(
+        "replan", "--plan", planned["id"], "--rate", "resnet50=1500", "--rate", "vgg=10",
+        "--min-dwell", "0", "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["action"] == "propose" and "glets move" in d["reason"], d["reason"]
+    new = gpulet.get_plan(d["new_plan_id"])
+    rates = {m["name"]: m["rate_rps"] for m in new.request["models"]}
+    assert rates == {"resnet50": 1500.0, "vgg16": 10.0, "inception": 200.0}
+    assert d["forecast_rps"] == pytest.approx(1510.0)
+    # bad input names the option and the fix
+    for bad, msg in (
+        ("resnet50", "is not MODEL=RPS"),
+        ("resnet50=-1", "is not MODEL=RPS"),
+        ("resnet50=x", "is not MODEL=RPS"),
+        ("bert=10", "the plan serves no model 'bert'"),
+    ):
+        r = cli("replan", "--plan", planned["id"], "--rate", bad, "--min-dwell", "0")
+        assert r.exit_code == 2 and "--rate" in r.output and msg in r.output, r.output
+    r = cli("replan", "--plan", planned["id"], "--rate", "vgg=1", "--rate", "vgg=2")
+    assert r.exit_code == 2 and "names vgg twice" in r.output

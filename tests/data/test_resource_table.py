@@ -42,6 +42,9 @@ ALLOWED = {
     # plan kinds ("mig" plans), not resource kinds: the plan-kind registry's business
     # (replan's two moved into it: executor/kinds.py's objective hook)
     ("executor/k8s_export.py", "plan.kind == 'mig'"),
+    # replay's plan kind: the SLA held and Clover's baselines for "mig" replays
+    ("cli/replay.py", "kind == 'mig'"),
+    ("executor/replay.py", "kind == 'mig'"),
     ("planner/mig/solve.py", "current.kind != 'mig'"),
     # a torch device name, not a resource kind
     ("profiler/runner.py", "device != 'cpu'"),

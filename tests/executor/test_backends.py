@@ -77,7 +77,8 @@ def test_a_local_apply_records_its_backend_and_down_clears_it(cli, run_store, pl
     plan_id = json.loads(r.stdout)["plan_id"]
     rec = deployments.running_backend(run_store)
     assert rec is not None and rec["backend"] == "local" and rec["plan_id"] == plan_id
-    assert rec["options"] == {"host": "127.0.0.1", "port": None}
+    # what `replan --apply` applies again with: the address and the loader (not the default)
+    assert rec["options"] == {"host": "127.0.0.1", "port": None, "loader": NOOP}
     # status and down without --backend ask the backend that runs the plan
     doc = json.loads(cli("status", "--json").stdout)
     assert doc["backend"] == "local" and doc["dispatcher"]["plan_id"] == plan_id

@@ -294,7 +294,8 @@ def test_replan_forecasts_a_glet_plans_load_model_by_model(cli, gpulet):
     )  # fmt: skip
     assert d["forecast_rps"] == 200.0
     assert "no measured load yet for vgg16" in d["reason"]
-    assert d["action"] == "propose"  # (no reference signal: a glet plan plans no carbon)
+    assert d["action"] == "propose"  # gpulet's rule: its glets move (a glet plans no carbon)
+    assert "glets move" in d["reason"]
     new = gpulet.get_plan(d["new_plan_id"])
     rates = {m["name"]: m["rate_rps"] for m in new.request["models"]}
     assert rates == {"resnet50": 200.0, "vgg16": 300.0}
@@ -353,13 +354,16 @@ def test_a_geo_plan_of_a_store_family_keeps_the_family(cli, store, eglb):
     assert r.exit_code == 2 and "not both" in r.output
 
 
-def test_a_geo_plan_is_neither_simulated_nor_applied(cli, eglb, tmp_path):
+def test_a_geo_plan_is_not_simulated_and_applied_only_as_routes(cli, eglb, tmp_path):
     r = cli("plan", "geo", *eglb, "-o", "geo.json")
     assert r.exit_code == 0, r.output
-    for args in (("simulate", "geo.json", "--rate", "5"), ("apply", "geo.json", "--dry-run")):
-        r = cli(*args)
-        assert r.exit_code == 2
-        assert "a geo plan: it allocates load across sites" in " ".join(r.output.split())
+    r = cli("simulate", "geo.json", "--rate", "5")
+    assert r.exit_code == 2
+    assert "a geo plan: it allocates load across sites" in " ".join(r.output.split())
+    # apply routes it across sites (the geo router): every site needs its endpoint
+    r = cli("apply", "geo.json", "--dry-run")
+    assert r.exit_code == 2
+    assert "no endpoint" in r.output and "--site" in r.output
 
 
 # -- the acceptance test: a kind registered at run time, through every step -----------------

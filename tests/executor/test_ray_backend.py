@@ -293,6 +293,27 @@ def test_apply_without_a_cluster_fails_fast(cli, plan_file, closed_port, no_ray_
     assert r.stdout == ""  # (with --json: no half document, no Ray log lines)
 
 
+def test_apply_without_backend_goes_where_the_running_plan_runs(
+    cli, store, plan_file, closed_port, no_ray_init
+):
+    """`apply` with no --backend switches the plan on the backend that runs it (here a Ray
+    cluster recorded by the last apply), not on local daemons beside it."""
+    from greenctl.data import deployments
+
+    address = f"127.0.0.1:{closed_port}"
+    deployments.record_backend(store, "ray", plan_id=1, address=address)
+    r = cli("apply", plan_file, "--dry-run")
+    assert r.exit_code == 1, r.output
+    assert f"no Ray cluster answers at {address}" in r.stderr
+    # --backend still wins, and with nothing running the default is local
+    r = cli("apply", plan_file, "--dry-run", "--backend", "local")
+    assert r.exit_code == 0, r.output
+    deployments.stop_backend(store, "ray")
+    r = cli("apply", plan_file, "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["dry_run"] is True
+
+
 def test_ray_apply_refuses_a_model_that_is_not_the_variants_family(store, no_ray_init):
     """The local backend's family rule holds on Ray too, before any cluster is contacted."""
     wrong = plan(Deployment("resnet", "tiny-s", "cpu:1"), plan_id=1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from greenctl.data.errors import InfeasiblePlan, InputError
@@ -11,9 +13,11 @@ from greenctl.planner.geo.lp import build_network, greedy_full, solve_flow_lp
 from greenctl.planner.geo.solve import (
     ALGORITHMS,
     GeoOptions,
+    OnlineState,
     _aux_target,
     allocation_violations,
     evaluate,
+    online_replan,
     run_geo,
     site_resource,
     solve,
@@ -374,3 +378,74 @@ def test_variants_plan_document() -> None:
     assert set(doc["sites"][0]["variant_load_mwh"]) == {"big", "mid", "small"}
     assert {d["variant"] for d in doc["deployments"]} <= {"big", "mid", "small"}
     assert doc["request"]["min_accuracy"] == 0.75
+
+
+# -- eGLB's online step on its own (what `replan` of a routed geo plan takes) --------------
+def _routes(G: int, S: int) -> np.ndarray:
+    routes = np.zeros((G, S), dtype=bool)
+    for g in range(G):  # overlapping windows of three sites: several route sets
+        routes[g, [(g + k) % S for k in range(3)]] = True
+    return routes
+
+
+@pytest.mark.parametrize("routed", [False, True])
+def test_stepping_from_the_stored_state_matches_the_whole_solve_slot_by_slot(routed):
+    S, G = 5, 6
+    problem = make_problem(T=30, S=S, G=G, seed=3, routes=_routes(G, S) if routed else None)
+    run = run_geo(problem, algorithm="eglb")
+    whole = run.solutions["eglb"]
+    slots, _ = whole.gateway_fractions(problem)
+    state = None
+    for t in range(problem.n_steps):
+        step = online_replan(problem, "eglb", GeoOptions(), slot=t, state=state)
+        assert step.steps == 1 and step.warm == (t > 0)
+        np.testing.assert_allclose(step.site_load_mw, whole.site_load_mw[t], atol=1e-12)
+        assert step.fractions.keys() == slots[t].keys()
+        for gw, fr in slots[t].items():
+            assert step.fractions[gw] == pytest.approx(fr, abs=1e-12), (t, gw)
+        # stored as JSON between replans (another process takes the next step)
+        doc = json.loads(json.dumps(step.state.to_dict()))
+        state = OnlineState.from_dict(doc, n_sites=S)
+    assert state is not None and state.slot == problem.n_steps - 1
+    assert state.gamma_carbon.tolist() == pytest.approx(whole.info["gamma_carbon_final"])
+
+
+def test_a_state_behind_catches_up_and_a_missing_one_is_rebuilt():
+    problem = make_problem(T=12, S=4, G=3, seed=1)
+    whole = run_geo(problem, algorithm="eglb").solutions["eglb"]
+    first = online_replan(problem, "eglb", GeoOptions(), slot=2)
+    assert not first.warm and first.steps == 1  # rebuilt over slots 0..1, then slot 2
+    later = online_replan(problem, "eglb", GeoOptions(), slot=6, state=first.state)
+    assert later.warm and later.steps == 4
+    np.testing.assert_allclose(later.site_load_mw, whole.site_load_mw[6], atol=1e-12)
+    back = online_replan(problem, "eglb", GeoOptions(), slot=1, state=later.state)
+    assert not back.warm  # a state past the slot is no use: rebuilt
+    np.testing.assert_allclose(back.site_load_mw, whole.site_load_mw[1], atol=1e-12)
+
+
+def test_mpc_steps_on_from_the_footprint_spent():
+    problem = make_problem(T=10, S=4, G=3, seed=2)
+    opts = GeoOptions(horizon=4)
+    whole = run_geo(problem, algorithm="eglb-mpc", horizon=4).solutions["eglb-mpc"]
+    state = None
+    for t in range(problem.n_steps):
+        step = online_replan(problem, "eglb-mpc", opts, slot=t, state=state)
+        np.testing.assert_allclose(step.site_load_mw, whole.site_load_mw[t], atol=1e-6)
+        state = step.state
+    assert state is not None
+    spent = (problem.carbon_kg_per_mw * whole.site_load_mw).sum(axis=0)
+    np.testing.assert_allclose(state.past_carbon_kg, spent, rtol=1e-6)
+
+
+def test_bad_slots_states_and_algorithms_are_input_errors():
+    problem = make_problem(T=6, S=3, G=2)
+    with pytest.raises(InputError, match="outside the traces' 6 steps") as err:
+        online_replan(problem, "eglb", GeoOptions(), slot=6)
+    assert "append the newest rows" in (err.value.hint or "")
+    with pytest.raises(InputError, match="no online step"):
+        online_replan(problem, "eglb-off", GeoOptions(), slot=0)
+    doc = online_replan(problem, "eglb", GeoOptions(), slot=0).state.to_dict()
+    with pytest.raises(InputError, match="gamma_carbon has 3 sites, the plan 4"):
+        OnlineState.from_dict(doc, n_sites=4)
+    with pytest.raises(InputError, match="eta"):
+        OnlineState.from_dict({k: v for k, v in doc.items() if k != "eta"}, n_sites=3)

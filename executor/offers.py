@@ -1,0 +1,122 @@
+"""What the dispatcher needs for model-less requests: each instance's offer in its routing
+table (:mod:`greenctl.planner.core.choice`).
+
+``greenctl apply`` adds, to the routing table it hands the dispatcher, per model the plan's
+preference (``prefer``: ``carbon`` when its kind says its objective weighs carbon, else
+``cost``) and per instance its variant's offer: accuracy, energy, carbon and cost per request
+at the instance's capacity (the evaluation core's accounting at the plan's carbon intensity
+and PUE), and the latency table of its service model (the one the planners and the simulator
+use). The dispatcher only reads these; a table without them routes by model and variant name
+as before, and a model-less request then finds no variant that meets it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from greenctl.data.batching import executor_batching
+from greenctl.data.errors import GreenctlError
+from greenctl.data.plan import Deployment, Plan
+from greenctl.executor.kinds import get_kind, plan_inputs
+from greenctl.planner.core.choice import Offer, queue_latency
+
+#: the routing table's keys this module writes (per model, per instance)
+MODEL_KEYS = ("prefer",)
+INSTANCE_KEYS = ("offer",)
+
+
+def _number(value: Any, default: float | None = None) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else default
+
+
+def instance_offers(
+    store: Any, plan: Plan, keys: set[tuple[str, str, int]], *, max_wait_ms: float | None = None
+) -> dict[tuple[str, str, int], Offer]:
+    """The offer of each (variant, resource, batch) in ``keys``; one without a profile in the
+    store offers only its accuracy."""
+    # the evaluation core (numpy, scipy) only when a plan is applied
+    from greenctl.planner.core.evaluate import account, build_instances
+    from greenctl.planner.core.latency import BatchService
+    from greenctl.planner.core.simulator import pick_profiles, sized_slo_ms
+
+    profiles, variants = plan_inputs(store, plan)
+    by_name = {v.name: v for v in variants}
+    table = pick_profiles(profiles, sized_slo_ms(plan, by_name))
+    intensity = _number(plan.request.get("carbon_intensity"))
+    pue = _number(plan.request.get("pue"), 1.0) or 1.0
+    out: dict[tuple[str, str, int], Offer] = {}
+    for variant, resource, batch in sorted(keys):
+        record = by_name.get(variant)
+        accuracy = None if record is None or record.accuracy is None else float(record.accuracy)
+        dep = Deployment(model="", variant=variant, resource=resource, count=1, batch=batch)
+        try:
+            (inst,) = build_instances([dep], table, max_wait_ms=max_wait_ms)
+        except GreenctlError:  # no profile: nothing to predict from
+            out[(variant, resource, batch)] = Offer(variant, accuracy)
+            continue
+        service = inst.batches or BatchService(
+            ((batch, inst.service),), executor_batching(resource, batch, max_wait_ms=max_wait_ms)
+        )
+        cap = inst.capacity_rps
+        figures = account(
+            [inst],
+            by_name,
+            rate_rps=cap,
+            served_rps=[cap],
+            busy_frac=[1.0],
+            carbon_g_per_kwh=intensity,
+            pue=pue,
+        )
+        cost_h = figures.get("cost_per_hour")
+        out[(variant, resource, batch)] = Offer(
+            variant,
+            accuracy,
+            figures.get("energy_j_per_request"),
+            figures.get("carbon_g_per_request"),
+            None if cost_h is None or cap <= 0 else cost_h / 3600.0 / cap,
+            queue_latency(service),
+        )
+    return out
+
+
+def add_offers(
+    routes: dict[str, Any],
+    rows: list[dict[str, Any]],
+    store: Any,
+    plan: Plan,
+    *,
+    max_wait_ms: float | None = None,
+) -> dict[str, Any]:
+    """``routes`` (the dispatcher's routing table for instance ``rows``) with each model's
+    ``prefer`` and each instance's ``offer``."""
+    by_id = {row["id"]: row for row in rows}
+    keys = {(r["variant"], r["resource"], int(r["batch"])) for r in rows}
+    offers = instance_offers(store, plan, keys, max_wait_ms=max_wait_ms)
+    prefer = "carbon" if get_kind(plan.kind).carbon_aware(plan) else "cost"
+    for model in (routes.get("models") or {}).values():
+        model["prefer"] = prefer
+        for inst in model["instances"]:
+            row = by_id.get(inst["id"])
+            if row is not None:
+                key = (row["variant"], row["resource"], int(row["batch"]))
+                inst["offer"] = offers[key].to_dict()
+    return routes
+
+
+def carry_offers(previous: dict[str, Any], routes: dict[str, Any]) -> dict[str, Any]:
+    """``routes`` with what ``previous`` (the table the dispatcher serves now) said of the same
+    models and instances (a table rebuilt from the store's rows alone lacks it)."""
+    old = previous.get("models") or {}
+    for name, model in (routes.get("models") or {}).items():
+        before = old.get(name) or {}
+        for key in MODEL_KEYS:
+            if key in before:
+                model.setdefault(key, before[key])
+        known = {b.get("id"): b for b in before.get("instances") or []}
+        for inst in model["instances"]:
+            for key in INSTANCE_KEYS:
+                if key in known.get(inst["id"], {}):
+                    inst.setdefault(key, known[inst["id"]][key])
+    return routes
