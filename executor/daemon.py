@@ -443,8 +443,7 @@ class ExecutorServer:
         """``POST /admin/carbon`` ``{"carbon_g_per_kwh": G, "pue": P}`` (loopback clients
         only): count carbon at a new grid intensity from now on, without a restart (the
         dispatcher sends its plan's after ``replan --apply`` kept this executor)."""
-        remote = request.remote or ""
-        if remote not in ("127.0.0.1", "::1") and not remote.startswith("127."):
+        if not hs.is_loopback(request):
             return hs.json_response({"error": "forbidden"}, status=403)
         if self.energy is None or self.energy.counter is None:
             return hs.json_response({"error": "this executor counts no energy"}, status=409)

@@ -46,7 +46,6 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import hmac
 import json
 import math
 import os
@@ -102,7 +101,7 @@ from greenctl.planner.core.choice import (
 )
 from greenctl.planner.core.policy import POLICIES, SmoothWRR
 
-TOKEN_HEADER = "X-Greenctl-Token"
+TOKEN_HEADER = hs.TOKEN_HEADER
 _HEADER_LENGTH = "Inference-Header-Content-Length"
 _FORWARD_HEADERS = (
     "Content-Type",
@@ -1010,10 +1009,7 @@ class Dispatcher:
         return hs.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def _admin_ok(self, request: Any) -> bool:
-        remote = request.remote or ""
-        if remote not in ("127.0.0.1", "::1") and not remote.startswith("127."):
-            return False
-        return hmac.compare_digest(request.headers.get(TOKEN_HEADER, ""), self.token)
+        return hs.admin_allowed(request, self.token)
 
     async def admin_get(self, request: Any) -> Any:
         if not self._admin_ok(request):

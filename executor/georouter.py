@@ -41,7 +41,6 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import hmac
 import json
 import math
 import os
@@ -83,7 +82,7 @@ from greenctl.planner.core.policy import SmoothWRR
 
 GATEWAY_HEADER = oip.GATEWAY_HEADER
 SITE_HEADER = "Greenctl-Site"
-TOKEN_HEADER = "X-Greenctl-Token"
+TOKEN_HEADER = hs.TOKEN_HEADER
 _FORWARD_HEADERS = (
     "Content-Type",
     "Inference-Header-Content-Length",
@@ -494,10 +493,7 @@ class GeoRouter:
         }
 
     def _admin_ok(self, request: Any) -> bool:
-        remote = request.remote or ""
-        if remote not in ("127.0.0.1", "::1") and not remote.startswith("127."):
-            return False
-        return hmac.compare_digest(request.headers.get(TOKEN_HEADER, ""), self.token)
+        return hs.admin_allowed(request, self.token)
 
     async def admin_get(self, request: Any) -> Any:
         if not self._admin_ok(request):

@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hmac
 import json
 import re
 import socket
@@ -147,6 +148,23 @@ class Response:
             lines.append("Connection: close")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         return head if head_only else head + self.body
+
+
+#: The header an admin request carries its daemon's token in (dispatcher, geo router).
+TOKEN_HEADER = "X-Greenctl-Token"
+
+
+def is_loopback(request: Any) -> bool:
+    """Whether ``request`` comes from this machine (admin endpoints answer nobody else)."""
+    remote = request.remote or ""
+    return remote in ("127.0.0.1", "::1") or remote.startswith("127.")
+
+
+def admin_allowed(request: Any, token: str) -> bool:
+    """An admin request: from loopback, with the daemon's token (compared in constant time)."""
+    return is_loopback(request) and hmac.compare_digest(
+        request.headers.get(TOKEN_HEADER, ""), token
+    )
 
 
 def json_response(

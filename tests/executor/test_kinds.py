@@ -79,34 +79,6 @@ def test_a_registered_kind_is_planned_and_scored_through_the_registry(store, mon
 
 
 # -- glet and geo: planned by the commands through the registry, and planned again by it ------
-@pytest.fixture
-def gpulet(store, reference):
-    """The gpulet reference data with a fitted interference model."""
-    from greenctl.data.gpulet_import import (
-        import_gpulet,
-        load_colocations,
-        load_solo_latency,
-        load_utilisation,
-        save_interference_model,
-    )
-    from greenctl.planner.core.interference import FEATURES, fit_interference
-
-    import_gpulet(store, reference / "gpulet" / "data")
-    fit = fit_interference(
-        load_colocations(store), load_solo_latency(store), load_utilisation(store)
-    )
-    save_interference_model(
-        store,
-        coefficients=list(fit.model.coefficients),
-        features=FEATURES,
-        n_train=fit.n_train,
-        n_test=fit.n_test,
-        errors=fit.errors,
-        source="test",
-    )
-    return store
-
-
 def test_a_glet_plan_is_planned_again_from_its_request(cli, gpulet):
     r = cli(
         "plan", "glet", "--model", "resnet50:400:25", "--model", "vgg16:300:30",
