@@ -702,7 +702,9 @@ def predict(
     else:
         result.update(p50_ms=None, p95_ms=None, p99_ms=None)
     if percentile_slo_ms is not None:
-        result["slo_violation_frac"] = violation / total_rate if total_rate > 0 else 0.0
+        # a sum of survival functions over queues: float error must not show as below 0
+        frac = violation / total_rate if total_rate > 0 else 0.0
+        result["slo_violation_frac"] = min(max(frac, 0.0), 1.0)
     result["overloaded"] = overloaded
     return _order(result, percentile_slo_ms is not None)
 
