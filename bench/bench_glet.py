@@ -254,28 +254,16 @@ def replan_decisions(data: Path, *, rounds: int) -> None:
     """Time `greenctl replan` of a glet plan (the library twin, no apply) as rates move."""
     import random
 
-    from greenctl.data.gpulet_import import save_interference_model
     from greenctl.executor import control
+    from greenctl.executor.interference import fit_and_store
     from greenctl.executor.kinds import get_kind
-    from greenctl.planner.core.interference import FEATURES
 
     print("\n== glet replan decision time: 10 models, rates +-30 % per round ==")
     rng = random.Random(11)
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(Path(tmp) / "replan.db")
         import_gpulet(store, data)
-        fit = fit_interference(
-            load_colocations(store), load_solo_latency(store), load_utilisation(store)
-        )
-        save_interference_model(
-            store,
-            coefficients=list(fit.model.coefficients),
-            features=FEATURES,
-            n_train=fit.n_train,
-            n_test=fit.n_test,
-            errors=fit.errors,
-            source="bench",
-        )
+        fit_and_store(store, source="bench")
         rates = {m: float(rng.choice([100, 200, 300])) for m in ORDER}
         request = {
             "models": [{"name": m, "rate_rps": r, "slo_ms": SLO_MS[m]} for m, r in rates.items()]

@@ -23,31 +23,10 @@ def interference_fit(
     json_out: JsonOpt = False,
 ) -> None:
     """Learn c1..c5 from imported co-location measurements; report held-out error; store it."""
-    from greenctl.data.gpulet_import import (
-        load_colocations,
-        load_solo_latency,
-        load_utilisation,
-        save_interference_model,
-    )
-    from greenctl.planner.core.interference import FEATURES, fit_interference
+    from greenctl.executor.interference import fit_and_store
 
     with store_for(db) as store:
-        result = fit_interference(
-            load_colocations(store),
-            load_solo_latency(store),
-            load_utilisation(store),
-            test_fraction=test_fraction,
-            seed=seed,
-        )
-        model_id = save_interference_model(
-            store,
-            coefficients=list(result.model.coefficients),
-            features=FEATURES,
-            n_train=result.n_train,
-            n_test=result.n_test,
-            errors={**result.errors, "measured_factor": result.measured_factor},
-            source=f"colocations (test fraction {test_fraction}, seed {seed})",
-        )
+        model_id, result = fit_and_store(store, test_fraction=test_fraction, seed=seed)
     doc = {"id": model_id, **result.to_dict()}
     if json_out:
         print_json(doc)

@@ -60,28 +60,11 @@ def reference() -> Path:
 def gpulet(store, reference):
     """The test's store with the gpulet reference data (profiles, utilisation) and an
     interference model fitted on it: what `plan glet` plans with."""
-    from greenctl.data.gpulet_import import (
-        import_gpulet,
-        load_colocations,
-        load_solo_latency,
-        load_utilisation,
-        save_interference_model,
-    )
-    from greenctl.planner.core.interference import FEATURES, fit_interference
+    from greenctl.data.gpulet_import import import_gpulet
+    from greenctl.executor.interference import fit_and_store
 
     import_gpulet(store, reference / "gpulet" / "data")
-    fit = fit_interference(
-        load_colocations(store), load_solo_latency(store), load_utilisation(store)
-    )
-    save_interference_model(
-        store,
-        coefficients=list(fit.model.coefficients),
-        features=FEATURES,
-        n_train=fit.n_train,
-        n_test=fit.n_test,
-        errors=fit.errors,
-        source="test",
-    )
+    fit_and_store(store, source="test")
     return store
 
 

@@ -16,31 +16,14 @@ def prepared_db(tmp_path_factory) -> Path:
     """A store with the gpulet reference imported and an interference model fitted."""
     if not GPULET.is_dir():
         pytest.skip("gpulet reference data not available")
-    from greenctl.data.gpulet_import import (
-        import_gpulet,
-        load_colocations,
-        load_solo_latency,
-        load_utilisation,
-        save_interference_model,
-    )
+    from greenctl.data.gpulet_import import import_gpulet
     from greenctl.data.store import open_store
-    from greenctl.planner.core.interference import FEATURES, fit_interference
+    from greenctl.executor.interference import fit_and_store
 
     path = tmp_path_factory.mktemp("glet") / "base.db"
     with open_store(path) as store:
         import_gpulet(store, GPULET)
-        fit = fit_interference(
-            load_colocations(store), load_solo_latency(store), load_utilisation(store)
-        )
-        save_interference_model(
-            store,
-            coefficients=list(fit.model.coefficients),
-            features=FEATURES,
-            n_train=fit.n_train,
-            n_test=fit.n_test,
-            errors=fit.errors,
-            source="test",
-        )
+        fit_and_store(store, source="test")
     return path
 
 

@@ -1,0 +1,40 @@
+"""Fit gpulet's interference model on the store's co-location measurements and store it: the
+one sequence ``greenctl interference fit``, the tests and the benches run (planner fits, data
+stores; this layer joins them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fit_and_store(
+    store: Any, *, test_fraction: float = 0.2, seed: int = 0, source: str | None = None
+) -> tuple[int, Any]:
+    """Fit c1..c5 on the imported co-locations (holding ``test_fraction`` out, split with
+    ``seed``) and store the model; returns its id and the fit
+    (:class:`~greenctl.planner.core.interference.FitResult`)."""
+    from greenctl.data.gpulet_import import (
+        load_colocations,
+        load_solo_latency,
+        load_utilisation,
+        save_interference_model,
+    )
+    from greenctl.planner.core.interference import FEATURES, fit_interference
+
+    result = fit_interference(
+        load_colocations(store),
+        load_solo_latency(store),
+        load_utilisation(store),
+        test_fraction=test_fraction,
+        seed=seed,
+    )
+    model_id = save_interference_model(
+        store,
+        coefficients=list(result.model.coefficients),
+        features=FEATURES,
+        n_train=result.n_train,
+        n_test=result.n_test,
+        errors={**result.errors, "measured_factor": result.measured_factor},
+        source=source or f"colocations (test fraction {test_fraction}, seed {seed})",
+    )
+    return model_id, result
