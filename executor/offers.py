@@ -12,7 +12,6 @@ as before, and a model-less request then finds no variant that meets it.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from greenctl.data.batching import executor_batching
@@ -26,17 +25,13 @@ MODEL_KEYS = ("prefer",)
 INSTANCE_KEYS = ("offer",)
 
 
-def _number(value: Any, default: float | None = None) -> float | None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else default
-
-
 def instance_offers(
     store: Any, plan: Plan, keys: set[tuple[str, str, int]], *, max_wait_ms: float | None = None
 ) -> dict[tuple[str, str, int], Offer]:
     """The offer of each (variant, resource, batch) in ``keys``; one without a profile in the
     store offers only its accuracy."""
     # the evaluation core (numpy, scipy) only when a plan is applied
+    from greenctl.data.emissions import plan_carbon
     from greenctl.planner.core.evaluate import account, build_instances
     from greenctl.planner.core.latency import BatchService
     from greenctl.planner.core.simulator import pick_profiles, sized_slo_ms
@@ -44,8 +39,7 @@ def instance_offers(
     profiles, variants = plan_inputs(store, plan)
     by_name = {v.name: v for v in variants}
     table = pick_profiles(profiles, sized_slo_ms(plan, by_name))
-    intensity = _number(plan.request.get("carbon_intensity"))
-    pue = _number(plan.request.get("pue"), 1.0) or 1.0
+    intensity, pue = plan_carbon(plan)  # the intensity the counters and the metrics use
     out: dict[tuple[str, str, int], Offer] = {}
     for variant, resource, batch in sorted(keys):
         record = by_name.get(variant)
