@@ -659,6 +659,9 @@ class Dispatcher:
         #: per instance, the process and ``carbon`` it was last told (``/admin/carbon``)
         self.carbon_told: dict[str, tuple[Any, dict[str, float]]] = {}
         self.started_ticks = proc_start_ticks(os.getpid())
+        #: whether this dispatcher replaced one (restarted on its predecessor's table): only
+        #: then did someone else count the energy its executors reported before it started
+        self.succeeds = False
         self.energy_interval_s = energy_scrape_s()
         self._energy: asyncio.Task[None] | None = None
 
@@ -1042,8 +1045,11 @@ class Dispatcher:
         return (b.pid, b.pid_start, b.url)
 
     def _predates(self, b: Backend) -> bool:
-        """Whether ``b``'s process started before this dispatcher: the dispatcher this one
-        replaced counted its energy until now."""
+        """Whether ``b``'s process started before this dispatcher replaced another: the
+        dispatcher it replaced counted that process's energy until now. A first dispatcher
+        counts its executors from zero (their counters predate it, but nobody summed them)."""
+        if not self.succeeds:
+            return False
         ticks = b.pid_start or (proc_start_ticks(b.pid) if b.pid else None)
         try:
             return int(ticks or "") < int(self.started_ticks or "")
@@ -1391,6 +1397,7 @@ def main(argv: list[str] | None = None) -> int:
     disp.supervisor_ticks = args.supervisor_ticks or None
     kept = read_json(args.routes_state) if args.routes_state else None
     if kept is not None:  # a dispatcher restarted: the table its predecessor served
+        disp.succeeds = True
         disp.set_routes(kept)
     elif args.routes:
         disp.set_routes(json.loads(Path(args.routes).read_text()))

@@ -55,6 +55,20 @@ def test_increase_sum_counts_resets_new_processes_and_baselines():
     assert any("no greenctl_grid" in x for x in model_energy_lines({}, None))
 
 
+def test_only_a_dispatcher_that_replaced_another_baselines_older_executors(tmp_path):
+    """A first dispatcher counts its executors' counters from zero although they started
+    before it (nobody summed them: a first scrape after some requests must not drop them);
+    one restarted on its predecessor's table counts from what it first reads."""
+    from greenctl.executor.dispatcher import Backend, Dispatcher
+
+    disp = Dispatcher(token="t", db=None, max_queue=8, state_dir=tmp_path)
+    older = Backend({"id": "a", "url": "http://127.0.0.1:1", "pid": 1, "pid_start": "1"})
+    assert int(disp.started_ticks or 0) > 1
+    assert not disp._predates(older)
+    disp.succeeds = True
+    assert disp._predates(older)
+
+
 class _Counter:
     source = "modeled"
 
