@@ -353,18 +353,16 @@ def down_cmd(
     """Stop the dispatcher and every executor greenctl started (on the backend that runs the
     plan, unless --backend names one)."""
     from greenctl.executor.backends import down
-    from greenctl.executor.georouter import stop_router
 
     with store_for(db) as store:
         doc = down(store, backend=backend, address=address, restore_mig=restore_mig)
-        geo_stopped = stop_router(store)
-    if geo_stopped and "stopped" in doc:
-        doc["stopped"] = list(doc["stopped"]) + [{"kind": "georouter"}] * geo_stopped
     if json_out:
         print_json(doc)
         return
     if doc.get("backend") == "ray":
         console.print(f"Deleted {len(doc['deleted'])} Ray Serve application(s).")
+        if doc["stopped"]:
+            console.print(f"Stopped {len(doc['stopped'])} geo router process(es).")
         return
     console.print(f"Stopped {len(doc['stopped'])} process(es).")
     for r in doc["restored_mig"]:

@@ -223,9 +223,13 @@ class RayBackend:
         return status_ray(store=store, address=self.address)
 
     def down(self, store: Store, **options: Any) -> dict[str, Any]:
+        from greenctl.executor.georouter_procs import stop_routers
         from greenctl.executor.ray_backend import down_ray
 
-        return {"backend": self.name, "deleted": down_ray(store=store, address=self.address)}
+        deleted = down_ray(store=store, address=self.address)
+        # a geo router runs on this host whichever backend serves its sites (the local
+        # backend's down stops it with its other processes)
+        return {"backend": self.name, "deleted": deleted, "stopped": stop_routers(store)}
 
     def serving(self, store: Store) -> Serving:
         from greenctl.executor.ray_backend import status_ray
