@@ -8,7 +8,9 @@ they must never see (a reordered answer, a hung connection after a malformed req
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import random
 
 import pytest
 from greenctl.executor import httpserver as hs
@@ -42,12 +44,24 @@ async def _serve(**kw: object) -> tuple[hs.Server, int, dict[str, asyncio.Event]
     async def boom(request: hs.Request) -> hs.Response:
         raise RuntimeError("kaput")
 
+    kept: list[bytes | bytearray] = []
+
+    async def digest(request: hs.Request) -> hs.Response:
+        body = await request.read()
+        if request.query_string == "keep":  # a handler that holds on to the body
+            kept.append(body)
+        return hs.json_response(
+            {"len": len(body), "sha": hashlib.sha256(body).hexdigest(), "kept": len(kept)}
+        )
+
     router.add_post("/v2/models/{name}/infer", echo)
     router.add_get("/v2/models/{name}", echo)
     router.add_get("/slow", slow)
     router.add_get("/fast", fast)
     router.add_get("/boom", boom)
+    router.add_post("/digest", digest)
     server = hs.Server(router, **kw)  # type: ignore[arg-type]
+    server.kept = kept  # type: ignore[attr-defined]
     port = await server.start("127.0.0.1", 0)
     return server, port, events
 
@@ -456,3 +470,95 @@ print(frozen >= 1000, gone() is None)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True"]
+
+
+def _post(body: bytes, query: str = "") -> tuple[bytes, bytes]:
+    head = b"POST /digest%s HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % (
+        (b"?" + query.encode()) if query else b"",
+        len(body),
+    )
+    return head, body
+
+
+def test_bodies_of_known_length_arrive_whole_however_the_bytes_are_split() -> None:
+    """A 600 KB tensor body is read straight into its own buffer: the head may end in one
+    read and the body start in it, the head's CRLF CRLF may straddle two reads, requests may
+    be pipelined with their bodies, and each arrives whole, in order."""
+    rng = random.Random(7)
+    bodies = [rng.randbytes(602_263), rng.randbytes(602_263), b"x" * 5, rng.randbytes(70_000)]
+
+    async def scenario() -> list[tuple[int, dict[str, object]]]:
+        server, port, _ = await _serve()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        out = []
+
+        async def answer() -> None:
+            status, _, body = await _read_response(reader)
+            out.append((status, json.loads(body)))
+
+        for body in bodies:
+            head, data = _post(body)
+            whole = head + data
+            splits = [
+                [whole],  # one write
+                [head, data],  # the head, then the body
+                [head[:-2], head[-2:] + data],  # CRLF CRLF across two writes
+                [head[:-1], head[-1:], data[:10], data[10:]],
+                [head + data[:1000], data[1000:]],  # the body starts with the head
+                [bytes([b]) for b in head]
+                + [data[i : i + 65_536] for i in range(0, len(data), 65_536)],
+            ]
+            for parts in splits:
+                for part in parts:
+                    writer.write(part)
+                    await writer.drain()
+                    await asyncio.sleep(0)
+                await answer()
+        # pipelined: three requests and a GET in one write, the last POST split mid-body
+        h1, d1 = _post(bodies[0])
+        h2, d2 = _post(b"")
+        h3, d3 = _post(bodies[3])
+        burst = h1 + d1 + h2 + d2 + h3 + d3[:500]
+        writer.write(burst + d3[500:] + b"GET /fast HTTP/1.1\r\nHost: h\r\n\r\n")
+        for _ in range(3):
+            await answer()
+        fast = await _read_response(reader)
+        writer.close()
+        await server.shutdown()
+        assert fast[2] == b"fast"
+        return out
+
+    got = _run(scenario())
+    expect = [b for b in bodies for _ in range(6)] + [bodies[0], b"", bodies[3]]
+    assert len(got) == len(expect)  # type: ignore[arg-type]
+    for (status, doc), body in zip(got, expect, strict=True):  # type: ignore[misc]
+        assert status == 200
+        assert doc["len"] == len(body) and doc["sha"] == hashlib.sha256(body).hexdigest()
+
+
+def test_body_buffers_are_reused_only_once_nothing_holds_them() -> None:
+    """Bodies of one size take turns in one buffer; a body a handler still holds is never
+    written over by a later request."""
+    rng = random.Random(3)
+    bodies = [rng.randbytes(100_000) for _ in range(6)]
+
+    async def scenario() -> tuple[list[dict[str, object]], object, int]:
+        server, port, _ = await _serve()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        docs = []
+        for i, body in enumerate(bodies):
+            head, data = _post(body, "keep" if i == 2 else "")
+            writer.write(head + data)
+            docs.append(json.loads((await _read_response(reader))[2]))
+        writer.close()
+        kept = server.kept  # type: ignore[attr-defined]
+        buffers = len(server.body_buffers.kept)
+        await server.shutdown()
+        return docs, kept, buffers
+
+    docs, kept, buffers = _run(scenario())  # type: ignore[misc]
+    for doc, body in zip(docs, bodies, strict=True):  # type: ignore[arg-type]
+        assert doc["sha"] == hashlib.sha256(body).hexdigest()
+    (held,) = kept  # type: ignore[misc]
+    assert bytes(held) == bodies[2]  # untouched by the three requests after it
+    assert buffers == 2  # one taking turns, one held by the handler
