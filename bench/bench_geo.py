@@ -8,6 +8,8 @@ Prints, measured side by side in one run:
 - the online eglb over the whole trace (all routes and partial routes);
 - online eglb at scale: 100 sites x 100 gateways x 8,760 hourly steps (synthetic traces
   tiled from the eGLB ones, labelled as such);
+- replan's online step of a plan with --variants (one step from the stored state) against
+  the whole-horizon online solve;
 - the comparison table of every algorithm on the reference data.
 
 Run: ``python bench/bench_geo.py`` (about a minute) or ``--quick``.
@@ -249,6 +251,42 @@ def routed_case(p: GeoProblem, sol: Any, solve_s: float, *, quick: bool, tmp: Pa
     )
 
 
+def variants_case(problems: list[tuple[str, GeoProblem]], *, repeat: int) -> None:
+    """``replan`` of a plan made with ``--variants`` (three ResNet-like variants, accuracy
+    floor 0.76): one online eglb step from the state stored after the slot before (the
+    state as JSON, as ``replan`` reads it from the store), beside the whole-horizon online
+    solve that ``replan`` of such a plan ran before; and the largest difference between
+    the step's variant loads and the whole solve's at the same slot (unchanged inputs)."""
+    import json
+
+    from greenctl.data.geo_io import GeoVariants
+    from greenctl.planner.geo.solve import OnlineState, online_replan
+
+    v = GeoVariants(["resnet152", "resnet50", "resnet18"], np.array([10.0, 5.0, 2.5]),
+                    np.array([0.783, 0.761, 0.698]))  # fmt: skip
+    opts = GeoOptions(variants=v, min_accuracy=0.76)
+    print("\nreplan of a plan with --variants (3 variants, --min-accuracy 0.76), eglb:")
+    for label, p in problems:
+        t_whole, whole = timed(lambda p=p: solve(p, "eglb", opts), repeat)
+        k = p.n_steps // 2
+        doc = json.dumps(online_replan(p, "eglb", opts, slot=k - 1).state.to_dict())
+        best = math.inf
+        step = None
+        for _ in range(max(3, repeat)):
+            t0 = time.perf_counter()
+            state = OnlineState.from_dict(json.loads(doc), n_sites=len(p.sites))
+            step = online_replan(p, "eglb", opts, slot=k, state=state)
+            best = min(best, time.perf_counter() - t0)
+        assert step is not None and step.warm and step.steps == 1
+        assert step.variant_load is not None and whole.variant_load is not None
+        diff = float(np.abs(step.variant_load - whole.variant_load[k]).max())
+        print(
+            f"  {label}: whole horizon ({p.n_steps} steps) {t_whole:.3f} s; one step from the "
+            f"stored state {best * 1e3:.2f} ms ({t_whole / best:,.0f}x less); largest variant "
+            f"load difference at slot {k}: {diff:.1e} MW"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats, smaller scale case")
@@ -344,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         "(per-step LP, warm-started primal simplex)"
     )
     routed_case(bigr, sol, t_r, quick=args.quick, tmp=tmp)
+    variants_case([("all routes", p_all), ("partial routes", p_part)], repeat=repeat)
 
     print(
         "\nComparison on the reference data (all routes; modeled; per-site avg/max over "

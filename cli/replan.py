@@ -34,7 +34,8 @@ def replan_cmd(
             "--threshold",
             help="Act when the carbon intensity moved by more than this "
             "fraction since the running plan was chosen (Clover's trigger); for a glet plan, "
-            "when more than this fraction of its glets move (or its GPU count changes).",
+            "when it saves at least one GPU and more than this fraction of its GPUs (or the "
+            "running layout cannot carry the load).",
         ),
     ] = 0.05,
     margin: Annotated[

@@ -160,7 +160,8 @@ def desired_instances(plan: Plan) -> list[InstanceSpec]:
         per = None if d.quota_rps is None else d.quota_rps / max(d.count, 1)
         cycle = d.placement.get("duty_cycle_ms") if isinstance(d.placement, dict) else None
         wait = float(cycle) if isinstance(cycle, int | float) and cycle > 0 else None
-        if r.spec.pinning == PIN_MIG_INSTANCE and gpus:
+        glet_slots = isinstance(d.placement, dict) and isinstance(d.placement.get("starts"), list)
+        if r.spec.pinning == PIN_MIG_INSTANCE and gpus and not glet_slots:
             mig_deps[(d.variant, r.size)] = d
             continue
         for i in range(d.count):
@@ -171,7 +172,7 @@ def desired_instances(plan: Plan) -> list[InstanceSpec]:
             if r.spec.pinning == PIN_MIG_INSTANCE:
                 start = _placement_start(d.placement, i)
                 mig = (
-                    partition.MigSlot(_gpu_index(d.device, d.placement) or 0, r.size, start)
+                    partition.MigSlot(_gpu_index(d.device, d.placement, i) or 0, r.size, start)
                     if start is not None
                     else None
                 )
@@ -223,6 +224,9 @@ def _gpu_index(device: Any, placement: Any, i: int = 0) -> int | None:
 
 
 def _placement_start(placement: Any, i: int) -> int | None:
+    if isinstance(placement, dict) and isinstance(placement.get("starts"), list):
+        starts = placement["starts"]  # a glet plan's MIG glets: instance i's slot
+        return int(starts[i]) if i < len(starts) else None
     if isinstance(placement, dict) and "start" in placement:
         return int(placement["start"])
     if isinstance(placement, list) and i < len(placement):
@@ -363,6 +367,8 @@ def apply_plan(
                     [parse_resource(s.resource).cpu_cores or 0 for s in new_specs], usable, taken
                 )
                 _validate_gpu(specs, time_shared=kind.time_shared)
+                if kind.time_shared:  # glets: one GPU's executors must fit its memory
+                    _validate_glet_memory(plan, others_count=not running)
                 want_port = (
                     port if port is not None else (plan.extra.get("dispatcher") or {}).get("port")
                 )
@@ -527,6 +533,32 @@ def _validate_gpu(specs: list[InstanceSpec], *, time_shared: bool = False) -> No
             raise InfeasiblePlan(f"MPS shares on GPU {gpu} add up to {pct} % (> 100 %)")
 
 
+def _validate_glet_memory(plan: Plan, *, others_count: bool) -> None:
+    """A glet plan's executors on each GPU must fit the GPU's memory (the figures its
+    planner recorded against the GPUs here; with ``others_count``, nothing of greenctl's
+    running, the memory other processes use now is not available).
+
+    Raises:
+        InputError: naming the GPU, its executors and the MiB needed and available.
+    """
+    from greenctl.planner.glet.memory import check_gpu_memory, gpu_needs
+
+    needs = gpu_needs(plan.extra.get("gpus"))
+    if not any(n.executors for n in needs):
+        return
+    backend = partition.gpu_backend()
+    available: dict[int, tuple[str, float, float]] = {}
+    for g in backend.gpus():
+        used = 0.0
+        if others_count:
+            try:
+                used = float(backend.memory_used_mb(g.index))
+            except HardwareError:
+                used = 0.0  # not readable: the total only
+        available[g.index] = (g.name, float(g.memory_mb), used)
+    check_gpu_memory(plan.extra.get("gpus"), available)
+
+
 def _same_gpu(planned: str, here: str) -> bool:
     """Whether a plan's ``gpu:MODEL`` size names the GPU model here: the same label, or a
     shorter name inside it (``A100`` for ``A100-SXM4-40GB``), ignoring case."""
@@ -648,8 +680,8 @@ def _describe_mig(
     out: list[dict[str, Any]] = []
     for gpu in gpus:
         partition.check_mig_gpu(backend, gpu)
-        partition.check_layout(
-            backend, gpu, [s.mig for s in specs if s.mig is not None and s.mig.gpu == gpu]
+        partition.check_layout(  # one slot per GPU instance (a glet's models share theirs)
+            backend, gpu, list(dict.fromkeys(s.mig for s in specs if s.mig and s.mig.gpu == gpu))
         )
         have = {(c["profile"], c["start"]) for c in partition.current_layout(backend, gpu)}
         want = {
@@ -757,7 +789,8 @@ def _execute(
             backend = partition.gpu_backend()
             for gpu in mig_gpus:
                 partition.check_mig_gpu(backend, gpu)
-                want = [s.mig for s in specs if s.mig is not None and s.mig.gpu == gpu]
+                # one slot per GPU instance (a time-shared glet's models share theirs)
+                want = list(dict.fromkeys(s.mig for s in specs if s.mig and s.mig.gpu == gpu))
                 layout = partition.current_layout(backend, gpu)
                 if {(c["profile"], c["start"]) for c in layout} == {
                     (m.profile, m.start) for m in want

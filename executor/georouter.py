@@ -937,8 +937,8 @@ def replan_router(store: Any, *, plan: Any, at: str | None = None) -> dict[str, 
     A decision record is written, as for every replan (``replan --history`` lists it).
 
     ``at`` None: the slot after the router's pinned one, or the clock's. A plan of an
-    offline algorithm (or with variants) has no online step: it is planned again over its
-    files and the router gets the whole new table.
+    offline algorithm has no online step: it is planned again over its files and the router
+    gets the whole new table (a plan with variants steps online like any other).
 
     Returns:
         The decision record plus ``plan_id``, ``new_plan_id``, ``slot``, ``slot_time``,
@@ -1076,8 +1076,10 @@ def _objective(plan: Any) -> float | None:
 def _online_step(store: Any, plan: Any, *, lineage: str, slot: int) -> dict[str, Any] | None:
     """eGLB's online step of a routed plan for ``slot``, from the state stored for its
     lineage (:mod:`greenctl.data.loop_state`), on the files' newest rows; ``row`` is what to
-    store once the router took the fractions. None: the plan's algorithm has no online step
-    (or it has variants)."""
+    store once the router took the fractions. None: the plan's algorithm has no online step.
+    A plan made with ``--variants`` steps the same way (its state also carries the accuracy
+    banked so far and the site LP's basis); ``variant_mw`` is then the slot's load per site
+    and variant (reference MW)."""
     import numpy as np
     from greenctl.executor.kinds import geo_inputs
     from greenctl.planner.geo import solve as geo
@@ -1086,17 +1088,26 @@ def _online_step(store: Any, plan: Any, *, lineage: str, slot: int) -> dict[str,
     if algorithm not in geo.ONLINE_ALGORITHMS:
         return None
     problem, options, variants = geo_inputs(store, dict(plan.request))
-    if variants is not None:
-        return None
-    opts = geo.check_options(**options)
+    opts = geo.check_options(**options, variants=variants)
     last = loop_state.last_geo_step(store, lineage)
     state = None
     if last is not None and last.get("algorithm") == algorithm:
         state = geo.OnlineState.from_dict(last["state"], n_sites=len(problem.sites))
     step = geo.online_replan(problem, algorithm, opts, slot=slot, state=state)
-    y = step.site_load_mw
+    y = step.site_load_mw  # power: the intensity is weighted by the energy drawn
     carbon = problem.carbon_g_per_kwh[slot]
     intensity = float((carbon * y).sum() / y.sum()) if y.sum() > 0 else None
+    variant_mw = None
+    if variants is not None and step.variant_load is not None:
+        variant_mw = {
+            site: {
+                name: float(step.variant_load[j, m])
+                for m, name in enumerate(variants.names)
+                if step.variant_load[j, m] > 1e-12
+            }
+            for j, site in enumerate(problem.sites)
+            if step.variant_load[j].sum() > 1e-12
+        }
     return {
         "row": {
             "lineage": lineage,
@@ -1113,6 +1124,7 @@ def _online_step(store: Any, plan: Any, *, lineage: str, slot: int) -> dict[str,
         "steps": step.steps,
         "slot_time": problem.times[slot],
         "carbon_g_per_kwh": None if intensity is None or not np.isfinite(intensity) else intensity,
+        "variant_mw": variant_mw,
     }
 
 

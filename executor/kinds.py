@@ -528,9 +528,15 @@ def _glet_plan(store: Any, request: dict[str, Any], *, current: Plan | None = No
     """Plan ``request`` (a glet plan's ``request``, or what ``plan glet`` parsed): models
     with rate and SLO, ``partitions``, ``max_gpus`` (8), ``rate_percentile`` (99),
     ``algorithm`` (glet), ``interference`` (see :func:`_glet_interference`), ``hardware``,
-    ``simulate_s`` (0) and ``seed`` (0) of the schedule's check, ``spec`` (recorded). With
-    ``current`` (a running glet plan) the new GPUs are numbered after the running ones, so
-    the glets that stay keep running where they are."""
+    ``simulate_s`` (0) and ``seed`` (0) of the schedule's check, ``spec`` (recorded),
+    ``rate_headroom`` (0; what a replan packs with: ``replan_headroom``, default
+    :data:`GLET_REPLAN_HEADROOM`) and ``gpu_memory_mb`` (see :func:`_glet_memory`: the
+    executors on one GPU must fit its memory). With ``current`` (a running glet plan) the new
+    GPUs are numbered after the running ones, so the glets that stay keep running where they
+    are; a replan whose headroom finds no room within ``max_gpus`` is planned at the rates."""
+    from dataclasses import replace
+
+    from greenctl.data.errors import InfeasiblePlan
     from greenctl.data.glet_spec import parse_partitions
     from greenctl.data.gpulet_import import load_latency_table, resolve_variant
     from greenctl.planner.glet.solve import DEFAULT_PARTITIONS, GletModel, GletProblem, plan_glet
@@ -549,6 +555,14 @@ def _glet_plan(store: Any, request: dict[str, Any], *, current: Plan | None = No
         raise InputError("request.hardware and request.algorithm must be names", hint=_GLET_HINT)
     max_gpus = _option(request, "max_gpus", 8, int)
     percentile = _option(request, "rate_percentile", 99.0, float)
+    headroom = _option(request, "rate_headroom", 0.0, float)
+    replan_headroom = _option(request, "replan_headroom", None, float)
+    if replan_headroom is not None and not (
+        math.isfinite(replan_headroom) and 0 <= replan_headroom <= 10
+    ):
+        raise InputError(
+            f"request.replan_headroom is {replan_headroom}, not in [0, 10]", hint=_GLET_HINT
+        )
     simulate_s, seed = _option(request, "simulate_s", 0.0, float), _option(request, "seed", 0, int)
     resolved = []
     for m in models:
@@ -560,6 +574,11 @@ def _glet_plan(store: Any, request: dict[str, Any], *, current: Plan | None = No
         store, sorted({m.variant_name for m in resolved}), hardware=hardware
     )
     imodel, utilisation, notes = _glet_interference(store, request.get("interference", "newest"))
+    memory, weights, gpu_memory, memory_note = _glet_memory(
+        store, sorted({m.variant_name for m in resolved}), request, hardware=hardware
+    )
+    if memory_note:
+        notes.append(memory_note)
     problem = GletProblem(
         models=resolved,
         latency_ms=latency,
@@ -568,27 +587,99 @@ def _glet_plan(store: Any, request: dict[str, Any], *, current: Plan | None = No
         rate_percentile=percentile,
         interference=imodel,
         utilisation=utilisation,
+        rate_headroom=headroom,
+        memory_mb=memory,
+        weights_mb=weights,
+        gpu_memory_mb=gpu_memory,
     )
     running = current.extra.get("gpus") if current is not None else None
-    plan = plan_glet(
-        problem,
-        algorithm=algorithm,
-        request={"spec": request.get("spec"), "hardware": hardware},
-        simulate_s=simulate_s,
-        seed=seed,
-        current_gpus=running if current is not None and current.kind == "glet" else None,
-    )
+
+    def solve(p: GletProblem) -> Plan:
+        return plan_glet(
+            p,
+            algorithm=algorithm,
+            request={"spec": request.get("spec"), "hardware": hardware},
+            simulate_s=simulate_s,
+            seed=seed,
+            current_gpus=running if current is not None and current.kind == "glet" else None,
+        )
+
+    try:
+        plan = solve(problem)
+    except InfeasiblePlan:
+        if headroom <= 0 or current is None:
+            raise
+        # no room for the headroom within max_gpus: a replan still serves the load itself
+        plan = solve(replace(problem, rate_headroom=0.0))
+        notes.append(
+            f"the rates + {headroom * 100:g} % headroom need more than {max_gpus} GPUs: "
+            "planned at the rates themselves"
+        )
     plan.request["simulate_s"], plan.request["seed"] = simulate_s, seed  # the check, again
+    if replan_headroom is not None:  # what the next replan packs with (kept from plan to plan)
+        plan.request["replan_headroom"] = replan_headroom
     if notes:
         plan.extra.setdefault("notes", []).extend(notes)
     return plan, problem
 
 
+def _glet_memory(
+    store: Any, variants: list[str], request: dict[str, Any], *, hardware: str | None
+) -> tuple[dict[str, dict[str, dict[int, float]]], dict[str, float], float | None, str | None]:
+    """What a glet schedule's memory check needs: each variant's profiled peak GPU memory
+    ``{variant: {resource: {batch: MiB}}}`` and weights (``Variant.memory_mb``), and the
+    GPU's memory: ``request.gpu_memory_mb``, else the smallest GPU the profiles were
+    measured on that the store knows (``hardware`` rows of a whole GPU or an MPS share),
+    else None (not checked, with a note when any memory figure is known)."""
+    table: dict[str, dict[str, dict[int, float]]] = {}
+    weights: dict[str, float] = {}
+    measured_on: set[str] = set()
+    for v in variants:
+        for p in store.latest_profiles(variant=v, hardware=hardware):
+            if p.hardware:
+                measured_on.add(p.hardware)
+            if p.memory_mb and p.capacity_slo_ms is None:
+                per = table.setdefault(v, {}).setdefault(p.resource, {})
+                per[int(p.batch)] = max(per.get(int(p.batch), 0.0), float(p.memory_mb))
+        mb = store.get_variant(v).memory_mb
+        if mb:
+            weights[v] = float(mb)
+    given = _option(request, "gpu_memory_mb", None, float)
+    if given is not None:
+        if not (math.isfinite(given) and given > 0):
+            raise InputError(f"request.gpu_memory_mb is {given}, not a positive number of MiB")
+        return table, weights, given, None
+    from greenctl.data.resources import PIN_MIG_INSTANCE, RESOURCE_KINDS
+
+    def whole_gpu(kind: str) -> bool:  # a GPU or an MPS share of it, not a MIG slice
+        spec = RESOURCE_KINDS.get(kind)
+        return spec is not None and spec.accelerator and spec.pinning != PIN_MIG_INSTANCE
+
+    sizes = [
+        float(h.memory_mb)
+        for h in store.hardware()
+        if whole_gpu(h.kind) and h.memory_mb and h.model_name in measured_on
+    ]
+    if sizes:
+        return table, weights, min(sizes), None
+    note = None
+    if table or weights:
+        note = (
+            "the GPU's memory is not known (the profiles name no GPU in the store): the glets "
+            "on a GPU are not checked against it; set request.gpu_memory_mb"
+        )
+    return table, weights, None, note
+
+
 def _glet_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
-    """The GPUs the running layout takes in ``problem`` (None when it cannot serve it)."""
+    """The GPUs the running layout takes to serve ``problem``'s rates themselves (not the
+    headroom a replan packs new layouts with); None when it cannot serve them."""
+    from dataclasses import replace
+
     from greenctl.planner.glet.solve import layout_gpus
 
-    gpus, note = layout_gpus(problem, running.extra.get("gpus") or [])
+    load = replace(problem, rate_headroom=0.0)
+    gpus, note = layout_gpus(load, running.extra.get("gpus") or [])
     return (None, note) if gpus is None else (float(gpus), None)
 
 
@@ -597,9 +688,18 @@ def _glet_objective(plan: Plan) -> Objective:
 
 
 def _glet_triggers(running: Plan, new: Plan, threshold: float) -> tuple[list[str], str]:
-    """gpulet's rescheduling rule: a new schedule is worth a change when it takes another
-    number of GPUs, or moves more than ``threshold`` of the glets (started or stopped:
-    :func:`~greenctl.planner.glet.moves.layout_moves`).
+    """When a new glet schedule is worth a change, beyond the rule every kind has (a running
+    layout that cannot carry the new rates at its SLOs is replaced, ``replan_choice``):
+
+    - it saves GPUs, the glet objective's unit: at least one GPU and more than
+      ``threshold`` of the running GPUs (``--threshold``), while it carries the new rates
+      plus the replan headroom (``request.rate_headroom``, :data:`GLET_REPLAN_HEADROOM`):
+      hysteresis, so a dip of the load does not give back a GPU the next round needs again;
+    - nothing else: a layout that moves glets (or takes more GPUs) while the running one
+      carries the load gains nothing the objective counts and costs executor restarts.
+
+    The glets that would move (:func:`~greenctl.planner.glet.moves.layout_moves`) are
+    reported either way.
 
     Returns:
         (the triggers that fire, what was compared, for a reason when none does).
@@ -608,15 +708,25 @@ def _glet_triggers(running: Plan, new: Plan, threshold: float) -> tuple[list[str
 
     out = []
     old_gpus, new_gpus = _number(running.predicted.get("gpus")), _number(new.predicted.get("gpus"))
-    gpus = f"GPUs {_gpus_text(old_gpus)} -> {_gpus_text(new_gpus)}"
-    if old_gpus != new_gpus:
-        out.append(gpus)
+    headroom = _number(new.request.get("rate_headroom")) or 0.0
     moved, total = layout_moves(running.extra.get("gpus") or [], new.extra.get("gpus") or [])
-    share = moved / total if total else 0.0
-    glets = f"{moved} of {total} glets move ({share * 100:.0f} %"
-    if share > threshold:
-        out.append(f"{glets} > {threshold * 100:g} %)")
-    return out, f"{gpus}, {glets} <= {threshold * 100:g} %)"
+    glets = f"{moved} of {total} glets would move"
+    gpus = f"GPUs {_gpus_text(old_gpus)} -> {_gpus_text(new_gpus)}"
+    saved = 0.0 if old_gpus is None or new_gpus is None else old_gpus - new_gpus
+    share = saved / old_gpus if old_gpus else 0.0
+    room = f"the rates + {headroom * 100:g} % headroom"
+    if saved >= 1 and share > threshold:
+        out.append(
+            f"{gpus} with {room}: saves {saved:g} GPU{'s' if saved != 1 else ''} "
+            f"({share * 100:.0f} % > {threshold * 100:g} %); {moved} of {total} glets move"
+        )
+    why = (
+        "a change must save a GPU"
+        if saved < 1
+        else f"saving {saved:g} GPU{'s' if saved != 1 else ''} is {share * 100:.0f} % "
+        f"(<= {threshold * 100:g} %)"
+    )
+    return out, f"{gpus} with {room}, {glets}; the running layout carries the new rates: {why}"
 
 
 def _gpus_text(value: float | None) -> str:
@@ -628,14 +738,25 @@ def _gpus_text(value: float | None) -> str:
 GLET_MIN_RATE_RPS = 1.0
 
 
+#: the headroom a glet replan packs its new layout with (``rate x (1 + headroom)``), unless
+#: the plan's request sets ``replan_headroom``: a layout changed for a rise of the load has
+#: room before the next forced change, and one that gives back GPUs still carries the load
+#: plus this much (the scale-down hysteresis of :func:`_glet_triggers`). 0.3, against the
+#: +-30 % round-to-round rate noise bench_glet_churn.py replays on 10 models: 7.5 changes in 40
+#: rounds instead of 40, for 3 % more GPU-rounds (0.5: 2.5 changes, 7 % more)
+GLET_REPLAN_HEADROOM = 0.3
+
+
 def _glet_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
     """A glet request at a new load: each model's rate becomes its given rate
     (``replan --rate``, by its name or its family's), else the forecast of its own measured
     load, else its share (as planned) of its family's (the dispatcher measures each family it
     routes), else stays, with a note; a measured rate below :data:`GLET_MIN_RATE_RPS` is
-    raised to it. A glet plan minimises GPUs: the carbon signal is recorded on the new plan,
-    not planned with."""
+    raised to it. The new layout is packed with the replan headroom
+    (``request.replan_headroom``, default :data:`GLET_REPLAN_HEADROOM`). A glet plan
+    minimises GPUs: the carbon signal is recorded on the new plan, not planned with."""
     request = _base_request(running)
+    request["rate_headroom"] = _option(request, "replan_headroom", GLET_REPLAN_HEADROOM, float)
     models = request.get("models")
     if not isinstance(models, list):
         return ReplanRequest(request)  # the planner names what is wrong

@@ -478,20 +478,70 @@ def _shifted_basis(
     h.setBasis(b)
 
 
+def basis_to_ints(basis: Any) -> dict[str, list[int]] | None:
+    """A HiGHS basis as plain ints (``{"col": [...], "row": [...]}``; None when it is not
+    valid): what a stored online state keeps so that the next step, in another process,
+    starts from it (:func:`basis_from_ints`)."""
+    if basis is None or not basis.valid:
+        return None
+    return {"col": [int(x) for x in basis.col_status], "row": [int(x) for x in basis.row_status]}
+
+
+def basis_from_ints(doc: dict[str, Any]) -> Any:
+    """The HiGHS basis :func:`basis_to_ints` wrote."""
+    import highspy
+
+    b = highspy.HighsBasis()
+    b.col_status = [highspy.HighsBasisStatus(int(x)) for x in doc.get("col") or []]
+    b.row_status = [highspy.HighsBasisStatus(int(x)) for x in doc.get("row") or []]
+    b.valid = True
+    return b
+
+
+def site_lp_warm_state(warm: dict[str, Any]) -> dict[str, Any] | None:
+    """What :func:`solve_site_lp`'s ``warm`` holds, as plain values (the last optimal basis
+    and the shape it fits; None before the first optimal solve): a stored online state keeps
+    it so that a step in another process starts as the whole solve's step did
+    (:func:`site_lp_warm_from_state`)."""
+    ints = basis_to_ints(warm.get("basis"))
+    if ints is None or "key" not in warm:
+        return None
+    return {**ints, "key": [int(k) for k in warm["key"]]}
+
+
+def site_lp_warm_from_state(doc: dict[str, Any] | None) -> dict[str, Any]:
+    """A ``warm`` dict for :func:`solve_site_lp` from :func:`site_lp_warm_state`'s values
+    (empty, a cold start, from None or a basis of another LP)."""
+    if not doc or not isinstance(doc.get("key"), list) or len(doc["key"]) != 7:
+        return {}
+    return {"basis": basis_from_ints(doc), "key": tuple(int(k) for k in doc["key"])}
+
+
+def _tie_break_cost(n_edges: int) -> np.ndarray:
+    """Generic positive edge costs for :func:`recover_flows` (fixed pseudo-random numbers in
+    [1, 2): no cycle of edges sums to zero, as it would with a regular sequence): with them
+    its LP has one optimum per step, so one step's flows are the same whether recovered
+    alone (``replan``'s online step) or with every other step (the whole solve); a zero cost
+    leaves HiGHS any vertex, which depends on the other steps' blocks."""
+    return np.random.default_rng(20240601).uniform(1.0, 2.0, n_edges)
+
+
 def recover_flows(net: Network, site_load: np.ndarray, cap: np.ndarray | None = None) -> np.ndarray:
     """``[T, E]`` edge flows that carry the classes' load onto the given site loads.
 
-    A feasibility LP (site loads, never above ``cap``, as capacities, zero cost), solved
-    for all steps at once; the site loads must satisfy the Hall cuts (solutions of
-    :func:`solve_site_lp` do, within LP tolerances).
+    A feasibility LP (site loads, never above ``cap``, as capacities; generic edge costs
+    that pick one optimum per step, :func:`_tie_break_cost`), solved for all steps at once;
+    the site loads must satisfy the Hall cuts (solutions of :func:`solve_site_lp` do, within
+    LP tolerances).
     """
     if net.full:
         return site_load
     T, S = site_load.shape
     res = None
-    for tol in (1e-7, 1e-6, 1e-5):  # LP tolerances of the site-load solution
+    tie = np.tile(_tie_break_cost(net.n_edges), (T, 1))
+    for tol in (0.0, 1e-7, 1e-6, 1e-5):  # LP tolerances of the site-load solution
         bound = np.minimum(site_load + tol, cap) if cap is not None else site_load + tol
-        res = solve_flow_lp(net, np.zeros((T, S)), bound, net.demand)
+        res = solve_flow_lp(net, np.zeros((T, S)), bound, net.demand, edge_cost=tie)
         if res.status == "Optimal":
             # make every class's flows add up to its load exactly (not just within 1e-7)
             flow = res.flow
@@ -551,10 +601,7 @@ class StepLP:
     def basis(self) -> dict[str, list[int]] | None:
         """The last optimal basis as plain ints (None before the first optimal solve): what a
         stored online state keeps so that the next step starts warm in another process."""
-        b = self.h.getBasis()
-        if not b.valid:
-            return None
-        return {"col": [int(x) for x in b.col_status], "row": [int(x) for x in b.row_status]}
+        return basis_to_ints(self.h.getBasis())
 
     def set_basis(self, basis: dict[str, list[int]]) -> bool:
         """Start the next solve from ``basis`` (from :meth:`basis`); False (and a cold start)
@@ -564,11 +611,7 @@ class StepLP:
         cols, rows = basis.get("col") or [], basis.get("row") or []
         if len(cols) != self.E or len(rows) != self.rows.size:
             return False
-        b = highspy.HighsBasis()
-        b.col_status = [highspy.HighsBasisStatus(int(x)) for x in cols]
-        b.row_status = [highspy.HighsBasisStatus(int(x)) for x in rows]
-        b.valid = True
-        return bool(self.h.setBasis(b) == highspy.HighsStatus.kOk)
+        return bool(self.h.setBasis(basis_from_ints(basis)) == highspy.HighsStatus.kOk)
 
     def solve(
         self, cost_s: np.ndarray, cap_s: np.ndarray, demand_k: np.ndarray

@@ -42,6 +42,8 @@ from greenctl.planner.geo.lp import (
     greedy_full,
     hall_cuts,
     recover_flows,
+    site_lp_warm_from_state,
+    site_lp_warm_state,
     solve_flow_lp,
     solve_site_lp,
 )
@@ -458,9 +460,12 @@ class OnlineState:
     zw_max: np.ndarray
     past_carbon_kg: np.ndarray  # footprints spent so far (eglb-mpc plans with them)
     past_water_l: np.ndarray
+    #: with variants: the load-weighted accuracy banked so far, sum (accuracy - floor) x load
     accuracy_surplus: float = 0.0
-    #: the step LP's last optimal basis (eglb with routes): the next step starts warm
-    basis: dict[str, list[int]] | None = None
+    #: the step LP's last optimal basis (eglb with routes: ``StepLP.basis``; with variants and
+    #: eglb-mpc's site-load windows: the site LP's, with its shape under ``key``): the next
+    #: step starts warm, as the whole solve's did
+    basis: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready values."""
@@ -645,67 +650,128 @@ def solve_online(
     return out, info
 
 
-def solve_online_variants(
-    problem: GeoProblem, net: Network, opts: GeoOptions
-) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """eglb with heterogeneous models: the same dual mirror descent, each step's allocation
-    a small LP over sites x variants with the dual-adjusted prices, its capacity in power
-    and the accuracy constraint carried over from the past (the step may fall below
-    ``--min-accuracy`` only by the surplus banked so far), so the horizon's load-weighted
-    mean accuracy meets it."""
-    assert opts.variants is not None
+def online_step_variants(
+    state: OnlineState,
+    net: Network,
+    opts: GeoOptions,
+    *,
+    cuts: list[tuple[np.ndarray, np.ndarray]],
+    cost: np.ndarray,
+    carbon: np.ndarray,
+    water: np.ndarray,
+    cap: np.ndarray,
+    demand: np.ndarray,
+    warm: dict[str, Any] | None = None,
+) -> tuple[np.ndarray | None, OnlineState]:
+    """One step of eglb with heterogeneous models: :func:`online_step`'s dual mirror
+    descent, the allocation a small LP over sites x variants (:func:`solve_site_lp`) with the
+    dual-adjusted prices, its capacity in power and the accuracy constraint carried over from
+    the past (the step may fall below ``--min-accuracy`` only by the surplus banked so far,
+    ``state.accuracy_surplus``), so the horizon's load-weighted mean accuracy meets it. The
+    duals move with the step's power (``sum_m rho_m z``), not its request load.
+
+    Args:
+        cuts: the network's Hall cuts (:func:`hall_cuts`; ``[]`` with every route).
+        warm: the site LP kept warm across steps by the caller (None: one started from the
+            state's stored basis, and the new basis stored in the returned state).
+
+    Returns:
+        The ``[S, M]`` variant loads (reference MW; None: the step is infeasible) and the
+        state after the step (``state`` itself is left as it was).
+    """
     v = opts.variants
-    T, S = problem.capacity_mw.shape
-    M = len(v.names)
-    rho = v.relative_energy
+    assert v is not None
     mu_c, mu_w = opts.mu_carbon_usd_per_kg, opts.mu_water_usd_per_l
-    a = problem.cost_usd_per_mw
-    bc = mu_c * problem.carbon_kg_per_mw
-    bw = mu_w * problem.water_l_per_mw
-    cap = problem.capacity_mw
-    zc_max = np.maximum.accumulate(bc * cap, axis=0)
-    zw_max = np.maximum.accumulate(bw * cap, axis=0)
+    bc, bw = mu_c * carbon, mu_w * water
     if opts.z_max_usd is not None:
-        zc_max = np.full((T, S), float(opts.z_max_usd))
-        zw_max = zc_max
-    if opts.eta is not None:
-        eta = float(opts.eta)
+        zc_max = zw_max = np.full(cap.size, float(opts.z_max_usd))
     else:
-        scale = float(np.mean(np.concatenate([zc_max[0], zw_max[0]])))
-        eta = 1.0 / (scale * math.sqrt(2 * S * T)) if scale > 0 else 0.0
+        zc_max = np.maximum(state.zc_max, bc * cap)
+        zw_max = np.maximum(state.zw_max, bw * cap)
+    gc, gw = state.gamma_carbon, state.gamma_water
+    price = cost + gc * bc + gw * bw
+    own = warm is None
+    lp_warm = site_lp_warm_from_state(state.basis) if warm is None else warm
+    res = solve_site_lp(
+        net, cuts, price[None, :], cap[None, :], demand[None, :], options=SMALL_LP_OPTIONS,
+        **opts.variant_kw(), past_accuracy_surplus=state.accuracy_surplus, warm=lp_warm,
+    )  # fmt: skip
+    if res.status != "Optimal" or res.variant_load is None:
+        return None, state
+    z = res.variant_load[0]
+    surplus = state.accuracy_surplus
+    if opts.min_accuracy is not None:
+        surplus += float(((v.accuracy - opts.min_accuracy) * z).sum())
+    power = (z * v.relative_energy).sum(axis=1)
+    zc = _aux_target(gc, zc_max)
+    zw = _aux_target(gw, zw_max)
+    return z, OnlineState(
+        state.algorithm,
+        state.slot + 1,
+        state.eta,
+        np.maximum(0.0, gc + state.eta * (bc * power - zc)),
+        np.maximum(0.0, gw + state.eta * (bw * power - zw)),
+        zc_max,
+        zw_max,
+        state.past_carbon_kg + carbon * power,
+        state.past_water_l + water * power,
+        surplus,
+        site_lp_warm_state(lp_warm) if own else None,  # else kept warm by the caller
+    )
+
+
+def variant_cuts(net: Network) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The Hall cuts the variants' site LP needs.
+
+    Raises:
+        InputError: more distinct route sets than cuts allow.
+    """
     cuts = [] if net.full else hall_cuts(net)
     if cuts is None:
-        raise InputError("--variants with these routes: too many distinct route sets")
-    gc, gw = np.zeros(S), np.zeros(S)
-    y_out = np.zeros((T, S))
-    z_out = np.zeros((T, S, M))
-    surplus = 0.0
-    warm: dict[str, Any] = {}  # one HiGHS instance, each step starts from the last basis
-    for t in range(T):
-        price = a[t] + gc * bc[t] + gw * bw[t]
-        res = solve_site_lp(
-            net,
-            cuts,
-            price[None, :],
-            cap[t : t + 1],
-            net.demand[t : t + 1],
-            options=SMALL_LP_OPTIONS,
-            **opts.variant_kw(),
-            past_accuracy_surplus=surplus,
-            warm=warm,
+        raise InputError(
+            "--variants with these routes: too many distinct route sets",
+            hint="use fewer distinct allowed-site sets per gateway",
         )
-        if res.status != "Optimal" or res.variant_load is None:
+    return cuts
+
+
+def solve_online_variants(
+    problem: GeoProblem, net: Network, opts: GeoOptions, *, upto: int | None = None
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """eglb with heterogeneous models: :func:`online_step_variants` over every step (one
+    HiGHS instance, each step starting from the last step's basis).
+
+    With ``upto`` only steps ``0 .. upto - 1`` are taken; ``info["state"]`` then holds the
+    :class:`OnlineState` after them, with the site LP's basis (what ``replan`` steps on
+    from, in another process, as this loop would have).
+
+    Returns:
+        ``[n, S]`` request loads, ``[n, S, M]`` variant loads and ``info``.
+    """
+    assert opts.variants is not None
+    T, S = problem.capacity_mw.shape
+    n = T if upto is None else max(0, min(int(upto), T))
+    M = len(opts.variants.names)
+    a, b, q = problem.cost_usd_per_mw, problem.carbon_kg_per_mw, problem.water_l_per_mw
+    cap = problem.capacity_mw
+    cuts = variant_cuts(net)
+    state = online_init(problem, "eglb", opts)
+    y_out = np.zeros((n, S))
+    z_out = np.zeros((n, S, M))
+    warm: dict[str, Any] = {}  # one HiGHS instance, each step starts from the last basis
+    for t in range(n):
+        z, state = online_step_variants(
+            state, net, opts, cuts=cuts, cost=a[t], carbon=b[t], water=q[t], cap=cap[t],
+            demand=net.demand[t], warm=warm,
+        )  # fmt: skip
+        if z is None:
             raise _infeasible(problem, net, opts)
-        z = res.variant_load[0]
         z_out[t], y_out[t] = z, z.sum(axis=1)
-        if opts.min_accuracy is not None:
-            surplus += float(((v.accuracy - opts.min_accuracy) * z).sum())
-        power = (z * rho).sum(axis=1)
-        zc = _aux_target(gc, zc_max[t])
-        zw = _aux_target(gw, zw_max[t])
-        gc = np.maximum(0.0, gc + eta * (bc[t] * power - zc))
-        gw = np.maximum(0.0, gw + eta * (bw[t] * power - zw))
-    return y_out, z_out, {"eta": eta}
+    info: dict[str, Any] = {"eta": state.eta}
+    if upto is not None:
+        state.basis = site_lp_warm_state(warm)
+        info["state"] = state
+    return y_out, z_out, info
 
 
 @dataclass
@@ -715,10 +781,12 @@ class OnlineStep:
     slot: int
     #: each gateway's share per site in the slot (gateways without load absent)
     fractions: dict[str, dict[str, float]]
-    site_load_mw: np.ndarray  # [S]
+    site_load_mw: np.ndarray  # [S] power (as GeoSolution.site_load_mw)
     state: OnlineState  # after the slot (store it for the next one)
     warm: bool  # stepped on from the given state (False: rebuilt from step 0)
     steps: int  # online steps taken (1 when the state was the previous slot's)
+    #: with variants: ``[S, M]`` load per site and variant (reference MW)
+    variant_load: np.ndarray | None = None
 
 
 def online_replan(
@@ -734,19 +802,19 @@ def online_replan(
     (one when it is the previous slot's), on ``problem``'s newest traces. Without a usable
     state (None, another algorithm, or one at or past ``slot``) the state is rebuilt by
     the same algorithm over steps ``0 .. slot - 1``, so on unchanged traces the slot's
-    allocation is the whole-horizon solve's.
+    allocation is the whole-horizon solve's. Plans with heterogeneous models (``variants``)
+    step the same way (:func:`online_step_variants`; the state carries the accuracy surplus
+    and the site LP's basis).
 
     Raises:
-        InputError: not an online algorithm, variants (not stepped online), or a slot the
-            traces do not cover. InfeasiblePlan: the slot cannot be served.
+        InputError: not an online algorithm, or a slot the traces do not cover.
+        InfeasiblePlan: the slot cannot be served.
     """
     if algorithm not in ONLINE_ALGORITHMS:
         raise InputError(
             f"algorithm {algorithm} has no online step",
             hint=f"online algorithms: {', '.join(ONLINE_ALGORITHMS)}",
         )
-    if opts.variants is not None:
-        raise InputError("the online step of a geo plan with --variants is not supported")
     T, S = problem.capacity_mw.shape
     if not 0 <= slot < T:
         raise InputError(
@@ -754,44 +822,75 @@ def online_replan(
             f"{problem.times[-1]})",
             hint="append the newest rows to the sites and demand files, or pass --at within them",
         )
+    v = opts.variants
     net = build_network(problem.load_mw, S, problem.routes)
     warm = state is not None and state.algorithm == algorithm and state.slot < slot
     if not warm:
-        if algorithm == "eglb":
+        if algorithm == "eglb" and v is None:
             state = solve_online(problem, net, opts, upto=slot)[1]["state"]
+        elif algorithm == "eglb":
+            state = solve_online_variants(problem, net, opts, upto=slot)[2]["state"]
         else:
             state = solve_mpc(problem, net, opts, upto=slot)[2]["state"]
     assert state is not None
     a, b, q = problem.cost_usd_per_mw, problem.carbon_kg_per_mw, problem.water_l_per_mw
     cap = problem.capacity_mw
-    lp = None if net.full or algorithm != "eglb" else StepLP(net, basis=state.basis)
+    plain = algorithm == "eglb" and v is None
+    lp = None if net.full or not plain else StepLP(net, basis=state.basis)
     cuts = mpc_cuts(net, opts) if algorithm == "eglb-mpc" else None
+    cuts_v = variant_cuts(net) if algorithm == "eglb" and v is not None else []
     steps = 0
     flow: np.ndarray | None = None
+    load: np.ndarray | None = None  # [S] request load (not power) of the slot
+    z: np.ndarray | None = None
     while state.slot < slot:
         t = state.slot + 1
-        if algorithm == "eglb":
+        if plain:
             flow, state = online_step(
                 state, net, opts, cost=a[t], carbon=b[t], water=q[t], cap=cap[t],
                 demand=net.demand[t], step_lp=lp,
             )  # fmt: skip
             if flow is None:
-                raise InfeasiblePlan(
-                    f"step {t} ({problem.times[t]}) is infeasible: the gateways' allowed "
-                    "sites cannot carry their load",
-                    hint="allow more routes or raise capacity_mw",
-                )
+                raise _step_infeasible(problem, t, opts)
+        elif algorithm == "eglb":  # variants: the state carries the site LP's basis
+            z, state = online_step_variants(
+                state, net, opts, cuts=cuts_v, cost=a[t], carbon=b[t], water=q[t],
+                cap=cap[t], demand=net.demand[t],
+            )  # fmt: skip
+            if z is None:
+                raise _step_infeasible(problem, t, opts)
+            load = z.sum(axis=1)
         else:
-            y, _, _, state = mpc_step(state, problem, net, opts, cuts=cuts)
-            one = replace(net, demand=net.demand[t : t + 1])
-            flow = recover_flows(one, y[None, :], cap[t : t + 1])[0]
+            load, z, _, state = mpc_step(state, problem, net, opts, cuts=cuts)
         steps += 1
-    assert flow is not None
-    if lp is not None:
-        state.basis = lp.basis()
-    y = flow if net.full else np.bincount(net.edge_site, weights=flow, minlength=S)
+    if plain:
+        assert flow is not None
+        if lp is not None:
+            state.basis = lp.basis()
+        y = flow if net.full else np.bincount(net.edge_site, weights=flow, minlength=S)
+    else:
+        assert load is not None
+        one = replace(net, demand=net.demand[slot : slot + 1])
+        # variants: request loads are not powers, the capacity (in power) does not bound them
+        flow = recover_flows(one, load[None, :], None if v is not None else cap[slot : slot + 1])[0]
+        y = load if z is None or v is None else (z * v.relative_energy).sum(axis=1)
     fractions = gateway_fractions(problem, net, flow[None, :], first_step=slot)[0][0]
-    return OnlineStep(slot, fractions, y, state, warm, steps)
+    return OnlineStep(slot, fractions, y, state, warm, steps, variant_load=z)
+
+
+def _step_infeasible(problem: GeoProblem, t: int, opts: GeoOptions) -> InfeasiblePlan:
+    if opts.variants is not None and opts.min_accuracy is not None:
+        return InfeasiblePlan(
+            f"step {t} ({problem.times[t]}) cannot be served at --min-accuracy "
+            f"{opts.min_accuracy:g} (with the accuracy banked so far) within the site "
+            "capacities",
+            hint="lower --min-accuracy or raise capacity_mw",
+        )
+    return InfeasiblePlan(
+        f"step {t} ({problem.times[t]}) is infeasible: the gateways' allowed "
+        "sites cannot carry their load",
+        hint="allow more routes or raise capacity_mw",
+    )
 
 
 def _forecast_index(t: int, length: int, mode: str, period: int) -> np.ndarray:
@@ -820,6 +919,10 @@ def mpc_step(
     ``horizon`` steps (forecast from ``problem``'s traces, see :func:`solve_mpc`), counting
     the footprint already spent, and its first step applied.
 
+    Args:
+        warm: the window LP kept warm across steps by the caller (None: one started from the
+            state's stored basis, and the new basis stored in the returned state).
+
     Returns:
         (``[S]`` site loads, ``[S, M]`` variant loads or None, LP seconds, the new state).
 
@@ -845,11 +948,16 @@ def mpc_step(
         options=SMALL_LP_OPTIONS,
     )
     surplus = state.accuracy_surplus
+    own = warm is None and cuts is not None
+    basis = None
     if cuts is not None:
+        lp_warm = site_lp_warm_from_state(state.basis) if warm is None else warm
         res = solve_site_lp(
             net, cuts, a[src], cap[src], net.demand[src], **kw, **opts.variant_kw(),
-            past_accuracy_surplus=surplus, warm=warm,
+            past_accuracy_surplus=surplus, warm=lp_warm,
         )  # fmt: skip
+        if own:
+            basis = site_lp_warm_state(lp_warm)
         if res.status != "Optimal":
             raise _infeasible(problem, net, opts)
         y = res.flow[0]
@@ -867,7 +975,7 @@ def mpc_step(
     new = OnlineState(
         state.algorithm, t, state.eta, state.gamma_carbon, state.gamma_water, state.zc_max,
         state.zw_max, state.past_carbon_kg + b[t] * power, state.past_water_l + q[t] * power,
-        surplus,
+        surplus, basis,
     )  # fmt: skip
     return y, z, res.solve_s, new
 
@@ -913,6 +1021,7 @@ def solve_mpc(
     info: dict[str, Any] = {"horizon": max(1, int(opts.horizon)), "forecast": opts.forecast,
                             "lp_s": lp_s}  # fmt: skip
     if upto is not None:
+        state.basis = site_lp_warm_state(warm)
         info["state"] = state
     return out, zs, info
 

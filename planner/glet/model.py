@@ -22,6 +22,10 @@ from greenctl.planner.core.interference import InterferenceModel
 DEFAULT_PARTITIONS = ("mps:20", "mps:40", "mps:50", "mps:60", "mps:80", "mps:100")
 ALGORITHMS = ("glet", "sbp", "greedy", "ideal")
 EPS = 1e-9
+#: GPU memory an executor process holds beyond the tensors its profile's peak memory counts
+#: (``torch.cuda.max_memory_allocated``): the CUDA context, cuBLAS/cuDNN workspaces. An
+#: estimate (a PyTorch process with lazy module loading on an A100); a problem may set its own
+EXECUTOR_OVERHEAD_MB = 300.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,15 @@ class GletProblem:
             arrivals in one duty cycle (0: just the mean, ``rate x cycle <= batch``).
         interference: the fitted interference model, or None for no interference.
         utilisation: ``{(variant, batch, mps_percent): (l2_pct, dram_pct)}``.
+        rate_headroom: pack every model at ``rate x (1 + rate_headroom)`` (0: at its rate);
+            the plan still records, routes and predicts the models' own rates. ``replan``
+            plans with it, so a new layout has room before the next forced change.
+        memory_mb: ``{variant: {resource: {batch: MiB}}}``, the profiles' peak GPU memory
+            of one executor at that batch.
+        weights_mb: ``{variant: MiB}``: a variant's weights, for a batch without a profiled
+            memory (a lower bound).
+        gpu_memory_mb: each GPU's memory; every executor on one GPU (its glets' models, one
+            each, with ``executor_overhead_mb``) must fit it. None: not checked.
     """
 
     models: list[GletModel]
@@ -67,6 +80,11 @@ class GletProblem:
     rate_percentile: float = 99.0
     interference: InterferenceModel | None = None
     utilisation: Mapping[tuple[str, int, int], tuple[float, float]] = field(default_factory=dict)
+    rate_headroom: float = 0.0
+    memory_mb: Mapping[str, Mapping[str, Mapping[int, float]]] = field(default_factory=dict)
+    weights_mb: Mapping[str, float] = field(default_factory=dict)
+    gpu_memory_mb: float | None = None
+    executor_overhead_mb: float = EXECUTOR_OVERHEAD_MB
 
 
 @functools.lru_cache(maxsize=4096)
@@ -158,10 +176,14 @@ class Compiled:
                     f"model {m.name}: rate must be >= 0 and SLO > 0 (got {m.rate_rps} req/s, "
                     f"{m.slo_ms} ms)"
                 )
+        headroom = problem.rate_headroom
+        if not (math.isfinite(headroom) and 0 <= headroom <= 10):
+            raise InputError(f"the rate headroom must be in [0, 10], got {headroom}")
         # Rates are packed at the Poisson q-percentile of the arrivals in one duty cycle: a
         # batch of b serves a cycle only while its mean arrivals stay below
-        # poisson_batch_mean(b, q) (see the module docstring).
-        self.rate = list(self.true_rate)
+        # poisson_batch_mean(b, q) (see the module docstring); with a headroom, at
+        # rate x (1 + headroom).
+        self.rate = [r * (1.0 + headroom) for r in self.true_rate]
         self.cycle_percentile = problem.rate_percentile
         self.slo = [float(m.slo_ms) for m in self.models]
         # batches[i][j], lat[i][j]: sorted profiled batches and latencies (ms), [] if missing.
@@ -197,6 +219,7 @@ class Compiled:
             for i in range(self.n)
         ]
         self._setup_interference()
+        self._setup_memory()
         self._cap_cache: dict[tuple[int, int, float | None], float] = {}
         self._leff_cache: dict[tuple[int, int, float], list[float]] = {}
         self._config_cache: dict[Any, tuple[float, list[int], list[float]] | None] = {}
@@ -251,6 +274,55 @@ class Compiled:
         for j in range(self.n_parts):
             self.w_worst[j] = max(self.w_other[i][j] for i in range(self.n))
             self.w_median[j] = sorted(self.w_other[i][j] for i in range(self.n))[self.n // 2]
+
+    def _setup_memory(self) -> None:
+        """``mem[i][j][k]``: MiB one executor of model i at batch k of partition j takes on
+        its GPU (None: unknown): the profile of that point, else the most any profile of
+        the variant at that batch shows, else its weights; plus the executor overhead."""
+        p = self.problem
+        cap = p.gpu_memory_mb
+        if cap is not None and not (math.isfinite(cap) and cap > 0):
+            raise InputError(f"the GPU memory must be a positive number of MiB, got {cap}")
+        if not (math.isfinite(p.executor_overhead_mb) and p.executor_overhead_mb >= 0):
+            raise InputError(
+                f"the executor overhead must be >= 0 MiB, got {p.executor_overhead_mb}"
+            )
+        self.gpu_memory_mb = cap
+        self.mem: list[list[list[float | None]]] = []
+        unknown = []
+        for i, m in enumerate(self.models):
+            table = p.memory_mb.get(m.variant_name) or {}
+            by_batch: dict[int, float] = {}
+            for points in table.values():
+                for b, peak in points.items():
+                    if peak is not None and peak > 0:
+                        by_batch[int(b)] = max(by_batch.get(int(b), 0.0), float(peak))
+            weights = p.weights_mb.get(m.variant_name)
+            rows: list[list[float | None]] = []
+            missing = False
+            for j, label in enumerate(self.labels):
+                here = table.get(label) or {}
+                row: list[float | None] = []
+                for b in self.batches[i][j]:
+                    mb: float | None = here.get(b) or by_batch.get(b) or weights
+                    row.append(None if not mb else float(mb) + p.executor_overhead_mb)
+                    missing = missing or not mb
+                rows.append(row)
+            self.mem.append(rows)
+            if missing and cap is not None:
+                unknown.append(m.name)
+        if unknown:
+            self.notes.append(
+                f"{', '.join(unknown)}: no profiled memory at some batches (nor the weights): "
+                "not counted against the GPU memory there"
+            )
+
+    def glet_memory(self, j: int, entries: Sequence[tuple[int, float]], ks: Sequence[int]) -> float:
+        """MiB the executors of a glet take (one per model; unknown ones count 0)."""
+        total = 0.0
+        for (i, _), k in zip([e for e in entries if e[1] > EPS], ks, strict=True):
+            total += self.mem[i][j][k] or 0.0
+        return total
 
     def w_assumed(self, j: int, assume: str) -> float | None:
         """Co-runner term assumed for an empty glet of partition j."""
@@ -420,17 +492,48 @@ class State:
         return max(c.w_other[i][mate.j] for i, _ in mate.entries)
 
     def check_with(self, gi: int, li: int, entries: list[tuple[int, float]]) -> bool:
-        """Would glet (gi, li) with ``entries`` keep itself and its mate feasible?"""
+        """Would glet (gi, li) with ``entries`` keep itself and its mate feasible, and the
+        GPU's executors fit its memory?"""
         c = self.c
         glet = self.gpus[gi].glets[li]
-        if c.config(glet.j, entries, self.w_for(gi, li, assume_worst=True)) is None:
+        cfg = c.config(glet.j, entries, self.w_for(gi, li, assume_worst=True))
+        if cfg is None:
             return False
         mate = self.mate(gi, li)
-        if mate is not None and mate.entries and c.interference_on:
-            w_new = max(c.w_other[i][glet.j] for i, _ in entries) if entries else None
-            if c.config(mate.j, mate.entries, w_new) is None:
+        mate_cfg = None
+        if mate is not None and mate.entries:
+            w_new = (
+                max(c.w_other[i][glet.j] for i, _ in entries)
+                if entries and c.interference_on
+                else None
+            )
+            mate_cfg = c.config(mate.j, mate.entries, w_new)
+            if mate_cfg is None and c.interference_on:
+                return False
+        if c.gpu_memory_mb is not None:
+            used = c.glet_memory(glet.j, entries, cfg[1])
+            if mate is not None and mate_cfg is not None:
+                used += c.glet_memory(mate.j, mate.entries, mate_cfg[1])
+            if used > c.gpu_memory_mb + EPS:
                 return False
         return True
+
+    def gpu_memory(self, gi: int) -> float:
+        """MiB the executors of GPU ``gi`` take with their final batches (actual co-runners;
+        unknown memory counts 0)."""
+        c = self.c
+        total = 0.0
+        for li, g in enumerate(self.gpus[gi].glets):
+            if g.entries:
+                cfg = c.config(g.j, g.entries, self.w_for(gi, li, assume_worst=False))
+                if cfg is not None:
+                    total += c.glet_memory(g.j, g.entries, cfg[1])
+        return total
+
+    def fits_memory(self) -> bool:
+        """Whether every GPU's executors fit its memory (True when it is not known)."""
+        cap = self.c.gpu_memory_mb
+        return cap is None or all(self.gpu_memory(gi) <= cap + EPS for gi in range(len(self.gpus)))
 
     def open_gpu(self, split_j: int | None) -> int | None:
         """Open a new GPU, whole (None / full) or split at ``split_j``; returns its index."""

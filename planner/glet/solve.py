@@ -57,6 +57,7 @@ from typing import Any
 
 from greenctl.data.errors import InfeasiblePlan, InputError
 from greenctl.data.plan import Deployment, Plan
+from greenctl.data.resources import PIN_MIG_INSTANCE
 from greenctl.planner.glet.ideal import run_ideal
 from greenctl.planner.glet.model import (
     ALGORITHMS,
@@ -87,6 +88,7 @@ __all__ = [
     "consolidate",
     "describe",
     "layout_gpus",
+    "place_mig_glets",
     "plan_glet",
     "poisson_batch_mean",
     "run_algorithm",
@@ -334,10 +336,20 @@ def _merge_widened(state: State, i: int, rate: float) -> bool:
         if g is None:
             continue
         merged = add_entry(g.entries, i, rate)
-        if c.config(c.full, merged, None) is not None:
+        if _fits_whole(c, merged):
             state.gpus[gi].glets = [Glet(c.full, merged)]
             return True
     return False
+
+
+def _fits_whole(c: Compiled, entries: list[tuple[int, float]]) -> bool:
+    """Whether ``entries`` keep the duty-cycle rule as one whole-GPU glet, within the GPU's
+    memory."""
+    cfg = c.config(c.full, entries, None)
+    if cfg is None:
+        return False
+    cap = c.gpu_memory_mb
+    return cap is None or c.glet_memory(c.full, entries, cfg[1]) <= cap + EPS
 
 
 def widen(state: State) -> State:
@@ -345,7 +357,7 @@ def widen(state: State) -> State:
     c = state.c
     for gi in range(len(state.gpus)):
         g = _half_used(state, gi)
-        if g is not None and c.config(c.full, g.entries, None) is not None:
+        if g is not None and _fits_whole(c, g.entries):
             state.gpus[gi].glets = [Glet(c.full, list(g.entries))]
     return state
 
@@ -355,12 +367,20 @@ def _score(s: State) -> tuple[int, int]:
     return (s.used_gpus, units)
 
 
+def _in_memory(state: State | None) -> State | None:
+    """``state`` when every GPU's executors fit its memory (with their final batches and
+    co-runners), else None: a schedule over a GPU's memory is no schedule. The placements
+    check memory as they go; this catches what their assumptions missed (an empty mate
+    assumed, whole-GPU placements of ``sbp``)."""
+    return state if state is None or state.fits_memory() else None
+
+
 def run_algorithm(c: Compiled, algorithm: str, max_gpus: int) -> State | None:
     """Run one algorithm on a compiled problem; None when it needs more than max_gpus."""
     if algorithm == "sbp":
-        return run_sbp(c, max_gpus)
+        return _in_memory(run_sbp(c, max_gpus))
     if algorithm == "greedy":
-        return run_elastic(c, max_gpus, order="rate_slo_asc", merge=False, knee=False)
+        return _in_memory(run_elastic(c, max_gpus, order="rate_slo_asc", merge=False, knee=False))
     if algorithm == "glet":
         # gpulet's elastic partitioning in a few orders, plus the whole-GPU and
         # no-sharing schedules (both are glet schedules too); the fewest GPUs win.
@@ -370,13 +390,14 @@ def run_algorithm(c: Compiled, algorithm: str, max_gpus: int) -> State | None:
         tries.append(run_elastic(c, max_gpus, order="demand_desc", merge=False, knee=False))
         for s in tries:
             if s is not None:
-                s = consolidate(s)
-                if best is None or _score(s) < _score(best):
+                s = _in_memory(consolidate(s))
+                if s is not None and (best is None or _score(s) < _score(best)):
                     best = s
-        return None if best is None else widen(best)
+        return None if best is None else (_in_memory(widen(best.copy())) or best)
     if algorithm == "ideal":
         # the exhaustive search starts from glet's schedule, so it is never worse
-        return run_ideal(c, max_gpus, incumbent=run_algorithm(c, "glet", max_gpus))
+        incumbent = run_algorithm(c, "glet", max_gpus)
+        return _in_memory(run_ideal(c, max_gpus, incumbent=incumbent)) or incumbent
     raise InputError(f"unknown algorithm '{algorithm}'", hint="use one of " + ", ".join(ALGORITHMS))
 
 
@@ -384,6 +405,18 @@ def run_algorithm(c: Compiled, algorithm: str, max_gpus: int) -> State | None:
 
 
 def _check_alone(c: Compiled) -> None:
+    cap = c.gpu_memory_mb
+    if cap is not None:
+        big = []
+        for i, m in enumerate(c.models):
+            known = [mb for row in c.mem[i] for mb in row if mb is not None]
+            if known and min(known) > cap + EPS:
+                big.append(f"{m.name} ({m.variant_name}: {min(known):,.0f} MiB at its smallest)")
+        if big:
+            raise InfeasiblePlan(
+                f"does not fit the GPU's {cap:,.0f} MiB of memory even alone: " + "; ".join(big),
+                hint="plan for a GPU with more memory (request.gpu_memory_mb) or a smaller variant",
+            )
     bad = [c.models[i].name for i in range(c.n) if not c.feasible_alone(i)]
     if bad:
         details = []
@@ -421,6 +454,7 @@ def describe(state: State) -> dict[str, Any]:
         if not any(g.entries for g in gpu.glets):
             continue
         glets_out = []
+        gpu_mem: float | None = None  # its executors' memory (the known part)
         for li, g in enumerate(gpu.glets):
             if not g.entries:
                 continue
@@ -434,6 +468,9 @@ def describe(state: State) -> dict[str, Any]:
             d, ks, ls = cfg
             models_out = []
             for (i, r), k, le in zip(g.entries, ks, ls, strict=True):
+                mem = c.mem[i][g.j][k]
+                if mem is not None:
+                    gpu_mem = (gpu_mem or 0.0) + mem
                 share = c.true_rate[i] * r / c.rate[i] if c.rate[i] > 0 else 0.0
                 served[i] = served.get(i, 0.0) + share
                 worst[i] = max(worst.get(i, 0.0), d + le)
@@ -448,6 +485,7 @@ def describe(state: State) -> dict[str, Any]:
                         "latency_ms": round(le, 6),
                         "interference_factor": round(factor, 6),
                         "latency_bound_ms": round(d + le, 6),
+                        "memory_mb": None if mem is None else round(mem, 3),
                     }
                 )
             glets_out.append(
@@ -458,7 +496,15 @@ def describe(state: State) -> dict[str, Any]:
                     "models": models_out,
                 }
             )
-        gpus_out.append({"index": index, "glets": glets_out})
+        if c.gpu_memory_mb is not None and (gpu_mem or 0.0) > c.gpu_memory_mb + EPS:
+            raise InfeasiblePlan(
+                f"internal check failed: GPU {index}'s executors need {gpu_mem:,.0f} MiB, "
+                f"over its {c.gpu_memory_mb:,.0f} MiB"
+            )
+        out_gpu: dict[str, Any] = {"index": index, "glets": glets_out}
+        if gpu_mem is not None:
+            out_gpu["memory_mb"] = round(gpu_mem, 3)
+        gpus_out.append(out_gpu)
         index += 1
     per_model = []
     for i, m in enumerate(c.models):
@@ -501,6 +547,9 @@ def layout_gpus(
         if c.rate[i] > EPS and old.get(m.name, 0.0) <= EPS:
             return None, f"the running layout does not serve {m.name}"
     state = State(c, max(len(gpus), 1))
+    # what each running glet runs with: its duty cycle and each model's batch (kept as long
+    # as the layout is: a layout that stays is not restarted)
+    running: dict[tuple[int, int], tuple[float, dict[int, int]]] = {}
     for n, gpu in enumerate(gpus):
         glets: list[Glet] = []
         for g in gpu.get("glets") or []:
@@ -508,6 +557,7 @@ def layout_gpus(
             if j is None:
                 return None, f"running glet {g.get('resource')} is not one of the partitions"
             entries: list[tuple[int, float]] = []
+            batches: dict[int, int] = {}
             for m in g.get("models") or []:
                 k = index.get(str(m.get("model")))
                 if k is None or m.get("variant") != c.models[k].variant_name:
@@ -515,6 +565,10 @@ def layout_gpus(
                 total = old[c.models[k].name]
                 share = float(m.get("rate_rps") or 0.0) / total if total > EPS else 0.0
                 entries = add_entry(entries, k, share * c.rate[k])
+                if m.get("batch") is not None:
+                    batches[k] = int(m["batch"])
+            if g.get("duty_cycle_ms") is not None and batches:
+                running[(n, len(glets))] = (float(g["duty_cycle_ms"]), batches)
             glets.append(Glet(j, entries))
         js = sorted(g.j for g in glets)
         if len(js) == 1 and js[0] != c.full and c.complement[js[0]] is not None:
@@ -528,14 +582,96 @@ def layout_gpus(
         return None, f"the running layout uses more than {problem.max_gpus} GPUs"
     for gi, gpu in enumerate(state.gpus):
         for li, g in enumerate(gpu.glets):
-            if (
-                g.entries
-                and c.config(g.j, g.entries, state.w_for(gi, li, assume_worst=False)) is None
-            ):
+            if not g.entries:
+                continue
+            w = state.w_for(gi, li, assume_worst=False)
+            if c.config(g.j, g.entries, w) is None:
                 return None, (
                     f"running glet {c.labels[g.j]} on GPU {gi} misses an SLO at the new load"
                 )
+            held = running.get((gi, li))
+            if held is not None and not _carries(c, g, w, *held):
+                return None, (
+                    f"running glet {c.labels[g.j]} on GPU {gi} cannot carry the new load at "
+                    "its running batch sizes and duty cycle"
+                )
     return state.used_gpus, None
+
+
+def _carries(
+    c: Compiled, g: Glet, w: float | None, duty_cycle_ms: float, batches: Mapping[int, int]
+) -> bool:
+    """Whether glet ``g``'s models, at their new rates, are served by the duty cycle and
+    batch sizes the glet runs with: each batch takes a cycle's arrivals, the runs fit the
+    cycle, and each model's cycle plus its run stays within its SLO (the duty-cycle rule at
+    the running configuration; :meth:`Compiled.config` may choose other batches)."""
+    total = 0.0
+    lats: list[tuple[int, float]] = []
+    for i, r in g.entries:
+        if r <= EPS:
+            continue
+        b = batches.get(i)
+        if b is None or b not in c.batches[i][g.j]:
+            return True  # not known as it runs: judged by the rule alone
+        k = c.batches[i][g.j].index(b)
+        if r * duty_cycle_ms / 1000.0 - 1e-7 > c.means[i][g.j][k]:
+            return False
+        le = c.leff(i, g.j, k, w)
+        total += le
+        lats.append((i, le))
+    if total > duty_cycle_ms + 1e-6 * max(duty_cycle_ms, 1.0) + EPS:
+        return False
+    return all(duty_cycle_ms + le <= c.slo[i] + 1e-6 * c.slo[i] + EPS for i, le in lats)
+
+
+def place_mig_glets(
+    gpus: list[dict[str, Any]], partitions: Sequence[str], *, hardware: str | None = None
+) -> None:
+    """Give each glet of a MIG schedule its GPU instance's memory-slot start (``start``):
+    per GPU, a valid layout of its glets' profiles (:mod:`greenctl.data.mig_geometry`) on the
+    GPU model the partitions name (``hardware`` when it names one that has them all).
+
+    Raises:
+        InputError: no GPU model has every partition profile, or a GPU's glets have no
+            valid layout on it.
+    """
+    from greenctl.data.mig_geometry import enumerate_layouts, find_gpu, load_geometry
+
+    names = [p.removeprefix("mig:") for p in partitions]
+    geo = find_gpu(hardware)
+    if geo is None or not all(geo.has_profile(n) for n in names):
+        fits = [g for g in load_geometry() if all(g.has_profile(n) for n in names)]
+        if not fits:
+            raise InputError(
+                f"no MIG-capable GPU model has the partitions {', '.join(partitions)}",
+                hint="use the MIG profiles of one GPU model (`greenctl mig layouts`)",
+            )
+        geo = fits[0]
+    layouts: dict[tuple[str, ...], Any] = {}
+    for gpu in gpus:
+        want = tuple(sorted(str(g["resource"]).removeprefix("mig:") for g in gpu["glets"]))
+        if want not in layouts:
+            layouts[want] = next(
+                (
+                    lay
+                    for lay in enumerate_layouts(geo, profiles=set(want), maximal=False)
+                    if tuple(sorted(pl.profile for pl in lay)) == want
+                ),
+                None,
+            )
+        layout = layouts[want]
+        if layout is None:
+            raise InputError(
+                f"GPU {gpu['index']}'s glets {', '.join(want)} have no valid MIG layout on "
+                f"{geo.name}",
+                hint="use partitions whose profiles fit one GPU together",
+            )
+        free = list(layout)
+        for g in gpu["glets"]:
+            profile = str(g["resource"]).removeprefix("mig:")
+            pl = next(p for p in free if p.profile == profile)
+            free.remove(pl)
+            g["start"] = pl.start
 
 
 def plan_glet(
@@ -588,6 +724,8 @@ def plan_glet(
         from greenctl.planner.glet.moves import align_gpus
 
         desc["gpus"] = align_gpus(desc["gpus"], current_gpus)
+    if c.spec.pinning == PIN_MIG_INSTANCE:  # each glet's GPU instance needs its slot start
+        place_mig_glets(desc["gpus"], problem.partitions, hardware=(request or {}).get("hardware"))
     # a deployment serves its variant's family (the plan document's ``model``, the name
     # clients ask for); the glets keep each model's own name, as the request gives it
     family = {m.name: m.family_name for m in problem.models}
@@ -602,6 +740,7 @@ def plan_glet(
                     m["batch"],
                     g["duty_cycle_ms"],
                 )
+                start = g.get("start")  # a MIG glet's slot (``starts``, beside ``gpus``)
                 dep = deployments.get(key)
                 if dep is None:
                     dep = Deployment(
@@ -613,10 +752,14 @@ def plan_glet(
                         quota_rps=0.0,
                         placement={"gpus": [], "duty_cycle_ms": g["duty_cycle_ms"]},
                     )
+                    if start is not None:
+                        dep.placement["starts"] = []
                     deployments[key] = dep
                 dep.count += 1
                 dep.quota_rps = round((dep.quota_rps or 0.0) + m["rate_rps"], 6)
                 dep.placement["gpus"].append(gpu["index"])
+                if start is not None:
+                    dep.placement["starts"].append(start)
     total = sum(m.rate_rps for m in problem.models)
     if simulate_s > 0:
         from greenctl.planner.glet.verify import simulate_glet_plan
@@ -654,6 +797,9 @@ def plan_glet(
     req.setdefault("partitions", list(problem.partitions))
     req.setdefault("max_gpus", problem.max_gpus)
     req.setdefault("rate_percentile", problem.rate_percentile)
+    req.setdefault("rate_headroom", problem.rate_headroom)
+    if problem.gpu_memory_mb is not None:
+        req.setdefault("gpu_memory_mb", problem.gpu_memory_mb)
     req.setdefault("rate_percentile_window", "duty cycle")
     req.setdefault(
         "interference",

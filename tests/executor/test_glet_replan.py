@@ -198,3 +198,196 @@ def test_given_rates_win_over_the_forecast_and_idle_models_stay_served():
     )
     with pytest.raises(InputError, match=r"--rate bert=5: the plan serves no model 'bert'"):
         get_kind("mig").replan_request(mig, ReplanSignal(300.0, rates={"bert": 5.0}))
+
+
+# -- when a replan changes a glet plan: forced, a GPU saved with headroom, nothing else ------
+def _scaled(factor: float, **each: float) -> dict[str, float]:
+    return {m["name"]: m["rate_rps"] * each.get(m["name"], factor) for m in MODELS}
+
+
+def _planned(store, *, max_gpus: int = 4):
+    plan, _ = get_kind("glet").plan(store, {"models": MODELS, "max_gpus": max_gpus})
+    store.save_plan(plan)
+    assert plan.predicted["gpus"] == 2 and plan.request["rate_headroom"] == 0.0
+    return plan
+
+
+def test_rate_noise_the_running_layout_carries_changes_nothing(gpulet):
+    plan = _planned(gpulet)
+    for rates in (
+        _scaled(1.0, resnet50=1.05, vgg16=0.9, inception=0.95),
+        _scaled(1.0, resnet50=0.92, vgg16=1.04, inception=0.8),
+    ):
+        d = control.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=rates)
+        # (the rule before changed the plan when more than 5 % of its glets would move)
+        assert d["action"] in ("hold", "keep") and d["new_plan_id"] is None, d["reason"]
+        assert "the running layout carries the new rates: a change must save a GPU" in d["reason"]
+
+
+def test_a_dip_keeps_its_gpus_and_a_real_fall_gives_one_back_with_headroom(gpulet):
+    from greenctl.executor.kinds import GLET_REPLAN_HEADROOM
+
+    plan = _planned(gpulet)
+    # at half the load one GPU would do, but not with the headroom: hysteresis, no change
+    d = control.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.5))
+    assert d["new_plan_id"] is None, d["reason"]  # (before: GPUs 2 -> 1, a change)
+    # at 30 % one GPU carries the rates + the headroom: the GPU goes back
+    d = control.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.3))
+    assert d["action"] == "propose", d["reason"]
+    assert "GPUs 2 -> 1 with the rates + 30 % headroom: saves 1 GPU (50 % > 5 %)" in d["reason"]
+    new = gpulet.get_plan(d["new_plan_id"])
+    assert new.predicted["gpus"] == 1 and new.request["rate_headroom"] == GLET_REPLAN_HEADROOM
+    # the plan routes and records the rates themselves; only the packing has room
+    want = _scaled(0.3)
+    assert {m["name"]: m["rate_rps"] for m in new.request["models"]} == pytest.approx(want)
+    assert {p["model"]: p["rate_rps"] for p in new.predicted["per_model"]} == pytest.approx(want)
+    # a threshold above the share saved keeps the GPUs (1 of 2 is 50 %)
+    d = control.replan_once(
+        gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.3), threshold=0.6
+    )
+    assert d["new_plan_id"] is None and "is 50 % (<= 60 %)" in d["reason"]
+
+
+def test_doubled_rates_force_a_change_packed_with_headroom_or_without_when_none_fits(gpulet):
+    plan = _planned(gpulet)
+    d = control.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(2.0))
+    assert d["action"] == "propose", d["reason"]
+    assert d["old_objective"] is None  # the running layout cannot carry the doubled load
+    assert "misses an SLO at the new load" in d["reason"] or "does not" in d["reason"]
+    new = gpulet.get_plan(d["new_plan_id"])
+    assert new.request["rate_headroom"] == 0.3 and new.predicted["gpus"] == 3
+    # within 2 GPUs there is no room for the headroom: planned at the rates, noted
+    small = _planned(gpulet, max_gpus=2)
+    d = control.replan_once(gpulet, plan=str(small.id), min_dwell_s=0, rates=_scaled(2.0))
+    assert d["action"] == "propose", d["reason"]
+    new = gpulet.get_plan(d["new_plan_id"])
+    assert new.predicted["gpus"] == 2
+    assert any("headroom need more than 2 GPUs" in n for n in new.extra["notes"])
+
+
+def test_the_replan_headroom_is_the_plans_own_when_it_sets_one(gpulet):
+    from greenctl.data.errors import InputError
+
+    plan, _ = get_kind("glet").plan(
+        gpulet, {"models": MODELS, "max_gpus": 4, "replan_headroom": 0.0}
+    )
+    gpulet.save_plan(plan)
+    assert plan.request["replan_headroom"] == 0.0
+    # no headroom: at half the load the fewest GPUs are 1, so the GPU goes back at once
+    d = control.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.5))
+    assert d["action"] == "propose" and "GPUs 2 -> 1 with the rates + 0 % headroom" in d["reason"]
+    assert gpulet.get_plan(d["new_plan_id"]).request["replan_headroom"] == 0.0  # kept
+    with pytest.raises(InputError, match="replan_headroom"):
+        get_kind("glet").plan(gpulet, {"models": MODELS, "replan_headroom": -1})
+
+
+def test_apply_refuses_glets_whose_memory_the_gpu_cannot_hold(
+    run_store, gpulet, tmp_path, monkeypatch, loaders
+):
+    """MPS partitions share their GPU's memory: a glet plan whose executors on one GPU need
+    more than that GPU has is refused before anything starts, naming the GPU, the models and
+    the MiB needed and available."""
+    from dataclasses import replace
+
+    from greenctl.data.errors import InputError
+    from greenctl.executor.apply import apply_plan, status
+
+    for name in ("resnet50", "vgg16", "inception"):  # weights, as a profile would say
+        gpulet.upsert_variant(replace(gpulet.get_variant(name), memory_mb=9000.0))
+    plan, _ = get_kind("glet").plan(
+        gpulet, {"models": MODELS, "max_gpus": 3, "gpu_memory_mb": 40960.0}
+    )
+    gpulet.save_plan(plan)
+    assert plan.request["gpu_memory_mb"] == 40960.0
+    per_gpu = {g["index"]: g["memory_mb"] for g in plan.extra["gpus"]}
+    assert max(per_gpu.values()) > 16384.0  # what the smaller GPUs below cannot hold
+    fake = tmp_path / "small_nvml.json"
+    small = {"name": "NVIDIA A2", "memory_mb": 16384, "mig": None}
+    fake.write_text(json.dumps({"gpus": [{**small, "uuid": f"GPU-{n}"} for n in range(3)]}))
+    monkeypatch.setenv("GREENCTL_FAKE_NVML", str(fake))
+    monkeypatch.setenv("GREENCTL_MPS_CONTROL", "/bin/false")  # must not be reached
+    for dry in (True, False):
+        with pytest.raises(InputError) as err:
+            apply_plan(plan, store=gpulet, loader=loaders["noop"], dry_run=dry)
+        msg = err.value.message
+        gpu = max(per_gpu, key=per_gpu.__getitem__)
+        assert msg.startswith(f"GPU {gpu} (NVIDIA A2) cannot hold its glets: ")
+        assert f"= {per_gpu[gpu]:,.0f} MiB needed, 16,384 MiB available" in msg
+        assert "(resnet50, mps:" in msg or "(vgg16, mps:" in msg or "(inception, mps:" in msg
+    doc = status(gpulet)
+    assert doc["instances"] == [] and doc.get("dispatcher") in (None, {})
+    # on 40 GB GPUs it fits, unless other processes hold the memory (nothing of ours runs)
+    big = {"name": "NVIDIA A100-SXM4-40GB", "memory_mb": 40960, "mig": None}
+    fake.write_text(json.dumps({"gpus": [
+        {**big, "uuid": f"GPU-{n}", "memory_used_mb": 30000} for n in range(3)
+    ]}))  # fmt: skip
+    with pytest.raises(InputError, match="in use by other processes"):
+        apply_plan(plan, store=gpulet, loader=loaders["noop"], dry_run=True)
+    fake.write_text(json.dumps({"gpus": [{**big, "uuid": f"GPU-{n}"} for n in range(3)]}))
+    assert apply_plan(plan, store=gpulet, loader=loaders["noop"], dry_run=True).dry_run
+
+
+MIG_PARTS = ["mig:1g.5gb", "mig:2g.10gb", "mig:3g.20gb", "mig:4g.20gb", "mig:7g.40gb"]
+
+
+def _mig_problem(rates: dict[str, float]):
+    """Synthetic profiles on an A100-40GB's MIG profiles (latency inverse to the slices)."""
+    from greenctl.planner.glet.solve import GletModel, GletProblem
+
+    lat = {
+        name: {
+            p: {b: (base + 0.5 * b) * 7 / int(p[4]) for b in (1, 2, 4, 8, 16)} for p in MIG_PARTS
+        }
+        for name, base in (("alpha", 2.0), ("beta", 3.0), ("gamma", 1.5))
+    }
+    models = [GletModel(n, r, 60.0) for n, r in rates.items()]
+    return GletProblem(models=models, latency_ms=lat, partitions=MIG_PARTS, max_gpus=2)
+
+
+def test_a_glet_plan_on_mig_slices_is_applied_on_its_layout(
+    run_store, tmp_path, monkeypatch, loaders
+):
+    """Glets on MIG: each GPU's glets get a valid layout (memory-slot starts), apply creates
+    those GPU instances on the fake NVML and starts each glet's executors on its slice (the
+    models of a time-shared glet on the same one), and a new schedule reshapes them."""
+    from greenctl.executor.apply import apply_plan, status
+    from greenctl.planner.glet.solve import plan_glet
+    from greenctl.profiler.fake_nvml import FakeNvml
+
+    fake = tmp_path / "fake_nvml.json"
+    gpu = {"name": "NVIDIA A100-SXM4-40GB", "memory_mb": 40960, "mig": True, "instances": []}
+    fake.write_text(json.dumps({"persist": True, "gpus": [
+        {**gpu, "uuid": f"GPU-{n}"} for n in range(2)
+    ]}))  # fmt: skip
+    monkeypatch.setenv("GREENCTL_FAKE_NVML", str(fake))
+
+    def applied(plan):
+        apply_plan(plan, store=run_store, loader=loaders["noop"])
+        nvml = FakeNvml.from_file(fake)
+        slots = {
+            (i.gpu_index, i.profile, i.placement_start)
+            for g in (0, 1)
+            for i in nvml.mig_instances(g)
+        }
+        want = {
+            (gpu["index"], g["resource"].removeprefix("mig:"), g["start"])
+            for gpu in plan.extra["gpus"]
+            for g in gpu["glets"]
+        }
+        assert slots == want  # exactly the glets' GPU instances
+        running = status(run_store)["instances"]
+        assert all(i["ready"] for i in running)
+        assert len(running) == sum(
+            len(g["models"]) for gp in plan.extra["gpus"] for g in gp["glets"]
+        )
+        return running
+
+    low = plan_glet(_mig_problem({"alpha": 20.0, "beta": 15.0, "gamma": 10.0}))
+    shared = [g for gp in low.extra["gpus"] for g in gp["glets"] if len(g["models"]) > 1]
+    assert shared, "low rates: models time-share a glet"
+    for d in low.deployments:
+        assert len(d.placement["starts"]) == len(d.placement["gpus"]) == d.count
+    applied(low)
+    high = plan_glet(_mig_problem({"alpha": 400.0, "beta": 300.0, "gamma": 350.0}))
+    assert high.predicted["gpus"] >= low.predicted["gpus"]
+    applied(high)

@@ -11,7 +11,7 @@ import pytest
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.executor import control
-from greenctl.executor.kinds import KINDS, PlanKind, get_kind, register
+from greenctl.executor.kinds import GLET_REPLAN_HEADROOM, KINDS, PlanKind, get_kind, register
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
 
@@ -87,8 +87,10 @@ def test_a_glet_plan_is_planned_again_from_its_request(cli, gpulet):
     assert r.exit_code == 0, r.output
     planned = gpulet.get_plan(json.loads(r.stdout)["id"])
     assert planned.request["interference"]["id"] is not None  # the model used, recorded
+    again, _ = get_kind("glet").plan(gpulet, dict(planned.request))
+    assert again.extra["gpus"] == planned.extra["gpus"]  # its request plans it again
     new, old_obj, note, _ = control._replan_kind(gpulet, planned, intensity=300.0, rate=None)
-    assert new.extra["gpus"] == planned.extra["gpus"]
+    assert new.request["rate_headroom"] == GLET_REPLAN_HEADROOM  # a replan packs with room
     assert new.request["models"] == planned.request["models"]
     assert new.request["interference"] == planned.request["interference"]
     assert (old_obj, note) == (planned.predicted["gpus"], None)
@@ -115,6 +117,33 @@ def test_a_glet_layout_that_cannot_carry_the_load_is_not_scored(cli, gpulet):
     moved[0]["glets"][0]["resource"] = "mps:30"
     gpus, note = layout_gpus(problem, moved)
     assert gpus is None and "not one of the partitions" in note
+
+
+def test_a_kept_glet_layout_must_carry_the_load_at_its_running_batches(cli, gpulet):
+    """The running executors keep their batch sizes and duty cycle while the layout is kept:
+    a rate rise that a larger batch on the same glet would carry, but the running batch does
+    not, is not scored as carried (replay saw 100 % violations behind such a keep)."""
+    import dataclasses
+
+    from greenctl.planner.glet.solve import layout_gpus
+
+    r = cli(
+        "plan", "glet", "--model", "resnet50:100:25", "--simulate-seconds", "0", "--json",
+    )  # fmt: skip
+    planned = gpulet.get_plan(json.loads(r.stdout)["id"])
+    _, problem = get_kind("glet").plan(gpulet, planned.request)
+    notes = {}
+    for factor in (1.5, 2, 3, 4, 6, 9):
+        busier = dataclasses.replace(
+            problem,
+            models=[dataclasses.replace(m, rate_rps=m.rate_rps * factor) for m in problem.models],
+        )
+        notes[factor] = layout_gpus(busier, planned.extra["gpus"])
+    held = [
+        f for f, (gpus, note) in notes.items() if gpus is None and "running batch" in (note or "")
+    ]
+    assert held, notes  # some rise a fresh batch choice would carry on the running glet
+    assert all(notes[f][0] is None for f in notes if f >= min(held))  # and every larger one
 
 
 def test_a_glet_plan_is_planned_simulated_and_applied(cli, gpulet, tmp_path, monkeypatch):
@@ -266,12 +295,19 @@ def test_replan_forecasts_a_glet_plans_load_model_by_model(cli, gpulet):
     )  # fmt: skip
     assert d["forecast_rps"] == 200.0
     assert "no measured load yet for vgg16" in d["reason"]
-    assert d["action"] == "propose"  # gpulet's rule: its glets move (a glet plans no carbon)
-    assert "glets move" in d["reason"]
+    # less load than planned, no GPU saved: the running layout stays (a glet plans no carbon)
+    assert d["action"] in ("hold", "keep") and d["new_plan_id"] is None, d["reason"]
+    # more than the running layout carries: a new schedule at the measured rates
+    control.record_load(gpulet, [control.LoadSample("2021-03-01T00:04:00Z", 900.0, model="resnet")])
+    d = control.replan_once(
+        gpulet, plan=str(planned.id), at="2021-03-01T00:05:00Z", region="CISO",
+        forecaster="last", min_dwell_s=0,
+    )  # fmt: skip
+    assert d["action"] == "propose" and "at the new load" in d["reason"], d["reason"]
     new = gpulet.get_plan(d["new_plan_id"])
     rates = {m["name"]: m["rate_rps"] for m in new.request["models"]}
-    assert rates == {"resnet50": 200.0, "vgg16": 300.0}
-    assert new.predicted["rate_rps"] == 500.0
+    assert rates == {"resnet50": 900.0, "vgg16": 300.0}
+    assert new.predicted["rate_rps"] == 1200.0
 
 
 @pytest.fixture

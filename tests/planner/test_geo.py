@@ -449,3 +449,68 @@ def test_bad_slots_states_and_algorithms_are_input_errors():
         OnlineState.from_dict(doc, n_sites=4)
     with pytest.raises(InputError, match="eta"):
         OnlineState.from_dict({k: v for k, v in doc.items() if k != "eta"}, n_sites=3)
+
+
+@pytest.mark.parametrize("algorithm", ["eglb", "eglb-mpc"])
+@pytest.mark.parametrize("routed", [False, True])
+def test_variants_step_from_the_stored_state_as_the_whole_solve_slot_by_slot(algorithm, routed):
+    """A plan with heterogeneous models steps online too: one step per slot from the state
+    stored as JSON (duals, accuracy surplus, the site LP's basis) allocates each slot's
+    variant loads and gateway fractions as the whole-horizon solve did."""
+    S, G = 5, 6
+    problem = make_problem(
+        T=24, S=S, G=G, seed=4, routes=_routes(G, S) if routed else None, load_frac=0.7
+    )
+    v = _variants()
+    opts = GeoOptions(variants=v, min_accuracy=0.765, horizon=4)
+    run = run_geo(problem, algorithm=algorithm, variants=v, min_accuracy=0.765, horizon=4)
+    whole = run.solutions[algorithm]
+    assert whole.variant_load is not None
+    slots, _ = whole.gateway_fractions(problem)
+    state = None
+    for t in range(problem.n_steps):
+        step = online_replan(problem, algorithm, opts, slot=t, state=state)
+        assert step.steps == 1 and step.warm == (t > 0)
+        assert step.variant_load is not None
+        np.testing.assert_allclose(step.variant_load, whole.variant_load[t], atol=1e-9)
+        np.testing.assert_allclose(step.site_load_mw, whole.site_load_mw[t], atol=1e-9)
+        assert step.fractions.keys() == slots[t].keys()
+        for gw, fr in slots[t].items():
+            assert step.fractions[gw].keys() == fr.keys(), (t, gw)
+            assert step.fractions[gw] == pytest.approx(fr, abs=1e-7), (t, gw)
+        doc = json.loads(json.dumps(step.state.to_dict()))
+        state = OnlineState.from_dict(doc, n_sites=S)
+        if routed or algorithm == "eglb":
+            assert state.basis is not None and len(state.basis["key"]) == 7
+    assert state is not None
+    # the horizon's load-weighted accuracy, banked step by step, meets the floor
+    z = whole.variant_load
+    assert state.accuracy_surplus == pytest.approx(float(((v.accuracy - 0.765) * z).sum()))
+    assert state.accuracy_surplus >= -1e-7
+
+
+def test_variants_state_behind_catches_up_and_a_missing_one_is_rebuilt():
+    problem = make_problem(T=12, S=4, G=3, seed=5, routes=PARTIAL, load_frac=0.7)
+    v = _variants()
+    opts = GeoOptions(variants=v, min_accuracy=0.76)
+    whole = run_geo(problem, algorithm="eglb", variants=v, min_accuracy=0.76).solutions["eglb"]
+    assert whole.variant_load is not None
+    first = online_replan(problem, "eglb", opts, slot=3)
+    assert not first.warm and first.steps == 1
+    later = online_replan(problem, "eglb", opts, slot=8, state=first.state)
+    assert later.warm and later.steps == 5
+    assert later.variant_load is not None
+    np.testing.assert_allclose(later.variant_load, whole.variant_load[8], atol=1e-9)
+    # a plain plan's state (no accuracy surplus, another LP's basis) starts the LP cold
+    plain = online_replan(problem, "eglb", GeoOptions(), slot=3).state
+    mixed = online_replan(problem, "eglb", opts, slot=4, state=plain)
+    assert mixed.warm and mixed.variant_load is not None
+
+
+def test_variants_step_that_cannot_reach_the_accuracy_floor_is_infeasible():
+    problem = make_problem(T=6, S=3, G=2, load_frac=0.95)
+    opts = GeoOptions(variants=_variants(), min_accuracy=0.78)  # the big one only
+    problem.capacity_mw[3] *= 0.5
+    state = online_replan(problem, "eglb", opts, slot=2).state
+    with pytest.raises(InfeasiblePlan, match=r"step 3 .* cannot be served at --min-accuracy"):
+        online_replan(problem, "eglb", opts, slot=3, state=state)
