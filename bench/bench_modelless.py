@@ -8,7 +8,10 @@ Two measurements:
   take an instance by the fifo policy, release it) against model-less (read and check the
   requirements, choose the variant and instance with the queue-aware latency prediction, take
   and release it, write the variant into the answer). Binary (tritonclient's default) and JSON
-  bodies. The difference is the choice's cost; the issue's budget is 50 us per request.
+  bodies. The difference is the choice's cost; the issue's budget is 50 us per request. The
+  offers include a measured serving path (:data:`PATH_MS`), as ``apply`` builds them when
+  ``greenctl profile serving`` was run: it is folded into each offer's latency table, so the
+  per-request work is the same look-up.
 - ``e2e`` (unless ``--micro``): a real dispatcher and two no-op executors (``apply``), the
   same open-loop load of plain and of model-less requests in interleaved slices; the
   dispatcher process's CPU time per request in each arm (user + system, /proc), and the
@@ -42,6 +45,8 @@ VARIANTS = (
     ("noop-l", 0.79, (6.0, 8.0, 10.0), 0.5),
 )
 REQUIREMENTS = {"latency_slo_ms": 50, "min_accuracy": 0.6}
+#: a measured serving path's overhead samples (ms): 100 points from 0.8 to 1.8 ms
+PATH_MS = tuple(0.8 + i / 100 for i in range(100))
 
 
 def with_parameters(
@@ -70,7 +75,8 @@ def _route() -> Any:
         svc = BatchService(
             ((1, ServiceTime.from_percentiles(*lat)),), executor_batching("cpu:1", 1)
         )
-        offer = Offer(name, acc, energy, energy * 400 / 3.6e6, None, queue_latency(svc))
+        table = queue_latency(svc, overhead_ms=PATH_MS)
+        offer = Offer(name, acc, energy, energy * 400 / 3.6e6, None, table)
         for j in range(2):
             instances.append(
                 {
@@ -153,6 +159,7 @@ def e2e(*, rate: float, slice_s: float, blocks: int) -> dict[str, Any]:
     from greenctl.data.store import open_store
     from greenctl.executor.apply import apply_plan, down, status
     from greenctl.executor.loadgen import arrival_times, model_input, open_session, send_load
+    from greenctl.executor.serving import ServingMeasurement, save_serving
 
     store = open_store()
     served = VARIANTS[::2]  # one core each: two fit a two-core machine
@@ -161,6 +168,20 @@ def e2e(*, rate: float, slice_s: float, blocks: int) -> dict[str, Any]:
         store.add_profiles(
             [Profile(name, "cpu:1", 1, 1000.0 / p50, p50, p95, p99, energy_j=energy)]
         )
+    # the serving path measured for the family: the offers' latency includes it
+    path = list(PATH_MS)
+    save_serving(
+        store,
+        [
+            ServingMeasurement(
+                family="noop", variant=served[0][0], path="dispatcher", stand_in="noop",
+                policy="fifo", rate_rps=rate, input_bytes=12288, output_elements=3072,
+                p50_ms=path[50], p95_ms=path[95], p99_ms=path[99], quantiles_ms=path,
+                executor_cpu_ms_per_request=None, dispatcher_cpu_ms_per_request=None,
+                samples=len(path),
+            )
+        ],
+    )  # fmt: skip
     plan = Plan(
         kind="mix",
         deployments=[

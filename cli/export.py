@@ -48,9 +48,17 @@ def export_k8s(
     json_out: JsonOpt = False,
 ) -> None:
     """Write Deployments, Services, the dispatcher and (MIG plans) the mig-parted ConfigMap."""
+    from greenctl.data.emissions import executor_energy_args
     from greenctl.executor.k8s_export import build_k8s_export, write_k8s_export
 
     doc, memory = _load_plan(plan, db)
+    with store_for(db) as store:  # each executor's energy and carbon options, as apply's
+        energy = {
+            (d.variant, d.resource, d.batch): executor_energy_args(
+                store, doc, variant=d.variant, resource=d.resource, batch=d.batch
+            )
+            for d in doc.deployments
+        }
     export = build_k8s_export(
         doc,
         name=name,
@@ -58,6 +66,7 @@ def export_k8s(
         image=image,
         gpus_per_node=gpus_per_node,
         memory_mb=memory,
+        energy_args=energy,
     )
     written = write_k8s_export(export, output)
     if json_out:

@@ -505,6 +505,9 @@ def replan_once(
     ``greenctl down`` or a reboot), ``apply`` applies the best plan at once, whatever the
     dwell, threshold and margin. A plan of another lineage serving is left alone (``hold``,
     naming it); a plan this lineage proposed and someone applied by hand is the running one.
+    A round that keeps the running configuration while the signal moved (with ``apply``)
+    re-applies it at the new intensity, routes only, so the deployment's carbon counters go
+    on at the live intensity (:func:`_count_at_signal`; the decision's reason says so).
 
     Returns:
         The decision record (``action`` one of apply | propose | keep | hold).
@@ -668,6 +671,13 @@ def replan_once(
                     if serving["live"]
                     else f"{sig_txt}; the best plan is plan {running.id}'s configuration"
                 )
+                if apply and serving["live"] and ci is not None:
+                    # the configuration stays, the grid moved: its counters follow the grid
+                    counted = _count_at_signal(
+                        store, serving_id, new, apply_fn or _default_apply, apply_options
+                    )
+                    if counted:
+                        record["reason"] += f"; {counted}"
             else:
                 if not choice.triggers:
                     record["reason"] = choice.not_worth
@@ -740,6 +750,57 @@ def _forecast_peak(store: Any, forecaster: str) -> Callable[[str], float | None]
         return cache[model]
 
     return forecast
+
+
+def _count_at_signal(
+    store: Any,
+    serving_id: int | None,
+    new: Any,
+    apply_fn: Callable[..., Any],
+    apply_options: dict[str, Any] | None,
+) -> str | None:
+    """Make the running deployment count carbon at the intensity ``new`` (the running
+    configuration, replanned at the round's signal) records, when the plan that serves
+    (``serving_id``) counts at another: ``new`` is saved and applied through the apply path
+    (on the backend that runs the plan), which for the same configuration only re-applies
+    the routes, carrying the new ``carbon`` (the local dispatcher hands it to its executors;
+    nothing restarts). The lineage's running plan and reference signal stay as they were:
+    ``new`` is no change of plan (it is named in the decision's reason, not as
+    ``new_plan_id``), so neither the dwell nor the threshold move.
+
+    Returns:
+        What was done, for the decision's reason (also when the apply failed: the
+        deployment then counts as before); None when nothing needed doing.
+    """
+    import math
+
+    from greenctl.data.emissions import routes_carbon
+    from greenctl.data.errors import GreenctlError
+
+    if serving_id is None:
+        return None
+    try:
+        counting = routes_carbon(store.get_plan(int(serving_id)))
+    except NotFoundError:
+        return None
+    want = routes_carbon(new)
+    if want is None or (
+        counting is not None and all(math.isclose(counting[k], want[k], rel_tol=1e-9) for k in want)
+    ):
+        return None
+    was = "no intensity" if counting is None else f"{counting['carbon_g_per_kwh']:g} g/kWh"
+    store.save_plan(new, source="replan")
+    try:
+        apply_fn(new, store=store, **(apply_options or {}))
+    except GreenctlError as exc:
+        return (
+            f"the running deployment still counts carbon at {was}: applying plan {new.id} "
+            f"(its configuration at {want['carbon_g_per_kwh']:g} g/kWh) failed: {exc.message}"
+        )
+    return (
+        f"the running deployment counts carbon at {want['carbon_g_per_kwh']:g} g/kWh from now "
+        f"on (was {was}): plan {new.id}, its configuration at this signal, applied"
+    )
 
 
 def _default_apply(plan: Any, *, store: Any, **options: Any) -> Any:

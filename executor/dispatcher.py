@@ -37,7 +37,9 @@ table's ``carbon`` says the running plan was made with (``greenctl_grid_intensit
 kwh``). It hands that intensity and PUE to each executor process (``POST /admin/carbon``)
 that has not been told it, so executors kept by ``replan --apply`` count carbon at the new
 plan's intensity without a restart, and restarted ones (started with the old command line)
-too.
+too. ``GREENCTL_ENERGY_SCRAPE_S=0`` turns the reading off (the Kubernetes export: a Service
+spreads the reads over its pods, whose counters Prometheus scrapes and sums itself); the grid
+intensity is still exported.
 """
 
 from __future__ import annotations
@@ -122,10 +124,10 @@ ENERGY_SCRAPE_S = 2.0
 
 def energy_scrape_s() -> float:
     """Seconds between reads of the executors' energy counters: ``$GREENCTL_ENERGY_SCRAPE_S``
-    when it is a number > 0, else :data:`ENERGY_SCRAPE_S`."""
+    when it is a number > 0, 0 when it is 0 (no reads), else :data:`ENERGY_SCRAPE_S`."""
     with contextlib.suppress(ValueError):
         value = float(os.environ.get(ENERGY_SCRAPE_ENV, ""))
-        if math.isfinite(value) and value > 0:
+        if math.isfinite(value) and value >= 0:
             return value
     return ENERGY_SCRAPE_S
 
@@ -171,11 +173,19 @@ class NoVariant(Exception):
         self.name, self.req, self.offer, self.latency_ms = name, req, offer, latency_ms
         ms = "unknown" if latency_ms is None else f"{latency_ms:.3g} ms"
         acc = "unknown" if offer.accuracy is None else f"{offer.accuracy:g}"
+        path = self.path_ms
+        held = "with the requests it holds now" + (
+            f" and {path:.3g} ms of measured serving path" if path else ""
+        )
         super().__init__(
             f"no running variant of '{name}' meets {req.describe()}: the closest is "
-            f"'{offer.variant}', predicted latency {ms} (p95, with the requests it holds now), "
-            f"accuracy {acc}"
+            f"'{offer.variant}', predicted latency {ms} (p95, {held}), accuracy {acc}"
         )
+
+    @property
+    def path_ms(self) -> float:
+        """How much of the predicted latency is the measured serving path (0: none)."""
+        return 0.0 if self.offer.latency is None else self.offer.latency.path_ms
 
     def doc(self) -> dict[str, Any]:
         """The 422 response's body."""
@@ -192,6 +202,7 @@ class NoVariant(Exception):
             "closest": {
                 "variant": self.offer.variant,
                 "predicted_latency_ms": self.latency_ms,
+                "serving_path_ms": self.path_ms,
                 "accuracy": self.offer.accuracy,
                 "carbon_g_per_request": self.offer.carbon_g_per_request,
                 "energy_j_per_request": self.offer.energy_j_per_request,
@@ -1031,8 +1042,9 @@ class Dispatcher:
 
     # -- energy and carbon --------------------------------------------------------------
     async def energy_loop(self) -> None:
-        """Read the executors' energy counters every :attr:`energy_interval_s` seconds."""
-        while True:
+        """Read the executors' energy counters every :attr:`energy_interval_s` seconds (0:
+        never)."""
+        while self.energy_interval_s > 0:
             await asyncio.sleep(self.energy_interval_s)
             try:
                 await self.scrape_energy()

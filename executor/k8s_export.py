@@ -7,6 +7,19 @@ Service in front, its routes in a ConfigMap. MIG plans also get a ConfigMap hold
 mig-parted's v1 config and the ``nvidia.com/mig.config=<label>`` node labels that the GPU
 operator's MIG manager acts on (mixed strategy: pods request ``nvidia.com/mig-<profile>``).
 
+Energy and carbon (issue 19): each executor counts its energy and carbon as a local one does
+(``greenctl_energy_joules_total``, ``greenctl_carbon_grams_total``, ``greenctl_power_watts``
+at ``/metrics``), started with the plan's grid intensity and PUE and, for a modeled source,
+the profile's figures (the options ``greenctl apply`` gives its executors,
+:func:`greenctl.data.emissions.executor_energy_args`). Every pod carries the
+``prometheus.io/scrape``, ``/port`` and ``/path`` annotations, which the common Prometheus
+``kubernetes-pods`` scrape job reads (no ServiceMonitor needed): sum per model with
+``sum by (model) (increase(greenctl_energy_joules_total[1h]))``. The dispatcher's routing
+table carries the plan's ``carbon``, which it exports as
+``greenctl_grid_intensity_grams_per_kwh``; it does not read the executors' counters itself
+(``GREENCTL_ENERGY_SCRAPE_S=0``): its reads through a Service would land on any of its pods.
+A new intensity (a replan) is a new export, whose executor pods roll.
+
 Pure: builds documents (plain dicts) and never talks to a cluster.
 """
 
@@ -15,17 +28,28 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from greenctl.data.emissions import routes_carbon
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.resources import RESOURCE_KINDS, parse_resource
+from greenctl.executor.dispatcher import ENERGY_SCRAPE_ENV
 from greenctl.executor.kinds import get_kind
 
 PORT = 8080
 DEFAULT_IMAGE = "greenctl-executor:0.1.0"
 APP_LABEL = "app.kubernetes.io/part-of"
+#: what the common Prometheus ``kubernetes-pods`` scrape job reads from a pod
+SCRAPE_ANNOTATIONS = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": str(PORT),
+    "prometheus.io/path": "/metrics",
+}
+#: (variant, resource, batch) -> the executor's energy and carbon options
+EnergyArgs = Mapping[tuple[str, str, int], Sequence[str]]
 
 
 @dataclass
@@ -86,8 +110,24 @@ def _probe(path: str, *, initial_s: int) -> dict[str, Any]:
     }
 
 
-def executor_command(dep: Deployment) -> list[str]:
-    """The executor's command line inside the container (listens on all pod addresses)."""
+def carbon_args(plan: Plan) -> list[str]:
+    """An executor's grid intensity and PUE options for ``plan`` (none without an
+    intensity): what :func:`greenctl.data.emissions.executor_energy_args` starts with,
+    without a store for the profile's figures."""
+    carbon = routes_carbon(plan)
+    if carbon is None:
+        return []
+    return [
+        "--carbon-intensity",
+        f"{carbon['carbon_g_per_kwh']:g}",
+        "--pue",
+        f"{carbon['pue']:g}",
+    ]
+
+
+def executor_command(dep: Deployment, energy: Sequence[str] = ()) -> list[str]:
+    """The executor's command line inside the container (listens on all pod addresses),
+    with its energy and carbon options ``energy``."""
     return [
         "python",
         "-m",
@@ -104,6 +144,7 @@ def executor_command(dep: Deployment) -> list[str]:
         "0.0.0.0",
         "--port",
         str(PORT),
+        *energy,
     ]
 
 
@@ -117,6 +158,7 @@ def build_k8s_export(
     memory_mb: dict[str, float] | None = None,
     mig_config: dict[str, Any] | None = None,
     policy: str | None = None,
+    energy_args: EnergyArgs | None = None,
 ) -> K8sExport:
     """Build the manifests of a plan.
 
@@ -132,6 +174,9 @@ def build_k8s_export(
             derived from ``plan.extra["gpus"]`` per node.
         policy: the dispatcher's policy, wins over the plan's own; default
             :meth:`~greenctl.executor.kinds.PlanKind.dispatch_policy`.
+        energy_args: each (variant, resource, batch)'s executor energy and carbon options
+            (:func:`greenctl.data.emissions.executor_energy_args`, from the store); default
+            the plan's grid intensity and PUE alone (:func:`carbon_args`).
 
     Raises:
         InputError: a geo plan, an empty plan or an unmappable resource.
@@ -166,10 +211,12 @@ def build_k8s_export(
             "greenctl.io/model": dns_name(dep.model),
         }
         resources, env = _resources(dep, memory_mb=(memory_mb or {}).get(dep.variant))
+        key = (dep.variant, dep.resource, dep.batch)
+        energy = None if energy_args is None else energy_args.get(key)
         container: dict[str, Any] = {
             "name": "executor",
             "image": image,
-            "command": executor_command(dep),
+            "command": executor_command(dep, carbon_args(plan) if energy is None else energy),
             "ports": [{"name": "http", "containerPort": PORT}],
             "resources": resources,
             "readinessProbe": _probe("/v2/health/ready", initial_s=5),
@@ -184,7 +231,10 @@ def build_k8s_export(
             "spec": {
                 "replicas": dep.count,
                 "selector": {"matchLabels": {"app.kubernetes.io/name": obj}},
-                "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+                "template": {
+                    "metadata": {"labels": labels, "annotations": dict(SCRAPE_ANNOTATIONS)},
+                    "spec": {"containers": [container]},
+                },
             },
         }
         service = {
@@ -211,10 +261,13 @@ def build_k8s_export(
     dispatcher = dns_name(base, "dispatcher")
     policy = kind.dispatch_policy(plan, policy)  # what simulate assumed, a local apply serves
     # the dispatcher's routing-table document (greenctl.executor.dispatcher --routes)
-    config_doc = {
+    config_doc: dict[str, Any] = {
         "generation": f"k8s-{base}",
         "models": {model: {"policy": policy, "instances": inst} for model, inst in routes.items()},
     }
+    carbon = routes_carbon(plan)
+    if carbon is not None:  # the dispatcher exports the grid intensity (issue 19)
+        config_doc["carbon"] = carbon
     d_labels = {**labels_common, "app.kubernetes.io/name": dispatcher}
     out.files["dispatcher.yaml"] = [
         {
@@ -235,7 +288,7 @@ def build_k8s_export(
                 "replicas": 1,
                 "selector": {"matchLabels": {"app.kubernetes.io/name": dispatcher}},
                 "template": {
-                    "metadata": {"labels": d_labels},
+                    "metadata": {"labels": d_labels, "annotations": dict(SCRAPE_ANNOTATIONS)},
                     "spec": {
                         "containers": [
                             {
@@ -253,6 +306,8 @@ def build_k8s_export(
                                     str(PORT),
                                 ],
                                 "ports": [{"name": "http", "containerPort": PORT}],
+                                # Prometheus sums the executor pods' counters (module doc)
+                                "env": [{"name": ENERGY_SCRAPE_ENV, "value": "0"}],
                                 "resources": {"requests": {"cpu": "1", "memory": "256Mi"}},
                                 "readinessProbe": _probe("/v2/health/ready", initial_s=2),
                                 "livenessProbe": _probe("/v2/health/live", initial_s=5),

@@ -6,7 +6,10 @@ preference (``prefer``: ``carbon`` when its kind says its objective weighs carbo
 ``cost``) and per instance its variant's offer: accuracy, energy, carbon and cost per request
 at the instance's capacity (the evaluation core's accounting at the plan's carbon intensity
 and PUE), and the latency table of its service model (the one the planners and the simulator
-use). The dispatcher only reads these; a table without them routes by model and variant name
+use) with, when the serving path was measured (``greenctl profile serving``), the path's
+overhead that ``predict`` adds to every request (the newest run of the family's variant at
+the measured rate nearest the plan's, :func:`greenctl.executor.serving.serving_overheads`).
+The dispatcher only reads these; a table without them routes by model and variant name
 as before, and a model-less request then finds no variant that meets it.
 """
 
@@ -25,14 +28,56 @@ MODEL_KEYS = ("prefer",)
 INSTANCE_KEYS = ("offer",)
 
 
+def plan_rates(plan: Plan) -> dict[str, float]:
+    """The load (req/s) a plan was made for, per model: its request's families' rates (a mix
+    plan), else the sum of each model's quotas, else the plan's whole rate shared evenly."""
+    from greenctl.planner.core.simulator import default_rate
+
+    def number(value: Any) -> float | None:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+        return float(value) if ok else None
+
+    models = list(dict.fromkeys(d.model for d in plan.deployments))
+    rates: dict[str, float] = {}
+    for fam in plan.request.get("families") or []:
+        if isinstance(fam, dict) and fam.get("model") in models:
+            rate = number(fam.get("rate_rps"))
+            if rate is not None:
+                rates[str(fam["model"])] = rate
+    for model in models:
+        quotas = [number(d.quota_rps) for d in plan.deployments if d.model == model]
+        if model not in rates and quotas and all(q is not None for q in quotas):
+            rates[model] = sum(q or 0.0 for q in quotas)
+    missing = [m for m in models if m not in rates]
+    if missing:
+        try:
+            whole = default_rate(plan)
+        except GreenctlError:
+            whole = 1.0  # no rate stated: any measured rate is as near as another
+        rates.update(dict.fromkeys(missing, whole / len(models)))
+    return rates
+
+
 def instance_offers(
-    store: Any, plan: Plan, keys: set[tuple[str, str, int]], *, max_wait_ms: float | None = None
+    store: Any,
+    plan: Plan,
+    keys: set[tuple[str, str, int]],
+    *,
+    max_wait_ms: float | None = None,
+    serving_path: str | None = "dispatcher",
 ) -> dict[tuple[str, str, int], Offer]:
     """The offer of each (variant, resource, batch) in ``keys``; one without a profile in the
-    store offers only its accuracy."""
+    store offers only its accuracy.
+
+    ``serving_path``: which measured serving path (``greenctl profile serving --path``) the
+    requests take, whose overhead each offer's latency includes (None: none, the model's
+    latency alone); a family never measured gets none either.
+    """
     # the evaluation core (numpy, scipy) only when a plan is applied
     from greenctl.data.emissions import plan_carbon
+    from greenctl.executor.serving import serving_overheads
     from greenctl.planner.core.evaluate import account, build_instances
+    from greenctl.planner.core.evaluate import serving_path as path_of
     from greenctl.planner.core.latency import BatchService
     from greenctl.planner.core.simulator import pick_profiles, sized_slo_ms
 
@@ -40,10 +85,18 @@ def instance_offers(
     by_name = {v.name: v for v in variants}
     table = pick_profiles(profiles, sized_slo_ms(plan, by_name))
     intensity, pue = plan_carbon(plan)  # the intensity the counters and the metrics use
+    # the serving path each model's requests take, as the planner measured it for the plan
+    paths = (
+        serving_overheads(store, plan_rates(plan), path=serving_path)
+        if serving_path is not None
+        else {}
+    )
+    model_of = {d.variant: d.model for d in plan.deployments}
     out: dict[tuple[str, str, int], Offer] = {}
     for variant, resource, batch in sorted(keys):
         record = by_name.get(variant)
         accuracy = None if record is None or record.accuracy is None else float(record.accuracy)
+        path = path_of(paths, model_of.get(variant, ""), variant, resource) if paths else None
         dep = Deployment(model="", variant=variant, resource=resource, count=1, batch=batch)
         try:
             (inst,) = build_instances([dep], table, max_wait_ms=max_wait_ms)
@@ -70,7 +123,7 @@ def instance_offers(
             figures.get("energy_j_per_request"),
             figures.get("carbon_g_per_request"),
             None if cost_h is None or cap <= 0 else cost_h / 3600.0 / cap,
-            queue_latency(service),
+            queue_latency(service, overhead_ms=None if path is None else path.overhead_ms),
         )
     return out
 

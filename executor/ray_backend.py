@@ -13,6 +13,26 @@ Layout on the cluster (namespace ``greenctl``):
 Applying deploys the new version beside the old one, waits until it is RUNNING, then
 switches the router and deletes the old version; a version that fails to deploy is deleted
 and the router keeps serving the previous one (the same rollback promise as local apply).
+A plan with the very replicas of the version serving (a replan that keeps the configuration
+at a new grid intensity) is applied in place instead: the version's routes (quotas, policy,
+offers, preference, grid intensity) are re-applied, as the local dispatcher's routing table
+is, and no replica restarts.
+
+Energy and carbon (issue 19): each replica counts its energy with the executors' counter
+(:func:`greenctl.profiler.energy.serving_counter`: NVML on GPUs, RAPL on CPUs where readable,
+else the profile's figures) and reports it to its version's group deployment every
+:func:`~greenctl.executor.dispatcher.energy_scrape_s` seconds; the group sums the increases
+per model and counts their carbon at the plan's grid intensity (:class:`PlanRoutes`), and the
+router exports them at ``GET /metrics`` as the local dispatcher does
+(``greenctl_energy_joules_total``, ``greenctl_carbon_grams_total`` by model and source,
+``greenctl_grid_intensity_grams_per_kwh``). A new plan version starts its sums from zero (a
+counter reset, which Prometheus's ``increase()`` counts).
+
+Model-less requests (issue 19, INFaaS): the router reads a request's ``latency_slo_ms`` and
+``min_accuracy`` as the local dispatcher does, and the group picks the variant with
+:func:`greenctl.planner.core.choice.choose` over each deployment's offer
+(:mod:`greenctl.executor.offers`, without a serving path: the Ray path is not measured) and
+its replicas' requests in flight; ``/v2/models/{variant}/infer`` routes to that variant.
 
 Declaring MIG instances to Ray: start each node with one custom resource per MIG profile and
 make the node's MIG UUIDs visible to its workers, for example::
@@ -36,7 +56,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from greenctl.data import deployments
-from greenctl.data.errors import ExecutorError, InputError
+from greenctl.data.errors import ExecutorError, GreenctlError, InputError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Variant
 from greenctl.data.resources import parse_resource
@@ -90,6 +110,289 @@ class RayApplyResult:
 
 
 # --------------------------------------------------------------------------------------
+# What a plan version's group and replicas do, in plain Python (no Ray: unit-testable)
+
+
+class RouteEntry:
+    """One deployment of a plan version, as its group routes to it: its replicas share one
+    Serve handle, so the requests in flight are counted for the deployment, and per replica
+    (``inflight``, what :func:`~greenctl.planner.core.choice.choose` reads) as Serve
+    spreads them."""
+
+    up = True  # Serve restarts failed replicas; a deployment is routed to while it runs
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        from greenctl.planner.core.choice import Offer
+
+        self.index = int(doc["handle_index"])
+        self.variant = str(doc["variant"])
+        self.resource = str(doc.get("resource") or "")
+        self.input_shape = list(doc.get("input_shape") or [])
+        self.replicas = max(int(doc.get("replicas") or 1), 1)
+        self.weight = float(doc.get("weight") or 1.0)  # a zero quota counts as one
+        offer = doc.get("offer")
+        self.offer = Offer(self.variant) if offer is None else Offer.from_dict(self.variant, offer)
+        self.total = 0
+        self.inflight = 0
+
+    def take(self) -> None:
+        self.total += 1
+        self.inflight = self.total // self.replicas
+
+    def give(self) -> None:
+        self.total = max(self.total - 1, 0)
+        self.inflight = self.total // self.replicas
+
+
+class PlanRoutes:
+    """A plan version's routing and energy sums (the Serve group deployment holds one).
+
+    Args:
+        routes: per model, its deployments (``handle_index``, ``variant``, ``resource``,
+            ``input_shape``, ``replicas``, ``weight``, and ``offer`` for model-less requests).
+        policy: how requests without requirements are routed: ``wrr`` by quota, else to the
+            deployment with the fewest requests in flight per replica.
+        prefer: ``carbon`` or ``cost``, what model-less requests prefer (the plan's objective).
+        carbon: ``{"carbon_g_per_kwh": G, "pue": P}``, the grid intensity carbon is counted
+            with (None: none).
+        clock: seconds, to forget replicas that stopped reporting.
+    """
+
+    #: a replica silent for this many report intervals is forgotten (its sums stay)
+    STALE_REPORTS = 10
+
+    def __init__(
+        self,
+        routes: dict[str, list[dict[str, Any]]],
+        policy: str,
+        *,
+        prefer: str | None = None,
+        carbon: dict[str, float] | None = None,
+        interval_s: float = 2.0,
+        clock: Any = time.monotonic,
+    ) -> None:
+        from greenctl.executor.metrics import IncreaseSum
+
+        self.entries = {m: [RouteEntry(e) for e in es] for m, es in routes.items()}
+        self.by_variant: dict[str, list[RouteEntry]] = {}
+        for es in self.entries.values():
+            for e in es:
+                self.by_variant.setdefault(e.variant, []).append(e)
+        self.policy = policy
+        self.prefer = prefer
+        self.carbon = carbon
+        self.interval_s = interval_s
+        self._clock = clock
+        self.energy = IncreaseSum()
+        self.seen: dict[str, float] = {}  # replica -> when it last reported
+        self.silent: dict[str, str] = {}  # replica -> why it counts no energy
+        self._rank()
+
+    def _rank(self) -> None:
+        from greenctl.planner.core.policy import SmoothWRR
+
+        self.wrr = {m: SmoothWRR([e.weight for e in es]) for m, es in self.entries.items()}
+        prefer = self.prefer or "cost"
+        self.candidates = {
+            m: [(e.offer, [e]) for e in sorted(es, key=lambda e: (e.offer.rank(prefer), e.variant))]
+            for m, es in self.entries.items()
+        }
+
+    def models(self) -> dict[str, Any]:
+        return {
+            m: [
+                {"variant": e.variant, "weight": e.weight, "input_shape": e.input_shape} for e in es
+            ]
+            for m, es in self.entries.items()
+        }
+
+    def configure(self, doc: dict[str, Any]) -> bool:
+        """Re-apply the routes of the same deployments (a plan with the very replicas of this
+        version): quotas, offers, ``policy``, ``prefer`` and ``carbon``. Returns whether
+        anything changed. Raises ValueError for a document of other deployments."""
+        routes = doc.get("routes") or {}
+        fresh = {m: [RouteEntry(e) for e in es] for m, es in routes.items()}
+
+        def shape(table: dict[str, list[RouteEntry]]) -> list[tuple[str, int, str, int]]:
+            return sorted(
+                (m, e.index, e.variant, e.replicas) for m, es in table.items() for e in es
+            )
+
+        if shape(fresh) != shape(self.entries):
+            raise ValueError("the routes name other deployments than this plan version's")
+        changed = False
+        for m, es in fresh.items():
+            for old, new in zip(
+                sorted(self.entries[m], key=lambda e: e.index),
+                sorted(es, key=lambda e: e.index),
+                strict=True,
+            ):
+                if (old.weight, old.offer) != (new.weight, new.offer):
+                    old.weight, old.offer = new.weight, new.offer
+                    changed = True
+        for key in ("policy", "prefer", "carbon"):
+            if key in doc and doc[key] != getattr(self, key):
+                setattr(self, key, doc[key])
+                changed = True
+        self._rank()
+        return changed
+
+    def pick(self, model: str, variant: str | None = None, req: Any = None) -> RouteEntry:
+        """The deployment a request goes to: by the policy, or, for a model-less request (or
+        one naming ``variant``), the preferred variant that meets ``req``
+        (:func:`~greenctl.planner.core.choice.choose`).
+
+        Raises:
+            KeyError: an unknown model or variant.
+            NoVariant: no deployment meets ``req`` (names the closest).
+        """
+        from greenctl.executor.dispatcher import NoVariant
+        from greenctl.planner.core.choice import Requirements, choose, closest
+
+        if variant is None and req is None:
+            entries = self.entries[model]
+            if self.policy == "wrr":  # smooth weighted round robin by quota (InfAdapter)
+                return entries[self.wrr[model].pick() or 0]
+            # fifo / batch: the deployment with the fewest requests in flight per replica
+            return min(entries, key=lambda e: e.total / e.replicas)
+        if variant is not None:
+            cands = [(e.offer, [e]) for e in self.by_variant[variant]]
+        else:
+            cands = self.candidates[model]
+        want = req if req is not None else Requirements()
+        got = choose(cands, want)
+        if got is None:
+            near = closest(cands, want)
+            assert near is not None  # every deployment counts as up
+            raise NoVariant(variant or model, want, *near)
+        entry = got[1]
+        assert isinstance(entry, RouteEntry)
+        return entry
+
+    def report(self, doc: dict[str, Any]) -> None:
+        """A replica's energy report (:meth:`ReplicaEnergy.report`): the increase of its
+        counter since its last report is added to its model's energy, and its carbon at the
+        grid intensity in force now."""
+        from greenctl.executor.metrics import CARBON_TOTAL, ENERGY_TOTAL, carbon_g
+
+        replica = str(doc["replica"])
+        now = self._clock()
+        self.seen[replica] = now
+        if doc.get("joules") is None:
+            self.silent[replica] = f"{doc.get('variant')}: {doc.get('why') or 'no energy source'}"
+        else:
+            self.silent.pop(replica, None)
+            model, source = str(doc["model"]), str(doc.get("source") or "unknown")
+            into = (ENERGY_TOTAL, model, source)
+            before = self.energy.totals.get(into, 0.0)
+            self.energy.observe((replica, ENERGY_TOTAL), float(doc["joules"]), into)
+            grown = self.energy.totals[into] - before
+            if self.carbon is not None:
+                key = (CARBON_TOTAL, model, source)
+                grams = carbon_g(grown, self.carbon["carbon_g_per_kwh"], self.carbon["pue"])
+                self.energy.totals[key] = self.energy.totals.get(key, 0.0) + grams
+        gone = now - self.STALE_REPORTS * self.interval_s
+        for r in [r for r, t in self.seen.items() if t < gone]:
+            del self.seen[r]
+            self.silent.pop(r, None)
+        self.energy.keep(lambda series: isinstance(series, tuple) and series[0] in self.seen)
+
+    def metrics_text(self) -> str:
+        """The energy and carbon series of this version, as the local dispatcher exports
+        them (:func:`~greenctl.executor.metrics.model_energy_lines`)."""
+        from greenctl.executor.metrics import model_energy_lines
+
+        lines = model_energy_lines(
+            self.energy.totals, None if self.carbon is None else self.carbon["carbon_g_per_kwh"]
+        )
+        lines += [
+            f"# greenctl: replica {r} counts no energy: {why}"
+            for r, why in sorted(self.silent.items())
+        ]
+        return "\n".join(lines) + "\n"
+
+
+class ReplicaEnergy:
+    """A replica's energy counter (the executors': :func:`greenctl.profiler.energy.
+    serving_counter` and :class:`~greenctl.executor.metrics.EnergyExport`'s power sampler),
+    fed with the replica's busy time and rows served.
+
+    Args:
+        spec: ``model``, ``variant``, ``resource`` and the profile's figures for a modeled
+            source (``busy_w``, ``idle_w``, ``energy_j_per_request``; see
+            :func:`energy_spec`).
+        env: the environment the device is named in (default the process's).
+    """
+
+    def __init__(self, spec: dict[str, Any], *, env: dict[str, str] | None = None) -> None:
+        import os
+
+        from greenctl.executor.metrics import EnergyExport
+        from greenctl.profiler.energy import serving_counter
+
+        self.spec = spec
+        self.busy_s = 0.0
+        self.rows = 0
+        cores = parse_resource(spec["resource"]).cpu_cores or 0
+        counter, notes = serving_counter(
+            spec["resource"],
+            cores=int(cores),
+            env=dict(os.environ) if env is None else env,
+            busy_s=lambda: self.busy_s,
+            requests=lambda: self.rows,
+            busy_w=spec.get("busy_w"),
+            idle_w=spec.get("idle_w"),
+            energy_j_per_request=spec.get("energy_j_per_request"),
+        )
+        self.export = EnergyExport(counter, notes=notes)
+
+    def ran(self, seconds: float, rows: int) -> None:
+        """A batch of ``rows`` ran for ``seconds``."""
+        self.busy_s += max(seconds, 0.0)
+        self.rows += rows
+
+    def report(self, replica: str) -> dict[str, Any]:
+        """What the group sums (:meth:`PlanRoutes.report`); ``joules`` None, with ``why``,
+        when nothing can say."""
+        doc: dict[str, Any] = {
+            "replica": replica,
+            "model": self.spec["model"],
+            "variant": self.spec["variant"],
+            "resource": self.spec["resource"],
+        }
+        counter = self.export.counter
+        if counter is None:
+            return {**doc, "joules": None, "why": "; ".join(self.export.notes)}
+        self.export.sample()
+        return {
+            **doc,
+            "source": str(counter.source),
+            "joules": float(counter.joules()),
+            "power_w": self.export.power_w,
+        }
+
+
+def energy_spec(store: Store, plan: Plan, dep: Deployment) -> dict[str, Any]:
+    """A deployment's :class:`ReplicaEnergy` spec: the figures a local executor of it gets
+    (:func:`greenctl.data.emissions.executor_energy_args`, the one rule)."""
+    from greenctl.data.emissions import executor_energy_args
+
+    args = executor_energy_args(
+        store, plan, variant=dep.variant, resource=dep.resource, batch=dep.batch
+    )
+    flags = dict(zip(args[::2], args[1::2], strict=True))
+    spec: dict[str, Any] = {"model": dep.model, "variant": dep.variant, "resource": dep.resource}
+    for flag, key in (
+        ("--power-w", "busy_w"),
+        ("--idle-power-w", "idle_w"),
+        ("--energy-j-per-request", "energy_j_per_request"),
+    ):
+        if flag in flags:
+            spec[key] = float(flags[flag])
+    return spec
+
+
+# --------------------------------------------------------------------------------------
 # Serve deployments (defined lazily so importing this module never needs Ray)
 
 
@@ -98,9 +401,16 @@ def _serve_classes() -> tuple[Any, Any, Any]:
 
     @serve.deployment
     class Replica:
-        """One planned instance: loads the variant and runs dynamically batched inference."""
+        """One planned instance: loads the variant, runs dynamically batched inference, and
+        reports its energy to its version's group (:class:`ReplicaEnergy`)."""
 
-        def __init__(self, variant: dict[str, Any], batch: int, max_wait_ms: float) -> None:
+        def __init__(
+            self,
+            variant: dict[str, Any],
+            batch: int,
+            max_wait_ms: float,
+            energy: dict[str, Any] | None = None,
+        ) -> None:
             from greenctl.profiler.models import load_model
 
             self.loaded = load_model(Variant(**variant))
@@ -108,6 +418,38 @@ def _serve_classes() -> tuple[Any, Any, Any]:
             self.infer_batch.set_max_batch_size(max(1, batch))  # type: ignore[attr-defined]
             self.infer_batch.set_batch_wait_timeout_s(max_wait_ms / 1000.0)  # type: ignore[attr-defined]
             self.loaded.run(self.loaded.example(1))  # warm-up
+            self.energy = ReplicaEnergy(energy) if energy is not None else None
+            if self.energy is not None:
+                self._report_energy()
+
+        def _report_energy(self) -> None:
+            """Report the energy counter to the group every scrape interval (a thread: its
+            blocking handle calls stay off the replica's event loop)."""
+            import threading
+
+            from greenctl.executor.dispatcher import ENERGY_SCRAPE_S, energy_scrape_s
+            from ray import serve as _serve
+
+            ctx = _serve.get_replica_context()
+            replica = str(getattr(ctx, "replica_id", None) or getattr(ctx, "replica_tag", ""))
+            interval = energy_scrape_s() or ENERGY_SCRAPE_S  # (0 turns the dispatcher's off)
+            energy = self.energy
+            assert energy is not None
+
+            def loop() -> None:
+                group = None
+                while True:
+                    time.sleep(interval)
+                    try:  # the group may not be deployed yet, or be restarting
+                        if group is None:
+                            group = _serve.get_app_handle(ctx.app_name)
+                        group.report.remote(energy.report(replica)).result(
+                            timeout_s=max(5 * interval, 5.0)
+                        )
+                    except Exception:
+                        group = None
+
+            threading.Thread(target=loop, name="greenctl-energy", daemon=True).start()
 
         @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.002)
         async def infer_batch(self, inputs: list[Any]) -> list[Any]:
@@ -116,7 +458,10 @@ def _serve_classes() -> tuple[Any, Any, Any]:
 
             counts = [len(x) for x in inputs]
             x = torch.from_numpy(np.concatenate(inputs).astype(np.float32))
+            t0 = time.perf_counter()
             out = self.loaded.run(x).cpu().numpy()
+            if self.energy is not None:
+                self.energy.ran(time.perf_counter() - t0, sum(counts))
             parts, start = [], 0
             for n in counts:
                 parts.append(out[start : start + n])
@@ -131,53 +476,63 @@ def _serve_classes() -> tuple[Any, Any, Any]:
 
     @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
     class Group:
-        """Routes one plan version's requests by model name with the plan's policy."""
+        """One plan version's routing (:class:`PlanRoutes`): by model with the plan's policy,
+        model-less requests by their requirements; and its replicas' energy sums."""
 
         def __init__(
-            self, routes: dict[str, list[dict[str, Any]]], policy: str, *handles: Any
+            self,
+            routes: dict[str, list[dict[str, Any]]],
+            policy: str,
+            config: dict[str, Any],
+            *handles: Any,
         ) -> None:
-            from greenctl.planner.core.policy import SmoothWRR
+            from greenctl.executor.dispatcher import ENERGY_SCRAPE_S, energy_scrape_s
 
-            self.policy = policy
-            self.routes: dict[str, list[dict[str, Any]]] = {}
-            self.wrr: dict[str, SmoothWRR] = {}
-            for model, entries in routes.items():
-                self.routes[model] = [
-                    {**e, "handle": handles[e["handle_index"]], "inflight": 0} for e in entries
-                ]
-                # a zero quota counts as one, as in the local dispatcher
-                self.wrr[model] = SmoothWRR([float(e["weight"] or 1.0) for e in entries])
+            self.table = PlanRoutes(
+                routes,
+                policy,
+                prefer=config.get("prefer"),
+                carbon=config.get("carbon"),
+                interval_s=energy_scrape_s() or ENERGY_SCRAPE_S,
+            )
+            self.handles = handles
 
         def models(self) -> dict[str, Any]:
-            return {
-                m: [
-                    {
-                        "variant": e["variant"],
-                        "weight": e["weight"],
-                        "input_shape": e["input_shape"],
-                    }
-                    for e in es
-                ]
-                for m, es in self.routes.items()
-            }
+            return self.table.models()
 
-        def _pick(self, model: str) -> dict[str, Any]:
-            entries = self.routes[model]
-            if self.policy == "wrr":  # smooth weighted round robin by quota (InfAdapter)
-                return entries[self.wrr[model].pick() or 0]
-            # fifo / batch: the entry with the fewest requests in flight per replica
-            return min(entries, key=lambda e: e["inflight"] / max(e["replicas"], 1))
+        def configure(self, doc: dict[str, Any]) -> bool:
+            return self.table.configure(doc)
+
+        def report(self, doc: dict[str, Any]) -> None:
+            self.table.report(doc)
+
+        def metrics(self) -> str:
+            return self.table.metrics_text()
+
+        async def route(
+            self, model: str, rows: Any, variant: str | None = None, req: Any = None
+        ) -> tuple[int, str | None, Any]:
+            """``(200, variant, outputs)``, or ``(status, None, error document)``."""
+            from greenctl.executor.dispatcher import NoVariant
+
+            try:
+                entry = self.table.pick(model, variant, req)
+            except KeyError:
+                return 404, None, {"error": f"unknown model '{variant or model}'"}
+            except NoVariant as none:
+                return 422, None, none.doc()
+            entry.take()
+            try:
+                served, out = await self.handles[entry.index].infer.remote(rows)
+            finally:
+                entry.give()
+            return 200, served, out
 
         async def infer(self, model: str, rows: Any) -> tuple[str, Any]:
-            if model not in self.routes:
+            code, variant, out = await self.route(model, rows)
+            if code != 200:
                 raise KeyError(model)
-            entry = self._pick(model)
-            entry["inflight"] += 1
-            try:
-                result = await entry["handle"].infer.remote(rows)
-            finally:
-                entry["inflight"] -= 1
-            return result  # type: ignore[no-any-return]
+            return variant or "", out
 
     @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
     class Router:
@@ -186,12 +541,16 @@ def _serve_classes() -> tuple[Any, Any, Any]:
         def __init__(self) -> None:
             self.app: str | None = None
             self.models: dict[str, Any] = {}
+            self.variant_of: dict[str, str] = {}  # a variant's name -> its model
 
         async def switch(self, app: str) -> dict[str, Any]:
             from ray import serve as _serve
 
             handle = _serve.get_app_handle(app)
             self.models = await handle.models.remote()
+            self.variant_of = {
+                e["variant"]: m for m, es in self.models.items() for e in es if e["variant"] != m
+            }
             self.app = app
             return self.models
 
@@ -211,8 +570,15 @@ def _serve_classes() -> tuple[Any, Any, Any]:
                 )
             if path == "/v2":
                 return JSONResponse({"name": "greenctl", "version": "1", "extensions": []})
+            if path == "/metrics" and request.method == "GET":
+                return await self._metrics()
             if len(parts) >= 4 and parts[1] == "v2" and parts[2] == "models":
                 model = parts[3]
+                if model in self.variant_of and len(parts) == 5 and parts[4] == "ready":
+                    return JSONResponse({"name": model, "ready": True})
+                named = model in self.variant_of and len(parts) == 5 and parts[4] == "infer"
+                if named and request.method == "POST":  # a variant's own name: it alone
+                    return await self._infer(self.variant_of[model], request, variant=model)
                 if model not in self.models:
                     return JSONResponse({"error": f"unknown model '{model}'"}, status_code=404)
                 if len(parts) == 4 and request.method == "GET":
@@ -238,23 +604,54 @@ def _serve_classes() -> tuple[Any, Any, Any]:
                     return await self._infer(model, request)
             return JSONResponse({"error": f"no route {request.method} {path}"}, status_code=404)
 
-        async def _infer(self, model: str, request: Any) -> Any:
+        async def _metrics(self) -> Any:
+            """The active version's energy and carbon series (:class:`PlanRoutes`)."""
+            from ray import serve as _serve
+            from starlette.responses import Response
+
+            text = "# greenctl: no plan version is active\n"
+            if self.app is not None:
+                text = await _serve.get_app_handle(self.app).metrics.remote()
+            return Response(text, media_type="text/plain; version=0.0.4")
+
+        async def _infer(self, model: str, request: Any, *, variant: str | None = None) -> Any:
+            import json
+
             from greenctl.data.errors import InputError as _InputError
+            from greenctl.executor.dispatcher import VARIANT_HEADER, requirements_of
             from greenctl.executor.oip import HEADER_LENGTH, decode_request, encode_response
             from ray import serve as _serve
             from starlette.responses import JSONResponse, Response
 
             header = request.headers.get(HEADER_LENGTH)
+            raw = await request.body()
             try:
-                doc, tensors = decode_request(await request.body(), int(header) if header else None)
+                req = requirements_of(raw, header)  # as the local dispatcher reads them
+            except _InputError as exc:
+                return JSONResponse({"error": exc.message}, status_code=400)
+            try:
+                doc, tensors = decode_request(raw, int(header) if header else None)
             except (_InputError, ValueError) as exc:
                 return JSONResponse({"error": f"bad inference request: {exc}"}, status_code=400)
             assert self.app is not None
             rows = tensors[0][1].astype("float32")
-            variant, out = await _serve.get_app_handle(self.app).infer.remote(model, rows)
-            body, headers = encode_response(
-                model, [("output0", out)], request=doc, model_version=variant
+            code, served, out = await _serve.get_app_handle(self.app).route.remote(
+                model, rows, variant, req
             )
+            if code != 200:
+                return JSONResponse(out, status_code=code)
+            body, headers = encode_response(
+                variant or model, [("output0", out)], request=doc, model_version=served
+            )
+            if req is not None or variant is not None:  # say which variant served it
+                n = int(headers.get(HEADER_LENGTH) or len(body))
+                head = json.loads(body[:n])
+                head["parameters"] = {"variant": served}
+                new = json.dumps(head, separators=(",", ":")).encode()
+                body = new + body[n:]
+                if HEADER_LENGTH in headers:
+                    headers[HEADER_LENGTH] = str(len(new))
+            headers[VARIANT_HEADER] = str(served)
             return Response(body, headers=headers)
 
     return Replica, Group, Router
@@ -486,7 +883,6 @@ def apply_ray(
     ray = _connect(address)
     from ray import serve
 
-    _check_cluster(ray, plan)
     previous = _active_app(serve)  # (serve.status() reads; it starts nothing)
     if previous == app:
         result.changed = False
@@ -501,35 +897,57 @@ def apply_ray(
                     options={"http_port": http_port},
                 )
         return result
+    order = None if previous is None else _same_replicas(store, previous, plan)
+    if order is not None:  # the very replicas of the version serving: its routes only
+        assert previous is not None
+        result.app = previous
+        result.actions = [
+            f"re-apply the routes of {previous} (the same replicas): quotas, policy {policy}, "
+            f"offers and grid intensity"
+        ]
+        if dry_run:
+            return result
+        variants = _variants(store, plan)
+        doc = {
+            "routes": _plan_routes(store, plan, variants, max_wait_ms=max_wait_ms, order=order),
+            "policy": policy,
+            **_plan_config(plan),
+        }
+        try:
+            result.changed = bool(
+                serve.get_app_handle(previous).configure.remote(doc).result(timeout_s=timeout_s)
+            )
+        except Exception as exc:
+            raise ExecutorError(
+                f"re-applying the routes of {previous} on Ray failed: {exc}",
+                hint="it keeps serving with its routes as they were",
+            ) from None
+        _record(store, plan, address=address, app=previous, url=url, http_port=http_port)
+        result.elapsed_s = time.perf_counter() - t0
+        return result
+    _check_cluster(ray, plan)
     if dry_run:  # a dry run leaves the cluster as it was: Serve is not started
         return result
     serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     replica_cls, group_cls, router_cls = _serve_classes()
     variants = _variants(store, plan)
     handles: list[Any] = []
-    routes: dict[str, list[dict[str, Any]]] = {}
-    for i, dep in enumerate(plan.deployments):
+    for dep in plan.deployments:
         handles.append(
             replica_cls.options(
                 name=deployment_name(dep),
                 num_replicas=dep.count,
                 ray_actor_options=actor_options(dep.resource),
-            ).bind(variants[dep.variant], dep.batch, max_wait_ms)
+            ).bind(variants[dep.variant], dep.batch, max_wait_ms, energy_spec(store, plan, dep))
         )
-        routes.setdefault(dep.model, []).append(
-            {
-                "handle_index": i,
-                "variant": dep.variant,
-                "input_shape": [
-                    int(x) for x in str(variants[dep.variant]["input_shape"] or "").split(",") if x
-                ],
-                "replicas": dep.count,
-                "weight": float(dep.quota_rps if dep.quota_rps is not None else dep.count),
-            }
-        )
+    routes = _plan_routes(store, plan, variants, max_wait_ms=max_wait_ms)
+    config = _plan_config(plan)
     try:
         serve.run(
-            group_cls.bind(routes, policy, *handles), name=app, route_prefix=None, blocking=False
+            group_cls.bind(routes, policy, config, *handles),
+            name=app,
+            route_prefix=None,
+            blocking=False,
         )
         _wait_running(serve, app, timeout_s=timeout_s)
     except Exception as exc:
@@ -553,6 +971,77 @@ def apply_ray(
     _record(store, plan, address=address, app=app, url=url, http_port=http_port)
     result.elapsed_s = time.perf_counter() - t0
     return result
+
+
+def _plan_routes(
+    store: Store,
+    plan: Plan,
+    variants: dict[str, dict[str, Any]],
+    *,
+    max_wait_ms: float,
+    order: list[int] | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """The group's routes of ``plan`` (:class:`PlanRoutes`): per model, each deployment's
+    handle index (its position in the plan, or in ``order``: the version it is applied to),
+    quota and model-less offer (:func:`greenctl.executor.offers.instance_offers`, without a
+    serving path: the Ray path is not measured)."""
+    from greenctl.executor.offers import instance_offers
+
+    keys = {(d.variant, d.resource, d.batch) for d in plan.deployments}
+    offers = instance_offers(store, plan, keys, max_wait_ms=max_wait_ms, serving_path=None)
+    routes: dict[str, list[dict[str, Any]]] = {}
+    for i, dep in enumerate(plan.deployments):
+        routes.setdefault(dep.model, []).append(
+            {
+                "handle_index": i if order is None else order[i],
+                "variant": dep.variant,
+                "resource": dep.resource,
+                "input_shape": [
+                    int(x) for x in str(variants[dep.variant]["input_shape"] or "").split(",") if x
+                ],
+                "replicas": dep.count,
+                "weight": float(dep.quota_rps if dep.quota_rps is not None else dep.count),
+                "offer": offers[(dep.variant, dep.resource, dep.batch)].to_dict(),
+            }
+        )
+    return routes
+
+
+def _plan_config(plan: Plan) -> dict[str, Any]:
+    """What model-less requests prefer (the plan's objective) and the grid intensity its
+    carbon is counted with (:func:`greenctl.data.emissions.routes_carbon`, as the local
+    dispatcher's table carries it)."""
+    from greenctl.data.emissions import routes_carbon
+
+    prefer = "carbon" if get_kind(plan.kind).carbon_aware(plan) else "cost"
+    return {"prefer": prefer, "carbon": routes_carbon(plan)}
+
+
+def _same_replicas(store: Store, app: str, plan: Plan) -> list[int] | None:
+    """When ``plan`` runs the very replicas of ``app`` (the version serving, as the store
+    records it: same models, variants, resources, batches and counts), each of its
+    deployments' position in that version's plan; else None."""
+    row = deployments.active_ray_app(store)
+    if row is None or row["app"] != app or row["plan_id"] is None:
+        return None
+    try:
+        running = store.get_plan(int(row["plan_id"]))
+    except GreenctlError:
+        return None
+
+    def key(d: Deployment) -> tuple[str, str, str, int, int]:
+        return (d.model, d.variant, d.resource, d.batch, d.count)
+
+    free: dict[tuple[str, str, str, int, int], list[int]] = {}
+    for i, d in enumerate(running.deployments):
+        free.setdefault(key(d), []).append(i)
+    order = []
+    for d in plan.deployments:
+        slots = free.get(key(d))
+        if not slots:
+            return None
+        order.append(slots.pop(0))
+    return order if not any(free.values()) else None
 
 
 def _wait_running(serve: Any, app: str, *, timeout_s: float) -> None:

@@ -16,8 +16,12 @@ progress counted whole) and then rides in a run of ``ahead % batch + 1`` rows (a
 :data:`SLO_QUANTILE` quantile), plus the executor's batching wait when it batches. It is
 computed once per (variant, resource, batch) as a small table (:class:`QueueLatency`), so a
 request's prediction is one division and one look-up. The prediction uses the profile's
-back-to-back service times; the serving path's overhead (``greenctl profile serving``) is not
-added.
+back-to-back service times. When the serving path was measured (``greenctl profile serving``),
+its overhead (client, dispatcher and executor hops) is in the table too: each row's quantile
+is that of the run plus the path, convolved by the evaluation core as ``predict`` adds it
+(:func:`~greenctl.planner.core.queueing.with_overhead`), so a request whose SLO the model
+alone would meet but the served request would not goes elsewhere. The per-request cost is
+the same look-up.
 
 Pure: no store, no network. ``greenctl apply`` builds the offers
 (:mod:`greenctl.executor.offers`) and the dispatcher applies :func:`choose` per request.
@@ -46,34 +50,68 @@ REQUIREMENT_KEYS = ("latency_slo_ms", "min_accuracy")
 @dataclass(frozen=True)
 class QueueLatency:
     """Predicted latency (ms) of a request sent to an instance holding ``ahead`` requests:
-    ``(ahead // rows) * per_run_ms + own_ms[ahead % rows]`` (module docstring)."""
+    ``(ahead // rows) * per_run_ms + own_ms[ahead % rows]`` (module docstring).
+
+    ``path_ms`` says how much of ``own_ms[0]`` is the measured serving path's overhead (0:
+    none measured, the model's latency alone); it is already in ``own_ms``.
+    """
 
     own_ms: tuple[float, ...]
     per_run_ms: float
+    path_ms: float = 0.0
 
     def at(self, ahead: int) -> float:
         k, r = divmod(max(ahead, 0), len(self.own_ms))
         return k * self.per_run_ms + self.own_ms[r]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"own_ms": list(self.own_ms), "per_run_ms": self.per_run_ms}
+        doc: dict[str, Any] = {"own_ms": list(self.own_ms), "per_run_ms": self.per_run_ms}
+        if self.path_ms:
+            doc["path_ms"] = self.path_ms
+        return doc
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> QueueLatency:
         """Raises ValueError for a malformed table (the dispatcher's admin answers 400)."""
         own = tuple(float(x) for x in doc["own_ms"])
         per = float(doc["per_run_ms"])
-        if not own or not all(math.isfinite(x) and x >= 0 for x in (*own, per)):
+        path = float(doc.get("path_ms") or 0.0)
+        if not own or not all(math.isfinite(x) and x >= 0 for x in (*own, per, path)):
             raise ValueError(f"bad latency table {dict(doc)!r}")
-        return cls(own, per)
+        return cls(own, per, path)
 
 
-def queue_latency(service: BatchService, *, q: float = SLO_QUANTILE) -> QueueLatency:
-    """The :class:`QueueLatency` of an instance with the service model ``service``."""
+def queue_latency(
+    service: BatchService,
+    *,
+    q: float = SLO_QUANTILE,
+    overhead_ms: Sequence[float] | None = None,
+) -> QueueLatency:
+    """The :class:`QueueLatency` of an instance with the service model ``service``.
+
+    Args:
+        service: the instance's service model.
+        q: the quantile each row is predicted at.
+        overhead_ms: the measured serving path's overhead samples
+            (:attr:`~greenctl.planner.core.evaluate.ServingPath.overhead_ms`): each row is
+            then the ``q`` quantile of its run plus the overhead, as ``predict`` adds it
+            (:func:`~greenctl.planner.core.queueing.with_overhead`); None or empty: the
+            model's latency alone.
+    """
     rows = service.batch
     wait = service.batching.max_wait_ms if rows > 1 else 0.0
-    own = tuple(service.at(r + 1).quantile(q) + wait for r in range(rows))
-    return QueueLatency(own, service.full.mean_ms)
+    runs = [service.at(r + 1) for r in range(rows)]
+    own = tuple(run.quantile(q) + wait for run in runs)
+    if overhead_ms is None or len(overhead_ms) == 0:
+        return QueueLatency(own, service.full.mean_ms)
+    from greenctl.planner.core.queueing import mgc_model, with_overhead
+
+    served = []
+    for run in runs:
+        alone = mgc_model(0.0, [run])  # the run by itself: no queue ahead of it
+        assert alone is not None  # (no load cannot overload it)
+        served.append(with_overhead(alone, overhead_ms).quantile(q) + wait)
+    return QueueLatency(tuple(served), service.full.mean_ms, max(served[0] - own[0], 0.0))
 
 
 @dataclass(frozen=True)

@@ -166,3 +166,87 @@ def test_cli_writes_manifests(cli, tmp_path):
         assert (out / res).is_file()
     bad = cli("export", "k8s", str(tmp_path / "missing.json"), "-o", str(out))
     assert bad.exit_code == 2
+
+
+# -- energy and carbon (issue 19) ---------------------------------------------------------------
+def test_pods_expose_the_energy_series_and_carry_the_grid_intensity():
+    """Every pod is scraped by Prometheus's kubernetes-pods job; executors count carbon at
+    the plan's intensity and PUE; the dispatcher exports the intensity and leaves the summing
+    to Prometheus."""
+    from greenctl.executor.daemon import build_parser
+    from greenctl.executor.dispatcher import Dispatcher
+
+    plan = mix_plan()
+    plan.request.update(carbon_intensity=250.0, pue=1.2)
+    export = build_k8s_export(plan)
+    docs = [d for docs in export.files.values() for d in docs if d["kind"] != "Kustomization"]
+    for doc in docs:
+        _validate(doc)
+    pods = {d["metadata"]["name"]: d["spec"]["template"] for d in docs if d["kind"] == "Deployment"}
+    assert len(pods) == 4
+    for template in pods.values():
+        notes = template["metadata"]["annotations"]
+        assert notes == {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": "8080",
+            "prometheus.io/path": "/metrics",
+        }
+        port = template["spec"]["containers"][0]["ports"][0]["containerPort"]
+        assert str(port) == notes["prometheus.io/port"]
+    r18 = pods["greenctl-plan-7-resnet18-cpu-4"]["spec"]["containers"][0]["command"]
+    args = build_parser().parse_args(r18[3:])  # the executor takes its command line
+    assert (args.carbon_intensity, args.pue) == (250.0, 1.2)
+    dispatcher = pods["greenctl-plan-7-dispatcher"]["spec"]["containers"][0]
+    assert {"name": "GREENCTL_ENERGY_SCRAPE_S", "value": "0"} in dispatcher["env"]
+    routes = json.loads(export.files["dispatcher.yaml"][0]["data"]["routes.json"])
+    assert routes["carbon"] == {"carbon_g_per_kwh": 250.0, "pue": 1.2}
+    disp = Dispatcher(token="t", db=None, max_queue=8, state_dir=Path("."))
+    disp.set_routes(routes)  # the dispatcher takes the table, and exports its intensity
+    assert disp.carbon == routes["carbon"]
+    # without an intensity: no carbon options, no carbon in the table
+    bare = build_k8s_export(mix_plan())
+    cmd = bare.files["greenctl-plan-7-resnet18-cpu-4.yaml"][0]["spec"]["template"]["spec"][
+        "containers"
+    ][0]["command"]
+    assert "--carbon-intensity" not in cmd
+    assert "carbon" not in json.loads(bare.files["dispatcher.yaml"][0]["data"]["routes.json"])
+
+
+def test_cli_gives_executors_the_profiles_energy_figures(cli, store, tmp_path):
+    """A modeled executor in the cluster counts from the same figures a local one does."""
+    from greenctl.data.records import Profile, Variant
+
+    store.upsert_variant(Variant("resnet18", "resnet", accuracy=0.7))
+    store.add_profiles(
+        [Profile("resnet18", "cpu:4", 1, 80.0, latency_p50_ms=12.0, power_w=40.0,
+                 idle_power_w=15.0, energy_j=0.5, source="imported")]
+    )  # fmt: skip
+    plan = mix_plan()
+    plan.request["carbon_intensity"] = 310.0
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    out = tmp_path / "k8s"
+    result = cli("export", "k8s", str(path), "-o", str(out))
+    assert result.exit_code == 0, result.output
+    (deployment, _) = yaml.safe_load_all((out / "greenctl-plan-7-resnet18-cpu-4.yaml").read_text())
+    cmd = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    flags = dict(zip(cmd[3::2], cmd[4::2], strict=False))
+    assert flags["--carbon-intensity"] == "310" and flags["--pue"] == "1"
+    assert float(flags["--power-w"]) == 40.0 and float(flags["--idle-power-w"]) == 15.0
+    assert float(flags["--energy-j-per-request"]) == 0.5
+    (other, _) = yaml.safe_load_all((out / "greenctl-plan-7-bert-base-mps-40.yaml").read_text())
+    assert "--power-w" not in other["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+def test_dispatcher_energy_reads_can_be_turned_off(monkeypatch):
+    import asyncio
+
+    from greenctl.executor.dispatcher import Dispatcher, energy_scrape_s
+
+    monkeypatch.setenv("GREENCTL_ENERGY_SCRAPE_S", "0")
+    assert energy_scrape_s() == 0.0
+    disp = Dispatcher(token="t", db=None, max_queue=8, state_dir=Path("."))
+    asyncio.run(asyncio.wait_for(disp.energy_loop(), 1.0))  # returns at once: no reads
+    for text, value in (("-1", 2.0), ("x", 2.0), ("0.5", 0.5)):
+        monkeypatch.setenv("GREENCTL_ENERGY_SCRAPE_S", text)
+        assert energy_scrape_s() == value

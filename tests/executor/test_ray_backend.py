@@ -8,7 +8,9 @@ import os
 import shutil
 import socket
 import subprocess
+import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 from greenctl.data.errors import ExecutorError, InputError
@@ -384,3 +386,98 @@ def test_parse_address_fuzz(text):
         assert exc.exit_code == 2 and "is not a Ray cluster address" in exc.message
         return
     assert host and 0 < port < 65536 and text.strip().endswith(f":{port}")
+
+
+# -- issue 19 on Ray: model-less requests, energy and carbon series ---------------------------
+def _post(url: str, name: str, parameters: dict | None = None) -> tuple[int, dict, Any]:
+    """(status, answer, headers: case-insensitive, as uvicorn sends them lowercase)."""
+    body: dict = {"inputs": [{"name": "input0", "shape": [1, 3, 32, 32], "datatype": "FP32",
+                              "data": [0.5] * 3072}]}  # fmt: skip
+    if parameters is not None:
+        body["parameters"] = parameters
+    req = urllib.request.Request(
+        f"{url}/v2/models/{name}/infer",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read()), resp.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read()), exc.headers
+
+
+def _ray_metrics(url: str) -> dict[str, float]:
+    from greenctl.executor.metrics import parse_prometheus
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+        return parse_prometheus(resp.read().decode())
+
+
+@pytest.mark.slow
+def test_model_less_requests_and_energy_series_on_ray(cluster, store, http_port):
+    """The router picks a variant for a request's requirements as the local dispatcher does,
+    exports each model's energy and carbon, and a plan of the very replicas at a new grid
+    intensity is applied in place: the counters go on, at the new intensity."""
+    import time
+
+    from greenctl.data.records import Profile
+    from greenctl.executor.metrics import CARBON_TOTAL, ENERGY_TOTAL, GRID_INTENSITY
+    from greenctl.profiler.models import builtin_variant
+
+    for name, lat, energy in (("tiny-s", 1.0, 0.05), ("tiny-l", 6.0, 0.5)):
+        store.upsert_variant(builtin_variant(name))
+        store.add_profiles(
+            [Profile(name, "cpu:1", 1, 1000.0 / lat, latency_p50_ms=lat,
+                     latency_p95_ms=1.5 * lat, latency_p99_ms=2 * lat, power_w=10.0,
+                     idle_power_w=5.0, energy_j=energy, cost_per_hour=0.1, source="imported")]
+        )  # fmt: skip
+
+    def at(intensity: float) -> Plan:
+        p = Plan(kind="mix", request={"carbon_intensity": intensity, "policy": "wrr"},
+                 deployments=[Deployment("tiny", "tiny-s", "cpu:1", 1, 1, 10.0),
+                              Deployment("tiny", "tiny-l", "cpu:1", 1, 1, 10.0)])  # fmt: skip
+        store.save_plan(p)
+        return p
+
+    first = apply_ray(at(400.0), store=store, address=cluster, http_port=http_port, timeout_s=180)
+    url = first.url
+    try:
+        code, doc, headers = _post(url, "tiny", {"latency_slo_ms": 1000})
+        assert code == 200 and doc["parameters"]["variant"] == "tiny-s", doc  # the greenest
+        assert headers["Greenctl-Variant"] == "tiny-s"
+        code, doc, _ = _post(url, "tiny", {"min_accuracy": 0.75})
+        assert code == 200 and doc["parameters"]["variant"] == "tiny-l"
+        assert doc["outputs"][0]["shape"][0] == 1
+        code, doc, _ = _post(url, "tiny", {"min_accuracy": 0.95})
+        assert code == 422 and doc["closest"]["variant"] == "tiny-l", doc
+        code, doc, _ = _post(url, "tiny", {"max_latency_ms": 3})
+        assert code == 400 and "max_latency_ms" in doc["error"]
+        code, doc, headers = _post(url, "tiny-l")  # a variant's own name
+        assert code == 200 and headers["Greenctl-Variant"] == "tiny-l"
+        assert doc["model_name"] == "tiny-l"
+
+        energy = [f'{ENERGY_TOTAL}{{model="tiny",source="{s}"}}' for s in ("modeled", "rapl")]
+        deadline = time.monotonic() + 60
+        flat: dict[str, float] = {}
+        while time.monotonic() < deadline:
+            flat = _ray_metrics(url)
+            if any(flat.get(k, 0) > 0 for k in energy):
+                break
+            time.sleep(1)
+        key = next(k for k in energy if flat.get(k, 0) > 0)
+        assert flat[GRID_INTENSITY] == 400.0
+        assert flat[key.replace(ENERGY_TOTAL, CARBON_TOTAL)] > 0
+
+        # the same replicas at 100 g/kWh (a replan that keeps the plan): in place
+        second = apply_ray(at(100.0), store=store, address=cluster, http_port=http_port)
+        assert second.app == first.app and "re-apply the routes" in second.actions[0]
+        assert status_ray(store=store)["plan_id"] == second.plan_id
+        later = _ray_metrics(url)
+        assert later[GRID_INTENSITY] == 100.0
+        assert later[key] >= flat[key]  # no new version: the sums go on
+        assert _post(url, "tiny", {"min_accuracy": 0.75})[0] == 200
+    finally:
+        from greenctl.executor.ray_backend import down_ray
+
+        down_ray(store=store, address=cluster)
