@@ -10,9 +10,32 @@ Run: ``python bench/bench_replay.py [--quick] [--forecaster last]``.
 (b) InfAdapter vs VPA on the same day: greenctl's replan loop with InfAdapter's objective
     (accuracy - 0.05 x cost - 0.001 x loading, no carbon term; ``--min-dwell 0``) against the
     Kubernetes VPA with one variant each (ResNet18, ResNet50, ResNet152), and beside BASE,
-    CO2OPT and INFaaS-style greedy reactive scaling, SLO violations and cost side by side
-    with the paper's claim (up to 65 % fewer SLO violations, 33 % lower cost). Every figure is modeled: InfAdapter's measured capacities (third-party), the
+    CO2OPT, INFaaS-style greedy reactive scaling and InfAdapter's own loop (``infadapter``:
+    its LSTM, fitted on the trace's first day, and the exact mix every minute; columns "IA
+    fewer" / "IA lower" against each VPA), SLO violations and cost side by side with the
+    paper's claim (up to 65 % fewer SLO violations, 33 % lower cost). Every figure is modeled: InfAdapter's measured capacities (third-party), the
     analytic queueing model, assumed prices (0.04 USD per core-hour).
+(c) glet: one day of the Twitter trace (its second day) x 10 (so that the load spans one to
+    several GPUs), split over three models as 4 : 3 : 2 (resnet50 25 ms, vgg16 30 ms,
+    inception 40 ms SLOs), the gpulet reference MPS profiles (third-party), replanned at
+    one-minute intervals through replan's glet decision with its defaults (--min-dwell 1h)
+    and every minute, against the glet plan sized for each model's peak (BASE): wall time,
+    GPU-hours, SLO violations. Energy rests on an ASSUMED GPU power (the profiles hold none).
+(d) geo: one day of the eGLB traces (10 sites, partial routes, its second day) with eGLB's
+    online step each hour, against the offline optimum of the day and the nearest site; and
+    the whole 457-hour horizon. Wall time, carbon, cost, the largest site's carbon.
+(e) Speed, before and after, and where a replanning round's time goes (``--only
+    speed-fixes``): case (a)'s day replanned every minute and with replan's defaults,
+    (1) before: every HiGHS problem solved afresh (the solver memo bypassed); (2) after:
+    under the exact solver memo replay runs in (``planner.core.solvers.solve_memo``); and,
+    as DEMONSTRATIONS by monkeypatch of code this bench does not own (not in the product):
+    (3) without the hand-made MIR rows of ``planner/mix/model.py`` (``MIR_CUTS``); (4) with
+    a plan memo in ``executor/control.py``'s ``_replan_kind`` keyed by the rewritten request
+    and the running plan's variants (the one thing of the running plan a mix problem reads);
+    (5) both; (6) (5) and HiGHS options for these small ILPs (:data:`SMALL_MIP`, for
+    ``solve_highs`` in ``planner/mix/model.py``). Per row: wall and CPU seconds, the seconds
+    in HiGHS, in building the mix problem, in building the ILP and in the accounting, HiGHS
+    runs (solved / answered from the memo), and whether greenctl's figures equal row (1)'s.
 """
 
 from __future__ import annotations
@@ -28,6 +51,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 TWITTER = HERE.parent.parent / "shared" / "reference" / "twitter" / "requests_per_second.txt.gz"
+GPULET = HERE.parent.parent / "shared" / "reference" / "gpulet" / "data"
 PAPER = {"violations_fewer_pct": 65.0, "cost_lower_pct": 33.0}
 REQUEST = {
     "model": "resnet",
@@ -95,27 +119,32 @@ def infadapter_vs_vpa(store: Any, hours: float, forecaster: str) -> None:
     t = time.perf_counter()
     out = replay(
         store, load_trace=str(TWITTER), request=request, start="24h", hours=hours, every=60,
-        min_dwell_s=0.0, forecaster=forecaster, baselines=("base", "co2opt", "vpa", "infaas"),
+        min_dwell_s=0.0, forecaster=forecaster,
+        baselines=("base", "co2opt", "vpa", "infaas", "infadapter"),
         vpa_variant=("resnet18", "resnet50", "resnet152"),
     )  # fmt: skip
     wall = time.perf_counter() - t
     rows = {s["policy"]: s for s in out["summary"]}
     g = rows["greenctl"]
-    print(f"    greenctl loop: forecaster {forecaster}, {out['meta']['replan']['solves']} solves, "
-          f"{wall:.1f} s; {_load()}")  # fmt: skip
+    ia = rows.get("infadapter")
+    print(f"    greenctl loop: forecaster {out['meta']['forecaster']}, "
+          f"{out['meta']['replan']['solves']} solves, {wall:.1f} s; {_load()}")  # fmt: skip
     print(f"    {'policy':16} {'SLO viol. %':>11} {'accuracy':>9} {'cost USD':>9} "
-          f"{'changes':>8} {'viol. fewer':>12} {'cost lower':>11}")  # fmt: skip
+          f"{'changes':>8} {'viol. fewer':>12} {'cost lower':>11} {'IA fewer':>9} "
+          f"{'IA lower':>9}")  # fmt: skip
+
+    def vs(a: dict[str, Any] | None, b: dict[str, Any], key: str) -> str:
+        return "" if a is None or b[key] <= 0 else f"{100 * (1 - a[key] / b[key]):.0f} %"
+
     for name, s in rows.items():
-        fewer = lower = ""
-        if name.startswith("vpa"):
-            if s["violations"] > 0:
-                fewer = f"{100 * (1 - g['violations'] / s['violations']):.0f} %"
-            if s["cost_usd"] > 0:
-                lower = f"{100 * (1 - g['cost_usd'] / s['cost_usd']):.0f} %"
+        cols = ["", "", "", ""]
+        if name.startswith("vpa"):  # greenctl, then InfAdapter's own loop, against this VPA
+            cols = [vs(g, s, "violations"), vs(g, s, "cost_usd"), vs(ia, s, "violations"),
+                    vs(ia, s, "cost_usd")]  # fmt: skip
         acc = "-" if s["accuracy"] is None else f"{s['accuracy']:.4f}"
         print(
             f"    {name:16} {s['violation_pct']:11.2f} {acc:>9} {s['cost_usd']:9.2f} "
-            f"{s['changes']:8d} {fewer:>12} {lower:>11}"
+            f"{s['changes']:8d} {cols[0]:>12} {cols[1]:>11} {cols[2]:>9} {cols[3]:>9}"
         )
     print(
         f"    paper (InfAdapter vs VPA): up to {PAPER['violations_fewer_pct']:g} % fewer SLO "
@@ -127,11 +156,256 @@ def infadapter_vs_vpa(store: Any, hours: float, forecaster: str) -> None:
         print(f"    note: {note}")
 
 
+def _gpulet_store(folder: Path) -> Any:
+    from greenctl.data.gpulet_import import import_gpulet
+    from greenctl.data.store import open_store
+
+    store = open_store(folder / "glet.db")
+    import_gpulet(store, GPULET)
+    return store
+
+
+GLET_MODELS = [
+    {"name": "resnet50", "rate_rps": 4.0, "slo_ms": 25.0},
+    {"name": "vgg16", "rate_rps": 3.0, "slo_ms": 30.0},
+    {"name": "inception", "rate_rps": 2.0, "slo_ms": 40.0},
+]
+
+
+def glet_day(folder: Path, hours: float, forecaster: str) -> None:
+    import numpy as np
+    from greenctl.data.traces import read_rps_trace
+    from greenctl.executor.replay import replay
+
+    store = _gpulet_store(folder)
+    trace = folder / "twitter_x10.txt"
+    rps = read_rps_trace(str(TWITTER))[: int((24 + hours) * 3600)] * 10.0
+    trace.write_text(" ".join(f"{x:g}" for x in np.asarray(rps)) + "\n")
+    print(
+        f"\n(c) glet, {hours:g} h of the Twitter trace x 10 from 24h at 60 s intervals, three "
+        "models (4 : 3 : 2), gpulet reference profiles (MODELED; energy from an ASSUMED GPU power)"
+    )
+    print(f"    {_load()}")
+    print(f"    {'case':34} {'wall s':>7} {'loop s':>7} {'solves':>7} {'memo':>6} {'held':>6} "
+          f"{'evals':>6} "
+          f"{'GPU-h':>7} {'BASE GPU-h':>10} {'viol. %':>8} {'BASE viol. %':>12}")  # fmt: skip
+    from greenctl.planner.core import queueing
+
+    for label, dwell in (("replan defaults (min-dwell 1h)", 3600.0), ("every minute", 0.0)):
+        queueing.dynamic_batch.cache_clear()  # each case from cold: no batching model memoised
+        t = time.perf_counter()
+        out = replay(
+            store, kind="glet", load_trace=str(trace), request={"models": GLET_MODELS},
+            start="24h", hours=hours, every=60, forecaster=forecaster, min_dwell_s=dwell,
+        )  # fmt: skip
+        wall = time.perf_counter() - t
+        s = {x["policy"]: x for x in out["summary"]}
+        r = out["meta"]["replan"]
+        print(
+            f"    {label:34} {wall:7.2f} {out['meta']['wall_greenctl_loop_s']:7.2f} "
+            f"{r['solves']:7d} {r['cached']:6d} {r['dwell_holds']:6d} "
+            f"{out['meta']['evaluations']:6d} {s['greenctl']['gpu_hours']:7.1f} "
+            f"{s['base']['gpu_hours']:10.1f} {s['greenctl']['violation_pct']:8.3f} "
+            f"{s['base']['violation_pct']:12.3f}"
+        )
+    print(f"    {_load()}")
+    store.close()
+
+
+def geo_day(folder: Path, hours: float) -> None:
+    from greenctl.data.eglb_convert import convert_eglb
+    from greenctl.data.store import open_store
+    from greenctl.executor.replay import replay
+
+    store = open_store(folder / "geo.db")
+    files = {k: str(v) for k, v in convert_eglb(None, folder / "eglb", routes="partial").items()}
+    print(
+        "\n(d) geo: eGLB's traces (10 sites, partial routes), eGLB's online step per hour "
+        "(MODELED from the traces)"
+    )
+    print(f"    {_load()}")
+    print(f"    {'case':26} {'policy':9} {'wall s':>7} {'t CO2':>8} {'USD':>9} "
+          f"{'max-site t':>10} {'max/avg':>8} {'objective':>10}")  # fmt: skip
+    for label, start, h in ((f"{hours:g} h from 24h", "24h", hours), ("whole 457 h", None, None)):
+        t = time.perf_counter()
+        out = replay(
+            store, kind="geo", request={**files, "algorithm": "eglb"}, start=start, hours=h,
+            every="1h", baselines=("offline", "nearest"),
+        )  # fmt: skip
+        wall = time.perf_counter() - t
+        for n, s in enumerate(out["summary"]):
+            print(
+                f"    {label if n == 0 else '':26} {s['policy']:9} "
+                f"{f'{wall:.2f}' if n == 0 else '':>7} {s['carbon_g'] / 1e6:8.1f} "
+                f"{s['cost_usd']:9.0f} {s['carbon_kg_max_site'] / 1000:10.2f} "
+                f"{s['carbon_max_over_avg']:8.3f} {s['objective_usd']:10.0f}"
+            )
+    print(f"    {_load()}")
+    store.close()
+
+
+class _RunTimer:
+    """A HiGHS object whose real ``run()`` calls are timed into ``acc``."""
+
+    def __init__(self, h: Any, acc: dict[str, float]) -> None:
+        self._h, self._acc = h, acc
+
+    def run(self) -> Any:
+        t = time.perf_counter()
+        try:
+            return self._h.run()
+        finally:
+            self._acc["highs_s"] += time.perf_counter() - t
+            self._acc["highs_runs"] += 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._h, name)
+
+
+def _timed(fn: Any, acc: dict[str, float], key: str) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc[key] += time.perf_counter() - t
+
+    return wrapper
+
+
+def _plan_memo_replan_kind(orig: Any) -> Any:
+    """DEMONSTRATION (monkeypatch of executor/control.py's ``_replan_kind``): a mix plan is
+    made once per (rewritten request, running plan's variants): the problem reads of the
+    running plan only which variants run (``MixProblem.running_variants``, the loading
+    term); the running plan is still scored in that problem every round."""
+    import json
+
+    memo: dict[tuple[str, frozenset[str]], Any] = {}
+
+    def replan_kind(store: Any, running: Any, *, intensity: Any, rate: Any = None,
+                    forecast: Any = None, rates: Any = None) -> Any:  # fmt: skip
+        from greenctl.executor.kinds import ReplanSignal, get_kind
+
+        if running.kind != "mix":
+            return orig(store, running, intensity=intensity, rate=rate, forecast=forecast,
+                        rates=rates)  # fmt: skip
+        kind = get_kind("mix")
+        rewritten = kind.replan_request(
+            running, ReplanSignal(intensity, rate_rps=rate, forecast=forecast, rates=rates)
+        )
+        asked = {k: v for k, v in rewritten.request.items() if k != "current"}  # replaced
+        key = (
+            json.dumps(asked, sort_keys=True, default=str),
+            frozenset(d.variant for d in running.deployments),
+        )
+        if key not in memo:
+            memo[key] = kind.plan(store, rewritten.request, current=running)
+        new, problem = memo[key]
+        old_obj, note = kind.score(problem, running)
+        return new, old_obj, note, rewritten
+
+    return replan_kind
+
+
+#: DEMONSTRATION: HiGHS options for greenctl's small mix ILPs (~110 columns). On the 165
+#: distinct ILPs of (e)'s every-minute day, without the MIR rows: 23.7 -> 12.9 ms CPU mean
+#: per solve, the same optimum on every one (restarts after root fixing and the feasibility
+#: jump heuristic are fixed costs that do not pay at this size)
+SMALL_MIP = {"mip_allow_restart": False, "mip_heuristic_run_feasibility_jump": False}
+
+
+def speed_fixes(store: Any, hours: float, forecaster: str) -> None:
+    """(e): before/after of the solver memo, and the demonstrated fixes elsewhere."""
+    import contextlib
+
+    from greenctl.executor import control
+    from greenctl.executor import replay as rp
+    from greenctl.executor.replay import replay
+    from greenctl.planner.core import solvers
+    from greenctl.planner.mix import model as mix_model
+    from greenctl.planner.mix import solve as mix_solve
+
+    forecaster = forecaster or "last"  # the forecaster of issue 21's figures (26.6 s, 6.8 s)
+    print(
+        f"\n(e) speed before/after: one mix family, {hours:g} h of the Twitter trace at 60 s "
+        f"intervals, baselines base, co2opt, vpa, forecaster {forecaster}"
+    )
+    variants: list[tuple[str, dict[str, bool]]] = [
+        ("(1) before: no solver memo", {"memo": False}),
+        ("(2) after: exact solver memo (shipped)", {}),
+        ("(3) + DEMO no MIR rows (mix/model.py)", {"mir": False}),
+        ("(4) + DEMO plan memo (control.py)", {"plan_memo": True}),
+        ("(5) + DEMO both (3) and (4)", {"mir": False, "plan_memo": True}),
+        ("(6) + DEMO (5) + small-MIP HiGHS options", {"mir": False, "plan_memo": True,
+                                                      "options": True}),
+    ]  # fmt: skip
+    cases = [("every minute (min-dwell 0, ilp)", 0.0), ("replan defaults (min-dwell 1h)", 3600.0)]
+    keys = ("violations", "cost_usd", "accuracy", "changes", "energy_kwh")
+    for case, dwell in cases:
+        print(f"    {case}; {_load()}")
+        print(f"      {'variant':40} {'wall s':>7} {'cpu s':>6} {'highs s':>8} {'problem s':>9} "
+              f"{'ilp s':>6} {'acct s':>7} {'rounds':>7} {'solved':>7} {'memo':>5}  same")  # fmt: skip
+        ref = None
+        for label, opts in variants:
+            acc = dict.fromkeys(("highs_s", "highs_runs", "problem_s", "ilp_s", "acct_s"), 0.0)
+            with contextlib.ExitStack() as stack:
+
+                def patch(obj: Any, name: str, value: Any) -> None:
+                    old = getattr(obj, name)
+                    setattr(obj, name, value)
+                    stack.callback(setattr, obj, name, old)
+
+                memo_cls = solvers._MemoHighs
+                if opts.get("memo", True):
+                    patch(solvers, "_MemoHighs",
+                          lambda h, m, o, c=memo_cls, a=acc: c(_RunTimer(h, a), m, o))  # fmt: skip
+                else:
+                    patch(solvers, "_MemoHighs", lambda h, m, o, a=acc: _RunTimer(h, a))
+                if opts.get("mir") is False:
+                    patch(mix_model, "MIR_CUTS", False)
+                if opts.get("options"):
+                    patch(solvers, "new_highs",
+                          lambda o=None, f=solvers.new_highs: f({**(o or {}), **SMALL_MIP}))  # fmt: skip
+                if opts.get("plan_memo"):
+                    patch(control, "_replan_kind", _plan_memo_replan_kind(control._replan_kind))
+                patch(mix_solve, "build_mix_problem",
+                      _timed(mix_solve.build_mix_problem, acc, "problem_s"))  # fmt: skip
+                patch(mix_solve, "build_model", _timed(mix_solve.build_model, acc, "ilp_s"))
+                patch(rp, "_account", _timed(rp._account, acc, "acct_s"))
+                t, c = time.perf_counter(), time.process_time()
+                out = replay(
+                    store, load_trace=str(TWITTER), request=dict(REQUEST), start="24h",
+                    hours=hours, every=60, forecaster=forecaster, min_dwell_s=dwell,
+                )  # fmt: skip
+                wall, cpu = time.perf_counter() - t, time.process_time() - c
+            g = next(s for s in out["summary"] if s["policy"] == "greenctl")
+            figures = tuple(round(float(g[k] or 0.0), 9) for k in keys)
+            ref = figures if ref is None else ref
+            sv = out["meta"]["solver"]
+            r = out["meta"]["replan"]
+            print(
+                f"      {label:40} {wall:7.2f} {cpu:6.2f} {acc['highs_s']:8.2f} "
+                f"{acc['problem_s']:9.2f} {acc['ilp_s']:6.2f} {acc['acct_s']:7.2f} "
+                f"{r['solves']:7d} {int(acc['highs_runs']):7d} {sv['highs_memo_hits']:5d}  "
+                f"{'yes' if figures == ref else 'NO ' + str(figures)}"
+            )
+    print(
+        "    rounds: replanning rounds that planned (others: repeated rounds from replay's own "
+        "memo, or held by the dwell); solved: HiGHS runs that solved; memo: runs answered "
+        "from the solver memo; problem s: planner.mix.solve.build_mix_problem; ilp s: "
+        "build_model (with the MIR rows); acct s: the accounting of every policy; same: "
+        "greenctl's violations, cost, accuracy, changes and energy equal row (1)'s"
+    )
+    print(f"    target: one day at 1-min intervals in <= 10 s (issue 21); {_load()}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 hours instead of one day")
-    ap.add_argument("--forecaster", default="last")
-    ap.add_argument("--only", choices=("speed", "infadapter"), default=None)
+    ap.add_argument("--forecaster", default=None, help="replay's (default: its default)")
+    ap.add_argument(
+        "--only", choices=("speed", "infadapter", "glet", "geo", "speed-fixes"), default=None
+    )
     args = ap.parse_args(argv)
     if not TWITTER.exists():
         print(f"the Twitter trace is not at {TWITTER}", file=sys.stderr)
@@ -144,6 +418,12 @@ def main(argv: list[str] | None = None) -> int:
                 speed(store, hours, args.forecaster)
             if args.only in (None, "infadapter"):
                 infadapter_vs_vpa(store, hours, args.forecaster)
+            if args.only in (None, "glet"):
+                glet_day(Path(tmp), hours, args.forecaster)
+            if args.only in (None, "geo"):
+                geo_day(Path(tmp), hours)
+            if args.only in (None, "speed-fixes"):
+                speed_fixes(store, hours, args.forecaster)
         finally:
             store.close()
     return 0

@@ -11,16 +11,27 @@ from greenctl.data.errors import InputError
 
 def replay_cmd(
     load_trace: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--load-trace", help="Requests per second, one value per second (gzip or not)."
+            "--load-trace",
+            help="Requests per second, one value per second (gzip or not); mix, mig, glet "
+            "(geo reads --demand).",
         ),
-    ],
-    kind: Annotated[str, typer.Option("--kind", help="Plan kind to replay: mix | mig.")] = "mix",
+    ] = None,
+    kind: Annotated[
+        str, typer.Option("--kind", help="Plan kind to replay: mix | mig | glet | geo.")
+    ] = "mix",
     plan: Annotated[
         str | None, typer.Option("--plan", help="Start from this stored plan (id).")
     ] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Model family (mix).")] = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model",
+            help="mix, mig: the model family; glet: NAME:RATE:SLO_MS, repeatable (RATE: the "
+            "model's share of --load-trace, as plan glet's rate).",
+        ),
+    ] = None,
     rate: Annotated[
         float | None,
         typer.Option("--rate", help="Rate of the first plan (default: the first forecast)."),
@@ -52,8 +63,69 @@ def replay_cmd(
         str | None, typer.Option("--strategy", help="ilp (exact, default) | greedy | single.")
     ] = None,
     spec: Annotated[
-        str | None, typer.Option("--spec", help="TOML/JSON mix spec (as plan mix).")
+        str | None,
+        typer.Option("--spec", help="TOML/JSON spec, as plan mix (or plan glet for --kind glet)."),
     ] = None,
+    model_trace: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model-trace",
+            help="glet: NAME=FILE, a model's own requests per second (repeatable; the others "
+            "share --load-trace).",
+        ),
+    ] = None,
+    partitions: Annotated[
+        str | None,
+        typer.Option("--partitions", help="glet: partition sizes, as plan glet (20,40,...,100)."),
+    ] = None,
+    max_gpus: Annotated[
+        int | None, typer.Option("--max-gpus", help="glet: GPUs available (default 8).")
+    ] = None,
+    rate_percentile: Annotated[
+        float | None,
+        typer.Option("--rate-percentile", help="glet: as plan glet (default 99)."),
+    ] = None,
+    algorithm: Annotated[
+        str | None,
+        typer.Option(
+            "--algorithm",
+            help="glet: glet (default) | sbp | greedy | ideal; geo: eglb (default) | eglb-mpc "
+            "(an offline algorithm replays eglb).",
+        ),
+    ] = None,
+    no_interference: Annotated[
+        bool, typer.Option("--no-interference", help="glet: plan without interference.")
+    ] = False,
+    interference_model: Annotated[
+        int | None,
+        typer.Option("--interference-model", help="glet: stored interference model id."),
+    ] = None,
+    hardware: Annotated[
+        str | None, typer.Option("--hardware", help="glet: only profiles of this hardware.")
+    ] = None,
+    gpu_power_w: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-power-w",
+            help="glet: IDLE:BUSY watts of one GPU when the profiles hold no power (assumed "
+            "50:250).",
+        ),
+    ] = None,
+    sites: Annotated[
+        str | None, typer.Option("--sites", help="geo: sites CSV, as plan geo.")
+    ] = None,
+    demand: Annotated[
+        str | None, typer.Option("--demand", help="geo: demand CSV, as plan geo.")
+    ] = None,
+    routes: Annotated[
+        str | None, typer.Option("--routes", help="geo: routes CSV, as plan geo.")
+    ] = None,
+    mu_carbon: Annotated[
+        float, typer.Option("--mu-carbon", help="geo: USD per kg of the largest site's carbon.")
+    ] = 1.5,
+    mu_water: Annotated[
+        float, typer.Option("--mu-water", help="geo: USD per litre of the largest site's water.")
+    ] = 0.06,
     gpu: Annotated[str | None, typer.Option("--gpu", help="mig: GPU model (A100-40GB).")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="mig: number of GPUs.")] = None,
     sla_ms: Annotated[
@@ -95,16 +167,21 @@ def replay_cmd(
         str, typer.Option("--min-dwell", help="As replan: no change sooner than this.")
     ] = "1h",
     forecaster: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--forecaster", "-f", help="last | moving-max | seasonal-naive | a saved name."
+            "--forecaster",
+            "-f",
+            help="last | moving-max | seasonal-naive | a saved name (default: greenctl's "
+            "default forecaster, named in the result).",
         ),
-    ] = "last",
+    ] = None,
     baseline: Annotated[
         list[str] | None,
         typer.Option(
             "--baseline",
-            help="base | co2opt | vpa | infaas | none; repeatable (default base, co2opt, vpa).",
+            help="base | co2opt | vpa | infaas | infadapter | none; repeatable (default base, "
+            "co2opt, vpa); "
+            "glet: base; geo: offline | nearest | glb-energy (default offline, nearest).",
         ),
     ] = None,
     vpa_variant: Annotated[
@@ -128,29 +205,71 @@ def replay_cmd(
     db: DbOpt = None,
 ) -> None:
     """Replay the replan loop over a load trace and a carbon signal, beside baselines."""
-    from greenctl.cli.plan_mix import mix_request
     from greenctl.executor import control, replay
 
     request: dict[str, Any] | None = None
+    geo_given = [
+        o for o, v in (("--sites", sites), ("--demand", demand), ("--routes", routes)) if v
+    ]
+    if geo_given and (plan is not None or kind != "geo"):
+        raise InputError(f"{geo_given[0]} is an input of --kind geo", hint="--kind geo --sites ...")
+    glet_given = [
+        o
+        for o, v in (
+            ("--model-trace", model_trace), ("--partitions", partitions),
+            ("--max-gpus", max_gpus), ("--rate-percentile", rate_percentile),
+            ("--no-interference", no_interference), ("--interference-model", interference_model),
+            ("--hardware", hardware), ("--gpu-power-w", gpu_power_w),
+        )
+        if v
+    ]  # fmt: skip
+    if glet_given and plan is None and kind != "glet":
+        raise InputError(f"{glet_given[0]} is an option of --kind glet", hint="--kind glet ...")
+    if plan is not None and (model or spec or sites or demand):
+        raise InputError("--plan cannot be combined with the kind's inputs", hint="give one")
     if plan is None and kind == "mig":
         from greenctl.cli.plan_mig import mig_request
 
         if gpu is None or gpus is None or model is None:
             raise InputError("--kind mig needs --gpu, --gpus and --model", hint="as plan mig")
         request = mig_request(
-            gpu=gpu, gpus=gpus, model=model, rate=rate, carbon_intensity=carbon_intensity,
-            sla_ms=sla_ms, lam=lam,
+            gpu=gpu, gpus=gpus, model=_one_model(model), rate=rate,
+            carbon_intensity=carbon_intensity, sla_ms=sla_ms, lam=lam,
         )  # fmt: skip
+    elif plan is None and kind == "glet":
+        request = _glet_request(
+            model=model, spec=spec, partitions=partitions, max_gpus=max_gpus,
+            rate_percentile=rate_percentile, algorithm=algorithm, no_interference=no_interference,
+            interference_model=interference_model, hardware=hardware,
+        )  # fmt: skip
+    elif plan is None and kind == "geo":
+        if sites is None or demand is None:
+            raise InputError("--kind geo needs --sites and --demand", hint="as plan geo")
+        request = {
+            "sites": sites, "demand": demand, "routes": routes,
+            "algorithm": algorithm or "eglb",
+            "mu_carbon_usd_per_kg": mu_carbon, "mu_water_usd_per_l": mu_water,
+        }  # fmt: skip
     elif plan is None:
+        from greenctl.cli.plan_mix import mix_request
+
         if kind != "mix":
-            raise InputError(f"--kind {kind}: replay takes mix or mig", hint="--kind mix|mig")
+            raise InputError(
+                f"--kind {kind}: replay takes mix, mig, glet or geo", hint="--kind mix|mig|glet|geo"
+            )
         request = mix_request(
-            model=model, rate=rate, slo_ms=slo_ms, percentile=percentile, budget=budget,
-            objective=objective, min_accuracy=min_accuracy, alpha=alpha, beta=beta, gamma=gamma,
-            carbon_intensity=carbon_intensity, headroom=headroom, strategy=strategy, spec=spec,
+            model=None if model is None else _one_model(model), rate=rate, slo_ms=slo_ms,
+            percentile=percentile, budget=budget, objective=objective, min_accuracy=min_accuracy,
+            alpha=alpha, beta=beta, gamma=gamma, carbon_intensity=carbon_intensity,
+            headroom=headroom, strategy=strategy, spec=spec,
         )  # fmt: skip
-    elif model is not None or spec is not None:
-        raise InputError("--plan cannot be combined with --model/--spec", hint="give one")
+    options: dict[str, Any] = {}
+    if model_trace:
+        options["model_traces"] = _name_files(model_trace)
+    if gpu_power_w is not None:
+        options["gpu_power_w"] = _idle_busy(gpu_power_w)
+    if kind == "glet" and plan is None and carbon_intensity is not None:
+        options["carbon_intensity"] = carbon_intensity
     chosen = [b for b in baseline or list(replay.DEFAULT_BASELINES) if b != "none"]
     dwell = control.parse_duration(min_dwell)
     from greenctl.cli.common import console
@@ -172,7 +291,7 @@ def replay_cmd(
             threshold=threshold, margin=margin, min_dwell_s=dwell, forecaster=forecaster,
             baselines=chosen, vpa_variant=vpa_variant, wue_l_per_kwh=wue,
             ewif_l_per_kwh=ewif, out_dir=output,
-            progress=lambda k, n: bar.update(task, completed=k / n),
+            progress=lambda k, n: bar.update(task, completed=k / n), kind_options=options,
         )  # fmt: skip
     if json_out:
         print_json(result)
@@ -180,7 +299,165 @@ def replay_cmd(
     _render(result)
 
 
+def _one_model(model: list[str]) -> str:
+    if len(model) != 1:
+        raise InputError(
+            f"--model is given {len(model)} times: a mix or mig replay takes one family",
+            hint="--model NAME:RATE:SLO_MS repeats for --kind glet",
+        )
+    return model[0]
+
+
+def _glet_request(
+    *,
+    model: list[str] | None,
+    spec: str | None,
+    partitions: str | None,
+    max_gpus: int | None,
+    rate_percentile: float | None,
+    algorithm: str | None,
+    no_interference: bool,
+    interference_model: int | None,
+    hardware: str | None,
+) -> dict[str, Any]:
+    """A glet request from ``plan glet``'s options (flags win over the spec file)."""
+    from pathlib import Path
+
+    from greenctl.data.glet_spec import GletSpec, load_glet_spec, parse_model_arg, parse_partitions
+    from greenctl.planner.glet.solve import ALGORITHMS
+
+    doc = load_glet_spec(Path(spec), algorithms=ALGORITHMS) if spec is not None else GletSpec()
+    models = list(doc.models) + [parse_model_arg(m) for m in model or []]
+    if not models:
+        raise InputError(
+            "--kind glet needs its models",
+            hint="pass --model NAME:RATE:SLO_MS (repeatable) or --spec FILE, as plan glet",
+        )
+    return {
+        "spec": spec,
+        "hardware": hardware,
+        "models": models,
+        "partitions": parse_partitions(partitions.split(",")) if partitions else doc.partitions,
+        "max_gpus": max_gpus or doc.max_gpus,
+        "rate_percentile": rate_percentile if rate_percentile is not None else doc.rate_percentile,
+        "algorithm": algorithm or doc.algorithm or "glet",
+        "interference": None
+        if no_interference
+        else interference_model
+        if interference_model is not None
+        else "newest",
+    }
+
+
+def _name_files(values: list[str]) -> dict[str, str]:
+    """``NAME=FILE`` arguments of --model-trace."""
+    out: dict[str, str] = {}
+    for text in values:
+        name, sep, path = text.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise InputError(
+                f"--model-trace '{text}' is not NAME=FILE",
+                hint="for example --model-trace resnet50=resnet50_rps.txt",
+            )
+        if name.strip() in out:
+            raise InputError(f"--model-trace names {name.strip()} twice")
+        out[name.strip()] = path.strip()
+    return out
+
+
+def _idle_busy(text: str) -> tuple[float, float]:
+    parts = text.split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        return float(parts[0]), float(parts[1])
+    except ValueError:
+        raise InputError(
+            f"--gpu-power-w '{text}' is not IDLE:BUSY", hint="watts of one GPU, e.g. 50:250"
+        ) from None
+
+
 def _render(result: dict[str, Any]) -> None:
+    meta = result["meta"]
+    if meta["kind"] == "glet":
+        _render_glet(result)
+    elif meta["kind"] == "geo":
+        _render_geo(result)
+    else:
+        _render_mix(result)
+    for note in meta["notes"]:
+        say(f"note: {note}", highlight=False)
+    for path in meta.get("files", []):
+        say(f"wrote {path}", highlight=False)
+
+
+def _render_glet(result: dict[str, Any]) -> None:
+    meta = result["meta"]
+    names = [m["name"] for m in meta["models"]]
+    render_table(
+        f"Replay of {meta['family']} (modeled): {meta['hours']:.2f} h from {meta['start']}, "
+        f"{meta['intervals']} intervals of {meta['every_s']} s",
+        ["policy", "SLO viol. %", "GPU-h", "mean GPUs", "max GPUs", "kWh", "gCO2", "water L",
+         "changes"],
+        [
+            [s["policy"], s["violation_pct"], s["gpu_hours"], s["mean_units"], s["max_units"],
+             s["energy_kwh"], s["carbon_g"], s["water_l"], s["changes"]]
+            for s in result["summary"]
+        ],
+        caption=f"{meta['modeled']}; carbon: {meta['carbon']}; forecast: {meta['forecast']}",
+    )  # fmt: skip
+    render_table(
+        "SLO violations per model, % of its requests (modeled)",
+        ["policy", *names],
+        [
+            [s["policy"], *[s["per_model"][n]["violation_pct"] for n in names]]
+            for s in result["summary"]
+        ],
+        caption="SLOs: "
+        + ", ".join(f"{n} {meta['slos_ms'][n]:g} ms" for n in names if meta["slos_ms"].get(n)),
+    )
+    r = meta["replan"]
+    say(
+        f"replan: {r['solves']} solves, {r['cached']} repeated rounds answered from the "
+        f"replay's memo, {r['dwell_holds']} held by --min-dwell; {meta['wall_s']:.1f} s",
+        highlight=False,
+    )
+
+
+def _render_geo(result: dict[str, Any]) -> None:
+    meta = result["meta"]
+    render_table(
+        f"Replay of {meta['family']} (modeled): {meta['hours']:g} h from {meta['start']}, "
+        f"{meta['algorithm']} online step every {meta['every_s'] / 3600:g} h",
+        ["policy", "MWh", "unserved MWh", "USD", "t CO2", "water m3", "objective USD",
+         "changes"],
+        [
+            [s["policy"], s["load_mwh"], s["unserved_mwh"], s["cost_usd"], s["carbon_g"] / 1e6,
+             s["water_l"] / 1000, s["objective_usd"], s["changes"]]
+            for s in result["summary"]
+        ],
+        caption=f"{meta['modeled']}; objective = energy cost + {meta['mu_carbon_usd_per_kg']:g} "
+        f"USD/kg x max-site CO2 + {meta['mu_water_usd_per_l']:g} USD/L x max-site water; "
+        "changes: slots whose routing moved",
+    )  # fmt: skip
+    render_table(
+        "Equity: the largest site's footprint, and over the per-site average (modeled)",
+        ["policy", "max-site t CO2", "CO2 max/avg", "max-site water m3", "water max/avg"],
+        [
+            [s["policy"], s["carbon_kg_max_site"] / 1000, s["carbon_max_over_avg"],
+             s["water_l_max_site"] / 1000, s["water_max_over_avg"]]
+            for s in result["summary"]
+        ],
+    )  # fmt: skip
+    r = meta["replan"]
+    say(
+        f"replan: {r['replans']} online rounds ({r['online_steps']} steps) in "
+        f"{r['decide_s']:.2f} s; {meta['wall_s']:.1f} s",
+        highlight=False,
+    )
+
+
+def _render_mix(result: dict[str, Any]) -> None:
     meta = result["meta"]
     render_table(
         f"Replay of {meta['family']} (modeled): {meta['hours']:.2f} h from {meta['start']}, "
@@ -204,10 +481,6 @@ def _render(result: dict[str, Any]) -> None:
     if meta.get("vpa"):
         names = ", ".join(f"{k}: {v}" for k, v in meta["vpa"]["variants"].items())
         say(f"{names}. {meta['vpa']['rule']}", highlight=False)
-    for note in meta["notes"]:
-        say(f"note: {note}", highlight=False)
-    for path in meta.get("files", []):
-        say(f"wrote {path}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

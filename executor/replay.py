@@ -40,17 +40,28 @@ Baselines run on the same intervals and the same seconds (:data:`BASELINES`):
   --objective cost`` at that rate, under the request's ``min_accuracy``); after
   :data:`INFAAS_DOWN_AFTER` intervals under :data:`INFAAS_LOW_WATER` of its capacity, down
   to the cheapest that carries the last peak. Each change pays the new instances' load
-  time, as greenctl's.
+  time, as greenctl's;
+- ``infadapter`` (only when asked): InfAdapter's own loop. Every interval its LSTM
+  forecasts the interval's peak (a saved forecaster named ``lstm``, else InfAdapter's LSTM
+  fitted on the trace's per-interval peaks before the window; without such history it is
+  left out, and the notes say why), rounded up to whole requests per second, and the exact
+  ILP sizes the variant mix for it with InfAdapter's objective (accuracy - alpha x cost -
+  beta x loading, the request's alpha and beta; no carbon term), the running variants
+  counting as loaded: no dwell, threshold, margin or carbon signal. A new plan with the
+  running instances only re-routes (new quotas, no reconfiguration); any other change pays
+  the new instances' load time, as greenctl's.
 
 Every figure is modeled (profiles, the analytic queueing model, the energy of the profiles);
-the result labels them so.
+the result labels them so. A replay solves under
+:func:`greenctl.planner.core.solvers.solve_memo`: a HiGHS problem identical to one solved
+before in the replay is answered with that solve's outcome (``meta["solver"]`` counts them).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,14 +69,23 @@ import numpy as np
 from greenctl.data.errors import InfeasiblePlan, InputError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.resources import parse_resource
+from greenctl.executor.replay_inputs import iso_at as _iso_at
+from greenctl.executor.replay_inputs import parse_every
+from greenctl.executor.replay_inputs import trace_window as _window
+from greenctl.planner.core import solvers
 
-BASELINES = ("base", "co2opt", "vpa", "infaas")
+BASELINES = ("base", "co2opt", "vpa", "infaas", "infadapter")
 #: the baselines a replay runs unless told
 DEFAULT_BASELINES = ("base", "co2opt", "vpa")
 #: INFaaS-style scaling: scale down after this many intervals under the low-water mark
 INFAAS_DOWN_AFTER = 5
 #: ... of the running configuration's capacity
 INFAAS_LOW_WATER = 0.5
+#: InfAdapter's loop: a saved forecaster of this name is its LSTM ...
+INFADAPTER_FORECASTER = "lstm"
+#: ... else InfAdapter's LSTM is fitted on the history before the window, for at least this
+#: many optimizer steps (InfAdapter's 8 epochs over 14 days of minutes at batch 512: 320)
+INFADAPTER_MIN_STEPS = 320
 #: the kinds replay takes so far
 REPLAYED = ("mix", "mig")
 #: the columns of one interval of one policy
@@ -135,183 +155,6 @@ class VpaConfig:
             f"{self.interval_s:g} s, min-replicas 1 (the default 2 never evicts a one-pod "
             "deployment), restart = the model's load time without service"
         )
-
-
-@dataclass
-class _Window:
-    """The part of the traces a replay covers."""
-
-    rps: np.ndarray  # per second, the whole trace (history before the window included)
-    first_s: int  # the window's first second in ``rps``
-    seconds: int  # the window's length
-    every_s: int
-    start_time: str  # the window's first instant (ISO)
-    carbon: np.ndarray  # g/kWh per interval
-    carbon_source: str
-
-    @property
-    def intervals(self) -> int:
-        return -(-self.seconds // self.every_s)
-
-    def interval_rates(self, k: int) -> np.ndarray:
-        a = self.first_s + k * self.every_s
-        return self.rps[a : min(a + self.every_s, self.first_s + self.seconds)]
-
-
-# -- input parsing ----------------------------------------------------------------------------
-def parse_every(every: str | float | int) -> int:
-    """``--every`` in whole seconds (>= 1)."""
-    from greenctl.executor.control import parse_duration
-
-    seconds = parse_duration(every, option="--every")
-    if not math.isfinite(seconds) or seconds < 1 or seconds != int(seconds):
-        raise InputError(
-            f"--every '{every}' must be a whole number of seconds >= 1",
-            hint="for example --every 60s, 5m or 1h",
-        )
-    return int(seconds)
-
-
-def parse_from(text: str | None) -> tuple[int, str | None]:
-    """``--from``: an offset into the trace (``36h``, ``90m``, seconds) or a time (ISO).
-
-    Returns:
-        (offset in seconds, the time or None).
-    """
-    from greenctl.data.carbon_io import normalise_time
-    from greenctl.executor.control import parse_duration
-
-    if text is None or not str(text).strip():
-        return 0, None
-    try:
-        return int(parse_duration(text, option="--from")), None
-    except InputError:
-        pass
-    try:
-        return 0, normalise_time(text)
-    except ValueError:
-        raise InputError(
-            f"--from '{text}' is neither an offset nor a time",
-            hint="an offset into the trace such as 36h or 90m, or an ISO time "
-            "(2026-03-01T00:00:00Z)",
-        ) from None
-
-
-def _read_load(path: str) -> np.ndarray:
-    from greenctl.data.traces import read_rps_trace
-
-    try:
-        return read_rps_trace(path)
-    except InputError as exc:
-        raise InputError(f"--load-trace: {exc.message}", hint=exc.hint) from None
-
-
-def _carbon_points(
-    store: Any, *, region: str | None, carbon_trace: str | None
-) -> tuple[list[tuple[float, float]], str, str]:
-    """(the signal as (epoch seconds, g/kWh) in time order, its first time, its label)."""
-    from greenctl.data import carbon
-    from greenctl.data.carbon_io import parse_time, read_carbon_file
-
-    if carbon_trace is not None:
-        try:
-            _, points = read_carbon_file(carbon_trace, region=region)
-        except InputError as exc:
-            raise InputError(f"--carbon-trace: {exc.message}", hint=exc.hint) from None
-        regions = sorted({p.region for p in points})
-        if len(regions) > 1:
-            raise InputError(
-                f"--carbon-trace {carbon_trace} holds {len(regions)} regions",
-                hint=f"name one with --region ({', '.join(regions[:8])})",
-            )
-        rows = [(p.time, p.carbon_g_per_kwh) for p in points if p.kind == points[0].kind]
-        label = f"carbon trace {carbon_trace} ({regions[0]})"
-    else:
-        assert region is not None
-        rows = [(r["time"], float(r["carbon_g_per_kwh"])) for r in carbon.series(store, region)]
-        label = f"stored signal of {region}"
-    pts = sorted((parse_time(t).timestamp(), float(v)) for t, v in rows)
-    return pts, rows[0][0] if rows else "", label
-
-
-def _carbon_per_interval(
-    pts: list[tuple[float, float]], start_epoch: float, every_s: int, n: int, label: str
-) -> np.ndarray:
-    """The value in force at each interval's start; one step past the last value is held
-    (the last value's own interval), further is refused."""
-    times = np.asarray([t for t, _ in pts])
-    values = np.asarray([v for _, v in pts])
-    step = float(np.median(np.diff(times))) if times.size > 1 else 3600.0
-    at = start_epoch + every_s * np.arange(n)
-    idx = np.searchsorted(times, at, side="right") - 1
-    if idx.size and idx[0] < 0:
-        raise InputError(
-            f"--from starts before the first value of the {label}",
-            hint="start later (--from), or use a signal that covers the window",
-        )
-    if at.size and at[-1] >= times[-1] + step:
-        hours = (times[-1] + step - start_epoch) / 3600
-        raise InputError(
-            f"--hours goes beyond the {label}: it covers {max(hours, 0):.1f} h from the start",
-            hint="shorten --hours, or start earlier with --from",
-        )
-    return values[idx]
-
-
-def _window(
-    store: Any,
-    *,
-    load_trace: str,
-    region: str | None,
-    carbon_trace: str | None,
-    carbon_intensity: float,
-    start: str | None,
-    hours: float | None,
-    every_s: int,
-) -> _Window:
-    from datetime import UTC, datetime, timedelta
-
-    from greenctl.data.carbon_io import iso, parse_time
-
-    offset_s, start_time = parse_from(start)
-    rps = _read_load(load_trace)
-    if offset_s >= rps.size:
-        raise InputError(
-            f"--from {start} is past the end of the load trace ({rps.size / 3600:.1f} h)",
-            hint="start within the trace",
-        )
-    left = rps.size - offset_s
-    if hours is None:
-        seconds = left
-    else:
-        if not (math.isfinite(hours) and hours > 0):
-            raise InputError(f"--hours must be a number > 0, got {hours:g}")
-        seconds = round(hours * 3600)
-        if seconds > left:
-            raise InputError(
-                f"--hours {hours:g} goes beyond the load trace: {left / 3600:.2f} h are left "
-                f"after --from {start or '0'}",
-                hint=f"use --hours {math.floor(left / 36) / 100:g} or less, or start earlier",
-            )
-    if seconds < 1:
-        raise InputError("--hours leaves no second of the load trace")
-    n = -(-seconds // every_s)
-    if region is None and carbon_trace is None:
-        t0 = start_time or iso(datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=offset_s))
-        return _Window(
-            rps,
-            offset_s,
-            seconds,
-            every_s,
-            t0,
-            np.full(n, float(carbon_intensity)),
-            f"constant {carbon_intensity:g} g/kWh (no carbon signal given)",
-        )
-    pts, first, label = _carbon_points(store, region=region, carbon_trace=carbon_trace)
-    if start_time is None:  # the traces are aligned at their starts
-        start_time = iso(parse_time(first) + timedelta(seconds=offset_s))
-    ci = _carbon_per_interval(pts, parse_time(start_time).timestamp(), every_s, n, label)
-    return _Window(rps, offset_s, seconds, every_s, start_time, ci, label)
 
 
 # -- evaluation of what serves ----------------------------------------------------------------
@@ -660,11 +503,120 @@ def _infaas_steps(
     return out
 
 
+def _infadapter_forecasts(
+    store: Any, history: np.ndarray, peaks: np.ndarray, every_s: int
+) -> tuple[np.ndarray | None, str]:
+    """InfAdapter's one-step-ahead LSTM forecast of each interval's peak (``peaks``), from
+    the per-interval peaks before the window (``history``) and the window's own before it.
+
+    Returns:
+        (the forecasts, rounded up to whole req/s, or None when there is no LSTM to use;
+        a note saying which LSTM, or why the baseline is left out).
+    """
+    from greenctl.data.errors import NotFoundError
+    from greenctl.executor import control
+    from greenctl.planner.core import forecast as fc
+
+    try:
+        f = control.get_forecaster(store, INFADAPTER_FORECASTER)
+    except NotFoundError:
+        f = None
+    if f is not None and not isinstance(f, fc.LSTMForecaster):
+        return None, (
+            f"infadapter: left out, the saved forecaster '{INFADAPTER_FORECASTER}' is no LSTM"
+        )
+    if f is not None:
+        how = f"the saved forecaster '{INFADAPTER_FORECASTER}'"
+    else:
+        lstm = fc.make_forecaster("lstm", min_steps=INFADAPTER_MIN_STEPS)
+        assert isinstance(lstm, fc.LSTMForecaster)
+        if history.size <= lstm.window + 1:
+            return None, (
+                f"infadapter: left out, InfAdapter's LSTM needs more than {lstm.window + 1} "
+                f"intervals of the trace before the window to learn from ({history.size} "
+                "here): start later with --from, or save one with `greenctl forecast fit "
+                f"--forecaster lstm --name {INFADAPTER_FORECASTER}`"
+            )
+        f = lstm.fit(history)
+        how = f"InfAdapter's LSTM fitted on the {history.size} per-{every_s}s peaks before it"
+    if history.size:
+        series = np.concatenate([history, peaks])
+        pred = np.asarray(f.predict_series(series, history.size), dtype=float)[: peaks.size]
+    else:  # a saved LSTM without history: the first interval plans for its own peak
+        pred = np.empty(peaks.size)
+        pred[0] = peaks[0]
+        if peaks.size > 1:
+            pred[1:] = np.asarray(f.predict_series(peaks, 1), dtype=float)[: peaks.size - 1]
+    pred = np.ceil(np.maximum(pred, 0.0) - 1e-9)
+    return pred, f"infadapter: forecasts by {how}, rounded up to whole req/s"
+
+
+def _loaded_key(deps: Sequence[Deployment]) -> tuple[Any, ...]:
+    """The instances a configuration runs (its quotas aside)."""
+    return tuple(sorted((d.model, d.variant, d.resource, d.batch, d.count) for d in deps))
+
+
+def _infadapter_steps(
+    store: Any,
+    kind: str,
+    request: dict[str, Any],
+    forecasts: np.ndarray,
+    variants: dict[str, Any],
+    unmodeled: set[str],
+) -> tuple[list[_Step], dict[str, int]]:
+    """InfAdapter's own loop (module docstring) over the intervals' ``forecasts``.
+
+    Returns:
+        (the steps, ``{"plans", "infeasible"}``: ILP plans made, intervals it could not plan).
+    """
+    from greenctl.executor.kinds import get_kind
+
+    pk = get_kind(kind)
+    base = {k: v for k, v in request.items() if k != "current"}
+    base.update(objective="balanced", gamma=0.0, strategy="ilp")
+    # the plan depends on the forecast and on which variants are loaded (InfAdapter's
+    # loading term): one plan per pair, as the same inputs give the same plan
+    memo: dict[tuple[float, frozenset[str]], Plan | InfeasiblePlan] = {}
+    stats = {"plans": 0, "infeasible": 0}
+
+    def plan_at(rate: float, running: Plan | None) -> Plan | InfeasiblePlan:
+        loaded = frozenset(d.variant for d in running.deployments) if running else frozenset()
+        key = (max(float(rate), 1.0), loaded)
+        if key not in memo:
+            stats["plans"] += 1
+            try:
+                memo[key] = pk.plan(store, {**base, "rate_rps": key[0]}, current=running)[0]
+            except InfeasiblePlan as exc:
+                memo[key] = exc
+        return memo[key]
+
+    first = plan_at(float(forecasts[0]), None)
+    if isinstance(first, InfeasiblePlan):
+        raise first
+    running = first
+    out = [_Step(running, "start", float(forecasts[0]))]
+    for k in range(1, len(forecasts)):
+        rate = float(forecasts[k])
+        new = plan_at(rate, running)
+        if isinstance(new, InfeasiblePlan):
+            stats["infeasible"] += 1
+            out.append(_Step(running, "infeasible", rate))
+        elif _loaded_key(new.deployments) == _loaded_key(running.deployments):
+            running = new  # the same instances, re-routed to the new quotas
+            out.append(_Step(running, "keep", rate))
+        else:
+            lt = _load_time_s(running, new, variants, unmodeled)
+            out.append(_Step(new, "change", rate, running, lt))
+            running = new
+    return out, stats
+
+
 # -- the replay -------------------------------------------------------------------------------
+@solvers.solve_memo()  # a replay solves the same few problems again and again
 def replay(
     store: Any,
     *,
-    load_trace: str,
+    load_trace: str | None = None,
     kind: str = "mix",
     request: dict[str, Any] | None = None,
     plan: int | str | None = None,
@@ -676,7 +628,7 @@ def replay(
     threshold: float = 0.05,
     margin: float = 0.02,
     min_dwell_s: float = 3600.0,
-    forecaster: str = "last",
+    forecaster: str | None = None,
     baselines: Sequence[str] = DEFAULT_BASELINES,
     vpa_variant: str | Sequence[str] | None = None,
     vpa: VpaConfig | None = None,
@@ -684,8 +636,14 @@ def replay(
     ewif_l_per_kwh: float | None = None,
     out_dir: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    kind_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Replay the control loop over a load trace and a carbon signal (module docstring).
+
+    A glet or geo plan (``kind``, or the stored ``plan``'s) is replayed by
+    :func:`greenctl.executor.replay_kinds.replay_kind` with the same options (a geo plan
+    reads its load and carbon from its sites and demand files) and ``kind_options``, the
+    kind's own; the default ``baselines`` stand for the kind's own defaults there.
 
     Args:
         load_trace: requests per second (:func:`greenctl.data.traces.read_rps_trace`).
@@ -695,12 +653,15 @@ def replay(
             the request's ``carbon_intensity`` (else 400 g/kWh), constant.
         start: ``--from``: an offset into the traces (``36h``) or a time; hours: the length
             (default: the rest of the load trace). every: the interval (``60s``).
-        threshold / margin / min_dwell_s: as ``replan``; forecaster: as ``replan``.
+        threshold / margin / min_dwell_s: as ``replan``; forecaster: as ``replan`` (None:
+            :data:`greenctl.planner.core.forecast.DEFAULT_FORECASTER`).
         baselines: of :data:`BASELINES`; vpa_variant: VPA's variant (default: the variant
             carrying most of the first plan's load); several: one VPA policy each
             (``vpa-<variant>``).
         out_dir: also write ``replay.json``, ``summary.csv``, ``intervals.csv`` and
             ``replay.png`` there (:func:`greenctl.data.replay_report.write_replay`).
+        kind_options: a glet replay's ``model_traces``, ``gpu_power_w`` and
+            ``carbon_intensity`` (:func:`greenctl.executor.replay_kinds.replay_glet`).
 
     Returns:
         ``{"meta", "summary": [per policy], "intervals": {policy: [rows]}}``.
@@ -708,12 +669,27 @@ def replay(
     Raises:
         InputError: a bad option (named), a missing trace, a window beyond a trace.
     """
-    from greenctl.executor import control
+    from greenctl.executor import control, replay_kinds
     from greenctl.executor.kinds import get_kind
     from greenctl.planner.core import forecast as fc
     from greenctl.planner.core.simulator import pick_profiles, sized_slo_ms
     from greenctl.planner.mix.solve import REFERENCE_CARBON_INTENSITY
 
+    forecaster = forecaster or fc.DEFAULT_FORECASTER
+    other = replay_kinds.replayed_kind(store, kind=kind, plan=plan)
+    if other is not None:  # glet, geo
+        return replay_kinds.replay_kind(
+            store, kind=other, load_trace=load_trace, request=request, plan=plan, region=region,
+            carbon_trace=carbon_trace, start=start, hours=hours, every=every, threshold=threshold,
+            margin=margin, min_dwell_s=min_dwell_s, forecaster=forecaster,
+            baselines=None if tuple(baselines) == DEFAULT_BASELINES else baselines,
+            wue_l_per_kwh=wue_l_per_kwh, ewif_l_per_kwh=ewif_l_per_kwh, out_dir=out_dir,
+            progress=progress, options=kind_options,
+        )  # fmt: skip
+    if kind_options:
+        raise InputError(f"a {kind} replay takes no option {sorted(kind_options)[0]!r}")
+    if load_trace is None:
+        raise InputError(f"a {kind} replay needs --load-trace FILE (requests per second)")
     t_wall = time.perf_counter()
     if out_dir is not None:
         from pathlib import Path
@@ -746,8 +722,9 @@ def replay(
     pk = get_kind(kind)
     if kind not in REPLAYED or not pk.replannable or not pk.serves:
         raise InputError(
-            f"replay supports {' and '.join(REPLAYED)} plans so far; this is a {kind} plan",
-            hint="replay a mix or mig plan",
+            f"replay supports {', '.join(REPLAYED + replay_kinds.KINDS)} plans; this is a "
+            f"{kind} plan",
+            hint="replay a mix, mig, glet or geo plan",
         )
     ci0 = float(request.get("carbon_intensity") or REFERENCE_CARBON_INTENSITY)
     win = _window(
@@ -891,6 +868,25 @@ def replay(
                 cached, kind, _family_request(request), window_peaks, forecasts, table,
                 all_variants, unmodeled,
             )  # fmt: skip
+    if "infadapter" in baselines:
+        if kind != "mix":
+            notes.append(f"infadapter: it sizes a variant mix; not a baseline of a {kind} plan")
+        else:
+            aligned = first_k >= 1 and win.first_s % every_s == 0
+            ia_fc, ia_note = _infadapter_forecasts(
+                cached, peaks_all[:first_k] if aligned else np.empty(0), window_peaks, every_s
+            )
+            notes.append(ia_note)
+            if ia_fc is not None:
+                policies["infadapter"], ia_stats = _infadapter_steps(
+                    cached, kind, _family_request(request), ia_fc, all_variants, unmodeled
+                )
+                stats["infadapter_plans"] = ia_stats["plans"]
+                if ia_stats["infeasible"]:
+                    notes.append(
+                        f"infadapter: {ia_stats['infeasible']} intervals could not be planned "
+                        "for their forecast within the budgets: the running plan served"
+                    )
     vpa_cfg = vpa or VpaConfig()
     pods: dict[str, _Vpa] = {}  # policy name -> its pod
     if "vpa" in baselines and kind != "mix":
@@ -970,6 +966,7 @@ def replay(
         "wall_s": round(wall, 3),
         "wall_greenctl_loop_s": round(t_greenctl, 3),
         "evaluations": len(ev.memo),
+        "solver": (solvers.active_memo() or solvers.SolveMemo()).stats(),
         "modeled": MODELED,
         "water": None
         if wue_l_per_kwh is None and ewif_l_per_kwh is None
@@ -992,14 +989,6 @@ def replay(
             summary_columns=list(SUMMARY_COLUMNS),
         )
     return result
-
-
-def _iso_at(start: str, seconds: float) -> str:
-    from datetime import timedelta
-
-    from greenctl.data.carbon_io import iso, parse_time
-
-    return iso(parse_time(start) + timedelta(seconds=seconds))
 
 
 def _account(

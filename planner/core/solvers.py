@@ -17,6 +17,13 @@ Three rules live here and nowhere else:
   solver failure (exit 1), never "infeasible". :func:`pulp_outcome` does the same for
   CBC's statuses as pulp reports them.
 
+- **Repeated problems.** Inside :func:`solve_memo` (``greenctl replay`` replans hundreds
+  of times, mostly the same few problems), a HiGHS run of a problem identical to one run
+  before in the block (the same model arrays, integrality, options and start) answers with
+  that run's outcome without solving again. HiGHS on one thread is deterministic, so the
+  answer is the one a fresh run gives; anything the memo does not know how to key (a model
+  built call by call, as pulp does) is solved as usual.
+
 Planners stay pure: nothing here touches the store, files or the network; CBC runs as a
 child process reading a temporary model file, as pulp does it.
 """
@@ -24,10 +31,16 @@ child process reading a temporary model file, as pulp does it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import hashlib
 import os
 import shutil
 import sys
+import time
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from greenctl.data.errors import InputError, SolverError
@@ -117,7 +130,254 @@ def new_highs(options: Mapping[str, object] | None = None) -> Any:  # -> highspy
         if key in _OWNED_OPTIONS:
             raise ValueError(f"HiGHS option {key!r} is set by greenctl.planner.core.solvers")
         _set(h, key, value)
+    memo = _MEMO.get()
+    if memo is not None:
+        return _MemoHighs(h, memo, dict(options or {}))
     return h
+
+
+# -- repeated problems ---------------------------------------------------------------------------
+@dataclass
+class SolveMemo:
+    """What :func:`solve_memo` remembered, and how often it answered."""
+
+    max_entries: int = 4096
+    #: runs answered from the memo / solved and remembered / not keyable (solved as usual)
+    hits: int = 0
+    misses: int = 0
+    unkeyed: int = 0
+    #: solver seconds the hits did not spend (the first runs' times)
+    saved_s: float = 0.0
+    entries: OrderedDict[bytes, _Outcome] = field(default_factory=OrderedDict)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "highs_runs": self.hits + self.misses + self.unkeyed,
+            "highs_memo_hits": self.hits,
+            "highs_solved": self.misses + self.unkeyed,
+            "highs_saved_s": round(self.saved_s, 3),
+        }
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """One HiGHS run's outcome, as its getters return it."""
+
+    run_status: Any
+    model_status: Any
+    info: dict[str, Any]
+    solution: dict[str, Any]
+    seconds: float
+    time_limit: float  # the option in force (inf: none)
+
+
+_MEMO: contextvars.ContextVar[SolveMemo | None] = contextvars.ContextVar(
+    "greenctl_highs_memo", default=None
+)
+
+
+@contextlib.contextmanager
+def solve_memo(max_entries: int = 4096) -> Iterator[SolveMemo]:
+    """Within the block, HiGHS runs of a problem already run in the block are answered from
+    memory (see the module docstring); nested blocks share the outer memo.
+
+    A problem is keyed by everything that decides HiGHS's answer: the model passed whole
+    (``passModel(HighsLp)``: costs, bounds, matrix, integrality, sense, offset), every
+    option set on the object, and the start (``setSolution``). A run stopped by a time or
+    iteration limit is not reused; an optimal or infeasible one is reused under any time
+    limit at least as long as that run took. An object the memo cannot key (a model built
+    call by call, a second run after a change) is solved as usual. Up to ``max_entries``
+    outcomes are kept, the least recently used dropped first. Also a decorator
+    (``@solve_memo()``): each call of the function runs in one block.
+    """
+    outer = _MEMO.get()
+    if outer is not None:
+        yield outer
+        return
+    memo = SolveMemo(max_entries=max_entries)
+    token = _MEMO.set(memo)
+    try:
+        yield memo
+    finally:
+        _MEMO.reset(token)
+
+
+def active_memo() -> SolveMemo | None:
+    """The :func:`solve_memo` in force here, if any."""
+    return _MEMO.get()
+
+
+def _array_bytes(values: Any, dtype: str) -> bytes:
+    import numpy as np
+
+    return np.ascontiguousarray(np.asarray(values, dtype=dtype)).tobytes()
+
+
+def _lp_key(lp: Any) -> bytes | None:
+    """A digest of everything in a ``HighsLp`` that decides a solve (None: not keyable)."""
+    import highspy
+
+    if not isinstance(lp, highspy.HighsLp):
+        return None
+    a = lp.a_matrix_
+    h = hashlib.blake2b(digest_size=20)
+    h.update(repr((lp.num_col_, lp.num_row_, str(lp.sense_), float(lp.offset_))).encode())
+    h.update(repr((str(a.format_), int(a.num_col_), int(a.num_row_))).encode())
+    for values, dtype in (
+        (lp.col_cost_, "f8"),
+        (lp.col_lower_, "f8"),
+        (lp.col_upper_, "f8"),
+        (lp.row_lower_, "f8"),
+        (lp.row_upper_, "f8"),
+        (a.start_, "i8"),
+        (a.index_, "i8"),
+        (a.value_, "f8"),
+        ([int(t) for t in lp.integrality_], "i8"),
+    ):
+        b = _array_bytes(values, dtype)
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.digest()
+
+
+_SOLUTION_FIELDS = ("value_valid", "dual_valid", "col_value", "col_dual", "row_value", "row_dual")
+
+
+def _snapshot_info(info: Any) -> dict[str, Any]:
+    return {k: getattr(info, k) for k in dir(info) if not k.startswith("_")}
+
+
+class _MemoHighs:
+    """A ``highspy.Highs`` whose ``run()`` is answered from the active :class:`SolveMemo`
+    when the same problem ran before (see :func:`solve_memo`).
+
+    It keys the object's problem as it is built (``passModel`` of a whole ``HighsLp``,
+    ``setSolution``, ``setOptionValue``); any other call before the run makes the object
+    unkeyable. After a run answered from memory, the status, info and solution getters
+    return that outcome; any other attribute first solves for real, then delegates.
+    """
+
+    def __init__(self, h: Any, memo: SolveMemo, options: dict[str, Any]) -> None:
+        self._h = h
+        self._memo = memo
+        # the time limit is no part of the key: a finished run is reused under a limit at
+        # least as long as it took (a run stopped by its limit is not kept)
+        keyed = sorted((k, v) for k, v in options.items() if k != "time_limit")
+        self._parts: list[bytes] | None = [repr(keyed).encode()]
+        self._time_limit = float(options.get("time_limit", float("inf")))
+        self._model = False
+        self._ran = False
+        self._hit: _Outcome | None = None
+
+    # -- building the problem (keyed) -----------------------------------------------------------
+    def passModel(self, *args: Any, **kwargs: Any) -> Any:
+        key = _lp_key(args[0]) if len(args) == 1 and not kwargs else None
+        if key is None or self._model or self._ran:
+            self._parts = None
+        elif self._parts is not None:
+            self._parts.append(b"lp" + key)
+            self._model = True
+        return self._h.passModel(*args, **kwargs)
+
+    def setSolution(self, *args: Any, **kwargs: Any) -> Any:
+        import highspy
+
+        sol = args[0] if len(args) == 1 and not kwargs else None
+        if not isinstance(sol, highspy.HighsSolution) or self._ran:
+            self._parts = None
+        elif self._parts is not None:
+            self._parts.append(
+                b"start"
+                + repr((bool(sol.value_valid), bool(sol.dual_valid))).encode()
+                + _array_bytes(sol.col_value, "f8")
+                + _array_bytes(sol.row_value, "f8")
+            )
+        return self._h.setSolution(*args, **kwargs)
+
+    def setOptionValue(self, key: str, value: object) -> Any:
+        if self._ran:
+            self._parts = None
+        elif key == "time_limit":
+            self._time_limit = float(value)  # type: ignore[arg-type]
+        elif self._parts is not None:
+            self._parts.append(repr((key, value)).encode())
+        return self._h.setOptionValue(key, value)
+
+    # -- the run ---------------------------------------------------------------------------------
+    def run(self) -> Any:
+        import highspy
+
+        memo = self._memo
+        if self._ran or not self._model or self._parts is None:
+            if not self._ran:
+                memo.unkeyed += 1
+            self._materialise()
+            self._parts = None
+            self._ran = True
+            return self._h.run()
+        self._ran = True
+        key = hashlib.blake2b(b"\0".join(self._parts), digest_size=20).digest()
+        got = memo.entries.get(key)
+        if got is not None and got.seconds <= self._time_limit:
+            memo.entries.move_to_end(key)
+            memo.hits += 1
+            memo.saved_s += got.seconds
+            self._hit = got
+            return got.run_status
+        t0 = time.perf_counter()
+        status = self._h.run()
+        seconds = time.perf_counter() - t0
+        memo.misses += 1
+        ms = highspy.HighsModelStatus
+        model_status = self._h.getModelStatus()
+        if model_status in (ms.kOptimal, ms.kInfeasible, ms.kUnboundedOrInfeasible):
+            sol = self._h.getSolution()
+            memo.entries[key] = _Outcome(
+                status,
+                model_status,
+                _snapshot_info(self._h.getInfo()),
+                {k: getattr(sol, k) for k in _SOLUTION_FIELDS},
+                seconds,
+                self._time_limit,
+            )
+            while len(memo.entries) > memo.max_entries:
+                memo.entries.popitem(last=False)
+        return status
+
+    def _materialise(self) -> None:
+        """Solve for real when a remembered outcome stood in for this object's run."""
+        if self._hit is not None:
+            self._hit = None
+            self._h.run()
+
+    # -- reading the outcome -----------------------------------------------------------------------
+    def getModelStatus(self) -> Any:
+        return self._hit.model_status if self._hit is not None else self._h.getModelStatus()
+
+    def getInfo(self) -> Any:
+        if self._hit is None:
+            return self._h.getInfo()
+        return SimpleNamespace(**self._hit.info)
+
+    def getSolution(self) -> Any:
+        if self._hit is None:
+            return self._h.getSolution()
+        import highspy
+
+        sol = highspy.HighsSolution()
+        for k, v in self._hit.solution.items():
+            setattr(sol, k, list(v) if isinstance(v, list) else v)
+        return sol
+
+    def modelStatusToString(self, status: Any) -> Any:
+        return self._h.modelStatusToString(status)
+
+    def __getattr__(self, name: str) -> Any:
+        # anything else reads or changes the real object: it must hold the real outcome
+        self._materialise()
+        if not self._ran:
+            self._parts = None
+        return getattr(self._h, name)
 
 
 def _set(h: Any, key: str, value: object) -> None:
