@@ -31,7 +31,9 @@ Energy: an instance draws its profile's busy ``power_w`` while serving and its
 device additionally draws ``device_idle_power_w`` all the time (instances with the same
 ``device`` share one; an instance without ``device`` is a device of its own). Energy per
 request = total power / served rate. Carbon (g) = energy (J) / 3.6e6 (kWh) x PUE x carbon
-intensity (g/kWh). Water (L) = energy (kWh) x (PUE x indirect EWIF + direct WUE).
+intensity (g/kWh). Water (L) = energy (kWh) x (PUE x indirect EWIF + direct WUE). A solver
+prices a plan by the same rule through :func:`energy_terms`: per instance its idle power, plus
+per request it serves the busy energy above idle (:class:`EnergyTerms`).
 """
 
 from __future__ import annotations
@@ -49,12 +51,16 @@ from greenctl.data.resources import kind_of
 from greenctl.planner.core.latency import BatchService, ServiceTime
 from greenctl.planner.core.policy import check_policy_name
 from greenctl.planner.core.queueing import (
+    BatchPrediction,
     LatencyModel,
     batch_capacity_rps,
     dynamic_batch,
+    front_capacity_rps,
     mgc_model,
+    mixture_model,
     mixture_quantiles,
     pooled_shares,
+    with_front,
     with_overhead,
 )
 from greenctl.planner.core.service import batch_service, service_time
@@ -115,14 +121,26 @@ class Instance:
     #: profile behind each measured size
     batches: BatchService | None = None
     batch_profiles: tuple[tuple[int, Profile], ...] = ()
+    #: an accelerator instance's executor front: the CPU (ms) its executor spends on each
+    #: request on one core, in series with the device (:func:`front_cpu_ms`); 0: none modeled
+    front_ms: float = 0.0
 
     @property
     def capacity_rps(self) -> float:
-        """Requests per second this instance completes when always busy (a batching one:
-        as its executor batches when saturated, :func:`~greenctl.planner.core.queueing.batch_capacity_rps`)."""
+        """Requests per second this instance's device (or cores) completes when always busy
+        (a batching one: as its executor batches when saturated,
+        :func:`~greenctl.planner.core.queueing.batch_capacity_rps`); what its busy time and
+        power are counted against."""
         if self.batches is not None:
             return batch_capacity_rps(self.batches)
         return 1000.0 * self.batch / self.service.mean_ms
+
+    @property
+    def served_capacity_rps(self) -> float:
+        """Requests per second this instance serves when saturated: its device's
+        :attr:`capacity_rps`, or less when its executor front saturates first
+        (:func:`~greenctl.planner.core.queueing.front_capacity_rps`)."""
+        return min(self.capacity_rps, front_capacity_rps(self.front_ms))
 
 
 def build_instances(
@@ -130,6 +148,7 @@ def build_instances(
     profiles: Mapping[ProfileKey, Profile],
     *,
     max_wait_ms: float | None = None,
+    serving: ServingInput | None = None,
 ) -> list[Instance]:
     """Expand deployments into instances with their service-time distributions.
 
@@ -137,7 +156,9 @@ def build_instances(
     every measured batch size up to its own of its (variant, resource) in ``profiles``, with
     the executors' batching (``max_wait_ms``, default
     :data:`~greenctl.data.batching.DEFAULT_MAX_WAIT_MS`; a deployment's
-    ``placement["duty_cycle_ms"]``, a glet's planned cycle, wins).
+    ``placement["duty_cycle_ms"]``, a glet's planned cycle, wins). With the measured serving
+    path (``serving``, as :func:`predict` takes it) an accelerator instance gets its executor
+    front (:func:`front_cpu_ms`).
 
     Raises:
         InputError: a deployment without a profile (names variant, resource and batch).
@@ -172,6 +193,7 @@ def build_instances(
             }
             by_size = tuple(sorted(rows.items()))
             batches = batch_service(rows, dep.resource, dep.batch, max_wait_ms=wait)
+        front = front_cpu_ms(_path_for(serving, dep.model, dep.variant, dep.resource), dep.resource)
         for _ in range(dep.count):
             idx = len(out)
             device = str(dep.device) if dep.device is not None else f"instance-{idx}"
@@ -188,6 +210,7 @@ def build_instances(
                     device=device,
                     batches=batches,
                     batch_profiles=by_size,
+                    front_ms=front,
                 )
             )
     return out
@@ -231,7 +254,9 @@ class ServingPath:
         overhead_ms: equiprobable samples of the latency a request spends outside the model
             (client, dispatcher and executor hops), added to every request's latency.
         executor_cpu_ms: CPU the executor daemon spends per request; on CPU instances it
-            runs on the instance's cores, so it delays the requests queued behind.
+            runs on the instance's cores, so it delays the requests queued behind. On a GPU,
+            MIG or MPS instance (a path measured on its resource) it is the executor's front,
+            a serial stage on one core before the device (:func:`front_cpu_ms`).
         service_scale: the median model run inside a served executor over the profile's
             back-to-back median (CPU, batch 1), when it was measured (a ``model`` stand-in).
             A CPU instance's service time is then its back-to-back service stretched by it,
@@ -247,9 +272,10 @@ class ServingPath:
             :func:`greenctl.executor.serving.serving_overheads`); ``None``: the
             back-to-back shape is stretched by ``service_scale`` alone.
         resource: where the path was measured when not on a CPU core (``gpu:MODEL``,
-            ``mig:PROFILE``, ``mps:PCT``; ``profile serving --resource``): its scales then
-            apply to instances on that resource only, with no executor CPU charged to them.
-            ``None``: measured on a CPU core, applying to CPU instances.
+            ``mig:PROFILE``, ``mps:PCT``; ``profile serving --resource``): its scales and its
+            executor front then apply to instances on that resource only, with no executor
+            CPU charged to the device. ``None``: measured on a CPU core, applying to CPU
+            instances.
     """
 
     overhead_ms: tuple[float, ...]
@@ -294,6 +320,32 @@ def path_serves(path: ServingPath, resource: str) -> bool:
     if path.resource is not None:
         return path.resource == resource
     return kind_of(resource).pins_cores
+
+
+def front_cpu_ms(path: ServingPath | Sequence[float] | None, resource: str) -> float:
+    """The executor front of an instance on ``resource``: the CPU (ms) its executor spends
+    on each request on one core, in series with the device.
+
+    An accelerator instance (GPU, MIG, MPS) is served through one executor process whose
+    event loop receives each request (a 224x224 image is 600 KB), decodes it, enqueues it
+    and encodes the answer: one request at a time, whatever the device could take. Its
+    capacity is then at most ``1000 / front`` req/s and its requests wait for the front
+    (:func:`~greenctl.planner.core.queueing.with_front`). The figure is the path's
+    ``executor_cpu_ms`` when the path was measured on that very resource (``greenctl
+    profile serving --resource``): the whole executor process's CPU per request, so the
+    front is taken at the most it can be. 0 (no front modeled, the instance as its device
+    alone) for CPU instances, whose executor CPU shares the instance's cores
+    (:func:`served_service`), and where no executor CPU was measured on the resource
+    (bare overhead samples included).
+    """
+    if not isinstance(path, ServingPath) or path.resource is None:
+        return 0.0
+    if not path_serves(path, resource):
+        return 0.0
+    if not kind_of(resource).accelerator:
+        return 0.0
+    cpu = float(path.executor_cpu_ms or 0.0)
+    return cpu if math.isfinite(cpu) and cpu > 0 else 0.0
 
 
 def served_service(
@@ -391,7 +443,9 @@ def split_load(
     models = list(dict.fromkeys(i.model for i in instances))
     cap_of_dep: dict[int, float] = {}
     for inst in instances:
-        cap_of_dep[inst.deployment] = cap_of_dep.get(inst.deployment, 0.0) + inst.capacity_rps
+        cap_of_dep[inst.deployment] = (
+            cap_of_dep.get(inst.deployment, 0.0) + inst.served_capacity_rps
+        )
     all_quota = all(d.quota_rps is not None for d in deployments)
     if isinstance(rate_rps, Mapping):
         unknown = sorted(set(rate_rps) - set(models))
@@ -514,6 +568,118 @@ def account(
     return out
 
 
+# -- the energy of one instance, as the solvers price it ---------------------------------------
+def busy_stretch(inst: Instance, served: ServiceTime, demand_ms: float) -> float:
+    """Busy time per unit of profiled busy time of a one-request-at-a-time instance served
+    with ``served`` (:func:`served_service`) and ``demand_ms`` of executor CPU per request on
+    its cores: what :func:`predict` multiplies its busy fraction by."""
+    return (served.mean_ms + demand_ms) / inst.service.mean_ms
+
+
+def batch_busy_frac(pred: BatchPrediction, rate_rps: float, demand_ms: float) -> float:
+    """The busy fraction of a batching instance at ``rate_rps``: its device's
+    (:func:`~greenctl.planner.core.queueing.dynamic_batch`) plus, on CPU, the executor's own
+    work per request (``demand_ms``), which shares the cores."""
+    return min(pred.busy_frac + rate_rps * demand_ms / 1000.0, 1.0)
+
+
+def instance_busy(inst: Instance, rate_rps: float, path: ServingPath | None = None) -> float:
+    """The share of time ``inst`` is busy at ``rate_rps`` as :func:`predict` counts it under
+    ``wrr``/``batch`` (one queue per instance; 1.0 when the rate saturates it)."""
+    if rate_rps <= 0:
+        return 0.0
+    if inst.batches is not None:
+        got = served_batches(inst, rate_rps, path)
+        pred = dynamic_batch(rate_rps, got[0]) if got is not None else None
+        return 1.0 if got is None or pred is None else batch_busy_frac(pred, rate_rps, got[1])
+    busy = _busy_fraction(inst, rate_rps)
+    if path is None or not path_serves(path, inst.resource):
+        return busy
+    served, demand = served_service(inst, rate_rps, busy, path)
+    return min(busy_stretch(inst, served, demand) * busy, 1.0)
+
+
+@dataclass(frozen=True)
+class EnergyTerms:
+    """The power of one instance as linear terms: ``idle_w + dynamic_j_per_request x rate``.
+
+    Summed over a plan's instances (``idle_w`` per instance, ``dynamic_j_per_request`` per
+    request each serves) they give :func:`predict`'s ``power_w``; divided by the rate served,
+    its ``energy_j_per_request``. Exact at every rate below saturation for an instance that
+    serves one request at a time with a rate-independent service (``linear``); otherwise (a
+    batching instance: partial batches at low rates; a serving path without a measured
+    ``service_scale``, whose cold runs depend on the rate) exact at ``rate_rps`` only, the
+    secant of the power curve from the idle point.
+
+    Attributes:
+        idle_w: the instance's power at no load (its profile's ``idle_power_w``), drawn
+            whether it serves or not.
+        dynamic_j_per_request: busy minus idle power times busy time per request served.
+        rate_rps: the per-instance rate the terms were taken at.
+        linear: whether they hold at every rate below saturation (never for a batching
+            instance; otherwise checked at half the rate).
+    """
+
+    idle_w: float
+    dynamic_j_per_request: float
+    rate_rps: float
+    linear: bool
+
+    def power_w(self, rate_rps: float) -> float:
+        """The instance's power at ``rate_rps`` (req/s) by these terms."""
+        return self.idle_w + self.dynamic_j_per_request * rate_rps
+
+
+def instance_power_w(
+    inst: Instance, rate_rps: float, serving: ServingInput | None = None
+) -> float | None:
+    """The power (W) of ``inst`` serving ``rate_rps`` alone under ``wrr``/``batch``, by the
+    rule :func:`predict` accounts with (:func:`account`); None when its profile has no power."""
+    path = _path_for(serving, inst.model, inst.variant, inst.resource)
+    busy = instance_busy(inst, rate_rps, path)
+    return account([inst], {}, rate_rps=rate_rps, served_rps=[rate_rps], busy_frac=[busy])[
+        "power_w"
+    ]
+
+
+def energy_terms(
+    deployment: Deployment,
+    profiles: Mapping[ProfileKey, Profile],
+    *,
+    rate_rps: float,
+    serving: ServingInput | None = None,
+    max_wait_ms: float | None = None,
+) -> EnergyTerms | None:
+    """The linear power terms of one instance of ``deployment`` (its variant, resource and
+    batch; its count is ignored) at the operating point ``rate_rps`` (req/s per instance):
+    what a solver sums over a plan to get :func:`predict`'s ``power_w`` (:class:`EnergyTerms`).
+
+    ``profiles``, ``serving`` and ``max_wait_ms`` as :func:`predict` takes them (every
+    measured batch size of a batching deployment's (variant, resource)). None when the
+    profile has neither ``power_w`` nor ``energy_j``.
+
+    Raises:
+        InputError: no profile for the deployment, or a rate that is not a finite number > 0.
+    """
+    if not (math.isfinite(rate_rps) and rate_rps > 0):
+        raise InputError(f"an operating point must be a rate > 0 req/s, got {rate_rps}")
+    (inst,) = build_instances(
+        [replace(deployment, count=1)], profiles, max_wait_ms=max_wait_ms, serving=serving
+    )
+    idle = instance_power_w(inst, 0.0, serving)
+    power = instance_power_w(inst, rate_rps, serving)
+    if idle is None or power is None:
+        return None
+    dynamic = (power - idle) / rate_rps
+    linear = False  # a batching instance: its batches fill with the rate
+    if inst.batches is None:
+        half = instance_power_w(inst, 0.5 * rate_rps, serving)
+        linear = half is not None and math.isclose(
+            half, idle + dynamic * 0.5 * rate_rps, rel_tol=1e-9, abs_tol=1e-12
+        )
+    return EnergyTerms(idle, dynamic, float(rate_rps), linear)
+
+
 def _clean(value: float, scale: float) -> float:
     """Round float noise (relative to ``scale``) to zero."""
     return 0.0 if abs(value) <= 1e-9 * max(abs(scale), 1.0) else value
@@ -561,7 +727,11 @@ def predict(
             :class:`ServingPath` or bare overhead samples in ms, one for every model or
             ``{variant or model: ...}`` (a variant's own entry first, then its model's, then
             ``"*"``). Its overhead is added to every
-            request's latency and its executor CPU delays the queue of CPU instances.
+            request's latency and its executor CPU delays the queue of CPU instances; on a
+            GPU, MIG or MPS instance a path measured on that resource adds the executor's
+            front, a serial CPU stage before the device that caps the instance at
+            ``1000 / executor_cpu_ms`` req/s and whose wait every request adds
+            (:func:`front_cpu_ms`; none where no executor CPU was measured there).
             Without it latencies are the model's alone.
 
     Latency also accounts for cold runs: a request that finds its instance idle runs at the
@@ -579,7 +749,7 @@ def predict(
     Raises:
         InputError: a missing profile, an unknown policy, a bad number.
     """
-    instances = build_instances(deployments, profiles, max_wait_ms=max_wait_ms)
+    instances = build_instances(deployments, profiles, max_wait_ms=max_wait_ms, serving=serving)
     check_policy(policy, instances)
     model_rate, shares = split_load(instances, deployments, rate_rps)
     total_rate = sum(model_rate.values())
@@ -596,7 +766,7 @@ def predict(
         path = _path_for(serving, i.model, i.variant, i.resource)
         svc, demand = served_service(i, rate, busy_frac, path)
         if path is not None and path_serves(path, i.resource):
-            stretch[i.index] = (svc.mean_ms + demand) / i.service.mean_ms
+            stretch[i.index] = busy_stretch(i, svc, demand)
         return svc, demand
 
     parts: list[tuple[float, LatencyModel]] = []
@@ -612,27 +782,45 @@ def predict(
         pred = dynamic_batch(rate, model)
         if pred is None:
             return None, 1.0
-        # on CPU the executor's own work per request shares the cores too
-        return pred.latency, min(pred.busy_frac + rate * demand / 1000.0, 1.0)
+        return pred.latency, batch_busy_frac(pred, rate, demand)
 
     def queue(
         rate: float,
         members: list[Instance],
         model: LatencyModel | None,
         busy_frac: float | None = None,
+        *,
+        ca2: float = 1.0,
     ) -> None:
         nonlocal violation, overloaded
         if rate <= 0:
             return
         path = _path_for(serving, members[0].model, members[0].variant, members[0].resource)
-        if model is not None and path is not None and path.overhead_ms:
-            model = with_overhead(model, path.overhead_ms)
+        overhead = path.overhead_ms if path is not None else ()
+        if model is not None and any(i.front_ms > 0 for i in members):
+            # on an accelerator, the executor's front before the device (on CPU the
+            # executor's own work shares the cores instead), each at its instance's share
+            # of a pooled queue, with the path's overhead
+            pooled = (
+                pooled_shares(rate, [m.service for m in members]) if len(members) > 1 else [1.0]
+            )
+            model = mixture_model(
+                [
+                    (
+                        float(g),
+                        with_front(model, rate * g, i.front_ms, ca2=ca2, overhead_ms=overhead),
+                    )
+                    for i, g in zip(members, pooled, strict=True)
+                ]
+            )
+        elif model is not None and overhead:
+            model = with_overhead(model, overhead)
         if model is None:
             overloaded = True
             violation += rate
-            for i in members:  # saturated: everyone busy, serving at capacity
-                served[i.index] = i.capacity_rps
-                busy[i.index] = 1.0
+            for i in members:  # saturated: serving at capacity, the device busy throughout
+                served[i.index] = i.served_capacity_rps  # (unless its executor front binds)
+                busy[i.index] = min(i.served_capacity_rps / i.capacity_rps, 1.0)
             return
         parts.append((rate, model))
         slo = slo_for(percentile_slo_ms, [i.variant for i in members])
@@ -675,12 +863,10 @@ def predict(
                 svc, demand = served_at(i, r, _busy_fraction(i, r))
                 if policy == "wrr":
                     # stride-scheduled share p of a Poisson stream: interarrival ca2 ~ p
-                    lm = mgc_model(
-                        r, [svc], ca2=max(min(shares[i.index], 1.0), 0.05), demand_ms=demand
-                    )
+                    ca2 = max(min(shares[i.index], 1.0), 0.05)
+                    queue(r, [i], mgc_model(r, [svc], ca2=ca2, demand_ms=demand), ca2=ca2)
                 else:  # batch policy, batch 1: a FIFO server
-                    lm = mgc_model(r, [svc])
-                queue(r, [i], lm)
+                    queue(r, [i], mgc_model(r, [svc]))
 
     result = account(
         instances,
@@ -712,3 +898,16 @@ def predict(
 def _busy_fraction(inst: Instance, rate: float) -> float:
     """Fraction of time an instance serving one request at a time executes at ``rate``."""
     return min(rate / inst.capacity_rps, 1.0)
+
+
+def serving_path(
+    serving: ServingInput | None,
+    model: str,
+    variant: str | None = None,
+    resource: str | None = None,
+) -> ServingPath | None:
+    """The serving path whose overhead :func:`predict` adds to the requests of ``variant`` of
+    ``model`` on ``resource`` (what a model-less offer carries,
+    :func:`greenctl.executor.offers.instance_offers`): measured on its own resource, else its
+    own entry, else its model's, else ``"*"``."""
+    return _path_for(serving, model, variant, resource)

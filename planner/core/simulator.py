@@ -45,18 +45,23 @@ from greenctl.data.records import Profile, Variant
 from greenctl.planner.core.evaluate import (
     PREDICTED_KEYS,
     Instance,
+    ServingInput,
     SloInput,
     account,
     build_instances,
     check_policy,
+    path_serves,
     predict,
     served_batches,
+    served_service,
+    serving_path,
     slo_for,
     split_load,
 )
 from greenctl.planner.core.latency import BatchService, ServiceTime
 from greenctl.planner.core.loads import check_arrivals, poisson_arrivals
 from greenctl.planner.core.policy import SmoothWRR, plan_policy
+from greenctl.planner.core.queueing import front_capacity_rps, pooled_shares
 from greenctl.planner.core.service import load_test_row
 
 
@@ -85,6 +90,7 @@ def fifo_queue(
     rng: np.random.Generator,
     *,
     queue_limit: int | None = None,
+    demand_ms: float = 0.0,
 ) -> QueueRun:
     """One FIFO queue over ``len(services)`` servers (server ``i`` draws from ``services[i]``).
 
@@ -93,7 +99,11 @@ def fifo_queue(
         services: one service-time distribution per server.
         rng: the random generator (service draws).
         queue_limit: the most requests that may wait; arrivals beyond it are dropped.
+        demand_ms: work each request adds to its server after its own service (an
+            executor's CPU on a CPU instance's cores): it delays the requests behind, not
+            its own latency (:func:`~greenctl.planner.core.queueing.mgc_model`'s).
     """
+    d = max(float(demand_ms), 0.0)
     n = int(arrival_ms.size)
     c = len(services)
     if c < 1:
@@ -112,7 +122,7 @@ def fifo_queue(
             st = a if a > free else free
             starts[k] = st
             who[k] = i
-            replace(heap, (st + svc[k], i))
+            replace(heap, (st + svc[k] + d, i))
         start = np.array(starts)
         return QueueRun(arrival_ms, start - arrival_ms, np.array(svc), np.array(who))
     # Heterogeneous servers: the fastest idle server takes the request, else the first to
@@ -161,12 +171,44 @@ def fifo_queue(
         starts[k] = st
         svc_out[k] = s
         who[k] = i
-        free_at[i] = st + s
+        free_at[i] = st + s + d
     rank_to_server = np.array([*by_speed, -1])
     start = np.array(starts)
     return QueueRun(
         arrival_ms, start - arrival_ms, np.array(svc_out), rank_to_server[np.array(who)]
     )
+
+
+def _fronted_fifo(
+    arrival_ms: np.ndarray,
+    services: Sequence[ServiceTime],
+    pooled: np.ndarray,
+    fronts_ms: Sequence[float],
+    rng: np.random.Generator,
+    queue_limit: int | None,
+    demand: np.ndarray,
+    members: Sequence[Instance],
+) -> QueueRun:
+    """One pooled FIFO queue behind its instances' executor fronts: each request crosses
+    the front of an instance drawn by the pooled queue's shares (``pooled``), then the queue
+    (requests in the order they leave the fronts); waits include the front's."""
+    n = arrival_ms.size
+    k = len(services)
+    which = rng.choice(k, size=n, p=pooled / pooled.sum()) if k > 1 else np.zeros(n, dtype=int)
+    before = np.zeros(n)
+    at = arrival_ms.copy()
+    for j, f in enumerate(fronts_ms):
+        sub = np.flatnonzero(which == j)
+        if sub.size and f > 0:
+            before[sub] = front_queue(arrival_ms[sub], f)
+            at[sub] = arrival_ms[sub] + before[sub] + f
+    order = np.argsort(at, kind="stable")
+    run = fifo_queue(
+        at[order], services, rng, queue_limit=queue_limit, demand_ms=float(demand[members[0].index])
+    )
+    back = np.empty_like(order)
+    back[order] = np.arange(n)
+    return QueueRun(arrival_ms, before + run.wait_ms[back], run.service_ms[back], run.server[back])
 
 
 # -- wrr: stride dispatch + Lindley ---------------------------------------------------------
@@ -212,6 +254,17 @@ def _single_bounded(arr: np.ndarray, svc: np.ndarray, limit: int) -> tuple[np.nd
     return wait, ok
 
 
+def front_queue(arrival_ms: np.ndarray, front_ms: float) -> np.ndarray:
+    """Each request's wait at an executor front: one FIFO server on one core that spends
+    ``front_ms`` on every request before the device sees it (Lindley's recursion). The
+    device's arrivals are then ``arrival + wait + front_ms`` (in order); the request's
+    latency counts the wait, not ``front_ms`` (part of the measured serving path, as
+    :func:`~greenctl.planner.core.queueing.with_front` models it). Zeros without a front."""
+    if front_ms <= 0 or arrival_ms.size == 0:
+        return np.zeros(arrival_ms.size)
+    return lindley_queue(arrival_ms, np.full(arrival_ms.size, float(front_ms)))
+
+
 def wrr_queues(
     arrival_ms: np.ndarray,
     services: Sequence[ServiceTime],
@@ -219,8 +272,14 @@ def wrr_queues(
     rng: np.random.Generator,
     *,
     queue_limit: int | None = None,
+    demands_ms: Sequence[float] | None = None,
+    fronts_ms: Sequence[float] | None = None,
 ) -> QueueRun:
-    """Stride-dispatched per-server FIFO queues (``shares`` sum to the fraction each gets)."""
+    """Stride-dispatched per-server FIFO queues (``shares`` sum to the fraction each gets).
+
+    ``demands_ms``: per server, work each request adds after its service (see
+    :func:`fifo_queue`); ``fronts_ms``: per server, its executor front before it
+    (:func:`front_queue`, unbounded; ``queue_limit`` bounds the server's own queue)."""
     n = arrival_ms.size
     assign = stride_assign(shares, n)
     wait = np.full(n, np.nan)
@@ -232,13 +291,20 @@ def wrr_queues(
             continue
         a = arrival_ms[idx]
         s = service.sample(rng, idx.size)
+        front = float(fronts_ms[i]) if fronts_ms is not None else 0.0
+        before = front_queue(a, front)
+        if front > 0:
+            a = a + before + front
+        held = s
+        if demands_ms is not None and demands_ms[i] > 0:
+            held = s + float(demands_ms[i])
         if queue_limit is None:
-            wait[idx] = lindley_queue(a, s)
+            wait[idx] = before + lindley_queue(a, held)
             svc[idx] = s
             server[idx] = i
         else:
-            w, ok = _single_bounded(a, s, int(queue_limit))
-            wait[idx[ok]] = w[ok]
+            w, ok = _single_bounded(a, held, int(queue_limit))
+            wait[idx[ok]] = before[ok] + w[ok]
             svc[idx[ok]] = s[ok]
             server[idx[ok]] = i
     return QueueRun(arrival_ms, wait, svc, server)
@@ -366,6 +432,7 @@ def simulate(
     device_idle_power_w: float | None = None,
     max_wait_ms: float | None = None,
     warmup_frac: float = 0.01,
+    serving: ServingInput | None = None,
 ) -> dict[str, Any]:
     """Simulate a configuration; returns the same keys as :func:`~greenctl.planner.core.evaluate.predict`.
 
@@ -376,6 +443,13 @@ def simulate(
         seed: makes the run reproducible.
         queue_limit: waiting requests per queue beyond which arrivals are dropped.
         warmup_frac: leading fraction of requests left out of latency statistics.
+        serving: the measured serving path, as :func:`~greenctl.planner.core.evaluate.predict`
+            takes it and models it: each request adds a draw of its overhead samples; an
+            instance on the resource the path was measured on runs its served runs
+            (:func:`~greenctl.planner.core.evaluate.served_service`), a CPU instance's
+            executor CPU delaying the requests behind, and a GPU, MIG or MPS instance's
+            executor front runs before its device (:func:`front_queue`; under ``fifo`` each
+            instance's front takes its share of the pooled queue, as ``predict`` models it).
         Others: as in :func:`~greenctl.planner.core.evaluate.predict`.
 
     The run is ``overloaded`` when the offered rate reaches a queue's capacity, or when
@@ -383,7 +457,7 @@ def simulate(
     then ``p50/p95/p99_ms`` are ``math.inf``. ``dropped_rps`` counts drops by a bounded
     queue plus, when overloaded, the backlog left at the end.
     """
-    instances = build_instances(deployments, profiles, max_wait_ms=max_wait_ms)
+    instances = build_instances(deployments, profiles, max_wait_ms=max_wait_ms, serving=serving)
     check_policy(policy, instances)
     if queue_limit is not None and queue_limit < 0:
         raise InputError(f"queue limit must be >= 0, got {queue_limit}")
@@ -423,8 +497,20 @@ def simulate(
     slo_ms = np.full(n, np.inf)  # the SLO each request is held to (its instance's variant's)
     served_count = np.zeros(len(instances))
     busy_ms = np.zeros(len(instances))
+    # per instance: the executor CPU (ms per request) on its cores, from the serving path
+    demand = np.zeros(len(instances))
     backlog = 0
     saturated = False
+
+    def served(inst: Instance, rate: float, busy_frac: float) -> ServiceTime:
+        """The service an instance runs at its rate: as ``predict`` serves it where its
+        serving path was measured on its resource, else its profiled service."""
+        path = serving_path(serving, inst.model, inst.variant, inst.resource)
+        if path is None or not path_serves(path, inst.resource):
+            return inst.service
+        svc, demand[inst.index] = served_service(inst, rate, busy_frac, path)
+        return svc
+
     for mi, m in enumerate(models):
         members = [i for i in instances if i.model == m]
         idx = np.flatnonzero(which == mi)
@@ -434,13 +520,51 @@ def simulate(
         rate = model_rate[m]
         if policy == "fifo":
             saturated |= rate >= sum(i.capacity_rps for i in members)
-            run = fifo_queue(a, [i.service for i in members], rng, queue_limit=queue_limit)
+            services = [i.service for i in members]
+            pooled = pooled_shares(rate, services) if serving is not None else None
+            if pooled is not None:
+                services = [
+                    served(i, rate * float(g), rate * float(g) / i.capacity_rps)
+                    for i, g in zip(members, pooled, strict=True)
+                ]
+            fronts = [i.front_ms for i in members]
+            if pooled is not None and any(f > 0 for f in fronts):
+                # each instance's front takes its share of the pooled queue (as predict)
+                saturated |= any(
+                    rate * float(g) >= front_capacity_rps(f)
+                    for g, f in zip(pooled, fronts, strict=True)
+                )
+                run = _fronted_fifo(a, services, pooled, fronts, rng, queue_limit, demand, members)
+            else:
+                run = fifo_queue(
+                    a,
+                    services,
+                    rng,
+                    queue_limit=queue_limit,
+                    demand_ms=float(demand[members[0].index]),
+                )
             runs = [(run, members)]
         else:
             sh = [shares[i.index] for i in members]
-            saturated |= any(rate * s >= i.capacity_rps for s, i in zip(sh, members, strict=True))
+            saturated |= any(
+                rate * s >= i.served_capacity_rps for s, i in zip(sh, members, strict=True)
+            )
             if policy == "wrr":
-                run = wrr_queues(a, [i.service for i in members], sh, rng, queue_limit=queue_limit)
+                services = [i.service for i in members]
+                if serving is not None:
+                    services = [
+                        served(i, rate * s, min(rate * s / i.capacity_rps, 1.0))
+                        for s, i in zip(sh, members, strict=True)
+                    ]
+                run = wrr_queues(
+                    a,
+                    services,
+                    sh,
+                    rng,
+                    queue_limit=queue_limit,
+                    demands_ms=[float(demand[i.index]) for i in members],
+                    fronts_ms=[i.front_ms for i in members],
+                )
                 runs = [(run, members)]
             else:
                 # each instance's share as an independent thinning, a Poisson stream as
@@ -456,14 +580,24 @@ def simulate(
                     sub = np.flatnonzero(assign == k)
                     if sub.size == 0:
                         continue
+                    # an accelerator's executor front, then the device (none: as they come)
+                    before = front_queue(a[sub], inst.front_ms)
+                    at = a[sub] + before + inst.front_ms if inst.front_ms > 0 else a[sub]
+                    r_k = rate * sh[k]
                     if inst.batches is None:  # batch 1: a FIFO server
-                        b = batch_queue(a[sub], inst.service, 1, rng)
+                        svc = inst.service
+                        if serving is not None:
+                            svc = served(inst, r_k, min(r_k / inst.capacity_rps, 1.0))
+                        b = batch_queue(at, svc, 1, rng)
                     else:
                         # the runs predict() models at this rate (cold runs at light load)
-                        got = served_batches(inst, rate * sh[k])
+                        path = serving_path(serving, inst.model, inst.variant, inst.resource)
+                        got = served_batches(inst, r_k, path)
+                        if got is not None:
+                            demand[inst.index] = got[1]
                         how = inst.batches.batching
                         b = batch_queue(
-                            a[sub],
+                            at,
                             inst.batches if got is None else got[0],
                             inst.batch,
                             rng,
@@ -474,25 +608,31 @@ def simulate(
                     run_full = QueueRun(
                         a, np.full(a.size, np.nan), np.full(a.size, np.nan), np.full(a.size, -1)
                     )
-                    run_full.wait_ms[sub] = b.wait_ms
+                    run_full.wait_ms[sub] = before + b.wait_ms
                     run_full.service_ms[sub] = b.service_ms
                     run_full.server[sub] = k
                     runs.append((run_full, members))
         for run, mem in runs:
             ok = ~run.dropped
             lat = run.latency_ms
-            latency[idx[ok]] = lat[ok]
             finish = run.arrival_ms + lat
             for k, inst in enumerate(mem):
                 sel = ok & (run.server == k)
                 if not sel.any():
                     continue
-                served_count[inst.index] += int(sel.sum())
+                count = int(sel.sum())
+                served_count[inst.index] += count
                 slo = slo_for(percentile_slo_ms, [inst.variant])
                 if slo is not None:
                     slo_ms[idx[sel]] = slo
                 backlog += int((finish[sel] > horizon_ms).sum())
                 busy_ms[inst.index] += _busy_time(run, sel, inst, policy)
+                busy_ms[inst.index] += count * float(demand[inst.index])
+                path = serving_path(serving, inst.model, inst.variant, inst.resource)
+                if path is not None and path.overhead_ms:  # the serving path's own time
+                    samples = np.asarray(path.overhead_ms, dtype=float)
+                    lat[sel] += samples[rng.integers(0, samples.size, count)]
+            latency[idx[ok]] = lat[ok]
     overloaded = saturated or backlog > max(100, 0.02 * n)
     served_rps = served_count / horizon_s
     if overloaded:
@@ -537,8 +677,9 @@ def _busy_time(run: QueueRun, sel: np.ndarray, inst: Instance, policy: str) -> f
     """Execution time (ms) an instance spent on the selected requests."""
     if policy != "batch":
         return float(run.service_ms[sel].sum())
-    # a batch's members share one start; count each batch's execution once
-    starts = run.arrival_ms[sel] + run.wait_ms[sel]
+    # a batch's members share one start; count each batch's execution once (to a ns: the
+    # waits of requests that crossed an executor front are sums of two parts)
+    starts = np.round(run.arrival_ms[sel] + run.wait_ms[sel], 6)
     svc = run.service_ms[sel]
     _, first = np.unique(starts, return_index=True)
     return float(svc[first].sum())

@@ -52,20 +52,46 @@ class MixVariant:
 
 @dataclass
 class MixOption:
-    """One candidate deployment unit: an instance of ``variant`` on ``resource`` at ``batch``."""
+    """One candidate deployment unit: an instance of ``variant`` on ``resource`` at ``batch``.
+
+    Energy is priced as the evaluation core accounts it
+    (:func:`greenctl.planner.core.evaluate.energy_terms`): every instance draws
+    ``idle_power_w`` whether it serves or not, and each request it serves adds
+    ``energy_j_per_request`` (its busy power above idle times its busy time per request). A
+    plan's power is then ``sum n x idle_power_w + sum served x energy_j_per_request``, the
+    core's ``power_w``: exactly for an instance serving one request at a time, at
+    ``energy_rate_rps`` per instance for a batching one (``energy_linear`` False).
+    """
 
     variant: str
     resource: str
     batch: int
     capacity_rps: float  # per instance, at the SLO and percentile
     cost_per_hour: float  # per instance
-    energy_j_per_request: float | None
+    energy_j_per_request: float | None  # per request served, above idle (class docstring)
     latency_ms: float | None = None  # the instance's latency at the planning percentile
     usage: dict[str, float] = field(default_factory=dict)  # budget key -> amount per instance
     capacity_source: str = "load-tested"  # load-tested@SLO | queueing
     hardware: str | None = None
     profile: Profile | None = field(default=None, repr=False, compare=False)
     priced: bool = True  # False: cost_per_hour is the resource amount (no price known)
+    idle_power_w: float = 0.0  # per instance, served or not (class docstring)
+    #: the profile row at every measured batch size up to ``batch`` of its (variant,
+    #: resource): a batching instance's service model, for re-pricing its energy
+    sizes: dict[int, Profile] = field(default_factory=dict, repr=False, compare=False)
+    #: the per-instance rate (req/s) the energy terms were taken at; None: not from the core
+    energy_rate_rps: float | None = None
+    #: whether the terms hold at every rate (False: a batching instance, exact at
+    #: ``energy_rate_rps`` only)
+    energy_linear: bool = True
+
+    def energy_at_capacity(self, headroom: float = 0.0) -> float | None:
+        """Joules per request served by an instance filled to its capacity (its quota
+        ``capacity_rps`` serves ``capacity_rps / (1 + headroom)`` requests per second)."""
+        if self.energy_j_per_request is None:
+            return None
+        served = self.capacity_rps / (1.0 + headroom)
+        return self.energy_j_per_request + self.idle_power_w / served
 
     @property
     def key(self) -> tuple[str, str, int, str | None]:
@@ -132,6 +158,11 @@ class MixProblem:
     def total_load(self) -> float:
         return sum(f.load_rps(self.headroom) for f in self.families)
 
+    @property
+    def total_rate(self) -> float:
+        """The requests per second served (the load without headroom)."""
+        return sum(f.rate_rps for f in self.families)
+
     def running_variants(self) -> set[str]:
         return {d.variant for d in self.current}
 
@@ -145,7 +176,13 @@ Allocation = dict[int, dict[int, tuple[int, float]]]
 
 @dataclass
 class Terms:
-    """Per-option linear coefficients of every objective term."""
+    """Per-option linear coefficients of every objective term.
+
+    Energy and carbon have a term per request (on the quota ``q``: the busy energy above
+    idle) and one per instance (on the count ``n``: its idle power), the evaluation core's
+    accounting (:class:`MixOption`): summed over a plan they are the energy and carbon per
+    request its ``predicted`` block reports.
+    """
 
     acc: list[list[float]]  # AA coefficient of q
     cc: list[list[float]]  # CC coefficient of q
@@ -154,6 +191,10 @@ class Terms:
     lc: list[dict[str, float]]  # LC coefficient of s_v for variants that start new
     use_cc: bool
     ref: list[dict[str, Any]]  # per family reference (most accurate single-variant plan)
+    cc_n: list[list[float]] = field(default_factory=list)  # CC coefficient of n (idle)
+    carbon_n: list[list[float]] = field(default_factory=list)  # carbon g/request of n (idle)
+    energy: list[list[float]] = field(default_factory=list)  # J/request coefficient of q
+    energy_n: list[list[float]] = field(default_factory=list)  # J/request coefficient of n
 
 
 def count_bounds(problem: MixProblem, fi: int) -> list[int]:
@@ -181,13 +222,20 @@ def _reference(problem: MixProblem, fi: int) -> dict[str, Any]:
         feasible = need <= bounds[oi] or not o.usage
         acc = fam.variants[o.variant].accuracy
         cost = need * o.cost_per_hour
+        energy = None
+        if o.energy_j_per_request is not None:
+            # the core's accounting: every instance's idle power over the requests served,
+            # plus the busy energy above idle of each
+            energy = o.energy_j_per_request
+            if fam.rate_rps > 0:
+                energy += need * o.idle_power_w / fam.rate_rps
         cand = {
             "variant": o.variant,
             "resource": o.resource,
             "count": need,
             "accuracy": acc,
             "cost_per_hour": cost,
-            "energy_j_per_request": o.energy_j_per_request,
+            "energy_j_per_request": energy,
             "feasible": feasible,
         }
         rank = (feasible, acc, -cost)
@@ -200,8 +248,16 @@ def _reference(problem: MixProblem, fi: int) -> dict[str, Any]:
 
 
 def objective_terms(problem: MixProblem) -> Terms:
-    """Linear coefficients of AA, RC, LC, CC and carbon per request, per option."""
+    """Linear coefficients of AA, RC, LC, CC and carbon per request, per option.
+
+    Energy per request of a plan = (``sum n x idle_power_w`` + ``sum served x
+    energy_j_per_request``) / total rate served, where an option's quota ``q`` serves
+    ``q / (1 + headroom)`` requests per second; carbon = energy / 3.6e6 x PUE x intensity.
+    CC is each family's energy per request over its reference plan's, weighted by its share
+    of the rate (and by intensity over the reference intensity).
+    """
     total = problem.total_load or 1.0
+    served = problem.total_rate or 1.0
     refs = [_reference(problem, fi) for fi in range(len(problem.families))]
     use_cc = all(
         o.energy_j_per_request is not None for f in problem.families for o in f.options
@@ -210,21 +266,29 @@ def objective_terms(problem: MixProblem) -> Terms:
     running = problem.running_variants()
     lmax = max((v.load_time_s for f in problem.families for v in f.variants.values()), default=0.0)
     ci = problem.intensity
+    g_per_j = problem.pue * ci / 3.6e6
     acc, cc, rc, carbon, lc = [], [], [], [], []
+    cc_n, carbon_n, energy, energy_n = [], [], [], []
     for fi, fam in enumerate(problem.families):
         acc.append([fam.variants[o.variant].accuracy / total for o in fam.options])
-        carbon.append(
+        # per unit of quota: served / total rate = q / total load
+        energy.append([(o.energy_j_per_request or 0.0) / total for o in fam.options])
+        energy_n.append(
             [
-                (o.energy_j_per_request or 0.0) * problem.pue * ci / 3.6e6 / total
+                o.idle_power_w / served if o.energy_j_per_request is not None else 0.0
                 for o in fam.options
             ]
         )
+        carbon.append([e * g_per_j for e in energy[-1]])
+        carbon_n.append([e * g_per_j for e in energy_n[-1]])
         eref = refs[fi].get("energy_j_per_request") or 0.0
         if use_cc and eref > 0:
-            scale = (ci / problem.reference_carbon_intensity) / (eref * total)
-            cc.append([(o.energy_j_per_request or 0.0) * scale for o in fam.options])
+            scale = (ci / problem.reference_carbon_intensity) / eref
+            cc.append([e * scale for e in energy[-1]])
+            cc_n.append([e * scale for e in energy_n[-1]])
         else:
             cc.append([0.0 for _ in fam.options])
+            cc_n.append([0.0 for _ in fam.options])
         if problem.budgets:
             nb = len(problem.budgets)
             rc.append(
@@ -246,7 +310,7 @@ def objective_terms(problem: MixProblem) -> Terms:
                 if name not in running
             }
         )
-    return Terms(acc, cc, rc, carbon, lc, use_cc, refs)
+    return Terms(acc, cc, rc, carbon, lc, use_cc, refs, cc_n, carbon_n, energy, energy_n)
 
 
 def evaluate_allocation(
@@ -254,7 +318,6 @@ def evaluate_allocation(
 ) -> dict[str, Any]:
     """Metrics and objective value of an allocation (counts and quotas per option)."""
     t = terms or objective_terms(problem)
-    total = problem.total_load or 1.0
     aa = rc = lc = cc = carbon = cost = energy = 0.0
     lat = 0.0
     for fi, opts in alloc.items():
@@ -265,11 +328,11 @@ def evaluate_allocation(
                 continue
             o = fam.options[oi]
             aa += t.acc[fi][oi] * qq
-            cc += t.cc[fi][oi] * qq
-            carbon += t.carbon[fi][oi] * qq
+            cc += t.cc[fi][oi] * qq + t.cc_n[fi][oi] * n
+            carbon += t.carbon[fi][oi] * qq + t.carbon_n[fi][oi] * n
             rc += t.rc[fi][oi] * n
             cost += o.cost_per_hour * n
-            energy += (o.energy_j_per_request or 0.0) * qq / total
+            energy += t.energy[fi][oi] * qq + t.energy_n[fi][oi] * n
             if n > 0:
                 started.add(o.variant)
                 if o.latency_ms is not None:
@@ -355,11 +418,11 @@ def build_model(
             if objective == "cost":
                 cn, cq = o.cost_per_hour, 0.0
             elif objective == "carbon":
-                cn, cq = 0.0, terms.carbon[fi][oi]
+                cn, cq = terms.carbon_n[fi][oi], terms.carbon[fi][oi]
             elif objective == "accuracy":
                 cn, cq = 0.0, terms.acc[fi][oi]
             else:
-                cn = -problem.alpha * terms.rc[fi][oi]
+                cn = -problem.alpha * terms.rc[fi][oi] - problem.gamma * terms.cc_n[fi][oi]
                 cq = terms.acc[fi][oi] - problem.gamma * terms.cc[fi][oi]
             u = bounds[oi]
             nc = m.col(sign * cn, 0.0, float(u), True)
@@ -706,11 +769,12 @@ def greedy(problem: MixProblem, terms: Terms) -> Allocation:
     2. Then family by family (largest load first), with the budget that family holds plus
        what is left in the pool, variants are tried in the objective's order of preference
        (most accurate first for accuracy/balanced, cheapest per request for cost, lowest
-       energy for carbon) among those meeting the accuracy floor on their own. Each step
-       replicates (adds an instance of a small option) or upgrades (one instance of a larger
-       option), whichever serves the remaining load at the lower cost per useful req/s, and
-       is taken only if the rest of the family's load still fits on its efficient option;
-       otherwise the rest downgrades to the next variant.
+       energy per request of a full instance, idle power included, for carbon) among those
+       meeting the accuracy floor on their own. Each step replicates (adds an instance of a
+       small option) or upgrades (one instance of a larger option), whichever serves the
+       remaining load at the lower cost (for carbon: the lower carbon, the objective's own
+       terms) per useful req/s, and is taken only if the rest of the family's load still
+       fits on its efficient option; otherwise the rest downgrades to the next variant.
     """
     budgets = problem.budgets
     scale = {k: 1.0 / b if b > 0 else 0.0 for k, b in budgets.items()}
@@ -774,20 +838,23 @@ def greedy(problem: MixProblem, terms: Terms) -> Allocation:
             if problem.objective == "cost":
                 return (min(o.cost_per_hour / o.capacity_rps for o in opts), -acc)
             if problem.objective == "carbon":
-                return (min(o.energy_j_per_request or 0.0 for o in opts), -acc)
+                return (min(o.energy_at_capacity(problem.headroom) or 0.0 for o in opts), -acc)
             return (-acc,)
 
         opts_alloc: dict[int, tuple[int, float]] = {}
         for v in sorted(by_var, key=pref):
             while remaining > 1e-9:
-                best: tuple[tuple[float, float], int] | None = None
+                best: tuple[tuple[float, ...], int] | None = None
                 for oi in by_var[v]:
                     o = fam.options[oi]
                     served = min(o.capacity_rps, remaining)
                     _, rest = need(fi, remaining - served)
                     if any(left[k] - o.usage.get(k, 0.0) - rest[k] < -1e-9 for k in budgets):
                         continue
-                    score = (o.cost_per_hour / served, -o.capacity_rps)
+                    score: tuple[float, ...] = (o.cost_per_hour / served, -o.capacity_rps)
+                    if problem.objective == "carbon":
+                        grams = terms.carbon_n[fi][oi] + terms.carbon[fi][oi] * served
+                        score = (grams / served, *score)
                     if best is None or score < best[0]:
                         best = (score, oi)
                 if best is None:

@@ -12,9 +12,13 @@ Formulation (one model for every family, budgets shared), per family ``f`` with 
 - ``sum_o q_o = L_f``; ``sum_o usage_{o,k} n_o <= budget_k`` for every budget ``k``;
 - ``sum_o q_o (accuracy_o - floor) >= 0`` when a ``min_accuracy`` floor is set;
 - objectives: ``accuracy`` max ``sum q a / sum L`` (linear because the loads are fixed);
-  ``cost`` min ``sum n cost``; ``carbon`` min ``sum q e x PUE x CI / 3.6e6 / sum L``;
+  ``cost`` min ``sum n cost``; ``carbon`` min ``(sum n P_idle + sum q e / (1 + headroom))
+  x PUE x CI / 3.6e6 / sum rate``, the evaluation core's energy accounting (every instance
+  draws its idle power ``P_idle``, each request served adds ``e``, its busy energy above
+  idle: ``evaluate.energy_terms``), so the carbon minimised is the carbon the plan reports;
   ``balanced`` max ``AA - alpha RC - beta LC - gamma CC`` where ``LC`` uses binary
-  "variant newly started" indicators ``s_v`` with the tight bound ``n_o <= U_o s_v``.
+  "variant newly started" indicators ``s_v`` with the tight bound ``n_o <= U_o s_v`` and
+  ``CC`` is that energy per family over its reference plan's.
 
 Tightness: exact dominance pruning (an option of the same variant with no less capacity
 and no more cost, energy or use of any budget replaces it instance for instance), and
@@ -345,17 +349,21 @@ def _capacity_from_latency(
     or ``batch_capacity_at_slo`` (an executor batching dynamically, its service model built
     from the rows of every measured batch size up to ``p.batch``, ``sizes``:
     :func:`greenctl.planner.core.service.batch_service`). A served CPU instance's service is
-    longer (:func:`served_service_of`).
+    longer (:func:`served_service_of`); a GPU, MIG or MPS instance with executor CPU measured
+    on its resource has its executor front in series (``evaluate.front_cpu_ms``): at most
+    ``1000 / executor_cpu_ms`` req/s, and its wait counts in the latency.
 
     Returns:
         (capacity_rps, latency at quantile ``q`` in ms: the service's, or for a batching
         instance a lone request's (its wait for the batch to fill included), source)
     """
+    from greenctl.planner.core.evaluate import front_cpu_ms
     from greenctl.planner.core.queueing import batch_capacity_at_slo, capacity_at_slo, dynamic_batch
     from greenctl.planner.core.service import batch_service
 
     service, stretch = served_service_of(path, res, p)
     source = f"queueing, served x{stretch:.2f}" if stretch > 1.0 else "queueing"
+    front = front_cpu_ms(path, res.label) if res is not None else 0.0
     if p.batch > 1:
         rows = {n: r for n, r in (sizes or {}).items() if n <= p.batch}
         rows[p.batch] = p
@@ -366,12 +374,12 @@ def _capacity_from_latency(
         lat = float(alone.latency.quantile(q)) if alone is not None else math.inf
         if lat > slo_ms:
             return 0.0, lat, source
-        cap = batch_capacity_at_slo(model, slo_ms=slo_ms, percentile=q)
+        cap = batch_capacity_at_slo(model, slo_ms=slo_ms, percentile=q, front_ms=front)
         return max(float(cap), 0.0), lat, source
     lat = float(service.quantile(q))
     if lat > slo_ms:
         return 0.0, lat, source
-    cap = capacity_at_slo(service, servers=1, slo_ms=slo_ms, percentile=q)
+    cap = capacity_at_slo(service, servers=1, slo_ms=slo_ms, percentile=q, front_ms=front)
     return max(float(cap), 0.0), lat, source
 
 
@@ -400,10 +408,60 @@ def served_service_of(path: Any, res: Resource | None, p: Profile) -> tuple[Any,
 
 
 def _energy(p: Profile) -> float | None:
+    """A profile's own energy per request: the fallback when the evaluation core cannot
+    price an option (:func:`price_energy`)."""
     if p.energy_j is not None:
         return float(p.energy_j)
     if p.power_w is not None and p.throughput_rps > 0:
         return float(p.power_w) / float(p.throughput_rps)
+    return None
+
+
+#: Relative change of a batching option's planned per-instance rate below which its energy
+#: terms are not re-priced (:func:`plan_mix`).
+ENERGY_RATE_TOL = 1e-6
+#: Rounds of re-pricing batching options at the rates a plan gives them and solving again.
+ENERGY_ROUNDS = 3
+
+
+def operating_point(o: MixOption, rate_rps: float, headroom: float) -> float:
+    """The per-instance rate (req/s) an option's energy is first priced at: its family's
+    rate spread over the instances that would serve the family alone
+    (``ceil(load / capacity)``), so a family served by one option is priced exactly."""
+    if rate_rps <= 0:
+        return max(o.capacity_rps / (1.0 + headroom), 1e-9)
+    load = rate_rps * (1.0 + headroom)
+    return rate_rps / max(1, math.ceil(load / o.capacity_rps - 1e-9))
+
+
+def price_energy(
+    o: MixOption, model: str, rate_rps: float, serving: Mapping[str, Any] | None
+) -> str | None:
+    """Set ``o``'s energy terms (``idle_power_w``, ``energy_j_per_request``) from the
+    evaluation core (:func:`greenctl.planner.core.evaluate.energy_terms`) at ``rate_rps``
+    per instance, with the serving path ``predict`` will use.
+
+    Returns:
+        None, or why the core could not price it (``o`` keeps its profile's own energy per
+        request, with no idle power).
+    """
+    from greenctl.planner.core.evaluate import energy_terms
+
+    if o.profile is None:
+        return None
+    rows = {(o.variant, o.resource, n): p for n, p in o.sizes.items() if n <= o.batch}
+    rows[(o.variant, o.resource, o.batch)] = o.profile
+    dep = Deployment(model=model, variant=o.variant, resource=o.resource, batch=o.batch)
+    try:
+        t = energy_terms(dep, rows, rate_rps=rate_rps, serving=serving or None)
+    except InputError as exc:
+        return f"{o.variant} on {o.resource} batch {o.batch}: {exc.message}"
+    if t is None:
+        o.energy_j_per_request, o.idle_power_w = None, 0.0
+    else:
+        o.energy_j_per_request, o.idle_power_w = t.dynamic_j_per_request, t.idle_w
+    o.energy_rate_rps = rate_rps
+    o.energy_linear = t is None or t.linear
     return None
 
 
@@ -500,6 +558,22 @@ def build_mix_problem(
                 ineligible.append(f"{vname} on {label} batch {batch}: {opt}")
                 continue
             opt.usage = _budget_usage(res, budgets)
+            opt.sizes = {n: r for n, r in sizes[(vname, label, hw)].items() if n < batch}
+            if opt.profile is not None:
+                opt.sizes[batch] = opt.profile
+            # the energy the evaluation core will account for it (before pruning: dominance
+            # compares these terms)
+            why = price_energy(
+                opt,
+                fam["model"],
+                operating_point(opt, fam["rate_rps"], req["headroom"]),
+                {k: v for k, v in (serving or {}).items() if v},
+            )
+            if why is not None:
+                notes.append(
+                    f"energy priced from the profile alone (no idle power), the evaluation "
+                    f"core could not: {why}"
+                )
             options.append(opt)
         family = MixFamily(
             name=fam["model"],
@@ -723,7 +797,8 @@ def prune_dominated(options: list[MixOption]) -> tuple[list[MixOption], int]:
     ``a`` cost no more than one of ``b``, use no more of any budget, and ``a`` spends no
     more energy per request (unknown only matches unknown). Replacing every instance of
     ``b`` by ``k`` of ``a`` keeps a plan feasible (same quota, no less capacity) and no worse
-    under every objective (same variant: same accuracy and loading cost), so pruning keeps
+    under every objective (same variant: same accuracy and loading cost; ``k`` instances of
+    ``a`` draw no more idle power than one of ``b``), so pruning keeps
     the optimum exact. ``k = 1`` is plain dominance; ``k > 1`` removes sizes that scale
     sublinearly (two ``cpu:1`` instances that beat one ``cpu:2``), which also leaves the
     solver the finest-grained options and so a tighter relaxation.
@@ -759,6 +834,8 @@ def _dominates(a: MixOption, b: MixOption) -> bool:
     if (ea is None) != (eb is None):
         return False
     if ea is not None and eb is not None and ea > eb + _EPS:
+        return False
+    if ea is not None and k * a.idle_power_w > b.idle_power_w + _EPS:
         return False
     keys = set(a.usage) | set(b.usage)
     return all(k * a.usage.get(key, 0.0) <= b.usage.get(key, 0.0) + _EPS for key in keys)
@@ -1143,6 +1220,71 @@ def plan_mix(
     terms = objective_terms(problem)
     if any(not f.options for f in problem.families):
         raise _diagnose(problem, solver, terms)
+    alloc, info = _solve_once(problem, terms, strategy, solver, time_limit_s)
+    # Batching options are priced at one rate per instance (their energy per request falls
+    # as their batches fill): re-price those the plan uses at the rates it gives them and
+    # solve again, until the plan prices every instance at its own rate (then the energy
+    # and carbon the solver minimised are the ones the evaluation core reports).
+    rounds = 0
+    seen = {_alloc_key(alloc)}
+    while rounds < ENERGY_ROUNDS and _reprice(problem, alloc):
+        rounds += 1
+        terms = objective_terms(problem)
+        left = None
+        if time_limit_s is not None:
+            left = max(time_limit_s - (time.perf_counter() - t0), 0.1)
+        try:
+            alloc, info = _solve_once(problem, terms, strategy, solver, left)
+        except InfeasiblePlan:  # e.g. out of time: keep the plan, now priced at its rates
+            break
+        if _alloc_key(alloc) in seen:
+            break
+        seen.add(_alloc_key(alloc))
+    if rounds:
+        info["energy_rounds"] = rounds
+    info["total_s"] = round(time.perf_counter() - t0, 4)
+    if strategy == "single":
+        # "optimal" is within the baseline's restriction, not over all plans
+        info["scope"] = "one variant per family (the Model-Switching / VPA baseline)"
+    if problem.objective == "balanced" and problem.gamma > 0 and not terms.use_cc:
+        problem.notes.append(
+            "CC (carbon) term dropped from the balanced objective: some profiles have no "
+            "energy_j or power_w"
+        )
+    return _to_plan(problem, alloc, terms, strategy=strategy, solver_info=info)
+
+
+def _alloc_key(alloc: Allocation) -> tuple[tuple[int, int, int], ...]:
+    return tuple(sorted((fi, oi, n) for fi, opts in alloc.items() for oi, (n, _) in opts.items()))
+
+
+def _reprice(problem: MixProblem, alloc: Allocation) -> bool:
+    """Re-price the energy of every option ``alloc`` uses whose terms hold at one rate only
+    (batching) at the per-instance rate ``alloc`` gives it; True when any moved."""
+    moved = False
+    for fi, opts in alloc.items():
+        fam = problem.families[fi]
+        load = fam.load_rps(problem.headroom)
+        for oi, (n, qq) in opts.items():
+            o = fam.options[oi]
+            if n <= 0 or qq <= 0 or o.energy_linear or o.energy_rate_rps is None or load <= 0:
+                continue
+            rate = fam.rate_rps * qq / load / n  # what predict's quota split gives each
+            if abs(rate - o.energy_rate_rps) <= ENERGY_RATE_TOL * rate:
+                continue
+            if price_energy(o, fam.name, rate, problem.serving) is None:
+                moved = True
+    return moved
+
+
+def _solve_once(
+    problem: MixProblem,
+    terms: Terms,
+    strategy: str,
+    solver: str,
+    time_limit_s: float | None,
+) -> tuple[Allocation, dict[str, Any]]:
+    """One solve of ``problem`` with ``terms`` by ``strategy``; raises InfeasiblePlan."""
     if strategy == "greedy":
         alloc = greedy(problem, terms)
         info: dict[str, Any] = {"name": "greedy", "status": "heuristic", "gap": None}
@@ -1171,16 +1313,7 @@ def plan_mix(
                         hint="try --strategy ilp, which mixes variants",
                     )
             raise _diagnose(problem, solver, terms)
-    info["total_s"] = round(time.perf_counter() - t0, 4)
-    if strategy == "single":
-        # "optimal" is within the baseline's restriction, not over all plans
-        info["scope"] = "one variant per family (the Model-Switching / VPA baseline)"
-    if problem.objective == "balanced" and problem.gamma > 0 and not terms.use_cc:
-        problem.notes.append(
-            "CC (carbon) term dropped from the balanced objective: some profiles have no "
-            "energy_j or power_w"
-        )
-    return _to_plan(problem, alloc, terms, strategy=strategy, solver_info=info)
+    return alloc, info
 
 
 def _to_plan(
@@ -1223,7 +1356,8 @@ def _to_plan(
         "objective_name": problem.objective,
         "terms": metrics["terms"],
         "method": "modeled: per-instance capacity at the SLO; latency is the slowest "
-        "deployment's profiled latency at its capacity point; busy energy per request",
+        "deployment's profiled latency at its capacity point; energy as the evaluation core "
+        "accounts it (idle power per instance, busy energy above idle per request)",
     }
     usage: dict[str, float] = {k: 0.0 for k in problem.budgets}
     for fi, fam in enumerate(problem.families):
@@ -1300,8 +1434,12 @@ def _predict_with_core(
 ) -> dict[str, Any]:
     """Refine the predicted block with the evaluation core's analytic ``predict`` (wrr).
 
-    Needs the profiles behind the options (kept by :func:`build_mix_problem`); the planner's
-    own figures stay under ``planner_*`` keys for comparison.
+    Needs the profiles behind the options (kept by :func:`build_mix_problem`). The solver
+    priced energy by the core's rule (:func:`price_energy`), so the core's energy and carbon
+    are the ones it minimised: exactly for instances serving one request at a time, and for
+    batching ones priced at the rate the plan gives them (what :func:`plan_mix` re-prices
+    towards). Where they still differ by more than 1e-6 (relative), the solver's own figure
+    stays as ``solver_energy_j_per_request``.
     """
     if not profiles or not variants or not deployments:
         return predicted
@@ -1322,16 +1460,16 @@ def _predict_with_core(
         variants,
         rate_rps=rates,
         policy=policy,
-        percentile_slo_ms=max(f.slo_ms for f in problem.families),
+        # each family's requests against its own SLO (a variant belongs to one family)
+        percentile_slo_ms={v: f.slo_ms for f in problem.families for v in f.variants},
         carbon_g_per_kwh=problem.intensity,
         pue=problem.pue,
         serving=problem.serving or None,
     )
     merged = dict(predicted)
-    lat_key = f"{problem.percentile}_ms"
-    merged[f"planner_{lat_key}"] = predicted.get(lat_key)
-    merged["planner_energy_j_per_request"] = predicted.get("energy_j_per_request")
-    merged["planner_carbon_g_per_request"] = predicted.get("carbon_g_per_request")
+    mine, core = predicted.get("energy_j_per_request"), out.get("energy_j_per_request")
+    if mine is not None and core is not None and abs(mine - core) > 1e-6 * abs(core):
+        merged["solver_energy_j_per_request"] = mine
     for key in (
         "p50_ms",
         "p95_ms",
@@ -1347,8 +1485,16 @@ def _predict_with_core(
             merged[key] = out[key]
     merged["method"] = (
         "modeled: latency, energy and carbon from the evaluation core's analytic predict "
-        f"({policy} over quotas); accuracy, cost and objective from the planner"
+        f"({policy} over quotas); accuracy, cost and objective from the planner, whose "
+        "energy and carbon terms are the core's (idle power per instance, busy energy above "
+        "idle per request served)"
     )
+    if "solver_energy_j_per_request" in merged:
+        merged["method"] += (
+            "; solver_energy_j_per_request: the energy per request in the objective, where "
+            "it differs from the core's (a batching deployment priced at another rate per "
+            "instance than it gets, after the re-pricing rounds)"
+        )
     merged["latency_includes"] = (
         "model + measured serving path (client, dispatcher, executor)"
         if problem.serving
@@ -1369,4 +1515,39 @@ def _predict_with_core(
             "not measured and can be several times slower: measure them with `greenctl "
             "profile serving --resource RESOURCE --batch B`, or check with `apply --verify`)"
         )
+    merged["latency_includes"] += _front_note(problem, deployments)
     return merged
+
+
+def _front_note(problem: MixProblem, deployments: Sequence[Deployment]) -> str:
+    """What ``latency_includes`` says of the executor fronts of the plan's GPU, MIG and MPS
+    instances whose serving path was measured on their resource (``evaluate.front_cpu_ms``)."""
+    from greenctl.planner.core.evaluate import front_cpu_ms, serving_path
+
+    served = problem.serving or {}
+    with_front, without = [], []
+    for d in deployments:
+        key = f"{d.variant}@{d.resource}"
+        if not kind_of(d.resource).accelerator or key not in served:
+            continue
+        front = front_cpu_ms(serving_path(served, d.model, d.variant, d.resource), d.resource)
+        if front > 0:
+            with_front.append(
+                f"{key}: {front:.2g} ms of CPU per request, at most {1000 / front:,.0f} req/s"
+            )
+        else:
+            without.append(key)
+    note = ""
+    if with_front:
+        note += (
+            "; the executor front of GPU, MIG and MPS instances, a serial stage on one core "
+            "before the device (" + ", ".join(dict.fromkeys(with_front)) + ")"
+        )
+    if without:
+        note += (
+            "; no executor CPU measured for "
+            + ", ".join(dict.fromkeys(without))
+            + ": its executor front is not modeled (the device alone); measure it with "
+            "`greenctl profile serving --resource RESOURCE`"
+        )
+    return note
