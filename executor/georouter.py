@@ -1003,7 +1003,9 @@ def replan_router(store: Any, *, plan: Any, at: str | None = None) -> dict[str, 
             new_id = plan.id
             if step is not None:
                 push: dict[str, Any] = {"slots": {str(slot): step["fractions"]}, "at": at}
-                changed = (table.get("slots") or [{}] * (slot + 1))[slot] != step["fractions"]
+                slots = table.get("slots") or []
+                was = slots[slot] if slot < len(slots) else {}
+                changed = not _same_fractions(was, step["fractions"])
                 reason = (
                     f"eGLB online step ({step['algorithm']}, "
                     + ("from the stored state of the slot before" if step["warm"] and
@@ -1147,6 +1149,18 @@ def replan_if_routed(
     ):
         return None
     return replan_router(store, plan=store.get_plan(int(record["plan_id"])), at=at)
+
+
+def _same_fractions(a: Any, b: Any, tol: float = 1e-9) -> bool:
+    """Whether two slots' fractions (gateway -> site -> share) agree within ``tol``: a step
+    and the whole-horizon solve agree to about 1e-9, which is no change to route by."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return False
+        return all(_same_fractions(a[k], b[k], tol) for k in a)
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return abs(float(a) - float(b)) <= tol
+    return bool(a == b)
 
 
 def stop_router(store: Any) -> int:
