@@ -17,6 +17,47 @@ from greenctl.cli.common import (
 from greenctl.cli.plan import AtOpt, RegionOpt
 from greenctl.data.errors import InputError
 
+# The options a mix request is made of: ``plan mix`` and ``replay --kind mix`` declare them
+# once, here (the request itself is built by :func:`mix_request`).
+SloMsOpt = Annotated[
+    float | None, typer.Option("--slo-ms", help="Latency SLO in ms at --percentile.")
+]
+PercentileOpt = Annotated[
+    str | None, typer.Option("--percentile", help="SLO percentile: p95 (default) or p99.")
+]
+BudgetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--budget",
+        help="Resource budget KIND=AMOUNT (cpu=14 cores, mig=7 slices) or LABEL=COUNT "
+        "(mig:1g.10gb=7 instances); repeat for several.",
+    ),
+]
+ObjectiveOpt = Annotated[
+    str | None,
+    typer.Option("--objective", help="accuracy | cost | carbon | balanced (default)."),
+]
+MinAccuracyOpt = Annotated[
+    float | None,
+    typer.Option("--min-accuracy", help="Floor on the quota-weighted accuracy."),
+]
+AlphaOpt = Annotated[
+    float | None, typer.Option("--alpha", help="Balanced: weight of resource cost (0.05).")
+]
+BetaOpt = Annotated[
+    float | None, typer.Option("--beta", help="Balanced: weight of loading cost (0.001).")
+]
+GammaOpt = Annotated[
+    float | None, typer.Option("--gamma", help="Balanced: weight of carbon (0.05).")
+]
+HeadroomOpt = Annotated[
+    float | None,
+    typer.Option("--headroom", help="Spare capacity: cover rate x (1 + F) (default 0)."),
+]
+StrategyOpt = Annotated[
+    str | None, typer.Option("--strategy", help="ilp (exact, default) | greedy | single.")
+]
+
 
 def _parse_budgets(items: list[str] | None) -> dict[str, float]:
     out: dict[str, float] = {}
@@ -94,37 +135,14 @@ def mix_request(
 def plan_mix_cmd(
     model: Annotated[str | None, typer.Option("--model", help="Model family to serve.")] = None,
     rate: Annotated[float | None, typer.Option("--rate", help="Request rate (req/s).")] = None,
-    slo_ms: Annotated[
-        float | None, typer.Option("--slo-ms", help="Latency SLO in ms at --percentile.")
-    ] = None,
-    percentile: Annotated[
-        str | None, typer.Option("--percentile", help="SLO percentile: p95 (default) or p99.")
-    ] = None,
-    budget: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--budget",
-            help="Resource budget KIND=AMOUNT (cpu=14 cores, mig=7 slices) or LABEL=COUNT "
-            "(mig:1g.10gb=7 instances); repeat for several.",
-        ),
-    ] = None,
-    objective: Annotated[
-        str | None,
-        typer.Option("--objective", help="accuracy | cost | carbon | balanced (default)."),
-    ] = None,
-    min_accuracy: Annotated[
-        float | None,
-        typer.Option("--min-accuracy", help="Floor on the quota-weighted accuracy."),
-    ] = None,
-    alpha: Annotated[
-        float | None, typer.Option("--alpha", help="Balanced: weight of resource cost (0.05).")
-    ] = None,
-    beta: Annotated[
-        float | None, typer.Option("--beta", help="Balanced: weight of loading cost (0.001).")
-    ] = None,
-    gamma: Annotated[
-        float | None, typer.Option("--gamma", help="Balanced: weight of carbon (0.05).")
-    ] = None,
+    slo_ms: SloMsOpt = None,
+    percentile: PercentileOpt = None,
+    budget: BudgetOpt = None,
+    objective: ObjectiveOpt = None,
+    min_accuracy: MinAccuracyOpt = None,
+    alpha: AlphaOpt = None,
+    beta: BetaOpt = None,
+    gamma: GammaOpt = None,
     carbon_intensity: Annotated[
         float | None,
         typer.Option(
@@ -135,17 +153,12 @@ def plan_mix_cmd(
     ] = None,
     region: RegionOpt = None,
     at: AtOpt = None,
-    headroom: Annotated[
-        float | None,
-        typer.Option("--headroom", help="Spare capacity: cover rate x (1 + F) (default 0)."),
-    ] = None,
+    headroom: HeadroomOpt = None,
     current: Annotated[
         str | None,
         typer.Option("--current", help="The plan running now (JSON): no loading cost for it."),
     ] = None,
-    strategy: Annotated[
-        str | None, typer.Option("--strategy", help="ilp (exact, default) | greedy | single.")
-    ] = None,
+    strategy: StrategyOpt = None,
     solver: Annotated[str | None, typer.Option("--solver", help="highs (default) | cbc.")] = None,
     time_limit: Annotated[
         float | None,

@@ -6,6 +6,18 @@ from typing import Annotated, Any
 
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, say, store_for
+from greenctl.cli.plan_mix import (
+    AlphaOpt,
+    BetaOpt,
+    BudgetOpt,
+    GammaOpt,
+    HeadroomOpt,
+    MinAccuracyOpt,
+    ObjectiveOpt,
+    PercentileOpt,
+    SloMsOpt,
+    StrategyOpt,
+)
 from greenctl.data.errors import InputError
 
 
@@ -36,32 +48,16 @@ def replay_cmd(
         float | None,
         typer.Option("--rate", help="Rate of the first plan (default: the first forecast)."),
     ] = None,
-    slo_ms: Annotated[
-        float | None, typer.Option("--slo-ms", help="Latency SLO in ms at --percentile.")
-    ] = None,
-    percentile: Annotated[
-        str | None, typer.Option("--percentile", help="SLO percentile: p95 (default) or p99.")
-    ] = None,
-    budget: Annotated[
-        list[str] | None,
-        typer.Option("--budget", help="Resource budget KIND=AMOUNT (cpu=20); repeatable."),
-    ] = None,
-    objective: Annotated[
-        str | None,
-        typer.Option("--objective", help="accuracy | cost | carbon | balanced (default)."),
-    ] = None,
-    min_accuracy: Annotated[
-        float | None, typer.Option("--min-accuracy", help="Floor on the accuracy.")
-    ] = None,
-    alpha: Annotated[float | None, typer.Option("--alpha", help="Balanced: cost weight.")] = None,
-    beta: Annotated[float | None, typer.Option("--beta", help="Balanced: loading weight.")] = None,
-    gamma: Annotated[float | None, typer.Option("--gamma", help="Balanced: carbon weight.")] = None,
-    headroom: Annotated[
-        float | None, typer.Option("--headroom", help="Spare capacity fraction (0).")
-    ] = None,
-    strategy: Annotated[
-        str | None, typer.Option("--strategy", help="ilp (exact, default) | greedy | single.")
-    ] = None,
+    slo_ms: SloMsOpt = None,
+    percentile: PercentileOpt = None,
+    budget: BudgetOpt = None,
+    objective: ObjectiveOpt = None,
+    min_accuracy: MinAccuracyOpt = None,
+    alpha: AlphaOpt = None,
+    beta: BetaOpt = None,
+    gamma: GammaOpt = None,
+    headroom: HeadroomOpt = None,
+    strategy: StrategyOpt = None,
     spec: Annotated[
         str | None,
         typer.Option("--spec", help="TOML/JSON spec, as plan mix (or plan glet for --kind glet)."),
