@@ -389,7 +389,10 @@ def test_plan_mix_sizes_gpu_options_on_their_served_runs(cli, store):
     (cap_after,) = after["capacity"]
     assert cap_after["source"] == "queueing, served x2.00"  # 6.0 ms served against 3.0
     assert cap_after["capacity_rps_per_instance"] < cap["capacity_rps_per_instance"]
-    assert "GPU" not in after["predicted"]["latency_includes"]  # measured on that GPU
+    includes = after["predicted"]["latency_includes"]
+    assert "at their profiled run time" not in includes  # measured on that GPU
+    # its executor's CPU per request was measured with it: the front is modeled
+    assert "executor front" in includes and "tiny-s@gpu:A100" in includes
     assert after["predicted"]["p50_ms"] > before["predicted"]["p50_ms"] + 3.0
 
 
