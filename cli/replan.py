@@ -13,6 +13,7 @@ from greenctl.cli.common import (
     say,
     store_for,
 )
+from greenctl.data.loop_state import REPLAN_MARGIN, REPLAN_MIN_DWELL, REPLAN_THRESHOLD
 
 cron_app = typer.Typer(
     no_args_is_help=True,
@@ -37,19 +38,19 @@ def replan_cmd(
             "when it saves at least one GPU and more than this fraction of its GPUs (or the "
             "running layout cannot carry the load).",
         ),
-    ] = 0.05,
+    ] = REPLAN_THRESHOLD,
     margin: Annotated[
         float,
         typer.Option(
             "--margin", help="...or when the objective improves by more than this fraction."
         ),
-    ] = 0.02,
+    ] = REPLAN_MARGIN,
     min_dwell: Annotated[
         str,
         typer.Option(
             "--min-dwell", help="No change sooner than this after the last one (e.g. 30m, 1h)."
         ),
-    ] = "1h",
+    ] = REPLAN_MIN_DWELL,
     region: Annotated[
         str | None, typer.Option("--region", "-r", help="Carbon signal region.")
     ] = None,

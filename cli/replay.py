@@ -19,6 +19,7 @@ from greenctl.cli.plan_mix import (
     StrategyOpt,
 )
 from greenctl.data.errors import InputError
+from greenctl.data.loop_state import REPLAN_MARGIN, REPLAN_MIN_DWELL, REPLAN_THRESHOLD
 
 
 def replay_cmd(
@@ -155,13 +156,13 @@ def replay_cmd(
     every: Annotated[str, typer.Option("--every", help="Replan interval (60s, 5m).")] = "60s",
     threshold: Annotated[
         float, typer.Option("--threshold", help="As replan: carbon signal move that acts.")
-    ] = 0.05,
+    ] = REPLAN_THRESHOLD,
     margin: Annotated[
         float, typer.Option("--margin", help="As replan: objective gain that acts.")
-    ] = 0.02,
+    ] = REPLAN_MARGIN,
     min_dwell: Annotated[
         str, typer.Option("--min-dwell", help="As replan: no change sooner than this.")
-    ] = "1h",
+    ] = REPLAN_MIN_DWELL,
     forecaster: Annotated[
         str | None,
         typer.Option(

@@ -11,6 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+#: the replan loop's defaults, for ``replan``, ``replay`` and every kind's replay: the carbon
+#: signal's move (a fraction of the reference) that is worth a new plan, the objective's
+#: improvement that is, and the least time between two changes (``--min-dwell``)
+REPLAN_THRESHOLD = 0.05
+REPLAN_MARGIN = 0.02
+REPLAN_MIN_DWELL = "1h"
+REPLAN_MIN_DWELL_S = 3600.0
+
 
 # -- load history -----------------------------------------------------------------------------
 def add_load_rows(store: Any, rows: Iterable[dict[str, Any]]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from greenctl.data import deployments, loop_state
 from greenctl.data.errors import InputError, NotFoundError
+from greenctl.data.loop_state import REPLAN_MARGIN, REPLAN_MIN_DWELL_S, REPLAN_THRESHOLD
 from greenctl.data.records import utcnow_iso
 
 
@@ -468,9 +469,9 @@ def replan_once(
     *,
     plan: str | int,
     apply: bool = False,
-    threshold: float = 0.05,
-    margin: float = 0.02,
-    min_dwell_s: float = 3600.0,
+    threshold: float = REPLAN_THRESHOLD,
+    margin: float = REPLAN_MARGIN,
+    min_dwell_s: float = REPLAN_MIN_DWELL_S,
     region: str | None = None,
     forecaster: str | None = None,
     load_model: str | None = None,
@@ -1187,7 +1188,7 @@ def run_demo(
             hours=hours,
             step_h=step_h,
             apply=True,
-            min_dwell_s=3600.0,
+            min_dwell_s=REPLAN_MIN_DWELL_S,
             forecaster="moving-max",
             sample_load=False,  # the replay is simulated time: the idle dispatcher is no load
             progress=lambda k, n, d: progress(

@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 from greenctl.data.errors import InfeasiblePlan, InputError
+from greenctl.data.loop_state import REPLAN_MARGIN, REPLAN_MIN_DWELL_S, REPLAN_THRESHOLD
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.resources import parse_resource
 from greenctl.executor.replay_inputs import iso_at as _iso_at
@@ -625,9 +626,9 @@ def replay(
     start: str | None = None,
     hours: float | None = None,
     every: str | float | int = 60,
-    threshold: float = 0.05,
-    margin: float = 0.02,
-    min_dwell_s: float = 3600.0,
+    threshold: float = REPLAN_THRESHOLD,
+    margin: float = REPLAN_MARGIN,
+    min_dwell_s: float = REPLAN_MIN_DWELL_S,
     forecaster: str | None = None,
     baselines: Sequence[str] = DEFAULT_BASELINES,
     vpa_variant: str | Sequence[str] | None = None,

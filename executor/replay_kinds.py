@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 from greenctl.data.errors import InfeasiblePlan, InputError
+from greenctl.data.loop_state import REPLAN_MARGIN, REPLAN_MIN_DWELL_S, REPLAN_THRESHOLD
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.resources import PIN_MIG_INSTANCE, kind_of
 
@@ -574,10 +575,10 @@ def replay_glet(
     start: str | None = None,
     hours: float | None = None,
     every: str | float | int = 60,
-    threshold: float = 0.05,
-    margin: float = 0.02,
-    min_dwell_s: float = 3600.0,
-    forecaster: str = "last",
+    threshold: float = REPLAN_THRESHOLD,
+    margin: float = REPLAN_MARGIN,
+    min_dwell_s: float = REPLAN_MIN_DWELL_S,
+    forecaster: str | None = None,
     baselines: Sequence[str] | None = None,
     wue_l_per_kwh: float | None = None,
     ewif_l_per_kwh: float | None = None,
@@ -685,6 +686,9 @@ def replay_glet(
         else:
             share = planned[name] / weight if weight > 0 else 1.0 / len(shared)
             series[name] = np.asarray(win.rps[:end], dtype=float) * share
+    from greenctl.planner.core.forecast import DEFAULT_FORECASTER
+
+    forecaster = forecaster or DEFAULT_FORECASTER  # the one default, as replay()'s
     f = control.get_forecaster(store, forecaster)
     forecasts: dict[str, np.ndarray] = {}
     peaks: dict[str, np.ndarray] = {}
