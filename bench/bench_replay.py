@@ -25,17 +25,20 @@ Run: ``python bench/bench_replay.py [--quick] [--forecaster last]``.
     online step each hour, against the offline optimum of the day and the nearest site; and
     the whole 457-hour horizon. Wall time, carbon, cost, the largest site's carbon.
 (e) Speed, before and after, and where a replanning round's time goes (``--only
-    speed-fixes``): case (a)'s day replanned every minute and with replan's defaults,
-    (1) before: every HiGHS problem solved afresh (the solver memo bypassed); (2) after:
-    under the exact solver memo replay runs in (``planner.core.solvers.solve_memo``); and,
-    as DEMONSTRATIONS by monkeypatch of code this bench does not own (not in the product):
-    (3) without the hand-made MIR rows of ``planner/mix/model.py`` (``MIR_CUTS``); (4) with
-    a plan memo in ``executor/control.py``'s ``_replan_kind`` keyed by the rewritten request
-    and the running plan's variants (the one thing of the running plan a mix problem reads);
-    (5) both; (6) (5) and HiGHS options for these small ILPs (:data:`SMALL_MIP`, for
-    ``solve_highs`` in ``planner/mix/model.py``). Per row: wall and CPU seconds, the seconds
-    in HiGHS, in building the mix problem, in building the ILP and in the accounting, HiGHS
-    runs (solved / answered from the memo), and whether greenctl's figures equal row (1)'s.
+    speed-fixes``): case (a)'s day replanned every minute and with replan's defaults, each
+    step switched off by monkeypatch to measure it in the same run: (1) before: every HiGHS
+    problem solved afresh, the mix ILP with its MIR rows and HiGHS's default MIP options;
+    (2) + the exact solver memo (``planner.core.solvers.solve_memo``); (3) + no MIR rows and
+    the mix ILP's HiGHS options (``planner.mix.model.MIR_CUTS``, ``MIP_OPTIONS``): the
+    product's speed. Rows (1)-(3) hold the plan for the whole ``--min-dwell`` (the old rule);
+    (4) the product: the dwell yields to a load the running plan cannot carry
+    (``executor.control.dwell_yields``), which changes the figures. Per row: wall and CPU
+    seconds, the seconds in HiGHS, in building the mix problem, in building the ILP and in
+    the accounting, HiGHS runs (solved / answered from the solver memo), greenctl's modeled
+    SLO violations, cost and changes, and whether its figures equal row (1)'s. (A plan memo
+    keyed by the rewritten request and the running plan gained nothing here: replay's own
+    memo of rounds, keyed by the running configuration, the signal and the rate, already
+    answers every repeat.)
 """
 
 from __future__ import annotations
@@ -273,78 +276,37 @@ def _timed(fn: Any, acc: dict[str, float], key: str) -> Any:
     return wrapper
 
 
-def _plan_memo_replan_kind(orig: Any) -> Any:
-    """DEMONSTRATION (monkeypatch of executor/control.py's ``_replan_kind``): a mix plan is
-    made once per (rewritten request, running plan's variants): the problem reads of the
-    running plan only which variants run (``MixProblem.running_variants``, the loading
-    term); the running plan is still scored in that problem every round."""
-    import json
-
-    memo: dict[tuple[str, frozenset[str]], Any] = {}
-
-    def replan_kind(store: Any, running: Any, *, intensity: Any, rate: Any = None,
-                    forecast: Any = None, rates: Any = None) -> Any:  # fmt: skip
-        from greenctl.executor.kinds import ReplanSignal, get_kind
-
-        if running.kind != "mix":
-            return orig(store, running, intensity=intensity, rate=rate, forecast=forecast,
-                        rates=rates)  # fmt: skip
-        kind = get_kind("mix")
-        rewritten = kind.replan_request(
-            running, ReplanSignal(intensity, rate_rps=rate, forecast=forecast, rates=rates)
-        )
-        asked = {k: v for k, v in rewritten.request.items() if k != "current"}  # replaced
-        key = (
-            json.dumps(asked, sort_keys=True, default=str),
-            frozenset(d.variant for d in running.deployments),
-        )
-        if key not in memo:
-            memo[key] = kind.plan(store, rewritten.request, current=running)
-        new, problem = memo[key]
-        old_obj, note = kind.score(problem, running)
-        return new, old_obj, note, rewritten
-
-    return replan_kind
-
-
-#: DEMONSTRATION: HiGHS options for greenctl's small mix ILPs (~110 columns). On the 165
-#: distinct ILPs of (e)'s every-minute day, without the MIR rows: 23.7 -> 12.9 ms CPU mean
-#: per solve, the same optimum on every one (restarts after root fixing and the feasibility
-#: jump heuristic are fixed costs that do not pay at this size)
-SMALL_MIP = {"mip_allow_restart": False, "mip_heuristic_run_feasibility_jump": False}
-
-
 def speed_fixes(store: Any, hours: float, forecaster: str) -> None:
-    """(e): before/after of the solver memo, and the demonstrated fixes elsewhere."""
+    """(e): before/after of each speed step of this round, and the dwell rule."""
     import contextlib
 
     from greenctl.executor import control
     from greenctl.executor import replay as rp
     from greenctl.executor.replay import replay
     from greenctl.planner.core import solvers
+    from greenctl.planner.core.forecast import DEFAULT_FORECASTER
     from greenctl.planner.mix import model as mix_model
     from greenctl.planner.mix import solve as mix_solve
 
-    forecaster = forecaster or "last"  # the forecaster of issue 21's figures (26.6 s, 6.8 s)
+    forecaster = forecaster or DEFAULT_FORECASTER
     print(
         f"\n(e) speed before/after: one mix family, {hours:g} h of the Twitter trace at 60 s "
         f"intervals, baselines base, co2opt, vpa, forecaster {forecaster}"
     )
+    old = {"memo": False, "mir": True, "options": False, "yields": False}
     variants: list[tuple[str, dict[str, bool]]] = [
-        ("(1) before: no solver memo", {"memo": False}),
-        ("(2) after: exact solver memo (shipped)", {}),
-        ("(3) + DEMO no MIR rows (mix/model.py)", {"mir": False}),
-        ("(4) + DEMO plan memo (control.py)", {"plan_memo": True}),
-        ("(5) + DEMO both (3) and (4)", {"mir": False, "plan_memo": True}),
-        ("(6) + DEMO (5) + small-MIP HiGHS options", {"mir": False, "plan_memo": True,
-                                                      "options": True}),
+        ("(1) before: no memos, MIR rows, defaults", old),
+        ("(2) + exact solver memo", {**old, "memo": True}),
+        ("(3) + no MIR rows, mix MIP options", {"yields": False}),
+        ("(4) product: + the dwell yields", {}),
     ]  # fmt: skip
     cases = [("every minute (min-dwell 0, ilp)", 0.0), ("replan defaults (min-dwell 1h)", 3600.0)]
     keys = ("violations", "cost_usd", "accuracy", "changes", "energy_kwh")
     for case, dwell in cases:
         print(f"    {case}; {_load()}")
         print(f"      {'variant':40} {'wall s':>7} {'cpu s':>6} {'highs s':>8} {'problem s':>9} "
-              f"{'ilp s':>6} {'acct s':>7} {'rounds':>7} {'solved':>7} {'memo':>5}  same")  # fmt: skip
+              f"{'ilp s':>6} {'acct s':>7} {'rounds':>7} {'solved':>7} {'memo':>5} "
+              f"{'viol %':>7} {'USD':>6} {'chg':>4}  same")  # fmt: skip
         ref = None
         for label, opts in variants:
             acc = dict.fromkeys(("highs_s", "highs_runs", "problem_s", "ilp_s", "acct_s"), 0.0)
@@ -361,13 +323,12 @@ def speed_fixes(store: Any, hours: float, forecaster: str) -> None:
                           lambda h, m, o, c=memo_cls, a=acc: c(_RunTimer(h, a), m, o))  # fmt: skip
                 else:
                     patch(solvers, "_MemoHighs", lambda h, m, o, a=acc: _RunTimer(h, a))
-                if opts.get("mir") is False:
-                    patch(mix_model, "MIR_CUTS", False)
-                if opts.get("options"):
-                    patch(solvers, "new_highs",
-                          lambda o=None, f=solvers.new_highs: f({**(o or {}), **SMALL_MIP}))  # fmt: skip
-                if opts.get("plan_memo"):
-                    patch(control, "_replan_kind", _plan_memo_replan_kind(control._replan_kind))
+                if opts.get("mir"):
+                    patch(mix_model, "MIR_CUTS", True)
+                if opts.get("options") is False:
+                    patch(mix_model, "MIP_OPTIONS", {})
+                if opts.get("yields") is False:
+                    patch(control, "dwell_yields", lambda choice: False)
                 patch(mix_solve, "build_mix_problem",
                       _timed(mix_solve.build_mix_problem, acc, "problem_s"))  # fmt: skip
                 patch(mix_solve, "build_model", _timed(mix_solve.build_model, acc, "ilp_s"))
@@ -386,15 +347,19 @@ def speed_fixes(store: Any, hours: float, forecaster: str) -> None:
             print(
                 f"      {label:40} {wall:7.2f} {cpu:6.2f} {acc['highs_s']:8.2f} "
                 f"{acc['problem_s']:9.2f} {acc['ilp_s']:6.2f} {acc['acct_s']:7.2f} "
-                f"{r['solves']:7d} {int(acc['highs_runs']):7d} {sv['highs_memo_hits']:5d}  "
-                f"{'yes' if figures == ref else 'NO ' + str(figures)}"
+                f"{r['solves']:7d} {int(acc['highs_runs']):7d} {sv['highs_memo_hits']:5d} "
+                f"{g['violation_pct']:7.3f} "
+                f"{g['cost_usd']:6.2f} {int(g['changes']):4d}  "
+                f"{'yes' if figures == ref else 'no'}"
             )
     print(
         "    rounds: replanning rounds that planned (others: repeated rounds from replay's own "
         "memo, or held by the dwell); solved: HiGHS runs that solved; memo: runs answered "
-        "from the solver memo; problem s: planner.mix.solve.build_mix_problem; ilp s: "
-        "build_model (with the MIR rows); acct s: the accounting of every policy; same: "
-        "greenctl's violations, cost, accuracy, changes and energy equal row (1)'s"
+        "from the solver memo; problem s: "
+        "planner.mix.solve.build_mix_problem; ilp s: build_model; acct s: the accounting of "
+        "every policy; viol %, USD, chg: greenctl's SLO violations, cost and changes (all "
+        "MODELED); same: greenctl's violations, cost, accuracy, changes and energy equal row "
+        "(1)'s"
     )
     print(f"    target: one day at 1-min intervals in <= 10 s (issue 21); {_load()}")
 

@@ -48,7 +48,9 @@ def replan_cmd(
     min_dwell: Annotated[
         str,
         typer.Option(
-            "--min-dwell", help="No change sooner than this after the last one (e.g. 30m, 1h)."
+            "--min-dwell",
+            help="No change sooner than this after the last one (e.g. 30m, 1h), unless the "
+            "running plan cannot carry the forecast load.",
         ),
     ] = REPLAN_MIN_DWELL,
     region: Annotated[

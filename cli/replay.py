@@ -161,7 +161,12 @@ def replay_cmd(
         float, typer.Option("--margin", help="As replan: objective gain that acts.")
     ] = REPLAN_MARGIN,
     min_dwell: Annotated[
-        str, typer.Option("--min-dwell", help="As replan: no change sooner than this.")
+        str,
+        typer.Option(
+            "--min-dwell",
+            help="As replan: no change sooner than this, unless the running plan cannot "
+            "carry the forecast load.",
+        ),
     ] = REPLAN_MIN_DWELL,
     forecaster: Annotated[
         str | None,
@@ -416,7 +421,9 @@ def _render_glet(result: dict[str, Any]) -> None:
     r = meta["replan"]
     say(
         f"replan: {r['solves']} solves, {r['cached']} repeated rounds answered from the "
-        f"replay's memo, {r['dwell_holds']} held by --min-dwell; {meta['wall_s']:.1f} s",
+        f"replay's memo, {r['dwell_holds']} held by --min-dwell, "
+        f"{r.get('dwell_yields', 0)} changed within it (the running plan could not carry the "
+        f"forecast); {meta['wall_s']:.1f} s",
         highlight=False,
     )
 
@@ -472,7 +479,9 @@ def _render_mix(result: dict[str, Any]) -> None:
     r = meta["replan"]
     say(
         f"replan: {r['solves']} solves, {r['cached']} repeated rounds answered from the "
-        f"replay's memo, {r['dwell_holds']} held by --min-dwell; {meta['wall_s']:.1f} s",
+        f"replay's memo, {r['dwell_holds']} held by --min-dwell, "
+        f"{r.get('dwell_yields', 0)} changed within it (the running plan could not carry the "
+        f"forecast); {meta['wall_s']:.1f} s",
         highlight=False,
     )
     if meta.get("vpa"):

@@ -245,6 +245,11 @@ class PlanKind:
     #: beyond ``--margin``). Either way a running plan that cannot serve the new load
     #: (``score`` None) is replaced.
     triggers: Callable[[Plan, Plan, float], tuple[list[str], str]] | None = None
+    #: ``score`` None says the running plan cannot serve the forecast load (it misses the
+    #: SLO, or an option it runs is gone): ``--min-dwell`` then yields to a change
+    #: (:func:`greenctl.executor.control.dwell_yields`); False: None says only that the
+    #: running plan cannot be compared (a geo plan), and the dwell holds
+    score_checks_load: bool = True
     #: the policy when neither the plan nor batching decides (rule 4 of
     #: :mod:`greenctl.planner.core.policy`); None: that module's table, else ``wrr``
     default_policy: str | None = None
@@ -958,6 +963,7 @@ KINDS: dict[str, PlanKind] = {
         "geo",
         plan=_geo_plan,
         score=_geo_score,
+        score_checks_load=False,
         replan_request=_geo_replan_request,
         objective=_geo_objective,
         serves=False,

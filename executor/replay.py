@@ -228,7 +228,7 @@ class _Evaluator:
     keys: dict[int, tuple[Plan, tuple[Any, ...]]] = field(default_factory=dict)
 
     def at(self, plan: Plan, rate: float) -> dict[str, Any]:
-        from greenctl.planner.core.evaluate import predict
+        from greenctl.planner.core.evaluate import predict, spare_idle_w
 
         known = self.keys.get(id(plan))
         if known is None or known[0] is not plan:  # (the plan is kept: its id stays its own)
@@ -243,6 +243,7 @@ class _Evaluator:
                 rate_rps=float(rate),
                 policy=self.policy(plan),
                 percentile_slo_ms=self.slo_ms,
+                spare_idle_w=spare_idle_w(plan),  # as simulate: a MIG GPU's empty slices
             )
             self.memo[key] = got
         return got
@@ -791,7 +792,7 @@ def replay(
 
     # -- greenctl: the replan loop --------------------------------------------------------------
     choices: dict[Any, Any] = {}
-    stats = {"solves": 0, "cached": 0, "dwell_holds": 0}
+    stats = {"solves": 0, "cached": 0, "dwell_holds": 0, "dwell_yields": 0}
 
     def greenctl_steps() -> list[_Step]:
         running = first_plan
@@ -804,13 +805,10 @@ def replay(
                 progress(k, n)
             when = _iso_at(win.start_time, k * every_s)
             rate = float(forecasts[k])
-            dwell = (
-                None if last_change is None else control.dwell_since(last_change, when, min_dwell_s)
+            held = (
+                last_change is not None
+                and control.dwell_since(last_change, when, min_dwell_s) is not None
             )
-            if dwell is not None:
-                stats["dwell_holds"] += 1
-                out.append(_Step(running, "hold", rate))
-                continue
             ci = float(win.carbon[k])
             key = (_config_key(running.deployments), ci, ref, rate)
             choice = choices.get(key)
@@ -826,6 +824,12 @@ def replay(
                 choices[key] = choice
             else:
                 stats["cached"] += 1
+            if held and not control.dwell_yields(choice):  # as replan_once
+                stats["dwell_holds"] += 1
+                out.append(_Step(running, "hold", rate))
+                continue
+            if held:
+                stats["dwell_yields"] += 1
             if isinstance(choice, InfeasiblePlan):
                 out.append(_Step(running, "infeasible", rate))
                 continue

@@ -781,7 +781,7 @@ def replay_glet(
 
     # -- greenctl: the replan loop ------------------------------------------------------------
     choices: dict[Any, Any] = {}
-    stats = {"solves": 0, "cached": 0, "dwell_holds": 0}
+    stats = {"solves": 0, "cached": 0, "dwell_holds": 0, "dwell_yields": 0}
 
     def greenctl_steps() -> list[_GletStep]:
         running = first_plan
@@ -795,13 +795,10 @@ def replay_glet(
             when = iso_at(win.start_time, k * every_s)
             rates = {x: float(forecasts[x][k]) for x in names}
             total = float(sum(rates.values()))
-            if (
+            held = (
                 last_change is not None
                 and control.dwell_since(last_change, when, min_dwell_s) is not None
-            ):
-                stats["dwell_holds"] += 1
-                out.append(_GletStep(running, "hold", total))
-                continue
+            )
             key = (_layout_key(running), tuple(round(rates[x], 6) for x in names))
             choice = choices.get(key)
             if choice is None:
@@ -816,6 +813,12 @@ def replay_glet(
                 choices[key] = choice
             else:
                 stats["cached"] += 1
+            if held and not control.dwell_yields(choice):  # as replan_once
+                stats["dwell_holds"] += 1
+                out.append(_GletStep(running, "hold", total))
+                continue
+            if held:
+                stats["dwell_yields"] += 1
             if isinstance(choice, InfeasiblePlan):
                 out.append(_GletStep(running, "infeasible", total))
             elif choice.same:

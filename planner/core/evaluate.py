@@ -500,12 +500,14 @@ def account(
     wue_l_per_kwh: float | None = None,
     ewif_l_per_kwh: float | None = None,
     device_idle_power_w: float | None = None,
+    spare_idle_w: float = 0.0,
 ) -> dict[str, Any]:
     """Throughput, accuracy, power, energy, carbon, water and cost of a configuration.
 
     Args:
         served_rps: per instance, the rate it completes.
         busy_frac: per instance, the fraction of time it executes (0..1).
+        spare_idle_w: idle power no instance carries (:func:`spare_idle_w`).
     """
     if pue < 1.0 or not math.isfinite(pue):
         raise InputError(f"PUE must be a number >= 1, got {pue}")
@@ -549,6 +551,7 @@ def account(
         power += u * busy_w + (1.0 - u) * idle_w
     if device_idle_power_w:
         power += device_idle_power_w * len({inst.device for inst in instances})
+    power += spare_idle_w
     out["power_w"] = power if power_known else None
     energy = power / served if power_known and served > 0 else None
     out["energy_j_per_request"] = energy
@@ -704,6 +707,7 @@ def predict(
     device_idle_power_w: float | None = None,
     max_wait_ms: float | None = None,
     serving: ServingInput | None = None,
+    spare_idle_w: float = 0.0,
 ) -> dict[str, Any]:
     """Analytic prediction of a configuration's latency, accuracy, energy, carbon and cost.
 
@@ -720,6 +724,8 @@ def predict(
         wue_l_per_kwh: direct (on-site) water usage effectiveness, L/kWh.
         ewif_l_per_kwh: indirect (electricity generation) water intensity, L/kWh.
         device_idle_power_w: idle power of each whole device, shared by its instances.
+        spare_idle_w: idle power no instance carries: the compute slices of a MIG plan's
+            GPUs that hold no instance (:func:`spare_idle_w`).
         max_wait_ms: how long an executor waits for a batch to fill (default: the executors'
             :data:`~greenctl.data.batching.DEFAULT_MAX_WAIT_MS`; a deployment's
             ``placement["duty_cycle_ms"]`` wins).
@@ -879,6 +885,7 @@ def predict(
         wue_l_per_kwh=wue_l_per_kwh,
         ewif_l_per_kwh=ewif_l_per_kwh,
         device_idle_power_w=device_idle_power_w,
+        spare_idle_w=spare_idle_w,
     )
     if overloaded:
         result.update(p50_ms=math.inf, p95_ms=math.inf, p99_ms=math.inf)
@@ -911,3 +918,29 @@ def serving_path(
     :func:`greenctl.executor.offers.instance_offers`): measured on its own resource, else its
     own entry, else its model's, else ``"*"``."""
     return _path_for(serving, model, variant, resource)
+
+
+def spare_idle_w(plan: Any) -> float:
+    """Idle power (W) of the compute slices of a MIG plan's GPUs that no instance holds.
+
+    A partitioned GPU draws its whole idle power whatever its layout, and ``plan mig``
+    charges each of its ``gpus`` GPUs that (``extra.model.gpu_idle_w``); the plan's instances
+    carry only their own slices' share (their profiles' ``idle_power_w``), so a layout that
+    leaves slices empty (3g + 3g leaves one of an A100's seven; a GPU with no instance all
+    seven) would look cheaper summed than planned. This is the difference,
+    ``(gpus x C - the instances' compute slices) x gpu_idle_w / C`` with ``C`` the GPU's
+    compute slices, added to every evaluation of the plan (``simulate``, ``replay``). It
+    depends only on the request and the deployments. 0 for a plan without those figures
+    (only ``plan mig`` records ``gpu_idle_w``).
+    """
+    from greenctl.data.mig_geometry import resolve_gpu
+
+    model = plan.extra.get("model")
+    idle = model.get("gpu_idle_w") if isinstance(model, dict) else None
+    gpus = plan.request.get("gpus")
+    gpu = plan.request.get("gpu")
+    if not isinstance(idle, int | float) or not isinstance(gpus, int) or not gpu:
+        return 0.0
+    geo = resolve_gpu(str(gpu))
+    used = sum(d.count * geo.profile(d.resource).compute_slices for d in plan.deployments)
+    return max(gpus * geo.compute_slices - used, 0) * float(idle) / geo.compute_slices

@@ -56,6 +56,7 @@ from greenctl.planner.core.evaluate import (
     served_service,
     serving_path,
     slo_for,
+    spare_idle_w,
     split_load,
 )
 from greenctl.planner.core.latency import BatchService, ServiceTime
@@ -433,6 +434,7 @@ def simulate(
     max_wait_ms: float | None = None,
     warmup_frac: float = 0.01,
     serving: ServingInput | None = None,
+    spare_idle_w: float = 0.0,
 ) -> dict[str, Any]:
     """Simulate a configuration; returns the same keys as :func:`~greenctl.planner.core.evaluate.predict`.
 
@@ -443,6 +445,8 @@ def simulate(
         seed: makes the run reproducible.
         queue_limit: waiting requests per queue beyond which arrivals are dropped.
         warmup_frac: leading fraction of requests left out of latency statistics.
+        spare_idle_w: idle power no instance carries, as
+            :func:`~greenctl.planner.core.evaluate.predict`.
         serving: the measured serving path, as :func:`~greenctl.planner.core.evaluate.predict`
             takes it and models it: each request adds a draw of its overhead samples; an
             instance on the resource the path was measured on runs its served runs
@@ -651,6 +655,7 @@ def simulate(
         wue_l_per_kwh=wue_l_per_kwh,
         ewif_l_per_kwh=ewif_l_per_kwh,
         device_idle_power_w=device_idle_power_w,
+        spare_idle_w=spare_idle_w,
     )
     start = int(n * warmup_frac)
     steady = latency[start:]
@@ -777,6 +782,7 @@ def evaluate_plan(
         wue_l_per_kwh=wue_l_per_kwh,
         ewif_l_per_kwh=ewif_l_per_kwh,
         device_idle_power_w=device_idle_power_w,
+        spare_idle_w=spare_idle_w(plan),  # a MIG GPU's slices no instance holds idle too
     )
     if trace is not None:
         if rate_rps is not None:

@@ -40,6 +40,11 @@ Serving model shared by every solver (so their objectives compare):
 * Energy: ``E = (N * P_gpu_idle + sum_c x_c * e_c) / rate`` with ``P_gpu_idle`` the GPU's
   idle power (derived from the instances' idle power per compute slice) and ``e_c`` the
   busy energy per request above idle of class ``c``. Carbon per request ``= E / 3.6e6 * ci``.
+* A partitioned GPU draws its whole idle power whatever its layout: the slices no instance
+  holds (one of an A100's seven under 3g+3g) draw theirs too. A plan's instances carry only
+  their own slices' idle power (their profiles' ``idle_power_w``), so an evaluation that sums
+  instances (the core's ``predict``) adds
+  :func:`~greenctl.planner.core.evaluate.spare_idle_w` to agree with this model.
 * BASE's p95 (the default SLA) is computed in the same model: ``N`` M/G/1 queues at
   ``rate / N``. Under one central FIFO queue (Clover's dispatcher) BASE would be faster;
   plans show that figure as ``p95_fifo_ms`` for reference.

@@ -474,7 +474,23 @@ def build_model(
     return m, lay
 
 
-MIR_CUTS = True
+#: The MIR rows of :func:`_mir_cuts`, added to each family's cover; off: HiGHS's own cut
+#: generation does without them. Measured with :data:`MIP_OPTIONS` (``bench/bench_mix.py
+#: --quick``, load 3.5 on 2 cores): the same plans and proven optima; a one-family plan
+#: 72 -> 18 ms, the 30-family decomposition 0.23 -> 0.11 s. Kept as a switch for the
+#: benchmarks' comparison (``bench/bench_replay.py --only speed-fixes``).
+MIR_CUTS = False
+
+#: HiGHS options of every mix ILP: a restart after root reduced-cost fixing and the
+#: feasibility-jump heuristic are fixed costs that did not pay on greenctl's mix ILPs, from
+#: one family (about 110 columns) to the 30-family joint ILP: on the 165 distinct ILPs of a
+#: replayed day (MIR rows off) 23.7 -> 12.9 ms of CPU per solve, the same optimum on every
+#: one; ``bench/bench_mix.py --quick``: the same plans, and smaller gaps at the joint ILP's
+#: time limit.
+MIP_OPTIONS: dict[str, object] = {
+    "mip_allow_restart": False,
+    "mip_heuristic_run_feasibility_jump": False,
+}
 
 
 def _mir_cuts(caps: list[float], load: float) -> list[tuple[list[int], list[float], float]]:
@@ -584,6 +600,8 @@ def solve_highs(
     # more primal heuristics than HiGHS's default 0.05: on the 100-family benchmark the
     # default left the incumbent at the greedy warm start within a 10 s limit
     options["mip_heuristic_effort"] = 0.3
+    if not relax:
+        options.update(MIP_OPTIONS)
     if time_limit_s is not None:
         options["time_limit"] = float(time_limit_s)
     h = solvers.new_highs(options)

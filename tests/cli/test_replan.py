@@ -163,6 +163,37 @@ def test_min_dwell_blocks_flapping(tiny):
     assert d["action"] == "apply"  # 96.83 g/kWh, 15 h later: back to the accurate plan
 
 
+def test_min_dwell_yields_when_the_running_plan_cannot_carry_the_load(tiny):
+    """The dwell guards against churn, not against overload: within it, a load the running
+    plan cannot carry replaces it at once; a load it carries is held."""
+    store, pid = tiny
+    d = _replan(store, pid, "2021-03-01T05:00:00Z", apply=True)
+    assert d["action"] == "apply"
+    running = store.get_plan(d["new_plan_id"])
+    capacity = sum(
+        p.capacity_rps * dep.count
+        for dep in running.deployments
+        for p in store.latest_profiles(variant=dep.variant, resource=dep.resource)
+    )
+    # 10 min later, the same load: held by the dwell (the round plans and scores anyway)
+    d = _replan(store, pid, "2021-03-01T05:10:00Z", apply=True, min_dwell_s=3600)
+    assert d["action"] == "hold" and d["reason"].startswith("min dwell")
+    # 20 min later, twice what the running plan carries: the dwell yields
+    app = _Applier()
+    rates = {"tiny": 2 * capacity}
+    d = _replan(store, pid, "2021-03-01T05:20:00Z", apply=True, apply_fn=app, min_dwell_s=3600,
+                rates=rates)  # fmt: skip
+    assert d["action"] == "apply" and app.applied == [d["new_plan_id"]]
+    assert "min dwell" in d["reason"] and "yields" in d["reason"]
+    assert "cannot carry" in d["reason"]
+    assert d["old_objective"] is None  # the running plan cannot be scored at that load
+    bigger = store.get_plan(d["new_plan_id"])
+    assert sum(x.count for x in bigger.deployments) > sum(x.count for x in running.deployments)
+    # and the new plan now dwells: the same load 10 min later is held
+    d = _replan(store, pid, "2021-03-01T05:30:00Z", apply=True, min_dwell_s=3600, rates=rates)
+    assert d["action"] == "hold" and "min dwell" in d["reason"]
+
+
 def test_failed_apply_leaves_running_plan_and_records_it(tiny):
     store, pid = tiny
     with pytest.raises(ExecutorError, match="failed to load"):
@@ -415,7 +446,10 @@ def test_replan_invariants_on_random_signals(tiny, signals, dwell_h, threshold):
         min_dwell_s=dwell_h * 3600, threshold=threshold, margin=0.02,
     )  # fmt: skip
     applied_at = [int(d["at"][11:13]) for d in out if d["action"] == "apply"]
+    # the load does not move here: the running plan always carries it, so the dwell never
+    # yields (test_min_dwell_yields_when_the_running_plan_cannot_carry_the_load)
     assert all(b - a >= dwell_h for a, b in itertools.pairwise(applied_at))
+    assert not any("yields" in d["reason"] for d in out)
     for d in out:
         if d["action"] == "apply":
             assert (d["signal_change"] is None or d["signal_change"] > threshold) or (

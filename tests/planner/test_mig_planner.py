@@ -379,3 +379,51 @@ def test_a_disagreeing_simulator_tightens_the_capacity_sla_and_re_solves(monkeyp
     monkeypatch.setattr(mig_sim, "simulate_p95", lambda *a, **k: float("inf"))
     with pytest.raises(InfeasiblePlan, match="kept exceeding the SLA"):
         plan_mig(problem("A30", "albert", gpus=2, util=0.7))
+
+
+def test_predict_plus_spare_slices_is_the_plans_own_power():
+    """A GPU's unused compute slices still idle: ``predict`` sums instances only, so a MIG
+    plan that leaves slices empty looked cheaper replayed than planned (issue 21)."""
+    from greenctl.planner.core.evaluate import predict, profiles_by_key, spare_idle_w
+
+    geo = resolve_gpu("A100-40GB")
+    variants, profiles = _synth("A100-40GB", "efficientnet")
+    rate = 0.12 * 12 * 46.88  # BASE (b7 on 12 whole GPUs) at 12 % of its throughput
+    prob = build_problem(
+        geo, profiles, variants, family="efficientnet", gpus=12, rate_rps=rate,
+        carbon_intensity=200.0, sla_ms=200.0,
+    )  # fmt: skip
+    plan = plan_mig(prob, verify=False)
+    used = sum(d.count * geo.profile(d.resource).compute_slices for d in plan.deployments)
+    assert used < 12 * 7  # some GPU of this plan leaves a compute slice empty
+    spare = spare_idle_w(plan)
+    assert spare == pytest.approx((12 * 7 - used) * prob.gpu_idle_w / 7)
+    summed = predict(
+        plan.deployments, profiles_by_key(profiles), {v.name: v for v in variants},
+        rate_rps=rate, policy="wrr",
+    )["power_w"]  # fmt: skip
+    assert summed < plan.predicted["power_w"] - 1.0
+    assert summed + spare == pytest.approx(plan.predicted["power_w"], rel=1e-6)
+    # simulate's evaluation of the plan (the core's evaluate_plan) adds them itself
+    from greenctl.planner.core.simulator import evaluate_plan
+
+    simulated = evaluate_plan(plan, profiles, variants, rate_rps=rate, analytic=True)
+    assert simulated["power_w"] == pytest.approx(plan.predicted["power_w"], rel=1e-6)
+
+
+def test_spare_idle_of_a_hand_made_layout():
+    from greenctl.data.plan import Deployment
+    from greenctl.planner.core.evaluate import spare_idle_w
+
+    def plan(extra=None, **request):
+        return Plan(
+            kind="mig",
+            request={"gpu": "A100-40GB", "gpus": 2, **request},
+            deployments=[Deployment(model="m", variant="v", resource="mig:3g.20gb", count=2),
+                         Deployment(model="m", variant="w", resource="mig:7g.40gb", count=1)],
+            extra={"model": {"gpu_idle_w": 56.0}} if extra is None else extra,
+        )  # fmt: skip
+
+    assert spare_idle_w(plan()) == pytest.approx(8.0)  # 3g+3g leaves one of seven
+    assert spare_idle_w(plan(gpus=3)) == pytest.approx(64.0)  # and a GPU with nothing
+    assert spare_idle_w(plan(extra={})) == 0.0  # not plan mig's: no GPU idle power known
