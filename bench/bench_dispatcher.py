@@ -16,6 +16,16 @@ below 1 ms, MISSES when all of it lies above, INCONCLUSIVE otherwise.
 
     python bench/bench_dispatcher.py            # 1,000 req/s, 24 blocks of 1 s slices, wrr and fifo
     python bench/bench_dispatcher.py --quick    # 4 blocks, wrr only
+
+``--upstream`` measures the dispatcher's upstream client alone (``executor/upstream.py``,
+dispatcher -> executor) against another revision's, in one run: both clients in this
+process take turns (slices in a fresh random order per block) sending a 602,112-byte body
+(a 1x3x224x224 float32 image, in a ``bytearray`` as the dispatcher's front receives it) to a
+sink process that reads it and answers 4 KB (1,000 class scores), ``--outstanding`` requests
+in flight over keep-alive connections; per request: this process's CPU and the rate.
+
+    python bench/bench_dispatcher.py --upstream                     # against d221ca2, uvloop
+    python bench/bench_dispatcher.py --upstream --asyncio --body 64 # stdlib loop, 64-byte bodies
 """
 
 from __future__ import annotations
@@ -109,6 +119,191 @@ def relay_main(listen_port: int, target: str) -> int:
     return 0
 
 
+#: the upstream client before its head and body were sent unjoined (issue 22)
+UPSTREAM_BASELINE = "d221ca2"
+#: a 1x3x224x224 float32 tensor in a binary OIP request, as tritonclient sends it
+IMAGE_BODY_BYTES = 602_112
+
+
+def sink_main(listen_port: int, answer_bytes: int) -> int:
+    """An executor stand-in for ``--upstream``: reads ``Content-Length`` requests and answers
+    each with ``answer_bytes`` bytes, keep-alive; no parsing beyond the length."""
+    import asyncio
+
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % answer_bytes + b"\0" * answer_bytes
+
+    class Sink(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.transport: asyncio.Transport | None = None
+            self.head = bytearray()
+            self.left = -1  # body bytes still to come; -1: reading a head
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport  # type: ignore[assignment]
+
+        def data_received(self, data: bytes) -> None:
+            view = memoryview(data)
+            while view:
+                if self.left < 0:
+                    self.head += view
+                    end = self.head.find(b"\r\n\r\n")
+                    if end < 0:
+                        return
+                    length = 0
+                    for line in bytes(self.head[:end]).split(b"\r\n")[1:]:
+                        key, _, value = line.partition(b":")
+                        if key.strip().lower() == b"content-length":
+                            length = int(value)
+                    view = memoryview(bytes(self.head[end + 4 :]))
+                    self.head.clear()
+                    self.left = length
+                take = min(self.left, len(view))
+                view = view[take:]
+                self.left -= take
+                if self.left == 0:
+                    self.left = -1
+                    assert self.transport is not None
+                    self.transport.write(answer)
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Sink, "127.0.0.1", listen_port, backlog=2048)
+        print("sink ready", flush=True)
+        async with server:
+            await server.serve_forever()
+
+    try:
+        import uvloop
+
+        uvloop.run(serve())
+    except ImportError:
+        asyncio.run(serve())
+    return 0
+
+
+def load_revision_module(rev: str, path: str, name: str) -> object:
+    """``path`` as it is at git revision ``rev``, imported as module ``name`` (a temp file)."""
+    import importlib.util
+
+    text = subprocess.run(
+        ["git", "-C", str(Path(__file__).resolve().parent.parent), "show", f"{rev}:{path}"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    where = Path(tempfile.mkdtemp(prefix="greenctl-bench-rev-")) / f"{name}.py"
+    where.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, where)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def upstream_bench(args: argparse.Namespace) -> int:
+    """The upstream client of this tree against ``args.baseline``'s, in one run."""
+    import asyncio
+    import random
+    import time
+
+    from greenctl.executor import upstream as current
+
+    rev = subprocess.run(
+        ["git", "-C", str(Path(__file__).resolve().parent.parent), "rev-parse", "--short",
+         args.baseline], check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    baseline = load_revision_module(rev, "executor/upstream.py", "_upstream_baseline")
+    clients = {f"baseline {rev}": baseline.UpstreamPool, "this tree": current.UpstreamPool}  # type: ignore[attr-defined]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sink = subprocess.Popen(
+        [sys.executable, __file__, "--sink-serve", str(port), str(args.answer)],
+        stdout=subprocess.PIPE,
+    )
+    assert sink.stdout is not None
+    sink.stdout.readline()  # "sink ready"
+    body = bytearray(b"\x01" * args.body)
+    headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": "60"}
+    url = f"http://127.0.0.1:{port}"
+    cpu = dict.fromkeys(clients, 0.0)
+    done = dict.fromkeys(clients, 0)
+    wall = dict.fromkeys(clients, 0.0)
+    per_block: dict[str, list[float]] = {arm: [] for arm in clients}
+    loads = [os.getloadavg()[0]]
+
+    async def run() -> None:
+        pools = {arm: make(url) for arm, make in clients.items()}
+
+        async def worker(pool: object, end: float) -> int:
+            n = 0
+            while time.perf_counter() < end:
+                status, _, _ = await pool.post("/v2/models/m/infer", body, headers, 10.0)  # type: ignore[attr-defined]
+                assert status == 200
+                n += 1
+            return n
+
+        async def slice_of(arm: str, seconds: float) -> tuple[int, float, float]:
+            c0, t0 = time.process_time(), time.perf_counter()
+            end = t0 + seconds
+            n = sum(
+                await asyncio.gather(*(worker(pools[arm], end) for _ in range(args.outstanding)))
+            )
+            return n, time.process_time() - c0, time.perf_counter() - t0
+
+        for arm in clients:  # warm up: connections, allocator
+            await slice_of(arm, 0.5)
+        rng = random.Random(1)
+        for _ in range(args.blocks):
+            order = list(clients)
+            rng.shuffle(order)
+            for arm in order:
+                n, used, took = await slice_of(arm, args.slice)
+                cpu[arm] += used
+                done[arm] += n
+                wall[arm] += took
+                per_block[arm].append(1e6 * used / max(n, 1))
+            loads.append(os.getloadavg()[0])
+        for pool in pools.values():
+            pool.close()  # type: ignore[attr-defined]
+
+    loop_name = "asyncio"
+    try:
+        if args.asyncio:
+            raise ImportError
+        import uvloop
+
+        uvloop.run(run())
+        loop_name = f"uvloop {uvloop.__version__}"
+    except ImportError:
+        asyncio.run(run())
+    finally:
+        sink.terminate()
+        sink.wait()
+    print(
+        f"# upstream client (dispatcher -> executor), {loop_name}, python {sys.version.split()[0]}, "
+        f"{os.cpu_count()} CPUs, load average {min(loads):.2f}-{max(loads):.2f} during the run"
+    )
+    print(
+        f"# body {args.body:,} bytes (bytearray), answer {args.answer:,} bytes, "
+        f"{args.outstanding} in flight, {args.blocks} blocks of {args.slice:g} s per arm"
+    )
+    print(f"{'arm':<18} {'CPU us/req':>10} {'blocks':>15} {'req/s':>8} {'requests':>9}")
+    for arm in clients:
+        blocks = np.asarray(per_block[arm])
+        print(
+            f"{arm:<18} {1e6 * cpu[arm] / max(done[arm], 1):>10.1f} "
+            f"{blocks.min():>7.1f}-{blocks.max():<7.1f} {done[arm] / wall[arm]:>8.0f} {done[arm]:>9}"
+        )
+    base, cur = list(clients)
+    ratios = np.asarray(per_block[cur]) / np.asarray(per_block[base])
+    total = (cpu[cur] / max(done[cur], 1)) / (cpu[base] / max(done[base], 1))
+    print(
+        f"this tree / baseline, CPU per request: {total:.3f} "
+        f"(per block: median {np.median(ratios):.3f}, min {ratios.min():.3f}, max {ratios.max():.3f})"
+    )
+    return 0
+
+
 def start_relay(direct_url: str) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -197,6 +392,8 @@ def added_interval(
 def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--relay-serve":
         return relay_main(int(sys.argv[2]), sys.argv[3])
+    if len(sys.argv) == 4 and sys.argv[1] == "--sink-serve":
+        return sink_main(int(sys.argv[2]), int(sys.argv[3]))
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -205,7 +402,20 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=24, help="turns of every arm (random order)")
     ap.add_argument("--policies", default="wrr,fifo", help="dispatch policies to measure")
     ap.add_argument("--quick", action="store_true", help="4 blocks, wrr only")
+    up = ap.add_argument_group("--upstream: the upstream client alone, against a revision")
+    up.add_argument("--upstream", action="store_true", help="measure the upstream client only")
+    up.add_argument("--baseline", default=UPSTREAM_BASELINE, help="git revision to compare with")
+    up.add_argument("--body", type=int, default=IMAGE_BODY_BYTES, help="request body bytes")
+    up.add_argument("--answer", type=int, default=4096, help="answer body bytes")
+    up.add_argument("--outstanding", type=int, default=4, help="requests in flight")
+    up.add_argument("--asyncio", action="store_true", help="the stdlib loop, not uvloop")
     args = ap.parse_args()
+    if args.upstream:
+        if args.slice == 1.0 and args.blocks == 24 and not args.quick:
+            args.slice, args.blocks = 2.0, 8
+        if args.quick:
+            args.slice, args.blocks = 1.0, 4
+        return upstream_bench(args)
     if args.quick:
         args.blocks, args.policies = 4, "wrr"
 

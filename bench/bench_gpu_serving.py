@@ -26,6 +26,17 @@ the batch time settled) is printed too.
 
 Issue 22's targets (on an H100): served throughput >= 90 % of the profile's at the plan's
 batch, <= 0.5 ms of executor CPU per request, served batch p50 within 20 % of the profile's.
+
+``--assembly`` measures the eager runner's batch assembly alone, this tree's
+(``EagerRunner``: the rows copied into a reused staging buffer, pinned for a CUDA model)
+against a baseline revision's (``np.concatenate`` into a new array per batch), in one
+process, in interleaved blocks: batches of several read-only 1x3x224x224 float32 request
+views (as the executor decodes them) through the no-op model (numpy, 1,000 outputs per row),
+or with ``--variant`` through a built-in torch model on ``--device`` (on a GPU: the eager
+path, ``GREENCTL_GPU_PIPELINE=0``). Per batch and per request: the thread's CPU and the rate.
+
+    python bench/bench_gpu_serving.py --assembly                         # CPU, no-op model
+    python bench/bench_gpu_serving.py --assembly --variant resnet18 --device cuda:0
 """
 
 from __future__ import annotations
@@ -290,6 +301,118 @@ def run_arm(arm: str, variant: str, batch: int, args: argparse.Namespace, workdi
     }
 
 
+# -- batch assembly alone: this tree's eager runner against a baseline revision's ----------------
+#: the runner before batches were assembled in staging buffers (issue 22)
+ASSEMBLY_BASELINE = "d221ca2"
+
+
+def load_revision_module(rev: str, path: str, name: str) -> Any:
+    """``path`` as it is at git revision ``rev``, imported as module ``name`` (a temp file)."""
+    import importlib.util
+
+    text = subprocess.run(
+        ["git", "-C", str(Path(__file__).resolve().parent.parent), "show", f"{rev}:{path}"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    where = Path(tempfile.mkdtemp(prefix="greenctl-bench-rev-")) / f"{name}.py"
+    where.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, where)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def assembly_bench(args: argparse.Namespace) -> int:
+    import random
+
+    from greenctl.profiler import runner as current
+
+    rev = subprocess.run(
+        ["git", "-C", str(Path(__file__).resolve().parent.parent), "rev-parse", "--short",
+         args.baseline], check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    base = load_revision_module(rev, "profiler/runner.py", "_runner_baseline")
+    if args.variant_given:
+        from greenctl.profiler.models import builtin_variant, load_model
+
+        loaded = load_model(builtin_variant(args.variant), device=args.device)
+        what = f"{args.variant} on {args.device} (torch, eager)"
+    else:
+        from greenctl.executor.daemon import NoopModel
+
+        loaded = NoopModel((3, 224, 224), 0.0, 1000)
+        what = "no-op model (numpy, 1,000 outputs per row)"
+    shape = tuple(int(d) for d in loaded.input_shape)
+    rng = np.random.default_rng(0)
+    sizes = [int(x) for x in args.assembly_rows.split(",")]
+    bodies = [
+        rng.standard_normal((1, *shape)).astype("float32").tobytes() for _ in range(max(sizes))
+    ]
+    views = [np.frombuffer(b, dtype="float32").reshape(1, *shape) for b in bodies]
+    runners = {
+        f"baseline {rev}": base.EagerRunner(loaded),
+        "this tree": current.EagerRunner(loaded),
+    }
+    # the same answers from both (and a warm-up)
+    for k in sizes:
+        outs = [r.wait(r.submit(views[:k]))[0] for r in runners.values()]
+        if not all(np.array_equal(outs[0], o) for o in outs[1:]):
+            print(f"the arms answer differently at {k} rows", file=sys.stderr)
+            return 1
+    cpu = dict.fromkeys(runners, 0.0)
+    wall = dict.fromkeys(runners, 0.0)
+    batches = dict.fromkeys(runners, 0)
+    requests = dict.fromkeys(runners, 0)
+    per_block: dict[str, list[float]] = {arm: [] for arm in runners}
+    loads = [os.getloadavg()[0]]
+    order_rng = random.Random(1)
+    for _ in range(args.blocks):
+        order = list(runners)
+        order_rng.shuffle(order)
+        for arm in order:
+            r = runners[arm]
+            c0, t0 = time.thread_time(), time.perf_counter()
+            n = reqs = 0
+            while time.perf_counter() - t0 < args.assembly_slice:
+                for k in sizes:
+                    r.wait(r.submit(views[:k]))
+                    n += 1
+                    reqs += k
+            used = time.thread_time() - c0
+            cpu[arm] += used
+            wall[arm] += time.perf_counter() - t0
+            batches[arm] += n
+            requests[arm] += reqs
+            per_block[arm].append(1e6 * used / max(reqs, 1))
+        loads.append(os.getloadavg()[0])
+    print(
+        f"# batch assembly + run, {what}; batches of {sizes} read-only request rows "
+        f"({math.prod(shape) * 4:,} bytes each); {args.blocks} blocks of {args.assembly_slice:g} s per arm"
+    )
+    print(
+        f"# {os.cpu_count()} CPUs, load average {min(loads):.2f}-{max(loads):.2f} during the run; "
+        f"python {sys.version.split()[0]}"
+    )
+    print(f"{'arm':<18} {'CPU us/batch':>12} {'CPU us/req':>10} {'blocks us/req':>15} {'req/s':>8}")
+    for arm in runners:
+        blocks = np.asarray(per_block[arm])
+        print(
+            f"{arm:<18} {1e6 * cpu[arm] / max(batches[arm], 1):>12.1f} "
+            f"{1e6 * cpu[arm] / max(requests[arm], 1):>10.1f} "
+            f"{blocks.min():>7.1f}-{blocks.max():<7.1f} {requests[arm] / wall[arm]:>8.0f}"
+        )
+    b_arm, c_arm = list(runners)
+    ratios = np.asarray(per_block[c_arm]) / np.asarray(per_block[b_arm])
+    total = (cpu[c_arm] / requests[c_arm]) / (cpu[b_arm] / requests[b_arm])
+    print(
+        f"this tree / baseline, CPU per request: {total:.3f} (per block: median "
+        f"{np.median(ratios):.3f}, min {ratios.min():.3f}, max {ratios.max():.3f})"
+    )
+    return 0
+
+
 def fmt(x: Any, spec: str = ".2f") -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
@@ -337,7 +460,16 @@ def main() -> int:
         "--device", default="cuda:0", help="cuda:0; cpu only to smoke-test this script itself"
     )
     ap.add_argument("--_profile", action="store_true", help=argparse.SUPPRESS)
+    asm = ap.add_argument_group("--assembly: the eager runner's batch assembly alone")
+    asm.add_argument("--assembly", action="store_true", help="measure batch assembly only")
+    asm.add_argument("--baseline", default=ASSEMBLY_BASELINE, help="git revision to compare with")
+    asm.add_argument("--assembly-rows", default="2,3,4,2,4,3", help="requests per batch, cycled")
+    asm.add_argument("--assembly-slice", type=float, default=1.0, help="seconds per slice")
+    asm.add_argument("--blocks", type=int, default=12, help="blocks of one slice per arm")
     args = ap.parse_args()
+    if args.assembly:
+        args.variant_given = "--variant" in sys.argv
+        return assembly_bench(args)
     batches = args.batch or [8, 1]
     if args._profile:
         return profile_main(args.variant, batches[0], args.profile_duration, args.device)

@@ -5,7 +5,9 @@ a profile's latency is the latency a served batch gets (the host-to-device copy,
 the copy back), not a figure of another code path.
 
 - :class:`EagerRunner`: CPU models and numpy-native stand-ins: each batch runs to completion
-  in :meth:`~EagerRunner.submit` (``torch.inference_mode``; numpy in, numpy out).
+  in :meth:`~EagerRunner.submit` (``torch.inference_mode``; numpy in, numpy out). A batch of
+  several requests (or one request's read-only body) is copied once, into a reused
+  :class:`Staging` buffer (pinned for a CUDA model), not into a new array per batch.
 - :class:`CudaRunner`: models on a CUDA device. What keeps a GPU busy and a CPU idle:
 
   * **static shapes**: a fixed set of batch sizes (:func:`graph_sizes`, the padding rule of
@@ -33,6 +35,7 @@ torch is imported lazily.
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import threading
@@ -132,6 +135,104 @@ class Ticket:
     host_s: float = 0.0
 
 
+#: A staging buffer holds at most this many bytes (64 rows of a 224x224 float image fit); a
+#: bigger batch is assembled in an array of its own, freed with it.
+STAGING_MAX_BYTES = 64 * 1024 * 1024
+#: Buffers kept per (dtype, row shape) once given back; more in flight at once are made and
+#: dropped on return.
+STAGING_KEEP = 2
+
+
+@dataclass(eq=False)  # a buffer is itself, not its contents (never compared by value)
+class _Buffer:
+    """One staging buffer: ``array`` has room for ``len(array)`` rows; ``tensor`` is the
+    (pinned) torch tensor owning its memory, or None for plain numpy memory."""
+
+    key: tuple[np.dtype[Any], tuple[int, ...]]
+    array: np.ndarray
+    tensor: Any = None
+    rows: int = 0  # the rows of the batch it was last taken for
+
+
+class Staging:
+    """Host buffers that batches are assembled in, reused from batch to batch.
+
+    Each buffer is :meth:`take`-n for one batch and :meth:`give`-n back once nothing reads it
+    any more; a buffer out is never handed to another batch, so batches in flight at once
+    (submitted from several threads, or overlapping a running one) never share memory. A
+    batch of ``r`` rows uses the first ``r`` rows of the roomiest free buffer (one buffer
+    serves every batch size when batches run one at a time: the least memory for the CPU's
+    caches to hold); room grows in powers of two rows, up to ``max_bytes``;
+    :data:`STAGING_KEEP` buffers per dtype and row shape are kept.
+
+    ``pin``: allocate page-locked memory through torch (when CUDA is available), so the copy
+    to a CUDA device is a direct DMA; plain numpy memory otherwise, or when pinning fails.
+    """
+
+    def __init__(self, *, pin: bool = False, max_bytes: int | None = None,
+                 keep: int = STAGING_KEEP) -> None:  # fmt: skip
+        self.pin = pin
+        self.max_bytes = STAGING_MAX_BYTES if max_bytes is None else max_bytes
+        self.keep = max(1, keep)
+        self.allocations = 0  # buffers made so far (tests: reuse means few)
+        # free buffers per (dtype, row shape), roomiest last
+        self._free: dict[tuple[np.dtype[Any], tuple[int, ...]], list[_Buffer]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, parts: Sequence[np.ndarray]) -> _Buffer | None:
+        """A buffer with room for ``parts``' rows in the dtype ``np.concatenate`` would give
+        them; None when they are over ``max_bytes`` (or not arrays of rows)."""
+        first = parts[0]
+        dtype = first.dtype
+        rows = 0
+        for p in parts:
+            if p.ndim == 0:
+                return None
+            if p.dtype != dtype:
+                dtype = np.result_type(*parts)
+            rows += p.shape[0]
+        tail = first.shape[1:]
+        row_bytes = dtype.itemsize * math.prod(tail)
+        if row_bytes <= 0 or rows * row_bytes > self.max_bytes or dtype.hasobject:
+            return None
+        key = (dtype, tail)
+        with self._lock:
+            free = self._free.get(key)
+            if free and len(free[-1].array) >= rows:
+                buf = free.pop()
+                buf.rows = rows
+                return buf
+        room = min(1 << (rows - 1).bit_length(), self.max_bytes // row_bytes)
+        buf = self._allocate(key, max(room, rows))
+        buf.rows = rows
+        return buf
+
+    def give(self, buf: _Buffer) -> None:
+        """Return ``buf``: nothing reads or writes it any more."""
+        with self._lock:
+            free = self._free.setdefault(buf.key, [])
+            free.append(buf)
+            if len(free) > 1:
+                free.sort(key=lambda b: len(b.array))
+                if len(free) > self.keep:
+                    del free[0]  # keep the roomiest
+
+    def _allocate(self, key: tuple[np.dtype[Any], tuple[int, ...]], rows: int) -> _Buffer:
+        dtype, tail = key
+        self.allocations += 1
+        if self.pin and dtype.isnative:
+            try:
+                import torch
+
+                if torch.cuda.is_available():
+                    like = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+                    tensor = torch.empty((rows, *tail), dtype=like, pin_memory=True)
+                    return _Buffer(key, tensor.numpy(), tensor)
+            except (ImportError, RuntimeError, TypeError, ValueError):
+                pass  # unpinned memory works too, a little slower to copy to the device
+        return _Buffer(key, np.empty((rows, *tail), dtype=dtype))
+
+
 class EagerRunner:
     """Runs each batch to completion at submit (CPU models, numpy-native stand-ins, and GPU
     models when the pipeline is off)."""
@@ -144,12 +245,49 @@ class EagerRunner:
         self.numpy_native = bool(getattr(loaded, "numpy_native", False))
         self.device = str(getattr(loaded, "device", "cpu"))
         self.sizes: list[int] = []
+        # a batch's rows are copied once, into a reused buffer (pinned for a CUDA model)
+        self.staging = Staging(pin=self.device.startswith("cuda") and not self.numpy_native)
 
     def submit(self, parts: Sequence[np.ndarray]) -> Ticket:
-        arr = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        t0 = time.perf_counter()
-        out = run_eager(self.loaded, arr, numpy_native=self.numpy_native)
-        return Ticket(rows=int(arr.shape[0]), out=out, host_s=time.perf_counter() - t0)
+        """Assemble the batch and run it to completion; the ticket holds its output."""
+        first = parts[0]
+        if len(parts) == 1 and (self.numpy_native or first.flags.writeable):
+            # the caller's own array (or a numpy model, which takes read-only rows): no copy
+            t0 = time.perf_counter()
+            out = run_eager(self.loaded, first, numpy_native=self.numpy_native)
+            return Ticket(rows=int(first.shape[0]), out=out, host_s=time.perf_counter() - t0)
+        # several requests, or a read-only view of one request's body: one copy of the rows
+        # into a staging buffer (no new array per batch; pinned for a CUDA model, so no
+        # second copy through the driver's bounce buffer on the way to the device)
+        buf = self.staging.take(parts)
+        if buf is None:  # over the staging limit: a batch array of its own, as before
+            arr = first if len(parts) == 1 else np.concatenate(parts)
+            t0 = time.perf_counter()
+            out = run_eager(self.loaded, arr, numpy_native=self.numpy_native)
+            return Ticket(rows=int(arr.shape[0]), out=out, host_s=time.perf_counter() - t0)
+        try:
+            rows = buf.rows
+            arr = buf.array[:rows]
+            if len(parts) == 1:
+                np.copyto(arr, first, casting="same_kind")
+            else:
+                np.concatenate(parts, out=arr)  # exactly concatenate's casting, in place
+            t0 = time.perf_counter()
+            if buf.tensor is not None:
+                out = _run_tensor(self.loaded, buf.tensor[:rows])
+            else:
+                out = run_eager(self.loaded, arr, numpy_native=self.numpy_native)
+            host_s = time.perf_counter() - t0
+            if np.may_share_memory(out, buf.array):
+                # a model answering its input (or a view of it): the next batch would
+                # overwrite the answer while it is still being sent
+                out = out.copy()
+        finally:
+            # nothing reads the buffer now (the model ran synchronously, a CUDA model's
+            # copy to the device was a blocking one, an answer in it was copied out): the
+            # next batch may take it
+            self.staging.give(buf)
+        return Ticket(rows=rows, out=out, host_s=host_s)
 
     def wait(self, ticket: Ticket) -> tuple[np.ndarray, float]:
         assert ticket.out is not None
@@ -171,7 +309,17 @@ def run_eager(loaded: Any, arr: np.ndarray, *, numpy_native: bool) -> np.ndarray
 
     if not arr.flags.writeable:  # a view of a request body: torch wants its own memory
         arr = arr.copy()
-    x = torch.from_numpy(np.ascontiguousarray(arr))
+    return _run_tensor(loaded, torch.from_numpy(np.ascontiguousarray(arr)))
+
+
+def _run_tensor(loaded: Any, x: Any) -> np.ndarray:
+    """One batch (a host tensor) through a torch LoadedModel; the output on the host.
+
+    On a CUDA model the copy to the device is a blocking one (``non_blocking`` left off): when
+    this returns, nothing reads ``x`` any more, so its memory may take the next batch.
+    """
+    import torch
+
     device = str(getattr(loaded, "device", "cpu"))
     if device != "cpu":  # the batch goes to the model's device
         x = x.to(device)
