@@ -20,18 +20,32 @@ benchmark puts the two on the same footing, in three parts:
    that is idle power caps what any layout of those GPUs can save (CO2OPT is about that cap).
 3. The artifact's accounting applied to greenctl: greenctl's carbon per request at a load
    against BASE's at a fifth of it.
+4. The real ``greenctl replay --kind mig`` (:func:`greenctl.executor.replay.replay`, issue 22)
+   on the EfficientNet-B0..B7 profiles MEASURED on an NVIDIA H200 at batch 1, the whole GPU
+   measured and its MIG slices EMULATED with MPS (``bench/results/h200-2026-11-26/
+   profiles.csv``, source ``mps-emulated``: estimates of MIG slices, not MIG measurements),
+   imported into a temporary store: 12 x H200, the same SLA, lambda, trace and hourly
+   re-planning, a flat load (a temporary trace file) at fractions of BASE's throughput
+   (EfficientNet-B7 on every whole H200 at batch 1, the measured ``gpu:H200`` row), beside
+   Clover's BASE and CO2OPT (``--baseline base --baseline co2opt``). The replay's figures
+   are modeled (the analytic queueing model over those profiles).
 
-Every greenctl figure is modeled from synthetic profiles. Run:
-``python bench/bench_clover.py [--quick] [--gpus 12] [--sla-ms 200] [--lam 0.5]``.
+Parts 2 and 3 are modeled from synthetic profiles; part 4 from measured whole-GPU and
+MPS-emulated MIG-slice profiles. Run:
+``python bench/bench_clover.py [--quick] [--gpus 12] [--sla-ms 200] [--lam 0.5] [--no-h200]
+[--base-ci mean|signal|both] [--whole-dynamic]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from greenctl.data.mig_geometry import resolve_gpu
 from greenctl.planner.core.synthetic import synthetic_family
@@ -49,6 +63,10 @@ TRACE = (
 GPU = "A100-40GB"
 FAMILY = "efficientnet"
 LOADS = (0.12, 0.3, 0.6, 0.9)  # fraction of BASE's throughput (B7 on every whole GPU)
+#: part 4: profiles measured on an H200 (whole GPU) with MIG slices emulated with MPS
+H200_PROFILES = Path(__file__).resolve().parent / "results" / "h200-2026-11-26" / "profiles.csv"
+H200_GPU = "H200"
+H200_LABEL = "measured on an H200; MIG slices MPS-emulated (estimates)"
 
 # Clover's measurements (see the module docstring): arrival interval (s) ->
 # (BASE carbon per request, BASE p95 ms, Clover carbon per request, Clover p95 ms).
@@ -172,6 +190,246 @@ def greenctl_sweep(
     return out
 
 
+def _h200_store(tmp: Path, profiles_csv: Path) -> Any:
+    """A temporary store holding the H200 profiles, as ``greenctl profile import`` makes it."""
+    from greenctl.data.profile_io import import_parsed, read_profiles
+    from greenctl.data.store import open_store
+
+    parsed = read_profiles(profiles_csv)
+    store = open_store(tmp / "store.db")
+    import_parsed(store, parsed)
+    return store
+
+
+def _shown(path: Path) -> str:
+    root = Path(__file__).resolve().parents[1]
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def _whole_dynamic(src: Path, dst: Path) -> int:
+    """A copy of ``src`` whose MPS-emulated MIG rows charge their slice the whole GPU's
+    dynamic power (busy minus idle) instead of the slice's compute share of it; idle stays
+    the slice's share. The profiler measures each emulated slice alone on the GPU and
+    attributes the GPU's energy by compute share, so a 1g row carries 1/7 of the dynamic
+    power it caused; this is the other bound (an ASSUMPTION: seven slices busy together
+    draw seven times one's dynamic power). Returns the rows changed."""
+    import csv
+
+    geo = resolve_gpu(H200_GPU)
+    with src.open(newline="") as f:
+        reader = csv.DictReader(f)
+        fields = list(reader.fieldnames or [])
+        rows = list(reader)
+    changed = 0
+    for r in rows:
+        if r["source"] != "mps-emulated" or not r["resource"].startswith("mig:"):
+            continue
+        share = geo.profile(r["resource"]).compute_slices / geo.compute_slices
+        busy, idle = float(r["power_w"]), float(r["idle_power_w"])
+        whole = idle + (busy - idle) / share
+        r["power_w"] = repr(whole)
+        if r.get("energy_j"):
+            r["energy_j"] = repr(float(r["energy_j"]) * whole / busy)
+        changed += share < 1.0
+    with dst.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    return changed
+
+
+def _idle_w(store: Any, plan: Any) -> float:
+    """The power a plan's instances and empty slices draw at no load, as the replay's
+    evaluation counts it (each instance's profile ``idle_power_w`` + ``spare_idle_w``)."""
+    from greenctl.planner.core.evaluate import spare_idle_w
+
+    total = spare_idle_w(plan)
+    for d in plan.deployments:
+        prof = next(
+            p
+            for p in store.latest_profiles(variant=d.variant, resource=d.resource)
+            if p.batch == d.batch
+        )
+        total += d.count * (prof.idle_power_w or 0.0)
+    return total
+
+
+def h200_replay(
+    hours: int,
+    gpus: int,
+    loads: tuple[float, ...],
+    sla_ms: float,
+    lam: float,
+    profiles_csv: Path = H200_PROFILES,
+    whole_dynamic: bool = False,
+    base_ci: str = "mean",
+) -> dict[float, dict[str, dict[str, float]]]:
+    """Part 4: ``greenctl replay --kind mig`` on the H200 profiles at each load;
+    ``whole_dynamic``: on :func:`_whole_dynamic`'s copy of them (a sensitivity);
+    ``base_ci``: ``mean``: BASE's carbon at the trace's mean intensity in the objective, as
+    part 2 (``plan mig --base-carbon-intensity``), ``signal``: at each hour's own (the
+    replay CLI's default, under which the objective ignores the intensity)."""
+    from greenctl.cli.plan_mig import mig_request  # the request `replay --kind mig` parses
+    from greenctl.executor.kinds import get_kind
+    from greenctl.executor.replay import replay
+
+    out: dict[float, dict[str, dict[str, float]]] = {}
+    ci_base = statistics.fmean(load_trace(TRACE, hours)) if base_ci == "mean" else None
+    with tempfile.TemporaryDirectory(prefix="bench_clover_") as tmpdir:
+        tmp = Path(tmpdir)
+        label, dyn_note, used = H200_LABEL, "", profiles_csv
+        if ci_base is None:
+            label = f"{label}, BASE at each hour's intensity (replay's default)"
+        if whole_dynamic:
+            used = tmp / "profiles_whole_dynamic.csv"
+            n = _whole_dynamic(profiles_csv, used)
+            label = f"{label}, SENSITIVITY"
+            dyn_note = (
+                f"with {n} emulated slice rows charged the whole GPU's dynamic power, not their "
+                "compute share of it (ASSUMPTION)"
+            )
+        store = _h200_store(tmp, used)
+        try:
+            variants = store.variants(FAMILY)
+            best = max(variants, key=lambda v: v.accuracy or 0.0).name
+            rows = store.latest_profiles(family=FAMILY)
+            whole = next(
+                p
+                for p in rows
+                if p.variant == best and p.resource.startswith("gpu:") and p.batch == 1
+            )
+            geo = resolve_gpu(H200_GPU)
+            small = min(
+                (g for g in geo.profiles if not g.media_extension),
+                key=lambda g: (g.compute_slices, g.memory_slices),
+            )
+            one = next(
+                (p for p in rows if p.variant == best and p.resource == f"mig:{small.name}"), None
+            )
+            whole_idle = statistics.median(
+                p.idle_power_w for p in rows if p.resource.startswith("gpu:") and p.idle_power_w
+            )
+            base_rps = gpus * whole.throughput_rps
+            print(
+                f"\n== greenctl replay --kind mig, {label}: {gpus} x {H200_GPU}, {FAMILY}, "
+                f"p95 SLA {sla_ms:g} ms, lambda {lam}, CISO trace first {hours} h re-planned "
+                f"hourly, flat load; load = share of BASE's throughput ({gpus} x "
+                f"{whole.throughput_rps:.1f} req/s, {best} on the whole {H200_GPU} at batch "
+                f"{whole.batch}, measured)"
+            )
+            print(
+                f"(profiles {_shown(profiles_csv)}{' ' + dyn_note if dyn_note else ''}; "
+                f"whole {H200_GPU} MEASURED: idle {whole_idle:.0f} W (median of the gpu: rows), "
+                f"{best} busy {whole.power_w:.0f} W, so idle is "
+                f"{whole_idle / (whole.power_w or 1):.0%} of a fully busy GPU; every figure "
+                "below is modeled by the replay over these profiles)"
+            )
+            if one is not None:
+                k = geo.compute_slices // small.compute_slices
+                print(
+                    "(the emulated slices were measured one at a time and charged "
+                    + (
+                        "here the GPU's whole dynamic power"
+                        if whole_dynamic
+                        else "their compute share of the GPU's power"
+                    )
+                    + f": {k} x {best} on mig:{small.name} add up to "
+                    f"{k * one.throughput_rps:.0f} req/s at {k * (one.power_w or 0):.0f} W, "
+                    f"against {whole.throughput_rps:.0f} req/s at {whole.power_w:.0f} W measured "
+                    "on the whole GPU; the replay takes them as they add up)"
+                )
+            print(
+                "as: greenctl profile import PROFILES && greenctl replay --kind mig --gpu "
+                f"{H200_GPU} --gpus {gpus} --model {FAMILY} --sla-ms {sla_ms:g} --lambda {lam} "
+                f"--carbon-trace {TRACE} --every 1h --hours {hours} --load-trace FLAT "
+                "--baseline base --baseline co2opt"
+                + (
+                    ""
+                    if ci_base is None
+                    else f", the request's base_carbon_intensity {ci_base:.1f} g/kWh (the "
+                    "trace's mean, as part 2; replay has no --base-carbon-intensity, and "
+                    "without it plan mig's objective does not move with the carbon intensity)"
+                )
+            )
+            print(
+                f"{'load':>5} {'req/s':>7} {'policy':>8} {'kg CO2':>7} {'saved':>6} "
+                f"{'accuracy':>8} {'dAcc %':>7} {'>SLA %':>7} {'changes':>7} {'slices':>6} "
+                f"{'BASE idle':>9} {'s':>5}  basis"
+            )
+            notes: list[str] = []
+            for load in loads:
+                rate = load * base_rps
+                trace = tmp / f"flat_{load:g}.txt"
+                trace.write_text(f"{rate:.6f}\n" * (hours * 3600))
+                request = mig_request(
+                    gpu=H200_GPU, gpus=gpus, model=FAMILY, rate=None, carbon_intensity=None,
+                    sla_ms=sla_ms, lam=lam, base_carbon_intensity=ci_base,
+                )  # fmt: skip
+                t0 = time.perf_counter()
+                res = replay(
+                    store, load_trace=str(trace), kind="mig", request=request,
+                    carbon_trace=str(TRACE), hours=hours, every="1h",
+                    baselines=("base", "co2opt"),
+                )  # fmt: skip
+                wall = time.perf_counter() - t0
+                summ = {s["policy"]: s for s in res["summary"]}
+                base = summ.get("base")
+                idle_share = None
+                if base is not None:  # BASE as the replay made it: plan mig's, at the peak
+                    ci0 = res["intervals"]["base"][0]["carbon_g_per_kwh"]
+                    base_plan = get_kind("mig").plan(
+                        store, {**request, "rate_rps": res["meta"]["peak_rps"],
+                                "carbon_intensity": ci0}, baseline="base",
+                    )[0]  # fmt: skip
+                    idle_kwh = _idle_w(store, base_plan) * hours / 1000.0
+                    idle_share = idle_kwh / base["energy_kwh"]
+                row: dict[str, dict[str, float]] = {}
+                first = True
+                for name in ("base", "greenctl", "co2opt"):
+                    s = summ.get(name)
+                    if s is None:
+                        continue
+                    acc = s["accuracy"] or 0.0
+                    row[name] = {
+                        "carbon_g": s["carbon_g"],
+                        "accuracy": acc,
+                        "violation_pct": s["violation_pct"],
+                        "energy_kwh": s["energy_kwh"],
+                    }
+                    saved = "-" if base is None else f"{1 - s['carbon_g'] / base['carbon_g']:.1%}"
+                    d_acc = (
+                        "-"
+                        if base is None
+                        else f"{(acc - base['accuracy']) / base['accuracy'] * 100:.2f}"
+                    )
+                    print(
+                        f"{f'{load:.0%}' if first else '':>5} {f'{rate:.1f}' if first else '':>7} "
+                        f"{'BASE' if name == 'base' else name:>8} {s['carbon_g'] / 1000:7.2f} "
+                        f"{saved:>6} {acc:8.4f} {d_acc:>7} {s['violation_pct']:7.3f} "
+                        f"{s['changes']:7d} {s['mean_units']:6.1f} "
+                        f"{f'{idle_share:.1%}' if first and idle_share is not None else '':>9} "
+                        f"{f'{wall:.1f}' if first else '':>5}  MPS-emul. est."
+                    )
+                    first = False
+                for note in res["meta"]["notes"]:
+                    if note.startswith(("base:", "co2opt:")):  # a baseline left out, and why
+                        print(f"{'':14}{note}")
+                    elif "water" not in note and note not in notes:
+                        notes.append(note)
+                if base is not None:
+                    row["base"]["idle_share"] = idle_share or 0.0
+                out[load] = row
+            print("replay notes: " + "; ".join(notes))
+            print(
+                f"({H200_LABEL}; >SLA % = requests over the p95 SLA of {sla_ms:g} ms; BASE idle "
+                "= the share of BASE's energy its GPUs draw at no load, which no layout of these "
+                "GPUs saves; slices = mean compute slices in use; s = wall time of one replay)"
+            )
+        finally:
+            store.close()
+    return out
+
+
 def artifact_accounting(res: dict[float, dict[str, float]]) -> None:
     print(
         "\n== the artifact's accounting on greenctl's figures (modeled, SYNTHETIC): greenctl's "
@@ -194,14 +452,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=12)
     ap.add_argument("--sla-ms", type=float, default=200.0)
     ap.add_argument("--lam", type=float, default=0.5)
+    ap.add_argument(
+        "--no-h200", action="store_true", help="skip part 4 (the replay on the H200 profiles)"
+    )
+    ap.add_argument(
+        "--base-ci",
+        choices=("mean", "signal", "both"),
+        default="mean",
+        help="part 4: BASE's carbon in the objective at the trace's mean intensity (as part 2), "
+        "at each hour's (the replay CLI's default), or both",
+    )
+    ap.add_argument(
+        "--whole-dynamic",
+        action="store_true",
+        help="part 4 again with the emulated slices charged the whole GPU's dynamic power "
+        "(a sensitivity, an assumption)",
+    )
     args = ap.parse_args(argv)
     if not TRACE.is_file():
         print(f"reference trace not found: {TRACE}", file=sys.stderr)
         return 1
     clover_reference()
     loads = tuple(sorted({*LOADS, *(round(x / 5, 6) for x in LOADS if x >= 0.6)}))
-    res = greenctl_sweep(12 if args.quick else 48, args.gpus, loads, args.sla_ms, args.lam)
+    hours = 12 if args.quick else 48
+    res = greenctl_sweep(hours, args.gpus, loads, args.sla_ms, args.lam)
     artifact_accounting(res)
+    if not args.no_h200:
+        if not H200_PROFILES.is_file():
+            print(f"H200 profiles not found: {H200_PROFILES}", file=sys.stderr)
+            return 1
+        for base_ci in ("mean", "signal") if args.base_ci == "both" else (args.base_ci,):
+            h200_replay(hours, args.gpus, LOADS, args.sla_ms, args.lam, base_ci=base_ci)
+        if args.whole_dynamic:
+            h200_replay(hours, args.gpus, LOADS, args.sla_ms, args.lam, whole_dynamic=True)
+    print(
+        f"\nload average (1, 5, 15 min) at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     return 0
 
 

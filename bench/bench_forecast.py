@@ -26,7 +26,8 @@ Forecasters: ``last``, ``moving-max`` (10 min), ``seasonal-naive`` (a day), ``ls
 the span ``--min-dwell 1h`` holds a plan; its MAE is against the next minute's peak, so not
 comparable). LSTMs: 1 layer, 25 units, window 10, torch CPU, 1 thread. The replay also says
 how many of greenctl's violations fall in intervals where ``--min-dwell`` held a plan
-(``in holds %``): replan holds a plan for the dwell even when it cannot carry the forecast.
+(``in holds %``): the dwell holds a plan unless it cannot carry the forecast
+(``executor.control.dwell_yields``), so the violations left there are the forecast's misses.
 
     python bench/bench_forecast.py [--quick] [--trace PATH] [--epochs N] [--only errors|replay]
 """

@@ -132,6 +132,14 @@ def replay_cmd(
     lam: Annotated[
         float, typer.Option("--lambda", help="mig: weight of dCarbon vs dAccuracy.")
     ] = 0.5,
+    base_carbon_intensity: Annotated[
+        float | None,
+        typer.Option(
+            "--base-carbon-intensity",
+            help="mig: carbon intensity BASE is measured at in the objective, gCO2/kWh "
+            "(default: each interval's own, under which the objective ignores the signal).",
+        ),
+    ] = None,
     carbon_intensity: Annotated[
         float | None,
         typer.Option(
@@ -237,6 +245,7 @@ def replay_cmd(
         request = mig_request(
             gpu=gpu, gpus=gpus, model=_one_model(model), rate=rate,
             carbon_intensity=carbon_intensity, sla_ms=sla_ms, lam=lam,
+            base_carbon_intensity=base_carbon_intensity,
         )  # fmt: skip
     elif plan is None and kind == "glet":
         request = _glet_request(
@@ -463,8 +472,9 @@ def _render_geo(result: dict[str, Any]) -> None:
 
 def _render_mix(result: dict[str, Any]) -> None:
     meta = result["meta"]
+    label = f", {str(meta['label']).upper()}" if meta.get("label") else ""
     render_table(
-        f"Replay of {meta['family']} (modeled): {meta['hours']:.2f} h from {meta['start']}, "
+        f"Replay of {meta['family']} (modeled{label}): {meta['hours']:.2f} h from {meta['start']}, "
         f"{meta['intervals']} intervals of {meta['every_s']} s",
         ["policy", "SLO viol. %", "accuracy", "kWh", "gCO2", "water L", "USD", "changes",
          "units"],

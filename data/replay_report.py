@@ -106,6 +106,7 @@ def chart_replay(result: dict[str, Any], path: str | Path) -> str:
     ax0.set_title(
         f"What-if replay of {meta['family']} ({meta['kind']}): {meta['hours']:.1f} h at "
         f"{meta['every_s']} s intervals; all figures modeled"
+        + (f" on {meta['label']}" if meta.get("label") else "")
     )
     ax0.legend(loc="upper left", fontsize=8)
     ax1.step(hours, ys(g, lambda r: r["carbon_g_per_kwh"]), where="post", color="black", lw=1.2)

@@ -304,6 +304,12 @@ def _replan_kind(
     return new, old_obj, note, rewritten
 
 
+#: objectives closer than this (relative) tie: an exact solver returns either of two tied
+#: optima, and adopting the other each time the signal moves only reconfigures (a mig replay
+#: at 12 % load switched between two tied layouts every hour, 26 changes in 48 h)
+TIE_TOLERANCE = 1e-9
+
+
 def _improvement(maximise: bool, old: float | None, new: float | None) -> float | None:
     if old is None or new is None:
         return None
@@ -409,7 +415,9 @@ def replan_choice(
     compared = ""
     if kind.triggers is not None:  # the kind's own rule (glet: GPUs, glets moved)
         triggers, compared = kind.triggers(running, new, threshold)
-    elif change is None or change > threshold:
+    elif (change is None or change > threshold) and not (imp is not None and imp <= TIE_TOLERANCE):
+        # the signal moved, and the new plan is better than the running one in the new problem
+        # (one that only ties it, or a heuristic's worse one, is no reason to reconfigure)
         triggers.append(
             "no reference signal"
             if change is None
@@ -419,13 +427,20 @@ def replan_choice(
         triggers.append(notes[-1] if notes else "running plan not comparable")
     elif kind.triggers is None and imp is not None and imp > margin:
         triggers.append(f"{objective} objective improves {imp * 100:.1f} % > {margin * 100:g} %")
-    not_worth = (
-        f"{sig_txt}; {compared}: not worth a change"
-        if kind.triggers is not None
-        else f"{sig_txt} (<= {threshold * 100:g} %) and the {objective} objective "
-        f"improves {0.0 if imp is None else imp * 100:.2f} % "
-        f"(<= {margin * 100:g} %): not worth a change"
-    )
+    if kind.triggers is not None:
+        not_worth = f"{sig_txt}; {compared}: not worth a change"
+    elif change is None or change > threshold:  # moved, but the new plan is no better
+        not_worth = (
+            f"{sig_txt}, but the new plan only ties the running one or is worse (the "
+            f"{objective} objective improves {0.0 if imp is None else imp * 100:.2g} %): "
+            "not worth a change"
+        )
+    else:
+        not_worth = (
+            f"{sig_txt} (<= {threshold * 100:g} %) and the {objective} objective "
+            f"improves {0.0 if imp is None else imp * 100:.2f} % "
+            f"(<= {margin * 100:g} %): not worth a change"
+        )
     return ReplanChoice(
         new=new,
         old_objective=old_obj,

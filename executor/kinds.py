@@ -432,6 +432,17 @@ def _mig_plan(
     return plan, problem
 
 
+def _mig_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
+    """As :func:`replan_model_rate`, holding the intensity BASE is priced at: Clover's
+    objective weighs a plan's carbon against BASE's, and BASE priced at the new signal
+    itself cancels the signal out of the objective (the plan would follow the load alone).
+    A plan made without ``base_carbon_intensity`` keeps the intensity it was planned at."""
+    out = replan_model_rate(running, signal)
+    if out.request.get("base_carbon_intensity") is None:
+        out.request["base_carbon_intensity"] = running.request.get("carbon_intensity")
+    return out
+
+
 def _mig_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
     """The running layouts' objective in ``problem`` (None when they miss the SLA)."""
     from greenctl.planner.mig import solve as mig
@@ -945,7 +956,7 @@ KINDS: dict[str, PlanKind] = {
         "mig",
         plan=_mig_plan,
         score=_mig_score,
-        replan_request=replan_model_rate,
+        replan_request=_mig_replan_request,
         objective=_mig_objective,
         carbon_aware=lambda plan: True,  # Clover: lambda * dCarbon + (1 - lambda) * dAccuracy
     ),

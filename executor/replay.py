@@ -973,6 +973,8 @@ def replay(
         "evaluations": len(ev.memo),
         "solver": (solvers.active_memo() or solvers.SolveMemo()).stats(),
         "modeled": MODELED,
+        # "synthetic profiles", "mps-emulated profiles": what the figures rest on (None: measured)
+        "label": label or None,
         "water": None
         if wue_l_per_kwh is None and ewif_l_per_kwh is None
         else {"wue_l_per_kwh": wue_l_per_kwh, "ewif_l_per_kwh": ewif_l_per_kwh},

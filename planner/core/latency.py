@@ -255,7 +255,9 @@ class ServiceTime:
         span = np.clip(zx, _Z_LO, -_Z_LO) - _Z_LO
         z = _Z_LO + span[:, None] * _GL_X[None, :]
         y = self.scale_ms * np.exp(self.sigma * z)
-        f = np.exp(-th[pos][:, None] * (xp[:, None] - y) - 0.5 * z * z)
+        # nodes above x sit only where span is 0 (x below the clipped range): keep their
+        # exponent <= 0 so that 0 x inf does not make a NaN
+        f = np.exp(np.minimum(-th[pos][:, None] * (xp[:, None] - y), 0.0) - 0.5 * z * z)
         out[pos] = ndtr(-zx) + span * (f @ _GL_W) * _INV_SQRT_2PI
         return out
 
@@ -468,6 +470,8 @@ def lognormal_terms(
     span = np.clip(zx, _Z_LO, -_Z_LO) - _Z_LO
     z = _Z_LO + span[..., None] * _GL_X
     y = scale[..., None] * np.exp(sigma[..., None] * z)
-    f = np.exp(-theta * (x[..., None] - y) - 0.5 * z * z)
+    # only nodes y <= x count (span is 0 otherwise): an exponent above 0 would overflow and
+    # turn 0 x inf into NaN
+    f = np.exp(np.minimum(-theta * (x[..., None] - y), 0.0) - 0.5 * z * z)
     es = ndtr(-zx) + span * (f @ _GL_W) * _INV_SQRT_2PI
     return sf, es
