@@ -23,7 +23,19 @@ def demo_cmd(
             "$GREENCTL_DB: the demo keeps your store clean).",
         ),
     ] = None,
-    rate: Annotated[float, typer.Option("--rate", help="Request rate to plan for, req/s.")] = 40.0,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="Scenario: tiny (the default: tiny-s/m/l, 40 req/s at p95 <= 100 ms; idle power "
+            "dominates, nothing to save) or resnet (ResNet-18/34/50, 5 req/s at p95 <= 1 s, "
+            "where the plan follows the grid; slower).",
+        ),
+    ] = None,
+    rate: Annotated[
+        float | None,
+        typer.Option("--rate", help="Request rate to plan for, req/s (default: the scenario's)."),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Profile, import carbon, plan, apply, load, replan over a carbon trace, report, stop."""
@@ -49,7 +61,7 @@ def demo_cmd(
             bar.update(task, completed=frac, description=_short(msg))
 
         summary = control.run_demo(
-            out_dir=out, db=db, quick=quick, rate_rps=rate, progress=progress
+            out_dir=out, db=db, quick=quick, model=model, rate_rps=rate, progress=progress
         )
     if json_out:
         print_json(summary)
@@ -69,6 +81,13 @@ def demo_cmd(
             "req/s",
             highlight=False,
         )
+    for later in summary.get("verified_later") or []:
+        console.print(
+            f"plan {later['plan_id']} ({later['deployments']}), which the replay applied: "
+            f"predicted p95 {_ms(later.get('predicted_p95_ms'))} ms, measured p95 "
+            f"{_ms(later.get('measured_p95_ms'))} ms at {_ms(later.get('measured_rate_rps'))} req/s",
+            highlight=False,
+        )
     s = summary["savings"]
     render_table(
         f"Against the carbon-unaware most-accurate plan {summary['baseline_id']} "
@@ -77,6 +96,17 @@ def demo_cmd(
         summary["savings_table"],
         caption="modeled from profiles (CPU energy is modeled) and the carbon trace",
     )
+    alt = summary.get("lowest_carbon") or {}
+    less = alt.get("carbon_per_request_less_pct")
+    if alt and not alt.get("same_as_plan") and isinstance(less, int | float):
+        console.print(
+            f"the lowest-carbon plan for the same rate and SLO, {alt['deployments']}, would emit "
+            f"{less:.1f} % less carbon per request at accuracy {_acc(alt.get('accuracy'))} "
+            f"(greenctl's {alt['plan_deployments']}: {_acc(alt.get('plan_accuracy'))}); "
+            f"modeled, not applied: the {alt.get('plan_objective')} objective "
+            f"(gamma {alt.get('plan_gamma')}) chose greenctl's plan over it",
+            highlight=False,
+        )
     say(
         f"report: {summary['out_dir']} ({len(summary['files'])} files); "
         f"stopped {summary['stopped']} processes",
@@ -86,6 +116,10 @@ def demo_cmd(
 
 def _ms(v: object) -> str:
     return "-" if not isinstance(v, int | float) else f"{v:.1f}"
+
+
+def _acc(v: object) -> str:
+    return "-" if not isinstance(v, int | float) else f"{v:.2f}"
 
 
 def _short(msg: str, n: int = 60) -> str:
