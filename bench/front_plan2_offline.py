@@ -21,7 +21,10 @@ What this script has, from ``bench/results/h200-2026-11-26*`` (nothing else is s
   req/s) and 0.76-1.06 ms at batch 1; a linear split per request and per batch puts plan 2's
   3-8 rows per batch at 0.40-0.50 ms. The 0.43 and 0.60 ms per request of the two path runs are
   the *dispatcher's* CPU (another single event loop that every request crosses), shown as a
-  second front for comparison: the core does not model the dispatcher as a stage.
+  second front for comparison, its whole wait at 1,500 req/s added. (The core now models
+  the dispatcher as a stage, ``planner.core.evaluate.DispatcherStage``, and adds only the
+  wait beyond the one the serving path was measured with: nothing here, where the paths
+  were measured at 1,500 req/s.)
 
     python bench/front_plan2_offline.py              # the table (a few seconds)
     python bench/front_plan2_offline.py --simulate   # and the simulator beside each row
@@ -122,7 +125,7 @@ def main() -> int:
             serving = {"resnet50@gpu:H200": path}
             out = predict(deps, table, variants, rate_rps=RATE, policy="batch", serving=serving)
             cap = front_capacity_rps(front)
-            # the dispatcher as a second front at the plan's rate (not in the core's model):
+            # the dispatcher as a second front at the plan's rate, its whole wait:
             # the path's overhead plus both stages' waits, then the device
             disp = []
             (fronted,) = build_instances(deps, table, serving=serving)
@@ -153,7 +156,8 @@ def main() -> int:
         "\nfront ms 0.00: today's figure where no executor CPU is measured (every stored H200 "
         "row).\ncap@SLO: the mix planner's capacity for one executor within the SLO less the "
         "path's p95 (30 - 8.33 ms), front included;\n+disp: p95 with the dispatcher's measured "
-        "CPU per request as a second serial stage (not modeled by the core)."
+        "CPU per request as a second serial stage, its whole wait added (the core adds only the "
+        "wait beyond the one the path was measured with)."
     )
     return 0
 

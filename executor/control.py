@@ -1133,7 +1133,7 @@ DEMO_SCENARIOS: dict[str, dict[str, Any]] = {
         "quick_serving": ("tiny-l",),
     },
 }
-#: ``greenctl demo``'s scenario: ``tiny`` (fast, and its prediction within a few % of the
+#: ``greenctl demo``'s scenario: ``tiny`` (fast, and its p95 predicted close to the
 #: measurement; 0 % saved, which the demo explains beside the lowest-carbon plan); ``resnet``
 #: shows the plan following the grid, with savings and p95 predictions that vary from run
 #: to run on a small shared machine (README)

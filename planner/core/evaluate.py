@@ -39,7 +39,7 @@ per request it serves the busy energy above idle (:class:`EnergyTerms`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -53,6 +53,7 @@ from greenctl.planner.core.policy import check_policy_name
 from greenctl.planner.core.queueing import (
     BatchPrediction,
     LatencyModel,
+    WaitTime,
     batch_capacity_rps,
     dynamic_batch,
     front_capacity_rps,
@@ -60,8 +61,10 @@ from greenctl.planner.core.queueing import (
     mixture_model,
     mixture_quantiles,
     pooled_shares,
+    stage_wait,
     with_front,
     with_overhead,
+    with_stage_wait,
 )
 from greenctl.planner.core.service import batch_service, service_time
 
@@ -276,6 +279,15 @@ class ServingPath:
             executor front then apply to instances on that resource only, with no executor
             CPU charged to the device. ``None``: measured on a CPU core, applying to CPU
             instances.
+        dispatcher_cpu_ms: CPU the dispatcher process spends per request of this model
+            (``profile serving``'s dispatcher path, at the measured rate nearest the plan's
+            total: :func:`greenctl.executor.serving.serving_overheads`): the dispatcher is
+            then a serial stage every request of the plan crosses (:class:`DispatcherStage`).
+            ``None``: not measured (a direct path, or bare samples); the stage is not modeled.
+        rate_rps: the load (req/s, through the dispatcher, this model alone) the overhead
+            samples were measured at: they hold the dispatcher's wait at that rate, which
+            :meth:`DispatcherStage.overhead_ms` does not add again. ``None``: unknown, taken
+            as an idle dispatcher (its whole wait is added).
     """
 
     overhead_ms: tuple[float, ...]
@@ -283,6 +295,8 @@ class ServingPath:
     service_scale: float | None = None
     tail_scale: tuple[float, float] | None = None
     resource: str | None = None
+    dispatcher_cpu_ms: float | None = None
+    rate_rps: float | None = None
 
 
 ServingInput = Mapping[str, "ServingPath | Sequence[float]"] | ServingPath | Sequence[float]
@@ -346,6 +360,176 @@ def front_cpu_ms(path: ServingPath | Sequence[float] | None, resource: str) -> f
         return 0.0
     cpu = float(path.executor_cpu_ms or 0.0)
     return cpu if math.isfinite(cpu) and cpu > 0 else 0.0
+
+
+def dispatcher_cpu_ms(path: ServingPath | Sequence[float] | None) -> float | None:
+    """The dispatcher's CPU (ms) per request measured with ``path``; None when not measured
+    (bare overhead samples, a direct path, a figure that is not a number > 0)."""
+    if not isinstance(path, ServingPath) or path.dispatcher_cpu_ms is None:
+        return None
+    cpu = float(path.dispatcher_cpu_ms)
+    return cpu if math.isfinite(cpu) and cpu > 0 else None
+
+
+@dataclass(frozen=True)
+class DispatcherStage:
+    """The dispatcher as a serial stage: one event loop on one core that every request of a
+    plan crosses before its executor (:mod:`greenctl.executor.dispatcher`), whatever model
+    it is for (module docstring of :mod:`~greenctl.planner.core.queueing`, "The dispatcher").
+
+    Attributes:
+        rate_rps: the plan's total rate, every model's requests.
+        cpu_ms: ``(rate share, CPU ms per request)`` by model: each model's measured
+            :attr:`ServingPath.dispatcher_cpu_ms`; a model whose paths have none is charged
+            the measured models' rate-weighted mean (the stage is one process: its requests
+            cannot pass it uncharged).
+        unmeasured: the models charged that mean.
+    """
+
+    rate_rps: float
+    cpu_ms: tuple[tuple[float, float], ...]
+    unmeasured: tuple[str, ...] = ()
+
+    @property
+    def mean_cpu_ms(self) -> float:
+        """The CPU (ms) the dispatcher spends on the plan's average request."""
+        total = sum(w for w, _ in self.cpu_ms)
+        return sum(w * f for w, f in self.cpu_ms) / total
+
+    @property
+    def capacity_rps(self) -> float:
+        """The most requests per second the dispatcher carries for the whole plan
+        (:func:`~greenctl.planner.core.queueing.front_capacity_rps` of the mean)."""
+        return front_capacity_rps(self.mean_cpu_ms)
+
+    @property
+    def utilisation(self) -> float:
+        """The share of its core the dispatcher is busy at the plan's rate (>= 1: overloaded)."""
+        return self.rate_rps / self.capacity_rps
+
+    @property
+    def overloaded(self) -> bool:
+        """Whether the plan's rate reaches what the dispatcher can carry (its queue has no
+        steady state: :meth:`wait` is None)."""
+        return self.wait() is None
+
+    def wait(self) -> WaitTime | None:
+        """A request's wait at the dispatcher at the plan's rate (None: overloaded)."""
+        return stage_wait(self.rate_rps, self.cpu_ms)
+
+    def overhead_ms(self, path: ServingPath | None) -> tuple[float, ...]:
+        """The overhead samples of a request served through ``path`` with the dispatcher's
+        wait at the plan's rate: the path's samples (or 0 ms without a path) plus how much
+        longer a request waits there than when the path was measured
+        (:func:`~greenctl.planner.core.queueing.with_stage_wait`: the samples hold the
+        dispatcher's service and its wait at ``path.rate_rps`` with ``path``'s own CPU
+        figure; without a rate or a figure, nothing is taken as held).
+
+        Raises:
+            InputError: the dispatcher is overloaded (:attr:`overloaded`).
+        """
+        now = self.wait()
+        if now is None:
+            raise InputError(
+                f"the dispatcher is overloaded: {self.rate_rps:,.0f} req/s at "
+                f"{self.mean_cpu_ms:.3g} ms of CPU per request (at most "
+                f"{self.capacity_rps:,.0f} req/s)"
+            )
+        samples = path.overhead_ms if path is not None and len(path.overhead_ms) else (0.0,)
+        own = dispatcher_cpu_ms(path)
+        then = None
+        if own is not None and path is not None and path.rate_rps and path.rate_rps > 0:
+            then = stage_wait(float(path.rate_rps), ((1.0, own),))
+            if then is None:  # measured past its capacity: the samples hold more than now
+                return tuple(samples)
+        return with_stage_wait(samples, now, then)
+
+
+def dispatcher_stage(
+    model_rates: Mapping[str, float],
+    paths: Mapping[str, Sequence[tuple[float, ServingPath | Sequence[float] | None]]],
+) -> DispatcherStage | None:
+    """The plan's dispatcher stage from each model's rate and the serving paths its requests
+    are served through, each with its share of them (``(share, path)``, :func:`serving_path`);
+    None when no path of any model has the dispatcher's CPU measured
+    (:func:`dispatcher_cpu_ms`): the stage is then not modeled and every figure is as
+    without it.
+
+    A model's CPU per request is its measured paths' mean, weighted by their shares (the
+    dispatcher forwards a model's requests alike, whichever instance they go to: the figures
+    differ by the rate and run they were measured at; equal weights where the shares are 0).
+    The models' shares of the stage are their rates (equal shares at no load).
+    """
+    figures: dict[str, float] = {}
+    for m in model_rates:
+        got = [(max(float(w), 0.0), dispatcher_cpu_ms(p)) for w, p in paths.get(m, ())]
+        measured = [(w, f) for w, f in got if f is not None]
+        if not measured:
+            continue
+        if sum(w for w, _ in measured) <= 0:
+            measured = [(1.0, f) for _, f in measured]
+        figures[m] = sum(w * f for w, f in measured) / sum(w for w, _ in measured)
+    if not figures:
+        return None
+    rates = {m: max(float(r), 0.0) for m, r in model_rates.items()}
+    total = sum(rates.values())
+    weight = rates if total > 0 else {m: 1.0 for m in rates}
+    seen = sum(weight[m] for m in figures)
+    mean = (
+        sum(weight[m] * f for m, f in figures.items()) / seen
+        if seen > 0
+        else sum(figures.values()) / len(figures)
+    )
+    cpu = tuple((weight[m], figures.get(m, mean)) for m in rates if weight[m] > 0)
+    return DispatcherStage(total, cpu, tuple(m for m in rates if m not in figures))
+
+
+def planned_dispatcher(
+    serving: Mapping[str, ServingPath | Sequence[float]] | None,
+    model_rates: Mapping[str, float],
+    variants: Mapping[str, Iterable[str]],
+) -> DispatcherStage | None:
+    """The dispatcher stage of a plan still to be made (a planner's, before it knows which
+    variants serve): :func:`dispatcher_stage` over every measured path of each model, its own
+    entry, its variants' and theirs measured on a resource (``variant@resource``), weighted
+    alike, ``variants`` naming each model's. None without a dispatcher figure among them."""
+    if not serving:
+        return None
+    paths: dict[str, list[tuple[float, ServingPath | Sequence[float] | None]]] = {}
+    for model in model_rates:
+        names = set(variants.get(model, ()))
+        paths[model] = [
+            (1.0, p)
+            for key, p in serving.items()
+            if key == model or key in names or key.split("@", 1)[0] in names
+        ]
+    return dispatcher_stage(model_rates, paths)
+
+
+def dispatcher_note(stage: DispatcherStage | None) -> str:
+    """What a plan's ``latency_includes`` says of the dispatcher stage (a clause that starts
+    with ``"; "``): modeled, with its measured CPU, capacity and load, or not modeled."""
+    if stage is None:
+        return (
+            "; the dispatcher's queueing is not modeled (no dispatcher CPU measured: "
+            "`greenctl profile serving` measures it on its dispatcher path)"
+        )
+    note = (
+        f"; the dispatcher, a serial stage on one core for all the plan's requests "
+        f"({stage.mean_cpu_ms:.2g} ms of CPU per request measured, at most "
+        f"{stage.capacity_rps:,.0f} req/s; modeled {100 * stage.utilisation:.0f} % busy at "
+        f"{stage.rate_rps:,.0f} req/s"
+    )
+    if stage.overloaded:
+        note += ": overloaded, the plan's rate exceeds what it can carry"
+    note += ")"
+    if stage.unmeasured:
+        note += (
+            "; no dispatcher CPU measured for "
+            + ", ".join(stage.unmeasured)
+            + ": charged the measured models' mean"
+        )
+    return note
 
 
 def served_service(
@@ -738,7 +922,12 @@ def predict(
             front, a serial CPU stage before the device that caps the instance at
             ``1000 / executor_cpu_ms`` req/s and whose wait every request adds
             (:func:`front_cpu_ms`; none where no executor CPU was measured there).
-            Without it latencies are the model's alone.
+            Where a path has the dispatcher's CPU measured (``dispatcher_cpu_ms``), the
+            dispatcher is a serial stage all the plan's requests cross
+            (:class:`DispatcherStage`): a request adds its wait at the plan's total rate
+            beyond the wait its path's samples were measured with, and a total rate at or
+            above its capacity overloads the plan (it forwards at most its capacity, the
+            rest dropped). Without it latencies are the model's alone.
 
     Latency also accounts for cold runs: a request that finds its instance idle runs at the
     profile's isolated latency when the profile has one (:func:`warm_service`), unless the
@@ -759,6 +948,34 @@ def predict(
     check_policy(policy, instances)
     model_rate, shares = split_load(instances, deployments, rate_rps)
     total_rate = sum(model_rate.values())
+    # the dispatcher: one serial stage every request crosses, where its CPU was measured
+    stage = (
+        dispatcher_stage(
+            model_rate,
+            {  # each instance's path, by its share of its model's requests
+                m: [
+                    (shares[i.index], _path_for(serving, m, i.variant, i.resource))
+                    for i in instances
+                    if i.model == m
+                ]
+                for m in model_rate
+            },
+        )
+        if serving is not None
+        else None
+    )
+    passed = model_rate  # what the dispatcher forwards: at most its capacity, pro rata
+    if stage is not None and stage.overloaded and total_rate > 0:
+        passed = {m: r * stage.capacity_rps / total_rate for m, r in model_rate.items()}
+    dispatched: dict[ServingPath | None, tuple[float, ...]] = {}
+
+    def overhead_of(path: ServingPath | None) -> tuple[float, ...]:
+        """The path's overhead samples, with the dispatcher's wait at the plan's rate."""
+        if stage is None or stage.overloaded:
+            return path.overhead_ms if path is not None else ()
+        if path not in dispatched:
+            dispatched[path] = stage.overhead_ms(path)
+        return dispatched[path]
 
     served = [0.0] * len(instances)
     busy = [0.0] * len(instances)
@@ -802,7 +1019,7 @@ def predict(
         if rate <= 0:
             return
         path = _path_for(serving, members[0].model, members[0].variant, members[0].resource)
-        overhead = path.overhead_ms if path is not None else ()
+        overhead = overhead_of(path)
         if model is not None and any(i.front_ms > 0 for i in members):
             # on an accelerator, the executor's front before the device (on CPU the
             # executor's own work shares the cores instead), each at its instance's share
@@ -846,7 +1063,7 @@ def predict(
                 busy_frac = stretch[i.index] * _busy_fraction(i, rate)
             busy[i.index] = min(busy_frac, 1.0)
 
-    for m, rate in model_rate.items():
+    for m, rate in passed.items():
         members = [i for i in instances if i.model == m]
         if policy == "fifo":
             model = None
@@ -887,6 +1104,9 @@ def predict(
         device_idle_power_w=device_idle_power_w,
         spare_idle_w=spare_idle_w,
     )
+    if stage is not None and stage.overloaded:
+        overloaded = True  # the dispatcher's queue grows: every request late
+        violation = total_rate
     if overloaded:
         result.update(p50_ms=math.inf, p95_ms=math.inf, p99_ms=math.inf)
     elif parts:

@@ -505,8 +505,24 @@ def build_mix_problem(
     families: list[MixFamily] = []
     seen_resources: set[Resource] = set()
     all_sizes: dict[tuple[str, str], dict[int, Profile]] = {}
+    # the dispatcher: one serial stage every family's requests cross (evaluate.DispatcherStage)
+    stage = _dispatcher(serving, {f["model"]: f["rate_rps"] for f in req["families"]}, by_family)
+    if stage is not None and stage.overloaded:
+        raise InfeasiblePlan(
+            f"the dispatcher carries at most {stage.capacity_rps:,.0f} req/s "
+            f"({stage.mean_cpu_ms:.3g} ms of CPU per request measured), the plan asks "
+            f"{stage.rate_rps:,.0f} req/s",
+            hint="lower the rate, or measure the dispatcher nearer this rate (`greenctl "
+            "profile serving --rate RPS`: its CPU per request falls as the rate rises)",
+        )
+    if stage is not None:
+        notes.append(
+            f"the dispatcher: {stage.mean_cpu_ms:.3g} ms of CPU per request, modeled "
+            f"{100 * stage.utilisation:.0f} % busy at {stage.rate_rps:,.0f} req/s; its wait "
+            "there counts in every option's serving path"
+        )
     for fam in req["families"]:
-        path_ms = _path_quantile((serving or {}).get(fam["model"]), q)
+        path_ms = _path_quantile((serving or {}).get(fam["model"]), q, stage)
         if path_ms > 0:
             notes.append(
                 f"{fam['model']}: the measured serving path takes {path_ms:.3g} ms at "
@@ -550,7 +566,7 @@ def build_mix_problem(
                 fam["slo_ms"],
                 req["percentile"],
                 q,
-                path_ms=_path_quantile(own, q) if own is not None else path_ms,
+                path_ms=_path_quantile(own, q, stage) if own is not None else path_ms,
                 path=own if own is not None else (serving or {}).get(fam["model"]),
                 sizes=sizes[(vname, label, hw)],
             )
@@ -753,9 +769,15 @@ def _make_option(
     )
 
 
-def _path_quantile(path: Any, q: float) -> float:
-    """The ``q`` quantile (ms) of a serving path (evaluate.ServingPath or samples); 0 if none."""
+def _path_quantile(path: Any, q: float, stage: Any = None) -> float:
+    """The ``q`` quantile (ms) of a serving path (evaluate.ServingPath or samples); 0 if none.
+    With the plan's dispatcher stage, its wait at the plan's rate beyond what the path's
+    samples hold (``evaluate.DispatcherStage.overhead_ms``)."""
+    from greenctl.planner.core.evaluate import ServingPath
+
     samples = getattr(path, "overhead_ms", path)
+    if stage is not None and isinstance(path, ServingPath):
+        samples = stage.overhead_ms(path)
     if not samples:
         return 0.0
     import numpy as np
@@ -1516,7 +1538,22 @@ def _predict_with_core(
             "profile serving --resource RESOURCE --batch B`, or check with `apply --verify`)"
         )
     merged["latency_includes"] += _front_note(problem, deployments)
+    if problem.serving:
+        from greenctl.planner.core.evaluate import dispatcher_note
+
+        rates = {f.name: f.rate_rps for f in problem.families}
+        variants = {f.name: list(f.variants) for f in problem.families}
+        merged["latency_includes"] += dispatcher_note(_dispatcher(problem.serving, rates, variants))
     return merged
+
+
+def _dispatcher(serving: Any, rates: Mapping[str, float], variants: Mapping[str, Any]) -> Any:
+    """The plan's dispatcher stage (``evaluate.planned_dispatcher``); ``variants``: each
+    family's variants (records or names)."""
+    from greenctl.planner.core.evaluate import planned_dispatcher
+
+    names = {m: [getattr(v, "name", v) for v in vs] for m, vs in variants.items()}
+    return planned_dispatcher(serving, rates, names)
 
 
 def _front_note(problem: MixProblem, deployments: Sequence[Deployment]) -> str:
