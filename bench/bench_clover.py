@@ -344,11 +344,9 @@ def h200_replay(
                 f"--carbon-trace {TRACE} --every 1h --hours {hours} --load-trace FLAT "
                 "--baseline base --baseline co2opt"
                 + (
-                    ""
+                    " (BASE priced at the first hour's intensity, which replans hold)"
                     if ci_base is None
-                    else f", the request's base_carbon_intensity {ci_base:.1f} g/kWh (the "
-                    "trace's mean, as part 2; replay has no --base-carbon-intensity, and "
-                    "without it plan mig's objective does not move with the carbon intensity)"
+                    else f" --base-carbon-intensity {ci_base:.1f} (the trace's mean, as part 2)"
                 )
             )
             print(

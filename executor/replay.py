@@ -123,6 +123,7 @@ SUMMARY_COLUMNS = (
     "cost_usd",
     "changes",
     "mean_units",
+    "basis",
 )
 MODELED = (
     "modeled: profiles + the evaluation core's analytic predict per second of the load "
@@ -935,6 +936,8 @@ def replay(
         for r in rs:
             r.pop("_busy_mean", None)
     summary = [_summarise(name, rs) for name, rs in rows.items()]
+    for s in summary:  # what every figure rests on, in the CSV too
+        s["basis"] = "modeled" + (f" on {label}" if label else "")
     if unmodeled:
         notes.append(
             "reconfiguration time not modeled for "

@@ -213,6 +213,10 @@ def test_a_mig_replay_charges_the_slices_its_plans_leave_empty(cli, tmp_path):
     r = cli("replay", "--kind", "mig", *common, "--load-trace", trace, "--every", "5m",
             "--baseline", "none")  # fmt: skip
     assert r.exit_code == 0, r.output
-    row = json.loads(r.stdout)["intervals"]["greenctl"][0]
+    doc = json.loads(r.stdout)
+    # what the figures rest on, in every summary row (the CSV's basis column) and the meta
+    assert doc["meta"]["label"] == "synthetic profiles"
+    assert {s["basis"] for s in doc["summary"]} == {"modeled on synthetic profiles"}
+    row = doc["intervals"]["greenctl"][0]
     assert row["units"] < 84  # compute slices left empty
     assert row["energy_j"] == pytest.approx(300 * planned["predicted"]["power_w"], rel=1e-4)
