@@ -36,21 +36,23 @@ def _sum(flat: dict[str, float], name: str) -> float:
     return sum(v for k, v in flat.items() if k.startswith(name + "{"))
 
 
-def _executor_intensity(url: str) -> float | None:
-    hits = [v for k, v in _metrics(url).items() if k.startswith(GRID_INTENSITY + "{")]
+def _intensity(flat: dict[str, float]) -> float | None:
+    hits = [v for k, v in flat.items() if k.startswith(GRID_INTENSITY + "{")]
     return hits[0] if hits else None
 
 
 def _wait_intensity(url: str, value: float, timeout_s: float = 5.0) -> dict[str, float]:
+    """The executor's metrics once they count at ``value``: the intensity is read from the
+    same snapshot as the counters (a snapshot taken before the switch, checked against a
+    later read, once charged part of the interval at the old intensity)."""
     deadline = time.monotonic() + timeout_s
+    flat = _metrics(url)
     while time.monotonic() < deadline:
-        flat = _metrics(url)
-        if _executor_intensity(url) == pytest.approx(value):
+        if _intensity(flat) == pytest.approx(value):
             return flat
         time.sleep(0.05)
-    raise AssertionError(
-        f"the executor does not count at {value} g/kWh: {_executor_intensity(url)}"
-    )
+        flat = _metrics(url)
+    raise AssertionError(f"the executor does not count at {value} g/kWh: {_intensity(flat)}")
 
 
 @pytest.fixture
@@ -132,7 +134,7 @@ def test_a_kept_plan_counts_carbon_at_the_new_signal(tiny_plan):
     # without --apply nothing that runs changes
     d = replan(7)
     assert d["action"] == "keep" and "counts carbon" not in d["reason"]
-    assert _executor_intensity(inst["url"]) == pytest.approx(295.64)
+    assert _intensity(_metrics(inst["url"])) == pytest.approx(295.64)
     # 10:00 (330.58): another configuration is best; measured against the plan's own signal
     d = replan(10, apply=True, apply_options=OPTS)
     assert d["action"] == "apply" and d["reference_g_per_kwh"] == pytest.approx(124.57)
