@@ -417,13 +417,22 @@ class DispatcherStage:
         """A request's wait at the dispatcher at the plan's rate (None: overloaded)."""
         return stage_wait(self.rate_rps, self.cpu_ms)
 
+    def held_wait(self, path: ServingPath | None) -> WaitTime | None:
+        """The dispatcher wait ``path``'s overhead samples hold (they were measured through
+        it): its wait at ``path.rate_rps`` with ``path``'s own CPU figure; the wait at the
+        plan's rate where that rate was past its capacity (the samples hold more: nothing is
+        added); None without a rate or a figure (nothing is taken as held)."""
+        own = dispatcher_cpu_ms(path)
+        if own is None or path is None or not path.rate_rps or path.rate_rps <= 0:
+            return None
+        then = stage_wait(float(path.rate_rps), ((1.0, own),))
+        return self.wait() if then is None else then
+
     def overhead_ms(self, path: ServingPath | None) -> tuple[float, ...]:
         """The overhead samples of a request served through ``path`` with the dispatcher's
         wait at the plan's rate: the path's samples (or 0 ms without a path) plus how much
         longer a request waits there than when the path was measured
-        (:func:`~greenctl.planner.core.queueing.with_stage_wait`: the samples hold the
-        dispatcher's service and its wait at ``path.rate_rps`` with ``path``'s own CPU
-        figure; without a rate or a figure, nothing is taken as held).
+        (:func:`~greenctl.planner.core.queueing.with_stage_wait` of :meth:`held_wait`).
 
         Raises:
             InputError: the dispatcher is overloaded (:attr:`overloaded`).
@@ -436,13 +445,7 @@ class DispatcherStage:
                 f"{self.capacity_rps:,.0f} req/s)"
             )
         samples = path.overhead_ms if path is not None and len(path.overhead_ms) else (0.0,)
-        own = dispatcher_cpu_ms(path)
-        then = None
-        if own is not None and path is not None and path.rate_rps and path.rate_rps > 0:
-            then = stage_wait(float(path.rate_rps), ((1.0, own),))
-            if then is None:  # measured past its capacity: the samples hold more than now
-                return tuple(samples)
-        return with_stage_wait(samples, now, then)
+        return with_stage_wait(samples, now, self.held_wait(path))
 
 
 def dispatcher_stage(
@@ -949,21 +952,7 @@ def predict(
     model_rate, shares = split_load(instances, deployments, rate_rps)
     total_rate = sum(model_rate.values())
     # the dispatcher: one serial stage every request crosses, where its CPU was measured
-    stage = (
-        dispatcher_stage(
-            model_rate,
-            {  # each instance's path, by its share of its model's requests
-                m: [
-                    (shares[i.index], _path_for(serving, m, i.variant, i.resource))
-                    for i in instances
-                    if i.model == m
-                ]
-                for m in model_rate
-            },
-        )
-        if serving is not None
-        else None
-    )
+    stage = instances_dispatcher(instances, model_rate, shares, serving)
     passed = model_rate  # what the dispatcher forwards: at most its capacity, pro rata
     if stage is not None and stage.overloaded and total_rate > 0:
         passed = {m: r * stage.capacity_rps / total_rate for m, r in model_rate.items()}
@@ -1125,6 +1114,31 @@ def predict(
 def _busy_fraction(inst: Instance, rate: float) -> float:
     """Fraction of time an instance serving one request at a time executes at ``rate``."""
     return min(rate / inst.capacity_rps, 1.0)
+
+
+def instances_dispatcher(
+    instances: Sequence[Instance],
+    model_rate: Mapping[str, float],
+    shares: Sequence[float],
+    serving: ServingInput | None,
+) -> DispatcherStage | None:
+    """The dispatcher stage of a plan's ``instances`` at ``model_rate`` (:func:`split_load`'s
+    rates and shares): each instance's serving path weighted by its share of its model's
+    requests (:func:`dispatcher_stage`); None without a serving path. The one construction
+    :func:`predict` and the simulator both use."""
+    if serving is None:
+        return None
+    return dispatcher_stage(
+        model_rate,
+        {
+            m: [
+                (shares[i.index], _path_for(serving, m, i.variant, i.resource))
+                for i in instances
+                if i.model == m
+            ]
+            for m in model_rate
+        },
+    )
 
 
 def serving_path(

@@ -481,7 +481,7 @@ def stage_wait(
     return _wait_time(float(rate_rps), (m1, m2, m3), 1, float(ca2))
 
 
-def _wait_moments(wait: WaitTime) -> tuple[float, float]:
+def wait_moments(wait: WaitTime) -> tuple[float, float]:
     """The mean and variance of a :class:`WaitTime` (0 with probability ``1 - c_prob``, else
     ``delay + Exp(exp_mean)``)."""
     c, d, m = wait.c_prob, wait.delay_ms, wait.exp_mean_ms
@@ -504,8 +504,8 @@ def wait_growth(wait: WaitTime, measured: WaitTime) -> WaitTime | None:
     independent of the samples, the mean alone exact) put the p95 up to 9 % low; the whole
     wait added, nothing taken off, up to 15 % high.
     """
-    m_now, v_now = _wait_moments(wait)
-    m_then, v_then = _wait_moments(measured)
+    m_now, v_now = wait_moments(wait)
+    m_then, v_then = wait_moments(measured)
     grow = m_now - m_then
     if grow <= 1e-9 * max(m_now, 1e-9):
         return None
