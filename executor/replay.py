@@ -63,6 +63,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -614,6 +615,59 @@ def _infadapter_steps(
     return out, stats
 
 
+@dataclass
+class ReplanRounds:
+    """greenctl's replanning rounds in a replay, each decided as ``replan_once`` decides it
+    (:func:`~greenctl.executor.control.replan_choice`, the dwell and
+    :func:`~greenctl.executor.control.dwell_yields`), and memoised by the caller's ``key``
+    (what the round's decision reads: the running configuration, the signal, the rates).
+    ``stats``: rounds that planned (``solves``), answered from the memo (``cached``), held by
+    ``--min-dwell`` (``dwell_holds``) or changed within it (``dwell_yields``)."""
+
+    min_dwell_s: float
+    choices: dict[Any, Any] = field(default_factory=dict)
+    stats: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("solves", "cached", "dwell_holds", "dwell_yields"), 0
+        )
+    )
+
+    def decide(
+        self, key: Any, plan: Callable[[], Any], *, last_change: str | None, when: str
+    ) -> tuple[str, Plan | None]:
+        """One round at ``when``: ``plan()`` (``replan_choice`` for the round, memoised by
+        ``key``; an :class:`InfeasiblePlan` counts as its answer) and the action, one of
+        ``hold``, ``infeasible``, ``keep``, ``not-worth`` or ``change`` with the new plan."""
+        from greenctl.executor import control
+
+        held = (
+            last_change is not None
+            and control.dwell_since(last_change, when, self.min_dwell_s) is not None
+        )
+        choice = self.choices.get(key)
+        if choice is None:
+            self.stats["solves"] += 1
+            try:
+                choice = plan()
+            except InfeasiblePlan as exc:
+                choice = exc
+            self.choices[key] = choice
+        else:
+            self.stats["cached"] += 1
+        if held and not control.dwell_yields(choice):
+            self.stats["dwell_holds"] += 1
+            return "hold", None
+        if held:
+            self.stats["dwell_yields"] += 1
+        if isinstance(choice, InfeasiblePlan):
+            return "infeasible", None
+        if choice.same:
+            return "keep", None
+        if not choice.triggers:
+            return "not-worth", None
+        return "change", choice.new
+
+
 # -- the replay -------------------------------------------------------------------------------
 @solvers.solve_memo()  # a replay solves the same few problems again and again
 def replay(
@@ -792,8 +846,8 @@ def replay(
     unmodeled: set[str] = set()
 
     # -- greenctl: the replan loop --------------------------------------------------------------
-    choices: dict[Any, Any] = {}
-    stats = {"solves": 0, "cached": 0, "dwell_holds": 0, "dwell_yields": 0}
+    rounds = ReplanRounds(min_dwell_s)
+    stats = rounds.stats
 
     def greenctl_steps() -> list[_Step]:
         running = first_plan
@@ -806,42 +860,21 @@ def replay(
                 progress(k, n)
             when = _iso_at(win.start_time, k * every_s)
             rate = float(forecasts[k])
-            held = (
-                last_change is not None
-                and control.dwell_since(last_change, when, min_dwell_s) is not None
-            )
             ci = float(win.carbon[k])
-            key = (_config_key(running.deployments), ci, ref, rate)
-            choice = choices.get(key)
-            if choice is None:
-                stats["solves"] += 1
-                try:
-                    choice = control.replan_choice(
-                        cached, running, signal=ci, reference=ref, threshold=threshold,
-                        margin=margin, rate=max(rate, 1e-3),
-                    )  # fmt: skip
-                except InfeasiblePlan as exc:
-                    choice = exc
-                choices[key] = choice
+            action, new = rounds.decide(
+                (_config_key(running.deployments), ci, ref, rate),
+                partial(
+                    control.replan_choice, cached, running, signal=ci, reference=ref,
+                    threshold=threshold, margin=margin, rate=max(rate, 1e-3),
+                ),
+                last_change=last_change, when=when,
+            )  # fmt: skip
+            if new is None:
+                out.append(_Step(running, action, rate))
             else:
-                stats["cached"] += 1
-            if held and not control.dwell_yields(choice):  # as replan_once
-                stats["dwell_holds"] += 1
-                out.append(_Step(running, "hold", rate))
-                continue
-            if held:
-                stats["dwell_yields"] += 1
-            if isinstance(choice, InfeasiblePlan):
-                out.append(_Step(running, "infeasible", rate))
-                continue
-            if choice.same:
-                out.append(_Step(running, "keep", rate))
-            elif not choice.triggers:
-                out.append(_Step(running, "not-worth", rate))
-            else:
-                lt = _load_time_s(running, choice.new, all_variants, unmodeled)
-                out.append(_Step(choice.new, "change", rate, running, lt))
-                running, ref, last_change = choice.new, ci, when
+                lt = _load_time_s(running, new, all_variants, unmodeled)
+                out.append(_Step(new, "change", rate, running, lt))
+                running, ref, last_change = new, ci, when
         return out
 
     policies: dict[str, list[_Step]] = {"greenctl": greenctl_steps()}

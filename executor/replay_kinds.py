@@ -47,6 +47,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -780,8 +781,10 @@ def replay_glet(
         )
 
     # -- greenctl: the replan loop ------------------------------------------------------------
-    choices: dict[Any, Any] = {}
-    stats = {"solves": 0, "cached": 0, "dwell_holds": 0, "dwell_yields": 0}
+    from greenctl.executor.replay import ReplanRounds
+
+    rounds = ReplanRounds(min_dwell_s)
+    stats = rounds.stats
 
     def greenctl_steps() -> list[_GletStep]:
         running = first_plan
@@ -795,40 +798,20 @@ def replay_glet(
             when = iso_at(win.start_time, k * every_s)
             rates = {x: float(forecasts[x][k]) for x in names}
             total = float(sum(rates.values()))
-            held = (
-                last_change is not None
-                and control.dwell_since(last_change, when, min_dwell_s) is not None
-            )
-            key = (_layout_key(running), tuple(round(rates[x], 6) for x in names))
-            choice = choices.get(key)
-            if choice is None:
-                stats["solves"] += 1
-                try:
-                    choice = control.replan_choice(
-                        store, running, signal=None, reference=None, threshold=threshold,
-                        margin=margin, forecast=rates.get,
-                    )  # fmt: skip
-                except InfeasiblePlan as exc:
-                    choice = exc
-                choices[key] = choice
+            action, new = rounds.decide(
+                (_layout_key(running), tuple(round(rates[x], 6) for x in names)),
+                partial(
+                    control.replan_choice, store, running, signal=None, reference=None,
+                    threshold=threshold, margin=margin, forecast=rates.get,
+                ),
+                last_change=last_change, when=when,
+            )  # fmt: skip
+            if new is None:
+                out.append(_GletStep(running, action, total))
             else:
-                stats["cached"] += 1
-            if held and not control.dwell_yields(choice):  # as replan_once
-                stats["dwell_holds"] += 1
-                out.append(_GletStep(running, "hold", total))
-                continue
-            if held:
-                stats["dwell_yields"] += 1
-            if isinstance(choice, InfeasiblePlan):
-                out.append(_GletStep(running, "infeasible", total))
-            elif choice.same:
-                out.append(_GletStep(running, "keep", total))
-            elif not choice.triggers:
-                out.append(_GletStep(running, "not-worth", total))
-            else:
-                lt = _started_load_time_s(running, choice.new, load_time, unmodeled)
-                out.append(_GletStep(choice.new, "change", total, running, lt))
-                running, last_change = choice.new, when
+                lt = _started_load_time_s(running, new, load_time, unmodeled)
+                out.append(_GletStep(new, "change", total, running, lt))
+                running, last_change = new, when
         return out
 
     policies: dict[str, list[_GletStep]] = {"greenctl": greenctl_steps()}
