@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -361,6 +361,58 @@ def dwell_yields(choice: ReplanChoice | Exception) -> bool:
     until the dwell ends (replay measured 82-98 % of the SLO violations of a day under the
     default 1 h dwell behind such holds)."""
     return isinstance(choice, ReplanChoice) and choice.overloaded is not None and not choice.same
+
+
+@dataclass
+class ReplanRounds:
+    """greenctl's replanning rounds in a what-if replay (:mod:`greenctl.executor.replay`, its
+    glet twin), each decided as :func:`replan_once` decides it (:func:`replan_choice`, the
+    dwell and :func:`dwell_yields`), and memoised by the caller's ``key``
+    (what the round's decision reads: the running configuration, the signal, the rates).
+    ``stats``: rounds that planned (``solves``), answered from the memo (``cached``), held by
+    ``--min-dwell`` (``dwell_holds``) or changed within it (``dwell_yields``)."""
+
+    min_dwell_s: float
+    choices: dict[Any, Any] = field(default_factory=dict)
+    stats: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("solves", "cached", "dwell_holds", "dwell_yields"), 0
+        )
+    )
+
+    def decide(
+        self, key: Any, plan: Callable[[], Any], *, last_change: str | None, when: str
+    ) -> tuple[str, Any]:
+        """One round at ``when``: ``plan()`` (``replan_choice`` for the round, memoised by
+        ``key``; an :class:`InfeasiblePlan` counts as its answer) and the action, one of
+        ``hold``, ``infeasible``, ``keep``, ``not-worth`` or ``change`` with the new plan."""
+        from greenctl.data.errors import InfeasiblePlan
+
+        held = (
+            last_change is not None and dwell_since(last_change, when, self.min_dwell_s) is not None
+        )
+        choice = self.choices.get(key)
+        if choice is None:
+            self.stats["solves"] += 1
+            try:
+                choice = plan()
+            except InfeasiblePlan as exc:
+                choice = exc
+            self.choices[key] = choice
+        else:
+            self.stats["cached"] += 1
+        if held and not dwell_yields(choice):
+            self.stats["dwell_holds"] += 1
+            return "hold", None
+        if held:
+            self.stats["dwell_yields"] += 1
+        if isinstance(choice, InfeasiblePlan):
+            return "infeasible", None
+        if choice.same:
+            return "keep", None
+        if not choice.triggers:
+            return "not-worth", None
+        return "change", choice.new
 
 
 def replan_choice(

@@ -615,59 +615,6 @@ def _infadapter_steps(
     return out, stats
 
 
-@dataclass
-class ReplanRounds:
-    """greenctl's replanning rounds in a replay, each decided as ``replan_once`` decides it
-    (:func:`~greenctl.executor.control.replan_choice`, the dwell and
-    :func:`~greenctl.executor.control.dwell_yields`), and memoised by the caller's ``key``
-    (what the round's decision reads: the running configuration, the signal, the rates).
-    ``stats``: rounds that planned (``solves``), answered from the memo (``cached``), held by
-    ``--min-dwell`` (``dwell_holds``) or changed within it (``dwell_yields``)."""
-
-    min_dwell_s: float
-    choices: dict[Any, Any] = field(default_factory=dict)
-    stats: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(
-            ("solves", "cached", "dwell_holds", "dwell_yields"), 0
-        )
-    )
-
-    def decide(
-        self, key: Any, plan: Callable[[], Any], *, last_change: str | None, when: str
-    ) -> tuple[str, Plan | None]:
-        """One round at ``when``: ``plan()`` (``replan_choice`` for the round, memoised by
-        ``key``; an :class:`InfeasiblePlan` counts as its answer) and the action, one of
-        ``hold``, ``infeasible``, ``keep``, ``not-worth`` or ``change`` with the new plan."""
-        from greenctl.executor import control
-
-        held = (
-            last_change is not None
-            and control.dwell_since(last_change, when, self.min_dwell_s) is not None
-        )
-        choice = self.choices.get(key)
-        if choice is None:
-            self.stats["solves"] += 1
-            try:
-                choice = plan()
-            except InfeasiblePlan as exc:
-                choice = exc
-            self.choices[key] = choice
-        else:
-            self.stats["cached"] += 1
-        if held and not control.dwell_yields(choice):
-            self.stats["dwell_holds"] += 1
-            return "hold", None
-        if held:
-            self.stats["dwell_yields"] += 1
-        if isinstance(choice, InfeasiblePlan):
-            return "infeasible", None
-        if choice.same:
-            return "keep", None
-        if not choice.triggers:
-            return "not-worth", None
-        return "change", choice.new
-
-
 # -- the replay -------------------------------------------------------------------------------
 @solvers.solve_memo()  # a replay solves the same few problems again and again
 def replay(
@@ -846,7 +793,7 @@ def replay(
     unmodeled: set[str] = set()
 
     # -- greenctl: the replan loop --------------------------------------------------------------
-    rounds = ReplanRounds(min_dwell_s)
+    rounds = control.ReplanRounds(min_dwell_s)
     stats = rounds.stats
 
     def greenctl_steps() -> list[_Step]:

@@ -781,9 +781,7 @@ def replay_glet(
         )
 
     # -- greenctl: the replan loop ------------------------------------------------------------
-    from greenctl.executor.replay import ReplanRounds
-
-    rounds = ReplanRounds(min_dwell_s)
+    rounds = control.ReplanRounds(min_dwell_s)
     stats = rounds.stats
 
     def greenctl_steps() -> list[_GletStep]:
