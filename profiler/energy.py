@@ -9,14 +9,23 @@ Volta and newer) read before and after the measured window (older GPUs: power re
 sampled every 50 ms and integrated). Idle power is one power reading taken before the model
 is loaded.
 
-MIG and MPS (``nvml-attributed``): the counter belongs to the whole GPU, so the instance is
-charged ``share`` of it: its compute slices over the GPU's compute slices (a 3g instance of a
-7-slice A100 gets 3/7), or the MPS active-thread percentage over 100.
+MIG and MPS (``nvml-attributed``): the counter belongs to the whole GPU, and a profiled
+instance runs alone on it, the rest of the GPU idle. So the instance is charged ``share`` of
+the GPU's idle power (its compute slices over the GPU's: a 3g instance of a 7-slice A100 gets
+3/7; or the MPS active-thread percentage over 100) and all the power above idle, which it
+alone caused (:func:`attributed_energy_j`). Charging it ``share`` of the whole counter
+instead left out most of its dynamic power: on an H200, 7 emulated 1g slices of
+EfficientNet-B7 run together drew 75.3 W each, against 26.9 W by that rule and 85.6 W by this
+one (``bench/bench_mps_concurrent.py``; resnet50: 51.2 W, 22.7 W, 52.7 W). Without an idle
+reading it falls back to ``share`` of the whole counter. Served executors' live counters
+(:class:`NvmlCounter`) keep ``share`` of the whole: there every instance runs at once, and
+their shares sum to the GPU's energy.
 
 CPU with readable RAPL (``rapl``): the package counters
 ``/sys/class/powercap/intel-rapl:N/energy_uj`` (microjoules) summed over packages, with
 wrap-around handled through ``max_energy_range_uj``; the package draws power for every core,
-so a ``cpu:N`` run is charged ``N / total_cores`` of it.
+so a ``cpu:N`` run is charged ``N / total_cores`` of its idle power and all the power above
+idle (:func:`attributed_energy_j`, as for MIG and MPS).
 
 CPU without RAPL (``modeled``; shown as *modeled* wherever a user sees it)::
 
@@ -31,6 +40,7 @@ server CPU idling near 100 W, per core. Override with ``GREENCTL_CPU_TDP_W_PER_C
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import threading
@@ -71,8 +81,26 @@ def _per_request(energy_j: float, requests: int) -> float | None:
     return energy_j / requests if requests > 0 else None
 
 
+def attributed_energy_j(
+    whole_j: float, idle_w: float | None, duration_s: float, share: float
+) -> float:
+    """The energy (J) an instance on ``share`` of a device caused over a window in which it
+    ran alone there: ``share`` of the device's idle energy and all of its energy above idle
+    (the rest of the device idled: the power above idle was this instance's). ``whole_j``:
+    the device's energy over the window; ``idle_w``: its idle power (whole device; None:
+    unknown, then ``share`` of ``whole_j``). A window below idle is charged ``share`` of it.
+    """
+    if share >= 1.0:
+        return whole_j
+    if idle_w is None or not math.isfinite(idle_w) or idle_w < 0:
+        return whole_j * share
+    idle_j = idle_w * duration_s
+    return share * min(idle_j, whole_j) + max(whole_j - idle_j, 0.0)
+
+
 class NvmlEnergyMeter:
-    """Whole-GPU energy from NVML, optionally attributed to a share of the GPU.
+    """Whole-GPU energy from NVML, optionally attributed to a share of the GPU that ran alone
+    (:func:`attributed_energy_j`).
 
     Uses the total-energy counter; on GPUs without one (before Volta) it falls back to
     sampling ``nvmlDeviceGetPowerUsage`` every ``sample_s`` in a thread and integrating.
@@ -179,10 +207,11 @@ class NvmlEnergyMeter:
                 self._stop_evt.set()
                 self._thread.join()
             power = sum(self._samples) / max(len(self._samples), 1)
-            energy_j = power * dt * self.share
+            whole_j = power * dt
         else:
             e1 = self.backend.energy_mj(self.gpu_index)
-            energy_j = max(e1 - self._e0, 0) / 1000.0 * self.share
+            whole_j = max(e1 - self._e0, 0) / 1000.0
+        energy_j = attributed_energy_j(whole_j, self._idle_w, dt, self.share)
         return EnergyReading(
             method=self.method,
             power_w=energy_j / dt,
@@ -194,7 +223,8 @@ class NvmlEnergyMeter:
 
 
 class RaplMeter:
-    """CPU package energy from RAPL (``energy_uj``), attributed by core share."""
+    """CPU package energy from RAPL (``energy_uj``), attributed by core share to cores that ran
+    alone (:func:`attributed_energy_j`: the share of the packages' idle power, all above it)."""
 
     method = "rapl"
 
@@ -253,7 +283,8 @@ class RaplMeter:
     def stop(self, *, requests: int) -> EnergyReading:
         after = self._read()
         dt = max(self._clock() - self._t0, 1e-9)
-        energy_j = self._delta_j(self._e0, after) * self.share
+        idle = None if self._idle_w is None else self._idle_w / self.share  # the packages'
+        energy_j = attributed_energy_j(self._delta_j(self._e0, after), idle, dt, self.share)
         return EnergyReading(
             method=self.method,
             power_w=energy_j / dt,

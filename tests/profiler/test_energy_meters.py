@@ -11,8 +11,10 @@ from greenctl.profiler.energy import (
     IDLE_W_PER_CORE,
     TDP_W_PER_CORE,
     ModeledCpuMeter,
+    NvmlCounter,
     NvmlEnergyMeter,
     RaplMeter,
+    attributed_energy_j,
     cpu_meter,
 )
 from greenctl.profiler.fake_nvml import FakeNvml
@@ -59,6 +61,54 @@ def test_mig_instance_is_charged_its_share_of_compute_slices():
     assert r.power_w == pytest.approx(280.0 * 3 / 7)
     assert r.idle_power_w == pytest.approx(280.0 * 3 / 7)
     assert r.energy_j_per_request == pytest.approx(whole * 3 / 7 / 30)
+
+
+def test_a_share_measured_alone_is_charged_all_the_power_above_idle():
+    """A 1g slice (1/7) profiled alone: the GPU idles at 120 W and draws 190 W while it runs.
+    The 70 W above idle are the slice's; only the idle power is split by compute share
+    (measured on an H200: 7 emulated 1g slices of EfficientNet-B7 together drew 75.3 W each,
+    1/7 of the whole counter gave 26.9 W, this rule 85.6 W)."""
+    clock = Clock()
+    fake = FakeNvml(json.loads(FAKE.read_text()), clock=clock)
+    fake.set_power(1, 120.0)
+    meter = NvmlEnergyMeter(fake, 1, share=1 / 7, clock=clock)
+    meter.sample_idle()
+    meter.start()
+    fake.set_power(1, 190.0)
+    clock.t += 5.0
+    r = meter.stop(requests=100)
+    assert r.method == "nvml-attributed"
+    assert r.power_w == pytest.approx(120.0 / 7 + 70.0)
+    assert r.energy_j == pytest.approx((120.0 / 7 + 70.0) * 5.0)
+    assert r.idle_power_w == pytest.approx(120.0 / 7)
+    assert r.energy_j_per_request == pytest.approx((120.0 / 7 + 70.0) * 5.0 / 100)
+    # seven such slices running at once add up to the whole GPU: idle once, each its own 70 W
+    assert 7 * r.power_w == pytest.approx(120.0 + 7 * 70.0)
+
+
+def test_attribution_rule_edges():
+    # whole device: the counter as read
+    assert attributed_energy_j(500.0, 50.0, 2.0, 1.0) == 500.0
+    # no idle reading: the share of the whole counter, as before the rule
+    assert attributed_energy_j(700.0, None, 2.0, 0.25) == pytest.approx(175.0)
+    assert attributed_energy_j(700.0, float("nan"), 2.0, 0.25) == pytest.approx(175.0)
+    # a window below the idle reading: the share of what was drawn, nothing above idle
+    assert attributed_energy_j(180.0, 100.0, 2.0, 0.25) == pytest.approx(45.0)
+    # continuous at idle
+    assert attributed_energy_j(200.0, 100.0, 2.0, 0.25) == pytest.approx(50.0)
+    assert attributed_energy_j(200.0 + 1e-9, 100.0, 2.0, 0.25) == pytest.approx(50.0)
+
+
+def test_live_counters_of_served_instances_keep_the_share_of_the_whole():
+    """Served instances of one GPU run at once: each live counter is its share of the whole,
+    so the instances' counters sum to the GPU's energy (no dynamic power counted twice)."""
+    clock = Clock()
+    fake = FakeNvml(json.loads(FAKE.read_text()), clock=clock)
+    fake.set_power(1, 120.0)
+    counters = [NvmlCounter(fake, 1, share=s, clock=clock) for s in (3 / 7, 4 / 7)]
+    fake.set_power(1, 400.0)
+    clock.t += 2.0
+    assert sum(c.joules() for c in counters) == pytest.approx(800.0)
 
 
 def test_nvml_meter_needs_the_counter_but_not_the_power_reading():
@@ -208,3 +258,23 @@ def test_cpu_meter_picks_rapl_only_when_readable(tmp_path):
     f = _rapl(tmp_path, 5, 2**32)
     m = cpu_meter(1, total_cores=4, rapl=[str(f)])
     assert m.method == "rapl" and isinstance(m, RaplMeter) and m.share == 0.25
+
+
+def test_rapl_cores_measured_alone_are_charged_all_the_power_above_idle(tmp_path):
+    """Two of eight cores profiled alone: the packages idle at 40 W and draw 100 W while they
+    run; the 60 W above idle are theirs, a quarter of the idle power too."""
+    clock = Clock()
+    f = _rapl(tmp_path, 1_000_000, 2**32)
+
+    def sleep(s: float) -> None:
+        f.write_text(str(int(f.read_text()) + int(40e6 * s)))  # 40 W while idle
+        clock.t += s
+
+    meter = RaplMeter([str(f)], share=0.25, idle_window_s=0.5, clock=clock, sleep=sleep)
+    meter.start()
+    f.write_text(str(int(f.read_text()) + 200_000_000))  # 200 J in 2 s: 100 W
+    clock.t += 2.0
+    r = meter.stop(requests=4)
+    assert r.idle_power_w == pytest.approx(10.0)
+    assert r.power_w == pytest.approx(10.0 + 60.0)
+    assert r.energy_j == pytest.approx(140.0)
