@@ -178,6 +178,25 @@ def _details(action: dict[str, object]) -> str:
     return ", ".join(f"{k}={v}" for k, v in action.items() if k != "action")
 
 
+BREAKDOWN_CAPTION = (
+    ". Measured p50/p95 of a request's wait in the executor's batch queue, its batch's run "
+    "and the time outside both (client, network, dispatcher, executor receive and encode), "
+    "as the executors timed them"
+)
+
+
+def _breakdown_rows(b: object) -> list[list[object]]:
+    """The queue / run / outside rows of a measured latency breakdown (none without one)."""
+    if not isinstance(b, dict):
+        return []
+    names = (("queue_ms", "executor queue"), ("run_ms", "batch run"), ("outside_ms", "outside"))
+    return [
+        [f"{label} p50 / p95 ms", None, f"{b[k]['p50']:.3g} / {b[k]['p95']:.3g}"]
+        for k, label in names
+        if isinstance(b.get(k), dict)
+    ]
+
+
 def _print_verify(v: dict[str, object]) -> None:
     pred = v.get("predicted") or {}
     meas = v.get("measured") or {}
@@ -193,10 +212,12 @@ def _print_verify(v: dict[str, object]) -> None:
             ["errors", None, meas.get("errors")],
             ["503s", None, meas.get("rejected_503")],
             ["client lag p95 ms", None, meas.get("client_lag_p95_ms")],
+            *_breakdown_rows(meas.get("breakdown")),
         ],
         caption=(
             f"run {v.get('run_id')} stored; see `greenctl report`. Predicted latency: "
             + str(pred.get("latency_includes") or "model only (modeled)")
+            + BREAKDOWN_CAPTION
         ),
     )
     if meas.get("note"):
@@ -451,6 +472,14 @@ def loadgen_cmd(
             "client lag: how far this load generator ran behind its own schedule"
         ),
     )
+    rows = _breakdown_rows(res.breakdown)
+    if rows:
+        render_table(
+            "Where the time went (measured)",
+            ["part", "p50 / p95 ms"],
+            [[str(r[0]).removesuffix(" p50 / p95 ms"), r[2]] for r in rows],
+            caption=BREAKDOWN_CAPTION.removeprefix(". "),
+        )
     note = client_lag_note(res.client_lag_p95_ms, res.p95_ms)
     if note:
         say(("warning:", "yellow"), f" {note}", err=True)

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data import deployments
+from greenctl.data.batching import DEFAULT_MAX_WAIT_MS
 from greenctl.data.emissions import executor_energy_args, routes_carbon
 from greenctl.data.errors import (
     ExecutorError,
@@ -286,7 +287,7 @@ def apply_plan(
     port: int | None = None,
     cores: list[int] | None = None,
     max_queue: int = 256,
-    max_wait_ms: float = 2.0,
+    max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
     ready_timeout_s: float = 120.0,
     verify_duration_s: float = 10.0,
     verify_rate_rps: float | None = None,
@@ -1478,7 +1479,7 @@ def verify_plan(
 ) -> dict[str, Any]:
     """Load the running plan at its predicted rate and record measured vs predicted numbers."""
     import numpy as np
-    from greenctl.executor.loadgen import client_lag_note, run_load
+    from greenctl.executor.loadgen import client_lag_note, latency_breakdown, run_load
     from greenctl.planner.core.simulator import served_model_slos
 
     started_at = utcnow_iso()
@@ -1498,12 +1499,14 @@ def verify_plan(
         for m, q in models.items()
     }
     lat: list[float] = []
+    server: list[tuple[float, float, float]] = []
     agg = {"sent": 0, "ok": 0, "errors": 0, "rejected_503": 0}
     details = {}
     energy_before = energy_snapshot(store)  # the executors' energy counters (issue 19)
     for i, (model, rate) in enumerate(sorted(per_model.items())):
         res = run_load(endpoint, model, duration_s=duration_s, rate_rps=rate, seed=i)
         lat += res.latencies_ms
+        server += zip(res.server_queue_ms, res.server_infer_ms, res.server_batch_rows, strict=True)
         for k in agg:
             agg[k] += getattr(res, k)
         details[model] = res.to_dict()
@@ -1523,6 +1526,8 @@ def verify_plan(
         "rejected_503": agg["rejected_503"],
         "sent": agg["sent"],
         "duration_s": duration_s,
+        # where the time went: the executors' batch queue, the batch run, the rest
+        "breakdown": latency_breakdown(lat, server),
         "models": details,
     }
     if slos:

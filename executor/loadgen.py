@@ -59,6 +59,10 @@ class LoadResult:
     #: to every latency it measures, so a large lag means the figures measure the client too.
     client_lag_p95_ms: float | None = None
     client_lag_max_ms: float | None = None
+    #: Where the time went, over the requests the executors timed (:func:`latency_breakdown`):
+    #: ``{"queue_ms" | "run_ms" | "outside_ms": {"p50", "p95", "p99"}, "timed": n}``; None
+    #: when no answer carried the executor's timing headers.
+    breakdown: dict[str, Any] | None = None
 
     def to_dict(self, *, with_latencies: bool = False) -> dict[str, Any]:
         doc = asdict(self)
@@ -335,6 +339,43 @@ def _header_float(headers: Any, name: str) -> float:
         return math.nan
 
 
+def latency_breakdown(
+    latencies_ms: list[float], server: list[tuple[float, float, float]]
+) -> dict[str, Any] | None:
+    """Each successful request's latency split in three, as the executor timed it: its wait
+    in the executor's batch queue (``Greenctl-Queue-Ms``), its batch's run
+    (``Greenctl-Infer-Ms``: copy in, model, copy out) and everything outside the two
+    (``outside_ms``: the client, the network hops, the dispatcher and the executor's own
+    receive, decode and encode); p50, p95 and p99 of each over the requests whose answer
+    carried both headers (``timed``). Percentiles of the parts do not add up to the
+    latency's. None when no answer was timed (a server that is not a greenctl executor)."""
+    rows = [
+        (lat, q, r)
+        for lat, (q, r, _) in zip(latencies_ms, server, strict=True)
+        if math.isfinite(q) and math.isfinite(r)
+    ]
+    if not rows:
+        return None
+    arr = np.asarray(rows, dtype=float)
+    parts = {
+        "queue_ms": arr[:, 1],
+        "run_ms": arr[:, 2],
+        "outside_ms": np.clip(arr[:, 0] - arr[:, 1] - arr[:, 2], 0.0, None),
+    }
+    out: dict[str, Any] = {
+        name: dict(
+            zip(
+                ("p50", "p95", "p99"),
+                (float(x) for x in np.percentile(v, [50, 95, 99])),
+                strict=True,
+            )
+        )
+        for name, v in parts.items()
+    }
+    out["timed"] = len(rows)
+    return out
+
+
 def run_load(
     endpoint: str,
     model: str,
@@ -421,6 +462,7 @@ def run_load(
         server_batch_rows=[r for _, _, r in server],
         client_lag_p95_ms=float(np.percentile(lags, 95)) if lags else None,
         client_lag_max_ms=max(lags) if lags else None,
+        breakdown=latency_breakdown(latencies, server),
     )
 
 

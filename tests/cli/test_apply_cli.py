@@ -97,6 +97,14 @@ def test_apply_status_loadgen_verify_down(cli, plan_file, state_dir, store):
     runs = list(store.db.table("runs").rows_where("kind = ?", ["verify"]))
     assert len(runs) == 1 and json.loads(runs[0]["predicted"])["p95_ms"] == 10.0
     assert json.loads(runs[0]["measured"])["p95_ms"] is not None
+    # where the time went, from the executor's own timing headers, for every answer
+    parts = doc["verify"]["measured"]["breakdown"]
+    assert parts["timed"] == doc["verify"]["measured"]["sent"]
+    assert 0 <= parts["queue_ms"]["p50"] <= parts["queue_ms"]["p95"]
+    assert parts["outside_ms"]["p50"] > 0 and parts["run_ms"]["p50"] >= 0
+    assert parts["queue_ms"]["p50"] + parts["run_ms"]["p50"] + parts["outside_ms"]["p50"] == (
+        pytest.approx(doc["verify"]["measured"]["p50_ms"], rel=0.5)
+    )
 
     r = cli("status", "--json")
     st = json.loads(r.stdout)
@@ -113,6 +121,10 @@ def test_apply_status_loadgen_verify_down(cli, plan_file, state_dir, store):
     load = json.loads(r.stdout)
     assert load["ok"] == load["sent"] > 0 and load["rejected_503"] == 0
     assert load["mean_batch_rows"] == 1.0  # the executor's Greenctl-Batch-Rows, via the dispatcher
+    assert load["breakdown"]["timed"] == load["ok"]
+    r = cli("loadgen", "--endpoint", url, "--model", "m", "--rate", "30", "--duration", "0.5")
+    assert r.exit_code == 0, r.output
+    assert "Where the time went" in r.output and "executor queue" in r.output
 
     r = cli("apply", plan_file, "--loader", NOOP)
     assert r.exit_code == 0 and "already running" in r.output

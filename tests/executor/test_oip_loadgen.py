@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 
 import numpy as np
 import pytest
@@ -377,3 +378,20 @@ def test_a_lagging_client_is_named_only_when_it_matters():
     assert client_lag_note(3.0, 40.0) is None  # under a tenth of the p95
     note = client_lag_note(12.0, 40.0)
     assert note is not None and "12.0 ms behind" in note and "client" in note
+
+
+def test_latency_breakdown_splits_what_the_executor_timed():
+    from greenctl.executor.loadgen import latency_breakdown
+
+    nan = math.nan
+    lat = [10.0, 12.0, 30.0, 9.0]
+    server = [(2.0, 5.0, 4.0), (3.0, 5.0, 4.0), (20.0, 6.0, 8.0), (nan, nan, nan)]
+    b = latency_breakdown(lat, server)
+    assert b is not None and b["timed"] == 3  # the untimed answer is left out
+    assert b["queue_ms"]["p50"] == 3.0 and b["run_ms"]["p50"] == 5.0
+    assert b["outside_ms"]["p50"] == pytest.approx(4.0)  # 10-2-5, 12-3-5, 30-20-6
+    assert b["queue_ms"]["p95"] > 15.0  # the slow request waited in the executor's queue
+    # a clock skew never makes the time outside negative
+    assert latency_breakdown([1.0], [(0.8, 0.5, 1.0)])["outside_ms"]["p50"] == 0.0
+    assert latency_breakdown([5.0], [(nan, 1.0, 1.0)]) is None
+    assert latency_breakdown([], []) is None
