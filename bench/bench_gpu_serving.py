@@ -292,6 +292,8 @@ def run_arm(arm: str, variant: str, batch: int, args: argparse.Namespace, workdi
             "p95_ms": open_loop.p95_ms,
             "errors": open_loop.errors,
             "rows_mean": open_loop.mean_batch_rows,
+            # where the open-loop time went: executor queue, batch run, outside (loadgen)
+            "breakdown": open_loop.breakdown,
             "cpu_ms_per_request": (cpu1 - cpu0) * 1000.0 / max(open_loop.ok, 1),
         },
         "ratios": {
@@ -325,15 +327,24 @@ def load_revision_module(rev: str, path: str, name: str) -> Any:
 
 
 def assembly_bench(args: argparse.Namespace) -> int:
+    import importlib.util
     import random
 
     from greenctl.profiler import runner as current
 
-    rev = subprocess.run(
-        ["git", "-C", str(Path(__file__).resolve().parent.parent), "rev-parse", "--short",
-         args.baseline], check=True, capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
-    base = load_revision_module(rev, "profiler/runner.py", "_runner_baseline")
+    if Path(args.baseline).is_file():  # a copy of the baseline's runner.py (no git checkout)
+        rev = args.baseline
+        spec = importlib.util.spec_from_file_location("_runner_baseline", rev)
+        assert spec is not None and spec.loader is not None
+        base = importlib.util.module_from_spec(spec)
+        sys.modules["_runner_baseline"] = base
+        spec.loader.exec_module(base)
+    else:
+        rev = subprocess.run(
+            ["git", "-C", str(Path(__file__).resolve().parent.parent), "rev-parse", "--short",
+             args.baseline], check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+        base = load_revision_module(rev, "profiler/runner.py", "_runner_baseline")
     if args.variant_given:
         from greenctl.profiler.models import builtin_variant, load_model
 
@@ -441,6 +452,14 @@ def print_table(rows: list[dict[str, Any]], device: str) -> None:
         "targets (issue 22): served/profiled rps >= 0.90, CPU <= 0.5 ms per request, "
         "batch p50 / profile p50 within 1.20"
     )
+    for r in rows:
+        b = r["open_loop"].get("breakdown")
+        if b:
+            parts = ", ".join(
+                f"{k.removesuffix('_ms')} {b[k]['p50']:.2f} / {b[k]['p95']:.2f}"
+                for k in ("queue_ms", "run_ms", "outside_ms")
+            )
+            print(f"{r['arm']} b{r['batch']} open loop p50 / p95 ms: {parts}")
 
 
 def main() -> int:
@@ -462,7 +481,11 @@ def main() -> int:
     ap.add_argument("--_profile", action="store_true", help=argparse.SUPPRESS)
     asm = ap.add_argument_group("--assembly: the eager runner's batch assembly alone")
     asm.add_argument("--assembly", action="store_true", help="measure batch assembly only")
-    asm.add_argument("--baseline", default=ASSEMBLY_BASELINE, help="git revision to compare with")
+    asm.add_argument(
+        "--baseline",
+        default=ASSEMBLY_BASELINE,
+        help="git revision to compare with, or a copy of its profiler/runner.py",
+    )
     asm.add_argument("--assembly-rows", default="2,3,4,2,4,3", help="requests per batch, cycled")
     asm.add_argument("--assembly-slice", type=float, default=1.0, help="seconds per slice")
     asm.add_argument("--blocks", type=int, default=12, help="blocks of one slice per arm")

@@ -120,12 +120,15 @@ print(f"predicted p50/p95 {p.get('p50_ms')} / {p.get('p95_ms')} (profiles alone:
       f"{m.get('p50_ms')} / {m.get('p95_ms')}; measured/predicted p95 {r(m.get('p95_ms'), p.get('p95_ms')):.3f} "
       f"(vs profiles alone {r(m.get('p95_ms'), a):.3f}); served {m.get('rate_rps')} of {m.get('offered_rps')}; "
       f"client lag p95 {m.get('client_lag_p95_ms')} ms; batch rows {(m.get('models') or {}).get('resnet', {}).get('mean_batch_rows')}")
+b = m.get("breakdown") or {}
+print("measured p50 / p95 ms: " + ", ".join(
+    f"{k.removesuffix('_ms')} {b[k]['p50']:.2f} / {b[k]['p95']:.2f}" for k in ("queue_ms", "run_ms", "outside_ms") if k in b))
 EOF
     done
     gc down > /dev/null 2>&1
 done
 
-if [ "$(left)" -gt 60 ] && command -v py-spy > /dev/null; then
+if [ "${GPU_VERIFY_SPY:-1}" = 1 ] && [ "$(left)" -gt 60 ] && command -v py-spy > /dev/null; then
     step "serving bench resnet50 batch 1 with py-spy (left $(left) s)"
     python3 "$here/bench_gpu_serving.py" --variant resnet50 --batch 1 --arms pipeline --duration 4 \
         --profile-duration 1.5 --json "$out/serving_b1.json" --py-spy "$out/spy" 2>&1 | tee "$out/serving_b1.txt" | tail -6
