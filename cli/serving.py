@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, err_console, print_json, render_table, store_for
 from greenctl.cli.profile import profile_app
+from greenctl.data.batching import DEFAULT_MAX_WAIT_MS
 
 
 def profile_serving(
@@ -56,6 +57,15 @@ def profile_serving(
         int,
         typer.Option("--batch", help="The executor's largest batch (batched dynamically).", min=1),
     ] = 1,
+    max_wait_ms: Annotated[
+        float,
+        typer.Option(
+            "--max-wait-ms",
+            help="How long the executor waits for a batch to fill, as apply serves it "
+            "(default: apply's). Its batches then carry what served batches carry.",
+            min=0.0,
+        ),
+    ] = DEFAULT_MAX_WAIT_MS,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Measure and print, but store nothing.")
     ] = False,
@@ -87,6 +97,7 @@ def profile_serving(
                 stand_in=stand_in,
                 resource=resource,
                 batch=batch,
+                max_wait_ms=max_wait_ms,
                 progress=lambda m, f: status.update(Text(f"serving path: {m} ({100 * f:.0f}%)")),
             )
         if not dry_run:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import platform
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from greenctl.data import serving_rows as serving_rows_db
@@ -107,6 +107,21 @@ def _off_cpu(row: ServingMeasurement) -> str | None:
     without a resource, were all measured on ``cpu:1``)."""
     where = row.resource or "cpu:1"
     return None if kind_of(where).pins_cores else where
+
+
+def _borrowed(path: ServingPath) -> ServingPath:
+    """A path as a variant never measured borrows it from its family (the family's entry).
+
+    A path measured on a GPU, MIG or MPS resource lends only its overhead samples, its rate
+    and the dispatcher's figure: its executor CPU and its served-run ratios are the measured
+    variant's at the rows its batches carried there (on the H200, resnet152's executor spent
+    1.2-1.6 ms per request in batches of one; resnet50's served at batch 8, 0.39 ms), and as
+    another variant's executor front they capped a resnet50 plan at batch 32 below half its
+    load. A CPU path is lent whole: its executor CPU shares the instance's cores whatever
+    the model (:func:`greenctl.planner.core.evaluate.served_service`)."""
+    if path.resource is None:
+        return path
+    return replace(path, executor_cpu_ms=0.0, service_scale=None, tail_scale=None)
 
 
 def serving_overheads(
@@ -245,5 +260,5 @@ def serving_overheads(
             if best.quantiles_ms:
                 out[key] = as_path(best, run)
                 if run[0] is rows[0]:  # the family's newest run of all
-                    out[family] = out[key]
+                    out[family] = _borrowed(out[key])
     return out

@@ -57,6 +57,7 @@ from greenctl.planner.core.queueing import (
     batch_capacity_rps,
     dynamic_batch,
     front_capacity_rps,
+    front_wait,
     mgc_model,
     mixture_model,
     mixture_quantiles,
@@ -360,6 +361,23 @@ def front_cpu_ms(path: ServingPath | Sequence[float] | None, resource: str) -> f
         return 0.0
     cpu = float(path.executor_cpu_ms or 0.0)
     return cpu if math.isfinite(cpu) and cpu > 0 else 0.0
+
+
+def front_held_wait(
+    path: ServingPath | Sequence[float] | None, front_ms: float, rate_rps: float
+) -> WaitTime | None:
+    """The executor-front wait that ``path``'s overhead samples hold: they were measured
+    through that front (``profile serving --resource``, one executor) at ``path.rate_rps``,
+    so they hold its wait at that rate (:func:`~greenctl.planner.core.queueing.with_front`
+    adds only its growth to ``rate_rps``, the instance's rate); the wait at ``rate_rps``
+    where the measured rate was past the front's capacity (the samples hold more: nothing
+    is added); None without a front or a measured rate (nothing is taken as held)."""
+    if front_ms <= 0 or not isinstance(path, ServingPath) or not path.rate_rps:
+        return None
+    if path.rate_rps <= 0:
+        return None
+    then = front_wait(float(path.rate_rps), front_ms)
+    return front_wait(rate_rps, front_ms) if then is None else then
 
 
 def dispatcher_cpu_ms(path: ServingPath | Sequence[float] | None) -> float | None:
@@ -1020,7 +1038,14 @@ def predict(
                 [
                     (
                         float(g),
-                        with_front(model, rate * g, i.front_ms, ca2=ca2, overhead_ms=overhead),
+                        with_front(
+                            model,
+                            rate * g,
+                            i.front_ms,
+                            ca2=ca2,
+                            overhead_ms=overhead,
+                            held=front_held_wait(path, i.front_ms, rate * g),
+                        ),
                     )
                     for i, g in zip(members, pooled, strict=True)
                 ]

@@ -57,6 +57,7 @@ from greenctl.planner.core.evaluate import (
     account,
     build_instances,
     check_policy,
+    front_held_wait,
     instances_dispatcher,
     path_serves,
     predict,
@@ -71,7 +72,9 @@ from greenctl.planner.core.latency import BatchService, ServiceTime
 from greenctl.planner.core.loads import check_arrivals, poisson_arrivals
 from greenctl.planner.core.policy import SmoothWRR, plan_policy
 from greenctl.planner.core.queueing import (
+    WaitTime,
     front_capacity_rps,
+    front_wait,
     pooled_shares,
     wait_growth,
     wait_moments,
@@ -318,8 +321,13 @@ def held_wait(stage: DispatcherStage, path: ServingPath | None) -> tuple[float, 
     :meth:`~greenctl.planner.core.evaluate.DispatcherStage.held_wait`): the wait at the
     measured rate when it has grown since, the whole wait at the plan's rate when it has
     not, nothing when nothing is held. ``(0, 0)`` when the stage is overloaded."""
-    now = stage.wait()
-    then = stage.held_wait(path)
+    return _held_moments(stage.wait(), stage.held_wait(path))
+
+
+def _held_moments(now: WaitTime | None, then: WaitTime | None) -> tuple[float, float]:
+    """The mean and variance of the part of a stage's wait ``now`` that samples measured
+    when it was ``then`` hold, as ``predict`` takes it: ``now`` less the growth it adds
+    (:func:`~greenctl.planner.core.queueing.wait_growth`); ``(0, 0)`` without either."""
     if now is None or then is None:
         return 0.0, 0.0
     mean_now, var_now = wait_moments(now)
@@ -328,17 +336,34 @@ def held_wait(stage: DispatcherStage, path: ServingPath | None) -> tuple[float, 
     return max(mean_now - mean_add, 0.0), max(var_now - var_add, 0.0)
 
 
-def held_samples(stage: DispatcherStage, path: ServingPath | None) -> np.ndarray:
-    """``path``'s overhead samples (``[0]`` without) with the dispatcher wait they hold
-    taken off (:func:`held_wait`), for a simulated wait to be added instead: shifted down by
-    its mean and drawn in about their mean so that their variance drops by its variance
-    (``mean + k (O - mean)``, ``k = sqrt(1 - held variance / Var O)``, 0 at the least). The
-    wait in them is independent of the rest of the path's time, so this is the rest's mean
-    and variance; their shape is kept."""
+def front_held(path: ServingPath | None, front_ms: float, rate_rps: float) -> tuple[float, float]:
+    """The mean and variance (ms, ms^2) of the executor-front wait that ``path``'s overhead
+    samples hold at an instance serving ``rate_rps``, as ``predict`` takes it
+    (:func:`~greenctl.planner.core.evaluate.front_held_wait`); ``(0, 0)`` without a front,
+    a measured rate, or when the front is overloaded."""
+    if front_ms <= 0 or rate_rps <= 0:
+        return 0.0, 0.0
+    return _held_moments(front_wait(rate_rps, front_ms), front_held_wait(path, front_ms, rate_rps))
+
+
+def held_samples(
+    stage: DispatcherStage | None,
+    path: ServingPath | None,
+    front: tuple[float, float] = (0.0, 0.0),
+) -> np.ndarray:
+    """``path``'s overhead samples (``[0]`` without) with the waits they hold taken off, for
+    simulated waits to be added instead: the dispatcher's (:func:`held_wait`, with a
+    ``stage``) and the executor front's (``front``: :func:`front_held`'s mean and variance),
+    independent of each other. Shifted down by the held mean and drawn in about their mean
+    so that their variance drops by the held variance (``mean + k (O - mean)``,
+    ``k = sqrt(1 - held variance / Var O)``, 0 at the least). The waits in them are
+    independent of the rest of the path's time, so this is the rest's mean and variance;
+    their shape is kept."""
     o = np.asarray(path.overhead_ms if path is not None else (), dtype=float)
     if o.size == 0:
         o = np.zeros(1)
-    mean_held, var_held = held_wait(stage, path)
+    mean_held, var_held = held_wait(stage, path) if stage is not None else (0.0, 0.0)
+    mean_held, var_held = mean_held + front[0], var_held + front[1]
     if mean_held == 0 and var_held == 0:
         return o
     mid = float(o.mean())
@@ -534,7 +559,9 @@ def simulate(
             (:func:`~greenctl.planner.core.evaluate.served_service`), a CPU instance's
             executor CPU delaying the requests behind, and a GPU, MIG or MPS instance's
             executor front runs before its device (:func:`front_queue`; under ``fifo`` each
-            instance's front takes its share of the pooled queue, as ``predict`` models it).
+            instance's front takes its share of the pooled queue, as ``predict`` models it),
+            its samples less the front's wait they hold at the rate the instance served
+            (:func:`front_held`, taken off as the dispatcher's below).
             Where a path has the dispatcher's CPU measured, the dispatcher runs as the serial
             stage ``predict`` models (:func:`~greenctl.planner.core.evaluate.dispatcher_stage`,
             at the run's rate): every request crosses it first, in arrival order before the
@@ -623,7 +650,8 @@ def simulate(
     backlog = 0
     saturated = stage is not None and stage.overloaded  # its queue grows: as predict
 
-    held: dict[ServingPath | None, np.ndarray] = {}  # by path: held_samples
+    # by path and the front's held wait: held_samples
+    held: dict[tuple[ServingPath | None, tuple[float, float]], np.ndarray] = {}
 
     def served(inst: Instance, rate: float, busy_frac: float) -> ServiceTime:
         """The service an instance runs at its rate: as ``predict`` serves it where its
@@ -752,14 +780,19 @@ def simulate(
                 busy_ms[inst.index] += _busy_time(run, sel, inst, policy)
                 busy_ms[inst.index] += count * float(demand[inst.index])
                 path = serving_path(serving, inst.model, inst.variant, inst.resource)
-                if stage is not None:
-                    # the samples less the dispatcher wait they hold, plus the simulated one
-                    if path not in held:
-                        held[path] = held_samples(stage, path)
-                    rest = held[path]
+                # the front's wait the samples hold, at the rate this instance served
+                front = front_held(path, inst.front_ms, count / horizon_s)
+                if stage is not None or front != (0.0, 0.0):
+                    # the samples less the waits they hold, plus the simulated ones
+                    key = (path, front)
+                    if key not in held:
+                        held[key] = held_samples(stage, path, front)
+                    rest = held[key]
                     if path is not None and path.overhead_ms:  # else one point: 0 less H
                         rest = rest[rng.integers(0, rest.size, count)]
-                    lat[sel] += np.maximum(rest + dispatch_wait[idx[sel]], 0.0)
+                    if stage is not None:
+                        rest = rest + dispatch_wait[idx[sel]]
+                    lat[sel] += np.maximum(rest, 0.0)
                 elif path is not None and path.overhead_ms:  # the serving path's own time
                     samples = np.asarray(path.overhead_ms, dtype=float)
                     lat[sel] += samples[rng.integers(0, samples.size, count)]

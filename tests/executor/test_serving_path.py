@@ -114,6 +114,30 @@ def test_model_stand_in_subtracts_the_executors_own_queue_and_run(run_store):
     assert out.server_batch_rows == [1.0] * out.ok and out.mean_batch_rows == 1.0  # batch 1
 
 
+def test_the_serving_path_is_measured_with_the_batch_wait_apply_serves(store, monkeypatch):
+    """Measured without the wait, resnet50 at batch 32 on the H200 ran batches of 3 rows at
+    1,500 req/s and its executor spent 0.61 ms per request (as the front: p95 20.7 ms
+    predicted, 9.2-10.1 measured); with apply's wait, 5 rows and 0.47 ms (p95 9.25)."""
+    import greenctl.executor.apply as apply_mod
+    from greenctl.data.batching import DEFAULT_MAX_WAIT_MS
+
+    seen: list[float] = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_apply(plan, **kw):
+        seen.append(kw["max_wait_ms"])
+        raise Stop
+
+    monkeypatch.setattr(apply_mod, "apply_plan", fake_apply)
+    for wait in (None, 0.0, 5.0):
+        kw = {} if wait is None else {"max_wait_ms": wait}
+        with pytest.raises(Stop):
+            measure_serving(store, variant="tiny-s", rates=(10,), resource="cpu:1", batch=4, **kw)
+    assert seen == [DEFAULT_MAX_WAIT_MS, 0.0, 5.0]
+
+
 def test_bad_requests_fail_before_starting_anything(store):
     with pytest.raises(NotFoundError):
         measure_serving(store, variant="no-such-variant", rates=(10,))
@@ -123,6 +147,9 @@ def test_bad_requests_fail_before_starting_anything(store):
         measure_serving(store, variant="tiny-s", paths=("sideways",))
     with pytest.raises(InputError, match="stand-in"):
         measure_serving(store, variant="tiny-s", stand_in="ghost")
+    for wait in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(InputError, match="max-wait-ms"):
+            measure_serving(store, variant="tiny-s", rates=(10,), max_wait_ms=wait)
 
 
 def test_overheads_pick_the_newest_run_and_the_nearest_rate(store):
@@ -350,6 +377,47 @@ def test_served_runs_measured_on_a_gpu_apply_to_that_gpu_only(store):
     plain, _ = served_service(h100, 150.0, 0.3, None)
     other, _ = served_service(h100, 150.0, 0.3, path)  # measured on another GPU: no stretch
     assert other.quantile(0.5) == pytest.approx(plain.quantile(0.5))
+
+
+def test_a_variant_never_served_on_a_gpu_borrows_only_the_path_not_the_executor(store):
+    """On the H200, resnet152's served path (executor CPU 1.2-1.6 ms per request in batches
+    of one) was lent to resnet50 at batch 32 as its executor front: the plan was refused
+    at half its load. A family's entry lends a GPU path's overhead samples, rate and
+    dispatcher figure; its executor CPU and served-run ratios stay the measured variant's."""
+    from dataclasses import replace
+
+    from greenctl.planner.core.evaluate import build_instances as build
+    from greenctl.planner.core.evaluate import front_cpu_ms, served_service
+
+    _gpu_profiles(store)
+    gpu_row = replace(
+        _row(300, "2026-11-22T16:00:00Z", base=3.0),
+        resource="gpu:A100",
+        batch=8,
+        infer_rows_p50=1.0,
+        infer_p50_ms=2.0,
+        infer_p95_ms=2.5,
+        infer_p99_ms=3.0,
+    )
+    save_serving(store, [gpu_row])
+    paths = serving_overheads(store, {"tiny": 300})
+    own, family = paths["tiny-s@gpu:A100"], paths["tiny"]
+    assert own.executor_cpu_ms == 1.5 and own.service_scale == pytest.approx(2.0)
+    assert front_cpu_ms(own, "gpu:A100") == 1.5
+    # the family's entry: the same samples, rate and dispatcher figure, no executor figures
+    assert family.overhead_ms == own.overhead_ms and family.rate_rps == 300.0
+    assert family.dispatcher_cpu_ms == own.dispatcher_cpu_ms == 0.4
+    assert family.executor_cpu_ms == 0.0 and family.service_scale is None
+    assert family.tail_scale is None and front_cpu_ms(family, "gpu:A100") == 0.0
+    profiles = {(p.variant, p.resource, p.batch): p for p in store.latest_profiles()}
+    (inst,) = build([Deployment("tiny", "tiny-s", "gpu:A100", 1, 8, quota_rps=150.0)], profiles)
+    plain, _ = served_service(inst, 150.0, 0.3, None)
+    lent, cpu_ms = served_service(inst, 150.0, 0.3, family)
+    assert lent.quantile(0.5) == pytest.approx(plain.quantile(0.5)) and cpu_ms == 0.0
+    # a CPU path is lent whole (its executor CPU shares any CPU instance's cores)
+    save_serving(store, [_row(300, "2026-11-23T16:00:00Z", base=2.0)])
+    cpu = serving_overheads(store, {"tiny": 300})
+    assert cpu["tiny"] == cpu["tiny-s"] and cpu["tiny"].executor_cpu_ms == 1.0
 
 
 def test_plan_mix_sizes_gpu_options_on_their_served_runs(cli, store):
