@@ -23,8 +23,11 @@ benchmark puts the two on the same footing, in three parts:
 4. The real ``greenctl replay --kind mig`` (:func:`greenctl.executor.replay.replay`, issue 22)
    on the EfficientNet-B0..B7 profiles MEASURED on an NVIDIA H200 at batch 1, the whole GPU
    measured and its MIG slices EMULATED with MPS (``bench/results/h200-2026-11-26/
-   profiles.csv``, source ``mps-emulated``: estimates of MIG slices, not MIG measurements),
-   imported into a temporary store: 12 x H200, the same SLA, lambda, trace and hourly
+   profiles.csv``, source ``mps-emulated``: estimates of MIG slices, not MIG measurements;
+   their energy re-charged by the profiler's attribution rule, :func:`_reattributed`: a
+   slice's share of the GPU's idle power and all the dynamic power it caused, which 7
+   EfficientNet-B7 1g slices measured together, ``bench/bench_mps_concurrent.py``, bore out
+   within 12 %), imported into a temporary store: 12 x H200, the same SLA, lambda, trace and hourly
    re-planning, a flat load (a temporary trace file) at fractions of BASE's throughput
    (EfficientNet-B7 on every whole H200 at batch 1, the measured ``gpu:H200`` row), beside
    Clover's BASE and CO2OPT (``--baseline base --baseline co2opt``). The replay's figures
@@ -33,7 +36,7 @@ benchmark puts the two on the same footing, in three parts:
 Parts 2 and 3 are modeled from synthetic profiles; part 4 from measured whole-GPU and
 MPS-emulated MIG-slice profiles. Run:
 ``python bench/bench_clover.py [--quick] [--gpus 12] [--sla-ms 200] [--lam 0.5] [--no-h200]
-[--base-ci mean|signal|both] [--whole-dynamic]``.
+[--base-ci mean|signal|both]``.
 """
 
 from __future__ import annotations
@@ -206,14 +209,18 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
-def _whole_dynamic(src: Path, dst: Path) -> int:
-    """A copy of ``src`` whose MPS-emulated MIG rows charge their slice the whole GPU's
-    dynamic power (busy minus idle) instead of the slice's compute share of it; idle stays
-    the slice's share. The profiler measures each emulated slice alone on the GPU and
-    attributes the GPU's energy by compute share, so a 1g row carries 1/7 of the dynamic
-    power it caused; this is the other bound (an ASSUMPTION: seven slices busy together
-    draw seven times one's dynamic power). Returns the rows changed."""
+def _reattributed(src: Path, dst: Path) -> int:
+    """A copy of ``src`` whose MPS-emulated MIG rows are charged by the profiler's rule
+    (:func:`greenctl.profiler.energy.attributed_energy_j`: the slice's share of the GPU's
+    idle power and all the power above it, which it caused alone). ``src`` was measured
+    before that rule, when a slice was charged its compute share of the whole GPU's energy;
+    its rows hold that share of the busy and the idle readings, so the rule's figures follow
+    exactly: the GPU's busy power ``power_w / share``, its idle ``idle_power_w / share``
+    (EfficientNet-B7 on a 1g slice: 26.4 W stored, 73.4 W by the rule; measured again under
+    the rule on another H200: 70.8 W). Returns the rows changed."""
     import csv
+
+    from greenctl.profiler.energy import attributed_energy_j
 
     geo = resolve_gpu(H200_GPU)
     with src.open(newline="") as f:
@@ -225,12 +232,14 @@ def _whole_dynamic(src: Path, dst: Path) -> int:
         if r["source"] != "mps-emulated" or not r["resource"].startswith("mig:"):
             continue
         share = geo.profile(r["resource"]).compute_slices / geo.compute_slices
+        if share >= 1.0 or not r.get("idle_power_w"):
+            continue
         busy, idle = float(r["power_w"]), float(r["idle_power_w"])
-        whole = idle + (busy - idle) / share
-        r["power_w"] = repr(whole)
+        power = attributed_energy_j(busy / share, idle / share, 1.0, share)  # W over 1 s
+        r["power_w"] = repr(power)
         if r.get("energy_j"):
-            r["energy_j"] = repr(float(r["energy_j"]) * whole / busy)
-        changed += share < 1.0
+            r["energy_j"] = repr(float(r["energy_j"]) * power / busy)
+        changed += 1
     with dst.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
@@ -261,11 +270,10 @@ def h200_replay(
     sla_ms: float,
     lam: float,
     profiles_csv: Path = H200_PROFILES,
-    whole_dynamic: bool = False,
     base_ci: str = "mean",
 ) -> dict[float, dict[str, dict[str, float]]]:
     """Part 4: ``greenctl replay --kind mig`` on the H200 profiles at each load;
-    ``whole_dynamic``: on :func:`_whole_dynamic`'s copy of them (a sensitivity);
+    the emulated slices charged by the profiler's attribution rule (:func:`_reattributed`);
     ``base_ci``: ``mean``: BASE's carbon at the trace's mean intensity in the objective, as
     part 2 (``plan mig --base-carbon-intensity``), ``signal``: at each hour's own (the
     replay CLI's default, under which the objective ignores the intensity)."""
@@ -277,17 +285,15 @@ def h200_replay(
     ci_base = statistics.fmean(load_trace(TRACE, hours)) if base_ci == "mean" else None
     with tempfile.TemporaryDirectory(prefix="bench_clover_") as tmpdir:
         tmp = Path(tmpdir)
-        label, dyn_note, used = H200_LABEL, "", profiles_csv
+        label = H200_LABEL
         if ci_base is None:
             label = f"{label}, BASE at each hour's intensity (replay's default)"
-        if whole_dynamic:
-            used = tmp / "profiles_whole_dynamic.csv"
-            n = _whole_dynamic(profiles_csv, used)
-            label = f"{label}, SENSITIVITY"
-            dyn_note = (
-                f"with {n} emulated slice rows charged the whole GPU's dynamic power, not their "
-                "compute share of it (ASSUMPTION)"
-            )
+        used = tmp / "profiles_reattributed.csv"
+        n = _reattributed(profiles_csv, used)
+        dyn_note = (
+            f"with {n} emulated slice rows charged by the profiler's attribution rule (a share "
+            "of idle, all the dynamic power: 7 x 1g slices of B7 run together drew 0.88 of it)"
+        )
         store = _h200_store(tmp, used)
         try:
             variants = store.variants(FAMILY)
@@ -327,13 +333,9 @@ def h200_replay(
             if one is not None:
                 k = geo.compute_slices // small.compute_slices
                 print(
-                    "(the emulated slices were measured one at a time and charged "
-                    + (
-                        "here the GPU's whole dynamic power"
-                        if whole_dynamic
-                        else "their compute share of the GPU's power"
-                    )
-                    + f": {k} x {best} on mig:{small.name} add up to "
+                    "(the emulated slices were measured one at a time and charged their "
+                    "share of the GPU's idle power and all the dynamic power they caused"
+                    f": {k} x {best} on mig:{small.name} add up to "
                     f"{k * one.throughput_rps:.0f} req/s at {k * (one.power_w or 0):.0f} W, "
                     f"against {whole.throughput_rps:.0f} req/s at {whole.power_w:.0f} W measured "
                     "on the whole GPU; the replay takes them as they add up)"
@@ -460,12 +462,6 @@ def main(argv: list[str] | None = None) -> int:
         help="part 4: BASE's carbon in the objective at the trace's mean intensity (as part 2), "
         "at each hour's (the replay CLI's default), or both",
     )
-    ap.add_argument(
-        "--whole-dynamic",
-        action="store_true",
-        help="part 4 again with the emulated slices charged the whole GPU's dynamic power "
-        "(a sensitivity, an assumption)",
-    )
     args = ap.parse_args(argv)
     if not TRACE.is_file():
         print(f"reference trace not found: {TRACE}", file=sys.stderr)
@@ -481,8 +477,6 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         for base_ci in ("mean", "signal") if args.base_ci == "both" else (args.base_ci,):
             h200_replay(hours, args.gpus, LOADS, args.sla_ms, args.lam, base_ci=base_ci)
-        if args.whole_dynamic:
-            h200_replay(hours, args.gpus, LOADS, args.sla_ms, args.lam, whole_dynamic=True)
     print(
         f"\nload average (1, 5, 15 min) at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
