@@ -139,6 +139,8 @@ def simulate_cmd(
     else:
         load = f"trace {trace.name}" if trace is not None else "Poisson arrivals"
         caption = f"simulated: {load}, policy {pol}, seed {seed}; from profiles"
+    if result.get("latency_includes"):
+        caption += f"; latency: {result['latency_includes']}"
     if slo_ms is not None:
         caption += f"; SLO {slo_ms:g} ms"
     elif "slo_violation_frac" in result:

@@ -55,12 +55,68 @@ def predict_serving(
     :func:`~greenctl.planner.core.simulator.evaluate_plan` (options as there) with the newest
     profiles of its variants in the store (variants the store lacks but greenctl has built
     in are known by their catalog record), under ``policy`` (default: the kind's,
-    :meth:`PlanKind.dispatch_policy`)."""
+    :meth:`PlanKind.dispatch_policy`), and the serving paths ``greenctl profile serving``
+    measured for its models (:func:`~greenctl.executor.serving.serving_overheads`, at the
+    plan's rates scaled to the load evaluated), as ``plan mix`` predicted with them."""
+    from greenctl.executor.serving import serving_overheads
+    from greenctl.planner.core.evaluate import LATENCY_MODEL_ONLY, LATENCY_WITH_PATH
     from greenctl.planner.core.simulator import evaluate_plan
 
     profiles, variants = plan_inputs(store, plan)
     pol = get_kind(plan.kind).dispatch_policy(plan, policy)
-    return evaluate_plan(plan, profiles, variants, policy=pol, **options)
+    rates = plan_rates(plan)
+    total = _load_evaluated(options)
+    planned = sum(rates.values())
+    if total is not None and planned > 0:
+        rates = {m: r * total / planned for m, r in rates.items()}
+    serving = serving_overheads(store, rates) or None
+    out = evaluate_plan(plan, profiles, variants, policy=pol, serving=serving, **options)
+    out["latency_includes"] = LATENCY_WITH_PATH if serving else LATENCY_MODEL_ONLY
+    return out
+
+
+def _load_evaluated(options: Mapping[str, Any]) -> float | None:
+    """The whole load (req/s) an evaluation runs: its rate, or its trace's mean (times its
+    scale); None: the plan's own."""
+    rate = options.get("rate_rps")
+    if isinstance(rate, int | float) and rate > 0:
+        return float(rate)
+    trace = options.get("trace")
+    if trace is not None and len(trace):
+        mean = sum(float(x) for x in trace) / len(trace)
+        return mean * float(options.get("trace_scale") or 1.0) or None
+    return None
+
+
+def plan_rates(plan: Plan) -> dict[str, float]:
+    """The load (req/s) a plan was made for, per model: its request's families' rates (a mix
+    plan), else the sum of each model's quotas, else the plan's whole rate shared evenly."""
+    from greenctl.data.errors import GreenctlError
+    from greenctl.planner.core.simulator import default_rate
+
+    def number(value: Any) -> float | None:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+        return float(value) if ok else None
+
+    models = list(dict.fromkeys(d.model for d in plan.deployments))
+    rates: dict[str, float] = {}
+    for fam in plan.request.get("families") or []:
+        if isinstance(fam, dict) and fam.get("model") in models:
+            rate = number(fam.get("rate_rps"))
+            if rate is not None:
+                rates[str(fam["model"])] = rate
+    for model in models:
+        quotas = [number(d.quota_rps) for d in plan.deployments if d.model == model]
+        if model not in rates and quotas and all(q is not None for q in quotas):
+            rates[model] = sum(q or 0.0 for q in quotas)
+    missing = [m for m in models if m not in rates]
+    if missing:
+        try:
+            whole = default_rate(plan)
+        except GreenctlError:
+            whole = 1.0  # no rate stated: any measured rate is as near as another
+        rates.update(dict.fromkeys(missing, whole / len(models)))
+    return rates
 
 
 def plan_inputs(store: Any, plan: Plan) -> tuple[list[Any], list[Any]]:

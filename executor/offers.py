@@ -20,42 +20,12 @@ from typing import Any
 from greenctl.data.batching import executor_batching
 from greenctl.data.errors import GreenctlError
 from greenctl.data.plan import Deployment, Plan
-from greenctl.executor.kinds import get_kind, plan_inputs
+from greenctl.executor.kinds import get_kind, plan_inputs, plan_rates
 from greenctl.planner.core.choice import Offer, queue_latency
 
 #: the routing table's keys this module writes (per model, per instance)
 MODEL_KEYS = ("prefer",)
 INSTANCE_KEYS = ("offer",)
-
-
-def plan_rates(plan: Plan) -> dict[str, float]:
-    """The load (req/s) a plan was made for, per model: its request's families' rates (a mix
-    plan), else the sum of each model's quotas, else the plan's whole rate shared evenly."""
-    from greenctl.planner.core.simulator import default_rate
-
-    def number(value: Any) -> float | None:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-        return float(value) if ok else None
-
-    models = list(dict.fromkeys(d.model for d in plan.deployments))
-    rates: dict[str, float] = {}
-    for fam in plan.request.get("families") or []:
-        if isinstance(fam, dict) and fam.get("model") in models:
-            rate = number(fam.get("rate_rps"))
-            if rate is not None:
-                rates[str(fam["model"])] = rate
-    for model in models:
-        quotas = [number(d.quota_rps) for d in plan.deployments if d.model == model]
-        if model not in rates and quotas and all(q is not None for q in quotas):
-            rates[model] = sum(q or 0.0 for q in quotas)
-    missing = [m for m in models if m not in rates]
-    if missing:
-        try:
-            whole = default_rate(plan)
-        except GreenctlError:
-            whole = 1.0  # no rate stated: any measured rate is as near as another
-        rates.update(dict.fromkeys(missing, whole / len(models)))
-    return rates
 
 
 def instance_offers(

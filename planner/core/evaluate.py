@@ -93,6 +93,12 @@ ProfileKey = tuple[str, str, int]
 SloInput = float | Mapping[str, float] | None
 
 
+#: What a prediction's latency holds (``latency_includes``), with and without a measured
+#: serving path (``greenctl profile serving``).
+LATENCY_WITH_PATH = "model + measured serving path (client, dispatcher, executor)"
+LATENCY_MODEL_ONLY = "model only: run `greenctl profile serving` to add the serving path"
+
+
 def slo_for(slo: SloInput, variants: Sequence[str]) -> float | None:
     """The SLO (ms) requests served by ``variants`` are held to: the one SLO, else the
     strictest of those variants' own (None: none)."""

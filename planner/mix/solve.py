@@ -1517,11 +1517,9 @@ def _predict_with_core(
             "it differs from the core's (a batching deployment priced at another rate per "
             "instance than it gets, after the re-pricing rounds)"
         )
-    merged["latency_includes"] = (
-        "model + measured serving path (client, dispatcher, executor)"
-        if problem.serving
-        else "model only: run `greenctl profile serving` to add the serving path"
-    )
+    from greenctl.planner.core.evaluate import LATENCY_MODEL_ONLY, LATENCY_WITH_PATH
+
+    merged["latency_includes"] = LATENCY_WITH_PATH if problem.serving else LATENCY_MODEL_ONLY
     unmeasured = [
         d
         for d in deployments

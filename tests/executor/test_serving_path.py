@@ -464,6 +464,50 @@ def test_plan_mix_sizes_gpu_options_on_their_served_runs(cli, store):
     assert after["predicted"]["p50_ms"] > before["predicted"]["p50_ms"] + 3.0
 
 
+def test_simulate_predicts_a_plan_with_the_serving_path_plan_mix_used(cli, store, tmp_path):
+    """`greenctl simulate` took no serving path: a plan predicted at p95 10.8 ms with it (the
+    H200's resnet50 at batch 32) read 4.6 ms there. It now evaluates the plan with the paths
+    `profile serving` stored, at the plan's rates scaled to the load asked for."""
+    from dataclasses import replace
+
+    from greenctl.data.records import Profile, Variant
+
+    store.upsert_variant(Variant("tiny-s", "tiny", accuracy=0.6, input_shape="3,32,32"))
+    store.add_profiles(
+        [Profile("tiny-s", "gpu:A100", 8, throughput_rps=2667.0, latency_p50_ms=3.0)]
+    )
+    plan_file = tmp_path / "plan.json"
+    args = ["plan", "mix", "--model", "tiny", "--rate", "300", "--slo-ms", "60", "--json"]
+    sim = ["simulate", str(plan_file), "--analytic", "--json"]
+    r = cli(*args, "-o", str(plan_file))
+    assert r.exit_code == 0, r.output
+    bare = json.loads(cli(*sim).stdout)
+    assert bare["latency_includes"].startswith("model only")
+    save_serving(
+        store,
+        [
+            replace(
+                _row(300, "2026-11-22T16:00:00Z"),
+                resource="gpu:A100",
+                batch=8,
+                infer_rows_p50=8.0,
+                infer_p50_ms=6.0,
+            )
+        ],
+    )
+    planned = json.loads(cli(*args, "-o", str(plan_file)).stdout)["predicted"]
+    got = json.loads(cli(*sim).stdout)
+    assert got["latency_includes"].startswith("model + measured serving path")
+    for key in ("p50_ms", "p95_ms", "p99_ms"):
+        assert got[key] == pytest.approx(planned[key], rel=1e-9), key
+    assert got["p95_ms"] > bare["p95_ms"] + 1.0
+    r = cli("simulate", str(plan_file), "--analytic")
+    assert r.exit_code == 0 and "measured serving path" in r.output
+    # another load: the path measured nearest it, the plan's figures no more
+    other = json.loads(cli(*sim, "--rate", "200").stdout)
+    assert other["p95_ms"] != got["p95_ms"]
+
+
 def test_measure_serving_on_a_resource_and_batch(run_store):
     """A batching executor (here cpu:1 at batch 2, the same code path as a GPU's) records
     where it ran, its batch and the median rows its batches carried."""
