@@ -39,6 +39,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -181,22 +182,27 @@ def sink_main(listen_port: int, answer_bytes: int) -> int:
     return 0
 
 
-def load_revision_module(rev: str, path: str, name: str) -> object:
-    """``path`` as it is at git revision ``rev``, imported as module ``name`` (a temp file)."""
+def import_file(where: str | Path, name: str) -> Any:
+    """The Python file ``where`` imported as module ``name``."""
     import importlib.util
 
-    text = subprocess.run(
-        ["git", "-C", str(Path(__file__).resolve().parent.parent), "show", f"{rev}:{path}"],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    where = Path(tempfile.mkdtemp(prefix="greenctl-bench-rev-")) / f"{name}.py"
-    where.write_text(text)
     spec = importlib.util.spec_from_file_location(name, where)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_revision_module(rev: str, path: str, name: str) -> Any:
+    """``path`` as it is at git revision ``rev``, imported as module ``name`` (a temp file)."""
+    text = subprocess.run(
+        ["git", "-C", str(Path(__file__).resolve().parent.parent), "show", f"{rev}:{path}"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    where = Path(tempfile.mkdtemp(prefix="greenctl-bench-rev-")) / f"{name}.py"
+    where.write_text(text)
+    return import_file(where, name)
 
 
 def upstream_bench(args: argparse.Namespace) -> int:

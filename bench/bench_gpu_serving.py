@@ -308,37 +308,15 @@ def run_arm(arm: str, variant: str, batch: int, args: argparse.Namespace, workdi
 ASSEMBLY_BASELINE = "d221ca2"
 
 
-def load_revision_module(rev: str, path: str, name: str) -> Any:
-    """``path`` as it is at git revision ``rev``, imported as module ``name`` (a temp file)."""
-    import importlib.util
-
-    text = subprocess.run(
-        ["git", "-C", str(Path(__file__).resolve().parent.parent), "show", f"{rev}:{path}"],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    where = Path(tempfile.mkdtemp(prefix="greenctl-bench-rev-")) / f"{name}.py"
-    where.write_text(text)
-    spec = importlib.util.spec_from_file_location(name, where)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def assembly_bench(args: argparse.Namespace) -> int:
-    import importlib.util
     import random
 
+    from bench_dispatcher import import_file, load_revision_module
     from greenctl.profiler import runner as current
 
     if Path(args.baseline).is_file():  # a copy of the baseline's runner.py (no git checkout)
         rev = args.baseline
-        spec = importlib.util.spec_from_file_location("_runner_baseline", rev)
-        assert spec is not None and spec.loader is not None
-        base = importlib.util.module_from_spec(spec)
-        sys.modules["_runner_baseline"] = base
-        spec.loader.exec_module(base)
+        base = import_file(rev, "_runner_baseline")
     else:
         rev = subprocess.run(
             ["git", "-C", str(Path(__file__).resolve().parent.parent), "rev-parse", "--short",
