@@ -420,15 +420,27 @@ def test_a_variant_never_served_on_a_gpu_borrows_only_the_path_not_the_executor(
     assert cpu["tiny"] == cpu["tiny-s"] and cpu["tiny"].executor_cpu_ms == 1.0
 
 
-def test_plan_mix_sizes_gpu_options_on_their_served_runs(cli, store):
-    from dataclasses import replace
-
+def _a100_batch8(store):
+    """tiny-s profiled on an A100 at batch 8 only (3 ms a batch)."""
     from greenctl.data.records import Profile, Variant
 
     store.upsert_variant(Variant("tiny-s", "tiny", accuracy=0.6, input_shape="3,32,32"))
     store.add_profiles(
         [Profile("tiny-s", "gpu:A100", 8, throughput_rps=2667.0, latency_p50_ms=3.0)]
     )
+
+
+def _served_on_a100(store):
+    """A serving path of tiny-s measured on the A100 at batch 8: full batches, 6 ms runs."""
+    from dataclasses import replace
+
+    row = _row(300, "2026-11-22T16:00:00Z")
+    gpu = replace(row, resource="gpu:A100", batch=8, infer_rows_p50=8.0, infer_p50_ms=6.0)
+    save_serving(store, [gpu])
+
+
+def test_plan_mix_sizes_gpu_options_on_their_served_runs(cli, store):
+    _a100_batch8(store)
     args = ["plan", "mix", "--model", "tiny", "--rate", "300", "--slo-ms", "60", "--json"]
     before = json.loads(cli(*args).stdout)
     (cap,) = before["capacity"]
@@ -437,18 +449,7 @@ def test_plan_mix_sizes_gpu_options_on_their_served_runs(cli, store):
         "GPU, MIG and MPS instances at their profiled run time"
         in (before["predicted"]["latency_includes"])
     )
-    save_serving(
-        store,
-        [
-            replace(
-                _row(300, "2026-11-22T16:00:00Z"),
-                resource="gpu:A100",
-                batch=8,
-                infer_rows_p50=8.0,
-                infer_p50_ms=6.0,
-            )
-        ],
-    )
+    _served_on_a100(store)
     r = cli(*args)
     assert r.exit_code == 0, r.output
     after = json.loads(r.stdout)
@@ -468,14 +469,7 @@ def test_simulate_predicts_a_plan_with_the_serving_path_plan_mix_used(cli, store
     """`greenctl simulate` took no serving path: a plan predicted at p95 10.8 ms with it (the
     H200's resnet50 at batch 32) read 4.6 ms there. It now evaluates the plan with the paths
     `profile serving` stored, at the plan's rates scaled to the load asked for."""
-    from dataclasses import replace
-
-    from greenctl.data.records import Profile, Variant
-
-    store.upsert_variant(Variant("tiny-s", "tiny", accuracy=0.6, input_shape="3,32,32"))
-    store.add_profiles(
-        [Profile("tiny-s", "gpu:A100", 8, throughput_rps=2667.0, latency_p50_ms=3.0)]
-    )
+    _a100_batch8(store)
     plan_file = tmp_path / "plan.json"
     args = ["plan", "mix", "--model", "tiny", "--rate", "300", "--slo-ms", "60", "--json"]
     sim = ["simulate", str(plan_file), "--analytic", "--json"]
@@ -483,18 +477,7 @@ def test_simulate_predicts_a_plan_with_the_serving_path_plan_mix_used(cli, store
     assert r.exit_code == 0, r.output
     bare = json.loads(cli(*sim).stdout)
     assert bare["latency_includes"].startswith("model only")
-    save_serving(
-        store,
-        [
-            replace(
-                _row(300, "2026-11-22T16:00:00Z"),
-                resource="gpu:A100",
-                batch=8,
-                infer_rows_p50=8.0,
-                infer_p50_ms=6.0,
-            )
-        ],
-    )
+    _served_on_a100(store)
     planned = json.loads(cli(*args, "-o", str(plan_file)).stdout)["predicted"]
     got = json.loads(cli(*sim).stdout)
     assert got["latency_includes"].startswith("model + measured serving path")
