@@ -185,13 +185,14 @@ BREAKDOWN_CAPTION = (
 )
 
 
-def _breakdown_rows(b: object) -> list[list[object]]:
-    """The queue / run / outside rows of a measured latency breakdown (none without one)."""
+def _breakdown(b: object) -> list[tuple[str, str]]:
+    """(part, "p50 / p95") of a measured latency breakdown: executor queue, batch run,
+    outside (none without one)."""
     if not isinstance(b, dict):
         return []
     names = (("queue_ms", "executor queue"), ("run_ms", "batch run"), ("outside_ms", "outside"))
     return [
-        [f"{label} p50 / p95 ms", None, f"{b[k]['p50']:.3g} / {b[k]['p95']:.3g}"]
+        (label, f"{b[k]['p50']:.3g} / {b[k]['p95']:.3g}")
         for k, label in names
         if isinstance(b.get(k), dict)
     ]
@@ -212,7 +213,7 @@ def _print_verify(v: dict[str, object]) -> None:
             ["errors", None, meas.get("errors")],
             ["503s", None, meas.get("rejected_503")],
             ["client lag p95 ms", None, meas.get("client_lag_p95_ms")],
-            *_breakdown_rows(meas.get("breakdown")),
+            *([f"{part} p50 / p95 ms", None, v] for part, v in _breakdown(meas.get("breakdown"))),
         ],
         caption=(
             f"run {v.get('run_id')} stored; see `greenctl report`. Predicted latency: "
@@ -472,12 +473,12 @@ def loadgen_cmd(
             "client lag: how far this load generator ran behind its own schedule"
         ),
     )
-    rows = _breakdown_rows(res.breakdown)
-    if rows:
+    parts = _breakdown(res.breakdown)
+    if parts:
         render_table(
             "Where the time went (measured)",
             ["part", "p50 / p95 ms"],
-            [[str(r[0]).removesuffix(" p50 / p95 ms"), r[2]] for r in rows],
+            [list(p) for p in parts],
             caption=BREAKDOWN_CAPTION.removeprefix(". "),
         )
     note = client_lag_note(res.client_lag_p95_ms, res.p95_ms)

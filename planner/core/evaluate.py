@@ -378,11 +378,10 @@ def front_held_wait(
     adds only its growth to ``rate_rps``, the instance's rate); the wait at ``rate_rps``
     where the measured rate was past the front's capacity (the samples hold more: nothing
     is added); None without a front or a measured rate (nothing is taken as held)."""
-    if front_ms <= 0 or not isinstance(path, ServingPath) or not path.rate_rps:
+    measured = path.rate_rps if isinstance(path, ServingPath) else None
+    if front_ms <= 0 or measured is None or measured <= 0:
         return None
-    if path.rate_rps <= 0:
-        return None
-    then = front_wait(float(path.rate_rps), front_ms)
+    then = front_wait(float(measured), front_ms)
     return front_wait(rate_rps, front_ms) if then is None else then
 
 
