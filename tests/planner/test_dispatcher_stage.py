@@ -35,6 +35,8 @@ from greenctl.planner.core.queueing import (
     with_stage_wait,
 )
 
+from tests.planner.test_executor_front import R50_H200  # resnet50's H200 profiles
+
 
 def _prof(variant, resource, batch, p50, p95, p99=None):
     return Profile(
@@ -50,8 +52,6 @@ def _prof(variant, resource, batch, p50, p95, p99=None):
     )
 
 
-# resnet50 on the H200 (bench/results/h200-2026-11-26/profiles.csv): p50, p95, p99 ms
-R50_H200 = {1: (1.2545, 1.6063, 1.8257), 8: (2.5436, 2.8522, 3.0122), 32: (8.2214, 9.1479, 9.3255)}
 PROFILES = {("r50", "gpu:H200", b): _prof("r50", "gpu:H200", b, *v) for b, v in R50_H200.items()}
 PROFILES[("r18", "cpu:2", 1)] = _prof("r18", "cpu:2", 1, 18.0, 25.0, 30.0)
 VARIANTS = {

@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 from greenctl.data.plan import Deployment
-from greenctl.data.records import Profile, Variant
+from greenctl.data.records import Variant
 from greenctl.planner.core.evaluate import (
     DispatcherStage,
     ServingPath,
@@ -32,22 +32,8 @@ from greenctl.planner.core.simulator import (
     simulate,
 )
 
+from tests.planner.test_dispatcher_stage import R50_H200, _prof
 
-def _prof(variant, resource, batch, p50, p95, p99=None):
-    return Profile(
-        variant,
-        resource,
-        batch,
-        throughput_rps=1000.0 * batch / p50,
-        latency_p50_ms=p50,
-        latency_p95_ms=p95,
-        latency_p99_ms=p99,
-        power_w=300.0,
-        idle_power_w=125.0,
-    )
-
-
-R50_H200 = {1: (1.2545, 1.6063, 1.8257), 8: (2.5436, 2.8522, 3.0122), 32: (8.2214, 9.1479, 9.3255)}
 PROFILES = {("r50", "gpu:H200", b): _prof("r50", "gpu:H200", b, *v) for b, v in R50_H200.items()}
 PROFILES[("r18", "cpu:2", 1)] = _prof("r18", "cpu:2", 1, 18.0, 25.0, 30.0)
 PROFILES[("r34", "cpu:2", 1)] = _prof("r34", "cpu:2", 1, 30.0, 40.0, 45.0)
