@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -317,45 +318,57 @@ def render_profiles(profiles: list[Any], title: str, *, used: set[Any] | None = 
     capacity = any(p.capacity_slo_ms is not None for p in profiles)
     history = used is not None
     estimates = history or any(is_estimate(p.source) for p in profiles)  # a source column
+    headers = [
+        "variant",
+        "resource",
+        "batch",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "req/s",
+        *(["cap req/s", "cap SLO ms"] if capacity else []),
+        "power W",
+        "J/req",
+        "energy",
+        "hardware",
+        *(["source"] if estimates else []),
+        *(["created_at", "used"] if history else []),
+    ]
     render_table(
         title,
-        [
-            "variant",
-            "resource",
-            "batch",
-            "p50 ms",
-            "p95 ms",
-            "p99 ms",
-            "req/s",
-            *(["cap req/s", "cap SLO ms"] if capacity else []),
-            "power W",
-            "J/req",
-            "energy",
-            "hardware",
-            *(["source"] if estimates else []),
-            *(["created_at", "used"] if history else []),
-        ],
-        [
-            [
-                p.variant,
-                p.resource,
-                p.batch,
-                p.latency_p50_ms,
-                p.latency_p95_ms,
-                p.latency_p99_ms,
-                p.throughput_rps,
-                *([p.capacity_rps, p.capacity_slo_ms] if capacity else []),
-                p.power_w,
-                p.energy_j,
-                p.energy_method,
-                p.hardware,
-                *([p.source] if estimates else []),
-                *([p.created_at, "yes" if p.id in (used or ()) else ""] if history else []),
-            ]
-            for p in profiles
-        ],
+        headers,
+        _profile_cells(profiles, headers, used=used or set()),
         caption=_captions(profiles),
     )
+
+
+# Each column of a profile table, defined once: its header and the value it shows. The
+# tables pick their headers and take the cells from here, so a value cannot land under
+# another column's header.
+_PROFILE_COLUMNS: dict[str, Callable[[Any], Any]] = {
+    "variant": lambda p: p.variant,
+    "resource": lambda p: p.resource,
+    "batch": lambda p: p.batch,
+    "p50 ms": lambda p: p.latency_p50_ms,
+    "p95 ms": lambda p: p.latency_p95_ms,
+    "p99 ms": lambda p: p.latency_p99_ms,
+    "req/s": lambda p: p.throughput_rps,
+    "cap req/s": lambda p: p.capacity_rps,
+    "cap SLO ms": lambda p: p.capacity_slo_ms,
+    "power W": lambda p: p.power_w,
+    "J/req": lambda p: p.energy_j,
+    "energy": lambda p: p.energy_method,
+    "hardware": lambda p: p.hardware,
+    "samples": lambda p: p.samples,
+    "source": lambda p: p.source,
+    "created_at": lambda p: p.created_at,
+}
+
+
+def _profile_cells(profiles: list[Any], headers: list[str], *, used: set[Any]) -> list[list[Any]]:
+    """The rows of a profile table with these headers (``used``: the ids marked "yes")."""
+    columns = {**_PROFILE_COLUMNS, "used": lambda p: "yes" if p.id in used else ""}
+    return [[columns[h](p) for h in headers] for p in profiles]
 
 
 def _captions(profiles: list[Any], *, modeled: bool = True) -> str | None:
@@ -391,43 +404,26 @@ def profile_show(
         ["accuracy", "metric", "source", "params", "memory MB", "load s"],
         [[v.accuracy, v.accuracy_metric, v.accuracy_source, v.params, v.memory_mb, v.load_time_s]],
     )
+    headers = [
+        "resource",
+        "batch",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "req/s",
+        "power W",
+        "J/req",
+        "energy",
+        "cap req/s",
+        "cap SLO ms",
+        "samples",
+        "created_at",
+        *(["source"] if estimates else []),
+    ]
     render_table(
         None,
-        [
-            "resource",
-            "batch",
-            "p50 ms",
-            "p95 ms",
-            "p99 ms",
-            "req/s",
-            "power W",
-            "J/req",
-            "energy",
-            "cap req/s",
-            "cap SLO ms",
-            "samples",
-            "created_at",
-            *(["source"] if estimates else []),
-        ],
-        [
-            [
-                p.resource,
-                p.batch,
-                p.latency_p50_ms,
-                p.latency_p95_ms,
-                p.latency_p99_ms,
-                p.throughput_rps,
-                p.capacity_rps,
-                p.capacity_slo_ms,
-                p.power_w,
-                p.energy_j,
-                p.energy_method,
-                p.samples,
-                p.created_at,
-                *([p.source] if estimates else []),
-            ]
-            for p in profiles
-        ],
+        headers,
+        _profile_cells(profiles, headers, used=set()),
         caption=_captions(profiles, modeled=False),
     )
 
