@@ -10,6 +10,7 @@ from greenctl.cli.common import (
     DbOpt,
     JsonOpt,
     console,
+    input_path,
     print_json,
     render_table,
     say,
@@ -29,7 +30,9 @@ AddressOpt = Annotated[
 
 
 def apply_cmd(
-    plan_file: Annotated[Path, typer.Argument(help="Plan JSON (from `greenctl plan ...`).")],
+    plan_file: Annotated[
+        Path, typer.Argument(help="Plan JSON (from `greenctl plan ...`).", parser=input_path)
+    ],
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the actions; change nothing.")
     ] = False,
@@ -402,7 +405,12 @@ def loadgen_cmd(
     ] = None,
     trace: Annotated[
         Path | None,
-        typer.Option("--trace", help="Requests-per-second trace (whitespace-separated, .gz ok)."),
+        typer.Option(
+            "--trace",
+            help="Requests-per-second trace (whitespace-separated, .gz ok), or bundled:NAME.",
+            parser=input_path,
+            metavar="FILE",
+        ),
     ] = None,
     scale: Annotated[
         float, typer.Option("--scale", help="Multiply the trace's rates by this.")

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, say, store_for
+from greenctl.cli.common import DbOpt, JsonOpt, input_path, print_json, render_table, say, store_for
 
 carbon_app = typer.Typer(
     no_args_is_help=True,
@@ -23,10 +23,11 @@ KindOpt = Annotated[
 @carbon_app.command("import")
 def carbon_import(
     file: Annotated[
-        str,
+        Path,
         typer.Argument(
             help="Carbon file to import, or bundled:NAME for a bundled trace "
-            "(bundled:clover-ciso-march, bundled:eglb-texas, ...)."
+            "(bundled:clover-ciso-march, bundled:eglb-texas, ...).",
+            parser=input_path,
         ),
     ],
     region: Annotated[
@@ -67,14 +68,9 @@ def carbon_import(
     from greenctl.data import carbon_io
 
     with store_for(db) as store:
-        if file.startswith("bundled:"):
-            summary = carbon_io.import_bundled(
-                store, file.split(":", 1)[1], region=region, start=start
-            )
-        else:
-            summary = carbon_io.import_carbon(
-                store, Path(file), region=region, fmt=fmt, kind=kind, start=start
-            )
+        summary = carbon_io.import_carbon(
+            store, file, region=region, fmt=fmt, kind=kind, start=start
+        )
     if json_out:
         print_json(summary)
         return

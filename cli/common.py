@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -49,6 +50,24 @@ DbOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for machines instead of tables.")]
+
+
+def input_path(value: str | Path) -> Path:
+    """The parser of every option or argument that takes an input file or folder.
+
+    ``bundled:NAME`` becomes the installed path of that bundled data set (an unknown name is
+    refused with every bundled name, exit 2); any other value is the path as given. Used as
+    ``typer.Option(..., parser=input_path, metavar=...)`` so that every command resolves
+    bundled names the same way, before it runs.
+    """
+    from greenctl.data import bundled
+
+    return bundled.resolve(value)
+
+
+def input_path_str(value: str | Path) -> str:
+    """:func:`input_path` for the options that hand the path on as text."""
+    return str(input_path(value))
 
 
 # `greenctl --db PATH COMMAND` sets this; a command's own --db wins over it.

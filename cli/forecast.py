@@ -5,7 +5,16 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, say, store_for
+from greenctl.cli.common import (
+    DbOpt,
+    JsonOpt,
+    console,
+    input_path_str,
+    print_json,
+    render_table,
+    say,
+    store_for,
+)
 
 forecast_app = typer.Typer(
     no_args_is_help=True,
@@ -17,8 +26,10 @@ TraceOpt = Annotated[
     str | None,
     typer.Option(
         "--trace",
-        help="Requests-per-second trace (whitespace numbers, .gz ok, or CSV with rate_rps); "
-        "default: the store's measured load.",
+        help="Requests-per-second trace (whitespace numbers, .gz ok, or CSV with rate_rps), "
+        "or bundled:NAME; default: the store's measured load.",
+        parser=input_path_str,
+        metavar="FILE",
     ),
 ]
 ModelOpt = Annotated[

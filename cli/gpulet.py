@@ -6,14 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import (
-    DbOpt,
-    JsonOpt,
-    print_json,
-    render_table,
-    say,
-    store_for,
-)
+from greenctl.cli.common import DbOpt, JsonOpt, input_path, print_json, render_table, say, store_for
 
 gpulet_app = typer.Typer(
     no_args_is_help=True, help="gpulet reference data: import MPS profiles, utilisations, pairs."
@@ -24,7 +17,11 @@ gpulet_app = typer.Typer(
 def gpulet_import_cmd(
     directory: Annotated[
         Path,
-        typer.Argument(help="Folder with inference.csv, mem_util.csv and interference.csv."),
+        typer.Argument(
+            help="Folder with inference.csv, mem_util.csv and interference.csv, or "
+            "bundled:gpulet (gpulet's published measurements).",
+            parser=input_path,
+        ),
     ],
     hardware: Annotated[
         str, typer.Option("--hardware", help="Hardware label stored on the imported profiles.")

@@ -7,7 +7,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, say, store_for
+from greenctl.cli.common import (
+    DbOpt,
+    JsonOpt,
+    console,
+    input_path,
+    print_json,
+    render_table,
+    say,
+    store_for,
+)
 
 if TYPE_CHECKING:
     from greenctl.planner.geo.solve import GeoRun
@@ -28,13 +37,23 @@ def plan_geo_cmd(
             "--sites",
             help="CSV: time,site,price_usd_per_mwh,carbon_g_per_kwh,wue_l_per_kwh,capacity_mw"
             "[,ewif_l_per_kwh,pue].",
+            parser=input_path,
+            metavar="FILE",
         ),
     ],
-    demand: Annotated[Path, typer.Option("--demand", help="CSV: time,gateway,load_mw.")],
+    demand: Annotated[
+        Path,
+        typer.Option(
+            "--demand", help="CSV: time,gateway,load_mw.", parser=input_path, metavar="FILE"
+        ),
+    ],
     routes: Annotated[
         Path | None,
         typer.Option(
-            "--routes", help="CSV: gateway,site[,latency_ms] allowed pairs (default: all)."
+            "--routes",
+            help="CSV: gateway,site[,latency_ms] allowed pairs (default: all).",
+            parser=input_path,
+            metavar="FILE",
         ),
     ] = None,
     algorithm: Annotated[str, typer.Option("--algorithm", "-a", help=ALGORITHM_HELP)] = "eglb-off",
@@ -278,7 +297,8 @@ def convert_eglb_cmd(
         Path | None,
         typer.Argument(
             help="The eGLB authors' data/ folder (carbon/, price/, water/, AI_workload.csv); "
-            "default: the copy bundled with greenctl."
+            "default: the copy bundled with greenctl (bundled:eglb).",
+            parser=input_path,
         ),
     ] = None,
     out_dir: Annotated[Path, typer.Option("--output", "-o", help="Folder for the CSVs.")] = Path(

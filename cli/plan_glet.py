@@ -6,14 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import (
-    DbOpt,
-    JsonOpt,
-    print_json,
-    render_table,
-    say,
-    store_for,
-)
+from greenctl.cli.common import DbOpt, JsonOpt, input_path, print_json, render_table, say, store_for
 from greenctl.cli.plan import plan_app
 
 
@@ -21,7 +14,10 @@ def plan_glet_cmd(
     spec: Annotated[
         Path | None,
         typer.Option(
-            "--spec", help="TOML or JSON file: a 'models' list of name, rate_rps, slo_ms."
+            "--spec",
+            help="TOML or JSON file: a 'models' list of name, rate_rps, slo_ms.",
+            parser=input_path,
+            metavar="FILE",
         ),
     ] = None,
     model: Annotated[

@@ -6,14 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from greenctl.cli.common import (
-    DbOpt,
-    JsonOpt,
-    print_json,
-    render_table,
-    say,
-    store_for,
-)
+from greenctl.cli.common import DbOpt, JsonOpt, input_path, print_json, render_table, say, store_for
 from greenctl.cli.plan import AtOpt, RegionOpt
 
 
@@ -107,7 +100,10 @@ def plan_mig_cmd(
     current: Annotated[
         Path | None,
         typer.Option(
-            "--current", help="Previous MIG plan JSON: warm start, and GPUs keep their layout."
+            "--current",
+            help="Previous MIG plan JSON: warm start, and GPUs keep their layout.",
+            parser=input_path,
+            metavar="FILE",
         ),
     ] = None,
     time_limit: Annotated[

@@ -9,6 +9,7 @@ from greenctl.cli.common import (
     DbOpt,
     JsonOpt,
     fmt,
+    input_path_str,
     print_json,
     render_table,
     say,
@@ -166,7 +167,12 @@ def plan_mix_cmd(
     ] = None,
     spec: Annotated[
         str | None,
-        typer.Option("--spec", help="TOML/JSON file: many families with shared budgets."),
+        typer.Option(
+            "--spec",
+            help="TOML/JSON file: many families with shared budgets.",
+            parser=input_path_str,
+            metavar="FILE",
+        ),
     ] = None,
     output: Annotated[
         str | None, typer.Option("-o", "--output", help="Also write the plan JSON here.")

@@ -7,14 +7,17 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, store_for
+from greenctl.cli.common import DbOpt, JsonOpt, console, input_path, print_json, store_for
 from greenctl.cli.profile import profile_app
 from greenctl.data.profile_io import export_profiles, import_parsed, profile_rows, read_profiles
 
 
 def profile_import(
     file: Annotated[
-        Path, typer.Argument(help="CSV or JSON file of profiles (see README: column contract).")
+        Path,
+        typer.Argument(
+            help="CSV or JSON file of profiles (see README: column contract).", parser=input_path
+        ),
     ],
     fmt: Annotated[
         str, typer.Option("--format", help="csv, json or auto (by extension/content).")

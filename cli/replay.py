@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, say, store_for
+from greenctl.cli.common import (
+    DbOpt,
+    JsonOpt,
+    input_path_str,
+    print_json,
+    render_table,
+    say,
+    store_for,
+)
 from greenctl.cli.plan_mix import (
     AlphaOpt,
     BetaOpt,
@@ -27,8 +35,10 @@ def replay_cmd(
         str | None,
         typer.Option(
             "--load-trace",
-            help="Requests per second, one value per second (gzip or not); mix, mig, glet "
-            "(geo reads --demand).",
+            help="Requests per second, one value per second (gzip or not), or bundled:NAME; "
+            "mix, mig, glet (geo reads --demand).",
+            parser=input_path_str,
+            metavar="FILE",
         ),
     ] = None,
     kind: Annotated[
@@ -61,7 +71,12 @@ def replay_cmd(
     strategy: StrategyOpt = None,
     spec: Annotated[
         str | None,
-        typer.Option("--spec", help="TOML/JSON spec, as plan mix (or plan glet for --kind glet)."),
+        typer.Option(
+            "--spec",
+            help="TOML/JSON spec, as plan mix (or plan glet for --kind glet).",
+            parser=input_path_str,
+            metavar="FILE",
+        ),
     ] = None,
     model_trace: Annotated[
         list[str] | None,
@@ -109,13 +124,22 @@ def replay_cmd(
         ),
     ] = None,
     sites: Annotated[
-        str | None, typer.Option("--sites", help="geo: sites CSV, as plan geo.")
+        str | None,
+        typer.Option(
+            "--sites", help="geo: sites CSV, as plan geo.", parser=input_path_str, metavar="FILE"
+        ),
     ] = None,
     demand: Annotated[
-        str | None, typer.Option("--demand", help="geo: demand CSV, as plan geo.")
+        str | None,
+        typer.Option(
+            "--demand", help="geo: demand CSV, as plan geo.", parser=input_path_str, metavar="FILE"
+        ),
     ] = None,
     routes: Annotated[
-        str | None, typer.Option("--routes", help="geo: routes CSV, as plan geo.")
+        str | None,
+        typer.Option(
+            "--routes", help="geo: routes CSV, as plan geo.", parser=input_path_str, metavar="FILE"
+        ),
     ] = None,
     mu_carbon: Annotated[
         float, typer.Option("--mu-carbon", help="geo: USD per kg of the largest site's carbon.")
@@ -152,7 +176,12 @@ def replay_cmd(
     ] = None,
     carbon_trace: Annotated[
         str | None,
-        typer.Option("--carbon-trace", help="Carbon signal file (any format carbon import reads)."),
+        typer.Option(
+            "--carbon-trace",
+            help="Carbon signal file (any format carbon import reads), or bundled:NAME.",
+            parser=input_path_str,
+            metavar="FILE",
+        ),
     ] = None,
     start: Annotated[
         str | None,

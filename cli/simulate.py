@@ -7,7 +7,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, console, print_json, render_table, store_for
+from greenctl.cli.common import (
+    DbOpt,
+    JsonOpt,
+    console,
+    input_path,
+    print_json,
+    render_table,
+    store_for,
+)
 
 _ROWS = (
     ("rate_rps", "offered load", "req/s"),
@@ -30,7 +38,10 @@ _ROWS = (
 
 def simulate_cmd(
     plan_file: Annotated[
-        Path, typer.Argument(help="Plan JSON written by `greenctl plan ...`.", show_default=False)
+        Path,
+        typer.Argument(
+            help="Plan JSON written by `greenctl plan ...`.", show_default=False, parser=input_path
+        ),
     ],
     rate: Annotated[
         float | None,
@@ -40,7 +51,10 @@ def simulate_cmd(
         Path | None,
         typer.Option(
             "--trace",
-            help="Replay a requests-per-second trace (.txt or .txt.gz), Poisson within seconds.",
+            help="Replay a requests-per-second trace (.txt or .txt.gz, or bundled:NAME), "
+            "Poisson within seconds.",
+            parser=input_path,
+            metavar="FILE",
         ),
     ] = None,
     scale: Annotated[float, typer.Option("--scale", help="Multiply the trace by F.")] = 1.0,

@@ -36,10 +36,10 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from greenctl.data import bundled
 from greenctl.data.errors import FileFormatError, InputError, shown
 from greenctl.data.records import iso_utc, utcnow_iso
 from greenctl.data.records import parse_time as parse_any_time
@@ -68,20 +68,13 @@ MAX_CARBON_G_PER_KWH = 2000.0
 # Region / zone names are short identifiers (CISO, DE, US-CAL-CISO, CAISO_NORTH).
 MAX_REGION_CHARS = 100
 
-# The bundled traces (under data/datasets): name -> (file, format, default region). The eGLB
-# sites' carbon traces are the copies that `plan geo` ships in datasets/eglb/.
+# The bundled carbon traces, name -> (file under datasets/, format, default region): a view of
+# the one registry of bundled data sets (greenctl.data.bundled), kept for this module's callers.
 BUNDLED_TRACES: dict[str, tuple[str, str, str]] = {
-    "clover-ciso-march": ("carbon/clover_ciso_march.csv", "clover", "CISO"),
-    "clover-ciso-sep": ("carbon/clover_ciso_sep.csv", "clover", "CISO"),
-    "clover-eso-march": ("carbon/clover_eso_march.csv", "clover", "ESO"),
-    **{
-        f"eglb-{site.lower()}": (f"eglb/carbon/{site}_carbon.csv", "eglb", site)
-        for site in (
-            "Texas", "Virginia", "Georgia", "Nevada", "Germany",
-            "Belguim", "Netherlands", "Denmark", "Japan", "Singapore",
-        )
-    },
-}  # fmt: skip
+    d.name: (d.path, d.carbon_format, d.region or "")
+    for d in bundled.DATASETS.values()
+    if d.carbon_format
+}
 
 
 @dataclass(frozen=True)
@@ -804,8 +797,16 @@ def read_carbon_file(
     kind: str | None = None,
     start: str | None = None,
 ) -> tuple[str, list[CarbonPoint]]:
-    """Read a carbon file; see :func:`parse_carbon_text`."""
-    p = Path(path)
+    """Read a carbon file (or ``bundled:NAME``); see :func:`parse_carbon_text`.
+
+    A bundled carbon trace read with ``fmt="auto"`` uses its own format and, unless
+    ``region`` is given, its own region (Clover's traces name neither).
+    """
+    p = bundled.resolve(path)
+    trace = bundled.carbon_trace_at(p) if fmt == "auto" else None
+    if trace is not None and trace.carbon_format:
+        fmt = trace.carbon_format
+        region = region or trace.region
     text = read_utf8(p, what="carbon file")
     text = text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines
     return parse_carbon_text(text, path=str(p), region=region, fmt=fmt, kind=kind, start=start)
@@ -840,22 +841,21 @@ def import_carbon(
 
 
 def bundled_trace_path(name: str) -> Path:
-    """Path of a bundled trace (see :data:`BUNDLED_TRACES`)."""
+    """Path of a bundled carbon trace (``name`` without ``bundled:``; see :mod:`.bundled`)."""
     if name not in BUNDLED_TRACES:
+        bundled.path_of(name)  # refuses an unknown name, listing every bundled name
         raise InputError(
-            f"unknown bundled trace '{name}'", hint=f"use one of {', '.join(BUNDLED_TRACES)}"
+            f"bundled data set '{shown(name)}' is not a carbon trace",
+            hint=f"use one of {', '.join(bundled.PREFIX + n for n in BUNDLED_TRACES)}",
         )
-    ref = resources.files("greenctl.data") / "datasets" / BUNDLED_TRACES[name][0]
-    return Path(str(ref))
+    return bundled.path_of(name)
 
 
 def import_bundled(
     store: Any, name: str, *, region: str | None = None, start: str | None = None
 ) -> dict[str, Any]:
-    """Import one of the bundled traces (works offline)."""
-    path = bundled_trace_path(name)
-    _file, fmt, default_region = BUNDLED_TRACES[name]
-    return import_carbon(store, path, region=region or default_region, fmt=fmt, start=start)
+    """Import one of the bundled carbon traces (works offline)."""
+    return import_carbon(store, bundled_trace_path(name), region=region, start=start)
 
 
 def _summary(fmt: str, n: int, points: list[CarbonPoint]) -> dict[str, Any]:

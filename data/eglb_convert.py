@@ -21,34 +21,23 @@ import csv
 import io
 from dataclasses import dataclass
 from datetime import datetime
-from importlib.resources import files
 from pathlib import Path
 
+from greenctl.data import bundled
 from greenctl.data.carbon_io import read_utf8
 from greenctl.data.errors import FileFormatError, InputError, shown
 from greenctl.data.geo_io import LIMITS
 
-# The authors' site order (their `country_list`); "Belguim" is their spelling.
-EGLB_SITES = (
-    "Texas",
-    "Virginia",
-    "Georgia",
-    "Nevada",
-    "Germany",
-    "Belguim",
-    "Netherlands",
-    "Denmark",
-    "Japan",
-    "Singapore",
-)
+# The authors' site order (their `country_list`; "Belguim" is their spelling).
+EGLB_SITES = bundled.EGLB_SITES
 PEAK_W = 2708.0  # the authors' normaliser: the trace's peak power
 N_GATEWAYS = 10
 ROUTE_CHOICES = ("all", "partial")
 
 
 def bundled_eglb_dir() -> Path:
-    """The copy of the authors' ``data/`` folder shipped with greenctl."""
-    return Path(str(files("greenctl.data") / "datasets" / "eglb"))
+    """The copy of the authors' ``data/`` folder shipped with greenctl (``bundled:eglb``)."""
+    return bundled.path_of("eglb")
 
 
 LAYOUT_HINT = "SRC_DIR needs carbon/, price/, water/ and AI_workload.csv (the eGLB layout)"
@@ -148,7 +137,7 @@ def convert_eglb(
     Raises:
         InputError / FileFormatError: missing files, bad values, misaligned times.
     """
-    src = Path(src_dir) if src_dir is not None else bundled_eglb_dir()
+    src = bundled.resolve(src_dir) if src_dir is not None else bundled_eglb_dir()
     if routes not in ROUTE_CHOICES:
         raise InputError(f"routes must be one of {', '.join(ROUTE_CHOICES)}, got '{routes}'")
     chosen = tuple(sites) if sites else EGLB_SITES

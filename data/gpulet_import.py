@@ -1,6 +1,6 @@
 """Import the gpulet reference measurements into the store, and read them back.
 
-The reference folder (``shared/reference/gpulet/data``, from 0909wlgur/Gpulet) holds three
+The reference folder (``bundled:gpulet``, from 0909wlgur/Gpulet) holds three
 header-less CSV files:
 
 - ``inference.csv``: ``model,batch,partition,throughput,<req/s>,latency,<seconds>,<valid>``:
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from greenctl.data import bundled
 from greenctl.data.errors import FileFormatError, InputError, NotFoundError
 from greenctl.data.provenance import check_import_merge
 from greenctl.data.records import Profile, Variant, utcnow_iso
@@ -281,13 +282,13 @@ def parse_interference(path: Path) -> list[ColocationRow]:
 
 
 def read_gpulet_dir(directory: str | Path) -> GpuletData:
-    """Parse the reference folder; ``inference.csv`` is required, the other two optional.
+    """Parse a gpulet folder (or ``bundled:gpulet``); ``inference.csv`` is required, the rest optional.
 
     Raises:
         InputError: the folder or ``inference.csv`` is missing.
         FileFormatError: a malformed row, naming file, line and column.
     """
-    d = Path(directory)
+    d = bundled.resolve(directory)
     if not d.is_dir():
         raise InputError(
             f"{d} is not a folder",

@@ -3,7 +3,8 @@
 A trace holds one rate (requests per second, >= 0) per second, as numbers separated by
 whitespace or commas (``#`` starts a comment line), or as a CSV whose header names a
 ``rate_rps`` column; either may be gzip-compressed (found by its magic bytes, whatever the
-file is called). The Twitter trace in ``../shared/reference/twitter`` is the reference.
+file is called); a path may also be ``bundled:NAME``, such as the Twitter trace
+(``bundled:twitter``), the reference.
 ``simulate --trace``, ``loadgen --trace``, ``forecast fit/predict --trace`` and the replay
 all read through :func:`read_rps_trace`.
 """
@@ -17,6 +18,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+from greenctl.data import bundled
 from greenctl.data.errors import FileFormatError, InputError, shown
 
 TRACE_HINT = "a trace holds one requests-per-second value (a number >= 0) per second"
@@ -24,14 +26,14 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 
 def read_rps_trace(path: str | Path) -> np.ndarray:
-    """The per-second request rates of a trace file (see the module docstring).
+    """The per-second request rates of a trace file or ``bundled:NAME`` (see the module docstring).
 
     Raises:
         InputError: the file is missing or unreadable.
         FileFormatError: not text (or corrupt gzip), no values, or a value that is not a
             finite number >= 0 (naming its line, and the column of a CSV).
     """
-    p = Path(path)
+    p = bundled.resolve(path)
     try:
         raw = p.read_bytes()
     except FileNotFoundError:

@@ -34,15 +34,14 @@ import json
 import math
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from typing import Any
 
+from greenctl.data import bundled
 from greenctl.data.errors import InputError
 from greenctl.data.mig_geometry import GpuGeometry, MigProfile
 from greenctl.data.provenance import prefixed
 from greenctl.data.records import SYNTHETIC, Profile, Variant
 
-ACCURACY_FILE = "clover_accuracy.json"
 ACCURACY_SOURCE = "boringlee24/sc23-clover accuracy.json (MIT), via greenctl clover_accuracy.json"
 
 
@@ -99,8 +98,7 @@ GPU_POWER: dict[str, tuple[float, float, float]] = {
 @cache
 def clover_accuracy() -> dict[str, Any]:
     """The bundled copy of Clover's published accuracies (percent), with attribution."""
-    path = resources.files("greenctl.data") / "datasets" / ACCURACY_FILE
-    doc: dict[str, Any] = json.loads(path.read_text())
+    doc: dict[str, Any] = json.loads(bundled.path_of("clover-accuracy").read_text())
     return doc
 
 
