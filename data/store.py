@@ -143,10 +143,16 @@ class Store:
         return [row_to_record(Variant, r) for r in rows]
 
     def require_family(self, family: str) -> None:
-        """Raises NotFoundError naming the known families unless ``family`` has variants."""
+        """Raises NotFoundError naming the known families (and a close one) unless ``family``
+        has variants."""
         if not self.db.table("variants").count_where("family = ?", [family]):
+            import difflib
+
             known = self.families()
             hint = f"known families: {', '.join(known)}" if known else "profile or import it first"
+            close = difflib.get_close_matches(family, known, n=1)
+            if close:
+                hint = f"did you mean '{close[0]}'? {hint}"
             raise NotFoundError(f"unknown model family '{family}'", hint=hint)
 
     def families(self) -> list[str]:

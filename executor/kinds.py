@@ -359,6 +359,8 @@ def _mix_plan(store: Any, request: dict[str, Any], *, current: Plan | None = Non
         request["current"] = [d.to_dict() for d in current.deployments]
     families = mix.normalize_request(request)["families"]
     names = [f["model"] for f in families]
+    for name in names:
+        store.require_family(name)  # the store knows every family: name them and a close one
     variants = [v for f in names for v in store.variants(f)]
     profiles = [p for f in names for p in store.latest_profiles(family=f)]
     serving = serving_overheads(store, {f["model"]: float(f["rate_rps"]) for f in families})

@@ -494,16 +494,17 @@ def build_mix_problem(
         by_family.setdefault(v.family, []).append(v)
     for fam in req["families"]:
         if fam["model"] not in by_family:
-            known = ", ".join(sorted(by_family)) or "none"
+            known = ", ".join(sorted(by_family))
             raise NotFoundError(
                 f"unknown model family '{fam['model']}'",
-                hint=f"known families: {known}; profile or import it first",
+                hint=f"known families: {known}" if known else "profile or import it first",
             )
+    # refused before any service model is built: those take minutes on large profile sets
+    _check_budgets(req, by_family, profiles)
     q = PERCENTILES[req["percentile"]]
     budgets = req["budgets"]
     notes: list[str] = []
     families: list[MixFamily] = []
-    seen_resources: set[Resource] = set()
     all_sizes: dict[tuple[str, str], dict[int, Profile]] = {}
     # the dispatcher: one serial stage every family's requests cross (evaluate.DispatcherStage)
     stage = _dispatcher(serving, {f["model"]: f["rate_rps"] for f in req["families"]}, by_family)
@@ -555,7 +556,6 @@ def build_mix_problem(
             groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or "")
         ):
             res = parse_resource(label)
-            seen_resources.add(res)
             own = (serving or {}).get(f"{vname}@{label}") or (serving or {}).get(vname)
             opt = _make_option(
                 vname,
@@ -605,18 +605,6 @@ def build_mix_problem(
         )
         family.options, family.pruned = prune_dominated(family.options)
         families.append(family)
-    kinds = {r.kind for r in seen_resources}
-    labels = {r.label for r in seen_resources}
-    for key in budgets:
-        if (":" in key and key not in labels) or (":" not in key and key not in kinds):
-            names = ", ".join(sorted(kinds | labels)) or "none"
-            kind_word = "resource" if ":" in key else "resource kind"
-            extra = "" if key.split(":")[0] in KNOWN_KINDS else " (not a known resource kind)"
-            raise InputError(
-                f"budget for unknown {kind_word} '{key}'{extra}: no profile of "
-                f"{', '.join(f['model'] for f in req['families'])} uses it",
-                hint=f"budget one of the profiled kinds/labels: {names}",
-            )
     current = [
         Deployment(
             model=d.get("model") or "",
@@ -665,6 +653,30 @@ def build_mix_problem(
         notes=notes,
         serving={k: v for k, v in (serving or {}).items() if v},
     )
+
+
+def _check_budgets(
+    req: dict[str, Any], by_family: Mapping[str, Sequence[Variant]], profiles: Sequence[Profile]
+) -> None:
+    """Refuse a budget for a resource kind or label no profile of the requested families uses.
+
+    Raises:
+        InputError: naming the budget and the profiled kinds and labels.
+    """
+    names = {v.name for f in req["families"] for v in by_family[f["model"]]}
+    seen = {parse_resource(p.resource) for p in profiles if p.variant in names}
+    kinds = {r.kind for r in seen}
+    labels = {r.label for r in seen}
+    for key in req["budgets"]:
+        if (":" in key and key not in labels) or (":" not in key and key not in kinds):
+            known = ", ".join(sorted(kinds | labels)) or "none"
+            kind_word = "resource" if ":" in key else "resource kind"
+            extra = "" if key.split(":")[0] in KNOWN_KINDS else " (not a known resource kind)"
+            raise InputError(
+                f"budget for unknown {kind_word} '{key}'{extra}: no profile of "
+                f"{', '.join(f['model'] for f in req['families'])} uses it",
+                hint=f"budget one of the profiled kinds/labels: {known}",
+            )
 
 
 def _resource_units(res: Resource) -> float:

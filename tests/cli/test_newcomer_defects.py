@@ -50,3 +50,50 @@ def test_profile_tables_put_each_value_under_its_header(cli, tmp_path: Path, wid
     assert {h: float(row[h]) for h in figures} == figures
     assert row["energy"] == "rapl"
     assert row.get("samples", "77") == "77"
+
+
+# -- an unknown family names the known ones ----------------------------------------------------
+@pytest.fixture
+def tiny_profiles(cli, tmp_path: Path) -> None:
+    """A profiled family 'tiny' (imported: the planner needs no measuring here)."""
+    path = tmp_path / "tiny.csv"
+    path.write_text(f"{HEADER},accuracy\ntiny-s,tiny,cpu:1,1,200,4,0.5\n")
+    assert cli("profile", "import", path).exit_code == 0
+
+
+def test_plan_mix_of_an_unknown_family_names_the_known_ones_and_the_close_one(cli, tiny_profiles):
+    r = cli("plan", "mix", "--model", "tinyy", "--rate", "10", "--slo-ms", "100")
+    assert r.exit_code == 2, r.output
+    assert "unknown model family 'tinyy'" in r.stderr
+    assert "known families: tiny" in r.stderr and "did you mean 'tiny'?" in r.stderr
+    assert "none" not in r.stderr
+
+
+# -- a refused budget is refused before any service model is built ------------------------------
+def test_a_budget_no_profile_uses_is_refused_before_building_service_models(
+    cli, store, monkeypatch
+):
+    from greenctl.data.gpulet_import import import_gpulet
+    from greenctl.planner.core import queueing, service
+    from greenctl.planner.mix import solve
+
+    import_gpulet(store, Path(__file__).resolve().parents[2] / "data" / "datasets" / "gpulet")
+
+    def built(*args, **kwargs):
+        raise AssertionError("a service model was built for a request refused anyway")
+
+    for module, name in (
+        (queueing, "dynamic_batch"),
+        (queueing, "capacity_at_slo"),
+        (queueing, "batch_capacity_at_slo"),
+        (service, "service_time"),
+        (service, "batch_service"),
+        (solve, "_make_option"),
+    ):
+        monkeypatch.setattr(module, name, built)
+    r = cli(
+        "plan", "mix", "--model", "resnet", "--rate", "75", "--slo-ms", "750", "--budget", "cpu=14"
+    )
+    assert r.exit_code == 2, r.output
+    assert "budget for unknown resource kind 'cpu'" in r.stderr
+    assert "mps:100" in r.stderr  # the kinds and labels it could budget
