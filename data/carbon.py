@@ -157,6 +157,15 @@ def region_names(store: Any) -> list[str]:
     return sorted({r["region"] for r in regions(store)})
 
 
+def signal_region(store: Any, region: str | None) -> str | None:
+    """The region whose carbon signal a plan follows: ``region`` when given, else the only
+    region with a stored signal, else None (no region, or several and none chosen)."""
+    if region is not None:
+        return region
+    known = region_names(store)
+    return known[0] if len(known) == 1 else None
+
+
 def plan_intensity(
     store: Any,
     *,
@@ -201,12 +210,13 @@ def plan_intensity(
         }
     when = _time_arg(at, "--at")
     note = None
+    chosen = signal_region(store, region)
+    if region is None and chosen is not None:
+        note = f"carbon intensity from the signal of {chosen}, the only region in the store"
+    region = chosen
     if region is None:
         known = region_names(store)
-        if len(known) == 1:
-            region = known[0]
-            note = f"carbon intensity from the signal of {region}, the only region in the store"
-        elif default is None or when is not None:
+        if default is None or when is not None:
             raise InputError(
                 "no carbon intensity: pass --carbon-intensity G or --region R"
                 + (" (--at needs a region)" if when is not None else ""),

@@ -576,7 +576,9 @@ def replan_once(
     the load is replaced), and not sooner than ``min_dwell_s`` after the last change unless
     the running plan cannot serve the forecast load (:func:`dwell_yields`; the round plans
     and scores either way). ``rates`` (``--rate NAME=RPS``) set models' rates by name, over
-    the forecast; a kind that plans no carbon (a glet plan) needs no region. With
+    the forecast; the carbon region is ``region``, else the plan's, else the store's only
+    one (:func:`greenctl.data.carbon.signal_region`, as `plan mix` takes it); a kind that
+    plans no carbon (a glet plan) needs no region. With
     ``apply`` the new plan is applied (``apply_fn``, default: on the backend that runs the
     plan, :func:`greenctl.executor.backends.apply_where_running`, with ``apply_options``);
     otherwise it is saved and proposed. Every round appends a decision record. With a
@@ -634,6 +636,8 @@ def replan_once(
                 hint="replan without --apply: a better plan is saved and proposed",
             )
         reg = region or running.extra.get("carbon_region") or running.request.get("carbon_region")
+        if kind.carbon_signal:  # the region its planner takes: named, else the store's only one
+            reg = carbon.signal_region(store, reg)
         if not reg and kind.carbon_signal:  # (a glet plan plans no carbon: none needed)
             raise InputError(
                 "no carbon region to replan for", hint="pass --region R (see `carbon regions`)"

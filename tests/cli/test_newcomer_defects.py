@@ -97,3 +97,27 @@ def test_a_budget_no_profile_uses_is_refused_before_building_service_models(
     assert r.exit_code == 2, r.output
     assert "budget for unknown resource kind 'cpu'" in r.stderr
     assert "mps:100" in r.stderr  # the kinds and labels it could budget
+
+
+# -- replan and plan mix take the same region --------------------------------------------------
+def test_replan_takes_the_only_region_as_plan_mix_does(cli, store, tiny_profiles):
+    import json
+
+    from greenctl.data import carbon_io
+
+    plan = ("plan", "mix", "--model", "tiny", "--rate", "10", "--slo-ms", "100", "--json")
+    r = cli(*plan, "--carbon-intensity", "300")  # planned before any signal was stored
+    assert r.exit_code == 0, r.output
+    pid = json.loads(r.stdout)["id"]
+    carbon_io.import_bundled(store, "clover-ciso-march", region="ciso")
+    r = cli(*plan)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["carbon_region"] == "ciso"
+    r = cli("replan", "--plan", pid, "--json")
+    assert r.exit_code == 0, r.output
+    decision = json.loads(r.stdout)
+    assert decision["region"] == "ciso" and decision["signal_g_per_kwh"] is not None
+    # two regions and none named: neither decides, both say so
+    carbon_io.import_bundled(store, "clover-ciso-sep", region="other")
+    r = cli("replan", "--plan", pid)
+    assert r.exit_code == 2 and "no carbon region" in r.stderr
