@@ -13,7 +13,7 @@ benchmark puts the two on the same footing, in three parts:
    (``BaseExperiment.run``) against Clover's at 0.2 s (``RandomExperiment``/``CloverExperiment``).
 2. greenctl on SYNTHETIC EfficientNet MIG profiles (``greenctl.planner.core.synthetic``):
    12 x A100-40GB, p95 SLA 200 ms, lambda 0.5, re-planned every hour over the 48-hour CISO
-   trace Clover ships (``shared/reference/clover/system/csv/carbon_intensity.csv``), BASE
+   trace Clover ships (``bundled:clover-ciso-march``), BASE
    (EfficientNet-B7 on every whole GPU), greenctl's exact plan and CO2OPT at several loads,
    given as a fraction of BASE's throughput. Every GPU draws its idle power all the time,
    as in ``plan mig``'s model and Clover's whole-GPU tracker; the share of BASE's carbon
@@ -50,19 +50,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from greenctl.data.bundled import path_of
 from greenctl.data.mig_geometry import resolve_gpu
 from greenctl.planner.core.synthetic import synthetic_family
 from greenctl.planner.mig.solve import build_problem, plan_mig
 
-TRACE = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "reference"
-    / "clover"
-    / "system"
-    / "csv"
-    / "carbon_intensity.csv"
-)
+TRACE = path_of("clover-ciso-march")  # Clover's system/csv/carbon_intensity.csv
 GPU = "A100-40GB"
 FAMILY = "efficientnet"
 LOADS = (0.12, 0.3, 0.6, 0.9)  # fraction of BASE's throughput (B7 on every whole GPU)
@@ -343,7 +336,7 @@ def h200_replay(
             print(
                 "as: greenctl profile import PROFILES && greenctl replay --kind mig --gpu "
                 f"{H200_GPU} --gpus {gpus} --model {FAMILY} --sla-ms {sla_ms:g} --lambda {lam} "
-                f"--carbon-trace {TRACE} --every 1h --hours {hours} --load-trace FLAT "
+                f"--carbon-trace bundled:clover-ciso-march --every 1h --hours {hours} --load-trace FLAT "
                 "--baseline base --baseline co2opt"
                 + (
                     " (BASE priced at the first hour's intensity, which replans hold)"

@@ -44,8 +44,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-REFERENCE = HERE.parents[1] / "shared" / "reference"
-DEFAULT_TRACE = REFERENCE / "twitter" / "requests_per_second.txt.gz"
+DEFAULT_TRACE = "bundled:twitter"
 REQUEST = {
     "model": "resnet",
     "slo_ms": 750.0,
@@ -202,26 +201,27 @@ def verdict(results: dict[str, Any]) -> tuple[str, dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from greenctl.data.bundled import resolve
     from greenctl.planner.core import forecast as fc
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default=str(DEFAULT_TRACE))
+    ap.add_argument("--trace", type=resolve, default=DEFAULT_TRACE, help="file or bundled:NAME")
     ap.add_argument("--quick", action="store_true", help="3 LSTM epochs; replay 6 h")
     ap.add_argument("--epochs", type=int, default=None)
     ap.add_argument("--train-days", type=float, default=14.0)
     ap.add_argument("--hours", type=float, default=None, help="replay length (default 24)")
     ap.add_argument("--only", choices=("errors", "replay"), default=None)
     args = ap.parse_args(argv)
-    if not Path(args.trace).exists():
+    if not args.trace.exists():
         print(f"trace not found: {args.trace}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     epochs = args.epochs or (3 if args.quick else 8)
     hours = args.hours or (6.0 if args.quick else 24.0)
     if args.only in (None, "errors"):
-        errors(args.trace, args.train_days, epochs)
+        errors(str(args.trace), args.train_days, epochs)
     if args.only in (None, "replay"):
-        results = replays(args.trace, args.train_days, epochs, hours)
+        results = replays(str(args.trace), args.train_days, epochs, hours)
         best, score = verdict(results)
         ranked = ", ".join(f"{n} {v:.3f}" for n, v in sorted(score.items(), key=lambda kv: kv[1]))
         print(

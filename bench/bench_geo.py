@@ -43,7 +43,6 @@ from greenctl.planner.geo.solve import (
     solve,
 )
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "eglb" / "data"
 MU_C, MU_W = DEFAULT_MU_CARBON, DEFAULT_MU_WATER
 
 
@@ -293,15 +292,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-pulp", action="store_true", help="skip the pulp plain formulation")
     args = ap.parse_args(argv)
     repeat = 1 if args.quick else 3
-    src = REFERENCE if REFERENCE.is_dir() else None  # else the bundled copy
     tmp = Path(tempfile.mkdtemp(prefix="bench_geo_"))
-    full = convert_eglb(src, tmp / "all")
-    part = convert_eglb(src, tmp / "partial", routes="partial")
+    full = convert_eglb("bundled:eglb", tmp / "all")
+    part = convert_eglb("bundled:eglb", tmp / "partial", routes="partial")
     p_all = load_geo_problem(full["sites"], full["demand"])
     p_part = load_geo_problem(part["sites"], part["demand"], part["routes"])
     print(
         f"eGLB reference case: {p_all.n_steps} h x {len(p_all.sites)} sites x "
-        f"{len(p_all.gateways)} gateways ({'shared reference' if src else 'bundled copy'})"
+        f"{len(p_all.gateways)} gateways (bundled:eglb)"
     )
     print(
         f"objective = energy cost + {MU_C} USD/kg x max-site carbon + {MU_W} USD/L x "

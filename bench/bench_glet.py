@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from greenctl.data.bundled import path_of, resolve
 from greenctl.data.gpulet_import import (
     import_gpulet,
     load_colocations,
@@ -38,7 +39,7 @@ from greenctl.data.store import open_store
 from greenctl.planner.core.interference import fit_interference
 from greenctl.planner.glet.solve import Compiled, GletModel, GletProblem, run_elastic, schedule
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "gpulet" / "data"
+DATA = path_of("gpulet")
 SLO_MS = {
     "resnet50": 25,
     "vgg16": 30,
@@ -91,7 +92,9 @@ def main() -> None:
         "--k", type=int, default=None, help="models in the schedulability sweep (default 3)"
     )
     ap.add_argument("--quick", action="store_true", help="k=2, fewer timing decisions")
-    ap.add_argument("--data", type=Path, default=DATA, help="gpulet reference data folder")
+    ap.add_argument(
+        "--data", type=resolve, default=DATA, help="gpulet data folder (default bundled:gpulet)"
+    )
     ap.add_argument("--max-gpus", type=int, default=4)
     ap.add_argument(
         "--rate-unit", type=float, default=100.0, help="rates are {0, 1, 2} x this (req/s)"

@@ -1,7 +1,7 @@
 """Benchmark ``plan mig`` (Clover) on SYNTHETIC per-slice profiles.
 
 1. Carbon trace: the 48-hour California ISO trace Clover ships
-   (``shared/reference/clover/system/csv/carbon_intensity.csv``), re-planned every hour
+   (``bundled:clover-ciso-march``), re-planned every hour
    for ``exact``, ``anneal`` (warm-started from its previous hour's plan, as Clover runs),
    ``random`` (BLOVER) and the CO2OPT baseline. Reports carbon saved versus BASE over the
    48 hours, the request-weighted accuracy change, SLA compliance (analytic model and the
@@ -25,21 +25,14 @@ import sys
 import time
 from pathlib import Path
 
+from greenctl.data.bundled import path_of
 from greenctl.data.mig_geometry import resolve_gpu
 from greenctl.planner.core.synthetic import synthetic_family
 from greenctl.planner.mig.exact import ilp_size
 from greenctl.planner.mig.sim import simulate_p95
 from greenctl.planner.mig.solve import MigModel, build_problem, plan_mig
 
-TRACE = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "reference"
-    / "clover"
-    / "system"
-    / "csv"
-    / "carbon_intensity.csv"
-)
+TRACE = path_of("clover-ciso-march")  # Clover's system/csv/carbon_intensity.csv
 GPU = "A100-40GB"
 FAMILY = "efficientnet"
 

@@ -52,9 +52,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from greenctl.data.bundled import path_of
+
 HERE = Path(__file__).resolve().parent
-TWITTER = HERE.parent.parent / "shared" / "reference" / "twitter" / "requests_per_second.txt.gz"
-GPULET = HERE.parent.parent / "shared" / "reference" / "gpulet" / "data"
+TWITTER = path_of("twitter")
+GPULET = path_of("gpulet")
 PAPER = {"violations_fewer_pct": 65.0, "cost_lower_pct": 33.0}
 REQUEST = {
     "model": "resnet",

@@ -265,21 +265,11 @@ def bench_other_policies(n: int) -> None:
 
 
 def bench_trace(hours: float) -> None:
-    from pathlib import Path
-
+    from greenctl.data.bundled import path_of
     from greenctl.data.traces import read_rps_trace as read_trace
     from greenctl.planner.core.loads import trace_arrivals
 
-    path = (
-        Path(__file__).resolve().parent.parent.parent
-        / "shared"
-        / "reference"
-        / "twitter"
-        / "requests_per_second.txt.gz"
-    )
-    if not path.exists():
-        print(f"\n(no Twitter trace at {path}: trace replay skipped)")
-        return
+    path = path_of("twitter")
     print(f"\n== Twitter trace replay ({hours:g} h, wrr over the 10 instances)")
     series, wall, cpu = timed(lambda: read_trace(path))
     print(f"read {series.size:,} seconds in {wall:.2f} s wall / {cpu:.2f} s cpu")

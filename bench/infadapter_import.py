@@ -1,8 +1,8 @@
 """Convert InfAdapter's CPU profiles of ResNet 18..152 into greenctl's profile import CSV.
 
-Source: ``../shared/reference/infadapter/capacity_result_Feb_21.csv`` (reconfigurable-ml-
-pipeline/InfAdapter, commit in ``infadapter/COMMIT``; third-party measurements, used for
-tests and benchmarks). TensorFlow Serving, batch 1, one replica per row, CPU cores 1..20,
+Source: ``bundled:infadapter`` (``data/datasets/infadapter/capacity_result_Feb_21.csv``, from
+reconfigurable-ml-pipeline/InfAdapter, commit in its README; third-party measurements, used
+for tests and benchmarks). TensorFlow Serving, batch 1, one replica per row, CPU cores 1..20,
 latency SLAs 500/750/1000/1500 ms; per row the measured p99 latency, the capacity (req/s
 sustained within the SLA) and the saturation throughput.
 
@@ -22,7 +22,7 @@ Mapping, one output row per input row (rows of one (variant, cores) differ only 
 - ``power_w`` = cores x ``WATTS_PER_CORE`` (10 W per busy core, a modeled figure) and
   ``energy_j`` = power_w / saturation_tp, marked ``modeled`` (the source has no energy).
 
-Usage: ``python bench/infadapter_import.py [-o resnet_infadapter.csv] [--source CSV]``, then
+Usage: ``python bench/infadapter_import.py [-o resnet_infadapter.csv] [--source CSV]`` (default ``bundled:infadapter``), then
 ``greenctl profile import resnet_infadapter.csv``. Tests and benchmarks call
 :func:`load_into_store` instead.
 """
@@ -35,8 +35,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
-SOURCE = REFERENCE / "infadapter" / "capacity_result_Feb_21.csv"
+from greenctl.data.bundled import resolve
+
+SOURCE = "bundled:infadapter"
 
 ACCURACY = {18: 0.69758, 34: 0.73314, 50: 0.7613, 101: 0.77374, 152: 0.78312}
 LOAD_TIME_S = {18: 6.44, 34: 6.79, 50: 6.82, 101: 7.77, 152: 8.52}
@@ -65,7 +66,7 @@ COLUMNS = [
 def convert_rows(source: str | Path = SOURCE) -> list[dict[str, Any]]:
     """Read the InfAdapter CSV and return greenctl profile-import rows (dicts)."""
     out = []
-    with open(source, newline="") as fh:
+    with open(resolve(source), newline="") as fh:
         for rec in csv.DictReader(fh):
             arch = int(rec["ARCH"])
             cores = int(rec["CPU"])

@@ -9,7 +9,6 @@ import pytest
 from typer.testing import CliRunner
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_REFERENCE = REPO.parent / "shared" / "reference"
 
 
 @pytest.fixture(autouse=True)
@@ -49,21 +48,13 @@ def cli():
 
 
 @pytest.fixture
-def reference() -> Path:
-    """The shared reference data folder; tests that need it skip when it is absent."""
-    if not SHARED_REFERENCE.is_dir():
-        pytest.skip(f"shared reference data not found at {SHARED_REFERENCE}")
-    return SHARED_REFERENCE
-
-
-@pytest.fixture
-def gpulet(store, reference):
-    """The test's store with the gpulet reference data (profiles, utilisation) and an
+def gpulet(store):
+    """The test's store with gpulet's bundled measurements (profiles, utilisation) and an
     interference model fitted on it: what `plan glet` plans with."""
     from greenctl.data.gpulet_import import import_gpulet
     from greenctl.executor.interference import fit_and_store
 
-    import_gpulet(store, reference / "gpulet" / "data")
+    import_gpulet(store, "bundled:gpulet")
     fit_and_store(store, source="test")
     return store
 

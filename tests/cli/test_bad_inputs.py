@@ -23,7 +23,6 @@ import pytest
 from typer.testing import CliRunner
 
 REPO = Path(__file__).resolve().parents[2]
-REFERENCE = REPO.parent / "shared" / "reference"
 CARBON_TRACE = REPO / "data" / "datasets" / "carbon" / "clover_ciso_march.csv"
 
 pytestmark = pytest.mark.timeout(120)
@@ -427,6 +426,13 @@ CASES = [
     Case("geo-convert-missing", ("geo", "convert-eglb", "{missing}", "-o", "{out}")),
     Case("mig-layouts-unknown-gpu", ("mig", "layouts", "--gpu", "NoSuchGPU"), says=("NoSuchGPU",)),
     Case("mig-synth-unknown-family", ("mig", "synth", "--gpu", "A100-40GB", "--family", "nosuch"), says=("nosuch",)),
+    # -- bundled:NAME: an unknown name is refused before any work, listing every name -----------
+    Case("bundled-unknown-carbon", ("carbon", "import", "bundled:clover-ciso-mar"), says=("bundled:clover-ciso-mar", "bundled:clover-ciso-march", "bundled:twitter")),
+    Case("bundled-unknown-gpulet", ("gpulet", "import", "bundled:gpulets"), says=("bundled:gpulets", "bundled:gpulet,")),
+    Case("bundled-unknown-trace", ("forecast", "fit", "--forecaster", "last", "--trace", "bundled:twiter"), says=("bundled:twiter", "bundled:twitter")),
+    Case("bundled-unknown-sites", ("plan", "geo", "--sites", "bundled:sites", "--demand", "bundled:eglb"), says=("bundled:sites", "bundled:eglb")),
+    Case("bundled-unknown-profiles", ("profile", "import", "bundled:"), says=("bundled:infadapter",)),
+    Case("bundled-not-a-carbon-trace", ("carbon", "import", "bundled:twitter", "--region", "X"), says=("requests_per_second",)),
 ]
 # fmt: on
 
@@ -434,8 +440,6 @@ CASES = [
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store with InfAdapter's ResNet profiles, the CISO carbon trace and one mix plan."""
-    if not REFERENCE.is_dir():
-        pytest.skip(f"shared reference data not found at {REFERENCE}")
     from greenctl.cli.main import app
 
     root = tmp_path_factory.mktemp("bad-inputs")

@@ -3,7 +3,7 @@
 Run as a new user runs them: each command is a separate ``greenctl`` process (so output
 written by C libraries straight to file descriptor 1, such as HiGHS's banner, is seen, which
 typer's CliRunner never captures), in order, against one store, with real inputs from
-``../shared/reference`` and the package's own data. A command that fails must leave stdout
+the package's bundled data (``bundled:NAME``). A command that fails must leave stdout
 empty (its message goes to stderr) and must not print a traceback.
 """
 
@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-REFERENCE = REPO.parent / "shared" / "reference"
 CARBON_TRACE = REPO / "data" / "datasets" / "carbon" / "clover_ciso_march.csv"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -111,8 +110,6 @@ STEP_NAMES = [
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Step]]:
-    if not REFERENCE.is_dir():
-        pytest.skip(f"shared reference data not found at {REFERENCE}")
     work = tmp_path_factory.mktemp("json-contract")
     env = {
         k: v
@@ -168,7 +165,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Step
     # InfAdapter's resnet family is in the store: gpulet's data set goes beside it
     run(
         "gpulet import",
-        "gpulet", "import", str(REFERENCE / "gpulet" / "data"), "--prefix", "gpulet",
+        "gpulet", "import", "bundled:gpulet", "--prefix", "gpulet",
     )  # fmt: skip
     run("interference fit", "interference", "fit")
     run("interference show", "interference", "show")
@@ -180,7 +177,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Step
     )  # fmt: skip
     run(
         "geo convert-eglb",
-        "geo", "convert-eglb", str(REFERENCE / "eglb" / "data"), "-o", str(work / "eglb"),
+        "geo", "convert-eglb", "bundled:eglb", "-o", str(work / "eglb"),
         "--steps", "24",
     )  # fmt: skip
     run(
@@ -205,7 +202,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Step
         "carbon", "fetch", "--region", "CISO", "--provider", "electricitymaps",
         ok=False,
     )  # fmt: skip
-    twitter = str(REFERENCE / "twitter" / "requests_per_second.txt.gz")
+    twitter = "bundled:twitter"
     run("forecast fit", "forecast", "fit", "--forecaster", "moving-max", "--trace", twitter)
     run("forecast predict", "forecast", "predict", "--trace", twitter, "--upto-minute", "600")
     run("forecast list", "forecast", "list")

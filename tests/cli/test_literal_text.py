@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 from greenctl.data import carbon_io
+from greenctl.data.bundled import path_of
 from greenctl.data.records import Profile, Variant
 
 # rich would read each of these as markup or an emoji code and drop or change it
 ODD = "[red]x[/red][bold]:abc:"
 ODD_FILE = "[red]x[bold]:abc:"  # the same in a file name (no slash)
-GPULET = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "gpulet" / "data"
+GPULET = path_of("gpulet")
 
 
 @pytest.fixture
@@ -150,9 +151,7 @@ def test_forecast_and_cron_print_names_literally(cli, tmp_path, wide):
 
 
 def test_plan_glet_prints_the_output_path_literally(cli, tmp_path, wide):
-    if not GPULET.is_dir():
-        pytest.skip("gpulet reference data not available")
-    assert cli("gpulet", "import", GPULET).exit_code == 0
+    assert cli("gpulet", "import", "bundled:gpulet").exit_code == 0
     out = tmp_path / f"p{ODD_FILE}.json"
     r = cli(
         "plan", "glet", "--model", "resnet50:400:25", "--no-interference",

@@ -7,15 +7,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+from greenctl.data.bundled import path_of
 
-GPULET = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "gpulet" / "data"
+GPULET = path_of("gpulet")
 
 
 @pytest.fixture(scope="module")
 def prepared_db(tmp_path_factory) -> Path:
     """A store with the gpulet reference imported and an interference model fitted."""
-    if not GPULET.is_dir():
-        pytest.skip("gpulet reference data not available")
     from greenctl.data.gpulet_import import import_gpulet
     from greenctl.data.store import open_store
     from greenctl.executor.interference import fit_and_store
@@ -142,8 +141,6 @@ def test_interference_fit_and_show(cli, db):
 
 
 def test_plan_without_interference_model_notes_it(cli, tmp_path):
-    if not GPULET.is_dir():
-        pytest.skip("gpulet reference data not available")
     d = tmp_path / "gp"
     d.mkdir()
     shutil.copy(GPULET / "inference.csv", d / "inference.csv")

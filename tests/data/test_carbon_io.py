@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from greenctl.data import carbon, carbon_io
+from greenctl.data.bundled import path_of
 from greenctl.data.errors import FileFormatError, InputError, NotFoundError
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -158,8 +159,8 @@ def test_electricitymaps_csv_prefers_life_cycle(tmp_path, store):
     assert carbon.latest(store, "NO")["carbon_g_per_kwh"] == 120
 
 
-def test_clover_trace_hourly_from_start(reference, store):
-    path = reference / "clover" / "system" / "csv" / "carbon_intensity.csv"
+def test_clover_trace_hourly_from_start(store):
+    path = path_of("clover-ciso-march")
     s = carbon_io.import_carbon(store, path, region="CISO", start="2023-03-01T00:00:00Z")
     assert s["format"] == "clover" and s["rows"] == 49
     rows = carbon.series(store, "CISO")
@@ -175,8 +176,8 @@ def test_clover_default_epoch(tmp_path):
     assert pts[1].carbon_g_per_kwh == 71
 
 
-def test_eglb_kg_converted(reference, store):
-    path = reference / "eglb" / "data" / "carbon" / "Texas_carbon.csv"
+def test_eglb_kg_converted(store):
+    path = path_of("eglb-texas")
     s = carbon_io.import_carbon(store, path)
     assert s["format"] == "eglb" and s["regions"] == ["Texas"] and s["rows"] == 457
     first = carbon.series(store, "Texas")[0]

@@ -246,14 +246,8 @@ EGLB_FILES = (
 )
 
 
-def _eglb_source(reference: Path | None) -> Path:
-    root = reference / "eglb" / "data" if reference is not None else bundled_eglb_dir()
-    return root if (root / "AI_workload.csv").is_file() else bundled_eglb_dir()
-
-
 def _trimmed_eglb() -> dict[str, str]:
-    ref = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
-    src = _eglb_source(ref if ref.is_dir() else None)
+    src = bundled_eglb_dir()
     return {rel: "\n".join((src / rel).read_text().splitlines()[:7]) + "\n" for rel in EGLB_FILES}
 
 

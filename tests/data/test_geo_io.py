@@ -176,9 +176,9 @@ def test_convert_bundled_eglb(tmp_path: Path) -> None:
     ]
 
 
-def test_convert_reference_matches_bundled(reference: Path, tmp_path: Path) -> None:
-    a = convert_eglb(reference / "eglb" / "data", tmp_path / "ref")
-    b = convert_eglb(bundled_eglb_dir(), tmp_path / "bundled")
+def test_convert_bundled_name_matches_the_default_copy(tmp_path: Path) -> None:
+    a = convert_eglb("bundled:eglb", tmp_path / "named")
+    b = convert_eglb(None, tmp_path / "default")
     assert a["sites"].read_text() == b["sites"].read_text()
     assert a["demand"].read_text() == b["demand"].read_text()
     p = load_geo_problem(a["sites"], a["demand"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from greenctl.data.bundled import path_of
 from greenctl.data.errors import FileFormatError, InputError
 from greenctl.data.gpulet_import import (
     get_interference_model,
@@ -17,12 +18,12 @@ from greenctl.data.gpulet_import import (
 )
 
 
-def _gpulet_dir(reference: Path) -> Path:
-    return reference / "gpulet" / "data"
+def _gpulet_dir() -> Path:
+    return path_of("gpulet")
 
 
-def test_import_reference_round_trip(store, reference):
-    summary = import_gpulet(store, _gpulet_dir(reference))
+def test_import_reference_round_trip(store):
+    summary = import_gpulet(store, _gpulet_dir())
     assert summary.profiles == 420 and summary.variants == 10
     assert summary.utilisations == 455 and summary.colocations == 3675
     assert "resnet50" in summary.models
@@ -216,7 +217,7 @@ def test_cli_refuses_a_merge_with_exit_2(cli, store, tmp_path):
     assert "merged on purpose" in r.stderr
 
 
-def test_cpu_resnet_family_then_gpulet_reference_is_refused(cli, store, reference):
+def test_cpu_resnet_family_then_gpulet_reference_is_refused(cli, store):
     """Issue 16 item 10: gpulet's GPU resnet50/101/152 must not join a CPU `resnet` family
     of another data set (InfAdapter's) silently: plan mix would drop its carbon term."""
     from greenctl.data.records import Profile, Variant
@@ -232,10 +233,10 @@ def test_cpu_resnet_family_then_gpulet_reference_is_refused(cli, store, referenc
     plan = ["plan", "mix", "--model", "resnet", "--rate", "20", "--slo-ms", "500", "--json"]
     before = cli(*plan)
     assert before.exit_code == 0 and "CC (carbon) term dropped" not in before.output
-    r = cli("gpulet", "import", reference / "gpulet" / "data")
+    r = cli("gpulet", "import", "bundled:gpulet")
     assert r.exit_code == 2 and "variant 'resnet50' (family 'resnet')" in r.output
     assert {p.hardware for p in store.latest_profiles(family="resnet")} == {"infadapter-cpu"}
-    r = cli("gpulet", "import", reference / "gpulet" / "data", "--prefix", "gpulet")
+    r = cli("gpulet", "import", "bundled:gpulet", "--prefix", "gpulet")
     assert r.exit_code == 0, r.output
     assert store.get_variant("gpulet-resnet50").family == "gpulet-resnet"
     after = cli(*plan)

@@ -6,6 +6,7 @@ import itertools
 import json
 
 import pytest
+from greenctl.data.bundled import path_of
 from greenctl.data.errors import FileFormatError, InputError
 from greenctl.data.mig_geometry import (
     Placement,
@@ -164,9 +165,9 @@ def test_every_layout_of_every_gpu_is_valid_and_maximal():
             assert sum(p.profile.endswith("+me") for p in lay) <= 1
 
 
-def test_a100_layouts_match_clovers_19_partitions(reference):
+def test_a100_layouts_match_clovers_19_partitions():
     geo = resolve_gpu("NVIDIA A100-SXM4-40GB")
-    clover = json.loads((reference / "clover" / "mig" / "partition_code.json").read_text())
+    clover = json.loads((path_of("clover-mig-partitions")).read_text())
     assert len(clover) == 19
     layouts = enumerate_layouts(
         geo, profiles=["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]

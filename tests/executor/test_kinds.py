@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from greenctl.data.bundled import path_of
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.executor import control
@@ -17,12 +18,12 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
 
 
 @pytest.fixture
-def resnet(store, reference):
+def resnet(store):
     spec = importlib.util.spec_from_file_location("infadapter_import", BENCH)
     assert spec is not None and spec.loader is not None
     conv = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conv)
-    conv.load_into_store(store, reference / "infadapter" / "capacity_result_Feb_21.csv")
+    conv.load_into_store(store, path_of("infadapter"))
     return store
 
 

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from greenctl.data.bundled import path_of
 from greenctl.data.errors import FileFormatError, InputError
 from greenctl.executor import oip
 from greenctl.executor.loadgen import (
@@ -224,8 +225,8 @@ def test_bad_trace_names_line(tmp_path):
         read_trace(path)
 
 
-def test_reference_twitter_trace(reference):
-    trace = read_trace(reference / "twitter" / "requests_per_second.txt.gz")
+def test_reference_twitter_trace():
+    trace = read_trace(path_of("twitter"))
     assert len(trace) > 1_000_000 and max(trace) <= 388
     times = arrival_times(duration_s=10.0, trace=trace, scale=0.1, seed=0)
     expected = sum(trace[:10]) * 0.1

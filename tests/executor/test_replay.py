@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from greenctl.data.bundled import path_of
 from greenctl.executor import replay as rp
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
@@ -16,13 +17,13 @@ ARGS = ("--model", "resnet", "--slo-ms", "750", "--percentile", "p99", "--budget
 
 
 @pytest.fixture
-def resnet(store, reference):
+def resnet(store):
     """InfAdapter's ResNet CPU profiles (third-party measurements) in the test store."""
     spec = importlib.util.spec_from_file_location("infadapter_import", BENCH)
     assert spec is not None and spec.loader is not None
     conv = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conv)
-    conv.load_into_store(store, reference / "infadapter" / "capacity_result_Feb_21.csv")
+    conv.load_into_store(store, path_of("infadapter"))
     return store
 
 
@@ -93,8 +94,8 @@ def test_vpa_resizes_after_a_sustained_overload():
     assert not pod.step(60.0 * 30.5)  # the updater runs once a minute
 
 
-def test_replay_of_a_twitter_slice_writes_csv_json_and_a_chart(resnet, reference, tmp_path, cli):
-    trace = reference / "twitter" / "requests_per_second.txt.gz"
+def test_replay_of_a_twitter_slice_writes_csv_json_and_a_chart(resnet, tmp_path, cli):
+    trace = "bundled:twitter"
     r = cli(
         "replay", "--load-trace", trace, *ARGS, "--from", "24h", "--hours", "0.25",
         "--min-dwell", "0", "--vpa-variant", "resnet50", "-o", tmp_path / "out", "--json",

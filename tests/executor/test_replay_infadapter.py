@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from greenctl.data.bundled import path_of
 from greenctl.executor import control
 from greenctl.executor import replay as rp
 from greenctl.executor.kinds import get_kind
@@ -18,13 +19,13 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
 
 
 @pytest.fixture
-def resnet(store, reference):
+def resnet(store):
     """InfAdapter's ResNet CPU profiles (third-party measurements) in the test store."""
     spec = importlib.util.spec_from_file_location("infadapter_import", BENCH)
     assert spec is not None and spec.loader is not None
     conv = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conv)
-    conv.load_into_store(store, reference / "infadapter" / "capacity_result_Feb_21.csv")
+    conv.load_into_store(store, path_of("infadapter"))
     return store
 
 

@@ -6,6 +6,7 @@ import gzip
 
 import numpy as np
 import pytest
+from greenctl.data.bundled import path_of
 from greenctl.data.errors import FileFormatError, InputError
 from greenctl.data.traces import read_rps_trace
 from greenctl.planner.core import forecast as fc
@@ -98,8 +99,8 @@ def test_trace_formats(tmp_path):
         read_rps_trace(neg)
 
 
-def test_reference_trace_shape(reference):
-    rps = read_rps_trace(reference / "twitter" / "requests_per_second.txt.gz")
+def test_reference_trace_shape():
+    rps = read_rps_trace(path_of("twitter"))
     assert rps.size == 1_899_061 and rps.max() == 388
     minutes = fc.minute_maxima(rps)
     assert minutes.size == 1_899_061 // 60

@@ -5,15 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from greenctl.data.bundled import path_of
 from greenctl.data.eglb_convert import convert_eglb
 from greenctl.data.geo_io import load_geo_problem
 from greenctl.planner.geo.solve import allocation_violations, evaluate, solve
 
 
 @pytest.fixture
-def eglb_case(reference: Path, tmp_path: Path) -> dict[str, Path]:
-    """The reference layout converted (skips when the shared reference is absent)."""
-    return convert_eglb(reference / "eglb" / "data", tmp_path / "eglb", routes="partial")
+def eglb_case(tmp_path: Path) -> dict[str, Path]:
+    """The bundled eGLB layout converted with the authors' partial routes."""
+    return convert_eglb(path_of("eglb"), tmp_path / "eglb", routes="partial")
 
 
 def test_offline_optimum_matches_the_authors(eglb_case: dict[str, Path]) -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
+from greenctl.data.bundled import path_of
 from greenctl.data.errors import InfeasiblePlan, InputError
 from greenctl.planner.core.interference import InterferenceModel
 from greenctl.planner.glet.solve import (
@@ -19,7 +19,7 @@ from greenctl.planner.glet.solve import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-GPULET = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "gpulet" / "data"
+GPULET = path_of("gpulet")
 PARTS = (20, 40, 50, 60, 80, 100)
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 SYNTH_IMODEL = InterferenceModel((0.3, 0.5, 0.2, 0.4, 1.0))
@@ -61,8 +61,6 @@ def synthetic_problem(models: list[GletModel], **kw) -> GletProblem:
 @pytest.fixture(scope="module")
 def ref():
     """Latency table, utilisation and fitted interference model of the gpulet reference."""
-    if not GPULET.is_dir():
-        pytest.skip("gpulet reference data not available")
     from greenctl.data.gpulet_import import read_gpulet_dir
     from greenctl.planner.core.interference import fit_interference
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
+from greenctl.data.bundled import path_of
 from greenctl.data.errors import InputError
 from greenctl.planner.core.interference import InterferenceModel, fit_interference
 
-GPULET = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "gpulet" / "data"
+GPULET = path_of("gpulet")
 
 
 @dataclass
@@ -63,8 +63,6 @@ def test_too_few_samples_and_bad_fraction():
 
 
 def test_fit_on_gpulet_reference_gives_sensible_error():
-    if not GPULET.is_dir():
-        pytest.skip("gpulet reference data not available")
     from greenctl.data.gpulet_import import read_gpulet_dir
 
     data = read_gpulet_dir(GPULET)

@@ -1,4 +1,4 @@
-"""plan mix on InfAdapter's real CPU profiles of ResNet 18..152 (shared reference data)."""
+"""plan mix on InfAdapter's real CPU profiles of ResNet 18..152 (bundled:infadapter)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from greenctl.data.bundled import path_of
 from greenctl.planner.mix.solve import build_mix_problem, plan_mix
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
@@ -19,9 +20,9 @@ def _converter():
     return module
 
 
-def test_converter_rows_follow_the_import_contract(reference):
+def test_converter_rows_follow_the_import_contract():
     conv = _converter()
-    rows = conv.convert_rows(reference / "infadapter" / "capacity_result_Feb_21.csv")
+    rows = conv.convert_rows(path_of("infadapter"))
     assert len(rows) == 400
     assert {r["variant"] for r in rows} == {f"resnet{n}" for n in (18, 34, 50, 101, 152)}
     assert {r["capacity_slo_ms"] for r in rows} == {500.0, 750.0, 1000.0, 1500.0}
@@ -33,9 +34,9 @@ def test_converter_rows_follow_the_import_contract(reference):
         )
 
 
-def test_infadapter_point_mixed_beats_single_variant(reference, store):
+def test_infadapter_point_mixed_beats_single_variant(store):
     conv = _converter()
-    n = conv.load_into_store(store, reference / "infadapter" / "capacity_result_Feb_21.csv")
+    n = conv.load_into_store(store, path_of("infadapter"))
     assert n == 400
     variants = store.variants("resnet")
     profiles = store.latest_profiles(family="resnet")

@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from greenctl.data.bundled import path_of
 from greenctl.data.records import Profile
 from greenctl.planner.core.latency import ServiceTime
 from greenctl.planner.core.queueing import capacity_at_slo
@@ -16,12 +17,12 @@ from greenctl.planner.mix.solve import build_mix_problem, plan_mix
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
 
 
-def _load_infadapter(store, reference) -> None:
+def _load_infadapter(store) -> None:
     spec = importlib.util.spec_from_file_location("infadapter_import", BENCH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.load_into_store(store, reference / "infadapter" / "capacity_result_Feb_21.csv")
+    module.load_into_store(store, path_of("infadapter"))
 
 
 def _row(**kw) -> Profile:
@@ -59,13 +60,13 @@ def test_simulator_picks_the_load_test_the_planner_sized_from():
     assert pick_profiles(rows)[("resnet34", "cpu:1", 1)] is rows[0]
 
 
-def test_readme_infadapter_plan_is_what_simulate_reproduces(store, reference):
+def test_readme_infadapter_plan_is_what_simulate_reproduces(store):
     """README: plan mix --model resnet --rate 75 --slo-ms 750 --percentile p99 --budget cpu=14.
 
     On main the plan predicted p99 704.5 ms and simulate answered 11.5 req/s served,
     overloaded: the planner sized from the load-tested capacity, the simulator from the p99
     latency taken as a service time."""
-    _load_infadapter(store, reference)
+    _load_infadapter(store)
     req = {"model": "resnet", "rate_rps": 75, "slo_ms": 750, "percentile": "p99",
            "budgets": {"cpu": 14}}  # fmt: skip
     variants = store.variants("resnet")

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from greenctl.data.bundled import path_of
 from greenctl.data.errors import FileFormatError, InputError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
@@ -307,8 +308,8 @@ def test_read_trace_files(tmp_path):
         read_trace(tmp_path / "missing.txt")
 
 
-def test_twitter_trace_replay(reference):
-    series = read_trace(reference / "twitter" / "requests_per_second.txt.gz")
+def test_twitter_trace_replay():
+    series = read_trace(path_of("twitter"))
     assert series.size == 1_899_061
     assert series.mean() == pytest.approx(63.6, abs=0.1)
     arrivals = trace_arrivals(series[:600], seed=1)
