@@ -9,7 +9,13 @@ from typing import Annotated
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, console, input_path, print_json, store_for
 from greenctl.cli.profile import profile_app
-from greenctl.data.profile_io import export_profiles, import_parsed, profile_rows, read_profiles
+from greenctl.data.profile_io import (
+    export_profiles,
+    file_format,
+    import_parsed,
+    profile_rows,
+    read_profiles,
+)
 
 
 def profile_import(
@@ -61,7 +67,10 @@ def profile_import(
 
 
 def profile_export(
-    fmt: Annotated[str, typer.Option("--format", help="csv or json.")] = "csv",
+    fmt: Annotated[
+        str | None,
+        typer.Option("--format", help="csv or json (default: json for -o FILE.json, else csv)."),
+    ] = None,
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="Write to FILE instead of stdout.")
     ] = None,
@@ -79,7 +88,8 @@ def profile_export(
         if variant is not None:
             store.get_variant(variant)
         text = export_profiles(
-            profile_rows(store, family=model, variant=variant, history=history), fmt=fmt
+            profile_rows(store, family=model, variant=variant, history=history),
+            fmt=fmt or file_format(output),
         )
     if output is None:
         sys.stdout.write(text)

@@ -412,11 +412,7 @@ def _read_rows(path: Path, fmt: str) -> list[tuple[int, dict[str, Any]]]:
             hint="save the file as UTF-8 CSV or JSON",
         ) from None
     if fmt == "auto":
-        fmt = (
-            "json"
-            if path.suffix.lower() == ".json" or text.lstrip().startswith(("[", "{"))
-            else "csv"
-        )
+        fmt = "json" if text.lstrip().startswith(("[", "{")) else file_format(path)
     if fmt == "json":
         return _json_rows(p, text)
     return _csv_rows(p, text)
@@ -684,6 +680,12 @@ def profile_rows(
                 row[col] = getattr(p, col)
         out.append({col: row[col] for col in EXPORT_COLUMNS})
     return out
+
+
+def file_format(path: str | Path | None) -> str:
+    """The profile format a file's name stands for: json for ``*.json``, else csv (what
+    ``profile export -o FILE`` writes and ``profile import FILE`` reads by default)."""
+    return "json" if path is not None and Path(path).suffix.lower() == ".json" else "csv"
 
 
 def export_profiles(rows: Iterable[dict[str, Any]], *, fmt: str = "csv") -> str:

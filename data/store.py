@@ -216,7 +216,9 @@ class Store:
         return sorted(rows, key=_point_order)  # stable: best first within a point
 
     def has_profile(self, profile: Profile, *, same_time: bool) -> bool:
-        """Whether the store holds ``profile`` already: every field equal but ``id``.
+        """Whether the store holds ``profile`` already: every field equal but ``id`` and
+        ``hardware_id`` (a pointer to this store's own hardware row, which an exported file
+        does not carry: the machine is known by its ``hardware`` label, which is compared).
 
         With ``same_time`` False, ``created_at`` is not compared and only the latest row of
         the profile's point and source rank counts (re-importing figures that carry no time
@@ -226,6 +228,7 @@ class Store:
         """
         row = record_to_row(profile)
         row.pop("id", None)
+        row.pop("hardware_id", None)
         if same_time:
             where = " and ".join(f"[{k}] is ?" for k in row)
             return bool(self.db.table("profiles").count_where(where, list(row.values())))

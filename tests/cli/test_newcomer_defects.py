@@ -6,6 +6,8 @@ carbon and cost plan mix predicted."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,15 +84,23 @@ def test_a_budget_no_profile_uses_is_refused_before_building_service_models(
     def built(*args, **kwargs):
         raise AssertionError("a service model was built for a request refused anyway")
 
-    for module, name in (
-        (queueing, "dynamic_batch"),
-        (queueing, "capacity_at_slo"),
-        (queueing, "batch_capacity_at_slo"),
-        (service, "service_time"),
-        (service, "batch_service"),
-        (solve, "_make_option"),
-    ):
-        monkeypatch.setattr(module, name, built)
+    # the planning modules, imported before patching (some bind the builders at their top)
+    for name in ("executor.kinds", "executor.serving", "planner.core.evaluate"):
+        importlib.import_module(f"greenctl.{name}")
+
+    builders = [
+        queueing.dynamic_batch,
+        queueing.capacity_at_slo,
+        queueing.batch_capacity_at_slo,
+        service.service_time,
+        service.batch_service,
+        solve._make_option,
+    ]
+    # every name a builder is bound to (a module that imported it at its top too)
+    for module in [m for name, m in sys.modules.items() if name.startswith("greenctl.")]:
+        for attr, value in list(vars(module).items()):
+            if any(value is b for b in builders):
+                monkeypatch.setattr(module, attr, built)
     r = cli(
         "plan", "mix", "--model", "resnet", "--rate", "75", "--slo-ms", "750", "--budget", "cpu=14"
     )
@@ -121,3 +131,43 @@ def test_replan_takes_the_only_region_as_plan_mix_does(cli, store, tiny_profiles
     carbon_io.import_bundled(store, "clover-ciso-sep", region="other")
     r = cli("replan", "--plan", pid)
     assert r.exit_code == 2 and "no carbon region" in r.stderr
+
+
+# -- an export re-imported into its store adds nothing -----------------------------------------
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_reimporting_an_export_of_measured_profiles_stores_nothing_twice(
+    cli, store, tmp_path: Path, fmt
+):
+    """Measured rows point at this store's hardware row (``hardware_id``), which a file does
+    not carry: the same rows read back are the same measurements, not new ones."""
+    import json
+
+    from greenctl.data.records import Hardware, Profile, Variant
+
+    hw = store.add_hardware(Hardware(host="box", kind="cpu", model_name="AMD EPYC", cores=2))
+    store.upsert_variant(Variant("tiny-s", "tiny", accuracy=0.5))
+    store.add_profiles(
+        Profile(
+            "tiny-s",
+            "cpu:1",
+            batch,
+            1000.0 / (batch + 2),
+            latency_p50_ms=0.1 * batch,
+            hardware="AMD EPYC",
+            hardware_id=hw,
+            power_w=7.98,
+            energy_j=0.00145,
+            energy_method="modeled",
+            samples=100,
+        )
+        for batch in (1, 2, 4)
+    )
+    out = tmp_path / f"profiles.{fmt}"
+    assert cli("profile", "export", "-o", out).exit_code == 0
+    if fmt == "json":  # the format follows the file's name, as import reads it
+        assert len(json.loads(out.read_text())) == 3
+    r = cli("profile", "import", out, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert (doc["profiles"], doc["already_present"]) == (0, 3)
+    assert store.profile_count() == 3
