@@ -25,3 +25,7 @@ demo:
 # benchmarks: each prints figures and ratios against a baseline measured in the same run
 bench:
     for f in bench/bench_*.py; do echo "== $f"; python "$f" || exit 1; done
+
+# build the documentation site strictly (a broken link fails) into site/; `mkdocs serve` to browse
+docs:
+    mkdocs build --strict
