@@ -75,9 +75,17 @@ def simulate_cmd(
     ] = None,
     carbon_intensity: Annotated[
         float | None,
-        typer.Option("--carbon-intensity", help="Grid carbon intensity in g CO2 per kWh."),
+        typer.Option(
+            "--carbon-intensity",
+            help="Grid carbon intensity in g CO2 per kWh (default: the plan's).",
+        ),
     ] = None,
-    pue: Annotated[float, typer.Option("--pue", help="Power usage effectiveness (>= 1).")] = 1.0,
+    pue: Annotated[
+        float | None,
+        typer.Option(
+            "--pue", help="Power usage effectiveness (>= 1; default: the plan's, else 1)."
+        ),
+    ] = None,
     wue: Annotated[
         float | None, typer.Option("--wue", help="Direct (on-site) water use, L per kWh.")
     ] = None,
@@ -106,6 +114,7 @@ def simulate_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Predict a plan's latency, accuracy, energy, carbon, water and cost under a load."""
+    from greenctl.cli.plan import carbon_caption
     from greenctl.data.errors import InputError
     from greenctl.data.plan import load_plan_file
     from greenctl.data.traces import read_rps_trace
@@ -159,6 +168,14 @@ def simulate_cmd(
         caption += f"; SLO {slo_ms:g} ms"
     elif "slo_violation_frac" in result:
         caption += "; each model's own SLO"
+    if result.get("carbon_g_per_request") is not None:
+        caption += (
+            f"; carbon at {carbon_intensity:g} gCO2/kWh (--carbon-intensity)"
+            if carbon_intensity is not None
+            else f"; the plan's {carbon_caption(plan)}"
+        )
+    if result.get("cost_priced") is False:
+        caption += "; cost: resource amount per hour where a profile has no cost_per_hour"
     rows = [[label, _cell(result[key]), unit] for key, label, unit in _ROWS if key in result]
     render_table(
         f"greenctl simulate {plan_file.name}", ["metric", "value", "unit"], rows, caption=caption

@@ -264,6 +264,15 @@ def kind_of(label: str) -> ResourceKind:
     return resource_kind(str(label).split(":", 1)[0].strip())
 
 
+def hourly_cost(label: str, cost_per_hour: float | None) -> tuple[float, bool]:
+    """What one instance on ``label`` costs per hour, and whether that is a price: its
+    profile's ``cost_per_hour``, else its budget amount (cores, percent, slices or units) per
+    hour standing in for one. The planners and the evaluation core price by this one rule."""
+    if cost_per_hour is not None:
+        return float(cost_per_hour), True
+    return kind_of(label).budget_amount(str(label).split(":", 1)[-1].strip()), False
+
+
 @dataclass(frozen=True, order=True)
 class Resource:
     """A parsed resource label."""

@@ -57,7 +57,10 @@ def predict_serving(
     in are known by their catalog record), under ``policy`` (default: the kind's,
     :meth:`PlanKind.dispatch_policy`), and the serving paths ``greenctl profile serving``
     measured for its models (:func:`~greenctl.executor.serving.serving_overheads`, at the
-    plan's rates scaled to the load evaluated), as ``plan mix`` predicted with them."""
+    plan's rates scaled to the load evaluated), as ``plan mix`` predicted with them. Without
+    ``carbon_g_per_kwh`` or ``pue``, those the plan was made with
+    (:func:`~greenctl.data.emissions.plan_carbon`), so carbon comes out as the plan predicted it."""
+    from greenctl.data.emissions import plan_carbon
     from greenctl.executor.serving import serving_overheads
     from greenctl.planner.core.evaluate import LATENCY_MODEL_ONLY, LATENCY_WITH_PATH
     from greenctl.planner.core.simulator import evaluate_plan
@@ -70,6 +73,11 @@ def predict_serving(
     if total is not None and planned > 0:
         rates = {m: r * total / planned for m, r in rates.items()}
     serving = serving_overheads(store, rates) or None
+    intensity, pue = plan_carbon(plan)
+    if options.get("carbon_g_per_kwh") is None:
+        options["carbon_g_per_kwh"] = intensity
+    if options.get("pue") is None:
+        options["pue"] = pue
     out = evaluate_plan(plan, profiles, variants, policy=pol, serving=serving, **options)
     out["latency_includes"] = LATENCY_WITH_PATH if serving else LATENCY_MODEL_ONLY
     return out

@@ -47,7 +47,7 @@ from greenctl.data.carbon_io import carbon_option
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
-from greenctl.data.resources import kind_of
+from greenctl.data.resources import hourly_cost, kind_of
 from greenctl.planner.core.latency import BatchService, ServiceTime
 from greenctl.planner.core.policy import check_policy_name
 from greenctl.planner.core.queueing import (
@@ -83,6 +83,7 @@ PREDICTED_KEYS = (
     "carbon_g_per_request",
     "water_l_per_request",
     "cost_per_hour",
+    "cost_priced",  # False: some instance's cost is its resource amount (no price profiled)
     "utilisation",
     "overloaded",
 )
@@ -773,8 +774,10 @@ def account(
         out["water_l_per_request"] = kwh * (pue * (ewif_l_per_kwh or 0.0) + (wue_l_per_kwh or 0.0))
     else:
         out["water_l_per_request"] = None
-    costs = [i.profile.cost_per_hour for i in instances if i.profile.cost_per_hour is not None]
-    out["cost_per_hour"] = float(sum(costs)) if costs else None
+    # priced as the planners price: a profile without cost_per_hour costs its resource amount
+    costs = [hourly_cost(i.resource, i.profile.cost_per_hour) for i in instances]
+    out["cost_per_hour"] = float(sum(c for c, _ in costs))
+    out["cost_priced"] = all(priced for _, priced in costs)
     out["utilisation"] = (
         float(sum(min(max(u, 0.0), 1.0) for u in busy_frac) / len(instances)) if instances else 0.0
     )

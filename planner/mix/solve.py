@@ -43,7 +43,7 @@ from greenctl.data.carbon_io import carbon_option
 from greenctl.data.errors import InfeasiblePlan, InputError, NotFoundError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Profile, Variant
-from greenctl.data.resources import KNOWN_KINDS, Resource, kind_of, parse_resource
+from greenctl.data.resources import KNOWN_KINDS, Resource, hourly_cost, kind_of, parse_resource
 from greenctl.data.spec_io import MIX_FAMILY_FIELDS, MIX_REQUEST_FIELDS
 from greenctl.planner.core import solvers
 from greenctl.planner.mix import decomp as mix_decomp
@@ -724,10 +724,9 @@ def _make_option(
     row = load_test_row(rows, slo_ms)  # the rule the simulator picks with, too
     plain = [p for p in rows if p.capacity_slo_ms is None] or rows
     base = max(plain, key=lambda p: (p.created_at or "", p.id or 0))
-    cost = next((float(p.cost_per_hour) for p in rows if p.cost_per_hour is not None), -1.0)
-    priced = cost >= 0
-    if not priced:  # no price in the profile: the resource amount per hour stands in
-        cost = _resource_units(res)
+    cost, priced = hourly_cost(
+        res.label, next((p.cost_per_hour for p in rows if p.cost_per_hour is not None), None)
+    )
     energy = next((e for e in (_energy(p) for p in rows) if e is not None), None)
     if row is not None:
         cap = float(row.capacity_rps or 0.0)

@@ -59,7 +59,7 @@ def test_profile_tables_put_each_value_under_its_header(cli, tmp_path: Path, wid
 def tiny_profiles(cli, tmp_path: Path) -> None:
     """A profiled family 'tiny' (imported: the planner needs no measuring here)."""
     path = tmp_path / "tiny.csv"
-    path.write_text(f"{HEADER},accuracy\ntiny-s,tiny,cpu:1,1,200,4,0.5\n")
+    path.write_text(f"{HEADER},accuracy,power_w\ntiny-s,tiny,cpu:1,1,200,4,0.5,10\n")
     assert cli("profile", "import", path).exit_code == 0
 
 
@@ -171,3 +171,41 @@ def test_reimporting_an_export_of_measured_profiles_stores_nothing_twice(
     doc = json.loads(r.stdout)
     assert (doc["profiles"], doc["already_present"]) == (0, 3)
     assert store.profile_count() == 3
+
+
+# -- simulate evaluates a plan at the carbon intensity and prices plan mix used -----------------
+@pytest.mark.parametrize("method", [(), ("--analytic",)])
+def test_simulate_shows_the_carbon_and_cost_plan_mix_predicted(
+    cli, tiny_profiles, tmp_path: Path, wide, method
+):
+    import json
+
+    out = tmp_path / "plan.json"
+    r = cli(
+        "plan", "mix", "--model", "tiny", "--rate", "50", "--slo-ms", "100",
+        "--carbon-intensity", "300", "-o", out, "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    predicted = json.loads(r.stdout)["predicted"]
+    assert predicted["carbon_g_per_request"] > 0 and predicted["cost_per_hour"] > 0
+    r = cli("simulate", out, *method, "--requests", "5000", "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert got["carbon_g_per_request"] == pytest.approx(predicted["carbon_g_per_request"], rel=0.1)
+    assert got["cost_per_hour"] == pytest.approx(predicted["cost_per_hour"])
+    assert got["cost_priced"] is False  # the profile has no price: its cores per hour stand in
+    # the table says which intensity and what the cost counts
+    r = cli("simulate", out, *method, "--requests", "5000")
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in r.output.splitlines()
+        if line.startswith("│")
+    }
+    assert rows["carbon per request"] != "-" and rows["cost"] != "-"
+    text = " ".join(r.output.split())  # the caption wraps at the table's width
+    assert "the plan's carbon intensity 300 gCO2/kWh (--carbon-intensity)" in text
+    assert "cost: resource amount per hour" in text
+    # an intensity given to simulate wins
+    r = cli("simulate", out, *method, "--requests", "5000", "--carbon-intensity", "600", "--json")
+    doubled = json.loads(r.stdout)["carbon_g_per_request"]
+    assert doubled == pytest.approx(2 * got["carbon_g_per_request"], rel=1e-9)

@@ -214,7 +214,9 @@ def test_unknown_accuracy_or_power_is_none_not_zero():
     profiles = {("x", "cpu:1", 1): _profile("x", "cpu:1")}
     out = predict([Deployment("m", "x", "cpu:1")], profiles, {"x": Variant("x", "m")}, rate_rps=5.0)
     assert out["accuracy"] is None and out["power_w"] is None
-    assert out["energy_j_per_request"] is None and out["cost_per_hour"] is None
+    assert out["energy_j_per_request"] is None
+    # no price: the resource amount per hour stands in, as the planners price it, marked so
+    assert out["cost_per_hour"] == 1.0 and out["cost_priced"] is False
 
 
 @settings(max_examples=30, deadline=None)
