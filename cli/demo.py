@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from greenctl.cli.common import JsonOpt, console, print_json, render_table, say
@@ -27,9 +27,9 @@ def demo_cmd(
         str | None,
         typer.Option(
             "--model",
-            help="Scenario: tiny (the default: tiny-s/m/l, 40 req/s at p95 <= 100 ms; idle power "
-            "dominates, nothing to save) or resnet (ResNet-18/34/50, 5 req/s at p95 <= 1 s, "
-            "where the plan follows the grid; slower).",
+            help="Scenario: resnet (the default: ResNet-18/34/50, 3 req/s at p95 <= 1 s; the "
+            "plan follows the grid) or tiny (tiny-s/m/l, 40 req/s at p95 <= 100 ms; faster, "
+            "idle-bound: nothing to save).",
         ),
     ] = None,
     rate: Annotated[
@@ -66,42 +66,67 @@ def demo_cmd(
     if json_out:
         print_json(summary)
         return
+    _render(summary, out=out, db=db)
+
+
+def _render(summary: dict[str, Any], *, out: str, db: str | None) -> None:
+    """The demo's story in lines that fit 80 columns: what was planned and applied, how the
+    plan followed the grid, what the dispatcher measured, the saving against the
+    carbon-unaware plan, and what to try next."""
+    console.print()
+    slo = summary.get("slo_ms")
+    say(
+        f"plan {summary['plan_id']} ({summary.get('plan_deployments', '-')}) applied for "
+        f"{_num(summary.get('rate_rps'))} req/s at p95 <= {_num(slo)} ms",
+        highlight=False,
+    )
     acts = [d["action"] for d in summary["decisions"]]
-    console.print(
-        f"\nplan {summary['plan_id']} applied; {len(acts)} replanning rounds: "
+    hours, step = summary.get("hours"), summary.get("step_h")
+    every = f"every {_num(step)} h " if step else ""
+    period = f" over {_num(hours)} h of {summary.get('region', '-')}" if hours else ""
+    say(
+        f"replanned {every}{period.strip()}: "
         + ", ".join(f"{a} x{acts.count(a)}" for a in dict.fromkeys(acts)),
         highlight=False,
     )
-    v = summary.get("verify") or {}
-    if v:
-        console.print(
-            f"verification through the dispatcher: predicted p95 {_ms(v.get('predicted_p95_ms'))} ms "
-            "(modeled: profile + measured serving path), "
-            f"measured p95 {_ms(v.get('measured_p95_ms'))} ms at {_ms(v.get('measured_rate_rps'))} "
-            "req/s",
+    for c in summary.get("changes") or []:
+        say(
+            f"  {c['at'][11:16]} at {c['signal_g_per_kwh']:.0f} g/kWh: plan {c['plan_id']} "
+            f"({c['deployments']})",
             highlight=False,
         )
-    for later in summary.get("verified_later") or []:
-        console.print(
-            f"plan {later['plan_id']} ({later['deployments']}), which the replay applied: "
-            f"predicted p95 {_ms(later.get('predicted_p95_ms'))} ms, measured p95 "
-            f"{_ms(later.get('measured_p95_ms'))} ms at {_ms(later.get('measured_rate_rps'))} req/s",
+    measured = [summary.get("verify") or {}, *(summary.get("verified_later") or [])]
+    measured = [m for m in measured if m]
+    if measured:
+        say(f"measured through the dispatcher (SLO p95 <= {_num(slo)} ms):", highlight=False)
+    for m in measured:
+        p95 = m.get("measured_p95_ms")
+        met = isinstance(p95, int | float) and isinstance(slo, int | float) and p95 <= slo
+        say(
+            f"  plan {m.get('plan_id', summary['plan_id'])} {m.get('deployments', '')}: "
+            f"p95 {_ms(p95)} ms at {_ms(m.get('measured_rate_rps'))} req/s "
+            f"(predicted {_ms(m.get('predicted_p95_ms'))}): ",
+            ("SLO met", "green") if met else ("SLO missed", "red"),
             highlight=False,
         )
     s = summary["savings"]
     render_table(
-        f"Against the carbon-unaware most-accurate plan {summary['baseline_id']} "
-        f"({s['period']['hours']:.0f} h of {s['region']})",
+        f"Against the carbon-unaware plan {summary['baseline_id']} "
+        f"({summary.get('baseline_deployments', 'most accurate')}), "
+        f"{s['period']['hours']:.0f} h of {s['region']}",
         ["metric", "greenctl", "baseline", "saved", "saved %"],
-        summary["savings_table"],
-        caption="modeled from profiles (CPU energy is modeled) and the carbon trace",
+        # the measured runs are the lines above; the rest is modeled
+        [r for r in summary["savings_table"] if not str(r[0]).startswith("verified runs")],
+        caption="modeled: profiles (CPU energy from a power model), plans, carbon trace",
     )
+    _verdict(summary, measured)
     alt = summary.get("lowest_carbon") or {}
     less = alt.get("carbon_per_request_less_pct")
-    if alt and not alt.get("same_as_plan") and isinstance(less, int | float):
-        console.print(
-            f"the lowest-carbon plan for the same rate and SLO, {alt['deployments']}, would emit "
-            f"{less:.1f} % less carbon per request at accuracy {_acc(alt.get('accuracy'))} "
+    used = summary.get("deployments_used") or [alt.get("plan_deployments")]
+    if alt and alt.get("deployments") not in used and isinstance(less, int | float):
+        say(
+            f"not used: {alt['deployments']}, the lowest-carbon plan for this rate and SLO, "
+            f"emits {less:.1f}% less carbon per request at accuracy {_acc(alt.get('accuracy'))} "
             f"(greenctl's {alt['plan_deployments']}: {_acc(alt.get('plan_accuracy'))}); "
             f"modeled, not applied: the {alt.get('plan_objective')} objective "
             f"(gamma {alt.get('plan_gamma')}) chose greenctl's plan over it",
@@ -112,14 +137,63 @@ def demo_cmd(
         f"stopped {summary['stopped']} processes",
         highlight=False,
     )
+    _next(summary, out=out, db=db)
+
+
+def _verdict(summary: dict[str, Any], measured: list[dict[str, Any]]) -> None:
+    """One line: the carbon saved (modeled), at what accuracy, and whether the SLO held."""
+    s = summary["savings"]
+    pct = (s.get("savings_pct") or {}).get("carbon_kg")
+    kg = (s.get("savings") or {}).get("carbon_kg")
+    slo = summary.get("slo_ms")
+    runs = [m.get("measured_p95_ms") for m in measured]
+    ok = sum(
+        1 for p in runs if isinstance(p, int | float) and isinstance(slo, int | float) and p <= slo
+    )
+    met = f"SLO met in {ok}/{len(runs)} measured runs" if runs else "SLO not measured"
+    if not isinstance(pct, int | float) or not isinstance(kg, int | float):
+        say(f"carbon saved: - ; {met}", highlight=False)
+        return
+    say(
+        (f"greenctl saved {pct:.1f}% of the carbon", "bold green" if pct > 0 else "bold"),
+        f" ({kg * 1000:.1f} g CO2, modeled) against the carbon-unaware plan at the same SLO, "
+        f"at accuracy {_acc(s['greenctl'].get('accuracy'), 3)} against "
+        f"{_acc(s['baseline'].get('accuracy'), 3)}; {met}",
+        highlight=False,
+    )
+
+
+def _next(summary: dict[str, Any], *, out: str, db: str | None) -> None:
+    """Commands to paste next, each line within 80 columns."""
+    store = db or f"{out.rstrip('/')}/greenctl-demo.db"
+    other = "tiny" if summary.get("scenario") != "tiny" else "resnet"
+    why = {
+        "tiny": "idle-bound: nothing to save, and why",
+        "resnet": "ResNet-18/34/50: the plan follows the grid",
+    }[other]
+    console.print()
+    say("next:", highlight=False)
+    for line in (
+        f"  greenctl report savings --plan {summary['plan_id']} "
+        f"--baseline {summary['baseline_id']} --region {summary.get('region', 'CISO')} \\",
+        f"      --db {store}",
+        f"  greenctl demo --model {other}   # {why}",
+        "  the README's tour: profile, plan, simulate, apply, loadgen, replan, ...",
+        "  docs/demo.md: what the demo does; docs/index.md: every command",
+    ):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _num(v: object) -> str:
+    return "-" if not isinstance(v, int | float) else f"{v:g}"
 
 
 def _ms(v: object) -> str:
     return "-" if not isinstance(v, int | float) else f"{v:.1f}"
 
 
-def _acc(v: object) -> str:
-    return "-" if not isinstance(v, int | float) else f"{v:.2f}"
+def _acc(v: object, digits: int = 2) -> str:
+    return "-" if not isinstance(v, int | float) else f"{v:.{digits}f}"
 
 
 def _short(msg: str, n: int = 60) -> str:

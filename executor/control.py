@@ -1148,33 +1148,38 @@ def cron_remove(*, name: str = "replan", crontab_file: str | None = None) -> int
 DEMO_REGION = "CISO"
 DEMO_TRACE = "clover-ciso-march"
 #: The demo's scenarios (``greenctl demo --model``): the variants profiled on one CPU core,
-#: the load and SLO planned for, and how much each measurement takes (quick, full).
+#: the load and SLO planned for, and per mode (quick, full) how much each measurement takes,
+#: whose serving path is measured and how long each applied plan is loaded.
 DEMO_SCENARIOS: dict[str, dict[str, Any]] = {
     # An image classification API on CPU cores: ResNet-18/34/50 (random weights carrying the
-    # published ImageNet top-1 accuracy, as the catalog says), 5 req/s at p95 <= 1 s. On the
-    # 2-core development VM, quiet, one core of ResNet-50 carries the load more than half busy
-    # (a served image takes longer than the profile's 120-130 ms), so ResNet-18 saves about
-    # 30 % of the energy per request for 0.064 of accuracy: the balanced objective takes that
-    # trade from about 180 g/kWh and declines it below, so the plan follows the grid. Where
-    # the machine is busier or slower, the most accurate plan needs a second core of ResNet-50
-    # and the saving is larger. (At 3 req/s the busy share, and so the saving, is smaller; the
-    # tiny family is idle-bound, below.) Images are 3x224x224 tensors, so the loads stay low
-    # enough for a 2-core machine to drive and measure them beside the executors.
+    # published ImageNet top-1 accuracy, as the catalog says), 3 req/s at p95 <= 1 s. A served
+    # image keeps a core busy for 50-250 ms, so busy power is a large share of the energy and
+    # a smaller variant saves 20-40 % of it per request: the balanced objective (gamma 0.5)
+    # takes ResNet-18 (0.064 less accurate) in the dirty hours, from about 200-250 g/kWh on
+    # the 2-core development VM, and the most accurate variant in the clean ones, so the plan
+    # follows the grid. 3 req/s keeps ResNet-50 on one core on a quiet machine and leaves a
+    # 2-core machine room to drive and measure the load beside the executors; where the
+    # machine is busy the profiles are slower, the most accurate plan may need a second core,
+    # and the saving is larger. Images are 3x224x224 tensors: the served path is the same for
+    # every variant, so ResNet-18's stands in for all (each applied plan is measured anyway).
     "resnet": {
         "variants": ("resnet18", "resnet34", "resnet50"),
-        "rate_rps": 5.0,
+        "rate_rps": 3.0,
         "slo_ms": 1000.0,
-        "profile": ({"requests": 16, "duration_s": None}, {"requests": 30, "duration_s": None}),
+        "profile": ({"requests": 16, "duration_s": None}, {"requests": 24, "duration_s": None}),
         "serving": (
-            {"duration_s": 3.0, "min_requests": 12},
-            {"duration_s": 6.0, "min_requests": 30},
+            {"duration_s": 3.0, "min_requests": 9},
+            {"duration_s": 5.0, "min_requests": 15},
         ),
-        # the serving path carries the same 3x224x224 input for every variant
-        "quick_serving": ("resnet18",),
+        "served": (("resnet18",), ("resnet18",)),
+        # seconds of verification load per applied plan: at 3 req/s, about 36 requests
+        "load_s": (3.0, 12.0),
     },
     # The tiny family (illustrative accuracies), 40 req/s at p95 <= 100 ms: one core of
-    # tiny-l carries the load mostly idle, so its idle power dominates, a smaller variant saves
-    # little and the balanced objective keeps the most accurate plan (0 % saved).
+    # tiny-l carries the load mostly idle, so its idle power (modeled 3 W a core) is about
+    # 80 % of the energy per request, the smallest variant saves about 16 % of it for 0.27 of
+    # accuracy, and no plan uses fewer than one core: the balanced objective keeps the most
+    # accurate plan at every intensity (0 % saved, printed with the trade it declined).
     "tiny": {
         "variants": ("tiny-s", "tiny-m", "tiny-l"),
         "rate_rps": 40.0,
@@ -1186,14 +1191,16 @@ DEMO_SCENARIOS: dict[str, dict[str, Any]] = {
         ),
         # how much slower a served run is than the profile's differs by variant (tiny-l about
         # 1.8x, tiny-s 3x on the development VM); quick: tiny-l stands for all
-        "quick_serving": ("tiny-l",),
+        "served": (("tiny-l",), ("tiny-s", "tiny-m", "tiny-l")),
+        "load_s": (3.0, 8.0),
     },
 }
-#: ``greenctl demo``'s scenario: ``tiny`` (fast, and its p95 predicted close to the
-#: measurement; 0 % saved, which the demo explains beside the lowest-carbon plan); ``resnet``
-#: shows the plan following the grid, with savings and p95 predictions that vary from run
-#: to run on a small shared machine (README)
-DEMO_MODEL = "tiny"
+#: ``greenctl demo``'s scenario: ``resnet``, where carbon awareness pays (the plan follows
+#: the grid); ``tiny`` is faster but idle-bound, and shows why a plan can save nothing
+DEMO_MODEL = "resnet"
+#: The demo's simulated period and its replanning step, hours (full, quick)
+DEMO_HOURS = (24.0, 12.0)
+DEMO_STEP_H = (2.0, 3.0)
 DemoProgress = Callable[[str, float], None]
 
 
@@ -1217,8 +1224,10 @@ def run_demo(
     the bundled CAISO carbon trace (Clover's), plan a mix for ``rate_rps`` at ``slo_ms`` (the
     scenario's by default; balanced objective with a strong carbon weight, a carbon-unaware
     most-accurate baseline and the lowest-carbon plan beside it), apply it and drive a short
-    verification load through the dispatcher, replan (and apply) as the trace's carbon
-    intensity moves over simulated hours, write the report files and charts to ``out_dir``,
+    verification load through the dispatcher, replan (and apply) every ``step_h`` as the
+    trace's carbon intensity moves over :data:`DEMO_HOURS` simulated hours (the last round's
+    plan serves to the period's end, which the savings cover), load each configuration the
+    loop applied once (not with ``quick``), write the report files and charts to ``out_dir``,
     and stop everything (also on failure).
 
     Args:
@@ -1229,7 +1238,8 @@ def run_demo(
         progress: ``callback(message, fraction_done)``.
 
     Returns:
-        A summary: paths written, plan ids, decisions, savings.
+        A summary: paths written, the scenario, plan ids and deployments, decisions and the
+        changes they applied, what was measured, savings (``savings.json``).
 
     Raises:
         InputError: an unknown scenario.
@@ -1237,6 +1247,7 @@ def run_demo(
     import os
 
     from greenctl.data import carbon, carbon_io
+    from greenctl.data.reports import deployments_label
     from greenctl.data.store import open_store
     from greenctl.executor.apply import apply_plan, down
     from greenctl.executor.kinds import get_kind
@@ -1259,10 +1270,19 @@ def run_demo(
             p = Path(str(db_path) + suffix)
             if p.exists():
                 os.unlink(p)
-    hours = 12.0 if quick else 24.0
-    step_h = 3.0 if quick else 2.0
-    load_s = 3.0 if quick else 8.0
-    summary: dict[str, Any] = {"out_dir": str(out.resolve()), "db": str(db_path.resolve())}
+    hours = DEMO_HOURS[1 if quick else 0]
+    step_h = DEMO_STEP_H[1 if quick else 0]
+    load_s = float(scenario["load_s"][0 if quick else 1])
+    summary: dict[str, Any] = {
+        "out_dir": str(out.resolve()),
+        "db": str(db_path.resolve()),
+        "scenario": model,
+        "rate_rps": rate_rps,
+        "slo_ms": slo_ms,
+        "hours": hours,
+        "step_h": step_h,
+        "region": DEMO_REGION,
+    }
     store = open_store(db_path)
     try:
         names = ", ".join(scenario["variants"])
@@ -1279,8 +1299,8 @@ def run_demo(
         from greenctl.executor.serving import save_serving
         from greenctl.executor.serving_measure import measure_serving
 
-        # each variant its own (quick: the scenario's stand-in for all)
-        served = scenario["quick_serving"] if quick else scenario["variants"]
+        # the variants whose own path is measured (the others borrow their family's)
+        served = scenario["served"][1 if quick else 0]
         for k, name in enumerate(served):
             progress(
                 f"measuring the serving path of {name} (client, dispatcher, executor hops)",
@@ -1317,6 +1337,9 @@ def run_demo(
         base.extra["carbon_region"] = DEMO_REGION
         base_id = store.save_plan(base, source="demo-baseline")
         summary.update(plan_id=plan_id, baseline_id=base_id)
+        summary["plan_deployments"] = deployments_label(plan)
+        summary["baseline_deployments"] = deployments_label(base)
+        summary["baseline_predicted_p95_ms"] = base.predicted.get("p95_ms")
         # What carbon awareness could trade here: the lowest-carbon plan for the same rate,
         # SLO and budgets (planned, neither saved nor applied), beside greenctl's, so a run
         # where the balanced objective keeps the most accurate plan says what it declined.
@@ -1328,6 +1351,8 @@ def run_demo(
         if applied.verify:
             measured = applied.verify.get("measured") or {}
             summary["verify"] = {
+                "plan_id": plan_id,
+                "deployments": deployments_label(plan),
                 "predicted_p95_ms": plan.predicted.get("p95_ms"),
                 "measured_p95_ms": measured.get("p95_ms"),
                 "measured_rate_rps": measured.get("rate_rps"),
@@ -1347,13 +1372,14 @@ def run_demo(
                         )
                     ],
                 )
-        progress(f"replanning over {hours:g} h of the carbon trace", 0.5)
+        progress(f"replanning every {step_h:g} h over {hours:g} h of the carbon trace", 0.5)
+        # rounds at start, start + step_h, ..., the last one's plan serving to start + hours
         decisions_out = simulate_replans(
             store,
             plan=str(plan_id),
             region=DEMO_REGION,
             start=start,
-            hours=hours,
+            hours=hours - step_h,
             step_h=step_h,
             apply=True,
             min_dwell_s=REPLAN_MIN_DWELL_S,
@@ -1368,12 +1394,21 @@ def run_demo(
             {k: d[k] for k in ("at", "signal_g_per_kwh", "action", "new_plan_id", "reason")}
             for d in decisions_out
         ]
+        # what served when: the plan, then each configuration a round applied
+        summary["changes"] = [
+            {
+                "at": d["at"],
+                "signal_g_per_kwh": d["signal_g_per_kwh"],
+                "plan_id": int(d["new_plan_id"]),
+                "deployments": deployments_label(store.get_plan(int(d["new_plan_id"]))),
+            }
+            for d in decisions_out
+            if d["action"] == "apply" and d.get("applied") and d.get("new_plan_id")
+        ]
         if not quick:
             # Measure each configuration the loop applied once, not only the first: the
             # carbon-aware plans of the dirty hours serve real load too (each is applied for
             # its measurement; the replay's timeline, from its decisions, stays as it was).
-            from greenctl.data.reports import deployments_label as reports_label
-
             seen = [plan]
             for d in decisions_out:
                 if d["action"] != "apply" or not d.get("applied") or not d.get("new_plan_id"):
@@ -1388,7 +1423,7 @@ def run_demo(
                 summary.setdefault("verified_later", []).append(
                     {
                         "plan_id": int(d["new_plan_id"]),
-                        "deployments": reports_label(other),
+                        "deployments": deployments_label(other),
                         "predicted_p95_ms": other.predicted.get("p95_ms"),
                         "measured_p95_ms": m.get("p95_ms"),
                         "measured_rate_rps": m.get("rate_rps"),
@@ -1401,12 +1436,15 @@ def run_demo(
             plan_id=plan_id,
             baseline_id=base_id,
             region=DEMO_REGION,
-            end=_iso_after(start, hours + step_h),
+            end=_iso_after(start, hours),
         )
         from greenctl.data import reports
 
         summary["savings"] = json.loads((out / "savings.json").read_text())
         summary["savings_table"] = reports.savings_table(summary["savings"])
+        summary["deployments_used"] = sorted(
+            {deployments_label(store.get_plan(int(i))) for i in summary["savings"]["plans_used"]}
+        )
     finally:
         progress("stopping everything", 0.97)
         try:
