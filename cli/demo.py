@@ -95,18 +95,26 @@ def _render(summary: dict[str, Any], *, out: str, db: str | None) -> None:
             f"({c['deployments']})",
             highlight=False,
         )
+    signals = [d["signal_g_per_kwh"] for d in summary["decisions"] if "signal_g_per_kwh" in d]
+    if not summary.get("changes") and signals:
+        say(
+            f"  no change: plan {summary['plan_id']} scored best at every intensity "
+            f"({min(signals):.0f}-{max(signals):.0f} g/kWh)",
+            highlight=False,
+        )
     measured = [summary.get("verify") or {}, *(summary.get("verified_later") or [])]
     measured = [m for m in measured if m]
     if measured:
         say(f"measured through the dispatcher (SLO p95 <= {_num(slo)} ms):", highlight=False)
     for m in measured:
-        p95 = m.get("measured_p95_ms")
-        met = isinstance(p95, int | float) and isinstance(slo, int | float) and p95 <= slo
+        failed = int(m.get("failed") or 0)
         say(
             f"  plan {m.get('plan_id', summary['plan_id'])} {m.get('deployments', '')}: "
-            f"p95 {_ms(p95)} ms at {_ms(m.get('measured_rate_rps'))} req/s "
-            f"(predicted {_ms(m.get('predicted_p95_ms'))}): ",
-            ("SLO met", "green") if met else ("SLO missed", "red"),
+            f"p95 {_ms(m.get('measured_p95_ms'))} ms at {_ms(m.get('measured_rate_rps'))} "
+            f"req/s (predicted {_ms(m.get('predicted_p95_ms'))})"
+            + (f", {failed} unanswered" if failed else "")
+            + ": ",
+            ("SLO met", "green") if _met(m, slo) else ("SLO missed", "red"),
             highlight=False,
         )
     s = summary["savings"]
@@ -146,11 +154,8 @@ def _verdict(summary: dict[str, Any], measured: list[dict[str, Any]]) -> None:
     pct = (s.get("savings_pct") or {}).get("carbon_kg")
     kg = (s.get("savings") or {}).get("carbon_kg")
     slo = summary.get("slo_ms")
-    runs = [m.get("measured_p95_ms") for m in measured]
-    ok = sum(
-        1 for p in runs if isinstance(p, int | float) and isinstance(slo, int | float) and p <= slo
-    )
-    met = f"SLO met in {ok}/{len(runs)} measured runs" if runs else "SLO not measured"
+    ok = sum(1 for m in measured if _met(m, slo))
+    met = f"SLO met in {ok}/{len(measured)} measured runs" if measured else "SLO not measured"
     if not isinstance(pct, int | float) or not isinstance(kg, int | float):
         say(f"carbon saved: - ; {met}", highlight=False)
         return
@@ -182,6 +187,13 @@ def _next(summary: dict[str, Any], *, out: str, db: str | None) -> None:
         "  docs/demo.md: what the demo does; docs/index.md: every command",
     ):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _met(run: dict[str, Any], slo: object) -> bool:
+    """A measured run met the SLO: its p95 within it and every request answered."""
+    p95 = run.get("measured_p95_ms")
+    ok = isinstance(p95, int | float) and isinstance(slo, int | float) and p95 <= slo
+    return ok and not run.get("failed")
 
 
 def _num(v: object) -> str:
