@@ -14,7 +14,9 @@ It reports requests sent, answered, failed and retried, every kill with its reco
 most one retry), every process back, nothing left after ``down``. Exit 0 when met, 1 when not.
 
     python bench/chaos.py                   # 10 minutes
-    python bench/chaos.py --duration 120    # the suite's 2-minute version (tests/executor/test_chaos.py)
+    python bench/chaos.py --duration 120    # two minutes
+    python bench/chaos.py --duration 60 --rate 80 --kill-min 1.5 --kill-max 4.5 --settle 5
+                                            # the suite's minute (tests/executor/test_chaos.py)
     python bench/chaos.py --json            # one JSON document on stdout
 """
 

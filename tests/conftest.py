@@ -61,3 +61,14 @@ def gpulet(store):
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("GREENCTL_TEST", "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules holding a ``slow`` test run first, the rest in their usual order.
+
+    pytest-xdist (``--dist loadscope``, set in pyproject.toml) hands whole modules to its
+    workers in collection order: a minute-long module handed out last would run alone at the
+    end while the other workers idle. Started first, it overlaps the many short modules.
+    """
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)  # stable: order kept within each

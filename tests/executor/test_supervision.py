@@ -319,6 +319,7 @@ def test_the_only_instance_killed_under_load_loses_nothing(run_store, monkeypatc
     assert after["instances"][0]["restarts"] == 1
 
 
+@pytest.mark.slow
 def test_a_crash_loop_backs_off_never_gives_up_and_status_says_so(
     run_store, cli, monkeypatch, tmp_path
 ):
