@@ -178,10 +178,11 @@ def _next(summary: dict[str, Any], *, out: str, db: str | None) -> None:
     }[other]
     console.print()
     say("next:", highlight=False)
+    to = f"--to {summary['to']} " if summary.get("to") else ""
     for line in (
         f"  greenctl report savings --plan {summary['plan_id']} "
         f"--baseline {summary['baseline_id']} --region {summary.get('region', 'CISO')} \\",
-        f"      --db {store}",
+        f"      {to}--db {store}",
         f"  greenctl demo --model {other}   # {why}",
         "  the README's tour: profile, plan, simulate, apply, loadgen, replan, ...",
         "  docs/demo.md: what the demo does; docs/index.md: every command",

@@ -1432,13 +1432,15 @@ def run_demo(
                     }
                 )
         progress("writing the report and charts", 0.85)
+        # the savings' last signal time, which `report savings --to` takes to say the same
+        summary["to"] = _iso_after(start, hours)
         summary["files"] = write_demo_report(
             store,
             out,
             plan_id=plan_id,
             baseline_id=base_id,
             region=DEMO_REGION,
-            end=_iso_after(start, hours),
+            end=summary["to"],
         )
         from greenctl.data import reports
 

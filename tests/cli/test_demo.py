@@ -73,6 +73,13 @@ def test_demo_quick_writes_a_real_report_and_stops_everything(cli, tmp_path, mod
     assert s["baseline_id"] == summary["baseline_id"]
     assert s["period"]["hours"] == summary["hours"] == 12
     assert s["period"]["to"] == "2021-03-01T12:00:00Z"
+    # the command the demo suggests next says the same
+    again = cli(
+        "report", "savings", "--plan", summary["plan_id"], "--baseline", summary["baseline_id"],
+        "--region", "CISO", "--to", summary["to"], "--db", summary["db"], "--json",
+    )  # fmt: skip
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["savings"] == s["savings"]
     assert s["greenctl"]["carbon_kg"] > 0 and s["baseline"]["carbon_kg"] > 0
     # greenctl trades accuracy for carbon against the most accurate plan, never the reverse;
     # where the loop applied another plan (a dirtier hour), it saved carbon for accuracy
@@ -130,6 +137,7 @@ def _summary(tmp_path, **over) -> dict:
         "hours": 24.0,
         "step_h": 2.0,
         "region": "CISO",
+        "to": "2021-03-01T23:59:59Z",
         "plan_id": 1,
         "baseline_id": 2,
         "plan_deployments": "resnet50@cpu:1x1",
@@ -234,7 +242,7 @@ def test_demo_shows_the_saving_the_measured_slo_and_what_to_try_next(cli, tmp_pa
     tail = out[out.index("next:") :].splitlines()
     assert tail[1:3] == [
         "  greenctl report savings --plan 1 --baseline 2 --region CISO \\",
-        "      --db rep/greenctl-demo.db",
+        "      --to 2021-03-01T23:59:59Z --db rep/greenctl-demo.db",
     ]
     assert "  greenctl demo --model tiny   # idle-bound: nothing to save, and why" in tail
 
