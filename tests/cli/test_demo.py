@@ -293,15 +293,20 @@ def test_demo_prints_the_lowest_carbon_plan_it_declined(cli, tmp_path, monkeypat
     assert "lowest-carbon plan" not in text
 
 
-def test_demo_output_is_readable_at_80_columns(cli, tmp_path, monkeypatch):
+def test_demo_output_is_readable_at_80_columns(tmp_path, monkeypatch):
     """At 80 columns no line is longer, no number is cut from its percent sign and every row
     of the savings table stays one line, wherever names of any length put the line breaks."""
     import re
 
+    from greenctl.cli import common, demo
+
+    monkeypatch.setattr(common.console, "_width", 80)
     for n in range(1, 40):
         summary = _summary(tmp_path, changes=[], deployments_used=["resnet50@cpu:1x1"])
         summary["lowest_carbon"] = {**summary["lowest_carbon"], "deployments": "r" * n}
-        out = _run(cli, monkeypatch, tmp_path, summary)
+        with common.console.capture() as captured:
+            demo._render(summary, out="rep", db=None)
+        out = captured.get()
         lines = out.splitlines()
         assert all(len(line) <= 80 for line in lines), [ln for ln in lines if len(ln) > 80]
         assert not re.search(r"\d\s*\n\s*%", out), out
