@@ -125,7 +125,7 @@ def _render(summary: dict[str, Any], *, out: str, db: str | None) -> None:
         ["metric", "greenctl", "baseline", "saved", "saved %"],
         # the measured runs are the lines above; the rest is modeled
         [r for r in summary["savings_table"] if not str(r[0]).startswith("verified runs")],
-        caption="modeled: profiles (CPU energy from a power model), plans, carbon trace",
+        caption=f"modeled: {_energy_source(summary)}, plans, carbon trace",
     )
     _verdict(summary, measured)
     alt = summary.get("lowest_carbon") or {}
@@ -188,6 +188,16 @@ def _next(summary: dict[str, Any], *, out: str, db: str | None) -> None:
         "  docs/demo.md: what the demo does; docs/index.md: every command",
     ):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _energy_source(summary: dict[str, Any]) -> str:
+    """Where the table's energy comes from: the profiles' energy methods, in words."""
+    methods = summary.get("energy_methods") or ["modeled"]
+    if methods == ["modeled"]:
+        return "profiles (CPU energy from a power model)"
+    if "modeled" not in methods:
+        return f"profiles (energy measured: {', '.join(methods)})"
+    return f"profiles (energy {', '.join(methods)})"
 
 
 def _met(run: dict[str, Any], slo: object) -> bool:

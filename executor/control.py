@@ -1296,6 +1296,10 @@ def run_demo(
             **scenario["profile"][0 if quick else 1],
         )
         summary["profiles"] = store.profile_count()
+        # how the profiles' energy was had: rapl (measured) or modeled (no readable counter)
+        summary["energy_methods"] = sorted(
+            {p.energy_method for p in store.latest_profiles(family=model)}
+        )
         from greenctl.executor.serving import save_serving
         from greenctl.executor.serving_measure import measure_serving
 

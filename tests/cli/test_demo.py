@@ -34,6 +34,7 @@ def test_demo_quick_writes_a_real_report_and_stops_everything(cli, tmp_path, mod
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout)
     assert summary["scenario"] == family
+    assert summary["energy_methods"] and set(summary["energy_methods"]) <= {"rapl", "modeled"}
     assert summary["profiles"] >= 3  # three variants of the family measured on cpu:1
 
     # plans: the carbon-aware plan and the carbon-unaware baseline, with deployments
@@ -138,6 +139,7 @@ def _summary(tmp_path, **over) -> dict:
         "step_h": 2.0,
         "region": "CISO",
         "to": "2021-03-01T23:59:59Z",
+        "energy_methods": ["modeled"],
         "plan_id": 1,
         "baseline_id": 2,
         "plan_deployments": "resnet50@cpu:1x1",
@@ -233,6 +235,7 @@ def test_demo_shows_the_saving_the_measured_slo_and_what_to_try_next(cli, tmp_pa
     assert "plan 5 resnet18@cpu:1x1: p95 96.1 ms at 2.4 req/s (predicted 260.2): SLO met" in text
     assert "plan 1 resnet50@cpu:1x1: p95 448.2 ms" in text
     assert "Against the carbon-unaware plan 2 (resnet50@cpu:1x1), 24 h of CISO" in text
+    assert "modeled: profiles (CPU energy from a power model), plans, carbon trace" in text
     assert (
         "greenctl saved 13.4% of the carbon (4.0 g CO2, modeled) against the carbon-unaware "
         "plan at the same SLO, at accuracy 0.729 against 0.761; SLO met in 2/2 measured runs"
@@ -258,6 +261,11 @@ def test_demo_shows_the_saving_the_measured_slo_and_what_to_try_next(cli, tmp_pa
     text = " ".join(_run(cli, monkeypatch, tmp_path, lost).split())
     assert "(predicted 327.6), 3 unanswered: SLO missed" in text
     assert "SLO met in 1/2 measured runs" in text
+
+    # energy read from RAPL is not called modeled
+    rapl = _summary(tmp_path, energy_methods=["rapl"])
+    text = " ".join(_run(cli, monkeypatch, tmp_path, rapl).split())
+    assert "modeled: profiles (energy measured: rapl), plans, carbon trace" in text
 
 
 def test_demo_prints_the_lowest_carbon_plan_it_declined(cli, tmp_path, monkeypatch):
