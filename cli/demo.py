@@ -75,6 +75,8 @@ def _render(summary: dict[str, Any], *, out: str, db: str | None) -> None:
     carbon-unaware plan, and what to try next."""
     console.print()
     slo = summary.get("slo_ms")
+    if summary.get("rate_note"):
+        say(summary["rate_note"], highlight=False)
     say(
         f"plan {summary['plan_id']} ({summary.get('plan_deployments', '-')}) applied for "
         f"{_num(summary.get('rate_rps'))} req/s at p95 <= {_num(slo)} ms",

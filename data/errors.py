@@ -71,6 +71,8 @@ class InfeasiblePlan(GreenctlError):
     """The planning problem has no solution; the message names the binding constraint. Exit 3."""
 
     exit_code = 3
+    #: where the budgets bind: the largest share (< 1) of the requested load they can serve
+    servable_scale: float | None = None
 
 
 class SolverError(GreenctlError):

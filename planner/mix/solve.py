@@ -1098,12 +1098,14 @@ def _diagnose(problem: MixProblem, solver: str, terms: Terms) -> InfeasiblePlan:
     if scale < 1.0 - 1e-9:
         rates = ", ".join(f"{f.name} {f.rate_rps * scale:.4g} req/s" for f in problem.families)
         budgets = ", ".join(f"{k}={v:g}" for k, v in problem.budgets.items())
-        return InfeasiblePlan(
+        err = InfeasiblePlan(
             f"budget too small for the rate: {budgets} serves at most {scale:.4g} x the "
             f"requested load at {pct} within the SLO",
             hint=f"largest servable rate: {rates} (headroom {problem.headroom:g} included); "
             "raise --budget or lower --rate",
         )
+        err.servable_scale = scale
+        return err
     if all(f.min_accuracy is None for f in problem.families):
         return InfeasiblePlan(
             "no feasible plan within the budgets at this rate",

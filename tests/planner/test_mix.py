@@ -314,6 +314,7 @@ def test_infeasible_messages_name_the_binding_constraint():
     with pytest.raises(InfeasiblePlan, match="budget too small for the rate") as e:
         plan_mix(_resnet_like_problem(budget=1, rate=100.0))
     assert "largest servable rate" in str(e.value)
+    assert e.value.servable_scale is not None and 0 < e.value.servable_scale < 1
     with pytest.raises(InfeasiblePlan, match="accuracy floor unreachable for") as e:
         plan_mix(_resnet_like_problem(objective="cost", floor=0.9))
     assert "highest reachable accuracy: 0.78" in str(e.value)
