@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -64,11 +65,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Modules holding a ``slow`` test run first, the rest in their usual order.
+    """Modules holding a ``slow`` test first, then the others by number of tests, most first.
 
-    pytest-xdist (``--dist loadscope``, set in pyproject.toml) hands whole modules to its
-    workers in collection order: a minute-long module handed out last would run alone at the
-    end while the other workers idle. Started first, it overlaps the many short modules.
+    pytest-xdist (``--dist loadscope --no-loadscope-reorder``, set in pyproject.toml) hands
+    whole modules to its workers in this order: a minute-long module handed out last would
+    run alone at the end while the other workers idle; started first, it overlaps the many
+    short ones. The order within a module is kept.
     """
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow)  # stable: order kept within each
+    count = Counter(item.path for item in items)
+    items.sort(key=lambda item: (item.path not in slow, -count[item.path]))  # stable sort

@@ -120,7 +120,10 @@ def test_apply_status_loadgen_verify_down(cli, plan_file, state_dir, store):
     assert r.exit_code == 0, r.output
     load = json.loads(r.stdout)
     assert load["ok"] == load["sent"] > 0 and load["rejected_503"] == 0
-    assert load["mean_batch_rows"] == 1.0  # the executor's Greenctl-Batch-Rows, via the dispatcher
+    # the executor's Greenctl-Batch-Rows, via the dispatcher: 1 row per batch on an idle
+    # machine, up to the plan's batch of 2 when a busy one (parallel test workers) bunches
+    # arrivals within the executor's batch wait
+    assert 1.0 <= load["mean_batch_rows"] <= 2.0
     assert load["breakdown"]["timed"] == load["ok"]
     r = cli("loadgen", "--endpoint", url, "--model", "m", "--rate", "30", "--duration", "0.5")
     assert r.exit_code == 0, r.output
