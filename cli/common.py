@@ -124,21 +124,82 @@ def render_table(
     *,
     caption: str | None = None,
 ) -> None:
-    """Print a rich table with formatted cells.
+    """Print a rich table with formatted cells, never breaking a value across lines.
 
     The title, the caption and the cells are printed as they are (a name like ``x[red]y`` in
     any of them is not markup), so callers pass user text (names, regions, paths) unescaped.
+    A table wider than the terminal is drawn compact (no vertical rules, headers wrapped); if
+    its values still do not fit, each row prints as a block of ``column: value`` lines.
     """
+    cells = [[fmt(v) for v in row] for row in rows]
+    width = console.width
+    for compact in (False, True):
+        table = _table(title, columns, cells, caption=caption, compact=compact)
+        natural = console.measure(table, options=console.options.update_width(10_000)).maximum
+        if natural <= width or (compact and _min_width(columns, cells) <= width):
+            console.print(table)
+            return
+    _render_records(title, columns, cells, caption=caption)
+
+
+def _table(
+    title: str | None,
+    columns: Sequence[str],
+    cells: list[list[str]],
+    *,
+    caption: str | None,
+    compact: bool,
+) -> Table:
+    """The table itself; compact: a rule under the headers, one space between columns, each
+    column as wide as its widest value (or header word)."""
+    from rich import box
+
     table = Table(
         title=None if title is None else Text(title, style="table.title"),
         caption=None if caption is None else Text(caption, style="table.caption"),
         header_style="bold",
+        box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
+        padding=(0, 0) if compact else (0, 1),
+        show_edge=not compact,
     )
-    for col in columns:
-        table.add_column(col, overflow="fold")
-    for row in rows:
-        table.add_row(*(Text(fmt(v)) for v in row))
-    console.print(table)
+    widths = _compact_widths(columns, cells)
+    for col, w in zip(columns, widths, strict=True):
+        table.add_column(col, overflow="fold", width=w if compact else None)
+    for row in cells:
+        table.add_row(*(Text(c) for c in row))
+    return table
+
+
+def _compact_widths(columns: Sequence[str], cells: list[list[str]]) -> list[int]:
+    """Each column's compact width: its widest value or header word, whichever is wider."""
+    return [
+        max(
+            max((len(r[i]) for r in cells if i < len(r)), default=1),
+            max((len(word) for word in col.split()), default=1),
+        )
+        for i, col in enumerate(columns)
+    ]
+
+
+def _min_width(columns: Sequence[str], cells: list[list[str]]) -> int:
+    """Width of the compact table: its columns and one space between each two."""
+    return sum(_compact_widths(columns, cells)) + len(columns) - 1
+
+
+def _render_records(
+    title: str | None, columns: Sequence[str], cells: list[list[str]], *, caption: str | None
+) -> None:
+    """Each row as ``column: value`` lines, for tables too wide for the terminal."""
+    if title:
+        console.print(Text(title, style="table.title"))
+    label = max((len(c) for c in columns), default=0)
+    for n, row in enumerate(cells):
+        if n:
+            console.print()
+        for col, value in zip(columns, row, strict=False):
+            console.print(Text.assemble((f"{col:>{label}}", "bold"), f"  {value}"))
+    if caption:
+        console.print(Text(caption, style="table.caption"))
 
 
 def parse_int_list(text: str, *, option: str) -> list[int]:

@@ -73,7 +73,7 @@ def _set(field: str, value: object) -> Callable[[dict], None]:
 
 BINARY = bytes(range(256)) * 8
 DEEP_JSON = ("[" * 100_000 + "]" * 100_000).encode()
-GZ = gzip.compress(b"not a trace at all \x00\x01")
+GZ = gzip.compress(b"not a trace at all \x00\x01", mtime=0)
 PROFILE_HEADER = "variant,model,resource,batch,throughput_rps,latency_ms,accuracy\n"
 
 
