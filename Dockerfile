@@ -14,4 +14,4 @@ COPY executor executor
 RUN pip install --no-cache-dir torch && pip install --no-cache-dir . && mkdir -p /var/lib/greenctl && chown 65534:65534 /var/lib/greenctl
 EXPOSE 8080
 USER 65534:65534
-CMD ["python", "-m", "greenctl.executor.daemon", "--help"]
+CMD ["python", "-m", "greenctl.executor.runtime.daemon", "--help"]

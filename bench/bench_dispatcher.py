@@ -17,7 +17,7 @@ below 1 ms, MISSES when all of it lies above, INCONCLUSIVE otherwise.
     python bench/bench_dispatcher.py            # 1,000 req/s, 24 blocks of 1 s slices, wrr and fifo
     python bench/bench_dispatcher.py --quick    # 4 blocks, wrr only
 
-``--upstream`` measures the dispatcher's upstream client alone (``executor/upstream.py``,
+``--upstream`` measures the dispatcher's upstream client alone (``executor/runtime/upstream.py``,
 dispatcher -> executor) against another revision's, in one run: both clients in this
 process take turns (slices in a fresh random order per block) sending a 602,112-byte body
 (a 1x3x224x224 float32 image, in a ``bytearray`` as the dispatcher's front receives it) to a
@@ -211,13 +211,13 @@ def upstream_bench(args: argparse.Namespace) -> int:
     import random
     import time
 
-    from greenctl.executor import upstream as current
+    from greenctl.executor.runtime import upstream as current
 
     rev = subprocess.run(
         ["git", "-C", str(Path(__file__).resolve().parent.parent), "rev-parse", "--short",
          args.baseline], check=True, capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
-    baseline = load_revision_module(rev, "executor/upstream.py", "_upstream_baseline")
+    baseline = load_revision_module(rev, "executor/runtime/upstream.py", "_upstream_baseline")
     clients = {f"baseline {rev}": baseline.UpstreamPool, "this tree": current.UpstreamPool}  # type: ignore[attr-defined]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -336,8 +336,13 @@ def drive(
     failed and sent counts, and each process's CPU seconds spent in that arm's slices."""
     import random
 
-    from greenctl.executor.loadgen import arrival_times, model_input, open_session, send_load
-    from greenctl.executor.procs import run_async, settle_heap
+    from greenctl.executor.runtime.loadgen import (
+        arrival_times,
+        model_input,
+        open_session,
+        send_load,
+    )
+    from greenctl.executor.runtime.procs import run_async, settle_heap
 
     body, headers = model_input(urls["direct"], "noop")
     rng = random.Random(seed)
@@ -459,7 +464,7 @@ def main() -> int:
             res = apply_plan(
                 plan,
                 store=store,
-                loader="greenctl.executor.daemon:noop_loader",
+                loader="greenctl.executor.runtime.daemon:noop_loader",
                 policy=policy,
                 max_queue=4096,
                 max_wait_ms=0.0,

@@ -4,7 +4,7 @@ An executor on a GPU serves every request through one event loop (receive the bo
 JSON header, slice the binary tensor, enqueue, encode the answer): at 0.5 ms of CPU per
 request that one core caps the instance at 2,000 req/s whatever the GPU could do (issue 22,
 plan 2 on the H200). This bench measures that CPU on this machine, no GPU needed: two executor
-daemons with the no-op model (``greenctl.executor.daemon:noop_loader``, answering 1,000 zeros
+daemons with the no-op model (``greenctl.executor.runtime.daemon:noop_loader``, answering 1,000 zeros
 per row as a classifier does), on ``cpu:1`` at batch 8, one running this tree's code and one
 running ``--baseline`` (a git revision, exported to a scratch folder); a closed-loop client in
 its own process (``--outstanding`` requests in flight over keep-alive connections, binary
@@ -76,9 +76,9 @@ def start_executor(name: str, workdir: Path, pythonpath: Path | None, batch: int
     variant = {"name": "front-bench", "family": "front", "input_shape": "3,224,224"}
     log = open(workdir / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "greenctl.executor.daemon", "--model", "front", "--variant",
+        [sys.executable, "-m", "greenctl.executor.runtime.daemon", "--model", "front", "--variant",
          "front-bench", "--resource", "cpu:1", "--batch", str(batch), "--port", "0",
-         "--state-file", str(state), "--loader", "greenctl.executor.daemon:noop_loader",
+         "--state-file", str(state), "--loader", "greenctl.executor.runtime.daemon:noop_loader",
          "--variant-json", json.dumps(variant), "--energy-source", "modeled"],
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
     )  # fmt: skip
@@ -114,7 +114,7 @@ def client_main(conn: Any, urls: dict[str, str], outstanding: int) -> None:
     import asyncio
 
     import aiohttp
-    from greenctl.executor import loadgen
+    from greenctl.executor.runtime import loadgen
 
     body, headers = loadgen.model_input(next(iter(urls.values())), "front")
     conn.send(len(body))

@@ -71,8 +71,8 @@ def main() -> int:
     from greenctl.data.plan import Deployment, Plan
     from greenctl.data.store import open_store
     from greenctl.executor.apply import apply_plan, down
-    from greenctl.executor.loadgen import run_load
-    from greenctl.executor.serving import save_serving, serving_overheads
+    from greenctl.executor.runtime.loadgen import run_load
+    from greenctl.executor.runtime.serving import save_serving, serving_overheads
     from greenctl.executor.serving_measure import measure_serving
     from greenctl.planner.core.evaluate import predict, profiles_by_key
     from greenctl.profiler.harness import profile

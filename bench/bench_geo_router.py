@@ -58,7 +58,7 @@ def main() -> int:
         routing_table,
         stop_router,
     )
-    from greenctl.executor.procs import read_json
+    from greenctl.executor.runtime.procs import read_json
     from test_georouter import SITES, T0, geo_plan
 
     site_store = open_store(tmp / "site.db")
@@ -84,7 +84,7 @@ def main() -> int:
                 ],
             ),
             store=site_store,
-            loader="greenctl.executor.daemon:noop_loader",
+            loader="greenctl.executor.runtime.daemon:noop_loader",
             max_queue=4096,
             max_wait_ms=0.0,
         )

@@ -15,7 +15,7 @@ For each batch size and each arm, in one run on the same GPU:
 
 Each arm: (1) the profile greenctl stores for that point (``harness.measure`` in a child
 process with the arm's setting, as ``greenctl profile --gpus`` runs it); (2) a real executor
-daemon (``python -m greenctl.executor.daemon``) on the GPU at that batch; (3) saturation: closed
+daemon (``python -m greenctl.executor.runtime.daemon``) on the GPU at that batch; (3) saturation: closed
 loop clients in several processes (4 x batch requests outstanding, binary tensors over
 keep-alive HTTP, as tritonclient sends them) for ``--duration`` seconds: served throughput,
 the executor's CPU seconds per request (utime + stime of the whole process from /proc), its
@@ -116,7 +116,7 @@ def start_executor(arm: str, variant: str, batch: int, max_wait_ms: float, workd
     state = workdir / f"exec-{arm}-{batch}.json"
     log = open(workdir / f"exec-{arm}-{batch}.log", "w")  # noqa: SIM115 (closed with the process)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "greenctl.executor.daemon", "--model", v.family, "--variant",
+        [sys.executable, "-m", "greenctl.executor.runtime.daemon", "--model", v.family, "--variant",
          v.name, "--resource", "gpu:bench" if device.startswith("cuda") else "cpu:1", "--batch", str(batch), "--max-wait-ms",
          str(max_wait_ms), "--port", "0", "--state-file", str(state), "--variant-json",
          json.dumps(asdict(v))],
@@ -161,7 +161,7 @@ def scrape_busy_s(url: str) -> float:
 # -- (3) closed-loop saturation, clients in several processes ------------------------------------
 def client_proc(url: str, model: str, concurrency: int, start_at: float, duration_s: float,
                 q: Any) -> None:  # fmt: skip
-    from greenctl.executor import loadgen, oip
+    from greenctl.executor.runtime import loadgen, oip
 
     body, headers = loadgen.model_input(url, model)
 
@@ -257,7 +257,7 @@ def saturate(url: str, model: str, pid: int, *, outstanding: int, procs: int,
 
 # -- one arm ------------------------------------------------------------------------------------
 def run_arm(arm: str, variant: str, batch: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:  # fmt: skip
-    from greenctl.executor.loadgen import run_load
+    from greenctl.executor.runtime.loadgen import run_load
 
     prof = profile_point(arm, variant, batch, args.profile_duration, args.device)
     proc, state = start_executor(arm, variant, batch, args.max_wait_ms, workdir, args.device)
@@ -329,7 +329,7 @@ def assembly_bench(args: argparse.Namespace) -> int:
         loaded = load_model(builtin_variant(args.variant), device=args.device)
         what = f"{args.variant} on {args.device} (torch, eager)"
     else:
-        from greenctl.executor.daemon import NoopModel
+        from greenctl.executor.runtime.daemon import NoopModel
 
         loaded = NoopModel((3, 224, 224), 0.0, 1000)
         what = "no-op model (numpy, 1,000 outputs per row)"

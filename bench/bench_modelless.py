@@ -66,7 +66,7 @@ def with_parameters(
 def _route() -> Any:
     """A dispatcher and its route of three variants x two instances with offers."""
     from greenctl.data.batching import executor_batching
-    from greenctl.executor.dispatcher import Dispatcher
+    from greenctl.executor.runtime.dispatcher import Dispatcher
     from greenctl.planner.core.choice import Offer, queue_latency
     from greenctl.planner.core.latency import BatchService, ServiceTime
 
@@ -97,8 +97,8 @@ def micro(n: int = 20000) -> dict[str, float]:
     """µs per request of the dispatcher's own work, plain and model-less (module docstring)."""
     import asyncio
 
-    from greenctl.executor import oip
-    from greenctl.executor.dispatcher import _name_variant, requirements_of
+    from greenctl.executor.runtime import oip
+    from greenctl.executor.runtime.dispatcher import _name_variant, requirements_of
 
     disp, route = _route()
     x = np.ones((1, 3, 32, 32), dtype=np.float32)
@@ -158,8 +158,13 @@ def e2e(*, rate: float, slice_s: float, blocks: int) -> dict[str, Any]:
     from greenctl.data.records import Profile, Variant
     from greenctl.data.store import open_store
     from greenctl.executor.apply import apply_plan, down, status
-    from greenctl.executor.loadgen import arrival_times, model_input, open_session, send_load
-    from greenctl.executor.serving import ServingMeasurement, save_serving
+    from greenctl.executor.runtime.loadgen import (
+        arrival_times,
+        model_input,
+        open_session,
+        send_load,
+    )
+    from greenctl.executor.runtime.serving import ServingMeasurement, save_serving
 
     store = open_store()
     served = VARIANTS[::2]  # one core each: two fit a two-core machine
@@ -194,7 +199,7 @@ def e2e(*, rate: float, slice_s: float, blocks: int) -> dict[str, Any]:
         res = apply_plan(
             plan,
             store=store,
-            loader="greenctl.executor.daemon:noop_loader",
+            loader="greenctl.executor.runtime.daemon:noop_loader",
             policy="fifo",
             max_queue=4096,
             max_wait_ms=0.0,

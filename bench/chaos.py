@@ -2,7 +2,7 @@
 
 Applies a plan of no-op executors (CPU only, two or more instances per model) in a scratch
 store and state folder, sends open-loop Poisson load through the dispatcher with the load
-generator's client (``greenctl.executor.loadgen.send_load``: a request whose connection
+generator's client (``greenctl.executor.runtime.loadgen.send_load``: a request whose connection
 fails is sent once more, as a client of an idempotent inference service does), and every few
 seconds kills one process of the plan with SIGKILL, picked at random: an executor instance,
 the dispatcher or the supervisor. After each kill it waits until the killed process is back
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("executor", "dispatcher", "supervisor")
-NOOP = "greenctl.executor.daemon:noop_loader"
+NOOP = "greenctl.executor.runtime.daemon:noop_loader"
 
 
 def build_plan(models: int, instances: int, rate_rps: float) -> Any:
@@ -72,8 +72,13 @@ class Load:
         self.thread.start()
 
     def _run(self) -> None:
-        from greenctl.executor.loadgen import arrival_times, model_input, open_session, send_load
-        from greenctl.executor.procs import run_async
+        from greenctl.executor.runtime.loadgen import (
+            arrival_times,
+            model_input,
+            open_session,
+            send_load,
+        )
+        from greenctl.executor.runtime.procs import run_async
 
         async def main() -> None:
             async with open_session(512, timeout_s=60.0) as session:
@@ -199,7 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from greenctl.data.store import open_store
     from greenctl.executor.apply import apply_plan, down
     from greenctl.executor.partition import available_cores
-    from greenctl.executor.procs import process_argv, stray_daemons
+    from greenctl.executor.runtime.procs import process_argv, stray_daemons
 
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="greenctl-chaos-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -428,7 +428,7 @@ def loadgen_cmd(
 ) -> None:
     """Send an open-loop Poisson load (or replay a trace) and report latency and errors."""
     from greenctl.data.errors import InputError
-    from greenctl.executor.loadgen import client_lag_note, read_trace, run_load
+    from greenctl.executor.runtime.loadgen import client_lag_note, read_trace, run_load
 
     if (rate is None) == (trace is None):
         raise InputError("give exactly one of --rate RPS or --trace FILE")

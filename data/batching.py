@@ -4,7 +4,7 @@ default max wait are written down.
 The GPU runner (:class:`greenctl.profiler.runner.CudaRunner`) prepares a fixed set of batch
 sizes (:func:`graph_sizes`) and runs a batch of ``r`` rows at the smallest of them that holds
 it (:func:`pick_size`), so a partial batch costs the time of that size, not the full batch's.
-The executor's batcher (``greenctl.executor.daemon.Batcher``) closes a batch when it holds
+The executor's batcher (``greenctl.executor.runtime.daemon.Batcher``) closes a batch when it holds
 ``batch`` rows or ``max_wait_ms`` after it took the batch's first request, and keeps up to
 ``depth`` batches in flight (the GPU runner's :data:`DEFAULT_DEPTH`; the eager CPU runner runs
 each batch to completion before the batcher takes the next request). The planner's service

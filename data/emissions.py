@@ -83,7 +83,7 @@ def executor_energy_args(
     store: Any, plan: Plan, *, variant: str, resource: str, batch: int
 ) -> list[str]:
     """Command-line options of an executor's energy and carbon counters
-    (``greenctl.executor.daemon``): the intensity and PUE the plan was made with
+    (``greenctl.executor.runtime.daemon``): the intensity and PUE the plan was made with
     (``--carbon-intensity G --pue P``, none without an intensity) and, for when nothing
     measures its energy, the stored profile's figures at the batch closest to ``batch``
     (``--power-w``, ``--idle-power-w``, ``--energy-j-per-request``)."""

@@ -1,6 +1,6 @@
 """The serving path's stored measurements (``serving_profiles``) behind named functions.
 
-``executor/serving.py`` turns them into :class:`ServingMeasurement` records and serving
+``executor/runtime/serving.py`` turns them into :class:`ServingMeasurement` records and serving
 overheads; the SQL lives here (see ARCHITECTURE.md).
 """
 

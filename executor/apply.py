@@ -20,7 +20,7 @@ dispatcher's routes back to what the store records and stops the rest. Pids are 
 their start times (a reused pid is never signalled), and a process whose pid was never
 written down is found by the state file on its command line.
 
-Supervision (:mod:`greenctl.executor.supervisor`): each dispatcher runs beside a supervisor
+Supervision (:mod:`greenctl.executor.runtime.supervisor`): each dispatcher runs beside a supervisor
 that holds its listening socket and restarts it; the dispatcher restarts its executors and
 its supervisor. ``down`` stops the pair first (its stop file, then SIGTERM), then the
 executors, then any greenctl daemon of the store the records missed.
@@ -63,11 +63,11 @@ from greenctl.data.resources import (
 )
 from greenctl.data.store import Store
 from greenctl.executor import partition
-from greenctl.executor.energy import energy_delta, energy_snapshot
 from greenctl.executor.kinds import get_kind
-from greenctl.executor.offers import MODEL_KEYS as OFFER_MODEL_KEYS
-from greenctl.executor.offers import add_offers, carry_offers
-from greenctl.executor.procs import (
+from greenctl.executor.runtime.energy import energy_delta, energy_snapshot
+from greenctl.executor.runtime.offers import MODEL_KEYS as OFFER_MODEL_KEYS
+from greenctl.executor.runtime.offers import add_offers, carry_offers
+from greenctl.executor.runtime.procs import (
     apply_lock,
     find_processes,
     is_alive,
@@ -87,7 +87,7 @@ from greenctl.executor.procs import (
 DEFAULT_LOADER = "greenctl.profiler.models:load_model"
 BACKEND = "local"  # this module is the local backend (executor/backends.py)
 MPS_SERVICE = "mps-control"
-SUPERVISOR_MODULE = "greenctl.executor.supervisor"
+SUPERVISOR_MODULE = "greenctl.executor.runtime.supervisor"
 
 
 @dataclass
@@ -238,7 +238,7 @@ def _placement_start(placement: Any, i: int) -> int | None:
 
 # -- the dispatcher's admin API ---------------------------------------------------------
 def _dispatcher_token(row: dict[str, Any]) -> str:
-    from greenctl.executor.procs import read_json
+    from greenctl.executor.runtime.procs import read_json
 
     doc = (read_json(row["state_file"]) if row.get("state_file") else None) or {}
     return str(doc.get("token", ""))
@@ -247,7 +247,7 @@ def _dispatcher_token(row: dict[str, Any]) -> str:
 def _admin(
     row: dict[str, Any], method: str, doc: dict[str, Any] | None = None, timeout_s: float = 10.0
 ) -> dict[str, Any]:
-    from greenctl.executor.dispatcher import TOKEN_HEADER
+    from greenctl.executor.runtime.dispatcher import TOKEN_HEADER
 
     url = f"http://{_connect_host(row['host'])}:{row['port']}/admin/routes"
     data = None if doc is None else json.dumps(doc).encode()
@@ -1126,7 +1126,7 @@ def _spawn_spec(
     if state_file.exists():
         state_file.unlink()
     argv = python_module_argv(
-        "greenctl.executor.daemon",
+        "greenctl.executor.runtime.daemon",
         "--model",
         s.model,
         "--variant",
@@ -1237,7 +1237,7 @@ def _start_pair(
         deployments.forget_dispatcher(store, row["id"])
 
     undo.append(("stop the new dispatcher and its supervisor", stop))
-    from greenctl.executor.supervisor import supervisor_argv
+    from greenctl.executor.runtime.supervisor import supervisor_argv
 
     proc = spawn_detached(
         supervisor_argv(row["pair_file"], str(store.path)),
@@ -1479,7 +1479,7 @@ def verify_plan(
 ) -> dict[str, Any]:
     """Load the running plan at its predicted rate and record measured vs predicted numbers."""
     import numpy as np
-    from greenctl.executor.loadgen import client_lag_note, latency_breakdown, run_load
+    from greenctl.executor.runtime.loadgen import client_lag_note, latency_breakdown, run_load
     from greenctl.planner.core.simulator import served_model_slos
 
     started_at = utcnow_iso()
@@ -1559,7 +1559,7 @@ def status(store: Store, *, timeout_s: float = 1.0) -> dict[str, Any]:
     dispatcher serves); ``problems`` says why in words. What an interrupted apply left is
     stopped first (``recovered``), unless an apply runs now (``apply_running``).
     """
-    from greenctl.executor.metrics import parse_prometheus
+    from greenctl.executor.runtime.metrics import parse_prometheus
 
     problems: list[str] = []
     recovered: list[dict[str, Any]] = []

@@ -1307,7 +1307,7 @@ def run_demo(
         summary["energy_methods"] = sorted(
             {p.energy_method for p in store.latest_profiles(family=model)}
         )
-        from greenctl.executor.serving import save_serving
+        from greenctl.executor.runtime.serving import save_serving
         from greenctl.executor.serving_measure import measure_serving
 
         # the variants whose own path is measured (the others borrow their family's)

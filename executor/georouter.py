@@ -58,10 +58,10 @@ from typing import Any
 
 from greenctl.data import deployments, loop_state
 from greenctl.data.errors import ExecutorError, InputError
-from greenctl.executor import httpserver as hs
-from greenctl.executor import oip
 from greenctl.executor.georouter_procs import recover_routers, stop_routers, stop_rows
-from greenctl.executor.procs import (
+from greenctl.executor.runtime import httpserver as hs
+from greenctl.executor.runtime import oip
+from greenctl.executor.runtime.procs import (
     STABLE_S,
     apply_lock,
     backoff_settings,
@@ -77,7 +77,7 @@ from greenctl.executor.procs import (
     wait_for_state_file,
     write_json_atomic,
 )
-from greenctl.executor.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
+from greenctl.executor.runtime.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
 from greenctl.planner.core.policy import SmoothWRR
 
 GATEWAY_HEADER = oip.GATEWAY_HEADER
@@ -174,7 +174,7 @@ def parse_sites(values: list[str] | None) -> dict[str, str]:
     Raises:
         InputError: a value without ``=``, a name given twice, or a URL that is no base URL.
     """
-    from greenctl.executor.loadgen import check_endpoint
+    from greenctl.executor.runtime.loadgen import check_endpoint
 
     out: dict[str, str] = {}
     for text in values or []:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data import deployments
-from greenctl.executor.procs import (
+from greenctl.executor.runtime.procs import (
     find_processes,
     is_alive,
     process_argv,

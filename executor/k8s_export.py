@@ -36,8 +36,8 @@ from greenctl.data.emissions import routes_carbon
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.resources import RESOURCE_KINDS, parse_resource
-from greenctl.executor.dispatcher import ENERGY_SCRAPE_ENV
 from greenctl.executor.kinds import get_kind
+from greenctl.executor.runtime.dispatcher import ENERGY_SCRAPE_ENV
 
 PORT = 8080
 DEFAULT_IMAGE = "greenctl-executor:0.1.0"
@@ -131,7 +131,7 @@ def executor_command(dep: Deployment, energy: Sequence[str] = ()) -> list[str]:
     return [
         "python",
         "-m",
-        "greenctl.executor.daemon",
+        "greenctl.executor.runtime.daemon",
         "--model",
         dep.model,
         "--variant",
@@ -260,7 +260,7 @@ def build_k8s_export(
 
     dispatcher = dns_name(base, "dispatcher")
     policy = kind.dispatch_policy(plan, policy)  # what simulate assumed, a local apply serves
-    # the dispatcher's routing-table document (greenctl.executor.dispatcher --routes)
+    # the dispatcher's routing-table document (greenctl.executor.runtime.dispatcher --routes)
     config_doc: dict[str, Any] = {
         "generation": f"k8s-{base}",
         "models": {model: {"policy": policy, "instances": inst} for model, inst in routes.items()},
@@ -297,7 +297,7 @@ def build_k8s_export(
                                 "command": [
                                     "python",
                                     "-m",
-                                    "greenctl.executor.dispatcher",
+                                    "greenctl.executor.runtime.dispatcher",
                                     "--routes",
                                     "/etc/greenctl/routes.json",
                                     "--host",

@@ -56,12 +56,12 @@ def predict_serving(
     profiles of its variants in the store (variants the store lacks but greenctl has built
     in are known by their catalog record), under ``policy`` (default: the kind's,
     :meth:`PlanKind.dispatch_policy`), and the serving paths ``greenctl profile serving``
-    measured for its models (:func:`~greenctl.executor.serving.serving_overheads`, at the
+    measured for its models (:func:`~greenctl.executor.runtime.serving.serving_overheads`, at the
     plan's rates scaled to the load evaluated), as ``plan mix`` predicted with them. Without
     ``carbon_g_per_kwh`` or ``pue``, those the plan was made with
     (:func:`~greenctl.data.emissions.plan_carbon`), so carbon comes out as the plan predicted it."""
     from greenctl.data.emissions import plan_carbon
-    from greenctl.executor.serving import serving_overheads
+    from greenctl.executor.runtime.serving import serving_overheads
     from greenctl.planner.core.evaluate import LATENCY_MODEL_ONLY, LATENCY_WITH_PATH
     from greenctl.planner.core.simulator import evaluate_plan
 
@@ -359,7 +359,7 @@ class PlanKind:
 
 # -- mix (InfAdapter / INFaaS) -----------------------------------------------------------------
 def _mix_plan(store: Any, request: dict[str, Any], *, current: Plan | None = None) -> Planned:
-    from greenctl.executor.serving import serving_overheads
+    from greenctl.executor.runtime.serving import serving_overheads
     from greenctl.planner.mix import solve as mix
 
     request = dict(request)

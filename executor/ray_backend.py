@@ -21,7 +21,7 @@ is, and no replica restarts.
 Energy and carbon (issue 19): each replica counts its energy with the executors' counter
 (:func:`greenctl.profiler.energy.serving_counter`: NVML on GPUs, RAPL on CPUs where readable,
 else the profile's figures) and reports it to its version's group deployment every
-:func:`~greenctl.executor.dispatcher.energy_scrape_s` seconds; the group sums the increases
+:func:`~greenctl.executor.runtime.dispatcher.energy_scrape_s` seconds; the group sums the increases
 per model and counts their carbon at the plan's grid intensity (:class:`PlanRoutes`), and the
 router exports them at ``GET /metrics`` as the local dispatcher does
 (``greenctl_energy_joules_total``, ``greenctl_carbon_grams_total`` by model and source,
@@ -31,7 +31,7 @@ counter reset, which Prometheus's ``increase()`` counts).
 Model-less requests (issue 19, INFaaS): the router reads a request's ``latency_slo_ms`` and
 ``min_accuracy`` as the local dispatcher does, and the group picks the variant with
 :func:`greenctl.planner.core.choice.choose` over each deployment's offer
-(:mod:`greenctl.executor.offers`, without a serving path: the Ray path is not measured) and
+(:mod:`greenctl.executor.runtime.offers`, without a serving path: the Ray path is not measured) and
 its replicas' requests in flight; ``/v2/models/{variant}/infer`` routes to that variant.
 
 Declaring MIG instances to Ray: start each node with one custom resource per MIG profile and
@@ -171,7 +171,7 @@ class PlanRoutes:
         interval_s: float = 2.0,
         clock: Any = time.monotonic,
     ) -> None:
-        from greenctl.executor.metrics import IncreaseSum
+        from greenctl.executor.runtime.metrics import IncreaseSum
 
         self.entries = {m: [RouteEntry(e) for e in es] for m, es in routes.items()}
         self.by_variant: dict[str, list[RouteEntry]] = {}
@@ -246,7 +246,7 @@ class PlanRoutes:
             KeyError: an unknown model or variant.
             NoVariant: no deployment meets ``req`` (names the closest).
         """
-        from greenctl.executor.dispatcher import NoVariant
+        from greenctl.executor.runtime.dispatcher import NoVariant
         from greenctl.planner.core.choice import Requirements, choose, closest
 
         if variant is None and req is None:
@@ -273,7 +273,7 @@ class PlanRoutes:
         """A replica's energy report (:meth:`ReplicaEnergy.report`): the increase of its
         counter since its last report is added to its model's energy, and its carbon at the
         grid intensity in force now."""
-        from greenctl.executor.metrics import CARBON_TOTAL, ENERGY_TOTAL, carbon_g
+        from greenctl.executor.runtime.metrics import CARBON_TOTAL, ENERGY_TOTAL, carbon_g
 
         replica = str(doc["replica"])
         now = self._clock()
@@ -299,8 +299,8 @@ class PlanRoutes:
 
     def metrics_text(self) -> str:
         """The energy and carbon series of this version, as the local dispatcher exports
-        them (:func:`~greenctl.executor.metrics.model_energy_lines`)."""
-        from greenctl.executor.metrics import model_energy_lines
+        them (:func:`~greenctl.executor.runtime.metrics.model_energy_lines`)."""
+        from greenctl.executor.runtime.metrics import model_energy_lines
 
         lines = model_energy_lines(
             self.energy.totals, None if self.carbon is None else self.carbon["carbon_g_per_kwh"]
@@ -314,7 +314,7 @@ class PlanRoutes:
 
 class ReplicaEnergy:
     """A replica's energy counter (the executors': :func:`greenctl.profiler.energy.
-    serving_counter` and :class:`~greenctl.executor.metrics.EnergyExport`'s power sampler),
+    serving_counter` and :class:`~greenctl.executor.runtime.metrics.EnergyExport`'s power sampler),
     fed with the replica's busy time and rows served.
 
     Args:
@@ -327,7 +327,7 @@ class ReplicaEnergy:
     def __init__(self, spec: dict[str, Any], *, env: dict[str, str] | None = None) -> None:
         import os
 
-        from greenctl.executor.metrics import EnergyExport
+        from greenctl.executor.runtime.metrics import EnergyExport
         from greenctl.profiler.energy import serving_counter
 
         self.spec = spec
@@ -427,7 +427,7 @@ def _serve_classes() -> tuple[Any, Any, Any]:
             blocking handle calls stay off the replica's event loop)."""
             import threading
 
-            from greenctl.executor.dispatcher import ENERGY_SCRAPE_S, energy_scrape_s
+            from greenctl.executor.runtime.dispatcher import ENERGY_SCRAPE_S, energy_scrape_s
             from ray import serve as _serve
 
             ctx = _serve.get_replica_context()
@@ -486,7 +486,7 @@ def _serve_classes() -> tuple[Any, Any, Any]:
             config: dict[str, Any],
             *handles: Any,
         ) -> None:
-            from greenctl.executor.dispatcher import ENERGY_SCRAPE_S, energy_scrape_s
+            from greenctl.executor.runtime.dispatcher import ENERGY_SCRAPE_S, energy_scrape_s
 
             self.table = PlanRoutes(
                 routes,
@@ -513,7 +513,7 @@ def _serve_classes() -> tuple[Any, Any, Any]:
             self, model: str, rows: Any, variant: str | None = None, req: Any = None
         ) -> tuple[int, str | None, Any]:
             """``(200, variant, outputs)``, or ``(status, None, error document)``."""
-            from greenctl.executor.dispatcher import NoVariant
+            from greenctl.executor.runtime.dispatcher import NoVariant
 
             try:
                 entry = self.table.pick(model, variant, req)
@@ -618,8 +618,8 @@ def _serve_classes() -> tuple[Any, Any, Any]:
             import json
 
             from greenctl.data.errors import InputError as _InputError
-            from greenctl.executor.dispatcher import VARIANT_HEADER, requirements_of
-            from greenctl.executor.oip import HEADER_LENGTH, decode_request, encode_response
+            from greenctl.executor.runtime.dispatcher import VARIANT_HEADER, requirements_of
+            from greenctl.executor.runtime.oip import HEADER_LENGTH, decode_request, encode_response
             from ray import serve as _serve
             from starlette.responses import JSONResponse, Response
 
@@ -983,9 +983,9 @@ def _plan_routes(
 ) -> dict[str, list[dict[str, Any]]]:
     """The group's routes of ``plan`` (:class:`PlanRoutes`): per model, each deployment's
     handle index (its position in the plan, or in ``order``: the version it is applied to),
-    quota and model-less offer (:func:`greenctl.executor.offers.instance_offers`, without a
+    quota and model-less offer (:func:`greenctl.executor.runtime.offers.instance_offers`, without a
     serving path: the Ray path is not measured)."""
-    from greenctl.executor.offers import instance_offers
+    from greenctl.executor.runtime.offers import instance_offers
 
     keys = {(d.variant, d.resource, d.batch) for d in plan.deployments}
     offers = instance_offers(store, plan, keys, max_wait_ms=max_wait_ms, serving_path=None)

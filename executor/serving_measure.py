@@ -18,9 +18,9 @@ The executor runs a stand-in:
 - ``noop``: a no-op model shaped like the variant (its input, a zero output of its size):
   the path alone, on otherwise idle cores.
 
-The rows are :class:`~greenctl.executor.serving.ServingMeasurement` records; measuring runs
+The rows are :class:`~greenctl.executor.runtime.serving.ServingMeasurement` records; measuring runs
 ``apply`` in a scratch store, which is why it is apart from the lookups that planning uses
-(:mod:`greenctl.executor.serving`, which the registry of plan kinds imports).
+(:mod:`greenctl.executor.runtime.serving`, which the registry of plan kinds imports).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from greenctl.data.batching import DEFAULT_MAX_WAIT_MS
 from greenctl.data.errors import InputError
 from greenctl.data.records import Variant, utcnow_iso
 from greenctl.data.store import Store
-from greenctl.executor.serving import (
+from greenctl.executor.runtime.serving import (
     DEFAULT_RATES,
     PATHS,
     QUANTILE_POINTS,
@@ -183,8 +183,8 @@ def measure_serving(
     from greenctl.data.plan import Deployment, Plan
     from greenctl.data.store import open_store
     from greenctl.executor.apply import apply_plan, down, status
-    from greenctl.executor.daemon import NOOP_LOADER
-    from greenctl.executor.loadgen import model_input, run_load
+    from greenctl.executor.runtime.daemon import NOOP_LOADER
+    from greenctl.executor.runtime.loadgen import model_input, run_load
     from greenctl.profiler.harness import resolve_variants
     from greenctl.profiler.hw import cpu_info
 

@@ -246,7 +246,7 @@ def measure(
     warm_up(runs, x, runs=warmup, min_s=min_s)
     if on_gpu:
         _WARM_DEVICES.add(str(loaded.device))
-    # as the executors do before serving (greenctl.executor.procs.settle_heap): a full
+    # as the executors do before serving (greenctl.executor.runtime.procs.settle_heap): a full
     # collection of torch's objects mid-loop would put a pause of tens of ms into the p99
     gc.collect()
     gc.freeze()

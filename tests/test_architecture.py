@@ -9,7 +9,8 @@ a circle). Three rules are checked:
 - no import circles among greenctl modules;
 - the layer rules of the layout table (``data`` imports only ``data``; ``profiler``
   and ``planner`` import ``data``; ``executor`` imports ``data``, ``profiler`` and
-  ``planner``; ``cli`` imports everything);
+  ``planner``; ``cli`` imports everything), and inside ``executor`` the rules of its rooms
+  (``kinds``, ``runtime``, ``deploy``, ``control``);
 - no module imports another module's private name (``from greenctl.a import _x``).
 
 Violations not yet fixed are listed below, each exactly; a new one fails the test,
@@ -239,6 +240,53 @@ def test_layer_rules(edges: list[Edge]) -> None:
     }
     assert violations - KNOWN_LAYER_VIOLATIONS == set(), "imports across layers"
     assert KNOWN_LAYER_VIOLATIONS - violations == set(), "fixed: drop from the list"
+
+
+# The executor's rooms (ARCHITECTURE.md, "Layout"): the registry of plan kinds, what serves,
+# making a plan real, keeping it right. A room imports the rooms it may (besides data,
+# profiler and planner), never one above it.
+EXECUTOR_ROOMS: dict[str, frozenset[str]] = {
+    "kinds": frozenset(),
+    "runtime": frozenset(),
+    "deploy": frozenset({"kinds", "runtime"}),
+    "control": frozenset({"kinds", "runtime", "deploy"}),
+}
+
+# Room rules still broken: (importing module, imported module).
+KNOWN_ROOM_VIOLATIONS: frozenset[tuple[str, str]] = frozenset(
+    {
+        # the registry reads measured serving overheads; the plan offers read the registry
+        ("greenctl.executor.kinds", "greenctl.executor.runtime.serving"),
+        ("greenctl.executor.runtime.offers", "greenctl.executor.kinds"),
+    }
+)
+
+
+def _room(module: str) -> str | None:
+    """The executor room a module sits in (``kinds`` for the registry), else None."""
+    bits = module.split(".")
+    if bits[:2] != ["greenctl", "executor"] or len(bits) < 3:
+        return None
+    if bits[2] == "kinds":
+        return "kinds"
+    return bits[2] if len(bits) > 3 and bits[2] in EXECUTOR_ROOMS else None
+
+
+def test_executor_rooms(modules: dict[str, Path], edges: list[Edge]) -> None:
+    """kinds and runtime import no other room; deploy imports kinds and runtime; control
+    imports kinds, runtime and deploy."""
+    rooms = {_room(m) for m in modules} - {None}
+    assert rooms >= {"kinds", "runtime"}, rooms
+    violations = {
+        (e.importer, e.imported)
+        for e in edges
+        if (here := _room(e.importer)) is not None
+        and (there := _room(e.imported)) is not None
+        and here != there
+        and there not in EXECUTOR_ROOMS[here]
+    }
+    assert violations - KNOWN_ROOM_VIOLATIONS == set(), "an executor room imports one above it"
+    assert KNOWN_ROOM_VIOLATIONS - violations == set(), "fixed: drop from the list"
 
 
 PLANNERS = ("mix", "mig", "glet", "geo")

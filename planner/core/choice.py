@@ -24,7 +24,7 @@ alone would meet but the served request would not goes elsewhere. The per-reques
 the same look-up.
 
 Pure: no store, no network. ``greenctl apply`` builds the offers
-(:mod:`greenctl.executor.offers`) and the dispatcher applies :func:`choose` per request.
+(:mod:`greenctl.executor.runtime.offers`) and the dispatcher applies :func:`choose` per request.
 """
 
 from __future__ import annotations

@@ -280,7 +280,7 @@ class ServingPath:
             back-to-back ones, the more so at low load: ``tiny-l`` served at 20 req/s had a
             p95 of 9 ms against its 4.8 ms median), when measured (the median over the
             rates of one ``profile serving`` run, see
-            :func:`greenctl.executor.serving.serving_overheads`); ``None``: the
+            :func:`greenctl.executor.runtime.serving.serving_overheads`); ``None``: the
             back-to-back shape is stretched by ``service_scale`` alone.
         resource: where the path was measured when not on a CPU core (``gpu:MODEL``,
             ``mig:PROFILE``, ``mps:PCT``; ``profile serving --resource``): its scales and its
@@ -289,7 +289,7 @@ class ServingPath:
             instances.
         dispatcher_cpu_ms: CPU the dispatcher process spends per request of this model
             (``profile serving``'s dispatcher path, at the measured rate nearest the plan's
-            total: :func:`greenctl.executor.serving.serving_overheads`): the dispatcher is
+            total: :func:`greenctl.executor.runtime.serving.serving_overheads`): the dispatcher is
             then a serial stage every request of the plan crosses (:class:`DispatcherStage`).
             ``None``: not measured (a direct path, or bare samples); the stage is not modeled.
         rate_rps: the load (req/s, through the dispatcher, this model alone) the overhead
@@ -398,7 +398,7 @@ def dispatcher_cpu_ms(path: ServingPath | Sequence[float] | None) -> float | Non
 @dataclass(frozen=True)
 class DispatcherStage:
     """The dispatcher as a serial stage: one event loop on one core that every request of a
-    plan crosses before its executor (:mod:`greenctl.executor.dispatcher`), whatever model
+    plan crosses before its executor (:mod:`greenctl.executor.runtime.dispatcher`), whatever model
     it is for (module docstring of :mod:`~greenctl.planner.core.queueing`, "The dispatcher").
 
     Attributes:
@@ -1182,7 +1182,7 @@ def serving_path(
 ) -> ServingPath | None:
     """The serving path whose overhead :func:`predict` adds to the requests of ``variant`` of
     ``model`` on ``resource`` (what a model-less offer carries,
-    :func:`greenctl.executor.offers.instance_offers`): measured on its own resource, else its
+    :func:`greenctl.executor.runtime.offers.instance_offers`): measured on its own resource, else its
     own entry, else its model's, else ``"*"``."""
     return _path_for(serving, model, variant, resource)
 

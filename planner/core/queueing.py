@@ -24,7 +24,7 @@ The model (M/G/c with the Allen-Cunneen correction, written out once here):
   vectorised three-level grid search. Deterministic service is closed form: ``T_q = W_q + D``.
 
 Batching (:func:`dynamic_batch`): an executor batches dynamically
-(``greenctl.executor.daemon.Batcher``, rules in :mod:`greenctl.data.batching`): the batcher
+(``greenctl.executor.runtime.daemon.Batcher``, rules in :mod:`greenctl.data.batching`): the batcher
 takes the first waiting request, adds requests until the batch holds ``b`` rows or
 ``max_wait`` (``w``) has passed since it took the first, and submits it; a batch of ``n`` rows
 runs for ``L(pad(n))``, the service model at its padded size

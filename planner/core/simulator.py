@@ -428,7 +428,7 @@ def batch_queue(
     depth: int = 1,
     slots: int | None = None,
 ) -> QueueRun:
-    """One executor batching dynamically, as ``greenctl.executor.daemon.Batcher`` does.
+    """One executor batching dynamically, as ``greenctl.executor.runtime.daemon.Batcher`` does.
 
     The batcher takes the first waiting request when it is ready for the next batch (at
     once with ``depth`` >= 2, when the running batch has finished with ``depth`` 1), adds

@@ -14,7 +14,7 @@ from greenctl.data.plan import Deployment, Plan, write_plan_file
 # real daemons: a hung one must fail the test, not the CI run
 pytestmark = pytest.mark.timeout(180)
 
-NOOP = "greenctl.executor.daemon:noop_loader"
+NOOP = "greenctl.executor.runtime.daemon:noop_loader"
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def test_bad_inputs_exit_2(cli, tmp_path, state_dir):
 
 
 def test_apply_status_loadgen_verify_down(cli, plan_file, state_dir, store):
-    from greenctl.executor.procs import is_alive
+    from greenctl.executor.runtime.procs import is_alive
 
     r = cli("apply", plan_file, "--loader", NOOP, "--verify", "--verify-duration", "1", "--json")
     assert r.exit_code == 0, r.output

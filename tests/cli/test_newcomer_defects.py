@@ -85,7 +85,7 @@ def test_a_budget_no_profile_uses_is_refused_before_building_service_models(
         raise AssertionError("a service model was built for a request refused anyway")
 
     # the planning modules, imported before patching (some bind the builders at their top)
-    for name in ("executor.kinds", "executor.serving", "planner.core.evaluate"):
+    for name in ("executor.kinds", "executor.runtime.serving", "planner.core.evaluate"):
         importlib.import_module(f"greenctl.{name}")
 
     builders = [

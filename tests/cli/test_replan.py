@@ -73,7 +73,7 @@ def _serve(store, plan_id, *, alive=True):
     """Record ``plan_id`` as serving in the executor state, as ``apply_plan`` does, with this
     test process standing in for the dispatcher and its executor (``alive=False``: the rows
     of a machine that rebooted, their pid now another process's)."""
-    from greenctl.executor.procs import proc_start_ticks
+    from greenctl.executor.runtime.procs import proc_start_ticks
 
     _stop(store)
     pid = os.getpid()
@@ -562,7 +562,7 @@ def test_nothing_serving_recovers_with_real_executors(tiny, tmp_path, monkeypatc
     monkeypatch.setenv("GREENCTL_NOOP_SERVICE_MS", "0")
     store, pid = tiny
     _stop(store)
-    opts = {"loader": "greenctl.executor.daemon:noop_loader", "cores": [0]}
+    opts = {"loader": "greenctl.executor.runtime.daemon:noop_loader", "cores": [0]}
     try:
         apply_plan(store.get_plan(pid), store=store, **opts)
         assert status(store)["dispatcher"]["plan_id"] == pid

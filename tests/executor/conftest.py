@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-NOOP = "greenctl.executor.daemon:noop_loader"
+NOOP = "greenctl.executor.runtime.daemon:noop_loader"
 BROKEN = f"{HERE / 'exec_loaders.py'}:broken_loader"
 
 
@@ -54,7 +54,7 @@ def run_store(store, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 @pytest.fixture
 def leftovers(tmp_path: Path):
     """A function listing this test's daemons that still run."""
-    from greenctl.executor.procs import is_alive
+    from greenctl.executor.runtime.procs import is_alive
 
     def alive() -> list[int]:
         return [p for p in _pids_mentioning(str(tmp_path / "state")) if is_alive(p)]

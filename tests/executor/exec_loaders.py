@@ -12,7 +12,7 @@ def broken_loader(variant: Any, *, device: str = "cpu") -> Any:
     """Fails for variants named ``broken*`` (as a corrupt checkpoint would); no-op otherwise."""
     if variant.name.startswith("broken"):
         raise RuntimeError(f"weights of {variant.name} are corrupt")
-    from greenctl.executor.daemon import noop_loader
+    from greenctl.executor.runtime.daemon import noop_loader
 
     return noop_loader(variant, device=device)
 
@@ -24,7 +24,7 @@ def slow_loader(variant: Any, *, device: str = "cpu") -> Any:
     import time
 
     time.sleep(float(os.environ.get("GREENCTL_TEST_LOAD_S", "2")))
-    from greenctl.executor.daemon import noop_loader
+    from greenctl.executor.runtime.daemon import noop_loader
 
     return noop_loader(variant, device=device)
 
@@ -45,6 +45,6 @@ def crashy_loader(variant: Any, *, device: str = "cpu") -> Any:
             os._exit(3)
 
         threading.Thread(target=crash, daemon=True).start()
-    from greenctl.executor.daemon import noop_loader
+    from greenctl.executor.runtime.daemon import noop_loader
 
     return noop_loader(variant, device=device)

@@ -43,9 +43,9 @@ def _bound(port: int) -> bool:
 def test_apply_infer_load_status_down(run_store, leftovers):
     """Two built-in tiny executors behind the dispatcher answer OIP JSON and binary requests."""
     import torch
-    from greenctl.executor import oip
     from greenctl.executor.apply import apply_plan, down, status
-    from greenctl.executor.loadgen import run_load
+    from greenctl.executor.runtime import oip
+    from greenctl.executor.runtime.loadgen import run_load
     from greenctl.profiler.models import build_builtin
 
     plan = _plan("tiny", [("tiny-s", 1), ("tiny-m", 1)])
@@ -117,7 +117,7 @@ def test_apply_infer_load_status_down(run_store, leftovers):
 def test_replace_variant_keeps_serving(run_store, loaders, leftovers):
     """A new plan starts its executors before the old ones stop, then routes switch."""
     from greenctl.executor.apply import apply_plan, status
-    from greenctl.executor.loadgen import run_load
+    from greenctl.executor.runtime.loadgen import run_load
 
     first = apply_plan(_plan("m", [("v1", 1)]), store=run_store, loader=loaders["noop"])
     old = status(run_store)["instances"][0]
@@ -136,7 +136,7 @@ def test_replace_variant_keeps_serving(run_store, loaders, leftovers):
     import os
     import signal
 
-    from greenctl.executor.procs import wait_dead
+    from greenctl.executor.runtime.procs import wait_dead
 
     disp = status(run_store)["dispatcher"]
     for pid in (disp["supervisor"]["pid"], disp["pid"]):
@@ -156,7 +156,7 @@ def test_replace_variant_keeps_serving(run_store, loaders, leftovers):
 def test_policy_change_only_switches_routes(run_store, loaders, leftovers):
     """wrr, then batch, then fifo on the same two executors: no process starts or stops."""
     from greenctl.executor.apply import apply_plan
-    from greenctl.executor.loadgen import run_load
+    from greenctl.executor.runtime.loadgen import run_load
 
     plan = _plan("m", [("v1", 2)])
     url = apply_plan(plan, store=run_store, loader=loaders["noop"], policy="wrr").dispatcher_url

@@ -65,7 +65,7 @@ def serving(tmp_path_factory, pids_mentioning):
     """One configuration that keeps serving while each fault below is injected beside it."""
     from greenctl.data.store import open_store
     from greenctl.executor.apply import apply_plan, down
-    from greenctl.executor.procs import is_alive
+    from greenctl.executor.runtime.procs import is_alive
 
     here = Path(__file__).resolve().parent
     loader = f"{here / 'exec_loaders.py'}:broken_loader"  # a no-op model unless named broken*
@@ -146,7 +146,7 @@ def test_more_cores_than_exist_changes_nothing(serving, monkeypatch):
 def test_kill_9_under_load_supervisor_restarts(run_store, loaders, monkeypatch):
     """A killed executor is restarted; in-flight requests are retried on its sibling."""
     from greenctl.executor.apply import apply_plan, status
-    from greenctl.executor.loadgen import run_load
+    from greenctl.executor.runtime.loadgen import run_load
 
     monkeypatch.setenv("GREENCTL_NOOP_SERVICE_MS", "5")
     result = apply_plan(
@@ -186,7 +186,7 @@ def test_kill_9_under_load_supervisor_restarts(run_store, loaders, monkeypatch):
 
 def test_concurrent_apply_is_locked(run_store, loaders):
     from greenctl.executor.apply import apply_plan
-    from greenctl.executor.procs import apply_lock, state_dir_for
+    from greenctl.executor.runtime.procs import apply_lock, state_dir_for
 
     with apply_lock(state_dir_for(run_store.path)):
         with pytest.raises(

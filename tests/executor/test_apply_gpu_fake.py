@@ -72,7 +72,7 @@ def _mig_plan(layout: list[tuple[str, int, str]]) -> Plan:
 
 
 def _executor_env(run_store) -> dict[str, dict[str, str]]:
-    from greenctl.executor.procs import read_json
+    from greenctl.executor.runtime.procs import read_json
 
     out = {}
     for row in run_store.db.table("executor_instances").rows_where("state = ?", ["ready"]):

@@ -17,7 +17,7 @@ from greenctl.executor import backends, control, ray_backend
 # real daemons: a hung one must fail the test, not the CI run
 pytestmark = pytest.mark.timeout(180)
 
-NOOP = "greenctl.executor.daemon:noop_loader"
+NOOP = "greenctl.executor.runtime.daemon:noop_loader"
 
 
 def test_the_backend_is_picked_in_one_place(store):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-from greenctl.executor.daemon import Batcher, Metrics
+from greenctl.executor.runtime.daemon import Batcher, Metrics
 
 
 class Echo:

@@ -6,7 +6,7 @@ import asyncio
 import collections
 
 import pytest
-from greenctl.executor.dispatcher import Dispatcher, ModelRoute, QueueFull
+from greenctl.executor.runtime.dispatcher import Dispatcher, ModelRoute, QueueFull
 
 
 def _route(

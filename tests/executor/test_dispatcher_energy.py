@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from greenctl.executor.metrics import (
+from greenctl.executor.runtime.metrics import (
     CARBON_TOTAL,
     ENERGY_TOTAL,
     GRID_INTENSITY,
@@ -31,7 +31,7 @@ from greenctl.executor.metrics import (
 # real daemons: a hung one must fail the test, not the CI run
 pytestmark = pytest.mark.timeout(120)
 
-NOOP = "greenctl.executor.daemon:noop_loader"
+NOOP = "greenctl.executor.runtime.daemon:noop_loader"
 J_PER_REQUEST = 0.5
 
 
@@ -59,7 +59,7 @@ def test_only_a_dispatcher_that_replaced_another_baselines_older_executors(tmp_p
     """A first dispatcher counts its executors' counters from zero although they started
     before it (nobody summed them: a first scrape after some requests must not drop them);
     one restarted on its predecessor's table counts from what it first reads."""
-    from greenctl.executor.dispatcher import Backend, Dispatcher
+    from greenctl.executor.runtime.dispatcher import Backend, Dispatcher
 
     disp = Dispatcher(token="t", db=None, max_queue=8, state_dir=tmp_path)
     older = Backend({"id": "a", "url": "http://127.0.0.1:1", "pid": 1, "pid_start": "1"})
@@ -91,7 +91,7 @@ def test_a_new_intensity_counts_from_now_on_and_the_counter_never_goes_back():
 
 
 def test_a_routing_table_with_a_bad_carbon_is_refused():
-    from greenctl.executor.dispatcher import Dispatcher
+    from greenctl.executor.runtime.dispatcher import Dispatcher
 
     d = Dispatcher(token="t", db=None, max_queue=4, state_dir=None)  # type: ignore[arg-type]
     d.set_routes({"models": {}, "carbon": {"carbon_g_per_kwh": 300, "pue": 1.2}})
@@ -107,7 +107,15 @@ def test_a_routing_table_with_a_bad_carbon_is_refused():
 # -- real processes ----------------------------------------------------------------------------
 def _executor_argv(tmp_path: Path, name: str) -> tuple[list[str], Path]:
     state = tmp_path / f"{name}.json"
-    argv = [sys.executable, "-m", "greenctl.executor.daemon", "--model", "m", "--variant", "v"]
+    argv = [
+        sys.executable,
+        "-m",
+        "greenctl.executor.runtime.daemon",
+        "--model",
+        "m",
+        "--variant",
+        "v",
+    ]
     argv += ["--loader", NOOP, "--input-shape", "4", "--state-file", str(state)]
     argv += ["--resource", "cpu:1", "--energy-source", "modeled", "--idle-power-w", "0"]
     argv += ["--energy-j-per-request", str(J_PER_REQUEST), "--carbon-intensity", "400"]
@@ -176,7 +184,7 @@ def pair(tmp_path: Path, pids_mentioning):
     disp_state = tmp_path / "dispatcher.json"
     disp = subprocess.Popen(
         [
-            *(sys.executable, "-m", "greenctl.executor.dispatcher"),
+            *(sys.executable, "-m", "greenctl.executor.runtime.dispatcher"),
             *("--state-file", str(disp_state), "--routes", str(routes)),
         ],
         env=env,
@@ -207,7 +215,7 @@ def _settled(url: str, expected_j: float, timeout_s: float = 5.0) -> dict[str, f
 
 
 def test_dispatcher_totals_sum_its_executors_and_survive_a_kill_9(pair):
-    from greenctl.executor.loadgen import run_load
+    from greenctl.executor.runtime.loadgen import run_load
 
     url, states = pair["url"], pair["states"]
     res = run_load(url, "m", duration_s=1.5, rate_rps=80, seed=1)

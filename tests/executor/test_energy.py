@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from greenctl.executor.metrics import carbon_g
+from greenctl.executor.runtime.metrics import carbon_g
 
 # real daemons: a hung one must fail the test, not the CI run
 pytestmark = pytest.mark.timeout(120)
 
-NOOP = "greenctl.executor.daemon:noop_loader"
+NOOP = "greenctl.executor.runtime.daemon:noop_loader"
 GPU_UUID = "GPU-11111111-2222-3333-4444-555555555555"
 FAKE_POWER_W = 200.0
 
@@ -39,7 +39,15 @@ def _fake_nvml(tmp_path: Path, *, mig: bool = False, instances=None) -> Path:
 def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> dict:
     """Start an executor daemon (no-op model) and wait until it is ready; returns its state."""
     state = tmp_path / f"state-{len(list(tmp_path.glob('state-*')))}.json"
-    cmd = [sys.executable, "-m", "greenctl.executor.daemon", "--model", "m", "--variant", "v"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "greenctl.executor.runtime.daemon",
+        "--model",
+        "m",
+        "--variant",
+        "v",
+    ]
     cmd += ["--loader", NOOP, "--input-shape", "4", "--state-file", str(state), *args]
     full_env = {**os.environ, "GREENCTL_NOOP_SERVICE_MS": "2", **(env or {})}
     proc = subprocess.Popen(
@@ -82,7 +90,7 @@ def daemons():
 def _series(url: str) -> dict[str, float]:
     import urllib.request
 
-    from greenctl.executor.metrics import parse_prometheus
+    from greenctl.executor.runtime.metrics import parse_prometheus
 
     with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
         return parse_prometheus(r.read().decode())
@@ -97,7 +105,7 @@ def _one(flat: dict[str, float], name: str) -> tuple[str, float]:
 def test_counters_after_a_measured_run_match_energy_times_requests(tmp_path, daemons):
     """The profiler's NVML meter measures energy per request over a load; the executor's
     counter over the same window matches it times the requests served (within 5 %)."""
-    from greenctl.executor.loadgen import run_load
+    from greenctl.executor.runtime.loadgen import run_load
     from greenctl.profiler.energy import NvmlEnergyMeter
     from greenctl.profiler.fake_nvml import FakeNvml
 
@@ -159,7 +167,7 @@ def test_mig_instance_is_attributed_its_compute_share(tmp_path, daemons):
 
 
 def test_modeled_source_fromprofile_figures(tmp_path, daemons):
-    from greenctl.executor.loadgen import run_load
+    from greenctl.executor.runtime.loadgen import run_load
 
     doc = daemons(
         tmp_path,

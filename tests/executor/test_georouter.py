@@ -116,7 +116,7 @@ def geo(tmp_path_factory):
 
 
 def _load(router: str, gateway: str, *, rate: float, duration: float, seed: int = 0):
-    from greenctl.executor.loadgen import run_load
+    from greenctl.executor.runtime.loadgen import run_load
 
     return run_load(router, "tiny", duration_s=duration, rate_rps=rate, seed=seed,
                     gateway=gateway, connections=32)  # fmt: skip
@@ -384,7 +384,7 @@ def test_the_router_is_journaled_in_the_store_recovered_and_swept_by_down(store,
     from greenctl.data import deployments
     from greenctl.executor.apply import down, status
     from greenctl.executor.georouter import apply_geo, router_dir
-    from greenctl.executor.procs import is_alive, read_json
+    from greenctl.executor.runtime.procs import is_alive, read_json
 
     plan = geo_plan(store, tmp_path)
     nowhere = dict.fromkeys(SITES, "http://127.0.0.1:9")

@@ -41,7 +41,7 @@ def fake_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _load(url: str, rates: dict[str, float], duration_s: float) -> dict[str, object]:
     """Open-loop loads on several models at once, through the dispatcher."""
-    from greenctl.executor.loadgen import run_load
+    from greenctl.executor.runtime.loadgen import run_load
 
     out: dict[str, object] = {}
 

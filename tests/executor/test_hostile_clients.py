@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from greenctl.executor import httpserver as hs
-from greenctl.executor import oip
-from greenctl.executor.procs import python_module_argv, read_json, terminate
+from greenctl.executor.runtime import httpserver as hs
+from greenctl.executor.runtime import oip
+from greenctl.executor.runtime.procs import python_module_argv, read_json, terminate
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-NOOP = "greenctl.executor.daemon:noop_loader"
+NOOP = "greenctl.executor.runtime.daemon:noop_loader"
 ROW = (2, 3)
 BATCH = 2
 MAX_ROWS = 8 * BATCH
@@ -40,7 +40,7 @@ def executor(tmp_path_factory: pytest.TempPathFactory) -> Any:
     folder = tmp_path_factory.mktemp("hostile")
     state = folder / "executor.json"
     argv = python_module_argv(
-        "greenctl.executor.daemon",
+        "greenctl.executor.runtime.daemon",
         "--model", "m", "--variant", "v", "--input-shape", ",".join(map(str, ROW)),
         "--batch", str(BATCH), "--loader", NOOP, "--state-file", str(state),
     )  # fmt: skip

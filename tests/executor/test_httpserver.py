@@ -13,7 +13,7 @@ import json
 import random
 
 import pytest
-from greenctl.executor import httpserver as hs
+from greenctl.executor.runtime import httpserver as hs
 
 
 async def _serve(**kw: object) -> tuple[hs.Server, int, dict[str, asyncio.Event]]:
@@ -456,7 +456,7 @@ def test_settle_heap_freezes_what_is_alive_and_still_collects_later_garbage() ->
 
     code = """
 import gc, weakref
-from greenctl.executor.procs import settle_heap
+from greenctl.executor.runtime.procs import settle_heap
 keep = [[i] for i in range(1000)]
 settle_heap()
 frozen = gc.get_freeze_count()

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from greenctl.data.plan import Deployment, Plan
-from greenctl.executor import oip
-from greenctl.executor.procs import python_module_argv, spawn_detached, wait_dead
+from greenctl.executor.runtime import oip
+from greenctl.executor.runtime.procs import python_module_argv, spawn_detached, wait_dead
 from greenctl.profiler.user_code import CALLER_DIR_ENV
 
 pytestmark = pytest.mark.timeout(180)
@@ -77,7 +77,7 @@ def test_modules_planted_in_the_callers_folder_are_not_run_by_the_daemons(
         "import os\n"
         "def load(variant, *, device='cpu'):\n"
         f"    open({str(markers / 'loader-cwd')!r}, 'w').write(os.getcwd())\n"
-        "    from greenctl.executor.daemon import noop_loader\n"
+        "    from greenctl.executor.runtime.daemon import noop_loader\n"
         "    return noop_loader(variant, device=device)\n"
     )
     (caller / "weights.txt").write_text("relative files resolve in the caller's folder\n")
@@ -143,11 +143,11 @@ def test_daemon_command_lines_use_safe_path_and_absolute_paths(
 ):
     monkeypatch.chdir(tmp_path)
     argv = python_module_argv(
-        "greenctl.executor.daemon", "--db", "rel.db", "--state-file=run/x.json",
+        "greenctl.executor.runtime.daemon", "--db", "rel.db", "--state-file=run/x.json",
         "--routes", "/abs/r.json", "--model", "rel",
     )  # fmt: skip
     assert argv == [
-        sys.executable, "-P", "-m", "greenctl.executor.daemon",
+        sys.executable, "-P", "-m", "greenctl.executor.runtime.daemon",
         "--db", str(tmp_path / "rel.db"), f"--state-file={tmp_path / 'run/x.json'}",
         "--routes", "/abs/r.json", "--model", "rel",
     ]  # fmt: skip

@@ -109,7 +109,7 @@ def test_every_document_validates_against_kubernetes_models():
     assert [(r["weight"], r["slots"]) for r in resnet["instances"]] == [(40.0, 2), (35.0, 4)]
     assert r18["spec"]["template"]["spec"]["containers"][0]["command"][3:5] == ["--model", "resnet"]
     # the dispatcher itself accepts the routing table
-    from greenctl.executor.dispatcher import ModelRoute
+    from greenctl.executor.runtime.dispatcher import ModelRoute
 
     parsed = ModelRoute("resnet", resnet, max_queue=16)
     assert [b.slots for b in parsed.backends] == [2, 4]
@@ -173,8 +173,8 @@ def test_pods_expose_the_energy_series_and_carry_the_grid_intensity():
     """Every pod is scraped by Prometheus's kubernetes-pods job; executors count carbon at
     the plan's intensity and PUE; the dispatcher exports the intensity and leaves the summing
     to Prometheus."""
-    from greenctl.executor.daemon import build_parser
-    from greenctl.executor.dispatcher import Dispatcher
+    from greenctl.executor.runtime.daemon import build_parser
+    from greenctl.executor.runtime.dispatcher import Dispatcher
 
     plan = mix_plan()
     plan.request.update(carbon_intensity=250.0, pue=1.2)
@@ -241,7 +241,7 @@ def test_cli_gives_executors_the_profiles_energy_figures(cli, store, tmp_path):
 def test_dispatcher_energy_reads_can_be_turned_off(monkeypatch):
     import asyncio
 
-    from greenctl.executor.dispatcher import Dispatcher, energy_scrape_s
+    from greenctl.executor.runtime.dispatcher import Dispatcher, energy_scrape_s
 
     monkeypatch.setenv("GREENCTL_ENERGY_SCRAPE_S", "0")
     assert energy_scrape_s() == 0.0

@@ -376,7 +376,7 @@ def test_a_geo_plan_is_not_simulated_and_applied_only_as_routes(cli, eglb, tmp_p
 
 
 # -- the acceptance test: a kind registered at run time, through every step -----------------
-NOOP = "greenctl.executor.daemon:noop_loader"
+NOOP = "greenctl.executor.runtime.daemon:noop_loader"
 TOY_ENERGY_J = {"tiny-s": 0.05, "tiny-m": 0.2}
 TOY_ACCURACY = {"tiny-s": 0.70, "tiny-m": 0.76}
 

@@ -18,7 +18,7 @@ import pytest
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Profile
-from greenctl.executor import oip
+from greenctl.executor.runtime import oip
 from greenctl.planner.core.choice import (
     Offer,
     QueueLatency,
@@ -31,7 +31,7 @@ from greenctl.planner.core.choice import (
 # real daemons: a hung one must fail the test, not the CI run
 pytestmark = pytest.mark.timeout(120)
 
-NOOP = "greenctl.executor.daemon:noop_loader"
+NOOP = "greenctl.executor.runtime.daemon:noop_loader"
 #: (variant, p50/p95/p99 ms, energy J per request): the more accurate is the slower and
 #: the more energy-hungry (built-in accuracies: tiny-s 0.52, tiny-l 0.79). Two variants on
 #: one core each: CI machines may have two cores.
@@ -268,7 +268,7 @@ def test_preference_follows_the_plans_objective():
 
 
 def test_requirements_are_read_from_the_top_level_parameters_only_when_stated():
-    from greenctl.executor.dispatcher import requirements_of
+    from greenctl.executor.runtime.dispatcher import requirements_of
 
     x = np.zeros((64, 3, 32, 32), dtype=np.float32)  # a large JSON body (tensor data inline)
     body, _ = oip.encode_request([("input", x)])
@@ -298,8 +298,8 @@ def test_the_bench_arm_runs(tmp_path: Path):
 def test_a_replacing_dispatcher_and_a_resync_keep_the_offers():
     """The routing table a dispatcher keeps for its successor holds the variants, offers and
     preference; a table rebuilt from the store's rows takes them from the running one."""
-    from greenctl.executor.dispatcher import Dispatcher
-    from greenctl.executor.offers import carry_offers
+    from greenctl.executor.runtime.dispatcher import Dispatcher
+    from greenctl.executor.runtime.offers import carry_offers
 
     offer = Offer("s", 0.5, 1.0, 1e-4, None, QueueLatency((2.0,), 2.0)).to_dict()
     inst = {"id": "1-0", "url": "http://127.0.0.1:1", "variant": "s", "offer": offer}

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Profile
-from greenctl.executor import oip
-from greenctl.executor.serving import QUANTILE_POINTS, ServingMeasurement, save_serving
+from greenctl.executor.runtime import oip
+from greenctl.executor.runtime.serving import QUANTILE_POINTS, ServingMeasurement, save_serving
 from greenctl.planner.core.choice import QueueLatency, Requirements, choose, queue_latency
 
 pytestmark = pytest.mark.timeout(120)
 
-NOOP = "greenctl.executor.daemon:noop_loader"
+NOOP = "greenctl.executor.runtime.daemon:noop_loader"
 #: (variant, p50/p95/p99 ms, energy J per request, measured serving path overhead in ms):
 #: tiny-s is the faster and greener, but its requests take a slow serving path; tiny-l's
 #: path is short.
@@ -123,7 +123,7 @@ def test_the_table_adds_the_path_as_predict_does():
 def test_offers_carry_the_measured_path_and_the_choice_reroutes(store):
     """A request whose SLO lies between tiny-s's model-only latency and its latency with the
     serving path goes to tiny-l (whose path is short), or is refused when neither meets it."""
-    from greenctl.executor.offers import instance_offers
+    from greenctl.executor.runtime.offers import instance_offers
 
     plan = _fill(store, paths=False)
     keys = {(v, "cpu:1", 1) for v in FIGURES}

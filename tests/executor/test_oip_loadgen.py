@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from greenctl.data.bundled import path_of
 from greenctl.data.errors import FileFormatError, InputError
-from greenctl.executor import oip
-from greenctl.executor.loadgen import (
+from greenctl.executor.runtime import oip
+from greenctl.executor.runtime.loadgen import (
     arrival_times,
     check_endpoint,
     model_input,
@@ -324,7 +324,7 @@ def test_the_client_reports_how_far_it_fell_behind_its_schedule():
     import time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from greenctl.executor.loadgen import open_session, send_load
+    from greenctl.executor.runtime.loadgen import open_session, send_load
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -372,7 +372,7 @@ def test_the_client_reports_how_far_it_fell_behind_its_schedule():
 
 
 def test_a_lagging_client_is_named_only_when_it_matters():
-    from greenctl.executor.loadgen import client_lag_note
+    from greenctl.executor.runtime.loadgen import client_lag_note
 
     assert client_lag_note(None, 10.0) is None
     assert client_lag_note(0.8, 5.0) is None  # under 1 ms
@@ -382,7 +382,7 @@ def test_a_lagging_client_is_named_only_when_it_matters():
 
 
 def test_latency_breakdown_splits_what_the_executor_timed():
-    from greenctl.executor.loadgen import latency_breakdown
+    from greenctl.executor.runtime.loadgen import latency_breakdown
 
     nan = math.nan
     lat = [10.0, 12.0, 30.0, 9.0]

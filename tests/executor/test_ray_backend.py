@@ -408,7 +408,7 @@ def _post(url: str, name: str, parameters: dict | None = None) -> tuple[int, dic
 
 
 def _ray_metrics(url: str) -> dict[str, float]:
-    from greenctl.executor.metrics import parse_prometheus
+    from greenctl.executor.runtime.metrics import parse_prometheus
 
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
         return parse_prometheus(resp.read().decode())
@@ -422,7 +422,7 @@ def test_model_less_requests_and_energy_series_on_ray(cluster, store, http_port)
     import time
 
     from greenctl.data.records import Profile
-    from greenctl.executor.metrics import CARBON_TOTAL, ENERGY_TOTAL, GRID_INTENSITY
+    from greenctl.executor.runtime.metrics import CARBON_TOTAL, ENERGY_TOTAL, GRID_INTENSITY
     from greenctl.profiler.models import builtin_variant
 
     for name, lat, energy in (("tiny-s", 1.0, 0.05), ("tiny-l", 6.0, 0.5)):

@@ -9,19 +9,19 @@ from __future__ import annotations
 import pytest
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Profile
-from greenctl.executor.dispatcher import NoVariant
-from greenctl.executor.metrics import (
-    CARBON_TOTAL,
-    ENERGY_TOTAL,
-    GRID_INTENSITY,
-    carbon_g,
-    parse_prometheus,
-)
 from greenctl.executor.ray_backend import (
     PlanRoutes,
     ReplicaEnergy,
     RouteEntry,
     energy_spec,
+)
+from greenctl.executor.runtime.dispatcher import NoVariant
+from greenctl.executor.runtime.metrics import (
+    CARBON_TOTAL,
+    ENERGY_TOTAL,
+    GRID_INTENSITY,
+    carbon_g,
+    parse_prometheus,
 )
 from greenctl.planner.core.choice import Offer, QueueLatency, Requirements
 

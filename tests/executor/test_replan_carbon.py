@@ -17,13 +17,13 @@ import pytest
 from greenctl.data import carbon_io
 from greenctl.data.records import Profile, Variant
 from greenctl.executor import control
-from greenctl.executor.metrics import CARBON_TOTAL, ENERGY_TOTAL, GRID_INTENSITY, carbon_g
-from greenctl.executor.metrics import parse_prometheus as parse
+from greenctl.executor.runtime.metrics import CARBON_TOTAL, ENERGY_TOTAL, GRID_INTENSITY, carbon_g
+from greenctl.executor.runtime.metrics import parse_prometheus as parse
 
 # real daemons: a hung one must fail the test, not the CI run
 pytestmark = pytest.mark.timeout(120)
 
-OPTS = {"loader": "greenctl.executor.daemon:noop_loader", "cores": [0]}
+OPTS = {"loader": "greenctl.executor.runtime.daemon:noop_loader", "cores": [0]}
 T = "2021-03-01T{:02d}:00:00Z"
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from greenctl.data.errors import InputError, NotFoundError
 from greenctl.data.plan import Deployment, Plan
-from greenctl.executor.serving import (
+from greenctl.executor.runtime.serving import (
     QUANTILE_POINTS,
     ServingMeasurement,
     save_serving,
@@ -58,7 +58,7 @@ def test_measure_serving_leaves_the_running_plan_alone(run_store, leftovers):
         kind="mix",
         deployments=[Deployment("tiny", "tiny-s", "cpu:1", 1, 1, quota_rps=10.0)],
     )
-    apply_plan(plan, store=run_store, loader="greenctl.executor.daemon:noop_loader")
+    apply_plan(plan, store=run_store, loader="greenctl.executor.runtime.daemon:noop_loader")
     before = status(run_store)
     rows = measure_serving(
         run_store,
@@ -89,7 +89,7 @@ def test_measure_serving_leaves_the_running_plan_alone(run_store, leftovers):
 
 
 def test_model_stand_in_subtracts_the_executors_own_queue_and_run(run_store):
-    from greenctl.executor.loadgen import run_load
+    from greenctl.executor.runtime.loadgen import run_load
 
     (row,) = measure_serving(
         run_store,

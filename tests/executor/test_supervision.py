@@ -29,7 +29,7 @@ from greenctl.data.plan import Deployment, Plan, write_plan_file
 pytestmark = pytest.mark.timeout(240)
 
 HERE = Path(__file__).resolve().parent
-NOOP = "greenctl.executor.daemon:noop_loader"
+NOOP = "greenctl.executor.runtime.daemon:noop_loader"
 SLOW = f"{HERE / 'exec_loaders.py'}:slow_loader"
 CRASHY = f"{HERE / 'exec_loaders.py'}:crashy_loader"
 
@@ -68,8 +68,8 @@ def _wait_for(check, timeout_s: float = 30.0, every_s: float = 0.05):
 
 
 def _daemons(pids_mentioning, state_dir: Path, kind: str) -> list[int]:
-    """Live processes of one kind (executor.daemon, dispatcher, supervisor) of this test."""
-    from greenctl.executor.procs import is_alive
+    """Live processes of one runtime module (daemon, dispatcher, supervisor) of this test."""
+    from greenctl.executor.runtime.procs import is_alive
 
     out = []
     for pid in pids_mentioning(str(state_dir)):
@@ -77,7 +77,7 @@ def _daemons(pids_mentioning, state_dir: Path, kind: str) -> list[int]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"greenctl.executor.{kind}".encode() in argv and is_alive(pid):
+        if f"greenctl.executor.runtime.{kind}".encode() in argv and is_alive(pid):
             out.append(pid)
     return sorted(out)
 
@@ -294,7 +294,7 @@ def test_the_only_instance_killed_under_load_loses_nothing(run_store, monkeypatc
     """The issue's 111 failures: with one executor, its requests now wait in the bounded
     queue while it restarts, and the ones it held are retried on it once it is back."""
     from greenctl.executor.apply import apply_plan, status
-    from greenctl.executor.loadgen import run_load
+    from greenctl.executor.runtime.loadgen import run_load
 
     monkeypatch.setenv("GREENCTL_NOOP_SERVICE_MS", "2")
     url = apply_plan(_plan(count=1), store=run_store, loader=NOOP, policy=policy).dispatcher_url
@@ -384,7 +384,7 @@ def test_a_dispatcher_running_before_the_upgrade_is_still_stopped(run_store, tmp
     assert db["executor_dispatcher"].get(1)["supervisor_pid"] is None
 
     old = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    from greenctl.executor.procs import proc_start_ticks
+    from greenctl.executor.runtime.procs import proc_start_ticks
 
     with run_store.transaction():  # as a greenctl before the supervisor recorded it
         row_id = deployments.journal_dispatcher(

@@ -1,5 +1,5 @@
 """The dispatcher's upstream client sends a request's head and body without joining them
-(greenctl.executor.upstream, issue 22): the bytes on the wire, keep-alive reuse, and that a
+(greenctl.executor.runtime.upstream, issue 22): the bytes on the wire, keep-alive reuse, and that a
 pooled body buffer is never overwritten while the transport still has to send it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
-from greenctl.executor import upstream as up
+from greenctl.executor.runtime import upstream as up
 
 
 def loops() -> list[str]:

@@ -1,7 +1,7 @@
 """The dispatcher: one serial CPU stage that every request of a plan crosses (issue 22).
 
 Every request of a plan passes through one dispatcher process (one event loop on one core,
-``executor/dispatcher.py``) before its executor; ``greenctl profile serving`` measures its
+``executor/runtime/dispatcher.py``) before its executor; ``greenctl profile serving`` measures its
 CPU per request on the dispatcher path (H200 host, 600 KB resnet bodies: 0.43-0.60 ms at
 1,500 req/s, 0.81 at 300, 1.15 at 100). With it measured the plan's prediction adds the
 dispatcher's wait at the plan's total rate beyond what the serving path's samples already
@@ -18,7 +18,7 @@ import pytest
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
-from greenctl.executor.serving import ServingMeasurement, save_serving, serving_overheads
+from greenctl.executor.runtime.serving import ServingMeasurement, save_serving, serving_overheads
 from greenctl.planner.core.evaluate import (
     DispatcherStage,
     ServingPath,

@@ -19,15 +19,15 @@ from greenctl.data.errors import InputError
 from greenctl.data.plan import PLAN_KINDS, Deployment, Plan
 from greenctl.executor import ray_backend
 from greenctl.executor.apply import apply_plan
-from greenctl.executor.dispatcher import ModelRoute
 from greenctl.executor.k8s_export import build_k8s_export
+from greenctl.executor.runtime.dispatcher import ModelRoute
 from greenctl.planner.core import simulator
 from greenctl.planner.core.policy import POLICIES, SmoothWRR, default_policy, plan_policy
 from greenctl.planner.core.simulator import evaluate_plan, stride_assign
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-NOOP = "greenctl.executor.daemon:noop_loader"
+NOOP = "greenctl.executor.runtime.daemon:noop_loader"
 BATCHES = ((1, 1), (1, 4))
 
 

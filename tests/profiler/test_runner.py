@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from greenctl.executor.daemon import Batcher, Metrics
+from greenctl.executor.runtime.daemon import Batcher, Metrics
 from greenctl.profiler import runner as rn
 
 

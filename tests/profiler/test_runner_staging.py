@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 import pytest
-from greenctl.executor.daemon import Batcher, Metrics
+from greenctl.executor.runtime.daemon import Batcher, Metrics
 from greenctl.profiler import runner as rn
 
 

@@ -1,6 +1,6 @@
 """The executor daemon: one planned instance of one variant on one resource.
 
-Run as ``python -m greenctl.executor.daemon --model M --variant V --resource cpu:1 --port 0
+Run as ``python -m greenctl.executor.runtime.daemon --model M --variant V --resource cpu:1 --port 0
 --state-file PATH`` (``greenctl apply`` starts it detached). It pins itself to its CPU cores
 (affinity + torch threads) or runs with the CUDA environment its spawner set
 (``CUDA_VISIBLE_DEVICES=MIG-<uuid>``, ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``), loads and warms up
@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 from greenctl.data.errors import InputError, shown
 from greenctl.data.resources import kind_of
-from greenctl.executor import httpserver as hs
-from greenctl.executor import oip
-from greenctl.executor.metrics import (
+from greenctl.executor.runtime import httpserver as hs
+from greenctl.executor.runtime import oip
+from greenctl.executor.runtime.metrics import (
     BATCH_BUCKETS,
     LATENCY_BUCKETS_S,
     EnergyExport,
@@ -52,11 +52,16 @@ from greenctl.executor.metrics import (
     check_carbon,
     histogram_lines,
 )
-from greenctl.executor.procs import proc_start_ticks, run_async, settle_heap, write_json_atomic
+from greenctl.executor.runtime.procs import (
+    proc_start_ticks,
+    run_async,
+    settle_heap,
+    write_json_atomic,
+)
 from greenctl.profiler.user_code import caller_dir, import_user_module, user_path
 
 DEFAULT_LOADER = "greenctl.profiler.models:load_model"
-NOOP_LOADER = "greenctl.executor.daemon:noop_loader"
+NOOP_LOADER = "greenctl.executor.runtime.daemon:noop_loader"
 INPUT_NAME = "input"
 OUTPUT_NAME = "output"
 #: rows one request may carry, as a multiple of the largest batch (``--max-rows`` overrides;
@@ -698,7 +703,9 @@ def _in_folder(folder: str) -> Iterator[None]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m greenctl.executor.daemon", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m greenctl.executor.runtime.daemon", description=__doc__
+    )
     p.add_argument("--model", required=True, help="model (family) name served")
     p.add_argument("--variant", required=True, help="variant to load")
     p.add_argument("--resource", default="cpu:1", help="resource label, e.g. cpu:2, mig:1g.10gb")

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 from greenctl.data.errors import ExecutorError, InputError
-from greenctl.executor import oip
+from greenctl.executor.runtime import oip
 from greenctl.planner.core.loads import check_arrivals
 
 
@@ -428,7 +428,7 @@ def run_load(
     body, headers = model_input(endpoint, model, binary=binary)
     if gateway is not None:
         headers = {**headers, oip.GATEWAY_HEADER: gateway}
-    from greenctl.executor.procs import run_async, settle_heap
+    from greenctl.executor.runtime.procs import run_async, settle_heap
 
     settle_heap()  # a full collection mid-run would stall sending and show up as latency
     lags: list[float] = []

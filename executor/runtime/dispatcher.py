@@ -1,6 +1,6 @@
 """The dispatcher: one Open Inference Protocol front endpoint per plan, plus the supervisor.
 
-Run as ``python -m greenctl.executor.dispatcher --state-file PATH --routes FILE`` (``greenctl
+Run as ``python -m greenctl.executor.runtime.dispatcher --state-file PATH --routes FILE`` (``greenctl
 apply`` starts it detached). It forwards ``/v2/models/{name}/...`` to that model's executor
 instances with the plan's policy:
 
@@ -21,8 +21,8 @@ a crash loop's back-off runs past that).
 
 The supervisor loop, in this process, restarts crashed executors with the command line they
 were started with (at once, then with a back-off that doubles while it keeps crashing, never
-giving up: :func:`~greenctl.executor.procs.restart_delay`) and records each restart in the
-store. Started by :mod:`greenctl.executor.supervisor` (``--pair``), it serves on the
+giving up: :func:`~greenctl.executor.runtime.procs.restart_delay`) and records each restart in the
+store. Started by :mod:`greenctl.executor.runtime.supervisor` (``--pair``), it serves on the
 supervisor's listening socket (``--listen-fd``), keeps its routing table in a file
 (``--routes-state``) for the dispatcher that replaces it, and restarts its supervisor when
 that dies. The admin endpoints (``/admin/routes``) answer only loopback clients presenting
@@ -61,9 +61,9 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data.errors import InputError
-from greenctl.executor import httpserver as hs
-from greenctl.executor import oip
-from greenctl.executor.metrics import (
+from greenctl.executor.runtime import httpserver as hs
+from greenctl.executor.runtime import oip
+from greenctl.executor.runtime.metrics import (
     CARBON_TOTAL,
     ENERGY_TOTAL,
     GRID_INTENSITY,
@@ -76,7 +76,7 @@ from greenctl.executor.metrics import (
     model_energy_lines,
     parse_prometheus,
 )
-from greenctl.executor.procs import (
+from greenctl.executor.runtime.procs import (
     STABLE_S,
     backoff_settings,
     find_processes,
@@ -91,7 +91,7 @@ from greenctl.executor.procs import (
     terminate,
     write_json_atomic,
 )
-from greenctl.executor.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
+from greenctl.executor.runtime.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
 from greenctl.planner.core.choice import (
     PREFERENCES,
     REQUIREMENT_KEYS,
@@ -1334,7 +1334,7 @@ class Dispatcher:
         self.supervisor_failures += 1
         self.supervisor_retry_at = now + restart_delay(self.supervisor_failures, base=base, cap=cap)
         assert self.pair is not None and self.pair_file is not None and self.db
-        from greenctl.executor.supervisor import supervisor_argv
+        from greenctl.executor.runtime.supervisor import supervisor_argv
 
         me = os.getpid()
         extra = ["--adopt-pid", str(me), "--adopt-ticks", str(proc_start_ticks(me) or "")]
@@ -1360,7 +1360,9 @@ class Dispatcher:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m greenctl.executor.dispatcher", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m greenctl.executor.runtime.dispatcher", description=__doc__
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=int, default=0, help="port (0: any free port)")
     p.add_argument("--state-file", required=True, help="where to write pid/port/token when ready")

@@ -367,7 +367,7 @@ def add_protocol_routes(
     """Register the KServe v2 REST endpoints (and ``/metrics``) on a router.
 
     ``router`` has aiohttp's ``add_get``/``add_post`` (greenctl's own servers use
-    :class:`greenctl.executor.httpserver.Router`).
+    :class:`greenctl.executor.runtime.httpserver.Router`).
 
     The executor daemon and the dispatcher speak the same protocol; this keeps their
     endpoint tables identical.

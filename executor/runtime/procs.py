@@ -40,9 +40,9 @@ BACKOFF_ENV = "GREENCTL_RESTART_BACKOFF"
 STABLE_S = 5.0
 #: the daemons greenctl starts (``down`` looks for leftovers of these)
 DAEMON_MODULES = (
-    "greenctl.executor.daemon",
-    "greenctl.executor.dispatcher",
-    "greenctl.executor.supervisor",
+    "greenctl.executor.runtime.daemon",
+    "greenctl.executor.runtime.dispatcher",
+    "greenctl.executor.runtime.supervisor",
     "greenctl.executor.georouter",
 )
 #: options of daemon command lines whose values are paths (made absolute when built)

@@ -1,5 +1,5 @@
 """What the running executors' energy counters say: a snapshot of every ready instance's
-``greenctl_energy_joules_total`` (see :mod:`greenctl.executor.metrics`), and the energy
+``greenctl_energy_joules_total`` (see :mod:`greenctl.executor.runtime.metrics`), and the energy
 between two snapshots, split into CPU and accelerator energy (``apply --verify`` records it
 beside a run, ``report emissions`` reads it)."""
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from greenctl.data import deployments
 from greenctl.data.resources import kind_of
-from greenctl.executor.metrics import ENERGY_TOTAL, label_value, parse_prometheus
+from greenctl.executor.runtime.metrics import ENERGY_TOTAL, label_value, parse_prometheus
 
 
 def _get_text(url: str, timeout_s: float) -> str | None:

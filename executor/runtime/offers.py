@@ -8,7 +8,7 @@ at the instance's capacity (the evaluation core's accounting at the plan's carbo
 and PUE), and the latency table of its service model (the one the planners and the simulator
 use) with, when the serving path was measured (``greenctl profile serving``), the path's
 overhead that ``predict`` adds to every request (the newest run of the family's variant at
-the measured rate nearest the plan's, :func:`greenctl.executor.serving.serving_overheads`).
+the measured rate nearest the plan's, :func:`greenctl.executor.runtime.serving.serving_overheads`).
 The dispatcher only reads these; a table without them routes by model and variant name
 as before, and a model-less request then finds no variant that meets it.
 """
@@ -45,7 +45,7 @@ def instance_offers(
     """
     # the evaluation core (numpy, scipy) only when a plan is applied
     from greenctl.data.emissions import plan_carbon
-    from greenctl.executor.serving import serving_overheads
+    from greenctl.executor.runtime.serving import serving_overheads
     from greenctl.planner.core.evaluate import account, build_instances
     from greenctl.planner.core.evaluate import serving_path as path_of
     from greenctl.planner.core.latency import BatchService

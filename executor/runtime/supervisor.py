@@ -1,10 +1,10 @@
 """The supervisor: keeps one dispatcher serving on one listening socket.
 
-Run as ``python -m greenctl.executor.supervisor --pair FILE --db STORE`` (``greenctl apply``
+Run as ``python -m greenctl.executor.runtime.supervisor --pair FILE --db STORE`` (``greenctl apply``
 starts it detached; the pair file, 0600 in the state folder, names the address, the token
 and the files of the pair). Supervision of the serving processes, end to end:
 
-- **The dispatcher restarts executors** (:mod:`greenctl.executor.dispatcher`): a dead one is
+- **The dispatcher restarts executors** (:mod:`greenctl.executor.runtime.dispatcher`): a dead one is
   started again with the command line it was started with, at once the first time, then,
   while it keeps dying within 5 s of becoming ready, after a back-off that doubles from 0.5 s
   to 30 s and never gives up (``$GREENCTL_RESTART_BACKOFF`` = ``BASE,CAP``); ``status`` shows it.
@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from greenctl.executor.procs import (
+from greenctl.executor.runtime.procs import (
     STABLE_S,
     backoff_settings,
     is_alive,
@@ -65,7 +65,7 @@ def stop_requested(pair: dict[str, Any]) -> bool:
 def supervisor_argv(pair_file: str, db: str, *extra: str) -> list[str]:
     """The supervisor's command line (``extra``: ``--adopt-pid`` and the like)."""
     return python_module_argv(
-        "greenctl.executor.supervisor", "--pair", pair_file, "--db", db, *extra
+        "greenctl.executor.runtime.supervisor", "--pair", pair_file, "--db", db, *extra
     )
 
 
@@ -164,7 +164,7 @@ class Supervisor:
             state_file.unlink()
         fd = self.sock.fileno()
         argv = python_module_argv(
-            "greenctl.executor.dispatcher",
+            "greenctl.executor.runtime.dispatcher",
             "--host", str(pair["host"]), "--port", str(self.port),
             "--state-file", str(state_file), "--db", self.db,
             "--max-queue", str(pair.get("max_queue") or 256),
@@ -306,7 +306,9 @@ class Supervisor:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m greenctl.executor.supervisor", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m greenctl.executor.runtime.supervisor", description=__doc__
+    )
     p.add_argument("--pair", required=True, help="the pair's JSON file (written by apply)")
     p.add_argument("--db", required=True, help="greenctl store (records the pair's processes)")
     p.add_argument("--adopt-pid", type=int, default=None, help="a running dispatcher to watch")
