@@ -436,7 +436,7 @@ def main() -> int:
     os.environ["GREENCTL_NOOP_SERVICE_MS"] = "0"
     from greenctl.data.plan import Deployment, Plan
     from greenctl.data.store import open_store
-    from greenctl.executor.apply import apply_plan, down, status
+    from greenctl.executor.deploy.apply import apply_plan, down, status
 
     store = open_store()
     print(

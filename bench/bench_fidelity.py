@@ -70,10 +70,10 @@ def main() -> int:
 
     from greenctl.data.plan import Deployment, Plan
     from greenctl.data.store import open_store
-    from greenctl.executor.apply import apply_plan, down
+    from greenctl.executor.deploy.apply import apply_plan, down
+    from greenctl.executor.deploy.serving_measure import measure_serving
     from greenctl.executor.runtime.loadgen import run_load
     from greenctl.executor.runtime.serving import save_serving, serving_overheads
-    from greenctl.executor.serving_measure import measure_serving
     from greenctl.planner.core.evaluate import predict, profiles_by_key
     from greenctl.profiler.harness import profile
 

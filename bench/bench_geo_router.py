@@ -49,8 +49,8 @@ def main() -> int:
     os.environ["GREENCTL_NOOP_SERVICE_MS"] = "0"
     from greenctl.data.plan import Deployment, Plan
     from greenctl.data.store import open_store
-    from greenctl.executor.apply import apply_plan, down, status
-    from greenctl.executor.georouter import (
+    from greenctl.executor.deploy.apply import apply_plan, down, status
+    from greenctl.executor.deploy.georouter import (
         apply_geo,
         gateway_fractions,
         router_dir,

@@ -157,7 +157,7 @@ def e2e(*, rate: float, slice_s: float, blocks: int) -> dict[str, Any]:
     from greenctl.data.plan import Deployment, Plan
     from greenctl.data.records import Profile, Variant
     from greenctl.data.store import open_store
-    from greenctl.executor.apply import apply_plan, down, status
+    from greenctl.executor.deploy.apply import apply_plan, down, status
     from greenctl.executor.runtime.loadgen import (
         arrival_times,
         model_input,

@@ -31,8 +31,8 @@ def main() -> None:
     args = ap.parse_args()
     from greenctl.data.plan import Deployment, Plan
     from greenctl.data.store import open_store
-    from greenctl.executor.apply import apply_plan, down
-    from greenctl.executor.ray_backend import apply_ray, down_ray
+    from greenctl.executor.deploy.apply import apply_plan, down
+    from greenctl.executor.deploy.ray_backend import apply_ray, down_ray
 
     ray_bin = shutil.which("ray")
     if ray_bin is None:

@@ -129,7 +129,7 @@ def processes(store: Any) -> dict[str, Any]:
     each serves (from ``status``), and whether all of them do (``all_up``: ``status`` may
     still call the plan degraded a few seconds longer, while an executor killed twice in a
     row has not yet served long enough to be out of its crash loop)."""
-    from greenctl.executor.apply import status
+    from greenctl.executor.deploy.apply import status
 
     st = status(store, timeout_s=0.5)
     disp = st["dispatcher"] or {}
@@ -202,8 +202,8 @@ def summarise(kills: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from greenctl.data.store import open_store
-    from greenctl.executor.apply import apply_plan, down
-    from greenctl.executor.partition import available_cores
+    from greenctl.executor.deploy.apply import apply_plan, down
+    from greenctl.executor.deploy.partition import available_cores
     from greenctl.executor.runtime.procs import process_argv, stray_daemons
 
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="greenctl-chaos-"))

@@ -100,7 +100,7 @@ def apply_cmd(
     """Make a plan real: partitions, executor daemons and a dispatcher, with rollback; a geo
     plan: a geo router forwarding each request to a site (--site NAME=URL)."""
     from greenctl.data.plan import load_plan_file
-    from greenctl.executor.backends import backend_for, get_backend
+    from greenctl.executor.deploy.backends import backend_for, get_backend
 
     plan = load_plan_file(plan_file)
     if plan.kind == "geo" or site:
@@ -149,7 +149,7 @@ def apply_cmd(
 
 def _apply_geo(plan: Any, site: list[str] | None, *, db: str | None, json_out: bool,
                **options: Any) -> None:  # fmt: skip
-    from greenctl.executor.georouter import apply_geo, parse_sites
+    from greenctl.executor.deploy.georouter import apply_geo, parse_sites
 
     sites = parse_sites(site)
     with store_for(db) as store:
@@ -237,8 +237,8 @@ def status_cmd(
     """Show the dispatcher and every running instance (variant, resource, pid, port, p95).
     Exits 1 when the plan is not fully serving (and says why)."""
     from greenctl.data.errors import ExecutorError
-    from greenctl.executor.backends import not_serving, status
-    from greenctl.executor.georouter import router_status
+    from greenctl.executor.deploy.backends import not_serving, status
+    from greenctl.executor.deploy.georouter import router_status
 
     # read-only: a missing store is not created, except to ask a named cluster (as before)
     with store_for(db, create=backend not in (None, "local")) as store:
@@ -377,7 +377,7 @@ def down_cmd(
 ) -> None:
     """Stop the dispatcher and every executor greenctl started (on the backend that runs the
     plan, unless --backend names one)."""
-    from greenctl.executor.backends import down
+    from greenctl.executor.deploy.backends import down
 
     with store_for(db) as store:
         doc = down(store, backend=backend, address=address, restore_mig=restore_mig)

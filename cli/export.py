@@ -49,7 +49,7 @@ def export_k8s(
 ) -> None:
     """Write Deployments, Services, the dispatcher and (MIG plans) the mig-parted ConfigMap."""
     from greenctl.data.emissions import executor_energy_args
-    from greenctl.executor.k8s_export import build_k8s_export, write_k8s_export
+    from greenctl.executor.deploy.k8s_export import build_k8s_export, write_k8s_export
 
     doc, memory = _load_plan(plan, db)
     with store_for(db) as store:  # each executor's energy and carbon options, as apply's
@@ -96,8 +96,8 @@ def export_envoy_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Write, per gateway, an Envoy v3 config: weighted_clusters for the slot, the clusters."""
-    from greenctl.executor.envoy_export import export_envoy, write_envoy_export
-    from greenctl.executor.georouter import parse_sites
+    from greenctl.executor.deploy.envoy_export import export_envoy, write_envoy_export
+    from greenctl.executor.deploy.georouter import parse_sites
 
     doc, _ = _load_plan(plan, db)
     sites = parse_sites(site)

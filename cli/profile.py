@@ -371,13 +371,11 @@ def _profile_cells(profiles: list[Any], headers: list[str], *, used: set[Any]) -
     return [[columns[h](p) for h in headers] for p in profiles]
 
 
-def _captions(profiles: list[Any], *, modeled: bool = True) -> str | None:
+def _captions(profiles: list[Any]) -> str | None:
     """What a profile table's caption says: modeled energy, and rows that are estimates
     (MPS-emulated or synthetic slices; the rule and its words live in data.records)."""
     lines = [
-        _modeled_caption()
-        if modeled and any(p.energy_method == "modeled" for p in profiles)
-        else None,
+        _modeled_caption() if any(p.energy_method == "modeled" for p in profiles) else None,
         estimate_caption(p.source for p in profiles),
     ]
     return "\n".join(line for line in lines if line) or None
@@ -424,7 +422,7 @@ def profile_show(
         None,
         headers,
         _profile_cells(profiles, headers, used=set()),
-        caption=_captions(profiles, modeled=False),
+        caption=_captions(profiles),
     )
 
 

@@ -120,7 +120,7 @@ def replan_cmd(
         raise InputError("--plan ID|FILE is required", hint="or pass --history to list decisions")
     dwell = control.parse_duration(min_dwell)
     rates = _parse_rates(rate)
-    from greenctl.executor.georouter import replan_if_routed
+    from greenctl.executor.deploy.georouter import replan_if_routed
 
     with store_for(db) as store:
         routed = replan_if_routed(store, plan=plan, at=at)  # a geo plan its router routes

@@ -81,8 +81,8 @@ def profile_serving(
     mix` then adds the dispatcher path to its predicted latencies (and `apply --verify`
     compares them with what is measured).
     """
+    from greenctl.executor.deploy.serving_measure import measure_serving
     from greenctl.executor.runtime.serving import DEFAULT_RATES, PATHS, save_serving
-    from greenctl.executor.serving_measure import measure_serving
     from rich.text import Text
 
     with store_for(db) as store:

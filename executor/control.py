@@ -580,7 +580,7 @@ def replan_once(
     one (:func:`greenctl.data.carbon.signal_region`, as `plan mix` takes it); a kind that
     plans no carbon (a glet plan) needs no region. With
     ``apply`` the new plan is applied (``apply_fn``, default: on the backend that runs the
-    plan, :func:`greenctl.executor.backends.apply_where_running`, with ``apply_options``);
+    plan, :func:`greenctl.executor.deploy.backends.apply_where_running`, with ``apply_options``);
     otherwise it is saved and proposed. Every round appends a decision record. With a
     forecaster and ``sample_load``, the running dispatcher's request counters are first
     turned into a ``load_history`` sample (so cron runs collect the load they forecast).
@@ -815,10 +815,10 @@ def replan_once(
 
 def serving_state(store: Any) -> dict[str, Any]:
     """What really serves, asked of the backend that runs the plan (live processes or
-    replicas, not the rows of the last apply; :func:`greenctl.executor.backends.serving`):
+    replicas, not the rows of the last apply; :func:`greenctl.executor.deploy.backends.serving`):
     ``backend``, ``live``, ``plan_id`` (the plan that serves) and ``why`` nothing serves when
     not ``live``."""
-    from greenctl.executor import backends
+    from greenctl.executor.deploy import backends
 
     return backends.serving(store).to_dict()
 
@@ -908,7 +908,7 @@ def _count_at_signal(
 
 def _default_apply(plan: Any, *, store: Any, **options: Any) -> Any:
     """Apply on the backend that runs the plan (or ran it last), as it was applied there."""
-    from greenctl.executor import backends
+    from greenctl.executor.deploy import backends
 
     return backends.apply_where_running(plan, store=store, **options)
 
@@ -1255,7 +1255,7 @@ def run_demo(
     from greenctl.data import carbon, carbon_io
     from greenctl.data.reports import deployments_label
     from greenctl.data.store import open_store
-    from greenctl.executor.apply import apply_plan, down
+    from greenctl.executor.deploy.apply import apply_plan, down
     from greenctl.executor.kinds import get_kind
     from greenctl.planner.core.forecast import DEFAULT_FORECASTER
     from greenctl.profiler.harness import profile
@@ -1307,8 +1307,8 @@ def run_demo(
         summary["energy_methods"] = sorted(
             {p.energy_method for p in store.latest_profiles(family=model)}
         )
+        from greenctl.executor.deploy.serving_measure import measure_serving
         from greenctl.executor.runtime.serving import save_serving
-        from greenctl.executor.serving_measure import measure_serving
 
         # the variants whose own path is measured (the others borrow their family's)
         served = scenario["served"][0 if quick else 1]

@@ -25,7 +25,7 @@ own, its plans are made through ``get_kind(name).plan``).
 A geo plan allocates load across sites, not instances (``serves=False``): ``simulate``,
 the backends' ``apply``, Ray, the Kubernetes export and ``replan --apply`` refuse it with
 :meth:`PlanKind.refuse`. It is routed instead: ``apply --site`` starts the geo router
-(:mod:`greenctl.executor.georouter`), whose fractions come from this registry's ``plan``
+(:mod:`greenctl.executor.deploy.georouter`), whose fractions come from this registry's ``plan``
 entry, as do ``replan``'s of a routed plan and ``export envoy``'s.
 """
 
@@ -326,7 +326,7 @@ class PlanKind:
     #: predict(store, plan, policy=..., **evaluate_plan options) -> metrics (``simulate``)
     predict: Callable[..., dict[str, Any]] = predict_serving
     #: instances(plan) -> the executor instance specs ``apply`` runs; None: apply's own
-    #: expansion (:func:`greenctl.executor.apply.desired_instances`: ``count`` instances of
+    #: expansion (:func:`greenctl.executor.deploy.apply.desired_instances`: ``count`` instances of
     #: each deployment, MIG layouts slot by slot)
     instances: Callable[[Plan], list[Any]] | None = None
     #: several models of one plan share a partition in turn (glet duty cycles): their MPS

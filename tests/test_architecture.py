@@ -258,6 +258,8 @@ KNOWN_ROOM_VIOLATIONS: frozenset[tuple[str, str]] = frozenset(
         # the registry reads measured serving overheads; the plan offers read the registry
         ("greenctl.executor.kinds", "greenctl.executor.runtime.serving"),
         ("greenctl.executor.runtime.offers", "greenctl.executor.kinds"),
+        # the dispatcher restarts an executor on its MIG slice (the slice's UUID)
+        ("greenctl.executor.runtime.dispatcher", "greenctl.executor.deploy.partition"),
     }
 )
 

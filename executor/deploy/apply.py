@@ -1,5 +1,5 @@
 """Make a plan real on this machine: ``apply_plan``, ``status`` and ``down``, the local
-backend (:class:`greenctl.executor.backends.LocalBackend` is its face to the CLI and to
+backend (:class:`greenctl.executor.deploy.backends.LocalBackend` is its face to the CLI and to
 ``replan --apply``; the state it keeps is in :mod:`greenctl.data.deployments`).
 
 ``apply_plan`` validates a plan against this machine, diffs it against what runs now (state
@@ -62,7 +62,7 @@ from greenctl.data.resources import (
     runnable_resource,
 )
 from greenctl.data.store import Store
-from greenctl.executor import partition
+from greenctl.executor.deploy import partition
 from greenctl.executor.kinds import get_kind
 from greenctl.executor.runtime.energy import energy_delta, energy_snapshot
 from greenctl.executor.runtime.offers import MODEL_KEYS as OFFER_MODEL_KEYS
@@ -85,7 +85,7 @@ from greenctl.executor.runtime.procs import (
 )
 
 DEFAULT_LOADER = "greenctl.profiler.models:load_model"
-BACKEND = "local"  # this module is the local backend (executor/backends.py)
+BACKEND = "local"  # this module is the local backend (executor/deploy/backends.py)
 MPS_SERVICE = "mps-control"
 SUPERVISOR_MODULE = "greenctl.executor.runtime.supervisor"
 
@@ -327,7 +327,7 @@ def apply_plan(
     if not kind.serves:
         raise kind.refuse("apply")
     pol = kind.dispatch_policy(plan, policy)
-    # what `replan --apply` applies again with (executor/backends.py): the address asked for
+    # what `replan --apply` applies again with (executor/deploy/backends.py): the address asked for
     backend_options = {"host": host, "port": port}
     if loader != DEFAULT_LOADER:  # `replan --apply` loads the variants the same way
         backend_options["loader"] = loader
@@ -1424,7 +1424,7 @@ def recover(store: Store) -> list[dict[str, Any]]:
         else:
             deployments.end_instance(store, row["id"])
         done.append({"action": "stop-executor", "id": row["id"], "pids": pids})
-    from greenctl.executor.georouter_procs import recover_routers
+    from greenctl.executor.deploy.georouter_procs import recover_routers
 
     return done + recover_routers(store)  # a geo router's apply interrupted likewise
 
@@ -1771,7 +1771,7 @@ def down(store: Store, *, restore_mig: bool = False, wait: bool = True) -> dict[
             ok = _stop_instance(row)
             deployments.end_instance(store, row["id"])
             stopped += [{"instance": row["id"], "pid": pid, "stopped": ok} for pid in pids]
-        from greenctl.executor.georouter_procs import stop_routers
+        from greenctl.executor.deploy.georouter_procs import stop_routers
 
         stopped += stop_routers(store)  # the geo router and its supervisor
         for pid, ticks in stray_daemons(state_dir, str(store.path)):

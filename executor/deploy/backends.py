@@ -11,9 +11,9 @@ A backend (:class:`Backend`) makes a plan real and answers for it:
   (:class:`Serving`), which is what ``replan`` decides on.
 
 Two backends run plans: ``local`` (executor daemons and a dispatcher on this machine,
-:mod:`greenctl.executor.apply`) and ``ray`` (Ray Serve on a cluster,
-:mod:`greenctl.executor.ray_backend`). The Kubernetes export (``greenctl export k8s``,
-:mod:`greenctl.executor.k8s_export`) stands beside them: it writes manifests for a cluster
+:mod:`greenctl.executor.deploy.apply`) and ``ray`` (Ray Serve on a cluster,
+:mod:`greenctl.executor.deploy.ray_backend`). The Kubernetes export (``greenctl export k8s``,
+:mod:`greenctl.executor.deploy.k8s_export`) stands beside them: it writes manifests for a cluster
 greenctl does not drive, so there is nothing here to ask its status or switch a plan on.
 
 Every apply that leaves a plan running records its backend in the store (address and how it
@@ -95,7 +95,7 @@ class Backend(Protocol):
 
 # -- local daemons ----------------------------------------------------------------------------
 class LocalBackend:
-    """Executor daemons and a dispatcher on this machine (:mod:`greenctl.executor.apply`)."""
+    """Executor daemons and a dispatcher on this machine (:mod:`greenctl.executor.deploy.apply`)."""
 
     name = "local"
     option_names: ClassVar[frozenset[str]] = frozenset(
@@ -129,7 +129,7 @@ class LocalBackend:
         policy: str | None = None,
         **options: Any,
     ) -> Applied:
-        from greenctl.executor.apply import apply_plan
+        from greenctl.executor.deploy.apply import apply_plan
 
         return apply_plan(
             plan,
@@ -142,17 +142,17 @@ class LocalBackend:
         )
 
     def status(self, store: Store) -> dict[str, Any]:
-        from greenctl.executor.apply import status
+        from greenctl.executor.deploy.apply import status
 
         return status(store)
 
     def down(self, store: Store, **options: Any) -> dict[str, Any]:
-        from greenctl.executor.apply import down
+        from greenctl.executor.deploy.apply import down
 
         return {"backend": self.name, **down(store, **options)}
 
     def serving(self, store: Store) -> Serving:
-        from greenctl.executor.apply import status
+        from greenctl.executor.deploy.apply import status
 
         st = status(store, timeout_s=1.0)  # its state and problems say more (`greenctl status`)
         disp = st["dispatcher"]
@@ -172,7 +172,7 @@ class LocalBackend:
 
 # -- Ray Serve --------------------------------------------------------------------------------
 class RayBackend:
-    """Ray Serve on a cluster (:mod:`greenctl.executor.ray_backend`). ``address`` None: the
+    """Ray Serve on a cluster (:mod:`greenctl.executor.deploy.ray_backend`). ``address`` None: the
     cluster greenctl last applied on (``status``, ``down``); ``apply`` needs one."""
 
     name = "ray"
@@ -193,9 +193,9 @@ class RayBackend:
         policy: str | None = None,
         **options: Any,
     ) -> Applied:
-        from greenctl.executor.apply import verify_plan
+        from greenctl.executor.deploy.apply import verify_plan
+        from greenctl.executor.deploy.ray_backend import apply_ray
         from greenctl.executor.kinds import get_kind
-        from greenctl.executor.ray_backend import apply_ray
 
         if not self.address:
             raise InputError("--backend ray needs --address HOST:PORT of the Ray cluster")
@@ -218,13 +218,13 @@ class RayBackend:
         return result
 
     def status(self, store: Store) -> dict[str, Any]:
-        from greenctl.executor.ray_backend import status_ray
+        from greenctl.executor.deploy.ray_backend import status_ray
 
         return status_ray(store=store, address=self.address)
 
     def down(self, store: Store, **options: Any) -> dict[str, Any]:
-        from greenctl.executor.georouter_procs import stop_routers
-        from greenctl.executor.ray_backend import down_ray
+        from greenctl.executor.deploy.georouter_procs import stop_routers
+        from greenctl.executor.deploy.ray_backend import down_ray
 
         deleted = down_ray(store=store, address=self.address)
         # a geo router runs on this host whichever backend serves its sites (the local
@@ -232,7 +232,7 @@ class RayBackend:
         return {"backend": self.name, "deleted": deleted, "stopped": stop_routers(store)}
 
     def serving(self, store: Store) -> Serving:
-        from greenctl.executor.ray_backend import status_ray
+        from greenctl.executor.deploy.ray_backend import status_ray
 
         if deployments.active_ray_app(store) is None:
             return Serving(

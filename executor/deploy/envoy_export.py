@@ -2,7 +2,7 @@
 
 Each gateway gets a static Envoy bootstrap (``envoy -c gateway-NAME.yaml``): a listener whose
 route configuration sends ``/`` to ``weighted_clusters`` with the gateway's allocation
-fractions of the slot (the geo router's :func:`~greenctl.executor.georouter.routing_table`,
+fractions of the slot (the geo router's :func:`~greenctl.executor.deploy.georouter.routing_table`,
 so Envoy and the router carry the same plan), as integer weights summing to
 :data:`TOTAL_WEIGHT` (largest remainders), plus one cluster per site the gateway may use,
 health-checked on ``/v2/health/ready`` (Envoy then shifts a failing site's weight to the
@@ -106,11 +106,11 @@ def build_envoy_export(
 
     Args:
         table: the geo router's routing table of the plan.
-        slot: the slot to export (:func:`~greenctl.executor.georouter.slot_index`).
+        slot: the slot to export (:func:`~greenctl.executor.deploy.georouter.slot_index`).
         sites: each site's endpoint URL; a site without one is addressed by its name
             on port :data:`DEFAULT_SITE_PORT` (said in ``notes``).
     """
-    from greenctl.executor.georouter import gateway_fractions
+    from greenctl.executor.deploy.georouter import gateway_fractions
 
     sites = sites or {}
     out = EnvoyExport(slot=slot, slot_time=table["times"][slot])
@@ -217,7 +217,7 @@ def export_envoy(
 
     from greenctl.data.carbon_io import parse_time
     from greenctl.data.errors import InputError
-    from greenctl.executor.georouter import routing_table, slot_index
+    from greenctl.executor.deploy.georouter import routing_table, slot_index
 
     try:
         when = parse_time(at) if at else datetime.now(UTC)

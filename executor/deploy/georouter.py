@@ -28,7 +28,7 @@ loopback and the token only): no restart. The router is recorded in the store
 (:mod:`greenctl.data.deployments`) like the dispatcher, so an interrupted apply's router is
 stopped by the next apply, status or down.
 
-Run as ``python -m greenctl.executor.georouter --supervise ...``, the router runs beside a
+Run as ``python -m greenctl.executor.deploy.georouter --supervise ...``, the router runs beside a
 small supervisor (this module's :func:`supervise`) that binds the address once, hands the
 listening socket to the router and starts a new one on the same socket (same token, table
 and slot, which the router keeps in its state folder) when it dies, with the dispatcher's
@@ -58,7 +58,7 @@ from typing import Any
 
 from greenctl.data import deployments, loop_state
 from greenctl.data.errors import ExecutorError, InputError
-from greenctl.executor.georouter_procs import recover_routers, stop_routers, stop_rows
+from greenctl.executor.deploy.georouter_procs import recover_routers, stop_routers, stop_rows
 from greenctl.executor.runtime import httpserver as hs
 from greenctl.executor.runtime import oip
 from greenctl.executor.runtime.procs import (
@@ -616,7 +616,7 @@ def supervise(args: argparse.Namespace) -> int:
     restarts = 0
     while not stopping:
         argv = python_module_argv(
-            "greenctl.executor.georouter",
+            "greenctl.executor.deploy.georouter",
             "--state-dir", str(state_dir), "--host", args.host, "--port", str(port),
             "--listen-fd", str(sock.fileno()), *(["--db", args.db] if args.db else []),
         )  # fmt: skip
@@ -650,7 +650,9 @@ def supervise(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m greenctl.executor.georouter", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m greenctl.executor.deploy.georouter", description=__doc__
+    )
     p.add_argument("--state-dir", required=True, help="the router's folder (record and table)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=int, default=0, help="port (0: any free port)")
@@ -839,7 +841,7 @@ def _start_router(
         )
     try:
         argv = python_module_argv(
-            "greenctl.executor.georouter",
+            "greenctl.executor.deploy.georouter",
             "--supervise", "--state-dir", str(folder), "--host", host, "--port", str(port or 0),
             "--db", str(Path(store.path).resolve()),
         )  # fmt: skip
@@ -1165,7 +1167,7 @@ def _same_fractions(a: Any, b: Any, tol: float = 1e-9) -> bool:
 
 def stop_router(store: Any) -> int:
     """Stop every geo router of the store with its supervisor
-    (:func:`~greenctl.executor.georouter_procs.stop_routers`); the number of processes
+    (:func:`~greenctl.executor.deploy.georouter_procs.stop_routers`); the number of processes
     that were running."""
     return len(stop_routers(store))
 

@@ -64,7 +64,7 @@ def stop_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def recover_routers(store: Any) -> list[dict[str, Any]]:
     """Stop the geo routers an interrupted apply left (journaled ``starting``, never
     committed: forgotten; retired ``stopping``: ended); what it did. The caller holds the
-    apply lock (:func:`greenctl.executor.apply.recover` calls it)."""
+    apply lock (:func:`greenctl.executor.deploy.apply.recover` calls it)."""
     done = []
     for row in deployments.routers_in(store, [deployments.STARTING, deployments.STOPPING]):
         stopped = stop_rows([row])

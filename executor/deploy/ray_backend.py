@@ -63,7 +63,7 @@ from greenctl.data.resources import parse_resource
 from greenctl.data.store import Store
 from greenctl.executor.kinds import get_kind
 
-BACKEND = "ray"  # the backend's name (executor/backends.py)
+BACKEND = "ray"  # the backend's name (executor/deploy/backends.py)
 NAMESPACE = "greenctl"
 ROUTER_APP = "greenctl-router"
 INSTALL_HINT = "install the Ray extra: pip install 'greenctl[ray]'"

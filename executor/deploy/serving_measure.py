@@ -182,7 +182,7 @@ def measure_serving(
     import numpy as np
     from greenctl.data.plan import Deployment, Plan
     from greenctl.data.store import open_store
-    from greenctl.executor.apply import apply_plan, down, status
+    from greenctl.executor.deploy.apply import apply_plan, down, status
     from greenctl.executor.runtime.daemon import NOOP_LOADER
     from greenctl.executor.runtime.loadgen import model_input, run_load
     from greenctl.profiler.harness import resolve_variants

@@ -1226,7 +1226,7 @@ class Dispatcher:
             mig = b.spawn.get("mig")
             if mig:  # its MIG instance may have been re-created (new UUID) since it started
                 try:
-                    from greenctl.executor.partition import MigSlot, gpu_backend, mig_uuid
+                    from greenctl.executor.deploy.partition import MigSlot, gpu_backend, mig_uuid
 
                     slot = MigSlot(int(mig["gpu"]), str(mig["profile"]), int(mig["start"]))
                     env["CUDA_VISIBLE_DEVICES"] = await asyncio.to_thread(

@@ -24,7 +24,7 @@ INFER_MS_HEADER = "Greenctl-Infer-Ms"
 #: rows of the batch the request ran in (what dynamic batching achieved)
 BATCH_ROWS_HEADER = "Greenctl-Batch-Rows"
 TIMING_HEADERS = (QUEUE_MS_HEADER, INFER_MS_HEADER, BATCH_ROWS_HEADER)
-#: the gateway a request enters by, which a geo router routes on (``greenctl.executor.georouter``)
+#: the gateway a request enters by, which a geo router routes on (``greenctl.executor.deploy.georouter``)
 GATEWAY_HEADER = "Greenctl-Gateway"
 
 DTYPES: dict[str, str] = {

@@ -43,7 +43,7 @@ DAEMON_MODULES = (
     "greenctl.executor.runtime.daemon",
     "greenctl.executor.runtime.dispatcher",
     "greenctl.executor.runtime.supervisor",
-    "greenctl.executor.georouter",
+    "greenctl.executor.deploy.georouter",
 )
 #: options of daemon command lines whose values are paths (made absolute when built)
 PATH_OPTIONS = ("--db", "--state-file", "--routes")

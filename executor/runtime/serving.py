@@ -2,7 +2,7 @@
 
 A model's profile times inference in-process. A served request also crosses the client's
 HTTP stack, the dispatcher (parse, route, forward) and the executor daemon (parse, batch
-queue, worker thread, encode) and back. :func:`greenctl.executor.serving_measure.measure_serving`
+queue, worker thread, encode) and back. :func:`greenctl.executor.deploy.serving_measure.measure_serving`
 measures exactly that part (see there); this module holds the measurement record
 (:class:`ServingMeasurement`), stores and lists them, and picks the rows a plan's families
 and rates use (:func:`serving_overheads`).

@@ -38,7 +38,7 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_path: Path):
     monkeypatch.setenv("GREENCTL_STATE_DIR", str(d))
     yield d
     from greenctl.data.store import open_store
-    from greenctl.executor.apply import down
+    from greenctl.executor.deploy.apply import down
 
     with contextlib.suppress(Exception), open_store(db_path) as store:
         down(store)

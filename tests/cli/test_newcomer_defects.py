@@ -54,6 +54,16 @@ def test_profile_tables_put_each_value_under_its_header(cli, tmp_path: Path, wid
     assert row.get("samples", "77") == "77"
 
 
+@pytest.mark.parametrize("command", [("show", "v1"), ("list",)])
+def test_profile_tables_label_modeled_energy(cli, tmp_path: Path, wide, command):
+    path = tmp_path / "p.csv"
+    path.write_text(f"{HEADER},power_w,energy_j,energy_method\nv1,fam,cpu:1,1,10,5,9,0.9,modeled\n")
+    assert cli("profile", "import", path).exit_code == 0
+    r = cli("profile", *command)
+    assert r.exit_code == 0, r.output
+    assert "energy 'modeled' = CPU power model, not measured" in r.output
+
+
 # -- an unknown family names the known ones ----------------------------------------------------
 @pytest.fixture
 def tiny_profiles(cli, tmp_path: Path) -> None:

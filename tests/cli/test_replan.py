@@ -556,7 +556,7 @@ def test_a_plan_file_lineage_keeps_its_plan_when_another_serves(tiny, tmp_path):
 @pytest.mark.timeout(120)
 def test_nothing_serving_recovers_with_real_executors(tiny, tmp_path, monkeypatch):
     """Real tiny executors: apply, `down`, then one replan --apply round starts them again."""
-    from greenctl.executor.apply import apply_plan, down, status
+    from greenctl.executor.deploy.apply import apply_plan, down, status
 
     monkeypatch.setenv("GREENCTL_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("GREENCTL_NOOP_SERVICE_MS", "0")

@@ -23,8 +23,8 @@ from greenctl.data.resources import (
     parse_resource,
     runnable_resource,
 )
-from greenctl.executor import k8s_export
-from greenctl.executor.ray_backend import actor_options
+from greenctl.executor.deploy import k8s_export
+from greenctl.executor.deploy.ray_backend import actor_options
 
 REPO = Path(__file__).resolve().parents[2]
 KIND_NAMES = {"cpu", "gpu", "mig", "mps"}
@@ -41,7 +41,7 @@ OWNED_ELSEWHERE = {
 ALLOWED = {
     # plan kinds ("mig" plans), not resource kinds: the plan-kind registry's business
     # (replan's two moved into it: executor/kinds.py's objective hook)
-    ("executor/k8s_export.py", "plan.kind == 'mig'"),
+    ("executor/deploy/k8s_export.py", "plan.kind == 'mig'"),
     # replay's plan kind: the SLA held and Clover's baselines for "mig" replays
     ("cli/replay.py", "kind == 'mig'"),
     ("executor/replay.py", "kind == 'mig'"),
@@ -179,7 +179,7 @@ def test_k8s_resource_names_unchanged() -> None:
 
 
 def test_pinning_env_unchanged() -> None:
-    """What executor/apply.py put in an executor's environment for each kind (the fake-GPU
+    """What executor/deploy/apply.py put in an executor's environment for each kind (the fake-GPU
     apply tests check the same end to end for mig and mps)."""
     uuid = "GPU-11111111-2222-3333-4444-555555555555"
     assert kind_of("cpu:2").pin_env("2", device=None) == {}

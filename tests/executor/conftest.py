@@ -42,7 +42,7 @@ def run_store(store, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setenv("GREENCTL_STATE_DIR", str(state_dir))
     monkeypatch.setenv("GREENCTL_NOOP_SERVICE_MS", "0")
     yield store
-    from greenctl.executor.apply import down
+    from greenctl.executor.deploy.apply import down
 
     with contextlib.suppress(Exception):
         down(store, wait=True)

@@ -43,7 +43,7 @@ def _bound(port: int) -> bool:
 def test_apply_infer_load_status_down(run_store, leftovers):
     """Two built-in tiny executors behind the dispatcher answer OIP JSON and binary requests."""
     import torch
-    from greenctl.executor.apply import apply_plan, down, status
+    from greenctl.executor.deploy.apply import apply_plan, down, status
     from greenctl.executor.runtime import oip
     from greenctl.executor.runtime.loadgen import run_load
     from greenctl.profiler.models import build_builtin
@@ -116,7 +116,7 @@ def test_apply_infer_load_status_down(run_store, leftovers):
 
 def test_replace_variant_keeps_serving(run_store, loaders, leftovers):
     """A new plan starts its executors before the old ones stop, then routes switch."""
-    from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.deploy.apply import apply_plan, status
     from greenctl.executor.runtime.loadgen import run_load
 
     first = apply_plan(_plan("m", [("v1", 1)]), store=run_store, loader=loaders["noop"])
@@ -155,7 +155,7 @@ def test_replace_variant_keeps_serving(run_store, loaders, leftovers):
 
 def test_policy_change_only_switches_routes(run_store, loaders, leftovers):
     """wrr, then batch, then fifo on the same two executors: no process starts or stops."""
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy.apply import apply_plan
     from greenctl.executor.runtime.loadgen import run_load
 
     plan = _plan("m", [("v1", 2)])

@@ -64,7 +64,7 @@ def _snapshot(store) -> tuple[list, list]:
 def serving(tmp_path_factory, pids_mentioning):
     """One configuration that keeps serving while each fault below is injected beside it."""
     from greenctl.data.store import open_store
-    from greenctl.executor.apply import apply_plan, down
+    from greenctl.executor.deploy.apply import apply_plan, down
     from greenctl.executor.runtime.procs import is_alive
 
     here = Path(__file__).resolve().parent
@@ -89,7 +89,7 @@ def serving(tmp_path_factory, pids_mentioning):
 
 
 def _still_serving(serving, before) -> None:
-    from greenctl.executor.apply import status
+    from greenctl.executor.deploy.apply import status
 
     store, url, _, alive = serving
     assert _snapshot(store)[0] == before[0][0] and _snapshot(store)[1] == before[0][1]
@@ -99,7 +99,7 @@ def _still_serving(serving, before) -> None:
 
 
 def test_executor_that_fails_to_load_rolls_back(serving, monkeypatch):
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy.apply import apply_plan
 
     monkeypatch.delenv("GREENCTL_STATE_DIR", raising=False)
     store, _, loader, alive = serving
@@ -115,7 +115,7 @@ def test_executor_that_fails_to_load_rolls_back(serving, monkeypatch):
 
 
 def test_dispatcher_port_taken_rolls_back(serving, monkeypatch):
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy.apply import apply_plan
 
     monkeypatch.delenv("GREENCTL_STATE_DIR", raising=False)
     store, _, loader, alive = serving
@@ -130,7 +130,7 @@ def test_dispatcher_port_taken_rolls_back(serving, monkeypatch):
 
 
 def test_more_cores_than_exist_changes_nothing(serving, monkeypatch):
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy.apply import apply_plan
 
     monkeypatch.delenv("GREENCTL_STATE_DIR", raising=False)
     store, _, loader, alive = serving
@@ -145,7 +145,7 @@ def test_more_cores_than_exist_changes_nothing(serving, monkeypatch):
 
 def test_kill_9_under_load_supervisor_restarts(run_store, loaders, monkeypatch):
     """A killed executor is restarted; in-flight requests are retried on its sibling."""
-    from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.deploy.apply import apply_plan, status
     from greenctl.executor.runtime.loadgen import run_load
 
     monkeypatch.setenv("GREENCTL_NOOP_SERVICE_MS", "5")
@@ -185,7 +185,7 @@ def test_kill_9_under_load_supervisor_restarts(run_store, loaders, monkeypatch):
 
 
 def test_concurrent_apply_is_locked(run_store, loaders):
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy.apply import apply_plan
     from greenctl.executor.runtime.procs import apply_lock, state_dir_for
 
     with apply_lock(state_dir_for(run_store.path)):
@@ -201,13 +201,13 @@ def test_concurrent_apply_is_locked(run_store, loaders):
 
 
 def test_dry_run_changes_nothing(run_store, loaders, leftovers):
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy.apply import apply_plan
 
     res = apply_plan(_plan("v1", count=2), store=run_store, loader=loaders["noop"], dry_run=True)
     assert res.dry_run and res.changed
     kinds = [a["action"] for a in res.actions]
     assert kinds == ["start-dispatcher", "start-executor", "start-executor", "switch-routes"]
-    from greenctl.executor.partition import available_cores
+    from greenctl.executor.deploy.partition import available_cores
 
     first_two = available_cores()[:2]
     assert [a["cores"] for a in res.actions if a["action"] == "start-executor"] == [

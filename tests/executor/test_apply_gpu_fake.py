@@ -82,7 +82,7 @@ def _executor_env(run_store) -> dict[str, dict[str, str]]:
 
 
 def test_mig_apply_checkpoint_and_restore(run_store, loaders, tmp_path, monkeypatch):
-    from greenctl.executor.apply import apply_plan, down, status
+    from greenctl.executor.deploy.apply import apply_plan, down, status
     from greenctl.profiler.device import get_backend
 
     fake = _fake(tmp_path, monkeypatch, instances=[{"profile": "7g.40gb", "start": 0}])
@@ -121,7 +121,7 @@ def test_mig_apply_checkpoint_and_restore(run_store, loaders, tmp_path, monkeypa
 
 
 def test_mig_layout_checked_before_any_change(run_store, loaders, tmp_path, monkeypatch):
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy.apply import apply_plan
 
     fake = _fake(tmp_path, monkeypatch, instances=[{"profile": "7g.40gb", "start": 0}])
     with pytest.raises(InfeasiblePlan, match=r"4g\.20gb@0 overlaps 3g\.20gb@0"):
@@ -137,8 +137,8 @@ def test_mig_layout_checked_before_any_change(run_store, loaders, tmp_path, monk
 
 def test_mig_driver_failure_restores_layout(run_store, loaders, tmp_path, monkeypatch):
     """The driver refuses the second GPU instance: apply undoes the first and the destroy."""
-    from greenctl.executor import partition
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy import partition
+    from greenctl.executor.deploy.apply import apply_plan
     from greenctl.profiler import device as dev
 
     fake = _fake(tmp_path, monkeypatch, instances=[{"profile": "7g.40gb", "start": 0}])
@@ -175,7 +175,7 @@ def test_mig_driver_failure_restores_layout(run_store, loaders, tmp_path, monkey
 
 
 def test_mig_mode_off_and_no_gpu_say_so(run_store, loaders, tmp_path, monkeypatch):
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy.apply import apply_plan
 
     _fake(tmp_path, monkeypatch, mig=False)
     with pytest.raises(HardwareError, match="MIG mode is off on GPU 0") as err:
@@ -192,7 +192,7 @@ def test_mig_mode_off_and_no_gpu_say_so(run_store, loaders, tmp_path, monkeypatc
 
 
 def test_mps_shares_start_control_daemon(run_store, loaders, tmp_path, monkeypatch):
-    from greenctl.executor.apply import apply_plan, down
+    from greenctl.executor.deploy.apply import apply_plan, down
 
     _fake(tmp_path, monkeypatch, mig=None)
     log = tmp_path / "mps-calls.txt"
@@ -228,7 +228,7 @@ def test_mps_shares_start_control_daemon(run_store, loaders, tmp_path, monkeypat
     assert env["va"]["CUDA_VISIBLE_DEVICES"] == "GPU-11111111-2222-3333-4444-555555555555"
     # the routing policy of a glet plan is "batch"
     from greenctl.data.deployments import running_dispatcher
-    from greenctl.executor.apply import _admin
+    from greenctl.executor.deploy.apply import _admin
 
     routes = _admin(running_dispatcher(run_store), "GET")
     assert {m["policy"] for m in routes["models"].values()} == {"batch"}
@@ -238,7 +238,7 @@ def test_mps_shares_start_control_daemon(run_store, loaders, tmp_path, monkeypat
 
 
 def test_mps_over_100_percent_is_infeasible(run_store, loaders, tmp_path, monkeypatch):
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy.apply import apply_plan
 
     _fake(tmp_path, monkeypatch, mig=None)
     plan = Plan(
@@ -256,8 +256,8 @@ def test_mig_rollback_brings_back_executors_on_recreated_slices(
     slice is re-created (new UUID) and the supervisor restarts its executor there."""
     import time
 
-    from greenctl.executor import partition
-    from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.deploy import partition
+    from greenctl.executor.deploy.apply import apply_plan, status
     from greenctl.profiler import device as dev
     from greenctl.profiler.device import get_backend
 
@@ -310,7 +310,7 @@ def test_serving_path_measured_on_a_whole_gpu(run_store, tmp_path, monkeypatch):
     """`profile serving --resource gpu:...` applies its scratch plan on that GPU (checked
     against the fake NVML) and records where it ran; the no-op stand-in runs without CUDA.
     A GPU this machine does not have is refused before anything starts."""
-    from greenctl.executor.serving_measure import measure_serving
+    from greenctl.executor.deploy.serving_measure import measure_serving
     from greenctl.profiler.hw import discover
 
     _fake(tmp_path, monkeypatch, mig=False)
@@ -330,7 +330,7 @@ def test_serving_path_measured_on_a_whole_gpu(run_store, tmp_path, monkeypatch):
     )
     assert (row.resource, row.batch, row.hardware) == (label, 4, label)
     assert row.samples >= 20 and row.infer_p50_ms is None  # a no-op times no model run
-    from greenctl.executor.apply import _same_gpu
+    from greenctl.executor.deploy.apply import _same_gpu
 
     assert _same_gpu("A100", "A100-SXM4-40GB") and _same_gpu("a100-sxm4-40gb", "A100-SXM4-40GB")
     assert not _same_gpu("H100-80GB-HBM3", "A100-SXM4-40GB") and not _same_gpu("A10", "A100")

@@ -12,7 +12,8 @@ from greenctl.data import carbon_io, deployments
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan, write_plan_file
 from greenctl.data.records import Profile, Variant
-from greenctl.executor import backends, control, ray_backend
+from greenctl.executor import control
+from greenctl.executor.deploy import backends, ray_backend
 
 # real daemons: a hung one must fail the test, not the CI run
 pytestmark = pytest.mark.timeout(180)

@@ -262,7 +262,7 @@ def test_replan_keeps_executors_and_they_count_carbon_at_the_new_intensity(run_s
     applies when the signal moves): no executor restarts, the dispatcher exports the new
     intensity and hands it to the executor, whose carbon counter goes on from where it was."""
     from greenctl.data.plan import Deployment, Plan
-    from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.deploy.apply import apply_plan, status
 
     monkeypatch.setenv("GREENCTL_ENERGY_SCRAPE_S", "0.1")
 

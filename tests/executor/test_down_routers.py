@@ -10,9 +10,9 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_down_on_ray_stops_the_local_geo_router(tmp_path, monkeypatch):
     from greenctl.data.store import open_store
-    from greenctl.executor import backends, ray_backend
-    from greenctl.executor.georouter import apply_geo
-    from greenctl.executor.georouter_procs import stop_routers
+    from greenctl.executor.deploy import backends, ray_backend
+    from greenctl.executor.deploy.georouter import apply_geo
+    from greenctl.executor.deploy.georouter_procs import stop_routers
 
     from tests.executor.test_georouter import SITES, T0, geo_plan
 

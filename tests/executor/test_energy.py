@@ -281,7 +281,7 @@ def test_apply_verify_records_the_executors_energy(run_store, cli, tmp_path):
     """A real tiny executor started by apply counts carbon at the plan's intensity and PUE;
     apply --verify records the counters' energy, which report emissions writes."""
     from greenctl.data.plan import Deployment, Plan
-    from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.deploy.apply import apply_plan, status
 
     plan = Plan(
         kind="mix",

@@ -75,8 +75,8 @@ def geo(tmp_path_factory):
     router, pinned to slot 0; everything is stopped afterwards."""
     from greenctl.data.plan import write_plan_file
     from greenctl.data.store import open_store
-    from greenctl.executor.apply import down
-    from greenctl.executor.georouter import apply_geo, stop_router
+    from greenctl.executor.deploy.apply import down
+    from greenctl.executor.deploy.georouter import apply_geo, stop_router
 
     root = tmp_path_factory.mktemp("geo")
     saved = os.environ.pop("GREENCTL_STATE_DIR", None)  # each store: its own <db>.run
@@ -123,7 +123,7 @@ def _load(router: str, gateway: str, *, rate: float, duration: float, seed: int 
 
 
 def test_each_gateway_is_split_as_planned_within_3_points(geo):
-    from greenctl.executor.georouter import gateway_fractions, router_status, routing_table
+    from greenctl.executor.deploy.georouter import gateway_fractions, router_status, routing_table
 
     table = routing_table(geo["plan"], geo["main"])
     with ThreadPoolExecutor(3) as pool:
@@ -145,7 +145,12 @@ def test_each_gateway_is_split_as_planned_within_3_points(geo):
 
 
 def test_replan_moves_the_running_router_to_the_next_slot_without_a_restart(geo):
-    from greenctl.executor.georouter import read_json, replan_if_routed, router_dir, router_status
+    from greenctl.executor.deploy.georouter import (
+        read_json,
+        replan_if_routed,
+        router_dir,
+        router_status,
+    )
 
     before = read_json(router_dir(geo["main"]) / "supervisor.json")
     out = replan_if_routed(geo["main"], plan=str(geo["plan"].id))
@@ -163,7 +168,7 @@ def test_replan_moves_the_running_router_to_the_next_slot_without_a_restart(geo)
 
 def test_replan_takes_one_online_step_from_the_stored_state_and_records_a_decision(geo):
     from greenctl.data import loop_state, reports
-    from greenctl.executor.georouter import replan_if_routed, router_status, routing_table
+    from greenctl.executor.deploy.georouter import replan_if_routed, router_status, routing_table
 
     store, plan = geo["main"], geo["plan"]
     lineage = f"plan:{plan.id}"
@@ -193,7 +198,7 @@ def test_replan_takes_one_online_step_from_the_stored_state_and_records_a_decisi
 
 
 def test_a_killed_router_is_restarted_on_its_port_with_its_table_and_slot(geo):
-    from greenctl.executor.georouter import read_json, router_dir, router_status
+    from greenctl.executor.deploy.georouter import read_json, router_dir, router_status
 
     folder = router_dir(geo["main"])
     before = read_json(folder / "supervisor.json")
@@ -216,8 +221,8 @@ def test_a_killed_router_is_restarted_on_its_port_with_its_table_and_slot(geo):
 
 
 def test_a_site_killed_under_load_is_drained_within_5_s_and_no_request_fails(geo):
-    from greenctl.executor.apply import status
-    from greenctl.executor.georouter import router_status
+    from greenctl.executor.deploy.apply import status
+    from greenctl.executor.deploy.georouter import router_status
 
     victim = "central"
     st = status(geo["stores"][victim])
@@ -249,7 +254,7 @@ def test_a_site_killed_under_load_is_drained_within_5_s_and_no_request_fails(geo
 
 
 def test_status_says_degraded_and_down_stops_the_router(geo, cli):
-    from greenctl.executor.georouter import router_status
+    from greenctl.executor.deploy.georouter import router_status
 
     db = str(geo["main"].path)
     r = cli("--db", db, "status", "--json")
@@ -265,7 +270,7 @@ def test_status_says_degraded_and_down_stops_the_router(geo, cli):
 
 
 def test_unit_a_drained_share_goes_to_the_others_in_proportion():
-    from greenctl.executor.georouter import GeoRouter
+    from greenctl.executor.deploy.georouter import GeoRouter
 
     table = {
         "plan_id": 1,
@@ -292,7 +297,7 @@ def test_unit_a_drained_share_goes_to_the_others_in_proportion():
 
 def test_sites_without_an_endpoint_are_refused_before_anything_starts(store, tmp_path, cli):
     from greenctl.data.plan import write_plan_file
-    from greenctl.executor.georouter import apply_geo, router_dir
+    from greenctl.executor.deploy.georouter import apply_geo, router_dir
 
     plan = geo_plan(store, tmp_path)
     with pytest.raises(InputError, match="central, east") as err:
@@ -308,7 +313,7 @@ def test_sites_without_an_endpoint_are_refused_before_anything_starts(store, tmp
 
 def test_export_envoy_writes_weighted_clusters_per_gateway(store, tmp_path, cli):
     from greenctl.data.plan import write_plan_file
-    from greenctl.executor.envoy_export import TOTAL_WEIGHT, integer_weights
+    from greenctl.executor.deploy.envoy_export import TOTAL_WEIGHT, integer_weights
 
     plan = geo_plan(store, tmp_path)
     write_plan_file(plan, tmp_path / "geo.json")
@@ -341,7 +346,7 @@ def test_unit_health_checks_drain_a_failing_site_and_bring_it_back():
     import asyncio
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from greenctl.executor.georouter import GeoRouter
+    from greenctl.executor.deploy.georouter import GeoRouter
 
     state = {"code": 200}
 
@@ -382,8 +387,8 @@ def test_unit_health_checks_drain_a_failing_site_and_bring_it_back():
 
 def test_the_router_is_journaled_in_the_store_recovered_and_swept_by_down(store, tmp_path):
     from greenctl.data import deployments
-    from greenctl.executor.apply import down, status
-    from greenctl.executor.georouter import apply_geo, router_dir
+    from greenctl.executor.deploy.apply import down, status
+    from greenctl.executor.deploy.georouter import apply_geo, router_dir
     from greenctl.executor.runtime.procs import is_alive, read_json
 
     plan = geo_plan(store, tmp_path)

@@ -3,7 +3,7 @@ solve agree to about 1e-9, which is no change (exact comparison reported one).""
 
 from __future__ import annotations
 
-from greenctl.executor.georouter import _same_fractions
+from greenctl.executor.deploy.georouter import _same_fractions
 
 
 def test_fractions_within_1e_9_are_the_same_and_others_are_not():

@@ -45,7 +45,7 @@ def write_inputs(folder: Path) -> dict[str, Path]:
 @pytest.fixture
 def routed(tmp_path):
     from greenctl.data.store import open_store
-    from greenctl.executor.georouter import apply_geo, stop_router
+    from greenctl.executor.deploy.georouter import apply_geo, stop_router
     from greenctl.executor.kinds import get_kind
 
     saved = os.environ.pop("GREENCTL_STATE_DIR", None)
@@ -70,7 +70,7 @@ def routed(tmp_path):
 
 def test_variants_plan_replans_one_online_step_per_slot(routed):
     from greenctl.data import loop_state, reports
-    from greenctl.executor.georouter import replan_if_routed, routing_table
+    from greenctl.executor.deploy.georouter import replan_if_routed, routing_table
 
     store, plan, run = routed
     lineage = f"plan:{plan.id}"

@@ -59,7 +59,7 @@ def _load(url: str, rates: dict[str, float], duration_s: float) -> dict[str, obj
 def test_a_glet_plan_is_replanned_from_its_measured_rates_and_reorganised(
     run_store, gpulet, fake_gpus, loaders
 ):
-    from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.deploy.apply import apply_plan, status
 
     plan, _ = get_kind("glet").plan(gpulet, {"models": MODELS, "max_gpus": 3})
     gpulet.save_plan(plan)
@@ -113,7 +113,7 @@ def test_a_glet_plan_is_replanned_from_its_measured_rates_and_reorganised(
         wait = float(argv[argv.index("--max-wait-ms") + 1])
         assert (argv[argv.index("--variant") + 1], wait) in cycles
     # verified as planned: each model held to its own SLO
-    from greenctl.executor.apply import verify_plan
+    from greenctl.executor.deploy.apply import verify_plan
 
     v = verify_plan(new, store=gpulet, endpoint=url, duration_s=0.5, rate_rps=90.0)
     got = {m: (r["slo_ms"], r["errors"]) for m, r in v["measured"]["models"].items()}
@@ -132,7 +132,7 @@ def test_a_move_without_room_reports_its_serving_gap(run_store, tmp_path, monkey
     """A MIG slice that goes away frees its executor before the new slice exists: a model
     with no other executor is unrouted for a while, which apply measures and reports."""
     from greenctl.data.plan import Deployment, Plan
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy.apply import apply_plan
 
     fake = tmp_path / "fake_nvml.json"
     gpu = {"name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-0", "memory_mb": 40960, "mig": True}
@@ -290,7 +290,7 @@ def test_apply_refuses_glets_whose_memory_the_gpu_cannot_hold(
     from dataclasses import replace
 
     from greenctl.data.errors import InputError
-    from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.deploy.apply import apply_plan, status
 
     for name in ("resnet50", "vgg16", "inception"):  # weights, as a profile would say
         gpulet.upsert_variant(replace(gpulet.get_variant(name), memory_mb=9000.0))
@@ -350,7 +350,7 @@ def test_a_glet_plan_on_mig_slices_is_applied_on_its_layout(
     """Glets on MIG: each GPU's glets get a valid layout (memory-slot starts), apply creates
     those GPU instances on the fake NVML and starts each glet's executors on its slice (the
     models of a time-shared glet on the same one), and a new schedule reshapes them."""
-    from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.deploy.apply import apply_plan, status
     from greenctl.planner.glet.solve import plan_glet
     from greenctl.profiler.fake_nvml import FakeNvml
 

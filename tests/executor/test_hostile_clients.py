@@ -471,7 +471,7 @@ def test_the_dispatcher_answers_malformed_requests_with_4xx(run_store, loaders):
     """The dispatcher forwards bodies as bytes: the executor's 400s pass through (not 502),
     and its own HTTP front refuses malformed HTTP with 400 and bad admin documents too."""
     from greenctl.data.plan import Deployment, Plan
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy.apply import apply_plan
 
     plan = Plan(
         kind="mix",

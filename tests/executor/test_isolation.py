@@ -62,7 +62,7 @@ def _daemon_pids(state_dir: Path) -> list[int]:
 def test_modules_planted_in_the_callers_folder_are_not_run_by_the_daemons(
     run_store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy.apply import apply_plan
 
     caller = tmp_path / "caller"
     caller.mkdir()
@@ -114,7 +114,7 @@ def test_modules_planted_in_the_callers_folder_are_not_run_by_the_daemons(
 
 
 def test_state_folder_logs_and_store_are_private_whatever_the_umask(run_store, loaders):
-    from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.deploy.apply import apply_plan, status
 
     state_dir = Path(os.environ["GREENCTL_STATE_DIR"])
     state_dir.mkdir()

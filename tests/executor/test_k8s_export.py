@@ -9,7 +9,7 @@ import pytest
 import yaml
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
-from greenctl.executor.k8s_export import build_k8s_export, dns_name, write_k8s_export
+from greenctl.executor.deploy.k8s_export import build_k8s_export, dns_name, write_k8s_export
 
 GOLDEN = Path(__file__).parent / "golden" / "k8s_mix"
 

@@ -45,7 +45,7 @@ FIGURES = {
 def served(tmp_path_factory: pytest.TempPathFactory):
     """A mix plan of tiny-s and tiny-l (one instance each, cpu:1) applied once."""
     from greenctl.data.store import open_store
-    from greenctl.executor.apply import apply_plan, down
+    from greenctl.executor.deploy.apply import apply_plan, down
     from greenctl.profiler.models import builtin_variant
 
     tmp = tmp_path_factory.mktemp("modelless")

@@ -161,7 +161,7 @@ def test_offers_carry_the_measured_path_and_the_choice_reroutes(store):
 def served(tmp_path_factory: pytest.TempPathFactory):
     """The plan of tiny-s and tiny-l with their serving paths measured, applied once."""
     from greenctl.data.store import open_store
-    from greenctl.executor.apply import apply_plan, down
+    from greenctl.executor.deploy.apply import apply_plan, down
 
     tmp = tmp_path_factory.mktemp("modelless-path")
     keys = ("GREENCTL_DB", "GREENCTL_STATE_DIR", "GREENCTL_NOOP_SERVICE_MS")

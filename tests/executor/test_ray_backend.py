@@ -16,8 +16,8 @@ import pytest
 from greenctl.data.errors import ExecutorError, InputError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Variant
-from greenctl.executor import ray_backend
-from greenctl.executor.ray_backend import actor_options, apply_ray, status_ray
+from greenctl.executor.deploy import ray_backend
+from greenctl.executor.deploy.ray_backend import actor_options, apply_ray, status_ray
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -478,6 +478,6 @@ def test_model_less_requests_and_energy_series_on_ray(cluster, store, http_port)
         assert later[key] >= flat[key]  # no new version: the sums go on
         assert _post(url, "tiny", {"min_accuracy": 0.75})[0] == 200
     finally:
-        from greenctl.executor.ray_backend import down_ray
+        from greenctl.executor.deploy.ray_backend import down_ray
 
         down_ray(store=store, address=cluster)

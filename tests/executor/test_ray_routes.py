@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Profile
-from greenctl.executor.ray_backend import (
+from greenctl.executor.deploy.ray_backend import (
     PlanRoutes,
     ReplicaEnergy,
     RouteEntry,
@@ -171,7 +171,7 @@ def test_a_replica_counts_with_the_executors_counter(store):
 
 def test_the_same_replicas_are_recognised_from_the_store(store):
     from greenctl.data import deployments
-    from greenctl.executor.ray_backend import _same_replicas
+    from greenctl.executor.deploy.ray_backend import _same_replicas
 
     deps = [Deployment("tiny", "tiny-s", "cpu:1", 2, 1, 10.0),
             Deployment("tiny", "tiny-l", "cpu:1", 1, 4, 5.0)]  # fmt: skip

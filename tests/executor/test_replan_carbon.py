@@ -87,7 +87,7 @@ def tiny_plan(run_store, monkeypatch):
 
 
 def test_a_kept_plan_counts_carbon_at_the_new_signal(tiny_plan):
-    from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.deploy.apply import apply_plan, status
 
     store, pid = tiny_plan
     applied = apply_plan(store.get_plan(pid), store=store, **OPTS)

@@ -7,6 +7,7 @@ import json
 import pytest
 from greenctl.data.errors import InputError, NotFoundError
 from greenctl.data.plan import Deployment, Plan
+from greenctl.executor.deploy.serving_measure import measure_serving
 from greenctl.executor.runtime.serving import (
     QUANTILE_POINTS,
     ServingMeasurement,
@@ -14,7 +15,6 @@ from greenctl.executor.runtime.serving import (
     serving_overheads,
     serving_rows,
 )
-from greenctl.executor.serving_measure import measure_serving
 from greenctl.planner.core.evaluate import ServingPath
 from greenctl.planner.core.latency import ServiceTime
 
@@ -52,7 +52,7 @@ def _tiny_s_profile(store, **fields):
 
 
 def test_measure_serving_leaves_the_running_plan_alone(run_store, leftovers):
-    from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.deploy.apply import apply_plan, status
 
     plan = Plan(
         kind="mix",
@@ -82,7 +82,7 @@ def test_measure_serving_leaves_the_running_plan_alone(run_store, leftovers):
     assert after["dispatcher"]["pid"] == before["dispatcher"]["pid"]
     assert [i["pid"] for i in after["instances"]] == [i["pid"] for i in before["instances"]]
     assert run_store.db.table("serving_profiles").count == 0  # measuring stores nothing
-    from greenctl.executor.apply import down
+    from greenctl.executor.deploy.apply import down
 
     down(run_store)
     assert leftovers() == []  # the scratch daemons are gone too
@@ -103,7 +103,7 @@ def test_model_stand_in_subtracts_the_executors_own_queue_and_run(run_store):
     assert row.executor_cpu_ms_per_request is not None and row.executor_cpu_ms_per_request >= 0
     assert row.quantiles_ms[0] >= 0 and row.quantiles_ms == sorted(row.quantiles_ms)
     # every answer carries the executor's timing, also through the dispatcher
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy.apply import apply_plan
 
     plan = Plan(kind="mix", deployments=[Deployment("tiny", "tiny-m", "cpu:1", 1, 1, 10.0)])
     url = apply_plan(plan, store=run_store).dispatcher_url or ""
@@ -118,7 +118,7 @@ def test_the_serving_path_is_measured_with_the_batch_wait_apply_serves(store, mo
     """Measured without the wait, resnet50 at batch 32 on the H200 ran batches of 3 rows at
     1,500 req/s and its executor spent 0.61 ms per request (as the front: p95 20.7 ms
     predicted, 9.2-10.1 measured); with apply's wait, 5 rows and 0.47 ms (p95 9.25)."""
-    import greenctl.executor.apply as apply_mod
+    import greenctl.executor.deploy.apply as apply_mod
     from greenctl.data.batching import DEFAULT_MAX_WAIT_MS
 
     seen: list[float] = []

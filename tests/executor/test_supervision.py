@@ -133,7 +133,7 @@ def _apply_and_die(db: str, where: str, variant: str, loader: str) -> None:
     """Run in a forked child: apply, and SIGKILL this process at ``where``."""
     from greenctl.data import deployments
     from greenctl.data.store import open_store
-    from greenctl.executor import apply as ap
+    from greenctl.executor.deploy import apply as ap
 
     def die() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -186,7 +186,7 @@ KILL_POINTS = ["journaled", "spawned", "executors-loading", "switched", "retirin
 def test_kill_9_of_apply_at_any_step_leaves_nothing_down_does_not_stop(
     run_store, tmp_path, pids_mentioning, leftovers, where
 ):
-    from greenctl.executor.apply import apply_plan, down, status
+    from greenctl.executor.deploy.apply import apply_plan, down, status
 
     state_dir = tmp_path / "state"
     before: list[int] = []
@@ -215,7 +215,7 @@ def test_the_next_apply_stops_what_a_killed_apply_left(
 ):
     """The issue's second set pinned to the same cores: the next apply stops the leftovers
     first, and the running plan is the one the store records."""
-    from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.deploy.apply import apply_plan, status
 
     state_dir = tmp_path / "state"
     if where == "switched":
@@ -243,7 +243,7 @@ def test_the_next_apply_stops_what_a_killed_apply_left(
 def test_a_killed_dispatcher_serves_again_on_its_port_and_a_killed_supervisor_returns(
     run_store, cli, pids_mentioning, tmp_path
 ):
-    from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.deploy.apply import apply_plan, status
 
     url = apply_plan(_plan(), store=run_store, loader=NOOP).dispatcher_url or ""
     st = status(run_store)
@@ -293,7 +293,7 @@ def test_a_killed_dispatcher_serves_again_on_its_port_and_a_killed_supervisor_re
 def test_the_only_instance_killed_under_load_loses_nothing(run_store, monkeypatch, policy):
     """The issue's 111 failures: with one executor, its requests now wait in the bounded
     queue while it restarts, and the ones it held are retried on it once it is back."""
-    from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.deploy.apply import apply_plan, status
     from greenctl.executor.runtime.loadgen import run_load
 
     monkeypatch.setenv("GREENCTL_NOOP_SERVICE_MS", "2")
@@ -323,7 +323,7 @@ def test_the_only_instance_killed_under_load_loses_nothing(run_store, monkeypatc
 def test_a_crash_loop_backs_off_never_gives_up_and_status_says_so(
     run_store, cli, monkeypatch, tmp_path
 ):
-    from greenctl.executor.apply import apply_plan, status
+    from greenctl.executor.deploy.apply import apply_plan, status
 
     flag = tmp_path / "crash"
     flag.write_text("crash 1 s after loading")
@@ -372,7 +372,7 @@ def test_a_dispatcher_running_before_the_upgrade_is_still_stopped(run_store, tmp
     import sqlite_utils
     from greenctl.data import deployments
     from greenctl.data.migrations import m0040_executor_state, m0096_supervision
-    from greenctl.executor.apply import down
+    from greenctl.executor.deploy.apply import down
 
     db = sqlite_utils.Database(memory=True)
     m0040_executor_state.up(db)

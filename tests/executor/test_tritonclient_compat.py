@@ -12,7 +12,7 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_tritonclient_http(run_store, loaders):
     httpclient = pytest.importorskip("tritonclient.http")
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy.apply import apply_plan
 
     plan = Plan(
         kind="mix",

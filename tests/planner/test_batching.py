@@ -70,7 +70,7 @@ def test_the_runner_pads_by_the_rule_the_planner_models():
 
 
 def test_one_max_wait_for_executors_apply_and_the_model():
-    from greenctl.executor.apply import apply_plan
+    from greenctl.executor.deploy.apply import apply_plan
 
     assert inspect.signature(apply_plan).parameters["max_wait_ms"].default == (
         bt.DEFAULT_MAX_WAIT_MS

@@ -18,7 +18,7 @@ import pytest
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
-from greenctl.executor.serving_measure import executor_own_cpu_ms
+from greenctl.executor.deploy.serving_measure import executor_own_cpu_ms
 from greenctl.planner.core.evaluate import (
     ServingPath,
     build_instances,

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from greenctl.data.errors import InputError
 from greenctl.data.plan import PLAN_KINDS, Deployment, Plan
-from greenctl.executor import ray_backend
-from greenctl.executor.apply import apply_plan
-from greenctl.executor.k8s_export import build_k8s_export
+from greenctl.executor.deploy import ray_backend
+from greenctl.executor.deploy.apply import apply_plan
+from greenctl.executor.deploy.k8s_export import build_k8s_export
 from greenctl.executor.runtime.dispatcher import ModelRoute
 from greenctl.planner.core import simulator
 from greenctl.planner.core.policy import POLICIES, SmoothWRR, default_policy, plan_policy
