@@ -20,7 +20,7 @@ benchmark puts the two on the same footing, in three parts:
    that is idle power caps what any layout of those GPUs can save (CO2OPT is about that cap).
 3. The artifact's accounting applied to greenctl: greenctl's carbon per request at a load
    against BASE's at a fifth of it.
-4. The real ``greenctl replay --kind mig`` (:func:`greenctl.executor.replay.replay`, issue 22)
+4. The real ``greenctl replay --kind mig`` (:func:`greenctl.executor.control.replay.replay`, issue 22)
    on the EfficientNet-B0..B7 profiles MEASURED on an NVIDIA H200 at batch 1, the whole GPU
    measured and its MIG slices EMULATED with MPS (``bench/results/h200-2026-11-26/
    profiles.csv``, source ``mps-emulated``: estimates of MIG slices, not MIG measurements;
@@ -271,8 +271,8 @@ def h200_replay(
     part 2 (``plan mig --base-carbon-intensity``), ``signal``: at each hour's own (the
     replay CLI's default, under which the objective ignores the intensity)."""
     from greenctl.cli.plan_mig import mig_request  # the request `replay --kind mig` parses
+    from greenctl.executor.control.replay import replay
     from greenctl.executor.kinds import get_kind
-    from greenctl.executor.replay import replay
 
     out: dict[float, dict[str, dict[str, float]]] = {}
     ci_base = statistics.fmean(load_trace(TRACE, hours)) if base_ci == "mean" else None

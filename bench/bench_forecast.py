@@ -27,7 +27,7 @@ the span ``--min-dwell 1h`` holds a plan; its MAE is against the next minute's p
 comparable). LSTMs: 1 layer, 25 units, window 10, torch CPU, 1 thread. The replay also says
 how many of greenctl's violations fall in intervals where ``--min-dwell`` held a plan
 (``in holds %``): the dwell holds a plan unless it cannot carry the forecast
-(``executor.control.dwell_yields``), so the violations left there are the forecast's misses.
+(``executor.control.replan.dwell_yields``), so the violations left there are the forecast's misses.
 
     python bench/bench_forecast.py [--quick] [--trace PATH] [--epochs N] [--only errors|replay]
 """
@@ -130,8 +130,8 @@ def _store(folder: Path) -> Any:
 
 def replays(trace: str, train_days: float, epochs: int, hours: float) -> dict[str, Any]:
     """(b): replay the day after the training days with each forecaster."""
-    from greenctl.executor import control
-    from greenctl.executor.replay import replay
+    from greenctl.executor.control import forecasters
+    from greenctl.executor.control.replay import replay
 
     start = f"{train_days * 24:g}h"
     print(
@@ -146,7 +146,7 @@ def replays(trace: str, train_days: float, epochs: int, hours: float) -> dict[st
             for name, kind, params in candidates(epochs):
                 if name != kind or kind == "lstm":  # saved as `greenctl forecast fit` does
                     t = time.perf_counter()
-                    control.fit_forecaster(
+                    forecasters.fit_forecaster(
                         store, kind=kind, name=name, trace=trace, train_days=train_days,
                         params=params,
                     )  # fmt: skip

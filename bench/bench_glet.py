@@ -257,8 +257,8 @@ def replan_decisions(data: Path, *, rounds: int) -> None:
     """Time `greenctl replan` of a glet plan (the library twin, no apply) as rates move."""
     import random
 
-    from greenctl.executor import control
-    from greenctl.executor.interference import fit_and_store
+    from greenctl.executor.control import replan
+    from greenctl.executor.control.interference import fit_and_store
     from greenctl.executor.kinds import get_kind
 
     print("\n== glet replan decision time: 10 models, rates +-30 % per round ==")
@@ -282,14 +282,14 @@ def replan_decisions(data: Path, *, rounds: int) -> None:
         for _ in range(rounds):
             rates = {m: max(10.0, r * rng.uniform(0.7, 1.3)) for m, r in rates.items()}
             t, tc = time.perf_counter(), time.process_time()
-            d = control.replan_once(store, plan=str(plan_id), min_dwell_s=0, rates=rates)
+            d = replan.replan_once(store, plan=str(plan_id), min_dwell_s=0, rates=rates)
             whole.append((time.perf_counter() - t) * 1000)
             whole_cpu.append((time.process_time() - tc) * 1000)
             actions[d["action"]] = actions.get(d["action"], 0) + 1
             moved += [p for p in d["reason"].split("; ") if "glets move" in p]
             running = store.get_plan(int(d["new_plan_id"] or plan_id))
             t = time.perf_counter()
-            control._replan_kind(store, running, intensity=None, rates=rates)
+            replan._replan_kind(store, running, intensity=None, rates=rates)
             planning.append((time.perf_counter() - t) * 1000)
             _, problem = get_kind("glet").plan(store, {**running.request, "models": [
                 {**m, "rate_rps": rates[m["name"]]} for m in running.request["models"]

@@ -83,13 +83,13 @@ def run_rounds(
     store: Any, plan_id: int, series: list[Rates], *, threshold: float
 ) -> dict[str, Any]:
     """Replan every round at its rates; a proposed plan becomes the running one."""
-    from greenctl.executor import control
+    from greenctl.executor.control import replan
 
     changes = forced = moved = gpu_rounds = most = 0
     at: list[int] = []
     for t, rates in enumerate(series):
         running = store.get_plan(plan_id)
-        d = control.replan_once(
+        d = replan.replan_once(
             store, plan=str(plan_id), min_dwell_s=0, rates=rates, threshold=threshold
         )
         carries = d["old_objective"] is not None  # the running layout scored at these rates
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from greenctl.executor import kinds
-    from greenctl.executor.interference import fit_and_store
+    from greenctl.executor.control.interference import fit_and_store
 
     glet = kinds.get_kind("glet")
     headroom = kinds.GLET_REPLAN_HEADROOM if args.headroom is None else args.headroom

@@ -16,7 +16,7 @@ accuracy floor, SLO 750 ms at p99, 64 cores) two ways:
   the floor alone (ResNet-50 for a floor of 0.74): only replicas and CPU sizes change;
 
 beside replay's ``infaas`` baseline (INFaaS-style greedy reactive scaling, one variant at a
-time; see :mod:`greenctl.executor.replay`). Printed per 10-minute bucket: the load, each
+time; see :mod:`greenctl.executor.control.replay`). Printed per 10-minute bucket: the load, each
 policy's cost and SLO violations, and the cost ratio vertical / single; then the totals with
 mean accuracy. Every figure is MODELED (the profiles, the analytic queueing model, an assumed
 0.04 USD per core-hour) on a SYNTHETIC trace.
@@ -79,7 +79,7 @@ def _load() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from greenctl.executor.replay import replay
+    from greenctl.executor.control.replay import replay
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--floor", type=float, default=0.74, help="accuracy floor (mean)")

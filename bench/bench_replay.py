@@ -32,7 +32,7 @@ Run: ``python bench/bench_replay.py [--quick] [--forecaster last]``.
     the mix ILP's HiGHS options (``planner.mix.model.MIR_CUTS``, ``MIP_OPTIONS``): the
     product's speed. Rows (1)-(3) hold the plan for the whole ``--min-dwell`` (the old rule);
     (4) the product: the dwell yields to a load the running plan cannot carry
-    (``executor.control.dwell_yields``), which changes the figures. Per row: wall and CPU
+    (``executor.control.replan.dwell_yields``), which changes the figures. Per row: wall and CPU
     seconds, the seconds in HiGHS, in building the mix problem, in building the ILP and in
     the accounting, HiGHS runs (solved / answered from the solver memo), greenctl's modeled
     SLO violations, cost and changes, and whether its figures equal row (1)'s. (A plan memo
@@ -87,7 +87,7 @@ def _load() -> str:
 
 
 def speed(store: Any, hours: float, forecaster: str) -> None:
-    from greenctl.executor.replay import replay
+    from greenctl.executor.control.replay import replay
 
     print(f"(a) one mix family, {hours:g} h of the Twitter trace at 60 s intervals, all baselines")
     print(f"    {_load()}")
@@ -114,7 +114,7 @@ def speed(store: Any, hours: float, forecaster: str) -> None:
 
 
 def infadapter_vs_vpa(store: Any, hours: float, forecaster: str) -> None:
-    from greenctl.executor.replay import replay
+    from greenctl.executor.control.replay import replay
 
     print(
         f"\n(b) InfAdapter vs VPA, Twitter trace ({hours:g} h from 24h), InfAdapter's ResNet "
@@ -180,7 +180,7 @@ GLET_MODELS = [
 def glet_day(folder: Path, hours: float, forecaster: str) -> None:
     import numpy as np
     from greenctl.data.traces import read_rps_trace
-    from greenctl.executor.replay import replay
+    from greenctl.executor.control.replay import replay
 
     store = _gpulet_store(folder)
     trace = folder / "twitter_x10.txt"
@@ -220,7 +220,7 @@ def glet_day(folder: Path, hours: float, forecaster: str) -> None:
 def geo_day(folder: Path, hours: float) -> None:
     from greenctl.data.eglb_convert import convert_eglb
     from greenctl.data.store import open_store
-    from greenctl.executor.replay import replay
+    from greenctl.executor.control.replay import replay
 
     store = open_store(folder / "geo.db")
     files = {k: str(v) for k, v in convert_eglb(None, folder / "eglb", routes="partial").items()}
@@ -282,9 +282,9 @@ def speed_fixes(store: Any, hours: float, forecaster: str) -> None:
     """(e): before/after of each speed step of this round, and the dwell rule."""
     import contextlib
 
-    from greenctl.executor import control
-    from greenctl.executor import replay as rp
-    from greenctl.executor.replay import replay
+    from greenctl.executor.control import replan as replan_mod
+    from greenctl.executor.control import replay as rp
+    from greenctl.executor.control.replay import replay
     from greenctl.planner.core import solvers
     from greenctl.planner.core.forecast import DEFAULT_FORECASTER
     from greenctl.planner.mix import model as mix_model
@@ -330,7 +330,7 @@ def speed_fixes(store: Any, hours: float, forecaster: str) -> None:
                 if opts.get("options") is False:
                     patch(mix_model, "MIP_OPTIONS", {})
                 if opts.get("yields") is False:
-                    patch(control, "dwell_yields", lambda choice: False)
+                    patch(replan_mod, "dwell_yields", lambda choice: False)
                 patch(mix_solve, "build_mix_problem",
                       _timed(mix_solve.build_mix_problem, acc, "problem_s"))  # fmt: skip
                 patch(mix_solve, "build_model", _timed(mix_solve.build_model, acc, "ilp_s"))

@@ -39,7 +39,7 @@ def demo_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Profile, import carbon, plan, apply, load, replan over a carbon trace, report, stop."""
-    from greenctl.executor import control
+    from greenctl.executor.control import demo
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
@@ -60,7 +60,7 @@ def demo_cmd(
                 last["msg"] = step
             bar.update(task, completed=frac, description=_short(msg))
 
-        summary = control.run_demo(
+        summary = demo.run_demo(
             out_dir=out, db=db, quick=quick, model=model, rate_rps=rate, progress=progress
         )
     if json_out:

@@ -73,13 +73,13 @@ def forecast_fit(
     json_out: JsonOpt = False,
 ) -> None:
     """Fit a forecaster, score it on held-out minutes and save it in the store."""
-    from greenctl.executor import control
+    from greenctl.executor.control import forecasters
 
     params = {"epochs": epochs, "window": window, "quantile": quantile, "period": period}
     with store_for(db) as store:
         if forecaster == "lstm" and not json_out:
             with console.status("training the LSTM (torch, CPU) ..."):
-                out = control.fit_forecaster(
+                out = forecasters.fit_forecaster(
                     store,
                     kind=forecaster,
                     name=name,
@@ -89,7 +89,7 @@ def forecast_fit(
                     params=params,
                 )
         else:
-            out = control.fit_forecaster(
+            out = forecasters.fit_forecaster(
                 store,
                 kind=forecaster,
                 name=name,
@@ -134,10 +134,10 @@ def forecast_predict(
     json_out: JsonOpt = False,
 ) -> None:
     """Predict the next minute's peak request rate."""
-    from greenctl.executor import control
+    from greenctl.executor.control import forecasters
 
     with store_for(db) as store:
-        out = control.predict_load(
+        out = forecasters.predict_load(
             store, forecaster=forecaster, trace=trace, model=model, upto_minute=upto_minute
         )
     if json_out:
@@ -153,10 +153,10 @@ def forecast_predict(
 @forecast_app.command("list")
 def forecast_list(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """List saved forecasters with their held-out scores."""
-    from greenctl.executor import control
+    from greenctl.executor.control import forecasters
 
     with store_for(db, create=False) as store:  # read-only: a missing store is not created
-        rows = control.list_forecasters(store)
+        rows = forecasters.list_forecasters(store)
     if json_out:
         print_json(rows)
         return
@@ -188,10 +188,10 @@ def forecast_sample(
 ) -> None:
     """Record the dispatcher's arrival rate since the last sample into the load history
     (run it from cron; `replan --forecaster` does it on every run too)."""
-    from greenctl.executor import control
+    from greenctl.executor.control import history
 
     with store_for(db) as store:
-        samples = control.sample_dispatcher_load(store, url=url)
+        samples = history.sample_dispatcher_load(store, url=url)
     if json_out:
         print_json(samples)
         return

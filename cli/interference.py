@@ -23,7 +23,7 @@ def interference_fit(
     json_out: JsonOpt = False,
 ) -> None:
     """Learn c1..c5 from imported co-location measurements; report held-out error; store it."""
-    from greenctl.executor.interference import fit_and_store
+    from greenctl.executor.control.interference import fit_and_store
 
     with store_for(db) as store:
         model_id, result = fit_and_store(store, test_fraction=test_fraction, seed=seed)

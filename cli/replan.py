@@ -87,7 +87,7 @@ def replan_cmd(
     """Replan with the latest carbon signal and load forecast; apply if worth it."""
     from greenctl.data import reports
     from greenctl.data.errors import InputError
-    from greenctl.executor import control
+    from greenctl.executor.control import replan
 
     if history:
         with store_for(db) as store:
@@ -118,7 +118,7 @@ def replan_cmd(
         return
     if plan is None:
         raise InputError("--plan ID|FILE is required", hint="or pass --history to list decisions")
-    dwell = control.parse_duration(min_dwell)
+    dwell = replan.parse_duration(min_dwell)
     rates = _parse_rates(rate)
     from greenctl.executor.deploy.georouter import replan_if_routed
 
@@ -127,7 +127,7 @@ def replan_cmd(
         if routed is not None:
             _print_geo_replan(routed, json_out=json_out)
             return
-        d = control.replan_once(
+        d = replan.replan_once(
             store, plan=plan, apply=apply, threshold=threshold, margin=margin,
             min_dwell_s=dwell, region=region, forecaster=forecaster, at=at, rates=rates,
         )  # fmt: skip
@@ -216,7 +216,7 @@ def cron_install_cmd(
     """Install a crontab line running `greenctl ARGS...` (write the command after `--`)."""
     from greenctl.cli.common import ROOT_DB
     from greenctl.data.store import resolve_db_path
-    from greenctl.executor import control
+    from greenctl.executor.control import cron
 
     args = list(ctx.args)
     if args and args[0] == "greenctl":
@@ -224,11 +224,11 @@ def cron_install_cmd(
     if args:
         check_greenctl_args(args, root=ctx.find_root().command)
     db_path = resolve_db_path(db or ROOT_DB.get()).resolve()
-    line = control.cron_line(args, every=every, db_path=db_path, log=log, name=name)
+    line = cron.cron_line(args, every=every, db_path=db_path, log=log, name=name)
     if print_only:
         typer.echo(line)
         return
-    where = control.cron_install(line, name=name, crontab_file=crontab_file)
+    where = cron.cron_install(line, name=name, crontab_file=crontab_file)
     say(f"installed in {where}:\n{line}", highlight=False, soft_wrap=True)
 
 
@@ -315,9 +315,9 @@ def cron_remove_cmd(
     ] = None,
 ) -> None:
     """Remove the crontab line installed with `greenctl cron install --name NAME`."""
-    from greenctl.executor import control
+    from greenctl.executor.control import cron
 
-    removed = control.cron_remove(name=name, crontab_file=crontab_file)
+    removed = cron.cron_remove(name=name, crontab_file=crontab_file)
     if removed:
         say(f"removed {removed} line(s) tagged greenctl:{name}")
     else:

@@ -244,7 +244,7 @@ def replay_cmd(
     db: DbOpt = None,
 ) -> None:
     """Replay the replan loop over a load trace and a carbon signal, beside baselines."""
-    from greenctl.executor import control, replay
+    from greenctl.executor.control import replan, replay
 
     request: dict[str, Any] | None = None
     geo_given = [
@@ -311,7 +311,7 @@ def replay_cmd(
     if kind == "glet" and plan is None and carbon_intensity is not None:
         options["carbon_intensity"] = carbon_intensity
     chosen = [b for b in baseline or list(replay.DEFAULT_BASELINES) if b != "none"]
-    dwell = control.parse_duration(min_dwell)
+    dwell = replan.parse_duration(min_dwell)
     from greenctl.cli.common import console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

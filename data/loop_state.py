@@ -2,7 +2,7 @@
 replanning decisions, the dispatcher's request counters (what runs, and on which backend,
 is in :mod:`greenctl.data.deployments`).
 
-``executor/control.py`` observes, decides and reconciles; what it reads and writes in the
+``executor/control/`` observes, decides and reconciles; what it reads and writes in the
 store goes through here, so the SQL lives in ``data/`` (see ARCHITECTURE.md).
 """
 

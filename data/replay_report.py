@@ -47,7 +47,7 @@ def write_replay(
     summary_columns: list[str],
     chart: bool = True,
 ) -> list[str]:
-    """Write ``result`` (:func:`greenctl.executor.replay.replay`) into ``out_dir`` (created).
+    """Write ``result`` (:func:`greenctl.executor.control.replay.replay`) into ``out_dir`` (created).
 
     Returns:
         The paths written.

@@ -311,7 +311,7 @@ class PlanKind:
     triggers: Callable[[Plan, Plan, float], tuple[list[str], str]] | None = None
     #: ``score`` None says the running plan cannot serve the forecast load (it misses the
     #: SLO, or an option it runs is gone): ``--min-dwell`` then yields to a change
-    #: (:func:`greenctl.executor.control.dwell_yields`); False: None says only that the
+    #: (:func:`greenctl.executor.control.replan.dwell_yields`); False: None says only that the
     #: running plan cannot be compared (a geo plan), and the dwell holds
     score_checks_load: bool = True
     #: the policy when neither the plan nor batching decides (rule 4 of

@@ -53,7 +53,7 @@ def gpulet(store):
     """The test's store with gpulet's bundled measurements (profiles, utilisation) and an
     interference model fitted on it: what `plan glet` plans with."""
     from greenctl.data.gpulet_import import import_gpulet
-    from greenctl.executor.interference import fit_and_store
+    from greenctl.executor.control.interference import fit_and_store
 
     import_gpulet(store, "bundled:gpulet")
     fit_and_store(store, source="test")

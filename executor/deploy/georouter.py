@@ -953,7 +953,7 @@ def replan_router(store: Any, *, plan: Any, at: str | None = None) -> dict[str, 
     """
     from greenctl.data.carbon_io import normalise_time, parse_time
     from greenctl.data.records import utcnow_iso
-    from greenctl.executor import control
+    from greenctl.executor.control import replan
 
     row = deployments.running_router(store)
     folder = Path(row["state_dir"]) if row is not None else router_dir(store)
@@ -971,7 +971,7 @@ def replan_router(store: Any, *, plan: Any, at: str | None = None) -> dict[str, 
             raise InputError(f"--at: {exc}") from None
     lineage = f"plan:{record.get('applied_id') or plan.id}"
     url = _url(str(running["host"]), int(running["port"]))
-    with control.replan_lock(store):
+    with replan.replan_lock(store):
         current = _admin(url, str(record["token"]))
         kept = read_json(folder / "table.json") or {}
         table = kept.get("table") or {}
@@ -1052,9 +1052,9 @@ def replan_router(store: Any, *, plan: Any, at: str | None = None) -> dict[str, 
         except BaseException as exc:
             msg = getattr(exc, "message", None) or str(exc) or type(exc).__name__
             decision["reason"] = f"{type(exc).__name__}: {msg}; the router's table is unchanged"
-            control.record_decision(store, decision)
+            replan.record_decision(store, decision)
             raise
-        out = control.record_decision(store, decision)
+        out = replan.record_decision(store, decision)
     out.update(
         plan_id=plan.id,
         new_plan_id=new_id,

@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 from greenctl.data.errors import InputError
-from greenctl.executor import control
+from greenctl.executor.control import cron
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -82,13 +82,13 @@ def test_uneven_intervals_are_refused_with_the_nearest_even_ones(cli, every, gap
     ],
 )
 def test_even_intervals(every, schedule):
-    assert control.cron_schedule(every) == schedule
+    assert cron.cron_schedule(every) == schedule
 
 
 @pytest.mark.parametrize("every", ["45s", "0m", "15", "soon", "-5m", "infm", "1.5m"])
 def test_intervals_that_are_not_whole_minutes_are_refused(every):
     with pytest.raises(InputError, match="--every"):
-        control.cron_schedule(every)
+        cron.cron_schedule(every)
 
 
 @settings(max_examples=300, deadline=None)
@@ -96,7 +96,7 @@ def test_intervals_that_are_not_whole_minutes_are_refused(every):
 def test_every_accepted_interval_repeats_evenly(n, unit):
     """Each schedule cron_schedule accepts fires at equal gaps all day, wrap included."""
     try:
-        schedule = control.cron_schedule(f"{n}{unit}")
+        schedule = cron.cron_schedule(f"{n}{unit}")
     except InputError as exc:
         assert exc.exit_code == 2 and exc.hint and exc.hint.startswith("use ")
         return
@@ -149,7 +149,7 @@ def test_a_plan_file_named_relative_to_here_is_made_absolute(cli, tmp_path, monk
 
 def test_a_line_break_in_an_argument_is_refused(tmp_path):
     with pytest.raises(InputError, match="line break"):
-        control.cron_line(["replan", "--plan", "3\n* * * * * rm"], every="15m", db_path=tmp_path)
+        cron.cron_line(["replan", "--plan", "3\n* * * * * rm"], every="15m", db_path=tmp_path)
 
 
 WORDS = ["replan", "replna", "--plan", "3", "--apply", "carbon", "fetch", "--region", "CISO",

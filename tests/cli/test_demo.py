@@ -130,7 +130,7 @@ def test_demo_quick_writes_a_real_report_and_stops_everything(cli, tmp_path, mod
 
     with open_store(summary["db"]) as store:
         # --quick measures the serving path of the scenario's stand-in only
-        from greenctl.executor.control import DEMO_SCENARIOS
+        from greenctl.executor.control.demo import DEMO_SCENARIOS
 
         served = {r["variant"] for r in store.db.table("serving_profiles").rows}
         assert served == set(DEMO_SCENARIOS[family]["served"][0])
@@ -224,9 +224,9 @@ def _summary(tmp_path, **over) -> dict:
 
 def _run(cli, monkeypatch, tmp_path, summary: dict, width: int = 80) -> str:
     from greenctl.cli import common
-    from greenctl.executor import control
+    from greenctl.executor.control import demo
 
-    monkeypatch.setattr(control, "run_demo", lambda **_kw: summary)
+    monkeypatch.setattr(demo, "run_demo", lambda **_kw: summary)
     monkeypatch.setattr(common.console, "_width", width)
     monkeypatch.chdir(tmp_path)
     r = cli("demo", "--out", "rep")
@@ -339,7 +339,8 @@ def test_demo_plans_for_what_a_slow_machine_carries(monkeypatch):
     demo plans for DEMO_RATE_MARGIN of the largest rate they serve, and says so; a rate the
     user asked fails as `plan mix` fails."""
     from greenctl.data.errors import InfeasiblePlan
-    from greenctl.executor import control, kinds
+    from greenctl.executor import kinds
+    from greenctl.executor.control import demo
 
     asked = []
 
@@ -354,14 +355,14 @@ def test_demo_plans_for_what_a_slow_machine_carries(monkeypatch):
 
     monkeypatch.setattr(kinds, "get_kind", lambda _name: Mix())
     request = {"rate_rps": 3.0, "slo_ms": 1000.0, "budgets": {"cpu": 2}}
-    plan, note = control._plan_demo(None, request, fixed_rate=False)
+    plan, note = demo._plan_demo(None, request, fixed_rate=False)
     assert plan == "plan" and asked == [3.0, 1.6] and request["rate_rps"] == 1.6
     assert note == (
         "this machine's profiles carry at most 2.00 req/s at p95 <= 1000 ms on 2 cores: "
         "planned for 1.6 req/s"
     )
     with pytest.raises(InfeasiblePlan):
-        control._plan_demo(None, {**request, "rate_rps": 3.0}, fixed_rate=True)
+        demo._plan_demo(None, {**request, "rate_rps": 3.0}, fixed_rate=True)
 
     # where the planner names no servable share (another constraint binds), it fails too
     class NoVariant:
@@ -370,4 +371,4 @@ def test_demo_plans_for_what_a_slow_machine_carries(monkeypatch):
 
     monkeypatch.setattr(kinds, "get_kind", lambda _name: NoVariant())
     with pytest.raises(InfeasiblePlan, match="no variant meets"):
-        control._plan_demo(None, {**request, "rate_rps": 3.0}, fixed_rate=False)
+        demo._plan_demo(None, {**request, "rate_rps": 3.0}, fixed_rate=False)

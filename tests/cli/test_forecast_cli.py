@@ -35,14 +35,14 @@ def test_fit_predict_list(cli, tmp_path):
 
 
 def test_store_history_and_errors(cli, store):
-    from greenctl.executor import control
+    from greenctl.executor.control import history
 
     r = cli("forecast", "predict")
     assert r.exit_code == 2 and "no measured load" in r.output
-    control.record_load(
+    history.record_load(
         store,
         [
-            control.LoadSample(time=f"2024-01-01T00:{m:02d}:{s:02d}Z", rate_rps=m + s / 10)
+            history.LoadSample(time=f"2024-01-01T00:{m:02d}:{s:02d}Z", rate_rps=m + s / 10)
             for m in range(3)
             for s in (0, 30)
         ],

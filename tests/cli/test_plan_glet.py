@@ -17,7 +17,7 @@ def prepared_db(tmp_path_factory) -> Path:
     """A store with the gpulet reference imported and an interference model fitted."""
     from greenctl.data.gpulet_import import import_gpulet
     from greenctl.data.store import open_store
-    from greenctl.executor.interference import fit_and_store
+    from greenctl.executor.control.interference import fit_and_store
 
     path = tmp_path_factory.mktemp("glet") / "base.db"
     with open_store(path) as store:

@@ -10,7 +10,7 @@ import pytest
 from greenctl.data import carbon_io
 from greenctl.data.errors import ExecutorError, LockedError
 from greenctl.data.records import Profile, Variant
-from greenctl.executor import control
+from greenctl.executor.control import history, replan
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -112,7 +112,7 @@ class _Applier:
 
 def _replan(store, pid, at, **kw):
     kw.setdefault("apply_fn", _Applier())
-    return control.replan_once(store, plan=str(pid), at=at, region="CISO", **kw)
+    return replan.replan_once(store, plan=str(pid), at=at, region="CISO", **kw)
 
 
 def test_threshold_keeps_small_moves_and_acts_on_big_ones(tiny):
@@ -207,7 +207,7 @@ def test_failed_apply_leaves_running_plan_and_records_it(tiny):
 
 def test_lock_keeps_runs_from_overlapping(tiny):
     store, pid = tiny
-    with control.replan_lock(store), pytest.raises(LockedError, match="another greenctl replan"):
+    with replan.replan_lock(store), pytest.raises(LockedError, match="another greenctl replan"):
         _replan(store, pid, "2021-03-01T05:00:00Z")
     assert store.db.table("decisions").count == 0
     _replan(store, pid, "2021-03-01T05:00:00Z")  # released
@@ -215,9 +215,9 @@ def test_lock_keeps_runs_from_overlapping(tiny):
 
 def test_forecast_sets_the_planned_rate(tiny):
     store, pid = tiny
-    control.record_load(
+    history.record_load(
         store,
-        [control.LoadSample(f"2021-03-01T00:0{m}:00Z", 180.0 + m, model="tiny") for m in range(3)],
+        [history.LoadSample(f"2021-03-01T00:0{m}:00Z", 180.0 + m, model="tiny") for m in range(3)],
     )
     d = _replan(store, pid, "2021-03-01T05:00:00Z", forecaster="last")
     assert d["forecast_rps"] == 182.0
@@ -234,13 +234,13 @@ def test_cli_replan_history_and_errors(tiny, cli, monkeypatch):
     def boom(plan, *, store, **kw):
         raise ExecutorError("port 8000 already taken")
 
-    monkeypatch.setattr(control, "_default_apply", boom)
+    monkeypatch.setattr(replan, "_default_apply", boom)
     r = cli("replan", "--plan", pid, "--at", "2021-03-01T06:00:00Z", "--apply")
     assert r.exit_code == 1 and "port 8000 already taken" in r.output
     r = cli("replan", "--history", "--plan", pid, "--json")
     hist = json.loads(r.stdout)
     assert [h["action"] for h in hist] == ["propose", "failed"]
-    assert set(control.DECISION_ACTIONS) >= {h["action"] for h in hist}
+    assert set(replan.DECISION_ACTIONS) >= {h["action"] for h in hist}
     for key in (
         "time",
         "signal_g_per_kwh",
@@ -263,7 +263,7 @@ def test_plan_file_lineage(tiny, tmp_path):
     store, pid = tiny
     f = tmp_path / "plan.json"
     write_plan_file(store.get_plan(pid), f)
-    d1 = control.replan_once(
+    d1 = replan.replan_once(
         store,
         plan=str(f),
         at="2021-03-01T05:00:00Z",
@@ -271,7 +271,7 @@ def test_plan_file_lineage(tiny, tmp_path):
         apply=True,
         apply_fn=_Applier(),
     )
-    d2 = control.replan_once(
+    d2 = replan.replan_once(
         store, plan=str(f), at="2021-03-01T07:00:00Z", region="CISO", min_dwell_s=3600 * 6
     )
     assert d1["lineage"] == d2["lineage"] == f"file:{f.resolve()}"
@@ -322,7 +322,7 @@ def test_cron_print_install_remove(cli, tmp_path, db_path):
     [("90s", 90), ("15m", 900), ("1h", 3600), ("2d", 172800), ("0", 0), ("30", 30)],
 )
 def test_parse_duration(text, seconds):
-    assert control.parse_duration(text) == seconds
+    assert replan.parse_duration(text) == seconds
 
 
 def test_mig_plan_replans_with_clover_objective(store):
@@ -354,7 +354,7 @@ def test_mig_plan_replans_with_clover_objective(store):
     plan.extra["carbon_region"] = "CISO"
     pid = store.save_plan(plan)
     _serve(store, pid)
-    d = control.replan_once(
+    d = replan.replan_once(
         store, plan=str(pid), at="2021-03-01T14:00:00Z", apply=True, apply_fn=_Applier()
     )
     assert d["signal_g_per_kwh"] == pytest.approx(353.57)
@@ -398,19 +398,19 @@ def test_dispatcher_counters_become_load_history(store):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        assert control.sample_dispatcher_load(store, url=url) == []  # primes the counters
+        assert history.sample_dispatcher_load(store, url=url) == []  # primes the counters
         store.db.execute("update load_counters set time = '2020-01-01T00:00:00Z'")
         store.db.conn.commit()
         counts["n"] = 100 + 600
-        (s,) = control.sample_dispatcher_load(store, url=url)
+        (s,) = history.sample_dispatcher_load(store, url=url)
         assert s["model"] == "tiny" and s["rate_rps"] == pytest.approx(600 / s["interval_s"])
         rows = list(store.db.table("load_history").rows)
         assert rows[0]["source"] == "dispatcher" and rows[0]["model"] == "tiny"
         counts["n"] = 10  # the dispatcher restarted: no negative rate
-        assert control.sample_dispatcher_load(store, url=url) == []
+        assert history.sample_dispatcher_load(store, url=url) == []
     finally:
         server.shutdown()
-    assert control.sample_dispatcher_load(store, url=url) == []  # nobody answers: no sample
+    assert history.sample_dispatcher_load(store, url=url) == []  # nobody answers: no sample
 
 
 def test_missing_signal_is_a_recorded_failure(tiny):
@@ -443,7 +443,7 @@ def test_replan_invariants_on_random_signals(tiny, signals, dwell_h, threshold):
         carbon_io.CarbonPoint("RND", f"2030-01-01T{h:02d}:00:00Z", v) for h, v in enumerate(signals)
     ]
     carbon_io.store_points(store, points)
-    out = control.simulate_replans(
+    out = replan.simulate_replans(
         store, plan=str(pid), region="RND", start="2030-01-01T00:00:00Z",
         hours=len(signals) - 1, step_h=1.0, apply=True, apply_fn=_Applier(),
         min_dwell_s=dwell_h * 3600, threshold=threshold, margin=0.02,
@@ -511,7 +511,7 @@ def test_running_plan_id_is_the_plan_that_really_serves(tiny, cli):
     """Plan 2 (another lineage) serves: replanning plan 1 says so, and changes nothing."""
     store, p1 = tiny
     p2 = _other_plan(store)
-    assert not control._same_config(store.get_plan(p1), store.get_plan(p2))
+    assert not replan.same_config(store.get_plan(p1), store.get_plan(p2))
     _serve(store, p2)
     plans = store.db.table("plans").count
     app = _Applier()
@@ -544,11 +544,11 @@ def test_a_plan_file_lineage_keeps_its_plan_when_another_serves(tiny, tmp_path):
     write_plan_file(doc, f)
     p2 = _other_plan(store)
     _serve(store, p2)
-    d = control.replan_once(store, plan=str(f), at=T0, region="CISO")
+    d = replan.replan_once(store, plan=str(f), at=T0, region="CISO")
     assert d["action"] == "hold" and d["running_plan_id"] == p2
     _stop(store)
     app = _Applier()
-    d = control.replan_once(store, plan=str(f), at=T0, region="CISO", apply=True, apply_fn=app)
+    d = replan.replan_once(store, plan=str(f), at=T0, region="CISO", apply=True, apply_fn=app)
     (copy,) = [r["id"] for r in store.db.table("plans").rows_where("source = 'file'")]
     assert d["action"] == "apply" and app.applied == [copy]  # the file's plan, saved once
 
@@ -567,7 +567,7 @@ def test_nothing_serving_recovers_with_real_executors(tiny, tmp_path, monkeypatc
         apply_plan(store.get_plan(pid), store=store, **opts)
         assert status(store)["dispatcher"]["plan_id"] == pid
         down(store)
-        d = control.replan_once(
+        d = replan.replan_once(
             store, plan=str(pid), at=T0, region="CISO", apply=True, apply_options=opts
         )
         assert d["action"] == "apply" and "nothing is serving" in d["reason"]

@@ -12,7 +12,7 @@ from greenctl.data import carbon_io, deployments
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan, write_plan_file
 from greenctl.data.records import Profile, Variant
-from greenctl.executor import control
+from greenctl.executor.control import replan
 from greenctl.executor.deploy import backends, ray_backend
 
 # real daemons: a hung one must fail the test, not the CI run
@@ -211,7 +211,7 @@ def tiny_on_fake(store, monkeypatch):
 def test_replan_apply_switches_the_plan_on_the_backend_that_runs_it(tiny_on_fake):
     store, pid = tiny_on_fake
     # 05:00: 291.6 g/kWh, more than twice the planned signal: a better plan is applied there
-    d = control.replan_once(
+    d = replan.replan_once(
         store, plan=str(pid), at="2021-03-01T05:00:00Z", region="CISO", apply=True,
         apply_options={"loader": NOOP},  # a local option: the fake backend leaves it out
     )  # fmt: skip
@@ -225,7 +225,7 @@ def test_replan_apply_recovers_on_the_backend_that_ran_the_plan(tiny_on_fake, cl
     store, pid = tiny_on_fake
     assert json.loads(cli("down", "--json").stdout) == {"backend": "fake"}
     assert deployments.running_backend(store) is None
-    d = control.replan_once(
+    d = replan.replan_once(
         store, plan=str(pid), at="2021-03-01T00:30:00Z", region="CISO", apply=True
     )
     assert d["action"] == "apply" and d["running_plan_id"] is None

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from greenctl.executor import control
+from greenctl.executor.control import history, replan
 from greenctl.executor.kinds import get_kind
 
 pytestmark = pytest.mark.timeout(180)
@@ -73,7 +73,7 @@ def test_a_glet_plan_is_replanned_from_its_measured_rates_and_reorganised(
     # the load falls to a fraction of the plan's: the dispatcher counts it per family
     for r in _load(url, {"resnet": 50.0, "vgg": 50.0, "inception": 50.0}, 0.3).values():
         assert r.errors == 0 and r.ok > 0  # type: ignore[attr-defined]
-    assert control.sample_dispatcher_load(gpulet) == []  # primes the counters
+    assert history.sample_dispatcher_load(gpulet) == []  # primes the counters
     served = _load(url, {"resnet": 60.0, "vgg": 40.0, "inception": 20.0}, 1.0)
     assert all(r.errors == 0 for r in served.values())  # type: ignore[attr-defined]
 
@@ -83,7 +83,7 @@ def test_a_glet_plan_is_replanned_from_its_measured_rates_and_reorganised(
         target=lambda: during.update(_load(url, {"resnet": 30.0, "vgg": 30.0}, 2.0))
     )
     background.start()
-    d = control.replan_once(gpulet, plan=str(plan.id), apply=True, forecaster="last", min_dwell_s=0)
+    d = replan.replan_once(gpulet, plan=str(plan.id), apply=True, forecaster="last", min_dwell_s=0)
     background.join()
     assert all(r.errors == 0 and r.ok > 0 for r in during.values())  # type: ignore[attr-defined]
     assert d["action"] == "apply", d["reason"]
@@ -123,7 +123,7 @@ def test_a_glet_plan_is_replanned_from_its_measured_rates_and_reorganised(
     assert v["measured"]["slo_violation_frac"] == pytest.approx(late)
 
     # the same rates again: the new schedule is the running one; nothing moves
-    d2 = control.replan_once(gpulet, plan=str(plan.id), apply=True, min_dwell_s=0, rates=rates)
+    d2 = replan.replan_once(gpulet, plan=str(plan.id), apply=True, min_dwell_s=0, rates=rates)
     assert d2["action"] == "keep", d2["reason"]
     assert {i["id"] for i in status(gpulet)["instances"]} == {i["id"] for i in now}
 
@@ -218,7 +218,7 @@ def test_rate_noise_the_running_layout_carries_changes_nothing(gpulet):
         _scaled(1.0, resnet50=1.05, vgg16=0.9, inception=0.95),
         _scaled(1.0, resnet50=0.92, vgg16=1.04, inception=0.8),
     ):
-        d = control.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=rates)
+        d = replan.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=rates)
         # (the rule before changed the plan when more than 5 % of its glets would move)
         assert d["action"] in ("hold", "keep") and d["new_plan_id"] is None, d["reason"]
         assert "the running layout carries the new rates: a change must save a GPU" in d["reason"]
@@ -229,10 +229,10 @@ def test_a_dip_keeps_its_gpus_and_a_real_fall_gives_one_back_with_headroom(gpule
 
     plan = _planned(gpulet)
     # at half the load one GPU would do, but not with the headroom: hysteresis, no change
-    d = control.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.5))
+    d = replan.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.5))
     assert d["new_plan_id"] is None, d["reason"]  # (before: GPUs 2 -> 1, a change)
     # at 30 % one GPU carries the rates + the headroom: the GPU goes back
-    d = control.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.3))
+    d = replan.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.3))
     assert d["action"] == "propose", d["reason"]
     assert "GPUs 2 -> 1 with the rates + 30 % headroom: saves 1 GPU (50 % > 5 %)" in d["reason"]
     new = gpulet.get_plan(d["new_plan_id"])
@@ -242,7 +242,7 @@ def test_a_dip_keeps_its_gpus_and_a_real_fall_gives_one_back_with_headroom(gpule
     assert {m["name"]: m["rate_rps"] for m in new.request["models"]} == pytest.approx(want)
     assert {p["model"]: p["rate_rps"] for p in new.predicted["per_model"]} == pytest.approx(want)
     # a threshold above the share saved keeps the GPUs (1 of 2 is 50 %)
-    d = control.replan_once(
+    d = replan.replan_once(
         gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.3), threshold=0.6
     )
     assert d["new_plan_id"] is None and "is 50 % (<= 60 %)" in d["reason"]
@@ -250,7 +250,7 @@ def test_a_dip_keeps_its_gpus_and_a_real_fall_gives_one_back_with_headroom(gpule
 
 def test_doubled_rates_force_a_change_packed_with_headroom_or_without_when_none_fits(gpulet):
     plan = _planned(gpulet)
-    d = control.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(2.0))
+    d = replan.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(2.0))
     assert d["action"] == "propose", d["reason"]
     assert d["old_objective"] is None  # the running layout cannot carry the doubled load
     assert "misses an SLO at the new load" in d["reason"] or "does not" in d["reason"]
@@ -258,7 +258,7 @@ def test_doubled_rates_force_a_change_packed_with_headroom_or_without_when_none_
     assert new.request["rate_headroom"] == 0.3 and new.predicted["gpus"] == 3
     # within 2 GPUs there is no room for the headroom: planned at the rates, noted
     small = _planned(gpulet, max_gpus=2)
-    d = control.replan_once(gpulet, plan=str(small.id), min_dwell_s=0, rates=_scaled(2.0))
+    d = replan.replan_once(gpulet, plan=str(small.id), min_dwell_s=0, rates=_scaled(2.0))
     assert d["action"] == "propose", d["reason"]
     new = gpulet.get_plan(d["new_plan_id"])
     assert new.predicted["gpus"] == 2
@@ -274,7 +274,7 @@ def test_the_replan_headroom_is_the_plans_own_when_it_sets_one(gpulet):
     gpulet.save_plan(plan)
     assert plan.request["replan_headroom"] == 0.0
     # no headroom: at half the load the fewest GPUs are 1, so the GPU goes back at once
-    d = control.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.5))
+    d = replan.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.5))
     assert d["action"] == "propose" and "GPUs 2 -> 1 with the rates + 0 % headroom" in d["reason"]
     assert gpulet.get_plan(d["new_plan_id"]).request["replan_headroom"] == 0.0  # kept
     with pytest.raises(InputError, match="replan_headroom"):

@@ -11,7 +11,7 @@ import pytest
 from greenctl.data.bundled import path_of
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
-from greenctl.executor import control
+from greenctl.executor.control import history, replan
 from greenctl.executor.kinds import GLET_REPLAN_HEADROOM, KINDS, PlanKind, get_kind, register
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
@@ -36,7 +36,7 @@ def test_replan_at_the_same_signal_finds_the_commands_plan(cli, resnet):
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     planned = resnet.get_plan(json.loads(r.stdout)["id"])
-    new, old_obj, note, _ = control._replan_kind(resnet, planned, intensity=300.0, rate=None)
+    new, old_obj, note, _ = replan._replan_kind(resnet, planned, intensity=300.0, rate=None)
     key = sorted((d.variant, d.resource, d.count) for d in planned.deployments)
     assert sorted((d.variant, d.resource, d.count) for d in new.deployments) == key
     assert note is None
@@ -73,7 +73,7 @@ def test_a_registered_kind_is_planned_and_scored_through_the_registry(store, mon
         deployments=[Deployment("tiny", "tiny-s", "cpu:1", count=1, quota_rps=5.0)],
         id=7,
     )
-    new, old_obj, note, _ = control._replan_kind(store, running, intensity=123.0, rate=9.0)
+    new, old_obj, note, _ = replan._replan_kind(store, running, intensity=123.0, rate=9.0)
     assert calls == [("plan", 123.0, 7), ("score", "P")]
     assert new.request["rate_rps"] == 9.0 and "carbon_region" not in new.request
     assert (old_obj, note) == (1.0, None)
@@ -90,7 +90,7 @@ def test_a_glet_plan_is_planned_again_from_its_request(cli, gpulet):
     assert planned.request["interference"]["id"] is not None  # the model used, recorded
     again, _ = get_kind("glet").plan(gpulet, dict(planned.request))
     assert again.extra["gpus"] == planned.extra["gpus"]  # its request plans it again
-    new, old_obj, note, _ = control._replan_kind(gpulet, planned, intensity=300.0, rate=None)
+    new, old_obj, note, _ = replan._replan_kind(gpulet, planned, intensity=300.0, rate=None)
     assert new.request["rate_headroom"] == GLET_REPLAN_HEADROOM  # a replan packs with room
     assert new.request["models"] == planned.request["models"]
     assert new.request["interference"] == planned.request["interference"]
@@ -286,11 +286,11 @@ def test_replan_forecasts_a_glet_plans_load_model_by_model(cli, gpulet):
     gpulet.save_plan(planned)
     carbon_io.import_bundled(gpulet, "clover-ciso-march")
     # the dispatcher measured resnet (the family it routes), never vgg
-    control.record_load(
+    history.record_load(
         gpulet,
-        [control.LoadSample(f"2021-03-01T00:0{m}:00Z", 200.0, model="resnet") for m in range(3)],
+        [history.LoadSample(f"2021-03-01T00:0{m}:00Z", 200.0, model="resnet") for m in range(3)],
     )
-    d = control.replan_once(
+    d = replan.replan_once(
         gpulet, plan=str(planned.id), at="2021-03-01T00:00:00Z", region="CISO",
         forecaster="last",
     )  # fmt: skip
@@ -299,8 +299,8 @@ def test_replan_forecasts_a_glet_plans_load_model_by_model(cli, gpulet):
     # less load than planned, no GPU saved: the running layout stays (a glet plans no carbon)
     assert d["action"] in ("hold", "keep") and d["new_plan_id"] is None, d["reason"]
     # more than the running layout carries: a new schedule at the measured rates
-    control.record_load(gpulet, [control.LoadSample("2021-03-01T00:04:00Z", 900.0, model="resnet")])
-    d = control.replan_once(
+    history.record_load(gpulet, [history.LoadSample("2021-03-01T00:04:00Z", 900.0, model="resnet")])
+    d = replan.replan_once(
         gpulet, plan=str(planned.id), at="2021-03-01T00:05:00Z", region="CISO",
         forecaster="last", min_dwell_s=0,
     )  # fmt: skip
@@ -332,7 +332,7 @@ def test_a_geo_plan_is_planned_again_from_anywhere(cli, store, eglb, tmp_path, m
     assert planned.request["sites"] == str(tmp_path / "eglb" / "sites.csv")
     assert planned.request["routes"] == str(tmp_path / "eglb" / "routes.csv")
     monkeypatch.chdir("/")
-    new, old_obj, note, _ = control._replan_kind(store, planned, intensity=300.0, rate=None)
+    new, old_obj, note, _ = replan._replan_kind(store, planned, intensity=300.0, rate=None)
     assert new.predicted["objective"] == pytest.approx(planned.predicted["objective"])
     assert [d.to_dict() for d in new.deployments] == [d.to_dict() for d in planned.deployments]
     assert old_obj is None and "per-step" in note  # its per-step flows are not in the plan

@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 from greenctl.data import carbon_io
 from greenctl.data.records import Profile, Variant
-from greenctl.executor import control
+from greenctl.executor.control import replan as replan_mod
 from greenctl.executor.runtime.metrics import CARBON_TOTAL, ENERGY_TOTAL, GRID_INTENSITY, carbon_g
 from greenctl.executor.runtime.metrics import parse_prometheus as parse
 
@@ -97,7 +97,7 @@ def test_a_kept_plan_counts_carbon_at_the_new_signal(tiny_plan):
     before = _wait_intensity(inst["url"], 124.57)
 
     def replan(hour: int, **kw: object) -> dict:
-        return control.replan_once(
+        return replan_mod.replan_once(
             store, plan=str(pid), at=T.format(hour), region="CISO", threshold=0.1, **kw
         )
 
@@ -161,12 +161,12 @@ def test_the_push_is_skipped_when_counted_and_reported_when_it_fails(store):
     def fails(p: Plan, *, store: object, **kw: object) -> None:
         raise ExecutorError("the dispatcher does not answer")
 
-    assert control._count_at_signal(store, serving.id, plan(124.57), ok, None) is None
-    assert control._count_at_signal(store, None, plan(300.0), ok, None) is None
+    assert replan_mod._count_at_signal(store, serving.id, plan(124.57), ok, None) is None
+    assert replan_mod._count_at_signal(store, None, plan(300.0), ok, None) is None
     assert applied == []
-    said = control._count_at_signal(store, serving.id, plan(300.0), fails, None)
+    said = replan_mod._count_at_signal(store, serving.id, plan(300.0), fails, None)
     assert said is not None and said.startswith("the running deployment still counts carbon at")
     assert "124.57 g/kWh" in said and "the dispatcher does not answer" in said
     new = plan(300.0)
-    said = control._count_at_signal(store, serving.id, new, ok, {"cores": [0]})
+    said = replan_mod._count_at_signal(store, serving.id, new, ok, {"cores": [0]})
     assert applied == [new.id] and f"plan {new.id}," in (said or "")

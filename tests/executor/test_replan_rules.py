@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from greenctl.data.plan import Deployment, Plan
-from greenctl.executor import control
+from greenctl.executor.control import replan
 from greenctl.executor.kinds import ReplanSignal, get_kind
 
 
@@ -34,8 +34,8 @@ def test_a_moved_signal_changes_the_plan_only_for_a_better_one(monkeypatch, new_
 
         return new, 5.0, None, ReplanRequest(dict(running_.request), None, [])
 
-    monkeypatch.setattr(control, "_replan_kind", replan_kind)
-    choice = control.replan_choice(
+    monkeypatch.setattr(replan, "_replan_kind", replan_kind)
+    choice = replan.replan_choice(
         None, running, signal=200.0, reference=100.0, threshold=0.05, margin=0.02
     )
     assert not choice.same

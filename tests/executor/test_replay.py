@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from greenctl.data.bundled import path_of
-from greenctl.executor import replay as rp
+from greenctl.executor.control import replay as rp
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
 ARGS = ("--model", "resnet", "--slo-ms", "750", "--percentile", "p99", "--budget", "cpu=20")

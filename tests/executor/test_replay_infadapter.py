@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from greenctl.data.bundled import path_of
-from greenctl.executor import control
-from greenctl.executor import replay as rp
+from greenctl.executor.control import forecasters
+from greenctl.executor.control import replay as rp
 from greenctl.executor.kinds import get_kind
 from greenctl.planner.core import forecast as fc
 from greenctl.planner.core import solvers
@@ -96,7 +96,7 @@ def test_infadapter_sizes_the_exact_mix_for_its_lstm_forecast_every_interval(
 
 def test_infadapter_uses_a_saved_lstm(resnet, tmp_path):
     trace = _trace(tmp_path, HISTORY + STEP)
-    control.fit_forecaster(
+    forecasters.fit_forecaster(
         resnet, kind="lstm", name=rp.INFADAPTER_FORECASTER, trace=str(trace),
         params={"epochs": 2, "hidden": 4, "window": 3},
     )  # fmt: skip

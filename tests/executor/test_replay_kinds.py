@@ -8,8 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from greenctl.executor import replay as rp
-from greenctl.executor import replay_kinds as rk
+from greenctl.executor.control import replay as rp
+from greenctl.executor.control import replay_kinds as rk
 
 MODELS = [
     {"name": "resnet50", "rate_rps": 4.0, "slo_ms": 25.0},

@@ -1,8 +1,8 @@
 """The inputs of a what-if replay (``greenctl replay``): the window of the load trace and the
 carbon signal it covers, and the options that cut it (``--from``, ``--hours``, ``--every``).
 
-Shared by every kind's replay (:mod:`greenctl.executor.replay` for mix and mig,
-:mod:`greenctl.executor.replay_kinds` for glet and geo).
+Shared by every kind's replay (:mod:`greenctl.executor.control.replay` for mix and mig,
+:mod:`greenctl.executor.control.replay_kinds` for glet and geo).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class TraceWindow:
 # -- input parsing ----------------------------------------------------------------------------
 def parse_every(every: str | float | int) -> int:
     """``--every`` in whole seconds (>= 1)."""
-    from greenctl.executor.control import parse_duration
+    from greenctl.executor.control.replan import parse_duration
 
     seconds = parse_duration(every, option="--every")
     if not math.isfinite(seconds) or seconds < 1 or seconds != int(seconds):
@@ -57,7 +57,7 @@ def parse_from(text: str | None) -> tuple[int, str | None]:
         (offset in seconds, the time or None).
     """
     from greenctl.data.carbon_io import normalise_time
-    from greenctl.executor.control import parse_duration
+    from greenctl.executor.control.replan import parse_duration
 
     if text is None or not str(text).strip():
         return 0, None

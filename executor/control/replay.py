@@ -6,12 +6,12 @@ seconds:
 
 1. the load is forecast (per-interval peaks of the trace before the interval, through the
    forecasters of :mod:`greenctl.planner.core.forecast`, a saved one by name as ``replan``
-   finds it, :func:`greenctl.executor.control.get_forecaster`);
+   finds it, :func:`greenctl.executor.control.forecasters.get_forecaster`);
 2. the running plan is planned again through the decision ``replan`` itself takes
-   (:func:`greenctl.executor.control.replan_choice`: the kind's request rewritten for the
+   (:func:`greenctl.executor.control.replan.replan_choice`: the kind's request rewritten for the
    signal and the forecast, planned through the registry, the running plan scored in the
    same problem, the threshold and margin), not sooner than ``min_dwell_s`` after the last
-   change (:func:`~greenctl.executor.control.dwell_since`); nothing is saved or applied;
+   change (:func:`~greenctl.executor.control.replan.dwell_since`); nothing is saved or applied;
 3. a change pays its reconfiguration: each new instance loads for its variant's
    ``load_time_s`` (a profile import's ``load_time_s``), while the previous configuration
    serves and both are paid for; a variant without a load time is not modeled (0 s, and
@@ -71,9 +71,9 @@ from greenctl.data.errors import InfeasiblePlan, InputError
 from greenctl.data.loop_state import REPLAN_MARGIN, REPLAN_MIN_DWELL_S, REPLAN_THRESHOLD
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.resources import parse_resource
-from greenctl.executor.replay_inputs import iso_at as _iso_at
-from greenctl.executor.replay_inputs import parse_every
-from greenctl.executor.replay_inputs import trace_window as _window
+from greenctl.executor.control.replay_inputs import iso_at as _iso_at
+from greenctl.executor.control.replay_inputs import parse_every
+from greenctl.executor.control.replay_inputs import trace_window as _window
 from greenctl.planner.core import solvers
 
 BASELINES = ("base", "co2opt", "vpa", "infaas", "infadapter")
@@ -518,11 +518,11 @@ def _infadapter_forecasts(
         a note saying which LSTM, or why the baseline is left out).
     """
     from greenctl.data.errors import NotFoundError
-    from greenctl.executor import control
+    from greenctl.executor.control import forecasters
     from greenctl.planner.core import forecast as fc
 
     try:
-        f = control.get_forecaster(store, INFADAPTER_FORECASTER)
+        f = forecasters.get_forecaster(store, INFADAPTER_FORECASTER)
     except NotFoundError:
         f = None
     if f is not None and not isinstance(f, fc.LSTMForecaster):
@@ -645,7 +645,7 @@ def replay(
     """Replay the control loop over a load trace and a carbon signal (module docstring).
 
     A glet or geo plan (``kind``, or the stored ``plan``'s) is replayed by
-    :func:`greenctl.executor.replay_kinds.replay_kind` with the same options (a geo plan
+    :func:`greenctl.executor.control.replay_kinds.replay_kind` with the same options (a geo plan
     reads its load and carbon from its sites and demand files) and ``kind_options``, the
     kind's own; the default ``baselines`` stand for the kind's own defaults there.
 
@@ -665,7 +665,7 @@ def replay(
         out_dir: also write ``replay.json``, ``summary.csv``, ``intervals.csv`` and
             ``replay.png`` there (:func:`greenctl.data.replay_report.write_replay`).
         kind_options: a glet replay's ``model_traces``, ``gpu_power_w`` and
-            ``carbon_intensity`` (:func:`greenctl.executor.replay_kinds.replay_glet`).
+            ``carbon_intensity`` (:func:`greenctl.executor.control.replay_kinds.replay_glet`).
 
     Returns:
         ``{"meta", "summary": [per policy], "intervals": {policy: [rows]}}``.
@@ -673,7 +673,7 @@ def replay(
     Raises:
         InputError: a bad option (named), a missing trace, a window beyond a trace.
     """
-    from greenctl.executor import control, replay_kinds
+    from greenctl.executor.control import forecasters, replan, replay_kinds
     from greenctl.executor.kinds import get_kind
     from greenctl.planner.core import forecast as fc
     from greenctl.planner.core.simulator import pick_profiles, sized_slo_ms
@@ -745,7 +745,7 @@ def replay(
     # forecasts: one-step-ahead per-interval peaks, each from the peaks before it
     peaks_all = fc.minute_maxima(win.rps[: win.first_s + win.seconds], interval_s=every_s)
     first_k = win.first_s // every_s  # intervals of history before the window
-    f = control.get_forecaster(store, forecaster)
+    f = forecasters.get_forecaster(store, forecaster)
     window_peaks = np.asarray([float(win.interval_rates(k).max()) for k in range(n)])
     if first_k >= 1 and win.first_s % every_s == 0:
         history = np.concatenate([peaks_all[:first_k], window_peaks])
@@ -793,7 +793,7 @@ def replay(
     unmodeled: set[str] = set()
 
     # -- greenctl: the replan loop --------------------------------------------------------------
-    rounds = control.ReplanRounds(min_dwell_s)
+    rounds = replan.ReplanRounds(min_dwell_s)
     stats = rounds.stats
 
     def greenctl_steps() -> list[_Step]:
@@ -811,7 +811,7 @@ def replay(
             action, new = rounds.decide(
                 (_config_key(running.deployments), ci, ref, rate),
                 partial(
-                    control.replan_choice, cached, running, signal=ci, reference=ref,
+                    replan.replan_choice, cached, running, signal=ci, reference=ref,
                     threshold=threshold, margin=margin, rate=max(rate, 1e-3),
                 ),
                 last_change=last_change, when=when,

@@ -1,6 +1,6 @@
 """What-if replay of glet and geo plans (``greenctl replay --kind glet|geo``).
 
-:func:`greenctl.executor.replay.replay` hands a glet or geo replay here
+:func:`greenctl.executor.control.replay.replay` hands a glet or geo replay here
 (:func:`replay_kind`); both answer in its shape (``{"meta", "summary", "intervals"}``) and
 write the same files (:func:`greenctl.data.replay_report.write_replay`).
 
@@ -8,7 +8,7 @@ write the same files (:func:`greenctl.data.replay_report.write_replay`).
 (a model's ``rate_rps`` in the request is its weight), or each reads its own trace
 (``model_traces``). At each interval every model's peak is forecast (per-interval peaks
 before it, through ``replan``'s forecasters) and the running plan is planned again through
-the decision ``replan`` itself takes (:func:`greenctl.executor.control.replan_choice`:
+the decision ``replan`` itself takes (:func:`greenctl.executor.control.replan.replan_choice`:
 the glet kind's own request rewrite, each model at its forecast, and its own rule of when a
 new layout is worth a change, with ``threshold``), not sooner than ``min_dwell_s`` after
 the last change. A change pays its reconfiguration: each glet that starts loads its models
@@ -598,7 +598,7 @@ def replay_glet(
         carbon_intensity: the constant intensity without ``region``/``carbon_trace``
             (default 400 g/kWh). gpu_power_w: (idle W, busy W) of one GPU, used when the
             profiles hold no power (default :data:`DEFAULT_GPU_POWER_W`, labelled assumed).
-        Others: as :func:`greenctl.executor.replay.replay`.
+        Others: as :func:`greenctl.executor.control.replay.replay`.
 
     Returns:
         ``{"meta", "summary", "intervals"}`` as ``replay``'s, with GPU-hours and per-model
@@ -608,9 +608,9 @@ def replay_glet(
         InputError: a bad option (named), a missing trace, a window beyond a trace.
     """
     from greenctl.data.traces import read_rps_trace
-    from greenctl.executor import control
+    from greenctl.executor.control import forecasters, replan
+    from greenctl.executor.control.replay_inputs import iso_at, parse_every, trace_window
     from greenctl.executor.kinds import GLET_MIN_RATE_RPS, get_kind, plan_inputs
-    from greenctl.executor.replay_inputs import iso_at, parse_every, trace_window
     from greenctl.planner.core.simulator import model_slos, pick_profiles, sized_slo_ms
     from greenctl.planner.mix.solve import REFERENCE_CARBON_INTENSITY
 
@@ -690,7 +690,7 @@ def replay_glet(
     from greenctl.planner.core.forecast import DEFAULT_FORECASTER
 
     forecaster = forecaster or DEFAULT_FORECASTER  # the one default, as replay()'s
-    f = control.get_forecaster(store, forecaster)
+    f = forecasters.get_forecaster(store, forecaster)
     forecasts: dict[str, np.ndarray] = {}
     peaks: dict[str, np.ndarray] = {}
     forecast_note = ""
@@ -781,7 +781,7 @@ def replay_glet(
         )
 
     # -- greenctl: the replan loop ------------------------------------------------------------
-    rounds = control.ReplanRounds(min_dwell_s)
+    rounds = replan.ReplanRounds(min_dwell_s)
     stats = rounds.stats
 
     def greenctl_steps() -> list[_GletStep]:
@@ -799,7 +799,7 @@ def replay_glet(
             action, new = rounds.decide(
                 (_layout_key(running), tuple(round(rates[x], 6) for x in names)),
                 partial(
-                    control.replan_choice, store, running, signal=None, reference=None,
+                    replan.replan_choice, store, running, signal=None, reference=None,
                     threshold=threshold, margin=margin, forecast=rates.get,
                 ),
                 last_change=last_change, when=when,
@@ -1070,7 +1070,7 @@ def _geo_window(
     """(first slot, slots, slots per replan) of ``--from``, ``--hours`` and ``--every`` on the
     files' steps."""
     from greenctl.data.carbon_io import normalise_time
-    from greenctl.executor.replay_inputs import parse_every, parse_from
+    from greenctl.executor.control.replay_inputs import parse_every, parse_from
 
     step_s = problem.step_h * 3600.0
     T = problem.n_steps

@@ -1,0 +1,777 @@
+"""Replanning: parse a dwell, choose whether a new plan beats the running one (rules,
+threshold, margin, dwell), hold the replan lock, replan once and record the decision,
+simulate replans over a carbon trace, and the serving state a replan starts from."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from greenctl.data import loop_state
+from greenctl.data.errors import InputError, NotFoundError
+from greenctl.data.loop_state import REPLAN_MARGIN, REPLAN_MIN_DWELL_S, REPLAN_THRESHOLD
+from greenctl.data.records import utcnow_iso
+from greenctl.executor.control.forecasters import get_forecaster, predict_load
+from greenctl.executor.control.history import sample_dispatcher_load
+
+DECISION_ACTIONS = ("apply", "propose", "keep", "hold", "failed")
+
+
+def parse_duration(text: str | float | int, *, option: str = "--min-dwell") -> float:
+    """``90s``, ``15m``, ``1h``, ``2d`` or plain seconds -> seconds.
+
+    Raises:
+        InputError: not a duration.
+    """
+    if isinstance(text, int | float):
+        value = float(text)
+    else:
+        s = str(text).strip().lower()
+        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+        mult = 1.0
+        if s and s[-1] in units:
+            mult, s = units[s[-1]], s[:-1]
+        try:
+            value = float(s) * mult
+        except ValueError:
+            raise InputError(
+                f"{option}: '{text}' is not a duration", hint="use e.g. 90s, 15m, 1h or 2d"
+            ) from None
+    if value < 0 or value != value:
+        raise InputError(f"{option}: a duration must be >= 0, got {text}")
+    return value
+
+
+def _resolve_plan(store: Any, plan: str | int) -> tuple[str, Any]:
+    """(lineage key, base plan) for a plan id or a plan file (saved once, source 'file')."""
+    from greenctl.data.plan import load_plan_file
+
+    text = str(plan).strip()
+    if text.isdigit():
+        return f"plan:{int(text)}", store.get_plan(int(text))
+    path = Path(text).resolve()
+    lineage = f"file:{path}"
+    base = load_plan_file(path)
+    if base.id is not None:  # a plan written by greenctl: reuse the stored copy if it matches
+        try:
+            stored = store.get_plan(int(base.id))
+        except NotFoundError:
+            stored = None
+        if stored is not None and stored.kind == base.kind and same_config(stored, base):
+            return lineage, stored
+        base.id = None
+    # the copy an earlier round saved of this file (decisions record the plan that serves,
+    # which need not be the file's)
+    doc = json.loads(base.to_json())
+    for plan_id, document in loop_state.plan_documents(store, source="file", kind=base.kind):
+        stored_doc = json.loads(document)
+        stored_doc.pop("id", None)
+        if stored_doc == doc:
+            return lineage, store.get_plan(plan_id)
+    store.save_plan(base, source="file")
+    return lineage, base
+
+
+def _lineage_plan_ids(store: Any, lineage: str, base: Any) -> set[int]:
+    """The base plan of ``lineage`` and every plan its rounds made (applied or proposed)."""
+    ids = {int(base.id)} if base.id is not None else set()
+    return ids | loop_state.lineage_new_plan_ids(store, lineage)
+
+
+def _last_change(store: Any, lineage: str) -> dict[str, Any] | None:
+    return loop_state.last_applied_decision(store, lineage)
+
+
+def same_config(a: Any, b: Any) -> bool:
+    def key(plan: Any) -> list[tuple[str, str, str, int, int]]:
+        return sorted((d.model, d.variant, d.resource, d.batch, d.count) for d in plan.deployments)
+
+    return key(a) == key(b)
+
+
+def _replan_kind(
+    store: Any,
+    running: Any,
+    *,
+    intensity: float | None,
+    rate: float | None = None,
+    forecast: Callable[[str], float | None] | None = None,
+    rates: Mapping[str, float] | None = None,
+) -> tuple[Any, float | None, str | None, Any]:
+    """Plan ``running``'s kind again at ``intensity`` through the registry, its request
+    rewritten by the kind (:attr:`~greenctl.executor.kinds.PlanKind.replan_request`) for the
+    plan's forecast load ``rate``, the per-model ``forecast`` or the given per-model
+    ``rates``.
+
+    Returns:
+        (new plan, the running plan's objective in the same problem or None, a note, the
+        :class:`~greenctl.executor.kinds.ReplanRequest`). The running plan is the new solve's
+        current configuration (no loading cost for a mix, the warm start and kept layouts
+        for MIG), and is scored in the same problem.
+    """
+    from greenctl.executor.kinds import ReplanSignal, get_kind
+
+    kind = get_kind(running.kind)
+    assert kind.plan is not None and kind.score is not None  # checked by replan_once
+    rewritten = kind.replan_request(
+        running, ReplanSignal(intensity, rate_rps=rate, forecast=forecast, rates=rates)
+    )
+    new, problem = kind.plan(store, rewritten.request, current=running)
+    old_obj, note = kind.score(problem, running)
+    return new, old_obj, note, rewritten
+
+
+#: objectives closer than this (relative) tie: an exact solver returns either of two tied
+#: optima, and adopting the other each time the signal moves only reconfigures (a mig replay
+#: at 12 % load switched between two tied layouts every hour, 26 changes in 48 h)
+TIE_TOLERANCE = 1e-9
+
+
+def _improvement(maximise: bool, old: float | None, new: float | None) -> float | None:
+    if old is None or new is None:
+        return None
+    gain = (new - old) if maximise else (old - new)
+    return gain / max(abs(old), 1e-12)
+
+
+def dwell_since(last_change_at: str, when: str, min_dwell_s: float) -> float | None:
+    """Seconds from the last change to ``when`` while that is under ``min_dwell_s`` (no
+    change yet), else None (a change may happen)."""
+    from greenctl.data.carbon_io import parse_time
+
+    if min_dwell_s <= 0:
+        return None
+    since = (parse_time(when) - parse_time(last_change_at)).total_seconds()
+    return since if since < min_dwell_s else None
+
+
+@dataclass
+class ReplanChoice:
+    """What a replanning round found (:func:`replan_choice`), before it acts."""
+
+    #: the new plan (not saved)
+    new: Any
+    old_objective: float | None
+    new_objective: float | None
+    improvement: float | None
+    #: the forecast load the rewritten request plans for (None: the planned rates stay)
+    forecast_rps: float | None
+    #: the best plan is the running configuration
+    same: bool
+    #: why a change is worth it (empty: it is not)
+    triggers: list[str]
+    #: notes of the round (the rewrite's, the scoring's), after the caller's
+    notes: list[str]
+    #: the signal and how far it moved, for a reason
+    signal_text: str
+    #: the reason when nothing triggers a change
+    not_worth: str
+    #: why the running plan cannot serve the forecast load (None: it can, or its kind
+    #: cannot tell): a change then comes even within ``--min-dwell`` (:func:`dwell_yields`)
+    overloaded: str | None = None
+
+
+def dwell_yields(choice: ReplanChoice | Exception) -> bool:
+    """Whether ``--min-dwell`` gives way in a round that found ``choice``: the running plan
+    cannot serve the forecast load and a plan that can was found. The dwell guards against
+    churn, not against overload: a plan held while it cannot carry the load misses the SLO
+    until the dwell ends (replay measured 82-98 % of the SLO violations of a day under the
+    default 1 h dwell behind such holds)."""
+    return isinstance(choice, ReplanChoice) and choice.overloaded is not None and not choice.same
+
+
+@dataclass
+class ReplanRounds:
+    """greenctl's replanning rounds in a what-if replay (:mod:`greenctl.executor.control.replay`, its
+    glet twin), each decided as :func:`replan_once` decides it (:func:`replan_choice`, the
+    dwell and :func:`dwell_yields`), and memoised by the caller's ``key``
+    (what the round's decision reads: the running configuration, the signal, the rates).
+    ``stats``: rounds that planned (``solves``), answered from the memo (``cached``), held by
+    ``--min-dwell`` (``dwell_holds``) or changed within it (``dwell_yields``)."""
+
+    min_dwell_s: float
+    choices: dict[Any, Any] = field(default_factory=dict)
+    stats: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("solves", "cached", "dwell_holds", "dwell_yields"), 0
+        )
+    )
+
+    def decide(
+        self, key: Any, plan: Callable[[], Any], *, last_change: str | None, when: str
+    ) -> tuple[str, Any]:
+        """One round at ``when``: ``plan()`` (``replan_choice`` for the round, memoised by
+        ``key``; an :class:`InfeasiblePlan` counts as its answer) and the action, one of
+        ``hold``, ``infeasible``, ``keep``, ``not-worth`` or ``change`` with the new plan."""
+        from greenctl.data.errors import InfeasiblePlan
+
+        held = (
+            last_change is not None and dwell_since(last_change, when, self.min_dwell_s) is not None
+        )
+        choice = self.choices.get(key)
+        if choice is None:
+            self.stats["solves"] += 1
+            try:
+                choice = plan()
+            except InfeasiblePlan as exc:
+                choice = exc
+            self.choices[key] = choice
+        else:
+            self.stats["cached"] += 1
+        if held and not dwell_yields(choice):
+            self.stats["dwell_holds"] += 1
+            return "hold", None
+        if held:
+            self.stats["dwell_yields"] += 1
+        if isinstance(choice, InfeasiblePlan):
+            return "infeasible", None
+        if choice.same:
+            return "keep", None
+        if not choice.triggers:
+            return "not-worth", None
+        return "change", choice.new
+
+
+def replan_choice(
+    store: Any,
+    running: Any,
+    *,
+    signal: float | None,
+    reference: float | None,
+    threshold: float,
+    margin: float,
+    rate: float | None = None,
+    forecast: Callable[[str], float | None] | None = None,
+    rates: Mapping[str, float] | None = None,
+    notes: list[str] | None = None,
+) -> ReplanChoice:
+    """Plan ``running`` again at carbon intensity ``signal`` and the forecast load, score the
+    running plan in the same problem and say whether a change is worth it: the signal moved
+    by more than ``threshold`` from ``reference`` (or there is none), the running plan cannot
+    be scored (it cannot carry the load), or the objective improves by more than ``margin``.
+    A kind with its own :attr:`~greenctl.executor.kinds.PlanKind.triggers` decides instead of
+    the signal and the margin (a glet plan: its GPU count changes, or more than ``threshold``
+    of its glets move); ``signal`` None: no region (a kind that plans no carbon). ``rates``:
+    models' rates given by name (``--rate NAME=RPS``), over the forecast.
+
+    The decision of :func:`replan_once` (which adds the store, the dwell and applying) and of
+    the what-if replay (:mod:`greenctl.executor.control.replay`); it writes nothing.
+    """
+    from greenctl.executor.kinds import get_kind
+
+    kind = get_kind(running.kind)
+    new, old_obj, note, rewritten = _replan_kind(
+        store, running, intensity=signal, rate=rate, forecast=forecast, rates=rates
+    )
+    notes = [*(notes or []), *rewritten.notes]  # what the kind's rewrite left alone
+    if note:
+        notes.append(note)
+    objective, new_obj, maximise = kind.objective(new)
+    imp = _improvement(maximise, old_obj, new_obj)
+    change = (
+        None
+        if reference is None or signal is None
+        else abs(signal - reference) / max(reference, 1e-9)
+    )
+    if signal is None:
+        load = rewritten.forecast_rps if rate is None else rate
+        sig_txt = "no carbon region" + ("" if load is None else f"; load {load:.4g} req/s")
+    else:
+        sig_txt = f"carbon intensity {signal:.1f} g/kWh" + (
+            "" if change is None else f" moved {change * 100:.1f} % from {reference:.1f}"
+        )
+    triggers = []
+    compared = ""
+    if kind.triggers is not None:  # the kind's own rule (glet: GPUs, glets moved)
+        triggers, compared = kind.triggers(running, new, threshold)
+    elif (change is None or change > threshold) and not (imp is not None and imp <= TIE_TOLERANCE):
+        # the signal moved, and the new plan is better than the running one in the new problem
+        # (one that only ties it, or a heuristic's worse one, is no reason to reconfigure)
+        triggers.append(
+            "no reference signal"
+            if change is None
+            else f"signal moved {change * 100:.1f} % > {threshold * 100:g} %"
+        )
+    if old_obj is None:
+        triggers.append(notes[-1] if notes else "running plan not comparable")
+    elif kind.triggers is None and imp is not None and imp > margin:
+        triggers.append(f"{objective} objective improves {imp * 100:.1f} % > {margin * 100:g} %")
+    if kind.triggers is not None:
+        not_worth = f"{sig_txt}; {compared}: not worth a change"
+    elif change is None or change > threshold:  # moved, but the new plan is no better
+        not_worth = (
+            f"{sig_txt}, but the new plan only ties the running one or is worse (the "
+            f"{objective} objective improves {0.0 if imp is None else imp * 100:.2g} %): "
+            "not worth a change"
+        )
+    else:
+        not_worth = (
+            f"{sig_txt} (<= {threshold * 100:g} %) and the {objective} objective "
+            f"improves {0.0 if imp is None else imp * 100:.2f} % "
+            f"(<= {margin * 100:g} %): not worth a change"
+        )
+    return ReplanChoice(
+        new=new,
+        old_objective=old_obj,
+        new_objective=new_obj,
+        improvement=imp,
+        forecast_rps=rewritten.forecast_rps,
+        same=same_config(new, running),
+        triggers=triggers,
+        notes=notes,
+        signal_text=sig_txt,
+        not_worth=not_worth,
+        overloaded=(note or "the running plan cannot serve the forecast load")
+        if old_obj is None and kind.score_checks_load
+        else None,
+    )
+
+
+@contextmanager
+def replan_lock(store: Any) -> Iterator[None]:
+    """Keep two replans of one store from overlapping (``fcntl.flock``, non-blocking).
+
+    Raises:
+        LockedError: another replan holds the lock.
+    """
+    import fcntl
+    import os
+
+    from greenctl.data.errors import LockedError
+
+    path = Path(str(store.path) + ".replan.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise LockedError(
+                f"another greenctl replan is running (pid {holder}; lock {path})",
+                hint="cron runs overlap: widen --every, or wait for the running one",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+ApplyFn = Callable[..., Any]
+
+
+def replan_once(
+    store: Any,
+    *,
+    plan: str | int,
+    apply: bool = False,
+    threshold: float = REPLAN_THRESHOLD,
+    margin: float = REPLAN_MARGIN,
+    min_dwell_s: float = REPLAN_MIN_DWELL_S,
+    region: str | None = None,
+    forecaster: str | None = None,
+    load_model: str | None = None,
+    rates: Mapping[str, float] | None = None,
+    at: str | None = None,
+    apply_fn: ApplyFn | None = None,
+    apply_options: dict[str, Any] | None = None,
+    sample_load: bool = True,
+) -> dict[str, Any]:
+    """One replanning round (the cron entry point's library twin).
+
+    Redo the running plan of ``plan``'s lineage with the carbon signal in force at ``at``
+    (default now) and, with ``forecaster``, the forecast peak load (of each model the kind's
+    request rewrite asks for, :attr:`~greenctl.executor.kinds.PlanKind.replan_request`; with
+    ``load_model``, that model's load spread over the plan as planned); compare the new
+    plan's objective with the running plan's in the same problem; act when the signal moved
+    by more than ``threshold`` since the running plan was chosen, or the objective improves
+    by more than ``margin`` (:func:`replan_choice`: a glet plan acts when its GPU count
+    changes or more than ``threshold`` of its glets move; a running plan that cannot carry
+    the load is replaced), and not sooner than ``min_dwell_s`` after the last change unless
+    the running plan cannot serve the forecast load (:func:`dwell_yields`; the round plans
+    and scores either way). ``rates`` (``--rate NAME=RPS``) set models' rates by name, over
+    the forecast; the carbon region is ``region``, else the plan's, else the store's only
+    one (:func:`greenctl.data.carbon.signal_region`, as `plan mix` takes it); a kind that
+    plans no carbon (a glet plan) needs no region. With
+    ``apply`` the new plan is applied (``apply_fn``, default: on the backend that runs the
+    plan, :func:`greenctl.executor.deploy.backends.apply_where_running`, with ``apply_options``);
+    otherwise it is saved and proposed. Every round appends a decision record. With a
+    forecaster and ``sample_load``, the running dispatcher's request counters are first
+    turned into a ``load_history`` sample (so cron runs collect the load they forecast).
+
+    What serves is asked of the backend that runs the plan (live processes or replicas,
+    :func:`serving_state`), and
+    ``running_plan_id`` records it (None: nothing serves). When nothing serves (after
+    ``greenctl down`` or a reboot), ``apply`` applies the best plan at once, whatever the
+    dwell, threshold and margin. A plan of another lineage serving is left alone (``hold``,
+    naming it); a plan this lineage proposed and someone applied by hand is the running one.
+    A round that keeps the running configuration while the signal moved (with ``apply``)
+    re-applies it at the new intensity, routes only, so the deployment's carbon counters go
+    on at the live intensity (:func:`_count_at_signal`; the decision's reason says so).
+
+    Returns:
+        The decision record (``action`` one of apply | propose | keep | hold).
+
+    Raises:
+        LockedError: another replan runs. Any error of planning or applying, after a
+        ``failed`` decision is recorded; the running plan is left as it was.
+    """
+    from greenctl.data import carbon
+    from greenctl.data.carbon_io import normalise_time
+    from greenctl.data.errors import GreenctlError
+
+    if threshold < 0 or margin < 0:
+        raise InputError("--threshold and --margin must be >= 0")
+    with replan_lock(store):
+        lineage, base = _resolve_plan(store, plan)
+        last = _last_change(store, lineage)
+        running = store.get_plan(int(last["new_plan_id"])) if last else base
+        serving = serving_state(store)
+        serving_id = serving["plan_id"]
+        foreign = None  # a plan of another lineage serves
+        if serving["live"] and serving_id != running.id:
+            if serving_id is not None and serving_id in _lineage_plan_ids(store, lineage, base):
+                running = store.get_plan(serving_id)  # this lineage's proposal, applied by hand
+            elif not _serves_config_of(store, serving_id, running):
+                foreign = serving_id
+        from greenctl.executor.kinds import KINDS, get_kind
+
+        kind = get_kind(running.kind)
+        if not kind.replannable:
+            able = ", ".join(k for k, v in KINDS.items() if v.replannable)
+            raise InputError(
+                f"replan supports {able} plans; plan {running.id} is a {running.kind} plan",
+                hint="re-run its planner with the new signal (`greenctl plan ...`)",
+            )
+        if apply and not kind.serves:
+            raise InputError(
+                f"replan --apply cannot apply plan {running.id}, a {kind.name} plan: "
+                f"{kind.not_served}",
+                hint="replan without --apply: a better plan is saved and proposed",
+            )
+        reg = region or running.extra.get("carbon_region") or running.request.get("carbon_region")
+        if kind.carbon_signal:  # the region its planner takes: named, else the store's only one
+            reg = carbon.signal_region(store, reg)
+        if not reg and kind.carbon_signal:  # (a glet plan plans no carbon: none needed)
+            raise InputError(
+                "no carbon region to replan for", hint="pass --region R (see `carbon regions`)"
+            )
+        if at is not None:
+            try:
+                at = normalise_time(at)
+            except ValueError as exc:
+                raise InputError(f"--at: {exc}") from None
+        when = at or utcnow_iso()
+        try:  # the one rule every plan's intensity follows (plan mix/mig --region --at)
+            ci = carbon.plan_intensity(store, region=reg, at=at) if reg else None
+        except GreenctlError as exc:
+            _record(
+                store,
+                {
+                    "time": utcnow_iso(),
+                    "at": when,
+                    "lineage": lineage,
+                    "region": reg,
+                    "running_plan_id": serving_id,
+                    "action": "failed",
+                    "applied": 0,
+                    "reason": f"no carbon signal: {exc.message}; the running plan is unchanged",
+                },
+            )
+            raise
+        signal = None if ci is None else float(ci["carbon_g_per_kwh"])
+        ref = None
+        if last is not None and last.get("signal_g_per_kwh") is not None:
+            ref = float(last["signal_g_per_kwh"])
+        elif running.request.get("carbon_intensity") is not None:
+            ref = float(running.request["carbon_intensity"])
+        change = None if ref is None or signal is None else abs(signal - ref) / max(ref, 1e-9)
+        record: dict[str, Any] = {
+            "time": utcnow_iso(),
+            "at": when,
+            "lineage": lineage,
+            "region": reg,
+            "signal_g_per_kwh": signal,
+            "reference_g_per_kwh": ref,
+            "signal_change": change,
+            "forecaster": forecaster,
+            "forecast_rps": None,
+            "running_plan_id": serving_id,  # what really serves (None: nothing)
+            "new_plan_id": None,
+            "old_objective": kind.objective(running)[1],
+            "new_objective": None,
+            "improvement": None,
+            "action": "hold",
+            "applied": 0,
+            "reason": "",
+        }
+        try:
+            if foreign is not None or (serving["live"] and serving_id is None):
+                which = "a plan greenctl has no id for" if foreign is None else f"plan {foreign}"
+                record["reason"] = (
+                    f"{which} serves, not plan {running.id} of {lineage}: it was applied "
+                    "outside this lineage and is left as it is"
+                    + (
+                        ""
+                        if foreign is None
+                        else f" (keep it current with `greenctl replan --plan {foreign}`, "
+                        f"or `greenctl apply` plan {running.id} to return to this lineage)"
+                    )
+                )
+                return _record(store, record)
+            recover = apply and not serving["live"]  # nothing serves: apply the best plan now
+            dwell = ""  # within --min-dwell: the round holds unless the dwell yields
+            if last is not None and not recover:
+                since = dwell_since(last["at"] or last["time"], when, min_dwell_s)
+                if since is not None:
+                    dwell = (
+                        f"min dwell: last change at {last['at']} was {since / 60:.0f} min ago "
+                        f"(< {min_dwell_s / 60:.0f} min)"
+                    )
+            rate = None
+            forecast = None
+            notes = []
+            if forecaster:
+                # cron runs double as the load sampler: the dispatcher's counters since the
+                # last run become a load_history row (nothing when no dispatcher runs)
+                if sample_load:
+                    sample_dispatcher_load(store)
+                forecast = _forecast_peak(store, forecaster)
+                if load_model is not None:  # the plan follows this model's load
+                    rate = forecast(load_model)
+                    if rate is None:
+                        notes.append("no measured load yet: planned rate kept")
+                    forecast = None
+            try:
+                choice = replan_choice(
+                    store, running, signal=signal, reference=ref, threshold=threshold,
+                    margin=margin, rate=rate, forecast=forecast, rates=rates, notes=notes,
+                )  # fmt: skip
+            except GreenctlError:
+                if not dwell:
+                    raise
+                # within the dwell the running plan stays whatever a new plan would be
+                record["reason"] = dwell
+                return _record(store, record)
+            if dwell and not dwell_yields(choice):
+                record["forecast_rps"] = rate if rate is not None else choice.forecast_rps
+                record["reason"] = dwell
+                return _record(store, record)
+            if dwell:  # the running plan cannot serve the forecast: a change comes now
+                notes = [*choice.notes, f"{dwell}, yields: {choice.overloaded}"]
+            else:
+                notes = choice.notes
+            new, sig_txt = choice.new, choice.signal_text
+            record["forecast_rps"] = rate if rate is not None else choice.forecast_rps
+            if ci is not None:
+                carbon.record_intensity(new, ci)  # the value, its source and carbon_region
+            record["old_objective"] = choice.old_objective
+            record["new_objective"] = choice.new_objective
+            record["improvement"] = choice.improvement
+            if recover:
+                target = running if same_config(new, running) else new
+                if target is new:
+                    store.save_plan(new, source="replan")
+                record["new_plan_id"] = target.id
+                record["new_objective"] = kind.objective(target)[1]
+                record["reason"] = (
+                    f"nothing is serving ({serving['why']}); {sig_txt}; applied the best plan, "
+                    f"plan {target.id}"
+                )
+                (apply_fn or _default_apply)(target, store=store, **(apply_options or {}))
+                record["action"] = "apply"
+                record["applied"] = 1
+            elif choice.same:
+                record["action"] = "keep"
+                record["reason"] = (
+                    f"{sig_txt}; the best plan is the running configuration"
+                    if serving["live"]
+                    else f"{sig_txt}; the best plan is plan {running.id}'s configuration"
+                )
+                if apply and serving["live"] and ci is not None:
+                    # the configuration stays, the grid moved: its counters follow the grid
+                    counted = _count_at_signal(
+                        store, serving_id, new, apply_fn or _default_apply, apply_options
+                    )
+                    if counted:
+                        record["reason"] += f"; {counted}"
+            else:
+                if not choice.triggers:
+                    record["reason"] = choice.not_worth
+                else:
+                    store.save_plan(new, source="replan")
+                    record["new_plan_id"] = new.id
+                    record["reason"] = "; ".join(choice.triggers)
+                    if apply:
+                        fn = apply_fn or _default_apply
+                        fn(new, store=store, **(apply_options or {}))
+                        record["action"] = "apply"
+                        record["applied"] = 1
+                    else:
+                        record["action"] = "propose"
+                        record["reason"] += f"; apply with `greenctl apply` plan {new.id}"
+            if not serving["live"] and not record["applied"]:
+                notes.append(
+                    f"nothing is serving: {serving['why']}; `greenctl apply` the plan, or "
+                    "replan with --apply"
+                )
+            if notes:
+                record["reason"] += " (" + "; ".join(notes) + ")"
+            return _record(store, record)
+        except BaseException as exc:
+            record["action"] = "failed"
+            record["applied"] = 0
+            msg = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+            record["reason"] = f"{type(exc).__name__}: {msg}; the running plan is unchanged"
+            _record(store, record)
+            raise
+
+
+def serving_state(store: Any) -> dict[str, Any]:
+    """What really serves, asked of the backend that runs the plan (live processes or
+    replicas, not the rows of the last apply; :func:`greenctl.executor.deploy.backends.serving`):
+    ``backend``, ``live``, ``plan_id`` (the plan that serves) and ``why`` nothing serves when
+    not ``live``."""
+    from greenctl.executor.deploy import backends
+
+    return backends.serving(store).to_dict()
+
+
+def _serves_config_of(store: Any, plan_id: int | None, plan: Any) -> bool:
+    """Whether stored plan ``plan_id`` is ``plan``'s configuration (e.g. the same plan file
+    applied with `greenctl apply`, which stores a copy)."""
+    if plan_id is None:
+        return False
+    try:
+        other = store.get_plan(plan_id)
+    except NotFoundError:
+        return False
+    return bool(other.kind == plan.kind and same_config(other, plan))
+
+
+def _forecast_peak(store: Any, forecaster: str) -> Callable[[str], float | None]:
+    """forecast(model) -> ``forecaster``'s next peak of ``model``'s measured load, None when
+    none is measured (what a kind's replan rewrite asks, model by model)."""
+    get_forecaster(store, forecaster)  # an unknown forecaster fails whichever kind replans
+    cache: dict[str, float | None] = {}
+
+    def forecast(model: str) -> float | None:
+        if model not in cache:
+            try:
+                pred = predict_load(store, forecaster=forecaster, model=model)
+                cache[model] = float(pred["predicted_peak_rps"])
+            except InputError as exc:
+                if "no measured load" not in exc.message:
+                    raise
+                cache[model] = None
+        return cache[model]
+
+    return forecast
+
+
+def _count_at_signal(
+    store: Any,
+    serving_id: int | None,
+    new: Any,
+    apply_fn: Callable[..., Any],
+    apply_options: dict[str, Any] | None,
+) -> str | None:
+    """Make the running deployment count carbon at the intensity ``new`` (the running
+    configuration, replanned at the round's signal) records, when the plan that serves
+    (``serving_id``) counts at another: ``new`` is saved and applied through the apply path
+    (on the backend that runs the plan), which for the same configuration only re-applies
+    the routes, carrying the new ``carbon`` (the local dispatcher hands it to its executors;
+    nothing restarts). The lineage's running plan and reference signal stay as they were:
+    ``new`` is no change of plan (it is named in the decision's reason, not as
+    ``new_plan_id``), so neither the dwell nor the threshold move.
+
+    Returns:
+        What was done, for the decision's reason (also when the apply failed: the
+        deployment then counts as before); None when nothing needed doing.
+    """
+    import math
+
+    from greenctl.data.emissions import routes_carbon
+    from greenctl.data.errors import GreenctlError
+
+    if serving_id is None:
+        return None
+    try:
+        counting = routes_carbon(store.get_plan(int(serving_id)))
+    except NotFoundError:
+        return None
+    want = routes_carbon(new)
+    if want is None or (
+        counting is not None and all(math.isclose(counting[k], want[k], rel_tol=1e-9) for k in want)
+    ):
+        return None
+    was = "no intensity" if counting is None else f"{counting['carbon_g_per_kwh']:g} g/kWh"
+    store.save_plan(new, source="replan")
+    try:
+        apply_fn(new, store=store, **(apply_options or {}))
+    except GreenctlError as exc:
+        return (
+            f"the running deployment still counts carbon at {was}: applying plan {new.id} "
+            f"(its configuration at {want['carbon_g_per_kwh']:g} g/kWh) failed: {exc.message}"
+        )
+    return (
+        f"the running deployment counts carbon at {want['carbon_g_per_kwh']:g} g/kWh from now "
+        f"on (was {was}): plan {new.id}, its configuration at this signal, applied"
+    )
+
+
+def _default_apply(plan: Any, *, store: Any, **options: Any) -> Any:
+    """Apply on the backend that runs the plan (or ran it last), as it was applied there."""
+    from greenctl.executor.deploy import backends
+
+    return backends.apply_where_running(plan, store=store, **options)
+
+
+def _record(store: Any, record: dict[str, Any]) -> dict[str, Any]:
+    return record_decision(store, record)
+
+
+def record_decision(store: Any, record: dict[str, Any]) -> dict[str, Any]:
+    """Append a replanning decision record (one transaction); returns it with its ``id``
+    and ``applied`` as a bool. Every replan writes one, whichever kind it replans."""
+    with store.transaction():
+        record["id"] = loop_state.add_decision(store, record)
+    out = dict(record)
+    out["applied"] = bool(out["applied"])
+    return out
+
+
+def simulate_replans(
+    store: Any,
+    *,
+    plan: str | int,
+    region: str,
+    start: str,
+    hours: float,
+    step_h: float = 1.0,
+    progress: Callable[[int, int, dict[str, Any]], None] | None = None,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """Run :func:`replan_once` at signal times ``start``, ``start + step_h``, ... (a replay
+    of a carbon trace, as the demo does). Options are passed to ``replan_once``."""
+    from datetime import timedelta
+
+    from greenctl.data.carbon_io import iso, parse_time
+
+    t0 = parse_time(start)
+    n = int(hours / step_h) + 1
+    out = []
+    for k in range(n):
+        at = iso(t0 + timedelta(hours=k * step_h))
+        d = replan_once(store, plan=plan, region=region, at=at, **options)
+        out.append(d)
+        if progress:
+            progress(k + 1, n, d)
+    return out
