@@ -31,7 +31,8 @@ class Step:
 
     name: str
     args: list[str]
-    expect_ok: bool = True
+    #: True: must succeed; False: must fail; None: either (a run the machine's load decides)
+    expect_ok: bool | None = True
     rc: int | None = None
     stdout: str = ""
     stderr: str = ""
@@ -139,7 +140,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Step
     )
     steps: dict[str, Step] = {}
 
-    def run(name: str, *args: str, ok: bool = True) -> Step:
+    def run(name: str, *args: str, ok: bool | None = True) -> Step:
         assert name in STEP_NAMES, name
         steps[name] = _run(Step(name, [*args, "--json"], ok), env, work)
         return steps[name]
@@ -253,8 +254,10 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Step
         "profile", "serving", "--variant", "tiny-s", "--rate", "400", "--duration", "1",
         "--stand-in", "noop", "--path", "direct",
     )  # fmt: skip
-    # the JSON contract, not the scenario: the tiny one is the fastest
-    run("demo", "demo", "--quick", "--model", "tiny", "--out", str(work / "demo"))
+    # the JSON contract, not the scenario: the tiny one is the fastest. On a loaded machine its
+    # measured serving path alone can exceed the 100 ms SLO (exit 3); either way the contract
+    # holds: one document on success, nothing on stdout on failure
+    run("demo", "demo", "--quick", "--model", "tiny", "--out", str(work / "demo"), ok=None)
     yield steps
 
 
@@ -296,7 +299,8 @@ def test_json_is_one_document_on_stdout(session: dict[str, Step], name: str):
     step = session[name]
     where = f"greenctl {' '.join(step.args)}\n--- stderr:\n{step.stderr[-3000:]}"
     assert "Traceback (most recent call last)" not in step.stderr, where
-    if step.expect_ok:
+    expect_ok = step.expect_ok if step.expect_ok is not None else step.rc != 3
+    if expect_ok:
         assert step.rc == 0, where
         # the whole of stdout parses as one JSON document
         assert step.doc is not None, f"stdout is not JSON:\n{step.stdout[:2000]}\n{where}"
