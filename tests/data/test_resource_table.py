@@ -40,7 +40,7 @@ OWNED_ELSEWHERE = {
 # ``kind_of(label)``) instead, or add a field to the table.
 ALLOWED = {
     # plan kinds ("mig" plans), not resource kinds: the plan-kind registry's business
-    # (replan's two moved into it: executor/kinds.py's objective hook)
+    # (replan's two moved into it: the kinds' objective hooks, executor/kinds/)
     ("executor/deploy/k8s_export.py", "plan.kind == 'mig'"),
     # replay's plan kind: the SLA held and Clover's baselines for "mig" replays
     ("cli/replay.py", "kind == 'mig'"),

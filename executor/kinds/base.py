@@ -1,0 +1,380 @@
+"""What every plan kind shares: the :class:`PlanKind` record, the registry it is kept in
+(:data:`KINDS`, :func:`get_kind`, :func:`register`), the serving defaults (:func:`predict_serving`)
+and the replanning helpers (:class:`ReplanSignal`, :func:`forecast_rates`).
+
+The kinds themselves live one per module beside this one (``mix``, ``mig``, ``glet``,
+``geo``) and import only this module; the package (:mod:`greenctl.executor.kinds`) puts them
+in the registry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from greenctl.data.errors import InputError
+from greenctl.data.plan import Plan, add_plan_kind, discard_plan_kind
+from greenctl.planner.core.policy import plan_policy
+
+#: (new plan, the problem it solved; for geo the run, which holds the problem)
+Planned = tuple[Plan, Any]
+#: (the objective's name, its value in a plan or None, whether larger is better)
+Objective = tuple[str, float | None, bool]
+
+
+# -- the defaults every serving kind shares ---------------------------------------------------
+def predict_serving(
+    store: Any, plan: Plan, *, policy: str | None = None, **options: Any
+) -> dict[str, Any]:
+    """What a plan of executor instances does under a load: the evaluation core's
+    :func:`~greenctl.planner.core.simulator.evaluate_plan` (options as there) with the newest
+    profiles of its variants in the store (variants the store lacks but greenctl has built
+    in are known by their catalog record), under ``policy`` (default: the kind's,
+    :meth:`PlanKind.dispatch_policy`), and the serving paths ``greenctl profile serving``
+    measured for its models (:func:`~greenctl.executor.runtime.serving.serving_overheads`, at the
+    plan's rates scaled to the load evaluated), as ``plan mix`` predicted with them. Without
+    ``carbon_g_per_kwh`` or ``pue``, those the plan was made with
+    (:func:`~greenctl.data.emissions.plan_carbon`), so carbon comes out as the plan predicted it."""
+    from greenctl.data.emissions import plan_carbon
+    from greenctl.planner.core.evaluate import LATENCY_MODEL_ONLY, LATENCY_WITH_PATH
+    from greenctl.planner.core.simulator import evaluate_plan
+
+    profiles, variants = plan_inputs(store, plan)
+    pol = get_kind(plan.kind).dispatch_policy(plan, policy)
+    rates = plan_rates(plan)
+    total = _load_evaluated(options)
+    planned = sum(rates.values())
+    if total is not None and planned > 0:
+        rates = {m: r * total / planned for m, r in rates.items()}
+    serving = serving_paths(store, rates) or None
+    intensity, pue = plan_carbon(plan)
+    if options.get("carbon_g_per_kwh") is None:
+        options["carbon_g_per_kwh"] = intensity
+    if options.get("pue") is None:
+        options["pue"] = pue
+    out = evaluate_plan(plan, profiles, variants, policy=pol, serving=serving, **options)
+    out["latency_includes"] = LATENCY_WITH_PATH if serving else LATENCY_MODEL_ONLY
+    return out
+
+
+def _load_evaluated(options: Mapping[str, Any]) -> float | None:
+    """The whole load (req/s) an evaluation runs: its rate, or its trace's mean (times its
+    scale); None: the plan's own."""
+    rate = options.get("rate_rps")
+    if isinstance(rate, int | float) and rate > 0:
+        return float(rate)
+    trace = options.get("trace")
+    if trace is not None and len(trace):
+        mean = sum(float(x) for x in trace) / len(trace)
+        return mean * float(options.get("trace_scale") or 1.0) or None
+    return None
+
+
+def serving_paths(store: Any, rates: Mapping[str, float]) -> dict[str, Any]:
+    """The serving paths ``greenctl profile serving`` measured for the models at ``rates``
+    (req/s per model): :func:`~greenctl.executor.runtime.serving.serving_overheads`, the one
+    place the registry reads what serves."""
+    from greenctl.executor.runtime.serving import serving_overheads
+
+    return serving_overheads(store, rates)
+
+
+def plan_rates(plan: Plan) -> dict[str, float]:
+    """The load (req/s) a plan was made for, per model: its request's families' rates (a mix
+    plan), else the sum of each model's quotas, else the plan's whole rate shared evenly."""
+    from greenctl.data.errors import GreenctlError
+    from greenctl.planner.core.simulator import default_rate
+
+    def number(value: Any) -> float | None:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+        return float(value) if ok else None
+
+    models = list(dict.fromkeys(d.model for d in plan.deployments))
+    rates: dict[str, float] = {}
+    for fam in plan.request.get("families") or []:
+        if isinstance(fam, dict) and fam.get("model") in models:
+            rate = number(fam.get("rate_rps"))
+            if rate is not None:
+                rates[str(fam["model"])] = rate
+    for model in models:
+        quotas = [number(d.quota_rps) for d in plan.deployments if d.model == model]
+        if model not in rates and quotas and all(q is not None for q in quotas):
+            rates[model] = sum(q or 0.0 for q in quotas)
+    missing = [m for m in models if m not in rates]
+    if missing:
+        try:
+            whole = default_rate(plan)
+        except GreenctlError:
+            whole = 1.0  # no rate stated: any measured rate is as near as another
+        rates.update(dict.fromkeys(missing, whole / len(models)))
+    return rates
+
+
+def plan_inputs(store: Any, plan: Plan) -> tuple[list[Any], list[Any]]:
+    """The newest profiles and the variant records of a plan's variants in the store
+    (variants the store lacks but greenctl has built in are known by their catalog record)."""
+    from greenctl.profiler.models import builtin_variants
+
+    names = {d.variant for d in plan.deployments}
+    profiles = [p for name in sorted(names) for p in store.latest_profiles(variant=name)]
+    variants = [v for v in store.variants() if v.name in names]
+    missing = names - {v.name for v in variants}
+    if missing:
+        variants += [v for v in builtin_variants() if v.name in missing]
+    return profiles, variants
+
+
+def predicted_objective(plan: Plan) -> Objective:
+    """``predicted.objective`` under ``predicted.objective_name``, smaller is better."""
+    value = plan.predicted.get("objective")
+    return str(plan.predicted.get("objective_name") or ""), finite_number(value), False
+
+
+def finite_number(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if ok and math.isfinite(value) else None
+
+
+# -- replanning: a running plan's request at a new signal -------------------------------------
+@dataclass(frozen=True)
+class ReplanSignal:
+    """What a replanning round knows when it plans a running plan again."""
+
+    #: the region's carbon intensity now (g/kWh); None for a kind that plans no carbon
+    #: (:attr:`PlanKind.carbon_signal` False) replanned without a region
+    carbon_intensity: float | None
+    #: the forecast peak of the plan's whole load, when the caller names the load to follow
+    #: (``replan_once(load_model=...)``); spread over the plan's models as planned
+    rate_rps: float | None = None
+    #: forecast(name) -> the forecast peak load (req/s) of one model as the measured load
+    #: names it (the dispatcher records each family it routes), None when none is measured;
+    #: None: no forecaster (the planned rates stay)
+    forecast: Callable[[str], float | None] | None = None
+    #: rates given by name (``replan --rate NAME=RPS``): a name's own rate, or its group's
+    #: (a glet model's family) shared as planned; they win over ``forecast``
+    rates: Mapping[str, float] | None = None
+
+
+@dataclass
+class ReplanRequest:
+    """A running plan's request rewritten for a :class:`ReplanSignal`."""
+
+    request: dict[str, Any]
+    #: the forecast load the request now plans for (None: the planned rates stay)
+    forecast_rps: float | None = None
+    #: what the rewrite left alone, and why (a decision's reason shows them)
+    notes: list[str] = field(default_factory=list)
+
+
+def base_request(running: Plan) -> dict[str, Any]:
+    """The running plan's request as inputs to plan it again: without the region it was
+    recorded for, and without a baseline (a replan plans greenctl's configuration)."""
+    request = {k: v for k, v in running.request.items() if k != "carbon_region"}
+    request.pop("baseline", None)
+    return request
+
+
+def forecast_rates(
+    planned: Mapping[str, float],
+    signal: ReplanSignal,
+    *,
+    groups: Mapping[str, str] | None = None,
+) -> tuple[dict[str, float], float | None, list[str]]:
+    """New rates for the planned ``{name: rate_rps}`` under ``signal``.
+
+    With ``signal.rate_rps`` the whole load is spread over the names as planned. Otherwise
+    each name takes its given rate (``signal.rates``), else its own forecast when its load is
+    measured, else its share (as planned) of its group's given rate or forecast (``groups``:
+    name -> the name its load is measured under, e.g. a glet model's family); names with
+    neither keep their planned rate, which a note says when there is a forecast.
+
+    Returns:
+        (the rates that changed, the forecast load they add up to or None, notes).
+
+    Raises:
+        InputError: a given rate names neither a name nor a group (``--rate``).
+    """
+    names = list(planned)
+    groups = groups or {}
+    given = dict(signal.rates or {})
+    known = list(dict.fromkeys([*names, *(groups[n] for n in names if n in groups)]))
+    unknown = [k for k in given if k not in known]
+    if unknown:
+        raise InputError(
+            f"--rate {unknown[0]}={given[unknown[0]]:g}: the plan serves no model {unknown[0]!r}",
+            hint="name one of its models: " + ", ".join(known),
+        )
+
+    def split(load: float, among: list[str], over: list[str]) -> dict[str, float]:
+        """``load`` shared as planned over ``over``: the parts of those ``among``."""
+        part = sum(max(float(planned[n]), 0.0) for n in over)
+        return {
+            n: load * max(float(planned[n]), 0.0) / part if part > 0 else load / len(over)
+            for n in among
+        }
+
+    if signal.rate_rps is not None:
+        rate = float(signal.rate_rps)
+        return (split(rate, names, names), rate, []) if names else ({}, None, [])
+    if (signal.forecast is None and not given) or not names:
+        return {}, None, []
+
+    def rate_of(name: str) -> float | None:
+        if name in given:
+            return float(given[name])
+        return None if signal.forecast is None else signal.forecast(name)
+
+    new: dict[str, float] = {}
+    for n in names:
+        own = rate_of(n)
+        if own is not None:
+            new[n] = float(own)
+    for group in dict.fromkeys(groups[n] for n in names if n in groups):
+        among = [n for n in names if groups.get(n) == group and n not in new and n != group]
+        if not among:
+            continue
+        load = rate_of(group)
+        if load is not None:  # the members without a forecast of their own take their share
+            new.update(split(float(load), among, [n for n in names if groups.get(n) == group]))
+    missing = [n for n in names if n not in new] if signal.forecast is not None else []
+    notes = []
+    if missing and len(names) == 1:
+        notes.append("no measured load yet: planned rate kept")
+    elif len(missing) == 1:
+        notes.append(f"no measured load yet for {missing[0]}: its planned rate kept")
+    elif missing:
+        notes.append(f"no measured load yet for {', '.join(missing)}: their planned rates kept")
+    return new, (sum(new.values()) if new else None), notes
+
+
+def replan_model_rate(running: Plan, signal: ReplanSignal) -> ReplanRequest:
+    """A request of one model (``model``, ``rate_rps``, planned at ``carbon_intensity``): the
+    new signal, and the forecast of the model's load as its rate. The default of a kind that
+    says nothing else (mig's request has this shape)."""
+    request = base_request(running)
+    request["carbon_intensity"] = signal.carbon_intensity
+    model = request.get("model")
+    if model is None:
+        notes = []
+        if signal.rate_rps is not None or signal.forecast is not None or signal.rates:
+            notes.append(
+                f"a {running.kind} request names no model: the forecast load is not applied"
+            )
+        return ReplanRequest(request, None, notes)
+    planned = finite_number(request.get("rate_rps")) or 0.0
+    new, forecast, notes = forecast_rates({str(model): planned}, signal)
+    if str(model) in new:
+        request["rate_rps"] = new[str(model)]
+    return ReplanRequest(request, forecast, notes)
+
+
+@dataclass(frozen=True)
+class PlanKind:
+    """One kind of plan, as every command and loop that handles it sees it."""
+
+    name: str
+    #: plan(store, request, current=None, **options) -> (plan, problem); None: not yet here
+    plan: Callable[..., Planned] | None = None
+    #: score(problem, running plan) -> (its objective in the problem or None, note or None)
+    score: Callable[[Any, Plan], tuple[float | None, str | None]] | None = None
+    #: replan_request(running plan, signal) -> its request at the new signal and forecast
+    #: (``replan``); default :func:`replan_model_rate` (one model's ``rate_rps``)
+    replan_request: Callable[[Plan, ReplanSignal], ReplanRequest] = replan_model_rate
+    #: objective(plan) -> (name, value, larger is better): what ``replan`` compares
+    objective: Callable[[Plan], Objective] = predicted_objective
+    #: its plans are planned with the region's carbon intensity: ``replan`` needs a region
+    #: and acts when the intensity moved beyond ``--threshold``; False: the intensity is
+    #: read (and recorded on the new plan) only when a region is known
+    carbon_signal: bool = True
+    #: triggers(running plan, new plan, threshold) -> (why the new plan is worth a change,
+    #: empty: it is not; what was compared, for the reason when it is not); None:
+    #: ``replan``'s own (the signal moved beyond ``threshold``, or the objective improves
+    #: beyond ``--margin``). Either way a running plan that cannot serve the new load
+    #: (``score`` None) is replaced.
+    triggers: Callable[[Plan, Plan, float], tuple[list[str], str]] | None = None
+    #: ``score`` None says the running plan cannot serve the forecast load (it misses the
+    #: SLO, or an option it runs is gone): ``--min-dwell`` then yields to a change
+    #: (:func:`greenctl.executor.control.replan.dwell_yields`); False: None says only that the
+    #: running plan cannot be compared (a geo plan), and the dwell holds
+    score_checks_load: bool = True
+    #: the policy when neither the plan nor batching decides (rule 4 of
+    #: :mod:`greenctl.planner.core.policy`); None: that module's table, else ``wrr``
+    default_policy: str | None = None
+    #: its plans describe executor instances: ``simulate`` predicts them, ``apply`` runs
+    #: them, the backends and the export take them; False: those steps refuse them, saying
+    #: ``not_served`` (and ``not_served_hint``)
+    serves: bool = True
+    not_served: str = "it does not describe executor instances"
+    not_served_hint: str | None = None
+    #: predict(store, plan, policy=..., **evaluate_plan options) -> metrics (``simulate``)
+    predict: Callable[..., dict[str, Any]] = predict_serving
+    #: instances(plan) -> the executor instance specs ``apply`` runs; None: apply's own
+    #: expansion (:func:`greenctl.executor.deploy.apply.desired_instances`: ``count`` instances of
+    #: each deployment, MIG layouts slot by slot)
+    instances: Callable[[Plan], list[Any]] | None = None
+    #: several models of one plan share a partition in turn (glet duty cycles): their MPS
+    #: shares on one GPU may add up past 100 %
+    time_shared: bool = False
+    #: carbon_aware(plan) -> whether its objective weighs carbon: the dispatcher then serves
+    #: a model-less request by the variant with the least carbon per request, else the
+    #: cheapest (:mod:`greenctl.planner.core.choice`)
+    carbon_aware: Callable[[Plan], bool] = lambda plan: False
+
+    @property
+    def replannable(self) -> bool:
+        return self.plan is not None and self.score is not None
+
+    def dispatch_policy(self, plan: Plan, override: str | None = None) -> str:
+        """The policy ``plan`` is predicted, simulated and served with: the one rule
+        (:func:`~greenctl.planner.core.policy.plan_policy`) with this kind's default.
+
+        Raises:
+            InputError: ``override`` or the plan's own choice is not a policy.
+        """
+        return plan_policy(plan, override, kind_default=self.default_policy)
+
+    def refuse(self, action: str) -> InputError:
+        """The error for ``action`` (``simulate``, ``apply``, ...) on a plan of this kind."""
+        return InputError(
+            f"cannot {action} a {self.name} plan: {self.not_served}", hint=self.not_served_hint
+        )
+
+
+# -- the registry -------------------------------------------------------------------------------
+#: The registered kinds by name: the built-in ones (put here by the package,
+#: :mod:`greenctl.executor.kinds`), then those added with :func:`register`.
+KINDS: dict[str, PlanKind] = {}
+
+#: The built-in kinds, as :func:`unregister` restores them.
+BUILTIN: dict[str, PlanKind] = {}
+
+
+def register(kind: PlanKind) -> None:
+    """Add (or replace) a plan kind; plan documents of the kind can be read from then on."""
+    KINDS[kind.name] = kind
+    add_plan_kind(kind.name)
+
+
+def unregister(name: str) -> None:
+    """Remove a kind added with :func:`register` (a built-in kind is put back as it was)."""
+    if name in BUILTIN:
+        KINDS[name] = BUILTIN[name]
+        return
+    KINDS.pop(name, None)
+    discard_plan_kind(name)
+
+
+def get_kind(name: str) -> PlanKind:
+    """The registered kind called ``name``.
+
+    Raises:
+        InputError: no such kind (names the known ones).
+    """
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise InputError(
+            f"unknown plan kind {name!r}", hint=f"known kinds: {', '.join(sorted(KINDS))}"
+        ) from None

@@ -1,0 +1,168 @@
+"""The ``geo`` kind (eGLB): load allocated across sites, not instances, planned by
+:mod:`greenctl.planner.geo` from its sites, demand and routes files; its plans are routed
+(:mod:`greenctl.executor.deploy.georouter`), not served."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from greenctl.data.errors import InputError
+from greenctl.data.plan import Plan
+from greenctl.executor.kinds.base import (
+    Objective,
+    PlanKind,
+    Planned,
+    ReplanRequest,
+    ReplanSignal,
+    base_request,
+    finite_number,
+)
+
+#: request key -> run_geo option
+_GEO_OPTIONS = {
+    "algorithm": "algorithm",
+    "mu_carbon_usd_per_kg": "mu_carbon",
+    "mu_water_usd_per_l": "mu_water",
+    "eta": "eta",
+    "z_max_usd": "z_max",
+    "horizon": "horizon",
+    "forecast": "forecast",
+    "weight_carbon_usd_per_kg": "weight_carbon",
+    "weight_water_usd_per_l": "weight_water",
+    "model": "model",
+    "variant": "variant",
+    "min_accuracy": "min_accuracy",
+}
+_GEO_TEXT = ("algorithm", "forecast", "model", "variant")
+
+
+def _geo_options(request: dict[str, Any]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for key, option in _GEO_OPTIONS.items():
+        value = request.get(key)
+        if value is None:
+            continue
+        if key in _GEO_TEXT:
+            ok = isinstance(value, str)
+        elif key == "horizon":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = finite_number(value) is not None
+        if not ok:
+            raise InputError(
+                f"request.{key} is {value!r}",
+                hint="a geo request holds the options of `greenctl plan geo`, as it writes them",
+            )
+        options[option] = value
+    return options
+
+
+def _geo_path(request: dict[str, Any], key: str, *, required: bool = True) -> str | None:
+    value = request.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str | Path) or not str(value):
+        raise InputError(
+            f"the geo request needs {key} (a CSV path)",
+            hint="a geo request names its sites, demand (and routes) CSV files",
+        )
+    return str(value)
+
+
+def _geo_plan(store: Any, request: dict[str, Any], *, current: Plan | None = None) -> Planned:
+    """Plan ``request`` (a geo plan's ``request``, or what ``plan geo`` parsed): the
+    ``sites``, ``demand`` and ``routes`` CSVs, heterogeneous variants from a ``family`` in
+    the store or else a ``variants`` CSV, and ``plan geo``'s options under the names the
+    plan records them (``mu_carbon_usd_per_kg``, ...). The plan's request records absolute
+    paths (and the family), so the plan can be made again from anywhere.
+
+    Returns:
+        (the plan, the :class:`~greenctl.planner.geo.solve.GeoRun`: the problem and every
+        algorithm's solution).
+    """
+    from greenctl.planner.geo import solve as geo
+
+    problem, options, variants = geo_inputs(store, request)
+    run = geo.run_geo(problem, variants=variants, **options)
+    if request.get("family"):
+        run.plan.request["family"] = request["family"]
+    return run.plan, run
+
+
+def geo_inputs(store: Any, request: dict[str, Any]) -> tuple[Any, dict[str, Any], Any]:
+    """What a geo ``request`` plans with, read afresh (the files' newest rows): the
+    :class:`~greenctl.data.geo_io.GeoProblem`, ``run_geo``'s options and the variants (or
+    None); bad options fail before the files are read.
+
+    Raises:
+        InputError: a bad option or path. FileFormatError: a bad file.
+    """
+    import numpy as np
+    from greenctl.data.geo_io import (
+        GeoVariants,
+        load_geo_problem,
+        read_variants,
+        variants_from_store,
+    )
+    from greenctl.planner.geo import solve as geo
+
+    family = request.get("family")
+    if family is not None and not isinstance(family, str):
+        raise InputError(f"request.family is {family!r}, not a family name")
+    variants = variants_from_store(store, family) if family else None
+    variants_file = None if family else _geo_path(request, "variants", required=False)
+    options = _geo_options(request)
+    checked = dict(options)
+    if variants_file is not None:  # stands in for the file's variants in the option checks
+        checked["variants"] = GeoVariants(["?"], np.ones(1), np.ones(1))
+    elif variants is not None:
+        checked["variants"] = variants
+    geo.check_options(**checked)  # a bad option fails before the files are read
+    paths = {
+        k: _geo_path(request, k, required=k != "routes") for k in ("sites", "demand", "routes")
+    }
+    problem = load_geo_problem(paths["sites"] or "", paths["demand"] or "", paths["routes"])
+    problem.sources = {k: str(Path(v).resolve()) for k, v in problem.sources.items()}
+    if variants_file is not None:
+        variants = read_variants(variants_file, problem.sites)
+        variants.source = str(Path(variants_file).resolve())
+    return problem, options, variants
+
+
+def _geo_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
+    """None: a geo plan is planned from its files (each site's carbon and water intensity,
+    the demand per step); the region's signal and a load forecast are not its inputs."""
+    note = (
+        "a geo plan takes each site's carbon, water and demand from its sites and demand "
+        "files: the region's signal"
+        + (" and the load forecast are" if signal.forecast or signal.rate_rps else " is")
+        + " not planned with"
+    )
+    return ReplanRequest(base_request(running), None, [note])
+
+
+def _geo_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
+    # a geo plan keeps each site's totals, not the per-step flows its objective is made of
+    return None, "a geo plan records per-site totals, not its per-step allocation"
+
+
+def _geo_objective(plan: Plan) -> Objective:
+    # energy cost + mu_c x max-site carbon + mu_w x max-site water (USD)
+    return "eGLB", finite_number(plan.predicted.get("objective")), False
+
+
+#: the kind, as the registry holds it
+KIND = PlanKind(
+    "geo",
+    plan=_geo_plan,
+    score=_geo_score,
+    score_checks_load=False,
+    replan_request=_geo_replan_request,
+    objective=_geo_objective,
+    serves=False,
+    not_served="it allocates load across sites, not instances on one cluster",
+    not_served_hint="its figures are modeled by `greenctl plan geo`; plan, simulate and "
+    "apply (or export) a mix/mig/glet plan for each site, and route with the geo plan's "
+    "allocations: `greenctl apply GEO_PLAN --site NAME=URL ...` or `greenctl export envoy`",
+)
