@@ -83,6 +83,5 @@ __all__ = [
 ]
 
 # the built-in kinds, in the order commands list them; unregister() puts them back as they are
-for _kind in (mix.KIND, mig.KIND, glet.KIND, geo.KIND):
-    KINDS[_kind.name] = _kind
+KINDS.update((k.name, k) for k in (mix.KIND, mig.KIND, glet.KIND, geo.KIND))
 BUILTIN.update(KINDS)
