@@ -133,13 +133,13 @@ def render_table(
     """
     cells = [[fmt(v) for v in row] for row in rows]
     width = console.width
-    for compact in (False, True):
-        table = _table(title, columns, cells, caption=caption, compact=compact)
-        natural = console.measure(table, options=console.options.update_width(10_000)).maximum
-        if natural <= width or (compact and _min_width(columns, cells) <= width):
-            console.print(table)
-            return
-    _render_records(title, columns, cells, caption=caption)
+    boxed = _table(title, columns, cells, caption=caption, compact=False)
+    if console.measure(boxed, options=console.options.update_width(10_000)).maximum <= width:
+        console.print(boxed)
+    elif _min_width(columns, cells) <= width:
+        console.print(_table(title, columns, cells, caption=caption, compact=True))
+    else:
+        _render_records(title, columns, cells, caption=caption)
 
 
 def _table(
@@ -162,9 +162,9 @@ def _table(
         padding=(0, 0) if compact else (0, 1),
         show_edge=not compact,
     )
-    widths = _compact_widths(columns, cells)
+    widths = _compact_widths(columns, cells) if compact else [None] * len(columns)
     for col, w in zip(columns, widths, strict=True):
-        table.add_column(col, overflow="fold", width=w if compact else None)
+        table.add_column(col, overflow="fold", width=w)
     for row in cells:
         table.add_row(*(Text(c) for c in row))
     return table

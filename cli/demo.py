@@ -116,7 +116,7 @@ def _render(summary: dict[str, Any], *, out: str, db: str | None) -> None:
             f"req/s (predicted {_ms(m.get('predicted_p95_ms'))})"
             + (f", {failed} unanswered" if failed else "")
             + ": ",
-            ("SLO met", "green") if _met(m, slo) else ("SLO missed", "red"),
+            ("SLO met", "green") if m.get("meets_slo") else ("SLO missed", "red"),
             highlight=False,
         )
     s = summary["savings"]
@@ -155,8 +155,7 @@ def _verdict(summary: dict[str, Any], measured: list[dict[str, Any]]) -> None:
     s = summary["savings"]
     pct = (s.get("savings_pct") or {}).get("carbon_kg")
     kg = (s.get("savings") or {}).get("carbon_kg")
-    slo = summary.get("slo_ms")
-    ok = sum(1 for m in measured if _met(m, slo))
+    ok = sum(1 for m in measured if m.get("meets_slo"))
     met = f"SLO met in {ok}/{len(measured)} measured runs" if measured else "SLO not measured"
     if not isinstance(pct, int | float) or not isinstance(kg, int | float):
         say(f"carbon saved: - ; {met}", highlight=False)
@@ -200,13 +199,6 @@ def _energy_source(summary: dict[str, Any]) -> str:
     if "modeled" not in methods:
         return f"profiles (energy measured: {', '.join(methods)})"
     return f"profiles (energy {', '.join(methods)})"
-
-
-def _met(run: dict[str, Any], slo: object) -> bool:
-    """A measured run met the SLO: its p95 within it and every request answered."""
-    p95 = run.get("measured_p95_ms")
-    ok = isinstance(p95, int | float) and isinstance(slo, int | float) and p95 <= slo
-    return ok and not run.get("failed")
 
 
 def _num(v: object) -> str:

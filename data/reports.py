@@ -426,6 +426,17 @@ def _finish(t: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def meets_slo(measured: dict[str, Any], slo_ms: float | None) -> bool | None:
+    """Whether a verified run met its SLO: its p95 within ``slo_ms`` and every request
+    answered (errors and 503 refusals miss the SLO, which the answered ones' p95 does not
+    show); None without an SLO or a measured p95."""
+    p95 = measured.get("p95_ms")
+    if slo_ms is None or not isinstance(p95, int | float):
+        return None
+    unanswered = int(measured.get("errors") or 0) + int(measured.get("rejected_503") or 0)
+    return p95 <= slo_ms and unanswered == 0
+
+
 def _measured_slo(store: Any, plan_ids: list[int]) -> list[dict[str, Any]]:
     out = []
     for pid in sorted(set(plan_ids)):
@@ -440,7 +451,14 @@ def _measured_slo(store: Any, plan_ids: list[int]) -> list[dict[str, Any]]:
                     "run_id": r["id"],
                     "slo_ms": slo,
                     "measured_p95_ms": r["measured_p95_ms"],
-                    "meets_slo": None if slo is None else r["measured_p95_ms"] <= slo,
+                    "meets_slo": meets_slo(
+                        {
+                            "p95_ms": r["measured_p95_ms"],
+                            "errors": r["errors"],
+                            "rejected_503": r["rejected_503"],
+                        },
+                        slo,
+                    ),
                 }
             )
     return out

@@ -270,7 +270,7 @@ def hourly_cost(label: str, cost_per_hour: float | None) -> tuple[float, bool]:
     hour standing in for one. The planners and the evaluation core price by this one rule."""
     if cost_per_hour is not None:
         return float(cost_per_hour), True
-    return kind_of(label).budget_amount(str(label).split(":", 1)[-1].strip()), False
+    return parse_resource(label).amount, False
 
 
 @dataclass(frozen=True, order=True)

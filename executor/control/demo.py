@@ -11,6 +11,7 @@ from typing import Any
 from greenctl.data.errors import InputError
 from greenctl.data.loop_state import REPLAN_MIN_DWELL_S
 from greenctl.data.records import utcnow_iso
+from greenctl.data.reports import meets_slo
 from greenctl.executor.control.history import LoadSample, record_load
 from greenctl.executor.control.replan import same_config, simulate_replans
 
@@ -241,6 +242,7 @@ def run_demo(
                 "measured_p95_ms": measured.get("p95_ms"),
                 "measured_rate_rps": measured.get("rate_rps"),
                 "failed": _failed(measured),
+                "meets_slo": meets_slo(measured, slo_ms),
             }
             # The load history holds demand (arrivals), not what the plan managed to serve.
             offered = measured.get("offered_rps") or measured.get("rate_rps")
@@ -313,6 +315,7 @@ def run_demo(
                         "measured_p95_ms": m.get("p95_ms"),
                         "measured_rate_rps": m.get("rate_rps"),
                         "failed": _failed(m),
+                        "meets_slo": meets_slo(m, slo_ms),
                     }
                 )
         progress("writing the report and charts", 0.85)

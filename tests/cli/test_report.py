@@ -170,3 +170,14 @@ def test_sites_chart_for_geo_plan(store, tmp_path):
 
     with pytest.raises(InputError, match="not a geo plan"):
         reports.chart_sites(store, tmp_path / "x.png", plan_id=mix)
+
+
+def test_a_verified_run_meets_its_slo_only_with_every_request_answered():
+    from greenctl.data.reports import meets_slo
+
+    assert meets_slo({"p95_ms": 90.0}, 100.0) is True
+    assert meets_slo({"p95_ms": 120.0}, 100.0) is False
+    assert meets_slo({"p95_ms": 90.0, "errors": 2}, 100.0) is False
+    assert meets_slo({"p95_ms": 90.0, "rejected_503": 1}, 100.0) is False
+    assert meets_slo({"p95_ms": 90.0}, None) is None
+    assert meets_slo({"p95_ms": None}, 100.0) is None
