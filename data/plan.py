@@ -6,6 +6,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,11 @@ from greenctl.data.records import MAX_BATCH, utcnow_iso
 from greenctl.data.resources import parse_resource
 
 PLAN_SCHEMA = "greenctl.plan/v1"
-#: The built-in plan kinds; the registry of plan kinds (``greenctl.executor.kinds``) adds the
-#: ones registered at run time with :func:`add_plan_kind`.
-PLAN_KINDS = ("mix", "mig", "glet", "geo")
+#: The entry-point group plan kinds are installed under (built-in ones and a third party's);
+#: the registry of plan kinds (``greenctl.executor.kinds``) loads them, this module reads
+#: only their names, so a plan document of any installed kind can be read without it.
+KIND_GROUP = "greenctl.kinds"
+_installed_kinds: tuple[str, ...] | None = None  # the group's names, read once
 _added_kinds: list[str] = []
 
 #: The most executor instances one plan may hold (its deployments' counts, or the slices of
@@ -32,21 +35,39 @@ _RESOURCE_HINT = "use cpu:N, gpu:MODEL, mig:PROFILE, mps:PCT or another kind:siz
 _WRITE_HINT = "write plans with `greenctl plan ...` (-o FILE), or fix the field"
 
 
+def installed_kinds(*, refresh: bool = False) -> tuple[str, ...]:
+    """The names of the plan kinds installed under :data:`KIND_GROUP` (read once; again
+    with ``refresh``, after a package of kinds was added to or removed from the path)."""
+    global _installed_kinds
+    if _installed_kinds is None or refresh:
+        _installed_kinds = tuple(ep.name for ep in entry_points(group=KIND_GROUP))
+    return _installed_kinds
+
+
 def add_plan_kind(name: str) -> None:
-    """Let plan documents of kind ``name`` be read (a kind registered at run time)."""
-    if name not in PLAN_KINDS and name not in _added_kinds:
+    """Let plan documents of kind ``name`` be read (a kind the registry holds), listed in the
+    order the kinds are added."""
+    if name not in _added_kinds:
         _added_kinds.append(name)
 
 
 def discard_plan_kind(name: str) -> None:
-    """Undo :func:`add_plan_kind` (the built-in kinds stay)."""
+    """Undo :func:`add_plan_kind` (an installed kind stays readable)."""
     if name in _added_kinds:
         _added_kinds.remove(name)
 
 
 def plan_kinds() -> tuple[str, ...]:
-    """The kinds a plan document may have: the built-in ones and those added."""
-    return (*PLAN_KINDS, *_added_kinds)
+    """The kinds a plan document may have: those the registry holds, in its order, then
+    the installed ones it has not loaded."""
+    return (*_added_kinds, *(k for k in installed_kinds() if k not in _added_kinds))
+
+
+def __getattr__(name: str) -> Any:
+    # PLAN_KINDS: the installed kinds, read when asked (kinds are installed, not listed here)
+    if name == "PLAN_KINDS":
+        return installed_kinds()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass

@@ -19,8 +19,9 @@ needed to plan it again. ``greenctl plan mix|mig|glet|geo`` parse their options 
 request and call the kind's ``plan``, and ``replan`` and the demo call the same entry with
 the running plan's request, so a plan is built one way whoever builds it. ``simulate``,
 ``apply`` (local, Ray), the Kubernetes export and ``replan`` ask the registry for the rest,
-so adding a kind is a planner module and one :func:`register` call (with no command of its
-own, its plans are made through ``get_kind(name).plan``).
+so adding a kind is a planner module and one entry point in the ``greenctl.kinds`` group
+(or a :func:`register` call at run time); with no command of its own, its plans are made
+through ``get_kind(name).plan``.
 
 A geo plan allocates load across sites, not instances (``serves=False``): ``simulate``,
 the backends' ``apply``, Ray, the Kubernetes export and ``replan --apply`` refuse it with
@@ -29,16 +30,16 @@ the backends' ``apply``, Ray, the Kubernetes export and ``replan --apply`` refus
 entry, as do ``replan``'s of a routed plan and ``export envoy``'s.
 
 The package is laid out as the registry is: :mod:`~greenctl.executor.kinds.base` holds the
-record, the registry (:data:`KINDS`, :func:`get_kind`, :func:`register`) and the helpers every
-kind shares; one module per built-in kind (:mod:`~greenctl.executor.kinds.mix`,
-:mod:`~greenctl.executor.kinds.mig`, :mod:`~greenctl.executor.kinds.glet`,
-:mod:`~greenctl.executor.kinds.geo`) holds its adapters and its record (``KIND``), and this
-module puts them in the registry. Callers import from here.
+record, the registry (:data:`KINDS`, :func:`get_kind`, :func:`register`, :func:`load_kinds`)
+and the helpers every kind shares; one module per built-in kind
+(:mod:`~greenctl.executor.kinds.mix`, :mod:`~greenctl.executor.kinds.mig`,
+:mod:`~greenctl.executor.kinds.glet`, :mod:`~greenctl.executor.kinds.geo`) holds its adapters
+and its record (``KIND``), installed under the ``greenctl.kinds`` entry-point group as a third
+party's kind is; this module loads the group. Callers import from here.
 """
 
 from __future__ import annotations
 
-from greenctl.executor.kinds import geo, glet, mig, mix
 from greenctl.executor.kinds.base import (
     BUILTIN,
     KINDS,
@@ -49,6 +50,7 @@ from greenctl.executor.kinds.base import (
     ReplanSignal,
     forecast_rates,
     get_kind,
+    load_kinds,
     plan_inputs,
     plan_rates,
     predict_serving,
@@ -73,6 +75,7 @@ __all__ = [
     "forecast_rates",
     "geo_inputs",
     "get_kind",
+    "load_kinds",
     "plan_inputs",
     "plan_rates",
     "predict_serving",
@@ -82,6 +85,4 @@ __all__ = [
     "unregister",
 ]
 
-# the built-in kinds, in the order commands list them; unregister() puts them back as they are
-KINDS.update((k.name, k) for k in (mix.KIND, mig.KIND, glet.KIND, geo.KIND))
-BUILTIN.update(KINDS)
+load_kinds()  # the installed kinds, built-in ones included (entry-point group greenctl.kinds)

@@ -1,10 +1,11 @@
 """What every plan kind shares: the :class:`PlanKind` record, the registry it is kept in
-(:data:`KINDS`, :func:`get_kind`, :func:`register`), the serving defaults (:func:`predict_serving`)
-and the replanning helpers (:class:`ReplanSignal`, :func:`forecast_rates`).
+(:data:`KINDS`, :func:`get_kind`, :func:`register`, :func:`load_kinds`), the serving defaults
+(:func:`predict_serving`) and the replanning helpers (:class:`ReplanSignal`,
+:func:`forecast_rates`).
 
-The kinds themselves live one per module beside this one (``mix``, ``mig``, ``glet``,
-``geo``) and import only this module; the package (:mod:`greenctl.executor.kinds`) puts them
-in the registry.
+The kinds themselves live one per module (the built-in ones beside this one: ``mix``,
+``mig``, ``glet``, ``geo``) and are installed under the ``greenctl.kinds`` entry-point group,
+as a third party's are; :func:`load_kinds` puts them in the registry.
 """
 
 from __future__ import annotations
@@ -12,11 +13,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Any
 
 from greenctl.data.errors import InputError
-from greenctl.data.plan import Plan, add_plan_kind, discard_plan_kind
-from greenctl.planner.core.policy import plan_policy
+from greenctl.data.plan import (
+    KIND_GROUP,
+    Plan,
+    add_plan_kind,
+    discard_plan_kind,
+    installed_kinds,
+)
+from greenctl.planner.core.policy import plan_policy, use_kind_defaults
 
 #: (new plan, the problem it solved; for geo the run, which holds the problem)
 Planned = tuple[Plan, Any]
@@ -300,7 +308,7 @@ class PlanKind:
     #: running plan cannot be compared (a geo plan), and the dwell holds
     score_checks_load: bool = True
     #: the policy when neither the plan nor batching decides (rule 4 of
-    #: :mod:`greenctl.planner.core.policy`); None: that module's table, else ``wrr``
+    #: :mod:`greenctl.planner.core.policy`); None: ``wrr``
     default_policy: str | None = None
     #: its plans describe executor instances: ``simulate`` predicts them, ``apply`` runs
     #: them, the backends and the export take them; False: those steps refuse them, saying
@@ -321,6 +329,13 @@ class PlanKind:
     #: a model-less request by the variant with the least carbon per request, else the
     #: cheapest (:mod:`greenctl.planner.core.choice`)
     carbon_aware: Callable[[Plan], bool] = lambda plan: False
+    #: its typed request: ``from_dict(request dict)`` validates a plan's ``request`` once and
+    #: ``to_dict()`` writes it back; None: the kind takes the plain dict
+    request_type: Any = None
+    #: the kind's replay step (see executor.control.replay)
+    replay: Any = None
+    #: where commands list it among the installed kinds (then by name)
+    order: int = 100
 
     @property
     def replannable(self) -> bool:
@@ -343,12 +358,50 @@ class PlanKind:
 
 
 # -- the registry -------------------------------------------------------------------------------
-#: The registered kinds by name: the built-in ones (put here by the package,
-#: :mod:`greenctl.executor.kinds`), then those added with :func:`register`.
+#: The registered kinds by name: the installed ones (:func:`load_kinds`), then those added
+#: with :func:`register`.
 KINDS: dict[str, PlanKind] = {}
 
-#: The built-in kinds, as :func:`unregister` restores them.
+#: The installed kinds (the ``greenctl.kinds`` entry-point group), as :func:`unregister`
+#: restores them.
 BUILTIN: dict[str, PlanKind] = {}
+
+
+def load_kinds() -> None:
+    """Put the kinds installed under the ``greenctl.kinds`` entry-point group in the registry
+    (in their ``order``, then by name), before those added with :func:`register`; again after
+    a package of kinds was added to or removed from the path.
+
+    Raises:
+        InputError: an entry point that cannot be loaded or is not a :class:`PlanKind` of
+            its own name.
+    """
+    installed = []
+    for ep in entry_points(group=KIND_GROUP):
+        try:
+            kind = ep.load()
+        except (ImportError, AttributeError) as exc:
+            raise InputError(
+                f"the plan kind {ep.name!r} ({ep.value}) cannot be loaded: {exc}",
+                hint="reinstall or remove the package that provides it",
+            ) from None
+        if not isinstance(kind, PlanKind) or kind.name != ep.name:
+            raise InputError(
+                f"the plan kind {ep.name!r} ({ep.value}) is not a PlanKind named {ep.name!r}",
+                hint="a greenctl.kinds entry point names a module's PlanKind record",
+            )
+        installed.append(kind)
+    added = [k for name, k in KINDS.items() if name not in BUILTIN]
+    for name in [*BUILTIN, *(k.name for k in added)]:
+        discard_plan_kind(name)
+    BUILTIN.clear()
+    KINDS.clear()
+    installed_kinds(refresh=True)
+    for kind in sorted(installed, key=lambda k: (k.order, k.name)):
+        BUILTIN[kind.name] = kind
+        register(kind)
+    for kind in added:
+        register(kind)
 
 
 def register(kind: PlanKind) -> None:
@@ -358,7 +411,7 @@ def register(kind: PlanKind) -> None:
 
 
 def unregister(name: str) -> None:
-    """Remove a kind added with :func:`register` (a built-in kind is put back as it was)."""
+    """Remove a kind added with :func:`register` (an installed kind is put back as it was)."""
     if name in BUILTIN:
         KINDS[name] = BUILTIN[name]
         return
@@ -378,3 +431,11 @@ def get_kind(name: str) -> PlanKind:
         raise InputError(
             f"unknown plan kind {name!r}", hint=f"known kinds: {', '.join(sorted(KINDS))}"
         ) from None
+
+
+def _default_policy(kind: str) -> str | None:
+    known = KINDS.get(kind)
+    return None if known is None else known.default_policy
+
+
+use_kind_defaults(_default_policy)  # rule 4 of the policy rule: the registry's defaults

@@ -155,6 +155,8 @@ def _geo_objective(plan: Plan) -> Objective:
 #: the kind, as the registry holds it
 KIND = PlanKind(
     "geo",
+    order=40,
+    default_policy="wrr",  # as mix: a site's plans follow their quotas
     plan=_geo_plan,
     score=_geo_score,
     score_checks_load=False,

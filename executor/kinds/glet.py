@@ -371,6 +371,8 @@ def _glet_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
 #: the kind, as the registry holds it
 KIND = PlanKind(
     "glet",
+    order=30,
+    default_policy="batch",  # gpulet's glets run duty cycles
     plan=_glet_plan,
     score=_glet_score,
     replan_request=_glet_replan_request,

@@ -98,6 +98,8 @@ def _mig_objective(plan: Plan) -> Objective:
 #: the kind, as the registry holds it
 KIND = PlanKind(
     "mig",
+    order=20,
+    default_policy="wrr",  # the planner splits load by quota per instance class and predicts with wrr
     plan=_mig_plan,
     score=_mig_score,
     replan_request=_mig_replan_request,

@@ -119,6 +119,8 @@ def _mix_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
 #: the kind, as the registry holds it
 KIND = PlanKind(
     "mix",
+    order=10,
+    default_policy="wrr",  # requests follow the quotas (InfAdapter)
     plan=_mix_plan,
     score=_mix_score,
     replan_request=_mix_replan_request,

@@ -12,11 +12,9 @@ The rule, first match wins:
 3. ``batch`` when any deployment has ``batch > 1``: executors batch dynamically, and only
    the ``batch`` model predicts a batched deployment (``fifo`` and ``wrr`` serve one request
    at a time, and the evaluation core refuses them for batched deployments);
-4. by plan kind: the kind's own default as its entry in the registry of plan kinds
-   (``greenctl.executor.kinds``) passes it (``kind_default``), else :data:`KIND_POLICY`:
-   ``wrr`` for mix and geo (requests follow the quotas, InfAdapter), mig (the planner
-   splits load by quota per instance class and predicts with ``wrr``) and ``batch`` for
-   glet (gpulet's glets run duty cycles); ``wrr`` for any other kind.
+4. by plan kind: the kind's own default (``PlanKind.default_policy``), as the caller passes
+   it (``kind_default``) or else the registry of plan kinds (``greenctl.executor.kinds``)
+   answers it through :func:`use_kind_defaults`; ``wrr`` for a kind without one.
 
 :class:`SmoothWRR` is the weighted round robin that the simulator, the local dispatcher and
 the Ray router all use: stride scheduling, instance ``i``'s ``k``-th request is the one with
@@ -30,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from greenctl.data.errors import InputError
@@ -41,8 +39,9 @@ if TYPE_CHECKING:
 #: The dispatch policies, in the order help texts list them.
 POLICIES = ("fifo", "wrr", "batch")
 
-#: The default of each plan kind when no deployment batches (rule 4 above).
-KIND_POLICY = {"mix": "wrr", "mig": "wrr", "glet": "batch", "geo": "wrr"}
+#: kind -> its default policy (rule 4), as the registry of plan kinds declares it; the
+#: registry installs it (:func:`use_kind_defaults`), as the planner may not import it
+_kind_defaults: Callable[[str], str | None] | None = None
 
 _HINT = f"use one of {', '.join(POLICIES)}"
 
@@ -59,14 +58,22 @@ def check_policy_name(policy: object, *, field: str = "policy") -> str:
     return policy
 
 
+def use_kind_defaults(defaults: Callable[[str], str | None]) -> None:
+    """Answer rule 4 with ``defaults(kind)``: the registry of plan kinds calls this once."""
+    global _kind_defaults
+    _kind_defaults = defaults
+
+
 def default_policy(kind: str, batches: Iterable[int], *, kind_default: str | None = None) -> str:
     """The policy a plan of ``kind`` with deployments of ``batches`` gets by default
-    (``kind_default``: the kind's own, rule 4)."""
+    (``kind_default``: the kind's own, rule 4; else the registry's answer)."""
     if any(b > 1 for b in batches):
         return "batch"
+    if kind_default is None and _kind_defaults is not None:
+        kind_default = _kind_defaults(kind)
     if kind_default is not None:
         return check_policy_name(kind_default, field=f"the {kind} kind's default policy")
-    return KIND_POLICY.get(kind, "wrr")
+    return "wrr"
 
 
 def plan_policy(plan: Plan, override: str | None = None, *, kind_default: str | None = None) -> str:
