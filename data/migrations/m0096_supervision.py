@@ -1,8 +1,8 @@
-"""Supervised dispatchers and a journal of every process apply starts (issue 20).
+"""Supervised dispatchers and a journal of every process apply starts.
 
 A dispatcher runs beside its supervisor (the pair shares one listening socket and restarts
 each other), so its row also names the supervisor's process and the pair's file, which
-holds the paths both write their state to. Rows of both tables are now written before their
+holds the paths both write their state to. Rows of both tables are written before their
 process starts (``starting``) and kept until it is stopped (``stopping`` while an apply
 retires it), so the next ``apply``, ``status`` or ``down`` can stop what an interrupted
 apply left.

@@ -1,4 +1,4 @@
-"""The geo router in the store (issue 18): one row per router apply starts, journaled
+"""The geo router in the store: one row per router apply starts, journaled
 before its supervisor starts (``starting``), ``running`` once it serves, ``stopping`` while
 an apply replaces it, ``stopped`` after; so the next ``apply``, ``status`` or ``down`` can
 stop what an interrupted apply left, as for the dispatcher. And eGLB's online state per
