@@ -3,9 +3,11 @@ planned by :mod:`greenctl.planner.mig`."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from greenctl.data.errors import InputError
+from greenctl.data.mig_geometry import resolve_gpu
 from greenctl.data.plan import Plan
 from greenctl.executor.kinds.base import (
     Objective,
@@ -16,6 +18,7 @@ from greenctl.executor.kinds.base import (
     finite_number,
     replan_model_rate,
 )
+from greenctl.planner.mig.request import MigRequest
 
 
 def _mig_plan(
@@ -25,41 +28,32 @@ def _mig_plan(
     current: Plan | None = None,
     baseline: str | None = None,
 ) -> Planned:
-    from greenctl.data.mig_geometry import resolve_gpu
+    """Plan ``request`` (a :class:`MigRequest` document); ``baseline`` emits that baseline
+    instead (the request's own ``baseline`` is what its plan was, not what to plan)."""
     from greenctl.planner.mig import solve as mig
 
-    try:
-        geo = resolve_gpu(str(request["gpu"]))
-        family = str(request["model"])
-        gpus = int(request["gpus"])
-        rate = float(request["rate_rps"])
-        intensity = float(request["carbon_intensity"])
-    except (KeyError, TypeError, ValueError):
-        raise InputError(
-            "a MIG plan's request needs gpu, gpus, model, rate_rps and carbon_intensity",
-            hint="replan MIG plans made by `greenctl plan mig`",
-        ) from None
+    typed = replace(MigRequest.from_dict(request), baseline=baseline)
     problem = mig.build_problem(
-        geo,
-        store.latest_profiles(family=family),
-        store.variants(family),
-        family=family,
-        gpus=gpus,
-        rate_rps=rate,
-        carbon_intensity=intensity,
-        sla_ms=request.get("sla_ms"),
-        lam=float(request.get("lambda", 0.5)),
-        base_carbon_intensity=request.get("base_carbon_intensity"),
-        max_accuracy_loss_pct=request.get("max_accuracy_loss_pct"),
-        percentile=float(request.get("percentile") or 0.95),
+        resolve_gpu(typed.gpu),
+        store.latest_profiles(family=typed.model),
+        store.variants(typed.model),
+        family=typed.model,
+        gpus=typed.gpus,
+        rate_rps=typed.rate_rps,
+        carbon_intensity=typed.carbon_intensity,
+        sla_ms=typed.sla_ms,
+        lam=typed.lam,
+        base_carbon_intensity=typed.base_carbon_intensity,
+        max_accuracy_loss_pct=typed.max_accuracy_loss_pct,
+        percentile=typed.percentile,
     )
     plan = mig.plan_mig(
         problem,
-        solver=str(request.get("solver") or "exact"),
-        baseline=baseline,
+        solver=typed.solver,
+        baseline=typed.baseline,
         current=current,
-        time_limit_s=request.get("time_limit_s"),
-        seed=request.get("seed"),
+        time_limit_s=typed.time_limit_s,
+        seed=typed.seed,
     )
     return plan, problem
 
@@ -104,5 +98,6 @@ KIND = PlanKind(
     score=_mig_score,
     replan_request=_mig_replan_request,
     objective=_mig_objective,
-    carbon_aware=lambda plan: True,  # Clover: lambda * dCarbon + (1 - lambda) * dAccuracy
+    carbon_aware=lambda plan: True,
+    request_type=MigRequest,  # Clover: lambda * dCarbon + (1 - lambda) * dAccuracy
 )

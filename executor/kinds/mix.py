@@ -18,6 +18,7 @@ from greenctl.executor.kinds.base import (
     replan_model_rate,
     serving_paths,
 )
+from greenctl.planner.mix.request import MixRequest
 
 
 def _mix_plan(store: Any, request: dict[str, Any], *, current: Plan | None = None) -> Planned:
@@ -26,19 +27,16 @@ def _mix_plan(store: Any, request: dict[str, Any], *, current: Plan | None = Non
     request = dict(request)
     if current is not None:
         request["current"] = [d.to_dict() for d in current.deployments]
-    families = mix.normalize_request(request)["families"]
-    names = [f["model"] for f in families]
+    typed = MixRequest.from_dict(request)
+    names = [f.model for f in typed.families]
     for name in names:
         store.require_family(name)  # the store knows every family: name them and a close one
     variants = [v for f in names for v in store.variants(f)]
     profiles = [p for f in names for p in store.latest_profiles(family=f)]
-    serving = serving_paths(store, {f["model"]: float(f["rate_rps"]) for f in families})
-    problem = mix.build_mix_problem(request, variants, profiles, serving=serving)
+    serving = serving_paths(store, {f.model: f.rate_rps for f in typed.families})
+    problem = mix.build_mix_problem(typed, variants, profiles, serving=serving)
     plan = mix.plan_mix(
-        problem,
-        strategy=problem.request.get("strategy") or "ilp",
-        solver=problem.request.get("solver") or "highs",
-        time_limit_s=problem.request.get("time_limit_s"),
+        problem, strategy=typed.strategy, solver=typed.solver, time_limit_s=typed.time_limit_s
     )
     return plan, problem
 
@@ -126,4 +124,5 @@ KIND = PlanKind(
     replan_request=_mix_replan_request,
     objective=_mix_objective,
     carbon_aware=_mix_carbon_aware,
+    request_type=MixRequest,
 )

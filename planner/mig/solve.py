@@ -52,6 +52,7 @@ Serving model shared by every solver (so their objectives compare):
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from greenctl.data.errors import InfeasiblePlan, InputError
@@ -80,6 +81,12 @@ from greenctl.planner.mig.problem import (
     SliceOption,
     build_problem,
 )
+from greenctl.planner.mig.request import (
+    BASELINES,
+    SOLVERS,
+    MigRequest,
+    check_solver_options,
+)
 
 __all__ = [
     "BASELINES",
@@ -91,6 +98,7 @@ __all__ = [
     "Evaluation",
     "MigModel",
     "MigProblem",
+    "MigRequest",
     "SliceOption",
     "SolveResult",
     "assign_gpus",
@@ -102,9 +110,6 @@ __all__ = [
     "plan_mig",
     "tidy",
 ]
-
-SOLVERS = ("exact", "anneal", "random")
-BASELINES = ("base", "co2opt")
 
 
 def _predicted(model: MigModel, ev: Evaluation) -> dict[str, Any]:
@@ -158,18 +163,54 @@ def plan_mig(
     Raises:
         InputError: bad options; InfeasiblePlan: nothing meets the SLA (and floor).
     """
-    if solver not in SOLVERS:
-        raise InputError(f"unknown solver '{solver}'", hint=f"use one of {', '.join(SOLVERS)}")
-    if baseline is not None and baseline not in BASELINES:
-        raise InputError(
-            f"unknown baseline '{baseline}'", hint=f"use one of {', '.join(BASELINES)}"
-        )
-    if time_limit_s is not None and not time_limit_s > 0:
-        raise InputError(f"--time-limit must be > 0 seconds, got {time_limit_s}")
-    import time
-
+    check_solver_options(solver, baseline, time_limit_s)
     t0 = time.perf_counter()
     model = MigModel(problem)
+    baselines, co2_cfg, co2_desc = _baselines(model)
+    current_gpus = _current_gpus(current)
+    info: dict[str, Any]
+    if baseline == "base":
+        config: Config | None = model.base_config
+        info = {"name": "baseline:base"}
+    elif baseline == "co2opt":
+        if co2_cfg is None:
+            raise InfeasiblePlan(f"CO2OPT: {co2_desc}", hint="relax --sla-ms or add GPUs")
+        config, info = co2_cfg, {"name": "baseline:co2opt"}
+    else:
+        config, info, model = _solve(
+            problem,
+            model,
+            solver,
+            current_gpus,
+            time_limit_s=time_limit_s,
+            seed=seed,
+            verify=verify,
+        )
+    if config is None or (require_feasible and not model.evaluate(config).feasible):
+        raise _infeasible(problem, model, solver, info)
+    info["wall_s"] = time.perf_counter() - t0
+    info["evaluations"] = model.evaluations
+    request = MigRequest(
+        gpu=problem.geo.name,
+        gpus=problem.gpus,
+        model=problem.family,
+        rate_rps=problem.rate_rps,
+        carbon_intensity=problem.carbon_intensity,
+        sla_ms=problem.sla_ms,
+        percentile=problem.percentile,
+        lam=problem.lam,
+        base_carbon_intensity=problem.base_carbon_intensity,
+        max_accuracy_loss_pct=problem.max_accuracy_loss_pct,
+        solver=solver,
+        baseline=baseline,
+        seed=seed,
+        time_limit_s=time_limit_s,
+    )
+    return _plan_document(problem, model, config, request, info, baselines, current_gpus)
+
+
+def _baselines(model: MigModel) -> tuple[dict[str, Any], Config | None, str]:
+    """BASE and CO2OPT as a plan reports them, CO2OPT's configuration and description."""
     base_ev = model.evaluate(model.base_config)
     co2_cfg, co2_desc = model.co2opt_config()
     baselines: dict[str, Any] = {
@@ -190,54 +231,76 @@ def plan_mig(
         }
     else:
         baselines["co2opt"] = {"feasible": False, "description": co2_desc}
-    current_gpus = None
-    if current is not None:
-        if current.kind != "mig":
-            raise InputError(f"--current plan is a '{current.kind}' plan, expected 'mig'")
-        current_gpus = current.extra.get("gpus")
-        if not isinstance(current_gpus, list):
-            raise InputError("--current plan has no 'gpus' list")
+    return baselines, co2_cfg, co2_desc
 
-    info: dict[str, Any]
-    if baseline == "base":
-        config: Config | None = model.base_config
-        info = {"name": "baseline:base"}
-    elif baseline == "co2opt":
-        if co2_cfg is None:
-            raise InfeasiblePlan(f"CO2OPT: {co2_desc}", hint="relax --sla-ms or add GPUs")
-        config, info = co2_cfg, {"name": "baseline:co2opt"}
-    elif solver == "exact":
+
+def _current_gpus(current: Plan | None) -> list[Any] | None:
+    """The GPUs of the MIG plan running now (``--current``), None without one."""
+    if current is None:
+        return None
+    if current.kind != "mig":
+        raise InputError(f"--current plan is a '{current.kind}' plan, expected 'mig'")
+    gpus = current.extra.get("gpus")
+    if not isinstance(gpus, list):
+        raise InputError("--current plan has no 'gpus' list")
+    return gpus
+
+
+def _solve(
+    problem: MigProblem,
+    model: MigModel,
+    solver: str,
+    current_gpus: list[Any] | None,
+    *,
+    time_limit_s: float | None,
+    seed: int | None,
+    verify: bool,
+) -> tuple[Config | None, dict[str, Any], MigModel]:
+    """The solver's configuration, its report and the model it was verified in."""
+    if solver == "exact":
         from greenctl.planner.mig.exact import solve_exact_verified
 
         res = solve_exact_verified(problem, model, time_limit_s=time_limit_s, verify=verify)
-        config, info, model = res.config, res.info, res.info.pop("_model", model)
-    else:
+        return res.config, res.info, res.info.pop("_model", model)
+    if solver == "anneal":
+        from greenctl.planner.mig.anneal import anneal
+
         start = (
             config_from_gpus(model, current_gpus, source="--current plan") if current_gpus else None
         )
-        if solver == "anneal":
-            from greenctl.planner.mig.anneal import anneal
+        res = anneal(model, start=start, time_limit_s=time_limit_s, seed=seed)
+    else:
+        from greenctl.planner.mig.random_search import random_search
 
-            res = anneal(model, start=start, time_limit_s=time_limit_s, seed=seed)
-        else:
-            from greenctl.planner.mig.random_search import random_search
+        res = random_search(model, time_limit_s=time_limit_s, seed=seed)
+    return res.config, res.info, model
 
-            res = random_search(model, time_limit_s=time_limit_s, seed=seed)
-        config, info = res.config, res.info
-    if config is None or (require_feasible and not model.evaluate(config).feasible):
-        raise InfeasiblePlan(
-            f"no MIG configuration of {problem.gpus} x {problem.geo.name} serves "
-            f"{problem.rate_rps:g} req/s within the p{round(problem.percentile * 100)} SLA of "
-            f"{model.sla_ms:.4g} ms"
-            + (f" at accuracy >= {model.floor:.4g}" if model.floor is not None else "")
-            + (f" ({info['reason']})" if info.get("reason") else ""),
-            hint="add GPUs, lower --rate, relax --sla-ms or --max-accuracy-loss"
-            + ("" if solver == "exact" else ", or use --solver exact"),
-        )
+
+def _infeasible(
+    problem: MigProblem, model: MigModel, solver: str, info: dict[str, Any]
+) -> InfeasiblePlan:
+    return InfeasiblePlan(
+        f"no MIG configuration of {problem.gpus} x {problem.geo.name} serves "
+        f"{problem.rate_rps:g} req/s within the p{round(problem.percentile * 100)} SLA of "
+        f"{model.sla_ms:.4g} ms"
+        + (f" at accuracy >= {model.floor:.4g}" if model.floor is not None else "")
+        + (f" ({info['reason']})" if info.get("reason") else ""),
+        hint="add GPUs, lower --rate, relax --sla-ms or --max-accuracy-loss"
+        + ("" if solver == "exact" else ", or use --solver exact"),
+    )
+
+
+def _plan_document(
+    problem: MigProblem,
+    model: MigModel,
+    config: Config,
+    request: MigRequest,
+    info: dict[str, Any],
+    baselines: dict[str, Any],
+    current_gpus: list[Any] | None,
+) -> Plan:
+    """The plan of ``config``: its deployments, GPUs, prediction and the model's facts."""
     ev = model.evaluate(config)
-    info["wall_s"] = time.perf_counter() - t0
-    info["evaluations"] = model.evaluations
-    gpus = assign_gpus(model, config, current=current_gpus)
     deployments = [
         Deployment(
             model=problem.family,
@@ -252,26 +315,8 @@ def plan_mig(
     ]
     # profiles that estimate their slices (synthetic, MPS-emulated) label the whole plan
     label = estimate_label(o.source for o in model.pairs)
-    request = {
-        "gpu": problem.geo.name,
-        "gpus": problem.gpus,
-        "model": problem.family,
-        "rate_rps": problem.rate_rps,
-        "sla_ms": problem.sla_ms,
-        "percentile": problem.percentile,
-        "lambda": problem.lam,
-        "carbon_intensity": problem.carbon_intensity,
-        "base_carbon_intensity": problem.base_carbon_intensity,
-        "max_accuracy_loss_pct": problem.max_accuracy_loss_pct,
-        "solver": solver,
-        "baseline": baseline,
-        "seed": seed,
-        "time_limit_s": time_limit_s,
-        "policy": "wrr",
-    }
-    predicted = _predicted(model, ev)
     extra: dict[str, Any] = {
-        "gpus": gpus,
+        "gpus": assign_gpus(model, config, current=current_gpus),
         "baselines": baselines,
         "solver": info,
         "model": {
@@ -288,5 +333,9 @@ def plan_mig(
         "configuration": describe_config(model, config),
     }
     return Plan(
-        kind="mig", request=request, deployments=deployments, predicted=predicted, extra=extra
+        kind="mig",
+        request={**request.to_dict(), "policy": "wrr"},  # the planner predicts with wrr
+        deployments=deployments,
+        predicted=_predicted(model, ev),
+        extra=extra,
     )

@@ -34,17 +34,14 @@ enumeration and a master MILP over the shared budgets; every objective, accuracy
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from greenctl.data.carbon_io import carbon_option
 from greenctl.data.errors import InfeasiblePlan, InputError, NotFoundError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Profile, Variant
 from greenctl.data.resources import KNOWN_KINDS, Resource, hourly_cost, kind_of, parse_resource
-from greenctl.data.spec_io import MIX_FAMILY_FIELDS, MIX_REQUEST_FIELDS
 from greenctl.planner.core import solvers
 from greenctl.planner.mix import decomp as mix_decomp
 from greenctl.planner.mix.model import (
@@ -77,6 +74,7 @@ from greenctl.planner.mix.model import (
     solve_highs,
     warm_start,
 )
+from greenctl.planner.mix.request import OBJECTIVES, SOLVERS, STRATEGIES, MixRequest
 
 __all__ = [
     "DECOMPOSITION",
@@ -95,6 +93,7 @@ __all__ = [
     "MixFamily",
     "MixOption",
     "MixProblem",
+    "MixRequest",
     "MixVariant",
     "Model",
     "SolveResult",
@@ -120,191 +119,19 @@ __all__ = [
     "warm_start",
 ]
 
-OBJECTIVES = ("accuracy", "cost", "carbon", "balanced")
-STRATEGIES = ("ilp", "greedy", "single")
-SOLVERS = ("highs", "cbc")
-
-_KIND_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 _EPS = 1e-9
 
 
 # --------------------------------------------------------------------------------------------
 # Request validation and problem building
 # --------------------------------------------------------------------------------------------
-def _num(
-    value: Any,
-    name: str,
-    *,
-    minimum: float | None = None,
-    strict: bool = False,
-    maximum: float | None = None,
-) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            raise InputError(f"{name} must be a number, got {value!r}") from None
-    value = float(value)
-    if math.isnan(value) or math.isinf(value):
-        raise InputError(f"{name} must be a finite number, got {value!r}")
-    if minimum is not None and (value <= minimum if strict else value < minimum):
-        op = ">" if strict else ">="
-        raise InputError(f"{name} must be {op} {minimum:g}, got {value:g}")
-    if maximum is not None and value > maximum:
-        raise InputError(f"{name} must be <= {maximum:g}, got {value:g}")
-    return value
-
-
-def _accuracy(value: Any, name: str) -> float:
-    """An accuracy floor: a fraction in 0..1 (profiles store accuracy as a fraction)."""
-    try:
-        return _num(value, name, minimum=0.0, maximum=1.0)
-    except InputError as exc:
-        raise InputError(exc.message, hint="accuracy is a fraction, e.g. 0.76 for 76 %") from None
-
-
 def normalize_request(request: dict[str, Any]) -> dict[str, Any]:
-    """Validate a ``plan mix`` request and return it in canonical form.
-
-    Accepts either ``model`` + ``rate_rps`` (one family) or ``families`` (a list of objects
-    with ``model``, ``rate_rps`` and optional ``slo_ms`` / ``min_accuracy``).
+    """A ``plan mix`` request validated (:meth:`MixRequest.from_dict`) in canonical form.
 
     Raises:
         InputError: naming the field and the fix.
     """
-    if not isinstance(request, dict):
-        raise InputError("a plan mix request must be an object")
-    known = set(MIX_REQUEST_FIELDS)
-    unknown = sorted(set(request) - known)
-    if unknown:
-        raise InputError(
-            f"unknown request field(s): {', '.join(unknown)}",
-            hint=f"known fields: {', '.join(sorted(known))}",
-        )
-    out: dict[str, Any] = {}
-    fams_in = request.get("families")
-    if fams_in is None:
-        if request.get("model") is None:
-            raise InputError("no model family given", hint="pass --model FAMILY or a --spec file")
-        fams_in = [{"model": request.get("model"), "rate_rps": request.get("rate_rps")}]
-    elif request.get("model") is not None:
-        raise InputError("give either 'model' or 'families', not both")
-    if not isinstance(fams_in, list) or not fams_in:
-        raise InputError("'families' must be a non-empty list of {model, rate_rps} objects")
-    slo_default = request.get("slo_ms")
-    families = []
-    seen = set()
-    for i, fam in enumerate(fams_in):
-        where = f"families[{i}]"
-        if not isinstance(fam, dict):
-            raise InputError(f"{where} must be an object with model and rate_rps")
-        extra = sorted(set(fam) - set(MIX_FAMILY_FIELDS))
-        if extra:
-            raise InputError(
-                f"{where}: unknown field(s) {', '.join(extra)}",
-                hint=f"a family takes {', '.join(MIX_FAMILY_FIELDS)}",
-            )
-        model = fam.get("model")
-        if not isinstance(model, str) or not model:
-            raise InputError(f"{where}.model must be a model family name")
-        if model in seen:
-            raise InputError(f"model family '{model}' is listed twice")
-        seen.add(model)
-        if fam.get("rate_rps") is None:
-            raise InputError(f"no request rate for '{model}'", hint="pass --rate RPS")
-        rate = _num(fam.get("rate_rps"), f"rate of '{model}' (rate_rps)", minimum=0.0)
-        slo = fam.get("slo_ms", slo_default)
-        if slo is None:
-            raise InputError(f"no latency SLO for '{model}'", hint="pass --slo-ms MS")
-        slo = _num(slo, f"SLO of '{model}' (slo_ms)", minimum=0.0, strict=True)
-        entry: dict[str, Any] = {"model": model, "rate_rps": rate, "slo_ms": slo}
-        if fam.get("min_accuracy") is not None:
-            entry["min_accuracy"] = _accuracy(fam["min_accuracy"], f"{where}.min_accuracy")
-        families.append(entry)
-    out["families"] = families
-    if slo_default is not None:
-        out["slo_ms"] = _num(slo_default, "slo_ms", minimum=0.0, strict=True)
-    pct = request.get("percentile") or "p95"
-    if isinstance(pct, int | float) and not isinstance(pct, bool):
-        pct = f"p{round(float(pct) * 100) if pct < 1 else round(float(pct))}"
-    if pct not in ("p95", "p99"):
-        raise InputError(f"percentile must be p95 or p99, got {pct!r}")
-    out["percentile"] = pct
-    budgets_in = request.get("budgets") or {}
-    if not isinstance(budgets_in, dict):
-        raise InputError("'budgets' must be an object of KIND=AMOUNT")
-    budgets = {}
-    for key, amount in budgets_in.items():
-        key = str(key).strip()
-        if not _KIND_RE.match(key):
-            try:
-                key = parse_resource(key).label
-            except InputError:
-                raise InputError(
-                    f"budget '{key}': not a resource kind or label",
-                    hint="use KIND=AMOUNT (cpu=14 cores, mig=7 compute slices, gpu=2) or "
-                    "LABEL=COUNT (mig:1g.10gb=7 instances)",
-                ) from None
-        budgets[key] = _num(amount, f"budget '{key}'", minimum=0.0)
-    out["budgets"] = budgets
-    objective = request.get("objective") or "balanced"
-    if objective not in OBJECTIVES:
-        raise InputError(
-            f"unknown objective {objective!r}", hint=f"use one of {', '.join(OBJECTIVES)}"
-        )
-    out["objective"] = objective
-    if request.get("min_accuracy") is not None:
-        out["min_accuracy"] = _accuracy(request["min_accuracy"], "min_accuracy")
-    out["alpha"] = _num(request.get("alpha", DEFAULT_ALPHA), "alpha", minimum=0.0)
-    out["beta"] = _num(request.get("beta", DEFAULT_BETA), "beta", minimum=0.0)
-    out["gamma"] = _num(request.get("gamma", DEFAULT_GAMMA), "gamma", minimum=0.0)
-    for key in ("alpha", "beta", "gamma"):
-        if request.get(key) is None:
-            out[key] = {"alpha": DEFAULT_ALPHA, "beta": DEFAULT_BETA, "gamma": DEFAULT_GAMMA}[key]
-    if request.get("carbon_intensity") is not None:
-        out["carbon_intensity"] = carbon_option(
-            _num(request["carbon_intensity"], "carbon_intensity (g/kWh)"), "carbon_intensity"
-        )
-    out["reference_carbon_intensity"] = _num(
-        request.get("reference_carbon_intensity") or REFERENCE_CARBON_INTENSITY,
-        "reference_carbon_intensity",
-        minimum=0.0,
-        strict=True,
-    )
-    out["pue"] = _num(request.get("pue") or 1.0, "pue", minimum=1.0)
-    out["headroom"] = _num(request.get("headroom") or 0.0, "headroom", minimum=0.0)
-    current = request.get("current") or []
-    if not isinstance(current, list):
-        raise InputError("'current' must be a list of deployments")
-    cur = []
-    for i, d in enumerate(current):
-        if isinstance(d, Deployment):
-            d = d.to_dict()
-        if not isinstance(d, dict) or not d.get("variant") or not d.get("resource"):
-            raise InputError(f"current[{i}] must be a deployment with variant and resource")
-        cur.append(
-            {
-                "model": d.get("model"),
-                "variant": d["variant"],
-                "resource": d["resource"],
-                "count": int(d.get("count") or 1),
-                "batch": int(d.get("batch") or 1),
-                "quota_rps": d.get("quota_rps"),
-            }
-        )
-    if cur:
-        out["current"] = cur
-    strategy = request.get("strategy") or "ilp"
-    if strategy not in STRATEGIES:
-        raise InputError(f"unknown strategy {strategy!r}", hint="use ilp, greedy or single")
-    out["strategy"] = strategy
-    solver = request.get("solver") or "highs"
-    if solver not in SOLVERS:
-        raise InputError(f"unknown solver {solver!r}", hint="use highs or cbc")
-    out["solver"] = solver
-    if request.get("time_limit_s") is not None:
-        out["time_limit_s"] = _num(request["time_limit_s"], "time_limit_s", minimum=0, strict=True)
-    return out
+    return MixRequest.from_dict(request).to_dict()
 
 
 def _budget_usage(resource: Resource, budgets: dict[str, float]) -> dict[str, float]:
@@ -466,7 +293,7 @@ def price_energy(
 
 
 def build_mix_problem(
-    request: dict[str, Any],
+    request: MixRequest | dict[str, Any],
     variants: Sequence[Variant],
     profiles: Sequence[Profile],
     *,
@@ -475,7 +302,7 @@ def build_mix_problem(
     """Build a :class:`MixProblem` from a request document, variants and profiles.
 
     Args:
-        request: the plan's ``request`` dict (see :func:`normalize_request`).
+        request: the typed request, or the plan's ``request`` dict (validated here).
         variants: the variants of (at least) the requested families.
         profiles: their latest profiles; several rows of one (variant, resource, batch)
             may differ in ``capacity_rps``/``capacity_slo_ms`` (load tests at several SLOs).
@@ -488,7 +315,8 @@ def build_mix_problem(
         InputError / NotFoundError: unknown family, bad numbers, a budget for a resource
         kind no profile of the requested families uses.
     """
-    req = normalize_request(request)
+    typed = request if isinstance(request, MixRequest) else MixRequest.from_dict(request)
+    req = typed.to_dict()
     by_family: dict[str, list[Variant]] = {}
     for v in variants:
         by_family.setdefault(v.family, []).append(v)
