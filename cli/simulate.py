@@ -7,15 +7,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from greenctl.cli.common import (
-    DbOpt,
-    JsonOpt,
-    console,
-    input_path,
-    print_json,
-    render_table,
-    store_for,
-)
+from greenctl.cli.common import console, input_path, print_json, render_table, store_for
+from greenctl.cli.options import DbOpt, JsonOpt, RateOpt
+from greenctl.cli.plan import carbon_caption
+from greenctl.data.errors import InputError
+from greenctl.data.plan import Plan, load_plan_file
+from greenctl.executor.kinds import get_kind
 
 _ROWS = (
     ("rate_rps", "offered load", "req/s"),
@@ -43,10 +40,7 @@ def simulate_cmd(
             help="Plan JSON written by `greenctl plan ...`.", show_default=False, parser=input_path
         ),
     ],
-    rate: Annotated[
-        float | None,
-        typer.Option("--rate", help="Poisson load in req/s (default: the plan's rate).", min=0.0),
-    ] = None,
+    rate: RateOpt = None,
     trace: Annotated[
         Path | None,
         typer.Option(
@@ -114,11 +108,7 @@ def simulate_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Predict a plan's latency, accuracy, energy, carbon, water and cost under a load."""
-    from greenctl.cli.plan import carbon_caption
-    from greenctl.data.errors import InputError
-    from greenctl.data.plan import load_plan_file
-    from greenctl.data.traces import read_rps_trace
-    from greenctl.executor.kinds import get_kind
+    from greenctl.data.traces import read_rps_trace  # numpy: not for `--help`
 
     if rate is not None and trace is not None:
         raise InputError("give --rate or --trace, not both")
@@ -128,10 +118,7 @@ def simulate_cmd(
     kind = get_kind(plan.kind)
     if not kind.serves:
         raise kind.refuse("simulate")
-    if slo_ms is None:
-        asked = plan.request.get("slo_ms") if isinstance(plan.request, dict) else None
-        if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > 0:
-            slo_ms = float(asked)
+    slo_ms = slo_ms if slo_ms is not None else _plan_slo_ms(plan)
     pol = kind.dispatch_policy(plan, policy)
     with store_for(db) as store:  # the kind's prediction: the evaluation core for instances
         result = kind.predict(
@@ -153,15 +140,50 @@ def simulate_cmd(
             ewif_l_per_kwh=ewif,
             device_idle_power_w=idle_power,
         )
-    method = "analytic" if analytic else "simulated"
     if json_out:
+        method = "analytic" if analytic else "simulated"
         print_json({"method": method, "policy": pol, **{k: _finite(v) for k, v in result.items()}})
         return
+    caption = _caption(
+        result, plan, policy=pol, trace=trace, seed=seed, slo_ms=slo_ms, analytic=analytic,
+        carbon_intensity=carbon_intensity,
+    )  # fmt: skip
+    rows = [[label, _cell(result[key]), unit] for key, label, unit in _ROWS if key in result]
+    render_table(
+        f"greenctl simulate {plan_file.name}", ["metric", "value", "unit"], rows, caption=caption
+    )
+    if result.get("overloaded"):
+        console.print(
+            "[bold red]Overloaded:[/] the load exceeds the plan's capacity; the queue grows "
+            "without bound (latency percentiles are infinite)."
+        )
+
+
+def _plan_slo_ms(plan: Plan) -> float | None:
+    """The SLO the plan was asked for (its request's ``slo_ms``), if it names a positive one."""
+    asked = plan.request.get("slo_ms") if isinstance(plan.request, dict) else None
+    if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > 0:
+        return float(asked)
+    return None
+
+
+def _caption(
+    result: dict[str, Any],
+    plan: Plan,
+    *,
+    policy: str,
+    trace: Path | None,
+    seed: int,
+    slo_ms: float | None,
+    analytic: bool,
+    carbon_intensity: float | None,
+) -> str:
+    """The table's caption: how the figures were had (method, load, policy, SLO, carbon)."""
     if analytic:
-        caption = f"modeled: M/G/c queueing approximation, policy {pol}"
+        caption = f"modeled: M/G/c queueing approximation, policy {policy}"
     else:
         load = f"trace {trace.name}" if trace is not None else "Poisson arrivals"
-        caption = f"simulated: {load}, policy {pol}, seed {seed}; from profiles"
+        caption = f"simulated: {load}, policy {policy}, seed {seed}; from profiles"
     if result.get("latency_includes"):
         caption += f"; latency: {result['latency_includes']}"
     if slo_ms is not None:
@@ -176,15 +198,7 @@ def simulate_cmd(
         )
     if result.get("cost_priced") is False:
         caption += "; cost: resource amount per hour where a profile has no cost_per_hour"
-    rows = [[label, _cell(result[key]), unit] for key, label, unit in _ROWS if key in result]
-    render_table(
-        f"greenctl simulate {plan_file.name}", ["metric", "value", "unit"], rows, caption=caption
-    )
-    if result.get("overloaded"):
-        console.print(
-            "[bold red]Overloaded:[/] the load exceeds the plan's capacity; the queue grows "
-            "without bound (latency percentiles are infinite)."
-        )
+    return caption
 
 
 def _finite(value: Any) -> Any:

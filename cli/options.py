@@ -1,0 +1,59 @@
+"""The command-line options that several commands share, declared once.
+
+A command names its option by type (``model: ModelOpt``, ``region: RegionOpt = None``), so
+the flag, its short form and its help read the same everywhere. An option whose help means
+something different in one command (``replan --rate MODEL=RPS``, the demo's ``--model``
+scenario) stays declared in that command. ``DbOpt`` and ``JsonOpt`` live in
+:mod:`greenctl.cli.common` beside the store opening they go with, and are re-exported here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from greenctl.cli.common import DbOpt, JsonOpt
+
+__all__ = [
+    "AtOpt",
+    "DbOpt",
+    "FromOpt",
+    "JsonOpt",
+    "ModelFilterOpt",
+    "ModelOpt",
+    "RateOpt",
+    "RegionFilterOpt",
+    "RegionOpt",
+    "RequiredRegionOpt",
+    "ToOpt",
+    "VariantFilterOpt",
+]
+
+ModelOpt = Annotated[str, typer.Option("--model", help="Model family to serve.")]
+ModelFilterOpt = Annotated[str | None, typer.Option("--model", help="Only this model family.")]
+VariantFilterOpt = Annotated[str | None, typer.Option("--variant", help="Only this variant.")]
+
+RateOpt = Annotated[
+    float | None,
+    typer.Option("--rate", help="Poisson request rate, req/s (default: the plan's rate).", min=0.0),
+]
+
+RegionOpt = Annotated[
+    str | None,
+    typer.Option("--region", "-r", help="Carbon signal region (see `greenctl carbon regions`)."),
+]
+RequiredRegionOpt = Annotated[
+    str, typer.Option("--region", "-r", help="Carbon signal region, e.g. CISO.")
+]
+RegionFilterOpt = Annotated[str | None, typer.Option("--region", "-r", help="Only this region.")]
+
+AtOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--at",
+        help="Use the carbon signal (and a geo plan's slot) in force at this time "
+        "(ISO; default now).",
+    ),
+]
+FromOpt = Annotated[str | None, typer.Option("--from", help="First time (ISO UTC).")]
+ToOpt = Annotated[str | None, typer.Option("--to", help="Last time (ISO UTC).")]
