@@ -33,77 +33,88 @@ _ROWS = (
 )
 
 
+PlanFileArg = Annotated[
+    Path,
+    typer.Argument(
+        help="Plan JSON written by `greenctl plan ...`.", show_default=False, parser=input_path
+    ),
+]
+TraceOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--trace",
+        help="Replay a requests-per-second trace (.txt or .txt.gz, or bundled:NAME), "
+        "Poisson within seconds.",
+        parser=input_path,
+        metavar="FILE",
+    ),
+]
+ScaleOpt = Annotated[float, typer.Option("--scale", help="Multiply the trace by F.")]
+DurationOpt = Annotated[
+    float | None,
+    typer.Option("--duration", help="Seconds of load (a trace: its first S seconds)."),
+]
+RequestsOpt = Annotated[
+    int | None, typer.Option("--requests", help="Requests of a Poisson run (default 100000).")
+]
+PolicyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--policy",
+        help="fifo (central queue), wrr (quotas) or batch (default: what the plan implies).",
+    ),
+]
+CarbonOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--carbon-intensity", help="Grid carbon intensity in g CO2 per kWh (default: the plan's)."
+    ),
+]
+PueOpt = Annotated[
+    float | None,
+    typer.Option("--pue", help="Power usage effectiveness (>= 1; default: the plan's, else 1)."),
+]
+WueOpt = Annotated[
+    float | None, typer.Option("--wue", help="Direct (on-site) water use, L per kWh.")
+]
+EwifOpt = Annotated[
+    float | None,
+    typer.Option("--ewif", help="Indirect water of electricity generation, L per kWh."),
+]
+IdlePowerOpt = Annotated[
+    float | None,
+    typer.Option("--device-idle-power", help="Idle watts of each whole device (shared)."),
+]
+SloMsOpt = Annotated[
+    float | None,
+    typer.Option("--slo-ms", help="Latency SLO in ms (default: the plan's request.slo_ms)."),
+]
+QueueLimitOpt = Annotated[
+    int | None, typer.Option("--queue-limit", help="Drop arrivals when N requests already wait.")
+]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed (reproducible runs).")]
+AnalyticOpt = Annotated[
+    bool, typer.Option("--analytic", help="Use the fast queueing approximation, not the simulator.")
+]
+
+
 def simulate_cmd(
-    plan_file: Annotated[
-        Path,
-        typer.Argument(
-            help="Plan JSON written by `greenctl plan ...`.", show_default=False, parser=input_path
-        ),
-    ],
+    plan_file: PlanFileArg,
     rate: RateOpt = None,
-    trace: Annotated[
-        Path | None,
-        typer.Option(
-            "--trace",
-            help="Replay a requests-per-second trace (.txt or .txt.gz, or bundled:NAME), "
-            "Poisson within seconds.",
-            parser=input_path,
-            metavar="FILE",
-        ),
-    ] = None,
-    scale: Annotated[float, typer.Option("--scale", help="Multiply the trace by F.")] = 1.0,
-    duration: Annotated[
-        float | None,
-        typer.Option("--duration", help="Seconds of load (a trace: its first S seconds)."),
-    ] = None,
-    requests: Annotated[
-        int | None,
-        typer.Option("--requests", help="Requests of a Poisson run (default 100000)."),
-    ] = None,
-    policy: Annotated[
-        str | None,
-        typer.Option(
-            "--policy",
-            help="fifo (central queue), wrr (quotas) or batch (default: what the plan implies).",
-        ),
-    ] = None,
-    carbon_intensity: Annotated[
-        float | None,
-        typer.Option(
-            "--carbon-intensity",
-            help="Grid carbon intensity in g CO2 per kWh (default: the plan's).",
-        ),
-    ] = None,
-    pue: Annotated[
-        float | None,
-        typer.Option(
-            "--pue", help="Power usage effectiveness (>= 1; default: the plan's, else 1)."
-        ),
-    ] = None,
-    wue: Annotated[
-        float | None, typer.Option("--wue", help="Direct (on-site) water use, L per kWh.")
-    ] = None,
-    ewif: Annotated[
-        float | None,
-        typer.Option("--ewif", help="Indirect water of electricity generation, L per kWh."),
-    ] = None,
-    idle_power: Annotated[
-        float | None,
-        typer.Option("--device-idle-power", help="Idle watts of each whole device (shared)."),
-    ] = None,
-    slo_ms: Annotated[
-        float | None,
-        typer.Option("--slo-ms", help="Latency SLO in ms (default: the plan's request.slo_ms)."),
-    ] = None,
-    queue_limit: Annotated[
-        int | None,
-        typer.Option("--queue-limit", help="Drop arrivals when N requests already wait."),
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed (reproducible runs).")] = 0,
-    analytic: Annotated[
-        bool,
-        typer.Option("--analytic", help="Use the fast queueing approximation, not the simulator."),
-    ] = False,
+    trace: TraceOpt = None,
+    scale: ScaleOpt = 1.0,
+    duration: DurationOpt = None,
+    requests: RequestsOpt = None,
+    policy: PolicyOpt = None,
+    carbon_intensity: CarbonOpt = None,
+    pue: PueOpt = None,
+    wue: WueOpt = None,
+    ewif: EwifOpt = None,
+    idle_power: IdlePowerOpt = None,
+    slo_ms: SloMsOpt = None,
+    queue_limit: QueueLimitOpt = None,
+    seed: SeedOpt = 0,
+    analytic: AnalyticOpt = False,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
