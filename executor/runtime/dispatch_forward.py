@@ -1,0 +1,225 @@
+"""The dispatcher's request path: the Open Inference Protocol front that forwards
+``/v2/models/{name}/...`` to the model's executor instances.
+
+A request goes to the instance its model's policy picks
+(:meth:`~greenctl.executor.runtime.dispatch_routes.ModelRoute.acquire`), or, when it states
+requirements or names a variant, to the one the model-less choice picks
+(:func:`~greenctl.executor.runtime.dispatch_modelless.choose_backend`). A request whose
+instance dies mid-flight (connection refused, reset or closed) is retried once: on another
+instance of the model, or, when it was the only one, on the same instance once it is back.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import math
+import time
+from typing import Any
+
+from greenctl.data.errors import InputError
+from greenctl.executor.runtime import httpserver as hs
+from greenctl.executor.runtime import oip
+from greenctl.executor.runtime.dispatch_admin import RoutingTable
+from greenctl.executor.runtime.dispatch_modelless import (
+    ANY,
+    NoVariant,
+    choose_backend,
+    name_variant,
+    requirements_of,
+)
+from greenctl.executor.runtime.dispatch_routes import Backend, ModelRoute, QueueFull
+from greenctl.executor.runtime.metrics import LATENCY_BUCKETS_S, bucket_index
+from greenctl.executor.runtime.oip import HEADER_LENGTH
+from greenctl.executor.runtime.upstream import UpstreamError, UpstreamTimeout
+
+#: the request headers passed on to an executor
+_FORWARD_HEADERS = (
+    "Content-Type",
+    HEADER_LENGTH,
+    "Content-Encoding",
+    "Accept-Encoding",
+)
+#: the response header naming the variant that served a request
+VARIANT_HEADER = "Greenctl-Variant"
+
+
+class Forwarding(RoutingTable):
+    """The OIP endpoints clients call, and the counters of what they were answered."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.latency_counts: dict[str, list[int]] = {}
+        self.latency_sum: dict[str, float] = collections.defaultdict(float)
+        self.retries = 0
+        self.rejected = 0
+
+    #: the instance a model-less request goes to (its slot taken)
+    choose = staticmethod(choose_backend)
+
+    async def server_meta(self, request: Any) -> Any:
+        """``GET /v2``: the server's metadata."""
+        return hs.json_response(
+            {"name": "greenctl-dispatcher", "version": "1", "extensions": ["binary_tensor_data"]}
+        )
+
+    async def live(self, request: Any) -> Any:
+        """``GET /v2/health/live``: the process answers."""
+        return hs.json_response({"live": True})
+
+    async def ready(self, request: Any) -> Any:
+        """``GET /v2/health/ready``: every model has an instance up (503 otherwise)."""
+        ok = bool(self.routes) and all(any(b.up for b in r.backends) for r in self.routes.values())
+        return hs.json_response({"ready": ok}, status=200 if ok else 503)
+
+    def _route(self, request: Any) -> tuple[ModelRoute | None, str | None, Any]:
+        """The route a request names: a model's (variant None), or, for a variant's own
+        name, its family's and that variant; else a 404 response."""
+        name = request.match_info["name"]
+        route = self.routes.get(name)
+        if route is not None:
+            return route, None, None
+        route = self.variant_routes.get(name)
+        if route is not None:
+            return route, name, None
+        known = ", ".join(sorted(self.routes)) or "none"
+        if self.variant_routes:
+            known += f"; variants: {', '.join(sorted(self.variant_routes))}"
+        return (
+            None,
+            None,
+            hs.json_response(
+                {"error": f"unknown model '{name}' (this plan serves: {known})"}, status=404
+            ),
+        )
+
+    def _members(self, route: ModelRoute, variant: str | None) -> list[Backend]:
+        """The instances of ``route`` (of its ``variant`` only, when one is named)."""
+        if variant is None:
+            return route.backends
+        return [b for _, group in route.variants.get(variant, ()) for b in group]
+
+    async def model_meta(self, request: Any) -> Any:
+        """A model's metadata, from one of its instances that is up (a variant answers
+        under its own name, with its family)."""
+        route, variant, bad = self._route(request)
+        if route is None:
+            return bad
+        for b in self._members(route, variant):
+            if not b.up:
+                continue
+            with contextlib.suppress(Exception):
+                async with self.session.get(b.url + request.path) as resp:
+                    body = await resp.read()
+                    if variant is not None and resp.status == 200:  # it answers as a model
+                        doc = json.loads(body)
+                        doc["name"] = variant
+                        doc.setdefault("parameters", {})["family"] = route.name
+                        return hs.json_response(doc)
+                    return hs.Response(
+                        status=resp.status, body=body, content_type="application/json"
+                    )
+        return hs.json_response(
+            {"error": f"no ready instance of '{variant or route.name}'"}, status=503
+        )
+
+    async def model_ready(self, request: Any) -> Any:
+        """Whether a model (or variant) has an instance up (503 when not)."""
+        route, variant, bad = self._route(request)
+        if route is None:
+            return bad
+        ok = any(b.up for b in self._members(route, variant))
+        return hs.json_response(
+            {"name": variant or route.name, "ready": ok}, status=200 if ok else 503
+        )
+
+    async def infer(self, request: Any) -> Any:
+        """Forward an inference request to the instance its model's policy (or the
+        model-less choice) picks, retrying once on another when the connection fails;
+        the answer carries the executor's timing headers and the variant that served it."""
+        t0 = time.perf_counter()
+        route, variant, bad = self._route(request)
+        if route is None:
+            return bad
+        body = await request.read()
+        headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
+        try:
+            req = requirements_of(body, headers.get(HEADER_LENGTH))
+        except InputError as exc:
+            self._count(route.name, "400", t0)
+            return hs.json_response({"error": exc.message}, status=400)
+        chosen = req is not None or variant is not None  # model-less, or a variant's name
+        tried: set[str] = set()
+        failed = ""
+        for attempt in (0, 1):
+            try:
+                if chosen:
+                    b = self.choose(route, variant, req or ANY)
+                else:
+                    b = await route.acquire(tried)
+            except QueueFull as full:
+                self.rejected += 1
+                self._count(route.name, "503", t0)
+                return hs.json_response(
+                    {"error": full.reason or f"model '{route.name}' is at capacity; retry later"},
+                    status=503,
+                    headers={"Retry-After": str(max(1, math.ceil(full.retry_after_s)))},
+                )
+            except NoVariant as none:
+                if attempt:  # the instance chosen first failed, and no other one meets it
+                    self._count(route.name, "502", t0)
+                    return hs.json_response({"error": f"{failed}; {none}"}, status=502)
+                self._count(route.name, "422", t0)
+                return hs.json_response(none.doc(), status=422)
+            try:
+                status, rh, data = await b.pool.post(request.path, body, headers, self.timeout_s)
+            except UpstreamError as exc:
+                tried.add(b.id)
+                self._suspect(b)
+                failed = f"instance {b.id} of '{route.name}' failed: {exc}"
+                # inference is idempotent: a request whose connection failed (refused, reset,
+                # closed) is sent once more, to another instance, or, when there is none, to
+                # this one once it is back; one that timed out is not (it may still run)
+                if attempt == 0 and not isinstance(exc, UpstreamTimeout):
+                    others = [x for x in route.backends if x.up and x.id not in tried]
+                    if others or (route.coming_back() and not chosen):
+                        if not others:
+                            tried.clear()  # wait in the queue for it (or a sibling) to return
+                        self.retries += 1
+                        continue
+                self._count(route.name, "502", t0)
+                return hs.json_response({"error": failed}, status=502)
+            finally:
+                route.release(b)
+            out_headers = {"Content-Type": rh.get("content-type", "application/json")}
+            head_len = rh.get("inference-header-content-length")
+            if chosen and status == 200 and b.variant is not None:
+                data, head_len = name_variant(data, head_len, b.variant, route.name, variant)
+            if head_len is not None:
+                out_headers[HEADER_LENGTH] = head_len
+            for name in oip.TIMING_HEADERS:  # the executor's own timing, passed on
+                if (value := rh.get(name.lower())) is not None:
+                    out_headers[name] = value
+            if b.variant is not None:
+                out_headers[VARIANT_HEADER] = b.variant
+            self._count(route.name, str(status), t0)
+            return hs.Response(status=status, body=data, headers=out_headers)
+        raise AssertionError("unreachable")
+
+    def _count(self, model: str, code: str, t0: float) -> None:
+        """Count an answer by model and status code (and an answered one's latency)."""
+        self.requests[(model, code)] += 1
+        if code == "200":
+            counts = self.latency_counts.setdefault(model, [0] * (len(LATENCY_BUCKETS_S) + 1))
+            dt = time.perf_counter() - t0
+            counts[bucket_index(LATENCY_BUCKETS_S, dt)] += 1
+            self.latency_sum[model] += dt
+
+    def _suspect(self, b: Backend) -> None:
+        """A connection to ``b`` failed: stop routing to it until the supervisor checks it."""
+        b.up = False
+        for route in self.routes.values():
+            if b in route.backends:
+                route.fail_waiters()
