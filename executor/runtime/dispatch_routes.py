@@ -360,4 +360,3 @@ class ModelRoute:
                 fut.set_exception(
                     QueueFull(reason, retry_after_s=eta if math.isfinite(eta) else 1.0)
                 )
-
