@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import pytest
 from greenctl.data.plan import Deployment
 from greenctl.planner.mix import decomp as mix_decomp
+from greenctl.planner.mix import family_search
 from greenctl.planner.mix import solve as mix
 from greenctl.planner.mix.solve import MixFamily, MixOption, MixProblem, MixVariant, plan_mix
 from hypothesis import HealthCheck, given, settings
@@ -304,7 +305,7 @@ def test_a_time_limited_fallback_labels_its_gap(monkeypatch) -> None:
 @st.composite
 def floor_families(
     draw: st.DrawFn,
-) -> tuple[list[mix_decomp._Opt], float, float, tuple[float, ...]]:
+) -> tuple[list[family_search.Opt], float, float, tuple[float, ...]]:
     """One family's options as the search sees them under ``cost`` or ``accuracy``: quota
     cost by accuracy alone, instance costs >= 0 (the budget prices included)."""
     objective = draw(st.sampled_from(["cost", "accuracy"]))
@@ -320,7 +321,7 @@ def floor_families(
             usage = (amount if label.startswith("cpu") else 0.0, amount if "mig" in label else 0.0)
             price = 0.04 * amount * draw(st.floats(0.8, 1.2))
             opts.append(
-                mix_decomp._Opt(
+                family_search.Opt(
                     index=len(opts),
                     cap=speed * amount ** draw(st.floats(0.7, 1.1)),
                     a=-acc if objective == "accuracy" else -1e-7 * acc,
@@ -345,8 +346,8 @@ def test_the_per_variant_search_finds_the_per_option_searchs_optimum(case, floor
     opts, load, floor, lam = case
     budgets = (1e6, 1e6)
     fl = floor if floored else None
-    got = mix_decomp._grouped_optimum(opts, {}, load, budgets, lam, floor=fl, max_nodes=10**7)
-    want, _, _ = mix_decomp._family_plans(opts, {}, load, budgets, lam, 0.0, floor=fl,
+    got = family_search.grouped_optimum(opts, {}, load, budgets, lam, floor=fl, max_nodes=10**7)
+    want, _, _ = family_search.family_plans(opts, {}, load, budgets, lam, 0.0, floor=fl,
                                          max_nodes=10**7)  # fmt: skip
     assert got is not None
     z, plans, _ = got
@@ -364,7 +365,7 @@ def test_the_per_variant_search_finds_the_per_option_searchs_optimum(case, floor
     if fl is not None:
         slack = sum(qq * (by_index[oi].acc - fl) for oi, (_, qq) in plan.counts.items())
         assert slack >= -1e-9 * load
-    priced = mix_decomp._priced(plan, list(lam)) + sum(
+    priced = family_search.priced_cost(plan, list(lam)) + sum(
         by_index[oi].pa * qq for oi, (_, qq) in plan.counts.items()
     )
     assert priced == pytest.approx(z, rel=1e-9, abs=1e-12)

@@ -1,0 +1,687 @@
+"""The exact search of one family's plans at given budget prices, for the decomposition.
+
+A family's plan is canonical without loss: quotas fill options in ascending order of their
+(priced) quota cost, every option full but the last one used. :func:`family_plans` walks the
+options in that order by depth-first branch and bound (the capacity-capped fractional cover
+of the rest as its bound) and lists every plan within a window of the priced optimum;
+:func:`grouped_optimum` finds the optimum alone per variant, over each variant's frontier of
+capacity and priced cost, where an accuracy floor makes the per-option search slow. Both
+stop past ``max_nodes`` nodes (:class:`TooBig`) or their deadline (:class:`OutOfTime`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+#: plans a family's search keeps; past it the family is too big to enumerate
+MAX_PLANS = 4_000
+
+
+@dataclass
+class Opt:
+    """One option of a family as the search sees it (costs in the model's minimisation sense)."""
+
+    index: int  # option index in the family
+    cap: float
+    a: float  # primary cost per req/s of quota (min sense)
+    b0: float  # primary cost per instance (min sense, without prices)
+    ub: int
+    variant: str
+    usage: tuple[float, ...]
+    acc: float = 0.0  # the variant's accuracy (floor, fill order among equal ``a``)
+    sa: float = 0.0  # tie-break cost per req/s of quota (min sense)
+    sb: float = 0.0  # tie-break cost per instance (min sense)
+    pa: float = 0.0  # added to ``a`` in the priced search only (<= 0: the bound stays valid)
+
+
+@dataclass
+class FamilyPlan:
+    """One plan of a family: its counts and quotas per option, cost, budget use and tie-break."""
+
+    cost: float  # the family's primary cost (min sense, no prices)
+    usage: tuple[float, ...]
+    counts: dict[int, tuple[int, float]]  # option index -> (count, quota)
+    second: float = 0.0  # its tie-break cost (min sense)
+
+    def key(self) -> tuple[tuple[int, int], ...]:
+        return tuple(sorted((oi, n) for oi, (n, _) in self.counts.items()))
+
+
+class TooBig(Exception):
+    """A search passed its node or plan limit."""
+
+    pass
+
+
+class OutOfTime(Exception):
+    """A search passed its deadline."""
+
+    pass
+
+
+def family_plans(
+    opts: list[Opt],
+    d: dict[str, float],
+    load: float,
+    budgets: tuple[float, ...],
+    lam: tuple[float, ...],
+    window: float,
+    deadline: float = math.inf,
+    *,
+    upper: float = math.inf,
+    floor: float | None = None,
+    mu: float = 0.0,
+    max_nodes: int,
+) -> tuple[float, list[FamilyPlan], int]:
+    """All plans of one family with priced cost within ``window`` of the priced optimum.
+
+    The priced cost is ``cost + lambda . use + mu x second`` (``mu`` prices the tie-break
+    stage's row on the primary objective, which is then the plans' ``second``); with
+    ``mu > 0`` plans of one budget use but different ``second`` are all kept.
+
+    Args:
+        upper: the priced cost of a plan known to exist (prunes from the first node).
+        floor: the family's accuracy floor (quota-weighted mean accuracy >= floor).
+
+    Returns:
+        (z, plans, nodes): the priced optimum ``z`` (cost + lambda . use) and, per distinct
+        budget use, the cheapest plan (then the best tie-break) whose priced cost is at most
+        ``z + window``; ``z`` is infinite when the family has no feasible plan.
+    """
+    nk = len(budgets)
+    node_limit = max_nodes
+    order = sorted(opts, key=lambda o: (o.a + o.pa + mu * o.sa, -o.acc, o.index))
+    m = len(order)
+    bp = [o.b0 + mu * o.sb + sum(lk * u for lk, u in zip(lam, o.usage, strict=True)) for o in order]
+    # suffix bounds: the cheapest per req/s cover of the rest by options i.. (capacity-capped)
+    ap = [o.a + o.pa + mu * o.sa for o in order]
+    rate = [ap[j] + bp[j] / o.cap for j, o in enumerate(order)]
+    caps = [o.cap * o.ub for o in order]
+    cum_cap, cum_cost, rates = suffix_covers(rate, caps)
+
+    def bound(i: int, rest: float) -> float:
+        return cover_cost(cum_cap[i], cum_cost[i], rates[i], rest)
+
+    # the floor: slack = sum q (acc - floor) >= -ftol (the joint ILP's row); the best slack
+    # the rest can still add comes from the most accurate option left (order is by accuracy)
+    gap = [o.acc - floor for o in order] if floor is not None else [0.0] * m
+    top_gap = [max(gap[i:], default=-math.inf) for i in range(m + 1)]
+    ftol = 1e-9 * max(load, 1.0)
+    tol = 1e-12 * max(1.0, abs(upper)) if math.isfinite(upper) else 0.0
+    # With a floor, the cover above ignores it; the floor priced at ``fmu`` (the best price
+    # for the whole family's cover) gives a second bound: for any completion that meets the
+    # floor, cost >= cover(rate - fmu x gap) - fmu x slack.
+    fmu = floor_row_price(rate, gap, caps, load) if floor is not None else 0.0
+    if fmu > 0:
+        fcum_cap, fcum_cost, frates = suffix_covers(
+            [r - fmu * g for r, g in zip(rate, gap, strict=True)], caps
+        )
+
+        def bound2(i: int, rest: float, slack: float) -> float:
+            b0 = bound(i, rest)
+            b1 = cover_cost(fcum_cap[i], fcum_cost[i], frates[i], rest) - fmu * (slack + ftol)
+            return max(b0, b1)
+
+    else:
+
+        def bound2(i: int, rest: float, slack: float) -> float:
+            return bound(i, rest)
+
+    best = [upper + tol]
+    found: list[tuple[float, float, float, tuple[float, ...], dict[int, tuple[int, float]]]] = []
+    nodes = [0]
+    counts: dict[int, tuple[int, float]] = {}
+    use = [0.0] * nk
+
+    def record(priced: float, plain: float, sec: float) -> None:
+        if priced <= best[0] + window + 1e-12:
+            found.append((priced, plain, sec, tuple(use), dict(counts)))
+            if priced < best[0]:
+                best[0] = priced
+            if len(found) > 4 * MAX_PLANS:
+                _compact()
+
+    def _compact() -> None:
+        keep = [f for f in found if f[0] <= best[0] + window + 1e-12]
+        if len(keep) > MAX_PLANS * 4:
+            raise TooBig
+        found[:] = keep
+
+    # suffix start costs: at least one more variant starts unless one in use remains
+    suffix_vars: list[set[str]] = [{o.variant for o in order[i:]} for i in range(m + 1)]
+    suffix_start = [min((d.get(v, 0.0) for v in sv), default=math.inf) for sv in suffix_vars]
+    thresh = [best[0] + window + 1e-12]
+
+    def visit(
+        i: int, rest: float, priced: float, plain: float, sec: float, slack: float,
+        used: frozenset[str],
+    ) -> None:  # fmt: skip
+        """Place the next nonzero count on some option j >= i (later ones stay 0 until then)."""
+        nodes[0] += 1
+        if nodes[0] > node_limit:
+            raise TooBig
+        if not nodes[0] & 1023 and time.perf_counter() > deadline:
+            raise OutOfTime
+        for j in range(i, m):
+            # the bound only grows with j (fewer options left): stop at the first failure
+            if slack + rest * top_gap[j] < -ftol:
+                return  # the floor is out of reach with options j.. (less accurate later)
+            lb = bound2(j, rest, slack)
+            if not (suffix_vars[j] & used):
+                lb += suffix_start[j]
+            if priced + lb > thresh[0]:
+                return
+            o = order[j]
+            b = bp[j]
+            start = 0.0 if o.variant in used else d.get(o.variant, 0.0)
+            need = math.ceil(rest / o.cap - 1e-9)
+            top = min(o.ub, need)
+            for k in range(nk):
+                if o.usage[k] > 0:
+                    top = min(top, math.floor((budgets[k] - use[k]) / o.usage[k] + 1e-9))
+            cu = used | {o.variant}
+            sv = suffix_vars[j + 1]
+            extra = 0.0 if sv & cu else suffix_start[j + 1]
+            # the children's bound, inlined (the hot loop): covers of options j+1..
+            cc1, co1, rs1 = cum_cap[j + 1], cum_cost[j + 1], rates[j + 1]
+            ncc1 = len(cc1)
+            gj = gap[j]
+            # larger counts first: good plans early, tight pruning after. For full counts
+            # (1 <= n < need) the child's bound is convex in n: once it passed and then
+            # fails, every smaller count fails too.
+            passed = False
+            for n in range(top, 0, -1):
+                if n >= need:  # the marginal option: the family's load is served
+                    if slack + rest * gap[j] < -ftol:
+                        continue
+                    child = priced + ap[j] * rest + b * n + start
+                    if child <= thresh[0]:
+                        for k in range(nk):
+                            use[k] += o.usage[k] * n
+                        counts[o.index] = (n, rest)
+                        record(
+                            child,
+                            plain + o.a * rest + o.b0 * n + start,
+                            sec + o.sa * rest + o.sb * n,
+                        )
+                        thresh[0] = best[0] + window + 1e-12
+                        del counts[o.index]
+                        for k in range(nk):
+                            use[k] -= o.usage[k] * n
+                    continue
+                served = o.cap * n
+                child_rest = rest - served
+                child = priced + ap[j] * served + b * n + start
+                at = bisect.bisect_left(cc1, child_rest - 1e-9)
+                if at == ncc1:
+                    clb = math.inf
+                elif at:
+                    clb = co1[at - 1] + rs1[at] * (child_rest - cc1[at - 1])
+                else:
+                    clb = rs1[0] * child_rest
+                if fmu > 0:
+                    clb = max(clb, bound2(j + 1, child_rest, slack + served * gj))
+                clb += extra
+                if child + clb > thresh[0]:
+                    if passed:
+                        break
+                    continue
+                passed = True
+                for k in range(nk):
+                    use[k] += o.usage[k] * n
+                counts[o.index] = (n, served)
+                visit(
+                    j + 1,
+                    child_rest,
+                    child,
+                    plain + o.a * served + o.b0 * n + start,
+                    sec + o.sa * served + o.sb * n,
+                    slack + served * gap[j],
+                    cu,
+                )
+                del counts[o.index]
+                for k in range(nk):
+                    use[k] -= o.usage[k] * n
+
+    if load <= 1e-9:
+        return 0.0, [FamilyPlan(0.0, tuple([0.0] * nk), {})], 1
+    visit(0, load, 0.0, 0.0, 0.0, 0.0, frozenset())
+    if not found:
+        if math.isfinite(upper):  # rounding hid the known plan: search again without it
+            return family_plans(
+                opts, d, load, budgets, lam, window, deadline, floor=floor, mu=mu,
+                max_nodes=max_nodes,
+            )  # fmt: skip
+        return math.inf, [], nodes[0]
+    z = min(f[0] for f in found)
+    by_use: dict[tuple[float, ...], FamilyPlan] = {}
+    for priced, plain, sec, u, c in found:
+        if priced > z + window + 1e-12:
+            continue
+        key = tuple(round(x, 9) for x in u)
+        if mu > 0:
+            key = (*key, round(sec, 12))
+        cur = by_use.get(key)
+        if (
+            cur is None
+            or plain < cur.cost - 1e-12 * max(1.0, abs(plain))
+            or (plain <= cur.cost + 1e-12 * max(1.0, abs(plain)) and sec < cur.second)
+        ):
+            by_use[key] = FamilyPlan(plain, u, c, sec)
+    if len(by_use) > MAX_PLANS:
+        raise TooBig
+    return z, list(by_use.values()), nodes[0]
+
+
+def grouped_optimum(
+    opts: list[Opt],
+    d: dict[str, float],
+    load: float,
+    budgets: tuple[float, ...],
+    lam: tuple[float, ...],
+    deadline: float = math.inf,
+    *,
+    upper: float = math.inf,
+    floor: float | None = None,
+    max_nodes: int,
+) -> tuple[float, list[FamilyPlan], int] | None:
+    """A family's priced optimum searched per variant (None: it does not apply here).
+
+    Applies when every option of a variant has the same quota cost (``accuracy`` and
+    ``cost``: quotas cost by accuracy alone) and instance costs are >= 0. Quotas then fill
+    variants in ascending quota cost (most accurate first among ties), and what a variant
+    contributes is only its capacity ``C`` (capped at the load), its priced instance cost
+    and its use. Per variant the count vectors over its sizes reduce to the Pareto frontier
+    of (more capacity, less cost): a plan with a dominated vector is never better, since
+    more capacity of an earlier variant serves more of the load at a quota cost and floor
+    slack at least as good. Use is left out of the frontier only when every combination of
+    frontier points fits the budgets (else None). A depth-first branch and bound over the
+    variants (a frontier point each, the marginal one the cheapest covering the rest) with
+    :func:`family_plans`'s bounds gives the same optimum ``z`` with far fewer nodes.
+
+    Returns:
+        (z, [one optimal plan], nodes) as :func:`family_plans` with ``window=0``.
+    """
+    nk = len(budgets)
+    node_limit = max_nodes
+    groups: dict[str, list[Opt]] = {}
+    for o in opts:
+        groups.setdefault(o.variant, []).append(o)
+    alpha: dict[str, float] = {}
+    for v, g in groups.items():
+        a0 = g[0].a + g[0].pa
+        if any(abs(o.a + o.pa - a0) > 1e-12 * max(1.0, abs(a0)) for o in g):
+            return None
+        if any(abs(o.acc - g[0].acc) > 0 for o in g):
+            return None
+        alpha[v] = a0
+    if load <= 1e-9:
+        return 0.0, [FamilyPlan(0.0, tuple([0.0] * nk), {})], 1
+    names = sorted(groups, key=lambda v: (alpha[v], -groups[v][0].acc, groups[v][0].index))
+    if floor is not None and any(
+        groups[u][0].acc < groups[v][0].acc for u, v in itertools.pairwise(names)
+    ):
+        return None  # more capacity early must never cost floor slack
+    bp_of = {o.index: o.b0 + sum(lk * u for lk, u in zip(lam, o.usage, strict=True)) for o in opts}
+    if any(b < -1e-15 for b in bp_of.values()):
+        return None
+    # per variant: the frontier of (capacity capped at the load, priced cost, use, counts)
+    fronts: list[list[tuple[float, float, tuple[float, ...], tuple[tuple[int, int], ...]]]] = []
+    top_use = [0.0] * nk
+    for v in names:
+        pts: list[tuple[float, float, tuple[tuple[int, int], ...]]] = [(0.0, 0.0, ())]
+        for o in groups[v]:
+            kmax = min(o.ub, math.ceil(load / o.cap - 1e-9))
+            for k in range(nk):
+                if o.usage[k] > 0:
+                    kmax = min(kmax, math.floor(budgets[k] / o.usage[k] + 1e-9))
+            b, cap, oi = bp_of[o.index], o.cap, o.index
+            # candidates as (-capacity, cost, parent, count): tuples sort by capacity
+            # descending, then cost; counts are only spelled out for the points kept
+            grown: list[tuple[float, float, int, int]] = []
+            for k, (c, cost, _) in enumerate(pts):
+                grown.append((-c, cost, k, 0))
+                for n in range(1, kmax + 1):
+                    cc = c + cap * n
+                    if cc >= load - 1e-9:
+                        grown.append((-load, cost + b * n, k, n))
+                        break
+                    grown.append((-cc, cost + b * n, k, n))
+            # Pareto: by capacity descending, keep strictly cheaper points
+            grown.sort()
+            kept, thr = [], math.inf
+            for pt in grown:
+                if pt[1] < thr:
+                    kept.append(pt)
+                    thr = pt[1] - 1e-15 * max(1.0, abs(pt[1]))
+            pts = [
+                (-nc, cost, (*pts[k][2], (oi, n)) if n else pts[k][2]) for nc, cost, k, n in kept
+            ]
+            if len(pts) > MAX_PLANS:
+                return None
+            pts.reverse()  # capacity ascending, cost ascending
+            if pts[0][0] > 0:  # free capacity dominated the empty point: keep it first
+                pts.insert(0, (0.0, 0.0, ()))
+        usage_of = {o.index: o.usage for o in groups[v]}
+        front = []
+        for c, cost, cnt in pts:
+            use = [0.0] * nk
+            for oi, n in cnt:
+                for k in range(nk):
+                    use[k] += usage_of[oi][k] * n
+            front.append((c, cost, tuple(use), cnt))
+        pts_u = front
+        for k in range(nk):
+            top_use[k] += max(p[2][k] for p in pts_u)
+        fronts.append(pts_u)
+    if any(u > b + 1e-9 for u, b in zip(top_use, budgets, strict=True)):
+        return None  # a combination might not fit: the per-option search keeps use exact
+    # the bounds of family_plans over the options in variant order
+    order = [o for v in names for o in groups[v]]
+    first = [0]
+    for v in names:
+        first.append(first[-1] + len(groups[v]))
+    rate = [o.a + o.pa + bp_of[o.index] / o.cap for o in order]
+    caps = [o.cap * o.ub for o in order]
+    cum_cap, cum_cost, rates = suffix_covers(rate, caps)
+    gap_o = [o.acc - floor for o in order] if floor is not None else [0.0] * len(order)
+    fmu = floor_row_price(rate, gap_o, caps, load) if floor is not None else 0.0
+    if fmu > 0:
+        fcc, fco, frs = suffix_covers([r - fmu * g for r, g in zip(rate, gap_o, strict=True)], caps)
+    ftol = 1e-9 * max(load, 1.0)
+    ng = len(names)
+    acc_g = [groups[v][0].acc for v in names]
+    gap_g = [a - floor for a in acc_g] if floor is not None else [0.0] * ng
+    top_gap = [max(gap_g[i:], default=-math.inf) for i in range(ng + 1)]
+    dv = [d.get(v, 0.0) for v in names]
+    min_start = [min(dv[i:], default=math.inf) for i in range(ng + 1)]
+    caps_g = [fr[-1][0] for fr in fronts]
+    reach = [0.0] * (ng + 1)  # capacity the variants i.. can still add
+    for i in range(ng - 1, -1, -1):
+        reach[i] = reach[i + 1] + caps_g[i]
+
+    def lower(i: int, rest: float, slack: float) -> float:
+        if rest <= 1e-9:
+            return 0.0
+        if reach[i] < rest - 1e-9:
+            return math.inf
+        s = first[i]
+        lb = cover_cost(cum_cap[s], cum_cost[s], rates[s], rest)
+        if fmu > 0:
+            lb = max(lb, cover_cost(fcc[s], fco[s], frs[s], rest) - fmu * (slack + ftol))
+        return lb + min_start[i]
+
+    rmin = [min(rates[first[i]], default=0.0) for i in range(ng + 1)]
+    tol = 1e-12 * max(1.0, abs(upper)) if math.isfinite(upper) else 0.0
+    best_val, best_chain = upper + tol, None
+    nodes = 0
+    # Dynamic programming over the variants in fill order. A state: capacity served so far
+    # S, floor slack, priced cost c, and its choices. State A dominates B when S_A >= S_B,
+    # c_A - S_A x alpha' <= c_B - S_B x alpha' and slack_A - S_A x gap' >= slack_B -
+    # S_B x gap' (alpha', gap': the next variant's, the least quota cost and the largest
+    # slack per req/s any later variant has): B's completion, trimmed by S_A - S_B of its
+    # last quotas, completes A at most as dearly and with at least B's slack.
+    states: list[tuple[float, float, float, Any]] = [(0.0, 0.0, 0.0, None)]
+    for i in range(ng):
+        if time.perf_counter() > deadline:
+            raise OutOfTime
+        fr = fronts[i]
+        a_i, g_i, start = alpha[names[i]], gap_g[i], dv[i]
+        cand: list[tuple[float, float, float, Any]] = []
+        for st in states:
+            s_, sl, c, chain = st
+            rest = load - s_
+            cand.append(st)  # variant i unused
+            at = bisect.bisect_left(fr, rest - 1e-9, key=lambda p: p[0])
+            if at < len(fr) and sl + rest * g_i >= -ftol:
+                p = fr[at]
+                val = c + a_i * rest + p[1] + start
+                if val <= best_val:
+                    best_val, best_chain = val, (chain, i, p, rest)
+            # cheap test first: the rest costs at least the cheapest rate left per req/s
+            cut = best_val - rmin[i + 1] * rest - min_start[i + 1]
+            for p in fr[1:at]:
+                served = p[0]
+                child = c + a_i * served + p[1] + start
+                if child - rmin[i + 1] * served > cut:
+                    continue
+                cand.append((s_ + served, sl + served * g_i, child, (chain, i, p, served)))
+        nodes += len(cand)
+        if nodes > node_limit:
+            raise TooBig
+        a_n = alpha[names[i + 1]] if i + 1 < ng else 0.0
+        g_n = gap_g[i + 1] if i + 1 < ng else 0.0
+        keep: list[tuple[float, float, float, Any]] = []
+        cand.sort(key=lambda t: (-t[0], t[2] - t[0] * a_n, -(t[1] - t[0] * g_n)))
+        stair1: list[float] = []
+        stair2: list[float] = []
+        low1 = math.inf  # without a floor: the least k1 kept so far (2-D dominance)
+        for st in cand:
+            s_, sl, c, _ = st
+            rest = load - s_
+            if sl + rest * top_gap[i + 1] < -ftol:
+                continue
+            k1, k2 = c - s_ * a_n, sl - s_ * g_n
+            eps = 1e-15 * max(1.0, abs(k1))
+            if floor is None:
+                if k1 >= low1 - eps:
+                    continue
+            else:
+                # the staircase of kept (k1, k2): k1 and k2 both ascending; the kept state
+                # with the largest k2 among those with k1 <= this one's is the one before
+                at = bisect.bisect_right(stair1, k1 + eps)
+                if at and stair2[at - 1] >= k2 - ftol:
+                    continue
+            if c + lower(i + 1, rest, sl) > best_val:
+                continue
+            keep.append(st)
+            low1 = min(low1, k1)
+            if floor is not None:
+                at = bisect.bisect_left(stair1, k1)
+                end = at
+                while end < len(stair1) and stair2[end] <= k2:
+                    end += 1
+                stair1[at:end] = [k1]
+                stair2[at:end] = [k2]
+        states = keep
+        if not states:
+            break
+    if best_chain is None:
+        if math.isfinite(upper):
+            return grouped_optimum(opts, d, load, budgets, lam, deadline, floor=floor,
+                                    max_nodes=max_nodes)  # fmt: skip
+        return math.inf, [], nodes
+    picks = []
+    chain = best_chain
+    while chain is not None:
+        chain, _, p, served = chain
+        picks.append((p, served))
+    by_index = {o.index: o for o in opts}
+    counts: dict[int, tuple[int, float]] = {}
+    for p, served in picks:
+        left = served
+        for oi, n in p[3]:
+            qq = min(by_index[oi].cap * n, left)
+            counts[oi] = (n, qq)
+            left -= qq
+    plan = plan_of(opts, d, counts, nk)
+    return best_val, [plan], nodes
+
+
+def suffix_covers(
+    rate: list[float], caps: list[float]
+) -> tuple[list[list[float]], list[list[float]], list[list[float]]]:
+    """Per suffix ``i..``: rates ascending with cumulative capacity and cost (for cover_cost)."""
+    m = len(rate)
+    cum_cap: list[list[float]] = []
+    cum_cost: list[list[float]] = []
+    rates: list[list[float]] = []
+    for i in range(m + 1):
+        pieces = sorted((rate[j], caps[j]) for j in range(i, m))
+        cc, co, acc_cap, acc_cost = [], [], 0.0, 0.0
+        for r, capacity in pieces:
+            acc_cap += capacity
+            acc_cost += r * capacity
+            cc.append(acc_cap)
+            co.append(acc_cost)
+        cum_cap.append(cc)
+        cum_cost.append(co)
+        rates.append([r for r, _ in pieces])
+    return cum_cap, cum_cost, rates
+
+
+def cover_cost(cc: list[float], co: list[float], rs: list[float], rest: float) -> float:
+    """The cheapest fractional cover of ``rest`` (capacity-capped pieces, cheapest first)."""
+    j = bisect.bisect_left(cc, rest - 1e-9)
+    if j == len(cc):
+        return math.inf
+    before_cap = cc[j - 1] if j else 0.0
+    before_cost = co[j - 1] if j else 0.0
+    return before_cost + rs[j] * (rest - before_cap)
+
+
+def floor_row_price(rate: list[float], gap: list[float], caps: list[float], load: float) -> float:
+    """The price of a family's floor row that maximises its cover bound (golden section on
+    the concave ``cover(rate - mu x gap)``; 0 when the floor does not bind)."""
+
+    def value(mu: float) -> float:
+        adj = sorted(
+            (r - mu * g, c) for r, g, c in zip(rate, gap, caps, strict=True) if c > 0
+        )  # fmt: skip
+        rest, total = load, 0.0
+        for r, c in adj:
+            take = min(c, rest)
+            total += r * take
+            rest -= take
+            if rest <= 1e-12:
+                return total
+        return -math.inf
+
+    spread = max(rate) - min(rate) if rate else 0.0
+    gmin = min((abs(g) for g in gap if abs(g) > 1e-9), default=0.0)
+    if spread <= 0 or gmin <= 0 or not math.isfinite(value(0.0)):
+        return 0.0
+    lo, hi = 0.0, 2.0 * spread / gmin
+    if value(1e-3 * hi) <= value(0.0):
+        return 0.0
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = value(a), value(b)
+    for _ in range(40):
+        if fa < fb:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = value(b)
+        else:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = value(a)
+    return max(0.0, (lo + hi) / 2.0)
+
+
+def plan_of(
+    opts: list[Opt], d: dict[str, float], counts: dict[int, tuple[int, float]], nk: int
+) -> FamilyPlan:
+    """The plan with these counts and quotas (its cost, use and tie-break cost)."""
+    by_index = {o.index: o for o in opts}
+    cost = second = 0.0
+    use = [0.0] * nk
+    started = set()
+    for oi, (n, qq) in counts.items():
+        o = by_index[oi]
+        cost += o.a * qq + o.b0 * n
+        second += o.sa * qq + o.sb * n
+        for k in range(nk):
+            use[k] += o.usage[k] * n
+        if n > 0:
+            started.add(o.variant)
+    cost += sum(d.get(v, 0.0) for v in started)
+    return FamilyPlan(cost, tuple(use), dict(counts), second)
+
+
+def refill(
+    opts: list[Opt], counts: dict[int, tuple[int, float]], load: float, floor: float | None
+) -> dict[int, tuple[int, float]] | None:
+    """The counts of a seed plan with the search's quotas (its fill order, exactly the load),
+    trimmed to what they need; None when they do not serve the load or meet the floor."""
+    by_index = {o.index: o for o in opts}
+    order = sorted(
+        (by_index[oi] for oi, (n, _) in counts.items() if n > 0),
+        key=lambda o: (o.a + o.pa, -o.acc, o.index),
+    )
+    rest, slack, out = load, 0.0, {}
+    for o in order:
+        if rest <= 1e-9:
+            break
+        qq = min(o.cap * counts[o.index][0], rest)
+        out[o.index] = (math.ceil(qq / o.cap - 1e-9), qq)
+        rest -= qq
+        if floor is not None:
+            slack += qq * (o.acc - floor)
+    if rest > 1e-9 * max(load, 1.0) or slack < -1e-9 * max(load, 1.0):
+        return None
+    return out
+
+
+def rounded_plan(
+    opts: list[Opt],
+    d: dict[str, float],
+    load: float,
+    budgets: tuple[float, ...],
+    lam: list[float],
+) -> FamilyPlan | None:
+    """A good plan at prices ``lam`` fast: full instances of the options cheapest per req/s,
+    then the rest on the option that serves it cheapest (a first bound for the search)."""
+    nk = len(budgets)
+    bp = [o.b0 + sum(lk * u for lk, u in zip(lam, o.usage, strict=True)) for o in opts]
+    order = sorted(range(len(opts)), key=lambda i: opts[i].a + bp[i] / opts[i].cap)
+    rest, use = load, [0.0] * nk
+    counts: dict[int, tuple[int, float]] = {}
+
+    def fits(i: int, n: int) -> int:
+        for k in range(nk):
+            if opts[i].usage[k] > 0:
+                n = min(n, math.floor((budgets[k] - use[k]) / opts[i].usage[k] + 1e-9))
+        return max(min(n, opts[i].ub), 0)
+
+    for i in order:
+        if rest <= 1e-9:
+            break
+        n = fits(i, math.floor(rest / opts[i].cap + 1e-9))
+        if n > 0:
+            counts[opts[i].index] = (n, min(n * opts[i].cap, rest))
+            rest -= counts[opts[i].index][1]
+            for k in range(nk):
+                use[k] += opts[i].usage[k] * n
+    if rest > 1e-9:
+        best: tuple[float, int, int] | None = None
+        for i, o in enumerate(opts):
+            if o.index in counts:
+                continue
+            n = math.ceil(rest / o.cap - 1e-9)
+            if fits(i, n) < n:
+                continue
+            cost = o.a * rest + bp[i] * n
+            if best is None or cost < best[0]:
+                best = (cost, i, n)
+        if best is None:
+            return None
+        counts[opts[best[1]].index] = (best[2], rest)
+    return plan_of(opts, d, counts, nk)
+
+
+def add_plan(plans: dict[tuple[tuple[int, int], ...], FamilyPlan], plan: FamilyPlan) -> None:
+    """Keep the cheapest plan per count vector (seeds' quotas need not be the best fill)."""
+    key = plan.key()
+    old = plans.get(key)
+    if old is None or (plan.cost, plan.second) < (old.cost, old.second):
+        plans[key] = plan
+
+
+def priced_cost(plan: FamilyPlan, lam: list[float]) -> float:
+    return plan.cost + sum(lk * u for lk, u in zip(lam, plan.usage, strict=True))
