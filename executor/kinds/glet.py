@@ -4,11 +4,18 @@ replans follow the load, not the carbon signal."""
 
 from __future__ import annotations
 
-import math
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from greenctl.data.errors import InputError
+from greenctl.data.errors import InfeasiblePlan, InputError
+from greenctl.data.gpulet_import import (
+    get_interference_model,
+    load_latency_table,
+    load_utilisation,
+    resolve_variant,
+)
 from greenctl.data.plan import Plan
+from greenctl.data.resources import PIN_MIG_INSTANCE, RESOURCE_KINDS
 from greenctl.executor.kinds.base import (
     Objective,
     PlanKind,
@@ -19,48 +26,10 @@ from greenctl.executor.kinds.base import (
     finite_number,
     forecast_rates,
 )
+from greenctl.planner.glet.request import GletRequest, option
 
-_GLET_HINT = (
-    "a glet request holds models (name, rate_rps, slo_ms[, variant]), as `plan glet` writes"
-)
-
-
-def _option(request: dict[str, Any], key: str, default: Any, kind: type) -> Any:
-    """``request[key]`` as a ``kind`` (int: a whole number), ``default`` when absent.
-
-    Raises:
-        InputError: a value of another type.
-    """
-    value = request.get(key)
-    if value is None:
-        return default
-    whole = isinstance(value, int) and not isinstance(value, bool)
-    if not (whole if kind is int else finite_number(value) is not None):
-        what = "a whole number" if kind is int else "a number"
-        raise InputError(f"request.{key} is {value!r}, not {what}", hint=_GLET_HINT)
-    return kind(value)
-
-
-def _glet_models(request: dict[str, Any]) -> list[Any]:
-    """The request's models as the planner's :class:`GletModel` (variants not resolved)."""
-    from greenctl.planner.glet.solve import GletModel
-
-    models = request.get("models")
-    if not isinstance(models, list) or not models:
-        raise InputError("the glet request has no models", hint=_GLET_HINT)
-    out = []
-    for n, m in enumerate(models):
-        where = f"request.models[{n}]"
-        if not isinstance(m, dict) or not isinstance(m.get("name"), str) or not m["name"]:
-            raise InputError(f"{where} needs a name", hint=_GLET_HINT)
-        rate, slo = finite_number(m.get("rate_rps")), finite_number(m.get("slo_ms"))
-        if rate is None or slo is None:
-            raise InputError(f"{where} needs numbers rate_rps and slo_ms", hint=_GLET_HINT)
-        variant = m.get("variant")
-        if variant is not None and not isinstance(variant, str):
-            raise InputError(f"{where}.variant must be a variant name", hint=_GLET_HINT)
-        out.append(GletModel(m["name"], rate, slo, variant or None))
-    return out
+if TYPE_CHECKING:  # the glet planner imports numpy: loaded where a plan is made
+    from greenctl.planner.glet.model import GletProblem
 
 
 def _glet_interference(store: Any, want: Any) -> tuple[Any, dict[Any, Any], list[str]]:
@@ -68,7 +37,6 @@ def _glet_interference(store: Any, want: Any) -> tuple[Any, dict[Any, Any], list
     absent or ``"newest"`` the store's newest (none: planned without, with a note), an id
     that stored model, a plan's record of one (``id`` and ``coefficients``) that model, None
     or False none."""
-    from greenctl.data.gpulet_import import get_interference_model, load_utilisation
     from greenctl.planner.core.interference import InterferenceModel
 
     if want is None or want is False:
@@ -77,12 +45,7 @@ def _glet_interference(store: Any, want: Any) -> tuple[Any, dict[Any, Any], list
         return InterferenceModel.from_dict(want), load_utilisation(store), []
     if isinstance(want, dict):
         want = want.get("id")
-    model_id = None if want in ("newest", True, None) else want
-    if model_id is not None and (isinstance(model_id, bool) or not isinstance(model_id, int)):
-        raise InputError(
-            f"request.interference is {model_id!r}, not an interference model id",
-            hint='an id from `greenctl interference fit`, "newest" or null',
-        )
+    model_id = None if want in ("newest", True, None) else want  # checked by GletRequest
     try:
         imodel = InterferenceModel.from_dict(get_interference_model(store, model_id))
         return imodel, load_utilisation(store), []
@@ -97,110 +60,88 @@ def _glet_interference(store: Any, want: Any) -> tuple[Any, dict[Any, Any], list
 
 
 def _glet_plan(store: Any, request: dict[str, Any], *, current: Plan | None = None) -> Planned:
-    """Plan ``request`` (a glet plan's ``request``, or what ``plan glet`` parsed): models
-    with rate and SLO, ``partitions``, ``max_gpus`` (8), ``rate_percentile`` (99),
-    ``algorithm`` (glet), ``interference`` (see :func:`_glet_interference`), ``hardware``,
-    ``simulate_s`` (0) and ``seed`` (0) of the schedule's check, ``spec`` (recorded),
-    ``rate_headroom`` (0; what a replan packs with: ``replan_headroom``, default
-    :data:`GLET_REPLAN_HEADROOM`) and ``gpu_memory_mb`` (see :func:`_glet_memory`: the
-    executors on one GPU must fit its memory). With ``current`` (a running glet plan) the new
-    GPUs are numbered after the running ones, so the glets that stay keep running where they
-    are; a replan whose headroom finds no room within ``max_gpus`` is planned at the rates."""
-    from dataclasses import replace
+    """Plan ``request`` (a :class:`GletRequest` document: a glet plan's ``request``, or what
+    ``plan glet`` parsed). With ``current`` (a running glet plan) the new GPUs are numbered
+    after the running ones, so the glets that stay keep running where they are; a replan
+    whose headroom (``rate_headroom``) finds no room within ``max_gpus`` is planned at the
+    rates. What the next replan packs with (``replan_headroom``, default
+    :data:`GLET_REPLAN_HEADROOM`) is kept from plan to plan."""
+    from greenctl.planner.glet.solve import plan_glet
 
-    from greenctl.data.errors import InfeasiblePlan
-    from greenctl.data.glet_spec import parse_partitions
-    from greenctl.data.gpulet_import import load_latency_table, resolve_variant
-    from greenctl.planner.glet.solve import DEFAULT_PARTITIONS, GletModel, GletProblem, plan_glet
-
-    models = _glet_models(request)
-    parts = request.get("partitions")
-    if parts is not None and not isinstance(parts, list):
-        raise InputError("request.partitions must be a list", hint=_GLET_HINT)
-    partitions = (
-        list(DEFAULT_PARTITIONS)
-        if parts is None
-        else parse_partitions(parts, where="request.partitions")
-    )
-    hardware, algorithm = request.get("hardware"), request.get("algorithm") or "glet"
-    if not isinstance(hardware, str | None) or not isinstance(algorithm, str):
-        raise InputError("request.hardware and request.algorithm must be names", hint=_GLET_HINT)
-    max_gpus = _option(request, "max_gpus", 8, int)
-    percentile = _option(request, "rate_percentile", 99.0, float)
-    headroom = _option(request, "rate_headroom", 0.0, float)
-    replan_headroom = _option(request, "replan_headroom", None, float)
-    if replan_headroom is not None and not (
-        math.isfinite(replan_headroom) and 0 <= replan_headroom <= 10
-    ):
-        raise InputError(
-            f"request.replan_headroom is {replan_headroom}, not in [0, 10]", hint=_GLET_HINT
-        )
-    simulate_s, seed = _option(request, "simulate_s", 0.0, float), _option(request, "seed", 0, int)
-    resolved = []
-    for m in models:
-        variant = resolve_variant(store, m.variant_name)
-        # the family its deployments serve (a plan document's `model`, as apply checks)
-        family = store.get_variant(variant).family
-        resolved.append(GletModel(m.name, m.rate_rps, m.slo_ms, variant, family))
-    latency = load_latency_table(
-        store, sorted({m.variant_name for m in resolved}), hardware=hardware
-    )
-    imodel, utilisation, notes = _glet_interference(store, request.get("interference", "newest"))
-    memory, weights, gpu_memory, memory_note = _glet_memory(
-        store, sorted({m.variant_name for m in resolved}), request, hardware=hardware
-    )
-    if memory_note:
-        notes.append(memory_note)
-    problem = GletProblem(
-        models=resolved,
-        latency_ms=latency,
-        partitions=partitions,
-        max_gpus=max_gpus,
-        rate_percentile=percentile,
-        interference=imodel,
-        utilisation=utilisation,
-        rate_headroom=headroom,
-        memory_mb=memory,
-        weights_mb=weights,
-        gpu_memory_mb=gpu_memory,
-    )
+    typed = GletRequest.from_dict(request)
+    problem, notes = _glet_problem(store, typed)
     running = current.extra.get("gpus") if current is not None else None
 
     def solve(p: GletProblem) -> Plan:
         return plan_glet(
             p,
-            algorithm=algorithm,
-            request={"spec": request.get("spec"), "hardware": hardware},
-            simulate_s=simulate_s,
-            seed=seed,
+            algorithm=typed.algorithm,
+            request={"spec": typed.spec, "hardware": typed.hardware},
+            simulate_s=typed.simulate_s,
+            seed=typed.seed,
             current_gpus=running if current is not None and current.kind == "glet" else None,
         )
 
     try:
         plan = solve(problem)
     except InfeasiblePlan:
-        if headroom <= 0 or current is None:
+        if typed.rate_headroom <= 0 or current is None:
             raise
         # no room for the headroom within max_gpus: a replan still serves the load itself
         plan = solve(replace(problem, rate_headroom=0.0))
         notes.append(
-            f"the rates + {headroom * 100:g} % headroom need more than {max_gpus} GPUs: "
-            "planned at the rates themselves"
+            f"the rates + {typed.rate_headroom * 100:g} % headroom need more than "
+            f"{typed.max_gpus} GPUs: planned at the rates themselves"
         )
-    plan.request["simulate_s"], plan.request["seed"] = simulate_s, seed  # the check, again
-    if replan_headroom is not None:  # what the next replan packs with (kept from plan to plan)
-        plan.request["replan_headroom"] = replan_headroom
+    plan.request["simulate_s"], plan.request["seed"] = typed.simulate_s, typed.seed
+    if typed.replan_headroom is not None:  # what the next replan packs with
+        plan.request["replan_headroom"] = typed.replan_headroom
     if notes:
         plan.extra.setdefault("notes", []).extend(notes)
     return plan, problem
 
 
+def _glet_problem(store: Any, typed: GletRequest) -> tuple[GletProblem, list[str]]:
+    """The planner's problem of a request: its models' variants, families, latencies,
+    interference and memory from the store, and the notes of what the store lacks."""
+    from greenctl.planner.glet.model import DEFAULT_PARTITIONS, GletModel, GletProblem
+
+    resolved = []
+    for m in typed.models:
+        variant = resolve_variant(store, m.variant or m.name)
+        # the family its deployments serve (a plan document's `model`, as apply checks)
+        family = store.get_variant(variant).family
+        resolved.append(GletModel(m.name, m.rate_rps, m.slo_ms, variant, family))
+    names = sorted({m.variant_name for m in resolved})
+    latency = load_latency_table(store, names, hardware=typed.hardware)
+    imodel, utilisation, notes = _glet_interference(store, typed.interference)
+    memory, weights, gpu_memory, memory_note = _glet_memory(
+        store, names, typed.gpu_memory_mb, hardware=typed.hardware
+    )
+    if memory_note:
+        notes.append(memory_note)
+    problem = GletProblem(
+        models=resolved,
+        latency_ms=latency,
+        partitions=list(DEFAULT_PARTITIONS if typed.partitions is None else typed.partitions),
+        max_gpus=typed.max_gpus,
+        rate_percentile=typed.rate_percentile,
+        interference=imodel,
+        utilisation=utilisation,
+        rate_headroom=typed.rate_headroom,
+        memory_mb=memory,
+        weights_mb=weights,
+        gpu_memory_mb=gpu_memory,
+    )
+    return problem, notes
+
+
 def _glet_memory(
-    store: Any, variants: list[str], request: dict[str, Any], *, hardware: str | None
+    store: Any, variants: list[str], given: float | None, *, hardware: str | None
 ) -> tuple[dict[str, dict[str, dict[int, float]]], dict[str, float], float | None, str | None]:
     """What a glet schedule's memory check needs: each variant's profiled peak GPU memory
     ``{variant: {resource: {batch: MiB}}}`` and weights (``Variant.memory_mb``), and the
-    GPU's memory: ``request.gpu_memory_mb``, else the smallest GPU the profiles were
+    GPU's memory: ``given`` (``request.gpu_memory_mb``), else the smallest GPU the profiles were
     measured on that the store knows (``hardware`` rows of a whole GPU or an MPS share),
     else None (not checked, with a note when any memory figure is known)."""
     table: dict[str, dict[str, dict[int, float]]] = {}
@@ -216,12 +157,8 @@ def _glet_memory(
         mb = store.get_variant(v).memory_mb
         if mb:
             weights[v] = float(mb)
-    given = _option(request, "gpu_memory_mb", None, float)
     if given is not None:
-        if not (math.isfinite(given) and given > 0):
-            raise InputError(f"request.gpu_memory_mb is {given}, not a positive number of MiB")
         return table, weights, given, None
-    from greenctl.data.resources import PIN_MIG_INSTANCE, RESOURCE_KINDS
 
     def whole_gpu(kind: str) -> bool:  # a GPU or an MPS share of it, not a MIG slice
         spec = RESOURCE_KINDS.get(kind)
@@ -246,8 +183,6 @@ def _glet_memory(
 def _glet_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
     """The GPUs the running layout takes to serve ``problem``'s rates themselves (not the
     headroom a replan packs new layouts with); None when it cannot serve them."""
-    from dataclasses import replace
-
     from greenctl.planner.glet.solve import layout_gpus
 
     load = replace(problem, rate_headroom=0.0)
@@ -331,7 +266,7 @@ def _glet_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
     (``request.replan_headroom``, default :data:`GLET_REPLAN_HEADROOM`). A glet plan
     minimises GPUs: the carbon signal is recorded on the new plan, not planned with."""
     request = base_request(running)
-    request["rate_headroom"] = _option(request, "replan_headroom", GLET_REPLAN_HEADROOM, float)
+    request["rate_headroom"] = option(request, "replan_headroom", GLET_REPLAN_HEADROOM, float)
     models = request.get("models")
     if not isinstance(models, list):
         return ReplanRequest(request)  # the planner names what is wrong
@@ -380,4 +315,5 @@ KIND = PlanKind(
     time_shared=True,
     carbon_signal=False,
     triggers=_glet_triggers,
+    request_type=GletRequest,
 )
