@@ -200,22 +200,3 @@ def _render_records(
             console.print(Text.assemble((f"{col:>{label}}", "bold"), f"  {value}"))
     if caption:
         console.print(Text(caption, style="table.caption"))
-
-
-def parse_int_list(text: str, *, option: str) -> list[int]:
-    """Parse ``1,2,4`` into ints >= 1, or fail naming the option."""
-    from greenctl.data.errors import InputError
-
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if not part.isdigit() or int(part) < 1:
-            raise InputError(
-                f"{option}: '{part}' is not a whole number >= 1", hint=f"for example {option} 1,2,4"
-            )
-        out.append(int(part))
-    if not out:
-        raise InputError(f"{option} needs at least one value", hint=f"for example {option} 1,2,4")
-    return out

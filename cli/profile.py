@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
 from typing import Annotated, Any
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, store_for
+from greenctl.cli.common import err_console, print_json, render_table, store_for
+from greenctl.cli.options import DbOpt, JsonOpt, ModelFilterOpt, VariantFilterOpt
+from greenctl.data.emulation import compare_emulated
+from greenctl.data.errors import InputError
 from greenctl.data.records import MPS_EMULATED, estimate_caption, is_estimate
+from greenctl.profiler.energy import model_caption
+from greenctl.profiler.options import UserModelSpec, parse_profile_options
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 profile_app = typer.Typer(
     help="Measure variants on this machine's CPUs/GPUs/MIG/MPS (no command: measure, by "
@@ -16,81 +24,93 @@ profile_app = typer.Typer(
 )
 
 
+MeasureVariantOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--variant", help="Variant(s) to measure (repeat or comma-separate), e.g. resnet18."
+    ),
+]
+FamilyOpt = Annotated[
+    str | None,
+    typer.Option("--model", help="Measure a whole family (resnet, tiny, or a stored one)."),
+]
+CpusOpt = Annotated[
+    str,
+    typer.Option(
+        "--cpus",
+        help="CPU core counts, each a cpu:N resource; 'none' for no CPU points (with --gpus).",
+    ),
+]
+GpusOpt = Annotated[
+    bool, typer.Option("--gpus", help="Also every GPU, MIG instance and MPS share (NVML).")
+]
+BatchOpt = Annotated[str, typer.Option("--batch", help="Batch sizes.")]
+DurationOpt = Annotated[
+    float | None,
+    typer.Option("--duration", help="Seconds to measure each point (default 1).", min=0.0),
+]
+RequestsOpt = Annotated[
+    int | None, typer.Option("--requests", help="Requests to measure each point instead.")
+]
+WarmupOpt = Annotated[
+    int, typer.Option("--warmup", help="Un-timed warm-up batches per point.", min=0)
+]
+MpsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--mps",
+        help="MPS active-thread percentages (default 25,50,100 when an MPS daemon runs "
+        "already; on the daemon --emulate-mig starts, only those given).",
+    ),
+]
+EmulateMigOpt = Annotated[
+    bool,
+    typer.Option(
+        "--emulate-mig",
+        help="With --gpus: also emulate every MIG slice of each whole GPU as an MPS "
+        "share (1g of 7 = 14 %), stored as mig:PROFILE labelled mps-emulated; starts "
+        "an MPS control daemon for the run unless one runs.",
+    ),
+]
+ModelPathOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model-path",
+        help="Your model: module:callable returning an nn.Module, or a TorchScript file.",
+    ),
+]
+InputShapeOpt = Annotated[
+    str | None,
+    typer.Option("--input-shape", help="Input of one request for --model-path, e.g. 3,224,224."),
+]
+AccuracyOpt = Annotated[
+    float | None, typer.Option("--accuracy", help="Accuracy of --model-path (0..1).")
+]
+NameOpt = Annotated[str | None, typer.Option("--name", help="Variant name for --model-path.")]
+WeightsOpt = Annotated[
+    str | None,
+    typer.Option("--weights", help="State dict for a module:callable model (weights only)."),
+]
+
+
 @profile_app.callback(invoke_without_command=True)
 def profile_measure(
     ctx: typer.Context,
-    variant: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--variant",
-            help="Variant(s) to measure (repeat or comma-separate), e.g. resnet18.",
-        ),
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option("--model", help="Measure a whole family (resnet, tiny, or a stored one)."),
-    ] = None,
-    cpus: Annotated[
-        str,
-        typer.Option(
-            "--cpus",
-            help="CPU core counts, each a cpu:N resource; 'none' for no CPU points (with --gpus).",
-        ),
-    ] = "1",
-    gpus: Annotated[
-        bool, typer.Option("--gpus", help="Also every GPU, MIG instance and MPS share (NVML).")
-    ] = False,
-    batch: Annotated[str, typer.Option("--batch", help="Batch sizes.")] = "1,2,4,8",
-    duration: Annotated[
-        float | None,
-        typer.Option("--duration", help="Seconds to measure each point (default 1).", min=0.0),
-    ] = None,
-    requests: Annotated[
-        int | None, typer.Option("--requests", help="Requests to measure each point instead.")
-    ] = None,
-    warmup: Annotated[
-        int, typer.Option("--warmup", help="Un-timed warm-up batches per point.", min=0)
-    ] = 3,
-    mps: Annotated[
-        str | None,
-        typer.Option(
-            "--mps",
-            help="MPS active-thread percentages (default 25,50,100 when an MPS daemon runs "
-            "already; on the daemon --emulate-mig starts, only those given).",
-        ),
-    ] = None,
-    emulate_mig: Annotated[
-        bool,
-        typer.Option(
-            "--emulate-mig",
-            help="With --gpus: also emulate every MIG slice of each whole GPU as an MPS "
-            "share (1g of 7 = 14 %), stored as mig:PROFILE labelled mps-emulated; starts "
-            "an MPS control daemon for the run unless one runs.",
-        ),
-    ] = False,
-    model_path: Annotated[
-        str | None,
-        typer.Option(
-            "--model-path",
-            help="Your model: module:callable returning an nn.Module, or a TorchScript file.",
-        ),
-    ] = None,
-    input_shape: Annotated[
-        str | None,
-        typer.Option(
-            "--input-shape", help="Input of one request for --model-path, e.g. 3,224,224."
-        ),
-    ] = None,
-    accuracy: Annotated[
-        float | None, typer.Option("--accuracy", help="Accuracy of --model-path (0..1).")
-    ] = None,
-    name: Annotated[
-        str | None, typer.Option("--name", help="Variant name for --model-path.")
-    ] = None,
-    weights: Annotated[
-        str | None,
-        typer.Option("--weights", help="State dict for a module:callable model (weights only)."),
-    ] = None,
+    variant: MeasureVariantOpt = None,
+    model: FamilyOpt = None,
+    cpus: CpusOpt = "1",
+    gpus: GpusOpt = False,
+    batch: BatchOpt = "1,2,4,8",
+    duration: DurationOpt = None,
+    requests: RequestsOpt = None,
+    warmup: WarmupOpt = 3,
+    mps: MpsOpt = None,
+    emulate_mig: EmulateMigOpt = False,
+    model_path: ModelPathOpt = None,
+    input_shape: InputShapeOpt = None,
+    accuracy: AccuracyOpt = None,
+    name: NameOpt = None,
+    weights: WeightsOpt = None,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -98,92 +118,18 @@ def profile_measure(
     if ctx.invoked_subcommand is not None:
         _hand_down(ctx, ctx.invoked_subcommand)
         return
-    from greenctl.cli.common import err_console, parse_int_list
-    from greenctl.data.errors import InputError
+    from greenctl.profiler.harness import profile  # numpy: not for `--help`
 
-    names = [n.strip() for v in variant or [] for n in v.split(",") if n.strip()]
-    if duration is not None and requests is not None:
-        raise InputError("give either --duration or --requests, not both")
-    if requests is not None and requests < 1:
-        raise InputError(f"--requests {requests}: must be >= 1", hint="for example --requests 50")
-    if duration is not None and duration <= 0:
-        raise InputError(f"--duration {duration}: must be > 0 seconds", hint="e.g. --duration 2")
-    for flag, value in (
-        ("--input-shape", input_shape),
-        ("--accuracy", accuracy),
-        ("--name", name),
-        ("--weights", weights),
-    ):
-        if value is not None and model_path is None:
-            raise InputError(f"{flag} only applies to --model-path", hint="add --model-path")
-    if emulate_mig and not gpus:
-        raise InputError(
-            "--emulate-mig needs --gpus",
-            hint="add --gpus: MIG slices are emulated on this machine's whole GPUs",
-        )
-    no_cpus = cpus.strip().lower() == "none"
-    if no_cpus and not gpus:
-        raise InputError(
-            "--cpus none leaves nothing to measure without --gpus",
-            hint="add --gpus, or give core counts such as --cpus 1,2",
-        )
-    cpu_list = [] if no_cpus else parse_int_list(cpus, option="--cpus")
-    batches = parse_int_list(batch, option="--batch")
-    mps_list = parse_int_list(mps, option="--mps") if mps is not None else None
-    if mps_list and any(p > 100 for p in mps_list):
-        raise InputError("--mps: percentages must be between 1 and 100", hint="e.g. --mps 25,50")
-
-    from greenctl.profiler.harness import DEFAULT_DURATION_S, profile
-    from greenctl.profiler.models import user_variant
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    user = None
-    family = model
-    if model_path is not None:
-        user = user_variant(
-            model_path,
-            input_shape=input_shape,
-            accuracy=accuracy,
-            name=name,
-            family=model,
-            weights=weights,
-        )
-        family = None
-    with (
-        store_for(db) as store,
-        Progress(
-            TextColumn("{task.description}", style="progress.description", markup=False),
-            BarColumn(),
-            TextColumn("{task.percentage:>3.0f}%"),
-            TimeElapsedColumn(),
-            console=err_console,
-            transient=True,
-        ) as bar,
-    ):
-        task = bar.add_task("profiling", total=1.0)
-
-        def progress(message: str, fraction: float) -> None:
-            bar.update(task, completed=fraction, description=message)
-
-        result = profile(
-            store,
-            variants=names,
-            family=family,
-            user=user,
-            cpus=cpu_list,
-            gpus=gpus,
-            batches=batches,
-            duration_s=None if requests is not None else (duration or DEFAULT_DURATION_S),
-            requests=requests,
-            warmup=warmup,
-            mps=mps_list,
-            emulate_mig=emulate_mig,
-            progress=progress,
-        )
+    user = UserModelSpec(model_path, input_shape, accuracy, name, weights)
+    options = parse_profile_options(
+        variants=variant or [], model=model, cpus=cpus, gpus=gpus, batch=batch,
+        duration=duration, requests=requests, warmup=warmup, mps=mps,
+        emulate_mig=emulate_mig, user=user,
+    )  # fmt: skip
+    with store_for(db) as store, _progress_bar() as progress:
+        result = profile(store, options, progress=progress)
     profiles = [p for p, _hw in result.profiles]
     if json_out:
-        from dataclasses import asdict
-
         print_json(
             {
                 "variants": [asdict(v) for v in result.variants],
@@ -200,6 +146,26 @@ def profile_measure(
         err_console.print(note, markup=False, highlight=False)
 
 
+@contextmanager
+def _progress_bar() -> Iterator[Callable[[str, float], None]]:
+    """A transient progress bar on stderr, as the ``progress(message, fraction)`` callback
+    the profiler reports to."""
+    with Progress(
+        TextColumn("{task.description}", style="progress.description", markup=False),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("profiling", total=1.0)
+
+        def progress(message: str, fraction: float) -> None:
+            bar.update(task, completed=fraction, description=message)
+
+        yield progress
+
+
 # Options of `profile` that also mean something to a subcommand that has an option of the same
 # name: `profile --json list` is `profile list --json`, `profile --model resnet export` filters.
 _HANDED_DOWN = ("db", "json_out", "model", "variant")
@@ -212,7 +178,6 @@ def _hand_down(ctx: typer.Context, name: str) -> None:
     (its own flag, given after it, still wins); the options that only measure, and any
     option the subcommand lacks, are an error (exit 2) rather than silently ignored.
     """
-    from greenctl.data.errors import InputError
 
     sub = ctx.command.get_command(ctx, name)  # type: ignore[attr-defined]
     own = {p.name: p for p in sub.params if p.param_type_name == "option"} if sub else {}
@@ -247,8 +212,8 @@ def _hand_down(ctx: typer.Context, name: str) -> None:
 
 @profile_app.command("list")
 def profile_list(
-    model: Annotated[str | None, typer.Option("--model", help="Only this model family.")] = None,
-    variant: Annotated[str | None, typer.Option("--variant", help="Only this variant.")] = None,
+    model: ModelFilterOpt = None,
+    variant: VariantFilterOpt = None,
     resource: Annotated[
         str | None, typer.Option("--resource", help="Only this resource label.")
     ] = None,
@@ -283,8 +248,6 @@ def profile_list(
     if history is not None:
         used = {p.id for p in profiles}
         if json_out:
-            from dataclasses import asdict
-
             print_json([{**asdict(p), "used": p.id in used} for p in history])
             return
         render_profiles(
@@ -294,15 +257,12 @@ def profile_list(
         )
         return
     if json_out:
-        from dataclasses import asdict
-
         print_json([asdict(p) for p in profiles])
         return
     render_profiles(profiles, "Profiles (the row of each point the planners use)")
 
 
 def _modeled_caption() -> str:
-    from greenctl.profiler.energy import model_caption
 
     return model_caption()
 
@@ -428,8 +388,8 @@ def profile_show(
 
 @profile_app.command("compare-emulated")
 def profile_compare_emulated(
-    model: Annotated[str | None, typer.Option("--model", help="Only this model family.")] = None,
-    variant: Annotated[str | None, typer.Option("--variant", help="Only this variant.")] = None,
+    model: ModelFilterOpt = None,
+    variant: VariantFilterOpt = None,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -439,8 +399,6 @@ def profile_compare_emulated(
     (gpu:MODEL), the measured MPS share at the nearest percentage (mps:PCT) and a measured
     MIG instance of the same profile: p50, throughput and energy ratios, emulated / measured.
     """
-    from greenctl.cli.common import err_console
-    from greenctl.data.emulation import compare_emulated
 
     with store_for(db, create=False) as store:
         if model is not None:

@@ -35,14 +35,26 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from greenctl.data.errors import HardwareError, InputError, NotFoundError
-from greenctl.data.records import MPS_EMULATED, Hardware, Profile, Variant
+from greenctl.data.records import Hardware, Profile, Variant
+from greenctl.profiler import models
+from greenctl.profiler.device import get_backend
 from greenctl.profiler.energy import EnergyMeter, EnergyReading, NvmlEnergyMeter, cpu_meter
+from greenctl.profiler.hw import discover, usable_cores
+from greenctl.profiler.models import (
+    builtin_families,
+    builtin_variant,
+    builtin_variants,
+    one_line_error,
+)
+from greenctl.profiler.mps import control_binary
+from greenctl.profiler.options import DEFAULT_DURATION_S, DEFAULT_WARMUP, ProfileOptions
+from greenctl.profiler.run_plan import RunItem, group_items, plan_runs
 from greenctl.profiler.runner import (
     GPU_REWARM_S,
     GPU_WARMUP_S,
@@ -59,12 +71,9 @@ if TYPE_CHECKING:
 Progress = Callable[[str, float], None]
 
 MIN_BATCHES = 3
-DEFAULT_WARMUP = 3
-DEFAULT_DURATION_S = 1.0
 #: Requests measured one at a time after an idle gap (the open-loop, low-load case).
 DEFAULT_ISOLATED = 20
 ISOLATED_GAP_S = 0.02
-DEFAULT_MPS = (25, 50, 100)
 CHILD_TIMEOUT_S = 3600
 #: CUDA devices this process has measured on (see ``measure``: the first point warms longer)
 _WARM_DEVICES: set[str] = set()
@@ -92,7 +101,6 @@ def cpu_slice(cores: int) -> Iterator[list[int]]:
         InputError: more cores were asked for than this process may use.
     """
     import torch
-    from greenctl.profiler.hw import usable_cores
 
     avail = usable_cores()
     if cores > len(avail):
@@ -311,8 +319,6 @@ def check_first_run(loaded: Any) -> None:
     try:
         loaded.run(loaded.example(1))
     except Exception as exc:  # the user's model may raise anything
-        from greenctl.profiler.models import one_line_error
-
         reason = one_line_error(exc)
         if "OutOfMemoryError" in type(exc).__name__:
             raise HardwareError(
@@ -360,344 +366,6 @@ def _isolated(loaded: Any, x: Any, count: int, *, budget_s: float) -> list[float
     return out
 
 
-# -- planning ---------------------------------------------------------------------------------
-@dataclass
-class RunItem:
-    """One (resource, variant) unit of work: all batch sizes of a variant on one resource."""
-
-    resource: str
-    variant: Variant
-    hardware: Hardware
-    batches: list[int]
-    device: str = "cpu"
-    cores: int | None = None  # cpu:N
-    env: dict[str, str] | None = None  # set: run in a child process with this environment
-    meter: dict[str, Any] = field(default_factory=dict)  # {"kind": "cpu"|"nvml", ...}
-    #: ``Profile.source`` of its rows (``mps-emulated``: a MIG slice measured as an MPS share)
-    source: str = "measured"
-    #: more resource labels its measurements are also stored under (one MPS share emulates
-    #: every MIG profile of its compute size: ``mig:1g.10gb`` and ``mig:1g.20gb``)
-    also: list[str] = field(default_factory=list)
-    #: a client of the run's MPS session (:func:`greenctl.profiler.mps.mps_session`): runs
-    #: while that daemon does, its pipe directory added to ``env`` then
-    mps_client: bool = False
-
-    @property
-    def in_child(self) -> bool:
-        return self.env is not None
-
-    @property
-    def title(self) -> str:
-        """What progress lines call it: ``resnet50 on mig:1g.10gb (MPS 14 %)``."""
-        pct = (self.env or {}).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-        emulated = f" (MPS {pct} %)" if self.source == MPS_EMULATED and pct else ""
-        return f"{self.variant.name} on {self.resource}{emulated}"
-
-    def to_spec(self, *, duration_s: float | None, requests: int | None, warmup: int) -> dict:
-        """The JSON document a child process takes on stdin."""
-        return {
-            "variant": asdict(self.variant),
-            "resource": self.resource,
-            "device": self.device,
-            "cores": self.cores,
-            "batches": self.batches,
-            "duration_s": duration_s,
-            "requests": requests,
-            "warmup": warmup,
-            "meter": self.meter,
-        }
-
-
-def plan_runs(
-    inventory: Inventory,
-    variants: Sequence[Variant],
-    *,
-    cpus: Sequence[int] = (1,),
-    gpus: bool = False,
-    batches: Sequence[int] = (1,),
-    mps: Sequence[int] | None = None,
-    emulate_mig: bool = False,
-) -> list[RunItem]:
-    """Turn hardware and choices into run items (see the module docstring).
-
-    Args:
-        inventory: what :func:`greenctl.profiler.hw.discover` found.
-        variants: the variants to measure.
-        cpus: core counts, one ``cpu:N`` item per variant each.
-        gpus: also every whole GPU, MIG instance and (when a daemon runs) MPS share.
-        batches: the batch sizes every item measures (all in one child per item).
-        mps: MPS active-thread percentages; None: :data:`DEFAULT_MPS` when an MPS daemon
-            runs, and none on the daemon ``emulate_mig`` starts.
-        emulate_mig: also every MIG slice of each whole GPU (MIG mode off) whose model the
-            MIG geometry knows, as an MPS share (:func:`_emulated_items`); these items come
-            first, so that a failure of MPS shows within the first minute of a run.
-
-    Raises:
-        InputError: a ``cpu:N`` needs more cores than this process may use, ``gpus`` was
-            asked for and there is no NVIDIA GPU, ``emulate_mig`` without ``gpus``, or no GPU
-            whose slices can be emulated.
-    """
-    if emulate_mig and not gpus:
-        raise InputError(
-            "--emulate-mig needs --gpus",
-            hint="add --gpus: MIG slices are emulated on this machine's whole GPUs",
-        )
-    avail = len(inventory.cpu_info.usable_cores)
-    for n in cpus:
-        if n > avail:
-            raise InputError(
-                f"--cpus {n}: this process may use {avail} core(s)",
-                hint=f"use --cpus values between 1 and {avail}",
-            )
-    if gpus and not inventory.gpus:
-        raise InputError(
-            "--gpus: no NVIDIA GPU found on this machine" + _notes(inventory),
-            hint="drop --gpus to profile CPUs only",
-        )
-    items: list[RunItem] = []
-    total_cores = inventory.cpu_info.logical_cores or avail
-    for v in variants:
-        for n in cpus:
-            items.append(
-                RunItem(
-                    resource=f"cpu:{n}",
-                    variant=v,
-                    hardware=inventory.cpu,
-                    batches=list(batches),
-                    device="cpu",
-                    cores=n,
-                    meter={
-                        "kind": "cpu",
-                        "cores": n,
-                        "total_cores": total_cores,
-                        "rapl": inventory.cpu_info.rapl_files,
-                    },
-                )
-            )
-    if gpus:
-        shares = list(DEFAULT_MPS if mps is None else mps)
-        emulated: list[RunItem] = []
-        if emulate_mig:
-            # every MPS share runs in the emulation's MPS session: the defaults when a daemon
-            # runs already (as without --emulate-mig), only those given on greenctl's own
-            session_shares = shares if inventory.mps_pipe else list(mps or ())
-            emulated = _emulated_items(inventory, variants, list(batches), session_shares)
-            shares = []
-        items = emulated + items + _gpu_items(inventory, variants, list(batches), shares)
-    return items
-
-
-def _notes(inv: Inventory) -> str:
-    return f" ({'; '.join(inv.notes)})" if inv.notes else ""
-
-
-def _gpu_items(
-    inv: Inventory, variants: Sequence[Variant], batches: list[int], mps: list[int]
-) -> list[RunItem]:
-    from greenctl.profiler.device import GpuInfo
-
-    items: list[RunItem] = []
-    seen: set[tuple[str, str]] = set()
-    mig_gpus = set(inv.mig_enabled) | {m.device_index for m in inv.mig}
-    for index in sorted(inv.mig_enabled - {m.device_index for m in inv.mig}):
-        inv.notes.append(
-            f"GPU {index} is in MIG mode without usable instances: nothing to profile there "
-            "(create instances, e.g. with `greenctl apply`, or disable MIG)"
-        )
-    base_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    for gpu in inv.gpus:
-        if gpu.device_index in mig_gpus:
-            continue  # in MIG mode CUDA sees only the instances
-        label = GpuInfo(0, "", gpu.model_name, 0.0, None).label
-        key = (f"gpu:{label}", gpu.model_name)
-        if key in seen:
-            continue
-        seen.add(key)
-        env = {**base_env, "CUDA_VISIBLE_DEVICES": str(gpu.uuid)}
-        for v in variants:
-            items.append(
-                RunItem(
-                    resource=f"gpu:{label}",
-                    variant=v,
-                    hardware=gpu,
-                    batches=batches,
-                    device="cuda:0",
-                    env=env,
-                    meter={"kind": "nvml", "gpu_index": gpu.device_index, "share": 1.0},
-                )
-            )
-        if inv.mps_pipe:
-            for pct in mps:
-                share = Hardware(
-                    host=gpu.host,
-                    kind="mps",
-                    model_name=gpu.model_name,
-                    device_index=gpu.device_index,
-                    memory_mb=gpu.memory_mb,
-                    compute_share=pct / 100.0,
-                    uuid=gpu.uuid,
-                    parent_uuid=gpu.uuid,
-                    driver_version=gpu.driver_version,
-                    cuda_version=gpu.cuda_version,
-                )
-                penv = {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct)}
-                pipe_dir = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
-                if pipe_dir:
-                    penv["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
-                for v in variants:
-                    items.append(
-                        RunItem(
-                            resource=f"mps:{pct}",
-                            variant=v,
-                            hardware=share,
-                            batches=batches,
-                            device="cuda:0",
-                            env=penv,
-                            meter={
-                                "kind": "nvml",
-                                "gpu_index": gpu.device_index,
-                                "share": pct / 100.0,
-                            },
-                        )
-                    )
-    for mig in inv.mig:
-        key = (f"mig:{mig.mig_profile}", mig.model_name)
-        if key in seen or not mig.uuid:
-            continue
-        seen.add(key)
-        env = {**base_env, "CUDA_VISIBLE_DEVICES": str(mig.uuid)}
-        for v in variants:
-            items.append(
-                RunItem(
-                    resource=f"mig:{mig.mig_profile}",
-                    variant=v,
-                    hardware=mig,
-                    batches=batches,
-                    device="cuda:0",
-                    env=env,
-                    meter={
-                        "kind": "nvml",
-                        "gpu_index": mig.device_index,
-                        "share": mig.compute_share,
-                    },
-                )
-            )
-    return items
-
-
-def _emulated_items(
-    inv: Inventory, variants: Sequence[Variant], batches: list[int], mps: list[int]
-) -> list[RunItem]:
-    """MIG slices emulated as MPS shares of whole GPUs (MISO's method).
-
-    For each whole GPU (MIG mode off) whose model the MIG geometry knows (the first GPU of
-    each model, as for ``gpu:MODEL``), one child per (compute size, variant) runs with
-    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` =
-    :func:`~greenctl.data.mig_geometry.mps_percentage` (14/29/43/57/100 on a 7-slice GPU);
-    its rows are stored as ``mig:<profile>`` for every profile of that size (``+me`` left
-    out, see :func:`~greenctl.data.mig_geometry.emulated_slices`) with ``source``
-    ``mps-emulated``, the GPU's NVML name as ``hardware`` and energy attributed by the
-    slice's share of compute (``nvml-attributed``). These items, and the percentages in
-    ``mps`` measured as ``mps:PCT`` on every whole GPU, are clients of the run's MPS session
-    (``mps_client``: the daemon that runs, or one the run starts), so that each of them is
-    checked to reach MPS and a dead daemon's pipe gets a private daemon instead.
-    No memory limit is set per client (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``): one share
-    stands for profiles of several memory sizes, and the planner already leaves out a
-    variant that does not fit a profile's memory.
-
-    Raises:
-        InputError: no GPU whose slices can be emulated (a GPU in MIG mode is a note: its
-            real instances are profiled instead).
-    """
-    from greenctl.data.mig_geometry import emulated_slices, find_gpu, known_gpu_names
-
-    items: list[RunItem] = []
-    private = inv.mps_pipe is None
-    base_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    if not private:
-        assert inv.mps_pipe is not None
-        base_env["CUDA_MPS_PIPE_DIRECTORY"] = os.path.dirname(inv.mps_pipe)
-    mig_gpus = set(inv.mig_enabled) | {m.device_index for m in inv.mig}
-    seen: set[str] = set()
-    unknown: list[str] = []
-    for gpu in inv.gpus:
-        if gpu.device_index in mig_gpus:
-            inv.notes.append(
-                f"GPU {gpu.device_index} ({gpu.model_name}) is in MIG mode: its MIG instances "
-                "are profiled instead of emulated slices (greenctl does not change MIG mode)"
-            )
-            continue
-        if gpu.model_name in seen or not gpu.uuid:
-            continue
-        seen.add(gpu.model_name)
-        geo = find_gpu(gpu.model_name)
-        if geo is None:
-            unknown.append(f"GPU {gpu.device_index} ({gpu.model_name})")
-        env = {**base_env, "CUDA_VISIBLE_DEVICES": str(gpu.uuid)}
-
-        def share_hw(fraction: float, gpu: Hardware = gpu) -> Hardware:
-            return Hardware(
-                host=gpu.host,
-                kind="mps",
-                model_name=gpu.model_name,
-                device_index=gpu.device_index,
-                memory_mb=gpu.memory_mb,
-                compute_share=fraction,
-                uuid=gpu.uuid,
-                parent_uuid=gpu.uuid,
-                driver_version=gpu.driver_version,
-                cuda_version=gpu.cuda_version,
-            )
-
-        for sl in emulated_slices(geo) if geo is not None else []:
-            hw = share_hw(sl.share)
-            senv = {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(sl.percentage)}
-            for v in variants:
-                items.append(
-                    RunItem(
-                        resource=f"mig:{sl.profiles[0]}",
-                        variant=v,
-                        hardware=hw,
-                        batches=batches,
-                        device="cuda:0",
-                        env=senv,
-                        meter={"kind": "nvml", "gpu_index": gpu.device_index, "share": sl.share},
-                        source=MPS_EMULATED,
-                        also=[f"mig:{p}" for p in sl.profiles[1:]],
-                        mps_client=True,
-                    )
-                )
-        for pct in mps:
-            hw = share_hw(pct / 100.0)
-            penv = {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct)}
-            for v in variants:
-                items.append(
-                    RunItem(
-                        resource=f"mps:{pct}",
-                        variant=v,
-                        hardware=hw,
-                        batches=batches,
-                        device="cuda:0",
-                        env=penv,
-                        meter={"kind": "nvml", "gpu_index": gpu.device_index, "share": pct / 100},
-                        mps_client=True,
-                    )
-                )
-    if unknown:
-        msg = (
-            f"{'; '.join(unknown)}: greenctl knows no MIG geometry for this model, so it has "
-            f"no slices to emulate (known: {', '.join(known_gpu_names())})"
-        )
-        if not any(i.source == MPS_EMULATED for i in items) and not mig_gpus:
-            raise InputError(
-                f"--emulate-mig: {msg}",
-                hint="drop --emulate-mig to profile the whole GPU, or add the model to "
-                "data/datasets/mig_geometry.json (its NVML name under nvml_names)",
-            )
-        inv.notes.append(msg)
-    return items
-
-
 # -- running ----------------------------------------------------------------------------------
 def make_meter(spec: dict[str, Any]) -> tuple[EnergyMeter | None, Callable[[], None]]:
     """Build the energy meter a run item names; returns (meter, close)."""
@@ -708,8 +376,6 @@ def make_meter(spec: dict[str, Any]) -> tuple[EnergyMeter | None, Callable[[], N
         )
         return meter, lambda: None
     if kind == "nvml":
-        from greenctl.profiler.device import get_backend
-
         backend = get_backend()
         if backend is None:
             raise HardwareError("NVML is not available to read the GPU energy counter")
@@ -725,9 +391,6 @@ def measure_variant(
 ) -> tuple[list[Measurement], float | None, dict[str, Any]]:
     """Measure every batch of one run item *in this process* (used directly for CPUs and by
     the child for GPUs). Returns (measurements, load_time_s, variant facts)."""
-    from contextlib import nullcontext
-
-    from greenctl.profiler.models import load_model
 
     variant = Variant(**spec["variant"])
     cores = spec.get("cores")
@@ -738,7 +401,7 @@ def measure_variant(
     try:
         with slice_ctx:
             base = rss_mb()
-            loaded = load_model(variant, device=spec.get("device") or "cpu")
+            loaded = models.load_model(variant, device=spec.get("device") or "cpu")
             check_first_run(loaded)
             params = sum(int(p.numel()) for p in loaded.module.parameters())
             settle_idle = getattr(meter, "settle_idle", None)
@@ -891,33 +554,6 @@ class ProfileResult:
     notes: list[str] = field(default_factory=list)
 
 
-def group_items(items: Sequence[RunItem]) -> list[list[RunItem]]:
-    """Consecutive child items of one resource, environment, meter and batch sizes, grouped to
-    run in one child process (one interpreter, torch import and CUDA context for all of their
-    variants instead of one each); in-process (CPU) items stay alone."""
-    groups: list[list[RunItem]] = []
-
-    def key(i: RunItem) -> tuple[Any, ...]:
-        return (
-            i.resource,
-            json.dumps(i.env, sort_keys=True),
-            i.device,
-            json.dumps(i.meter, sort_keys=True),
-            tuple(i.batches),
-            i.source,
-            tuple(i.also),
-            i.mps_client,
-            id(i.hardware) if i.hardware is not None else None,
-        )
-
-    for i in items:
-        if i.in_child and groups and groups[-1][0].in_child and key(groups[-1][0]) == key(i):
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
-
-
 def run_items(
     items: Sequence[RunItem],
     *,
@@ -936,7 +572,6 @@ def run_items(
     also when a run fails or is interrupted); after the first of them the session checks that
     it reached MPS. What the session did goes to ``notes``.
     """
-    from contextlib import ExitStack
 
     t0 = time.perf_counter()
     profiles: list[tuple[Profile, Hardware]] = []
@@ -1061,7 +696,6 @@ def resolve_variants(
 
     Built-in names come from the catalog; other names must be loadable variants in the store.
     """
-    from greenctl.profiler.models import builtin_families, builtin_variant, builtin_variants
 
     out: list[Variant] = []
     if user is not None:
@@ -1109,25 +743,17 @@ def resolve_variants(
 
 def profile(
     store: Store,
+    options: ProfileOptions | None = None,
     *,
-    variants: Sequence[str] = (),
-    family: str | None = None,
-    user: Variant | None = None,
-    cpus: Sequence[int] = (1,),
-    gpus: bool = False,
-    batches: Sequence[int] = (1, 2, 4, 8),
-    duration_s: float | None = DEFAULT_DURATION_S,
-    requests: int | None = None,
-    warmup: int = DEFAULT_WARMUP,
-    mps: Sequence[int] | None = None,
-    emulate_mig: bool = False,
     inventory: Inventory | None = None,
     progress: Progress = _noop,
+    **choices: Any,
 ) -> ProfileResult:
     """Discover, plan, measure and store (one transaction at the end; nothing on failure).
 
-    ``mps``: MPS percentages (None: :data:`DEFAULT_MPS` when a daemon runs); ``emulate_mig``:
-    also emulate every MIG slice of each whole GPU as an MPS share (see :func:`plan_runs`),
+    ``options`` says what to measure; without it, the keywords named as its fields
+    (``variants=``, ``cpus=``, ``emulate_mig=``, ...) build one. With ``emulate_mig``, every
+    MIG slice of each whole GPU is also emulated as an MPS share (see :func:`plan_runs`),
     under an MPS daemon that runs already or one started for the run and stopped after it.
 
     Raises:
@@ -1135,40 +761,27 @@ def profile(
             --emulate-mig without --gpus or without ``nvidia-cuda-mps-control``).
         HardwareError: the hardware or a child run failed, or an MPS child did not reach MPS.
     """
-    from greenctl.profiler.hw import discover
-
-    if emulate_mig and not gpus:
-        raise InputError(
-            "--emulate-mig needs --gpus",
-            hint="add --gpus: MIG slices are emulated on this machine's whole GPUs",
-        )
-
-    for b in batches:
-        if int(b) < 1:
-            raise InputError(
-                f"--batch {b}: batch sizes must be >= 1", hint="for example --batch 1,2,4,8"
-            )
-    if requests is not None and requests < 1:
-        raise InputError(f"--requests {requests}: must be >= 1")
-    if requests is None and (duration_s is None or duration_s <= 0):
-        raise InputError(
-            "--duration must be a positive number of seconds", hint="e.g. --duration 2"
-        )
-    chosen = resolve_variants(store, names=variants, family=family, user=user)
-    inv = inventory if inventory is not None else discover(backend=True if gpus else None)
+    opts = options if options is not None else ProfileOptions.of(**choices)
+    opts.check()
+    chosen = resolve_variants(store, names=opts.variants, family=opts.family, user=opts.user)
+    inv = inventory if inventory is not None else discover(backend=True if opts.gpus else None)
     items = plan_runs(
-        inv, chosen, cpus=cpus, gpus=gpus, batches=batches, mps=mps, emulate_mig=emulate_mig
+        inv,
+        chosen,
+        cpus=opts.cpus,
+        gpus=opts.gpus,
+        batches=opts.batches,
+        mps=opts.mps,
+        emulate_mig=opts.emulate_mig,
     )
     if inv.mps_pipe is None and any(i.mps_client for i in items):
-        from greenctl.profiler.mps import control_binary
-
         control_binary()  # missing: an input error now, before anything is measured
     session_notes: list[str] = []
     result = run_items(
         items,
-        duration_s=duration_s,
-        requests=requests,
-        warmup=warmup,
+        duration_s=opts.duration_s,
+        requests=opts.requests,
+        warmup=opts.warmup,
         progress=progress,
         mps_pipe=inv.mps_pipe,
         notes=session_notes,

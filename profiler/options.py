@@ -1,0 +1,202 @@
+"""What to measure: the choices of one profiling run, parsed and checked once.
+
+``greenctl profile`` hands the text of its options to :func:`parse_profile_options`, which
+refuses a bad combination with the flag and a fix (exit 2) before anything is measured,
+and returns the :class:`ProfileOptions` that :func:`greenctl.profiler.harness.profile` runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from greenctl.data.errors import InputError
+from greenctl.data.records import Variant
+from greenctl.profiler.models import user_variant
+
+DEFAULT_WARMUP = 3
+DEFAULT_DURATION_S = 1.0
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """The points of one profiling run: which variants, on which resources, for how long.
+
+    ``mps``: MPS percentages (None: the defaults when a daemon runs); ``emulate_mig``: also
+    emulate every MIG slice of each whole GPU as an MPS share.
+    """
+
+    variants: tuple[str, ...] = ()
+    family: str | None = None
+    user: Variant | None = None
+    cpus: tuple[int, ...] = (1,)
+    gpus: bool = False
+    batches: tuple[int, ...] = (1, 2, 4, 8)
+    duration_s: float | None = DEFAULT_DURATION_S
+    requests: int | None = None
+    warmup: int = DEFAULT_WARMUP
+    mps: tuple[int, ...] | None = None
+    emulate_mig: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        variants: Sequence[str] = (),
+        cpus: Sequence[int] = (1,),
+        batches: Sequence[int] = (1, 2, 4, 8),
+        mps: Sequence[int] | None = None,
+        **rest: Any,
+    ) -> ProfileOptions:
+        """The options from keywords named as the fields, any sequence for the lists."""
+        return cls(
+            variants=tuple(variants),
+            cpus=tuple(cpus),
+            batches=tuple(batches),
+            mps=None if mps is None else tuple(mps),
+            **rest,
+        )
+
+    def check(self) -> None:
+        """Refuse choices no run can carry out (each names its flag and a fix).
+
+        Raises:
+            InputError: --emulate-mig without --gpus, a batch size below 1, --requests below
+                1, or no positive --duration when no --requests is given.
+        """
+        if self.emulate_mig and not self.gpus:
+            raise InputError(
+                "--emulate-mig needs --gpus",
+                hint="add --gpus: MIG slices are emulated on this machine's whole GPUs",
+            )
+        for b in self.batches:
+            if int(b) < 1:
+                raise InputError(
+                    f"--batch {b}: batch sizes must be >= 1", hint="for example --batch 1,2,4,8"
+                )
+        if self.requests is not None and self.requests < 1:
+            raise InputError(f"--requests {self.requests}: must be >= 1")
+        if self.requests is None and (self.duration_s is None or self.duration_s <= 0):
+            raise InputError(
+                "--duration must be a positive number of seconds", hint="e.g. --duration 2"
+            )
+
+
+@dataclass(frozen=True)
+class UserModelSpec:
+    """The user's own model as ``--model-path`` and its companions name it."""
+
+    model_path: str | None = None
+    input_shape: str | None = None
+    accuracy: float | None = None
+    name: str | None = None
+    weights: str | None = None
+
+    def check(self) -> None:
+        """Refuse a companion flag given without ``--model-path``.
+
+        Raises:
+            InputError: e.g. --input-shape without --model-path.
+        """
+        for flag, value in (
+            ("--input-shape", self.input_shape),
+            ("--accuracy", self.accuracy),
+            ("--name", self.name),
+            ("--weights", self.weights),
+        ):
+            if value is not None and self.model_path is None:
+                raise InputError(f"{flag} only applies to --model-path", hint="add --model-path")
+
+
+def parse_int_list(text: str, *, option: str) -> list[int]:
+    """Parse ``1,2,4`` into ints >= 1, or fail naming the option.
+
+    Raises:
+        InputError: a part that is not a whole number >= 1, or no part at all.
+    """
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit() or int(part) < 1:
+            raise InputError(
+                f"{option}: '{part}' is not a whole number >= 1", hint=f"for example {option} 1,2,4"
+            )
+        out.append(int(part))
+    if not out:
+        raise InputError(f"{option} needs at least one value", hint=f"for example {option} 1,2,4")
+    return out
+
+
+def parse_profile_options(
+    *,
+    variants: Sequence[str] = (),
+    model: str | None = None,
+    cpus: str = "1",
+    gpus: bool = False,
+    batch: str = "1,2,4,8",
+    duration: float | None = None,
+    requests: int | None = None,
+    warmup: int = DEFAULT_WARMUP,
+    mps: str | None = None,
+    emulate_mig: bool = False,
+    user: UserModelSpec | None = None,
+) -> ProfileOptions:
+    """The options of ``greenctl profile`` as given on the command line, checked and parsed.
+
+    ``variants`` may repeat and comma-separate names; ``cpus`` is core counts or ``none``;
+    ``user`` builds the user's variant (which then belongs to family ``model``).
+
+    Raises:
+        InputError: a bad combination or value, naming its flag and a fix.
+    """
+    names = tuple(n.strip() for v in variants for n in v.split(",") if n.strip())
+    if duration is not None and requests is not None:
+        raise InputError("give either --duration or --requests, not both")
+    if requests is not None and requests < 1:
+        raise InputError(f"--requests {requests}: must be >= 1", hint="for example --requests 50")
+    if duration is not None and duration <= 0:
+        raise InputError(f"--duration {duration}: must be > 0 seconds", hint="e.g. --duration 2")
+    user = user or UserModelSpec()
+    user.check()
+    if emulate_mig and not gpus:
+        raise InputError(
+            "--emulate-mig needs --gpus",
+            hint="add --gpus: MIG slices are emulated on this machine's whole GPUs",
+        )
+    no_cpus = cpus.strip().lower() == "none"
+    if no_cpus and not gpus:
+        raise InputError(
+            "--cpus none leaves nothing to measure without --gpus",
+            hint="add --gpus, or give core counts such as --cpus 1,2",
+        )
+    cpu_list = () if no_cpus else tuple(parse_int_list(cpus, option="--cpus"))
+    batches = tuple(parse_int_list(batch, option="--batch"))
+    mps_list = tuple(parse_int_list(mps, option="--mps")) if mps is not None else None
+    if mps_list and any(p > 100 for p in mps_list):
+        raise InputError("--mps: percentages must be between 1 and 100", hint="e.g. --mps 25,50")
+    own = None
+    if user.model_path is not None:
+        own = user_variant(
+            user.model_path,
+            input_shape=user.input_shape,
+            accuracy=user.accuracy,
+            name=user.name,
+            family=model,
+            weights=user.weights,
+        )
+    return ProfileOptions(
+        variants=names,
+        family=None if own is not None else model,
+        user=own,
+        cpus=cpu_list,
+        gpus=gpus,
+        batches=batches,
+        duration_s=None if requests is not None else (duration or DEFAULT_DURATION_S),
+        requests=requests,
+        warmup=warmup,
+        mps=mps_list,
+        emulate_mig=emulate_mig,
+    )
