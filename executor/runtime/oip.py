@@ -142,6 +142,99 @@ def _json_tensor(data: Any, dtype_name: str, i: int) -> np.ndarray:
     return arr
 
 
+def _input_spec(
+    item: Any, i: int, max_elements: int | None, limit_hint: str | None
+) -> tuple[str, str, list[int], int]:
+    """An input's name, datatype and shape, checked, and its number of elements.
+
+    Raises:
+        InputError: a field is missing or malformed; :class:`TensorTooLarge` when the
+            shape holds more than ``max_elements``.
+    """
+    if not isinstance(item, dict):
+        raise InputError(f"inputs[{i}] must be an object")
+    name = item.get("name")
+    dtype_name = item.get("datatype")
+    shape = item.get("shape")
+    if not isinstance(name, str):
+        raise InputError(f"inputs[{i}] needs a string 'name'")
+    if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
+        raise InputError(
+            f"inputs[{i}].datatype {shown(dtype_name)} is not supported",
+            hint=f"use one of {', '.join(DTYPES)}",
+        )
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_DIMS
+        or not all(_whole(d) and d >= 0 for d in shape)
+    ):
+        raise InputError(
+            f"inputs[{i}].shape must be a list of at most {MAX_DIMS} whole numbers >= 0"
+        )
+    count = math.prod(shape)
+    if max_elements is not None and count > max_elements:
+        raise TensorTooLarge(
+            f"inputs[{i}]: shape {shape} has {count} elements, over the limit of "
+            f"{max_elements} per request",
+            shape=shape,
+            hint=limit_hint,
+        )
+    return name, dtype_name, shape, count
+
+
+def _input_tensor(
+    item: Any,
+    i: int,
+    blob: memoryview,
+    offset: int,
+    *,
+    max_elements: int | None,
+    limit_hint: str | None,
+) -> tuple[str, np.ndarray, int]:
+    """One input of a request: its name, its array in its shape, and how many bytes of the
+    binary part (from ``offset``) it took.
+
+    Raises:
+        InputError: the input is malformed (see :func:`decode_request`).
+    """
+    name, dtype_name, shape, count = _input_spec(item, i, max_elements, limit_hint)
+    dtype = np.dtype(DTYPES[dtype_name]).newbyteorder("<")
+    size = _object(item.get("parameters"), f"inputs[{i}].parameters").get("binary_data_size")
+    used = 0
+    if size is not None:
+        need = count * dtype.itemsize
+        if not _whole(size) or size != need:
+            raise InputError(
+                f"inputs[{i}].parameters.binary_data_size {shown(size)} does not match shape "
+                f"{shape} of {dtype_name} ({need} bytes)"
+            )
+        if offset + need > len(blob):
+            raise InputError(
+                f"inputs[{i}]: {max(0, len(blob) - offset)} binary bytes left, shape "
+                f"{shape} of {dtype_name} needs {need}"
+            )
+        arr = np.frombuffer(blob[offset : offset + need], dtype=dtype)
+        used = need
+        if not arr.dtype.isnative:  # big-endian hosts only: a native copy
+            arr = arr.astype(dtype.newbyteorder("="))
+        # else a read-only view of the request body: the runner copies it into its batch
+    else:
+        data = item.get("data")
+        if data is None:
+            raise InputError(f"inputs[{i}] has neither 'data' nor binary_data_size")
+        arr = _json_tensor(data, dtype_name, i)
+        if arr.size != count:
+            raise InputError(
+                f"inputs[{i}]: {arr.size} values do not fill shape {shape}",
+                hint="data holds the tensor flattened in row-major order",
+            )
+    try:
+        arr = arr.reshape(shape)
+    except (ValueError, OverflowError) as exc:  # e.g. [0, 2**70]: no elements, no array
+        raise InputError(f"inputs[{i}].shape {shape}: {exc}") from None
+    return name, arr, used
+
+
 def decode_request(
     body: bytes,
     header_length: int | None = None,
@@ -181,68 +274,10 @@ def decode_request(
     tensors: list[tuple[str, np.ndarray]] = []
     offset = 0
     for i, item in enumerate(doc["inputs"]):
-        if not isinstance(item, dict):
-            raise InputError(f"inputs[{i}] must be an object")
-        name = item.get("name")
-        dtype_name = item.get("datatype")
-        shape = item.get("shape")
-        if not isinstance(name, str):
-            raise InputError(f"inputs[{i}] needs a string 'name'")
-        if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
-            raise InputError(
-                f"inputs[{i}].datatype {shown(dtype_name)} is not supported",
-                hint=f"use one of {', '.join(DTYPES)}",
-            )
-        if (
-            not isinstance(shape, list)
-            or len(shape) > MAX_DIMS
-            or not all(_whole(d) and d >= 0 for d in shape)
-        ):
-            raise InputError(
-                f"inputs[{i}].shape must be a list of at most {MAX_DIMS} whole numbers >= 0"
-            )
-        count = math.prod(shape)
-        if max_elements is not None and count > max_elements:
-            raise TensorTooLarge(
-                f"inputs[{i}]: shape {shape} has {count} elements, over the limit of "
-                f"{max_elements} per request",
-                shape=shape,
-                hint=limit_hint,
-            )
-        dtype = np.dtype(DTYPES[dtype_name]).newbyteorder("<")
-        size = _object(item.get("parameters"), f"inputs[{i}].parameters").get("binary_data_size")
-        if size is not None:
-            need = count * dtype.itemsize
-            if not _whole(size) or size != need:
-                raise InputError(
-                    f"inputs[{i}].parameters.binary_data_size {shown(size)} does not match shape "
-                    f"{shape} of {dtype_name} ({need} bytes)"
-                )
-            if offset + need > len(blob):
-                raise InputError(
-                    f"inputs[{i}]: {max(0, len(blob) - offset)} binary bytes left, shape "
-                    f"{shape} of {dtype_name} needs {need}"
-                )
-            chunk = blob[offset : offset + need]
-            offset += need
-            arr = np.frombuffer(chunk, dtype=dtype)
-            if not arr.dtype.isnative:  # big-endian hosts only: a native copy
-                arr = arr.astype(dtype.newbyteorder("="))
-            # else a read-only view of the request body: the runner copies it into its batch
-        else:
-            data = item.get("data")
-            if data is None:
-                raise InputError(f"inputs[{i}] has neither 'data' nor binary_data_size")
-            arr = _json_tensor(data, dtype_name, i)
-            if arr.size != count:
-                raise InputError(
-                    f"inputs[{i}]: {arr.size} values do not fill shape {shape}",
-                    hint="data holds the tensor flattened in row-major order",
-                )
-        try:
-            arr = arr.reshape(shape)
-        except (ValueError, OverflowError) as exc:  # e.g. [0, 2**70]: no elements, no array
-            raise InputError(f"inputs[{i}].shape {shape}: {exc}") from None
+        name, arr, used = _input_tensor(
+            item, i, blob, offset, max_elements=max_elements, limit_hint=limit_hint
+        )
+        offset += used
         tensors.append((name, arr))
     if offset != len(blob):
         raise InputError(

@@ -14,19 +14,20 @@ Each row keeps 100 quantiles of the serving path, which
 from __future__ import annotations
 
 import json
+import math
 import platform
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from greenctl.data import serving_rows as serving_rows_db
 from greenctl.data.records import utcnow_iso
 from greenctl.data.resources import kind_of
 from greenctl.data.store import Store
+from greenctl.planner.core.evaluate import ServingPath
+from greenctl.planner.core.latency import ServiceTime
 from greenctl.planner.core.service import service_time
-
-if TYPE_CHECKING:
-    from greenctl.planner.core.evaluate import ServingPath
 
 DEFAULT_RATES = (10.0, 40.0, 160.0)
 PATHS = ("dispatcher", "direct")
@@ -58,8 +59,8 @@ class ServingMeasurement:
     #: ... and its tail (served runs at low load have a longer one than back-to-back runs)
     infer_p95_ms: float | None = None
     infer_p99_ms: float | None = None
-    #: where the executor ran and the batch size it was given (None: cpu:1 and 1, the only
-    #: choice before ``--resource``/``--batch``), and the median rows its batches carried
+    #: where the executor ran and the batch size it was given (None: cpu:1 and 1, a row
+    #: measured without ``--resource``/``--batch``), and the median rows its batches carried
     resource: str | None = None
     batch: int | None = None
     infer_rows_p50: float | None = None
@@ -124,6 +125,111 @@ def _borrowed(path: ServingPath) -> ServingPath:
     return replace(path, executor_cpu_ms=0.0, service_scale=None, tail_scale=None)
 
 
+class _ServedRuns:
+    """How much slower a variant runs inside the served executor than back-to-back in its
+    profile (:attr:`ServingPath.service_scale`, :attr:`ServingPath.tail_scale`), with the
+    profiles read once per (variant, resource)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.profiles: dict[tuple[str, str], dict[int, Any]] = {}
+
+    def profile_run(self, row: ServingMeasurement) -> tuple[float, ServiceTime] | None:
+        """The profile's back-to-back p50 (ms) and service time for the served batches: at
+        the median rows they carried, between two profiled batch sizes linearly
+        interpolated."""
+        key = (row.variant, row.resource or "cpu:1")
+        if key not in self.profiles:
+            self.profiles[key] = {
+                p.batch: p
+                for p in self.store.latest_profiles(variant=key[0], resource=key[1])
+                if p.latency_p50_ms
+            }
+        by_batch = self.profiles[key]
+        size = float(row.infer_rows_p50 or row.batch or 1)
+        if not by_batch:
+            return None
+        near = min(by_batch, key=lambda b: (abs(math.log(b / size)), b))
+        lower = max((b for b in by_batch if b <= size), default=None)
+        upper = min((b for b in by_batch if b >= size), default=None)
+        p50 = float(by_batch[near].latency_p50_ms or 0.0)
+        if lower is not None and upper is not None and upper > lower:
+            lo, hi = (float(by_batch[b].latency_p50_ms or 0.0) for b in (lower, upper))
+            p50 = lo + (hi - lo) * (size - lower) / (upper - lower)
+        hot = service_time(by_batch[near])
+        if hot.mean_ms > 0 and by_batch[near].latency_p50_ms:
+            hot = hot.scaled(p50 / float(by_batch[near].latency_p50_ms))
+        return p50, hot
+
+    def ratios(self, row: ServingMeasurement) -> tuple[float | None, tuple[float, float] | None]:
+        """A row's served run time over the profile's at the median (never a speed-up),
+        and at its p95 and p99 (None where the row lacks them)."""
+        if not row.infer_p50_ms:
+            return None, None
+        prof = self.profile_run(row)
+        if prof is None or prof[0] <= 0:
+            return None, None
+        p50, hot = prof
+        scale = max(float(row.infer_p50_ms) / p50, 1.0)
+        if not (row.infer_p95_ms and row.infer_p99_ms):
+            return scale, None
+        return scale, (
+            float(row.infer_p95_ms) / hot.quantile(0.95),
+            float(row.infer_p99_ms) / hot.quantile(0.99),
+        )
+
+    def as_path(
+        self, row: ServingMeasurement, run: list[ServingMeasurement], total_rps: float
+    ) -> ServingPath:
+        """The serving path a row gives, with the dispatcher's CPU and the tail ratios
+        taken from the whole run it belongs to."""
+        # the dispatcher carries every family's requests: its CPU per request is taken at
+        # the run's rate nearest the plan's total (it falls as the rate rises, its idle
+        # wake-ups spread over more requests: resnet152 on the H200 host, 1.15 ms at 100
+        # req/s, 0.81 at 300), from a row of this run that measured it (dispatcher path)
+        timed = [r for r in run if (r.dispatcher_cpu_ms_per_request or 0.0) > 0]
+        disp = None
+        if timed:
+            near = min(timed, key=lambda r: abs(math.log(r.rate_rps / total_rps)))
+            disp = float(near.dispatcher_cpu_ms_per_request or 0.0)
+        scale, _ = self.ratios(row)
+        tail = None
+        if scale is not None:
+            # The tail ratios are pooled over every rate of the run (their median), not
+            # taken at the one rate: a p99 of a few hundred served runs rests on a handful
+            # of them, and one host stall there (tiny-l at 40 req/s on the H100 host: p99
+            # 19.3 ms against 4.4-13.4 at the other rates) fitted a service tail so heavy
+            # that a 0.21-utilisation plan was predicted at a 629 ms p95 (measured 17 ms).
+            tails = [t for t in (self.ratios(r)[1] for r in run) if t is not None]
+            if tails:
+                tail = (
+                    max(statistics.median(t[0] for t in tails), scale),
+                    max(statistics.median(t[1] for t in tails), scale),
+                )
+        return ServingPath(
+            tuple(row.quantiles_ms),
+            float(row.executor_cpu_ms_per_request or 0.0),
+            scale,
+            tail,
+            resource=_off_cpu(row),
+            dispatcher_cpu_ms=disp,
+            rate_rps=float(row.rate_rps),
+        )
+
+
+def _newest_runs(rows: list[ServingMeasurement]) -> dict[str, list[ServingMeasurement]]:
+    """Of a family's rows (newest first), each variant's newest run (its rows at every
+    rate) on the CPU, under the variant's name, and on each GPU, MIG or MPS resource, under
+    ``variant@resource``."""
+    runs: dict[str, list[ServingMeasurement]] = {}
+    for r in rows:
+        off = _off_cpu(r)
+        run = runs.setdefault(r.variant if off is None else f"{r.variant}@{off}", [])
+        if not run or run[0].created_at == r.created_at:
+            run.append(r)
+    return runs
+
+
 def serving_overheads(
     store: Store,
     rates: Mapping[str, float],
@@ -153,92 +259,7 @@ def serving_overheads(
     interpolated). Its tail (``tail_scale``) is the median over all the run's rates, which a
     single stalled rate cannot drag.
     """
-    import math
-    import statistics
-
-    from greenctl.planner.core.evaluate import ServingPath
-    from greenctl.planner.core.latency import ServiceTime
-
-    profiles: dict[tuple[str, str], dict[int, Any]] = {}  # one query per (variant, resource)
-
-    def profile_run(row: ServingMeasurement) -> tuple[float, ServiceTime] | None:
-        """The profile's back-to-back p50 (ms) and service time for the served batches."""
-        key = (row.variant, row.resource or "cpu:1")
-        if key not in profiles:
-            profiles[key] = {
-                p.batch: p
-                for p in store.latest_profiles(variant=key[0], resource=key[1])
-                if p.latency_p50_ms
-            }
-        by_batch = profiles[key]
-        size = float(row.infer_rows_p50 or row.batch or 1)
-        if not by_batch:
-            return None
-        near = min(by_batch, key=lambda b: (abs(math.log(b / size)), b))
-        lower = max((b for b in by_batch if b <= size), default=None)
-        upper = min((b for b in by_batch if b >= size), default=None)
-        p50 = float(by_batch[near].latency_p50_ms or 0.0)
-        if lower is not None and upper is not None and upper > lower:
-            lo, hi = (float(by_batch[b].latency_p50_ms or 0.0) for b in (lower, upper))
-            p50 = lo + (hi - lo) * (size - lower) / (upper - lower)
-        hot = service_time(by_batch[near])
-        if hot.mean_ms > 0 and by_batch[near].latency_p50_ms:
-            hot = hot.scaled(p50 / float(by_batch[near].latency_p50_ms))
-        return p50, hot
-
-    def ratios(
-        row: ServingMeasurement,
-    ) -> tuple[float | None, tuple[float, float] | None]:
-        # how much slower the model runs inside the served executor than back-to-back in
-        # the profile (evaluate.ServingPath.service_scale, .tail_scale); never a speed-up
-        if not row.infer_p50_ms:
-            return None, None
-        prof = profile_run(row)
-        if prof is None or prof[0] <= 0:
-            return None, None
-        p50, hot = prof
-        scale = max(float(row.infer_p50_ms) / p50, 1.0)
-        if not (row.infer_p95_ms and row.infer_p99_ms):
-            return scale, None
-        return scale, (
-            float(row.infer_p95_ms) / hot.quantile(0.95),
-            float(row.infer_p99_ms) / hot.quantile(0.99),
-        )
-
-    def as_path(row: ServingMeasurement, run: list[ServingMeasurement]) -> ServingPath:
-        # the dispatcher carries every family's requests: its CPU per request is taken at
-        # the run's rate nearest the plan's total (it falls as the rate rises, its idle
-        # wake-ups spread over more requests: resnet152 on the H200 host, 1.15 ms at 100
-        # req/s, 0.81 at 300), from a row of this run that measured it (dispatcher path)
-        timed = [r for r in run if (r.dispatcher_cpu_ms_per_request or 0.0) > 0]
-        disp = None
-        if timed:
-            near = min(timed, key=lambda r: abs(math.log(r.rate_rps / total)))
-            disp = float(near.dispatcher_cpu_ms_per_request or 0.0)
-        scale, _ = ratios(row)
-        tail = None
-        if scale is not None:
-            # The tail ratios are pooled over every rate of the run (their median), not
-            # taken at the one rate: a p99 of a few hundred served runs rests on a handful
-            # of them, and one host stall there (tiny-l at 40 req/s on the H100 host: p99
-            # 19.3 ms against 4.4-13.4 at the other rates) fitted a service tail so heavy
-            # that a 0.21-utilisation plan was predicted at a 629 ms p95 (measured 17 ms).
-            tails = [t for t in (ratios(r)[1] for r in run) if t is not None]
-            if tails:
-                tail = (
-                    max(statistics.median(t[0] for t in tails), scale),
-                    max(statistics.median(t[1] for t in tails), scale),
-                )
-        return ServingPath(
-            tuple(row.quantiles_ms),
-            float(row.executor_cpu_ms_per_request or 0.0),
-            scale,
-            tail,
-            resource=_off_cpu(row),
-            dispatcher_cpu_ms=disp,
-            rate_rps=float(row.rate_rps),
-        )
-
+    served = _ServedRuns(store)
     out: dict[str, ServingPath] = {}
     total = max(sum(float(r) for r in rates.values()), 1e-9)
     for family, rate in rates.items():
@@ -249,16 +270,10 @@ def serving_overheads(
             )
         ]
         target = max(float(rate), 1e-9)
-        runs: dict[str, list[ServingMeasurement]] = {}
-        for r in rows:  # newest first: each variant's newest run on each (CPU or other) key
-            off = _off_cpu(r)
-            run = runs.setdefault(r.variant if off is None else f"{r.variant}@{off}", [])
-            if not run or run[0].created_at == r.created_at:
-                run.append(r)
-        for key, run in runs.items():
+        for key, run in _newest_runs(rows).items():
             best = min(run, key=lambda r: abs(math.log(r.rate_rps / target)))
             if best.quantiles_ms:
-                out[key] = as_path(best, run)
+                out[key] = served.as_path(best, run, total)
                 if run[0] is rows[0]:  # the family's newest run of all
                     out[family] = _borrowed(out[key])
     return out
