@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from greenctl.data.errors import InputError
 from greenctl.data.plan import Plan
 from greenctl.executor.kinds.base import (
     Objective,
@@ -18,56 +17,7 @@ from greenctl.executor.kinds.base import (
     base_request,
     finite_number,
 )
-
-#: request key -> run_geo option
-_GEO_OPTIONS = {
-    "algorithm": "algorithm",
-    "mu_carbon_usd_per_kg": "mu_carbon",
-    "mu_water_usd_per_l": "mu_water",
-    "eta": "eta",
-    "z_max_usd": "z_max",
-    "horizon": "horizon",
-    "forecast": "forecast",
-    "weight_carbon_usd_per_kg": "weight_carbon",
-    "weight_water_usd_per_l": "weight_water",
-    "model": "model",
-    "variant": "variant",
-    "min_accuracy": "min_accuracy",
-}
-_GEO_TEXT = ("algorithm", "forecast", "model", "variant")
-
-
-def _geo_options(request: dict[str, Any]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for key, option in _GEO_OPTIONS.items():
-        value = request.get(key)
-        if value is None:
-            continue
-        if key in _GEO_TEXT:
-            ok = isinstance(value, str)
-        elif key == "horizon":
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        else:
-            ok = finite_number(value) is not None
-        if not ok:
-            raise InputError(
-                f"request.{key} is {value!r}",
-                hint="a geo request holds the options of `greenctl plan geo`, as it writes them",
-            )
-        options[option] = value
-    return options
-
-
-def _geo_path(request: dict[str, Any], key: str, *, required: bool = True) -> str | None:
-    value = request.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str | Path) or not str(value):
-        raise InputError(
-            f"the geo request needs {key} (a CSV path)",
-            hint="a geo request names its sites, demand (and routes) CSV files",
-        )
-    return str(value)
+from greenctl.planner.geo.request import GeoRequest
 
 
 def _geo_plan(store: Any, request: dict[str, Any], *, current: Plan | None = None) -> Planned:
@@ -107,26 +57,20 @@ def geo_inputs(store: Any, request: dict[str, Any]) -> tuple[Any, dict[str, Any]
     )
     from greenctl.planner.geo import solve as geo
 
-    family = request.get("family")
-    if family is not None and not isinstance(family, str):
-        raise InputError(f"request.family is {family!r}, not a family name")
-    variants = variants_from_store(store, family) if family else None
-    variants_file = None if family else _geo_path(request, "variants", required=False)
-    options = _geo_options(request)
+    typed = GeoRequest.from_dict(request)
+    variants = variants_from_store(store, typed.family) if typed.family else None
+    options = typed.options()
     checked = dict(options)
-    if variants_file is not None:  # stands in for the file's variants in the option checks
+    if typed.variants is not None:  # stands in for the file's variants in the option checks
         checked["variants"] = GeoVariants(["?"], np.ones(1), np.ones(1))
     elif variants is not None:
         checked["variants"] = variants
     geo.check_options(**checked)  # a bad option fails before the files are read
-    paths = {
-        k: _geo_path(request, k, required=k != "routes") for k in ("sites", "demand", "routes")
-    }
-    problem = load_geo_problem(paths["sites"] or "", paths["demand"] or "", paths["routes"])
+    problem = load_geo_problem(typed.sites, typed.demand, typed.routes)
     problem.sources = {k: str(Path(v).resolve()) for k, v in problem.sources.items()}
-    if variants_file is not None:
-        variants = read_variants(variants_file, problem.sites)
-        variants.source = str(Path(variants_file).resolve())
+    if typed.variants is not None:
+        variants = read_variants(typed.variants, problem.sites)
+        variants.source = str(Path(typed.variants).resolve())
     return problem, options, variants
 
 
@@ -161,6 +105,7 @@ KIND = PlanKind(
     score=_geo_score,
     score_checks_load=False,
     replan_request=_geo_replan_request,
+    request_type=GeoRequest,
     objective=_geo_objective,
     serves=False,
     not_served="it allocates load across sites, not instances on one cluster",
