@@ -310,7 +310,7 @@ def replay_cmd(
         options["gpu_power_w"] = _idle_busy(gpu_power_w)
     if kind == "glet" and plan is None and carbon_intensity is not None:
         options["carbon_intensity"] = carbon_intensity
-    chosen = [b for b in baseline or list(replay.DEFAULT_BASELINES) if b != "none"]
+    chosen = None if not baseline else [b for b in baseline if b != "none"]
     dwell = replan.parse_duration(min_dwell)
     from greenctl.cli.common import console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

@@ -1,46 +1,41 @@
 """The inputs of a what-if replay (``greenctl replay``): the window of the load trace and the
 carbon signal it covers, and the options that cut it (``--from``, ``--hours``, ``--every``).
 
-Shared by every kind's replay (:mod:`greenctl.executor.control.replay` for mix and mig,
-:mod:`greenctl.executor.control.replay_kinds` for glet and geo).
+Read by the replay loop (:mod:`greenctl.executor.control.replay`) for every kind's step.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from greenctl.data import carbon
+from greenctl.data.carbon_io import iso, normalise_time, parse_time, read_carbon_file
 from greenctl.data.errors import InputError
+from greenctl.data.traces import read_rps_trace
+from greenctl.executor.control.replan import parse_duration
+from greenctl.executor.kinds.replaying import TraceWindow, iso_at
+from greenctl.planner.core.forecast import minute_maxima
 
+if TYPE_CHECKING:
+    from greenctl.data.store import Store
 
-@dataclass
-class TraceWindow:
-    """The part of the traces a replay covers."""
-
-    rps: np.ndarray  # per second, the whole trace (history before the window included)
-    first_s: int  # the window's first second in ``rps``
-    seconds: int  # the window's length
-    every_s: int
-    start_time: str  # the window's first instant (ISO)
-    carbon: np.ndarray  # g/kWh per interval
-    carbon_source: str
-
-    @property
-    def intervals(self) -> int:
-        return -(-self.seconds // self.every_s)
-
-    def interval_rates(self, k: int) -> np.ndarray:
-        a = self.first_s + k * self.every_s
-        return self.rps[a : min(a + self.every_s, self.first_s + self.seconds)]
+__all__ = [
+    "TraceWindow",
+    "forecast_peaks",
+    "iso_at",
+    "parse_every",
+    "parse_from",
+    "read_load",
+    "trace_window",
+]
 
 
 # -- input parsing ----------------------------------------------------------------------------
 def parse_every(every: str | float | int) -> int:
     """``--every`` in whole seconds (>= 1)."""
-    from greenctl.executor.control.replan import parse_duration
-
     seconds = parse_duration(every, option="--every")
     if not math.isfinite(seconds) or seconds < 1 or seconds != int(seconds):
         raise InputError(
@@ -56,9 +51,6 @@ def parse_from(text: str | None) -> tuple[int, str | None]:
     Returns:
         (offset in seconds, the time or None).
     """
-    from greenctl.data.carbon_io import normalise_time
-    from greenctl.executor.control.replan import parse_duration
-
     if text is None or not str(text).strip():
         return 0, None
     try:
@@ -76,8 +68,6 @@ def parse_from(text: str | None) -> tuple[int, str | None]:
 
 
 def read_load(path: str) -> np.ndarray:
-    from greenctl.data.traces import read_rps_trace
-
     try:
         return read_rps_trace(path)
     except InputError as exc:
@@ -85,12 +75,9 @@ def read_load(path: str) -> np.ndarray:
 
 
 def _carbon_points(
-    store: Any, *, region: str | None, carbon_trace: str | None
+    store: Store, *, region: str | None, carbon_trace: str | None
 ) -> tuple[list[tuple[float, float]], str, str]:
     """(the signal as (epoch seconds, g/kWh) in time order, its first time, its label)."""
-    from greenctl.data import carbon
-    from greenctl.data.carbon_io import parse_time, read_carbon_file
-
     if carbon_trace is not None:
         try:
             _, points = read_carbon_file(carbon_trace, region=region)
@@ -137,7 +124,7 @@ def _carbon_per_interval(
 
 
 def trace_window(
-    store: Any,
+    store: Store,
     *,
     load_trace: str,
     region: str | None,
@@ -147,10 +134,6 @@ def trace_window(
     hours: float | None,
     every_s: int,
 ) -> TraceWindow:
-    from datetime import UTC, datetime, timedelta
-
-    from greenctl.data.carbon_io import iso, parse_time
-
     offset_s, start_time = parse_from(start)
     rps = read_load(load_trace)
     if offset_s >= rps.size:
@@ -192,9 +175,35 @@ def trace_window(
     return TraceWindow(rps, offset_s, seconds, every_s, start_time, ci, label)
 
 
-def iso_at(start: str, seconds: float) -> str:
-    from datetime import timedelta
+def forecast_peaks(
+    series: np.ndarray, first_s: int, seconds: int, every_s: int, f: Any, name: str
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """One-step-ahead forecasts of a per-second series' per-interval peaks over the window
+    ``[first_s, first_s + seconds)``, each from the peaks before it (the history before the
+    window included when the window starts on an interval boundary).
 
-    from greenctl.data.carbon_io import iso, parse_time
-
-    return iso(parse_time(start) + timedelta(seconds=seconds))
+    Returns:
+        (forecasts, the window's actual peaks, a note on how they were made).
+    """
+    n = -(-seconds // every_s)
+    end = first_s + seconds
+    peaks = np.asarray(
+        [float(series[first_s + k * every_s : min(first_s + (k + 1) * every_s, end)].max())
+         for k in range(n)]
+    )  # fmt: skip
+    first_k = first_s // every_s
+    if first_k >= 1 and first_s % every_s == 0:
+        before = minute_maxima(series[:first_s], interval_s=every_s)[:first_k]
+        history = np.concatenate([before, peaks])
+        out = np.asarray(f.predict_series(history, first_k), dtype=float)[:n]
+        note = f"{name} over per-{every_s}s peaks (history before --from used)"
+    else:  # no history before the window: the first interval forecasts its own start
+        out = np.empty(n)
+        out[0] = float(series[first_s : first_s + min(60, every_s)].max())
+        if n > 1:
+            out[1:] = np.asarray(f.predict_series(peaks, 1), dtype=float)[: n - 1]
+        note = (
+            f"{name} over per-{every_s}s peaks (no history before the window: the first "
+            "interval plans for its first minute's peak)"
+        )
+    return np.maximum(out, 0.0), peaks, note

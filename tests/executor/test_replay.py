@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from greenctl.data.bundled import path_of
 from greenctl.executor.control import replay as rp
+from greenctl.executor.kinds import mix_replay
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
 ARGS = ("--model", "resnet", "--slo-ms", "750", "--percentile", "p99", "--budget", "cpu=20")
@@ -86,7 +87,7 @@ def test_min_dwell_holds_the_plan_as_replan_does(resnet, step_trace):
 
 
 def test_vpa_resizes_after_a_sustained_overload():
-    pod = rp._Vpa("v", "m", [1, 2, 4, 8], rp.VpaConfig(), 5.0, 1.0, lambda c: 10.0 * c)
+    pod = mix_replay.Vpa("v", "m", [1, 2, 4, 8], rp.VpaConfig(), 5.0, 1.0, lambda c: 10.0 * c)
     assert pod.cores == 1
     for k in range(30):  # saturated at its request
         pod.observe(1.0, 60.0 * k)

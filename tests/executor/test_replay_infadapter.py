@@ -11,7 +11,7 @@ import pytest
 from greenctl.data.bundled import path_of
 from greenctl.executor.control import forecasters
 from greenctl.executor.control import replay as rp
-from greenctl.executor.kinds import get_kind
+from greenctl.executor.kinds import get_kind, mix_replay
 from greenctl.planner.core import forecast as fc
 from greenctl.planner.core import solvers
 
@@ -64,7 +64,7 @@ def test_infadapter_is_left_out_without_history_to_learn_from(resnet, tmp_path):
 def test_infadapter_sizes_the_exact_mix_for_its_lstm_forecast_every_interval(
     resnet, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(rp, "INFADAPTER_MIN_STEPS", 30)  # a short fit for the test
+    monkeypatch.setattr(mix_replay, "INFADAPTER_MIN_STEPS", 30)  # a short fit for the test
     trace = _trace(tmp_path, HISTORY + STEP)
     out = rp.replay(
         resnet, load_trace=str(trace), request=_request(), start="30m", min_dwell_s=3600,
@@ -88,7 +88,7 @@ def test_infadapter_sizes_the_exact_mix_for_its_lstm_forecast_every_interval(
         want = mix.plan(resnet, {**base, "rate_rps": max(forecasts[k], 1.0)}, current=running)[0]
         assert rows[k]["config"] == rp.config_label(want.deployments), k
         assert (rows[k]["action"] == "change") == (
-            rp._loaded_key(want.deployments) != rp._loaded_key(running.deployments)
+            mix_replay.loaded_key(want.deployments) != mix_replay.loaded_key(running.deployments)
         )
         running = want
     assert out["meta"]["replan"]["infadapter_plans"] >= 1
@@ -133,7 +133,7 @@ def test_the_solver_memo_changes_no_figure(resnet, tmp_path, monkeypatch):
 def test_cli_replays_infadapter_and_names_the_forecaster(resnet, tmp_path, cli, monkeypatch):
     import json
 
-    monkeypatch.setattr(rp, "INFADAPTER_MIN_STEPS", 30)
+    monkeypatch.setattr(mix_replay, "INFADAPTER_MIN_STEPS", 30)
     trace = _trace(tmp_path, HISTORY + STEP)
     r = cli(
         "replay", "--load-trace", trace, "--model", "resnet", "--slo-ms", "750",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from greenctl.executor.control import replay as rp
-from greenctl.executor.control import replay_kinds as rk
+from greenctl.executor.kinds.replaying import replay_step
 
 MODELS = [
     {"name": "resnet50", "rate_rps": 4.0, "slo_ms": 25.0},
@@ -256,5 +256,6 @@ def test_geo_bad_input_exits_2_naming_the_option(store, tmp_path, cli, extra, op
 
 
 def test_the_kinds_replay_defaults_are_their_own():
-    assert rk.DEFAULT_BASELINES == {"glet": ("base",), "geo": ("offline", "nearest")}
-    assert set(rp.REPLAYED) | set(rk.KINDS) == {"mix", "mig", "glet", "geo"}
+    defaults = {k: replay_step(k).default_baselines for k in ("glet", "geo")}
+    assert defaults == {"glet": ("base",), "geo": ("offline", "nearest")}
+    assert set(rp.REPLAYED) == {"mix", "mig", "glet", "geo"}
