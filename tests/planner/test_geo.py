@@ -10,11 +10,11 @@ from greenctl.data.errors import InfeasiblePlan, InputError
 from greenctl.data.geo_io import GeoProblem
 from greenctl.data.resources import parse_resource
 from greenctl.planner.geo.lp import build_network, greedy_full, solve_flow_lp
+from greenctl.planner.geo.online import aux_target as _aux_target
 from greenctl.planner.geo.solve import (
     ALGORITHMS,
     GeoOptions,
     OnlineState,
-    _aux_target,
     allocation_violations,
     evaluate,
     online_replan,
