@@ -44,7 +44,6 @@ ALLOWED = {
     ("executor/deploy/k8s_export.py", "plan.kind == 'mig'"),
     # replay's plan kind: the SLA held and Clover's baselines for "mig" replays
     ("cli/replay.py", "kind == 'mig'"),
-    ("executor/control/replay.py", "kind == 'mig'"),
     ("planner/mig/solve.py", "current.kind != 'mig'"),
     # a torch device name, not a resource kind
     ("profiler/runner.py", "device != 'cpu'"),
