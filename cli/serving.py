@@ -2,73 +2,84 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, err_console, print_json, render_table, store_for
+from greenctl.cli.common import err_console, print_json, render_table, store_for
+from greenctl.cli.options import DbOpt, JsonOpt
 from greenctl.cli.profile import profile_app
 from greenctl.data.batching import DEFAULT_MAX_WAIT_MS
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from greenctl.executor.runtime.serving import ServingMeasurement
+
+VariantOpt = Annotated[
+    str,
+    typer.Option(
+        "--variant",
+        help="Variant to serve (with --stand-in noop: whose tensor shapes the no-op copies).",
+    ),
+]
+RatesOpt = Annotated[
+    list[float] | None,
+    typer.Option("--rate", help="Offered load in req/s (repeat; default 10, 40, 160)."),
+]
+DurationOpt = Annotated[
+    float,
+    typer.Option(
+        "--duration",
+        help="Seconds of load per rate and path (and at least 400 requests: low rates run longer).",
+    ),
+]
+PathOpt = Annotated[
+    list[str] | None,
+    typer.Option("--path", help="dispatcher and/or direct (repeat; default both)."),
+]
+PolicyOpt = Annotated[str, typer.Option("--policy", help="Dispatcher policy: wrr or fifo.")]
+StandInOpt = Annotated[
+    str,
+    typer.Option(
+        "--stand-in",
+        help="model: the variant itself, its own queue and run times subtracted per "
+        "request (default); noop: a no-op model of its tensor shapes.",
+    ),
+]
+ResourceOpt = Annotated[
+    str,
+    typer.Option(
+        "--resource",
+        help="Where the executor runs: cpu:1 (default), or gpu:MODEL, mig:PROFILE, "
+        "mps:PCT to measure served runs on that accelerator for plans that use it.",
+    ),
+]
+BatchOpt = Annotated[
+    int, typer.Option("--batch", help="The executor's largest batch (batched dynamically).", min=1)
+]
+MaxWaitOpt = Annotated[
+    float,
+    typer.Option(
+        "--max-wait-ms",
+        help="How long the executor waits for a batch to fill, as apply serves it "
+        "(default: apply's). Its batches then carry what served batches carry.",
+        min=0.0,
+    ),
+]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Measure and print, but store nothing.")]
 
 
 def profile_serving(
-    variant: Annotated[
-        str,
-        typer.Option(
-            "--variant",
-            help="Variant to serve (with --stand-in noop: whose tensor shapes the no-op copies).",
-        ),
-    ],
-    rate: Annotated[
-        list[float] | None,
-        typer.Option("--rate", help="Offered load in req/s (repeat; default 10, 40, 160)."),
-    ] = None,
-    duration: Annotated[
-        float,
-        typer.Option(
-            "--duration",
-            help="Seconds of load per rate and path (and at least 400 requests: low rates "
-            "run longer).",
-        ),
-    ] = 5.0,
-    path: Annotated[
-        list[str] | None,
-        typer.Option("--path", help="dispatcher and/or direct (repeat; default both)."),
-    ] = None,
-    policy: Annotated[
-        str, typer.Option("--policy", help="Dispatcher policy: wrr or fifo.")
-    ] = "wrr",
-    stand_in: Annotated[
-        str,
-        typer.Option(
-            "--stand-in",
-            help="model: the variant itself, its own queue and run times subtracted per "
-            "request (default); noop: a no-op model of its tensor shapes.",
-        ),
-    ] = "model",
-    resource: Annotated[
-        str,
-        typer.Option(
-            "--resource",
-            help="Where the executor runs: cpu:1 (default), or gpu:MODEL, mig:PROFILE, "
-            "mps:PCT to measure served runs on that accelerator for plans that use it.",
-        ),
-    ] = "cpu:1",
-    batch: Annotated[
-        int,
-        typer.Option("--batch", help="The executor's largest batch (batched dynamically).", min=1),
-    ] = 1,
-    max_wait_ms: Annotated[
-        float,
-        typer.Option(
-            "--max-wait-ms",
-            help="How long the executor waits for a batch to fill, as apply serves it "
-            "(default: apply's). Its batches then carry what served batches carry.",
-            min=0.0,
-        ),
-    ] = DEFAULT_MAX_WAIT_MS,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Measure and print, but store nothing.")
-    ] = False,
+    variant: VariantOpt,
+    rate: RatesOpt = None,
+    duration: DurationOpt = 5.0,
+    path: PathOpt = None,
+    policy: PolicyOpt = "wrr",
+    stand_in: StandInOpt = "model",
+    resource: ResourceOpt = "cpu:1",
+    batch: BatchOpt = 1,
+    max_wait_ms: MaxWaitOpt = DEFAULT_MAX_WAIT_MS,
+    dry_run: DryRunOpt = False,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -81,9 +92,9 @@ def profile_serving(
     mix` then adds the dispatcher path to its predicted latencies (and `apply --verify`
     compares them with what is measured).
     """
+    # numpy: not for `--help`
     from greenctl.executor.deploy.serving_measure import measure_serving
     from greenctl.executor.runtime.serving import DEFAULT_RATES, PATHS, save_serving
-    from rich.text import Text
 
     with store_for(db) as store:
         with err_console.status("measuring the serving path") as status:
@@ -103,10 +114,15 @@ def profile_serving(
         if not dry_run:
             save_serving(store, rows)
     if json_out:
-        from dataclasses import asdict
-
         print_json([asdict(r) for r in rows])
         return
+    _render(rows, variant=variant, resource=resource, stand_in=stand_in, dry_run=dry_run)
+
+
+def _render(
+    rows: list[ServingMeasurement], *, variant: str, resource: str, stand_in: str, dry_run: bool
+) -> None:
+    """The table of measured serving paths, one row per (path, rate)."""
     render_table(
         f"Serving path of {variant} requests on {resource} ({stand_in} stand-in, measured)",
         [
