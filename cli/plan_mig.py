@@ -131,11 +131,9 @@ def plan_mig_cmd(
     names the GPU model. The plan is saved in the store and printed.
     """
     from greenctl.cli.plan import check_writable, save_plan
-    from greenctl.data import carbon
     from greenctl.data.errors import InputError
-    from greenctl.data.mig_geometry import resolve_gpu
     from greenctl.data.plan import load_plan_file
-    from greenctl.executor.kinds import get_kind
+    from greenctl.executor.kinds import get_kind, plan, plan_carbon
 
     if export is not None and export[0] != "mig-parted":
         raise InputError(
@@ -144,43 +142,44 @@ def plan_mig_cmd(
     check_writable(output)
     if export is not None:
         check_writable(export[1], option="--export mig-parted")
-    geo = resolve_gpu(gpu)
     current_plan = load_plan_file(current) if current is not None else None
+    request = mig_request(
+        gpu=gpu, gpus=gpus, model=model, rate=rate, carbon_intensity=carbon_intensity,
+        sla_ms=sla_ms, lam=lam, base_carbon_intensity=base_carbon_intensity,
+        max_accuracy_loss=max_accuracy_loss, solver=solver, time_limit=time_limit, seed=seed,
+    )  # fmt: skip
     with store_for(db) as store:
-        ci = carbon.plan_intensity(store, carbon_intensity=carbon_intensity, region=region, at=at)
-        request = mig_request(
-            gpu=geo.name, gpus=gpus, model=model, rate=rate,
-            carbon_intensity=ci["carbon_g_per_kwh"], sla_ms=sla_ms, lam=lam,
-            base_carbon_intensity=base_carbon_intensity, max_accuracy_loss=max_accuracy_loss,
-            solver=solver, time_limit=time_limit, seed=seed,
-        )  # fmt: skip
+        ci = plan_carbon(store, get_kind("mig"), intensity=carbon_intensity, region=region, at=at)
         # the registry's MIG entry: `replan` plans it again the same way
-        plan, _ = get_kind("mig").plan(store, request, current=current_plan, baseline=baseline)
-        carbon.record_intensity(plan, ci)
-        if ci["note"]:
-            model_info = plan.extra.setdefault("model", {})
-            model_info["notes"] = [*model_info.get("notes", []), ci["note"]]
+        new = plan(store, "mig", request, carbon=ci, current=current_plan, baseline=baseline)
         if export is not None:
-            from greenctl.data.mig_parted import write_mig_parted
-
-            order = [p.name for p in sorted(geo.profiles, key=lambda p: -p.compute_slices)]
-            write_mig_parted(
-                export[1],
-                [(g["index"], [i["profile"] for i in g["layout"]]) for g in plan.extra["gpus"]],
-                label="greenctl-mig",
-                order=order,
-            )
-        save_plan(store, plan, output)
-    if ci["note"]:
+            _export_mig_parted(new, export[1])
+        save_plan(store, new, output)
+    if ci is not None and ci["note"]:
         say(f"note: {ci['note']}", err=True, highlight=False)
     if json_out:
-        print_json(plan.to_dict())
+        print_json(new.to_dict())
         return
-    _render(plan)
+    _render(new)
     if export is not None:
         say(f"mig-parted config written to {export[1]}", highlight=False)
     if output is not None:
         say(f"plan written to {output}", highlight=False)
+
+
+def _export_mig_parted(plan: Any, path: Path) -> None:
+    """Write the plan's MIG layouts as a mig-parted v1 config (largest profiles first)."""
+    from greenctl.data.mig_geometry import resolve_gpu
+    from greenctl.data.mig_parted import write_mig_parted
+
+    geo = resolve_gpu(plan.request["gpu"])
+    order = [p.name for p in sorted(geo.profiles, key=lambda p: -p.compute_slices)]
+    write_mig_parted(
+        path,
+        [(g["index"], [i["profile"] for i in g["layout"]]) for g in plan.extra["gpus"]],
+        label="greenctl-mig",
+        order=order,
+    )
 
 
 def _render(plan: Any) -> None:

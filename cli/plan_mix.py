@@ -182,10 +182,8 @@ def plan_mix_cmd(
 ) -> None:
     """Choose variants, resources, counts and request quotas for a load under an SLO."""
     from greenctl.cli.plan import check_writable, save_plan
-    from greenctl.data import carbon
     from greenctl.data.plan import load_plan_file
-    from greenctl.executor.kinds import get_kind
-    from greenctl.planner.mix.solve import REFERENCE_CARBON_INTENSITY
+    from greenctl.executor.kinds import get_kind, plan, plan_carbon
 
     check_writable(output)
     request = mix_request(
@@ -197,27 +195,24 @@ def plan_mix_cmd(
     if current is not None:
         request["current"] = [d.to_dict() for d in load_plan_file(current).deployments]
     with store_for(db) as store:
-        ci = carbon.plan_intensity(
+        ci = plan_carbon(
             store,
-            carbon_intensity=request.get("carbon_intensity"),
+            get_kind("mix"),
+            intensity=request.get("carbon_intensity"),
             region=region,
             at=at,
-            default=request.get("reference_carbon_intensity") or REFERENCE_CARBON_INTENSITY,
+            request=request,
         )
-        if carbon_intensity is None and "carbon_intensity" in request:
+        if ci is not None and carbon_intensity is None and "carbon_intensity" in request:
             ci["source"] = {**ci["source"], "kind": "spec", "file": str(spec)}
-        request["carbon_intensity"] = ci["carbon_g_per_kwh"]
-        plan, _ = get_kind("mix").plan(store, request)  # as `replan` plans it again
-        carbon.record_intensity(plan, ci)
-        if ci["note"]:
-            plan.extra["notes"] = [*plan.extra.get("notes", []), ci["note"]]
-        save_plan(store, plan, output)
+        new = plan(store, "mix", request, carbon=ci)  # as `replan` plans it again
+        save_plan(store, new, output)
     if json_out:
-        if ci["note"]:
+        if ci is not None and ci["note"]:
             say(f"note: {ci['note']}", err=True, highlight=False)
-        print_json(plan.to_dict())
+        print_json(new.to_dict())
         return
-    _render(plan)
+    _render(new)
 
 
 def _families(request: dict[str, Any]) -> list[str]:

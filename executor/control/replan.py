@@ -17,6 +17,8 @@ from greenctl.data.loop_state import REPLAN_MARGIN, REPLAN_MIN_DWELL_S, REPLAN_T
 from greenctl.data.records import utcnow_iso
 from greenctl.executor.control.forecasters import get_forecaster, predict_load
 from greenctl.executor.control.history import sample_dispatcher_load
+from greenctl.executor.kinds import KINDS, ReplanSignal, get_kind, plan_carbon, plan_problem
+from greenctl.executor.kinds.planning import Carbon
 
 DECISION_ACTIONS = ("apply", "propose", "keep", "hold", "failed")
 
@@ -101,11 +103,13 @@ def _replan_kind(
     rate: float | None = None,
     forecast: Callable[[str], float | None] | None = None,
     rates: Mapping[str, float] | None = None,
+    carbon: Carbon | None = None,
 ) -> tuple[Any, float | None, str | None, Any]:
-    """Plan ``running``'s kind again at ``intensity`` through the registry, its request
-    rewritten by the kind (:attr:`~greenctl.executor.kinds.PlanKind.replan_request`) for the
-    plan's forecast load ``rate``, the per-model ``forecast`` or the given per-model
-    ``rates``.
+    """Plan ``running``'s kind again at ``intensity`` through the planning twin
+    (:func:`~greenctl.executor.kinds.plan_problem`, which records ``carbon``, the signal's
+    source, on the new plan), its request rewritten by the kind
+    (:attr:`~greenctl.executor.kinds.PlanKind.replan_request`) for the plan's forecast load
+    ``rate``, the per-model ``forecast`` or the given per-model ``rates``.
 
     Returns:
         (new plan, the running plan's objective in the same problem or None, a note, the
@@ -113,14 +117,14 @@ def _replan_kind(
         current configuration (no loading cost for a mix, the warm start and kept layouts
         for MIG), and is scored in the same problem.
     """
-    from greenctl.executor.kinds import ReplanSignal, get_kind
-
     kind = get_kind(running.kind)
     assert kind.plan is not None and kind.score is not None  # checked by replan_once
     rewritten = kind.replan_request(
         running, ReplanSignal(intensity, rate_rps=rate, forecast=forecast, rates=rates)
     )
-    new, problem = kind.plan(store, rewritten.request, current=running)
+    new, problem = plan_problem(
+        store, running.kind, rewritten.request, current=running, carbon=carbon
+    )
     old_obj, note = kind.score(problem, running)
     return new, old_obj, note, rewritten
 
@@ -248,6 +252,7 @@ def replan_choice(
     forecast: Callable[[str], float | None] | None = None,
     rates: Mapping[str, float] | None = None,
     notes: list[str] | None = None,
+    carbon: Carbon | None = None,
 ) -> ReplanChoice:
     """Plan ``running`` again at carbon intensity ``signal`` and the forecast load, score the
     running plan in the same problem and say whether a change is worth it: the signal moved
@@ -256,16 +261,16 @@ def replan_choice(
     A kind with its own :attr:`~greenctl.executor.kinds.PlanKind.triggers` decides instead of
     the signal and the margin (a glet plan: its GPU count changes, or more than ``threshold``
     of its glets move); ``signal`` None: no region (a kind that plans no carbon). ``rates``:
-    models' rates given by name (``--rate NAME=RPS``), over the forecast.
+    models' rates given by name (``--rate NAME=RPS``), over the forecast; ``carbon``: the
+    signal's value and source (:func:`~greenctl.executor.kinds.plan_carbon`), recorded on the
+    new plan.
 
     The decision of :func:`replan_once` (which adds the store, the dwell and applying) and of
     the what-if replay (:mod:`greenctl.executor.control.replay`); it writes nothing.
     """
-    from greenctl.executor.kinds import get_kind
-
     kind = get_kind(running.kind)
     new, old_obj, note, rewritten = _replan_kind(
-        store, running, intensity=signal, rate=rate, forecast=forecast, rates=rates
+        store, running, intensity=signal, rate=rate, forecast=forecast, rates=rates, carbon=carbon
     )
     notes = [*(notes or []), *rewritten.notes]  # what the kind's rewrite left alone
     if note:
@@ -441,8 +446,6 @@ def replan_once(
                 running = store.get_plan(serving_id)  # this lineage's proposal, applied by hand
             elif not _serves_config_of(store, serving_id, running):
                 foreign = serving_id
-        from greenctl.executor.kinds import KINDS, get_kind
-
         kind = get_kind(running.kind)
         if not kind.replannable:
             able = ", ".join(k for k, v in KINDS.items() if v.replannable)
@@ -470,7 +473,7 @@ def replan_once(
                 raise InputError(f"--at: {exc}") from None
         when = at or utcnow_iso()
         try:  # the one rule every plan's intensity follows (plan mix/mig --region --at)
-            ci = carbon.plan_intensity(store, region=reg, at=at) if reg else None
+            ci = plan_carbon(store, kind, region=reg, at=at) if reg else None
         except GreenctlError as exc:
             _record(
                 store,
@@ -553,6 +556,7 @@ def replan_once(
                 choice = replan_choice(
                     store, running, signal=signal, reference=ref, threshold=threshold,
                     margin=margin, rate=rate, forecast=forecast, rates=rates, notes=notes,
+                    carbon=ci,
                 )  # fmt: skip
             except GreenctlError:
                 if not dwell:
@@ -570,8 +574,6 @@ def replan_once(
                 notes = choice.notes
             new, sig_txt = choice.new, choice.signal_text
             record["forecast_rps"] = rate if rate is not None else choice.forecast_rps
-            if ci is not None:
-                carbon.record_intensity(new, ci)  # the value, its source and carbon_region
             record["old_objective"] = choice.old_objective
             record["new_objective"] = choice.new_objective
             record["improvement"] = choice.improvement

@@ -15,9 +15,11 @@ Each kind (:class:`PlanKind`) says in one place
   describe instances at all.
 
 A kind's request is the plain dict its plan document records in ``request``: everything
-needed to plan it again. ``greenctl plan mix|mig|glet|geo`` parse their options into such a
-request and call the kind's ``plan``, and ``replan`` and the demo call the same entry with
-the running plan's request, so a plan is built one way whoever builds it. ``simulate``,
+needed to plan it again, validated by its typed request (``request_type``). ``greenctl plan
+mix|mig|glet|geo`` parse their options into such a request and call :func:`plan` (the library
+twin: the carbon intensity resolved and recorded, then the kind's ``plan``), and ``replan``
+and the demo plan the running plan's request the same way, so a plan is built one way
+whoever builds it. ``simulate``,
 ``apply`` (local, Ray), the Kubernetes export and ``replan`` ask the registry for the rest,
 so adding a kind is a planner module and one entry point in the ``greenctl.kinds`` group
 (or a :func:`register` call at run time); with no command of its own, its plans are made
@@ -61,6 +63,7 @@ from greenctl.executor.kinds.base import (
 )
 from greenctl.executor.kinds.geo import geo_inputs
 from greenctl.executor.kinds.glet import GLET_MIN_RATE_RPS, GLET_REPLAN_HEADROOM
+from greenctl.executor.kinds.planning import plan, plan_carbon, plan_problem
 
 __all__ = [
     "BUILTIN",
@@ -76,7 +79,10 @@ __all__ = [
     "geo_inputs",
     "get_kind",
     "load_kinds",
+    "plan",
+    "plan_carbon",
     "plan_inputs",
+    "plan_problem",
     "plan_rates",
     "predict_serving",
     "predicted_objective",

@@ -292,6 +292,14 @@ class PlanKind:
     replan_request: Callable[[Plan, ReplanSignal], ReplanRequest] = replan_model_rate
     #: objective(plan) -> (name, value, larger is better): what ``replan`` compares
     objective: Callable[[Plan], Objective] = predicted_objective
+    #: its request is planned at a grid carbon intensity (``request.carbon_intensity``): the
+    #: planning twin (:func:`~greenctl.executor.kinds.planning.plan`) resolves it and records
+    #: where it came from; False: the kind plans no grid intensity (glet; geo reads each
+    #: site's from its files)
+    plans_at_intensity: bool = False
+    #: reference_intensity(request) -> the intensity (g/kWh) planned at when neither the
+    #: request nor a region's signal gives one; None: one of those is needed
+    reference_intensity: Callable[[dict[str, Any]], float] | None = None
     #: its plans are planned with the region's carbon intensity: ``replan`` needs a region
     #: and acts when the intensity moved beyond ``--threshold``; False: the intensity is
     #: read (and recorded on the new plan) only when a region is known

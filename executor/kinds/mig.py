@@ -99,5 +99,6 @@ KIND = PlanKind(
     replan_request=_mig_replan_request,
     objective=_mig_objective,
     carbon_aware=lambda plan: True,
-    request_type=MigRequest,  # Clover: lambda * dCarbon + (1 - lambda) * dAccuracy
+    request_type=MigRequest,
+    plans_at_intensity=True,  # Clover: lambda * dCarbon + (1 - lambda) * dAccuracy
 )

@@ -18,6 +18,7 @@ from greenctl.executor.kinds.base import (
     replan_model_rate,
     serving_paths,
 )
+from greenctl.planner.mix.model import REFERENCE_CARBON_INTENSITY
 from greenctl.planner.mix.request import MixRequest
 
 
@@ -125,4 +126,8 @@ KIND = PlanKind(
     objective=_mix_objective,
     carbon_aware=_mix_carbon_aware,
     request_type=MixRequest,
+    plans_at_intensity=True,
+    reference_intensity=lambda request: float(
+        request.get("reference_carbon_intensity") or REFERENCE_CARBON_INTENSITY
+    ),
 )
