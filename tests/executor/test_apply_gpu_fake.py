@@ -228,7 +228,7 @@ def test_mps_shares_start_control_daemon(run_store, loaders, tmp_path, monkeypat
     assert env["va"]["CUDA_VISIBLE_DEVICES"] == "GPU-11111111-2222-3333-4444-555555555555"
     # the routing policy of a glet plan is "batch"
     from greenctl.data.deployments import running_dispatcher
-    from greenctl.executor.deploy.apply import _admin
+    from greenctl.executor.deploy.admin import admin as _admin
 
     routes = _admin(running_dispatcher(run_store), "GET")
     assert {m["policy"] for m in routes["models"].values()} == {"batch"}
@@ -330,7 +330,7 @@ def test_serving_path_measured_on_a_whole_gpu(run_store, tmp_path, monkeypatch):
     )
     assert (row.resource, row.batch, row.hardware) == (label, 4, label)
     assert row.samples >= 20 and row.infer_p50_ms is None  # a no-op times no model run
-    from greenctl.executor.deploy.apply import _same_gpu
+    from greenctl.executor.deploy.checks import same_gpu as _same_gpu
 
     assert _same_gpu("A100", "A100-SXM4-40GB") and _same_gpu("a100-sxm4-40gb", "A100-SXM4-40GB")
     assert not _same_gpu("H100-80GB-HBM3", "A100-SXM4-40GB") and not _same_gpu("A10", "A100")

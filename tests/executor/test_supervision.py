@@ -134,15 +134,16 @@ def _apply_and_die(db: str, where: str, variant: str, loader: str) -> None:
     from greenctl.data import deployments
     from greenctl.data.store import open_store
     from greenctl.executor.deploy import apply as ap
+    from greenctl.executor.deploy import processes as pr
 
     def die() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     real_spawn, real_wait, real_finish, real_terminate = (
-        ap.spawn_detached,
-        ap.wait_for_state_file,
+        pr.spawn_detached,
+        pr.wait_for_state_file,
         deployments.finish_apply,
-        ap.terminate,
+        pr.terminate,
     )
 
     def spawn(*args, **kwargs):
@@ -168,10 +169,10 @@ def _apply_and_die(db: str, where: str, variant: str, loader: str) -> None:
             die()
         return real_terminate(*args, **kwargs)
 
-    ap.spawn_detached = spawn
-    ap.wait_for_state_file = wait
+    pr.spawn_detached = spawn
+    pr.wait_for_state_file = wait
     deployments.finish_apply = finish
-    ap.terminate = terminate
+    pr.terminate = terminate
     try:
         with open_store(db) as store:
             ap.apply_plan(_plan(variant), store=store, loader=loader)
