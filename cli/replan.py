@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import difflib
+import math
+import shlex
 from typing import Annotated, Any
 
 import typer
-from greenctl.cli.common import (
-    DbOpt,
-    JsonOpt,
-    print_json,
-    render_table,
-    say,
-    store_for,
+from greenctl.cli.common import ROOT_DB, print_json, render_table, say, store_for
+from greenctl.cli.options import AtOpt, DbOpt, JsonOpt, RegionOpt
+from greenctl.data import reports
+from greenctl.data.errors import InputError
+from greenctl.data.loop_state import (
+    REPLAN_MARGIN,
+    REPLAN_MIN_DWELL,
+    REPLAN_THRESHOLD,
+    lineage_key,
 )
-from greenctl.data.loop_state import REPLAN_MARGIN, REPLAN_MIN_DWELL, REPLAN_THRESHOLD
+from greenctl.data.store import resolve_db_path
+from greenctl.executor.control import cron, replan
+
+try:
+    from typer._click.exceptions import UsageError  # typer >= 0.23 vendors click
+except ImportError:  # pragma: no cover - older typer runs on click itself
+    from click.exceptions import UsageError  # type: ignore[assignment,no-redef]
 
 cron_app = typer.Typer(
     no_args_is_help=True,
@@ -53,9 +64,7 @@ def replan_cmd(
             "running plan cannot carry the forecast load.",
         ),
     ] = REPLAN_MIN_DWELL,
-    region: Annotated[
-        str | None, typer.Option("--region", "-r", help="Carbon signal region.")
-    ] = None,
+    region: RegionOpt = None,
     forecaster: Annotated[
         str | None,
         typer.Option(
@@ -65,10 +74,7 @@ def replan_cmd(
             "(a saved name, or last | moving-max | seasonal-naive).",
         ),
     ] = None,
-    at: Annotated[
-        str | None,
-        typer.Option("--at", help="Decide for the signal at this time (ISO; default now)."),
-    ] = None,
+    at: AtOpt = None,
     rate: Annotated[
         list[str] | None,
         typer.Option(
@@ -85,42 +91,14 @@ def replan_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Replan with the latest carbon signal and load forecast; apply if worth it."""
-    from greenctl.data import reports
-    from greenctl.data.errors import InputError
-    from greenctl.executor.control import replan
-
     if history:
-        with store_for(db) as store:
-            lineage = None
-            if plan is not None:
-                lineage = f"plan:{int(plan)}" if plan.isdigit() else None
-                if lineage is None:
-                    from pathlib import Path
-
-                    lineage = f"file:{Path(plan).resolve()}"
-            rows = reports.decisions(store, lineage=lineage, region=region, limit=limit)
-        if json_out:
-            print_json(rows)
-            return
-        render_table(
-            "Replanning decisions",
-            ["id", "at", "g/kWh", "moved", "objective old -> new", "action", "plan", "reason"],
-            [
-                [
-                    r["id"], r["at"], r["signal_g_per_kwh"],
-                    None if r["signal_change"] is None else f"{r['signal_change'] * 100:.1f}%",
-                    _objectives(r), r["action"], r["new_plan_id"] or r["running_plan_id"],
-                    r["reason"],
-                ]
-                for r in rows
-            ],
-        )  # fmt: skip
+        _show_history(db, plan=plan, region=region, limit=limit, json_out=json_out)
         return
     if plan is None:
         raise InputError("--plan ID|FILE is required", hint="or pass --history to list decisions")
     dwell = replan.parse_duration(min_dwell)
     rates = _parse_rates(rate)
-    from greenctl.executor.deploy.georouter import replan_if_routed
+    from greenctl.executor.deploy.georouter import replan_if_routed  # numpy: not for `--help`
 
     with store_for(db) as store:
         routed = replan_if_routed(store, plan=plan, at=at)  # a geo plan its router routes
@@ -138,6 +116,33 @@ def replan_cmd(
         d["action"], "red"
     )
     say((d["action"], f"bold {colour}"), f" (decision {d['id']}): {d['reason']}", highlight=False)
+
+
+def _show_history(
+    db: str | None, *, plan: str | None, region: str | None, limit: int, json_out: bool
+) -> None:
+    """List the decision records (of one plan's lineage, or all)."""
+    lineage = None
+    if plan is not None:
+        lineage = lineage_key(plan)
+    with store_for(db) as store:
+        rows = reports.decisions(store, lineage=lineage, region=region, limit=limit)
+    if json_out:
+        print_json(rows)
+        return
+    render_table(
+        "Replanning decisions",
+        ["id", "at", "g/kWh", "moved", "objective old -> new", "action", "plan", "reason"],
+        [
+            [
+                r["id"], r["at"], r["signal_g_per_kwh"],
+                None if r["signal_change"] is None else f"{r['signal_change'] * 100:.1f}%",
+                _objectives(r), r["action"], r["new_plan_id"] or r["running_plan_id"],
+                r["reason"],
+            ]
+            for r in rows
+        ],
+    )  # fmt: skip
 
 
 def _print_geo_replan(d: dict[str, object], *, json_out: bool) -> None:
@@ -158,10 +163,6 @@ def _print_geo_replan(d: dict[str, object], *, json_out: bool) -> None:
 
 def _parse_rates(items: list[str] | None) -> dict[str, float]:
     """``--rate MODEL=RPS`` options -> ``{model: rps}``."""
-    import math
-
-    from greenctl.data.errors import InputError
-
     out: dict[str, float] = {}
     for item in items or []:
         name, sep, value = item.partition("=")
@@ -214,10 +215,6 @@ def cron_install_cmd(
     db: DbOpt = None,
 ) -> None:
     """Install a crontab line running `greenctl ARGS...` (write the command after `--`)."""
-    from greenctl.cli.common import ROOT_DB
-    from greenctl.data.store import resolve_db_path
-    from greenctl.executor.control import cron
-
     args = list(ctx.args)
     if args and args[0] == "greenctl":
         args = args[1:]
@@ -241,16 +238,6 @@ def check_greenctl_args(args: list[str], *, root: Any = None) -> None:
     Raises:
         InputError: the arguments do not parse, with a "did you mean" hint where one is close.
     """
-    import difflib
-    import shlex
-
-    from greenctl.data.errors import InputError
-
-    try:
-        from typer._click.exceptions import UsageError  # typer >= 0.23 vendors click
-    except ImportError:  # pragma: no cover - older typer runs on click itself
-        from click.exceptions import UsageError  # type: ignore[assignment,no-redef]
-
     shown = f"greenctl {shlex.join(args)}"
     for token in args:
         if token in ("--help", "--version"):  # eager options would print while parsing
@@ -259,7 +246,7 @@ def check_greenctl_args(args: list[str], *, root: Any = None) -> None:
                 hint="schedule a command that does work, e.g. `-- replan --plan 3 --apply`",
             )
     if root is None:
-        from greenctl.cli.main import app
+        from greenctl.cli.main import app  # main imports this module: a cycle at the top
 
         root = typer.main.get_command(app)
     cmd = root
@@ -315,8 +302,6 @@ def cron_remove_cmd(
     ] = None,
 ) -> None:
     """Remove the crontab line installed with `greenctl cron install --name NAME`."""
-    from greenctl.executor.control import cron
-
     removed = cron.cron_remove(name=name, crontab_file=crontab_file)
     if removed:
         say(f"removed {removed} line(s) tagged greenctl:{name}")

@@ -9,6 +9,7 @@ store goes through here, so the SQL lives in ``data/`` (see ARCHITECTURE.md).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 #: the replan loop's defaults, for ``replan``, ``replay`` and every kind's replay: the carbon
@@ -18,6 +19,15 @@ REPLAN_THRESHOLD = 0.05
 REPLAN_MARGIN = 0.02
 REPLAN_MIN_DWELL = "1h"
 REPLAN_MIN_DWELL_S = 3600.0
+
+
+def lineage_key(plan: str | int) -> str:
+    """The key decisions of one replanned lineage share: ``plan:ID`` for a stored plan's id,
+    ``file:PATH`` (resolved) for a plan file."""
+    text = str(plan).strip()
+    if text.isdigit():
+        return f"plan:{int(text)}"
+    return f"file:{Path(text).resolve()}"
 
 
 # -- load history -----------------------------------------------------------------------------
