@@ -27,6 +27,7 @@ import asyncio
 import collections
 import contextlib
 import importlib.util
+import json
 import math
 import os
 import signal
@@ -40,8 +41,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from greenctl.data.errors import InputError, shown
+from greenctl.data.errors import InputError, NotFoundError, shown
+from greenctl.data.records import Variant
 from greenctl.data.resources import kind_of
+from greenctl.data.store import open_store
 from greenctl.executor.runtime import httpserver as hs
 from greenctl.executor.runtime import oip
 from greenctl.executor.runtime.metrics import (
@@ -57,6 +60,15 @@ from greenctl.executor.runtime.procs import (
     run_async,
     settle_heap,
     write_json_atomic,
+)
+from greenctl.profiler.energy import serving_counter
+from greenctl.profiler.models import ensure_builtin_variant
+from greenctl.profiler.runner import (
+    GPU_WARMUP_S,
+    EagerRunner,
+    host_example,
+    make_runner,
+    run_eager,
 )
 from greenctl.profiler.user_code import caller_dir, import_user_module, user_path
 
@@ -252,8 +264,6 @@ class Batcher:
         metrics: Metrics,
         runner: Any = None,
     ) -> None:
-        from greenctl.profiler.runner import EagerRunner
-
         self.loaded = loaded
         self.max_batch = max(1, max_batch)
         self.max_wait_s = max(0.0, max_wait_s)
@@ -365,8 +375,6 @@ def default_max_rows(max_batch: int) -> int:
 
 def run_model(loaded: Any, arr: np.ndarray, *, numpy_native: bool) -> np.ndarray:
     """Run one batch through a LoadedModel eagerly (see :func:`greenctl.profiler.runner.run_eager`)."""
-    from greenctl.profiler.runner import run_eager
-
     return run_eager(loaded, arr, numpy_native=numpy_native)
 
 
@@ -392,8 +400,6 @@ class ExecutorServer:
         self.resource = resource
         self.names = {model, variant}
         self.metrics = Metrics()
-        from greenctl.profiler.runner import make_runner
-
         # the runner the profiler measures with: on a GPU, graphs of every batch size it will
         # run, pinned buffers and a stream (made here, before serving)
         self.runner = runner if runner is not None else make_runner(loaded, max_batch=max_batch)
@@ -417,8 +423,6 @@ class ExecutorServer:
     def warm_up(self, rounds: int = 3) -> None:
         """Run every batch size the runner will serve (on a GPU, then the largest one until
         its time settles, at least ``GPU_WARMUP_S``) so the first requests are not slow."""
-        from greenctl.profiler.runner import GPU_WARMUP_S, host_example
-
         on_gpu = str(getattr(self.loaded, "device", "cpu")).startswith("cuda")
         sizes = list(getattr(self.runner, "sizes", None) or sorted({self.batcher.max_batch, 1}))
         doc = self.runner.warm_up(
@@ -659,25 +663,14 @@ def _set_torch_threads(n: int) -> None:
 
 def _load_variant(args: argparse.Namespace) -> Any:
     """The Variant record: from the store when it knows it, else a minimal one."""
-    from greenctl.data.errors import NotFoundError
-    from greenctl.data.records import Variant
-
     if args.variant_json:
-        import json
-
         return Variant(**json.loads(args.variant_json))
     if args.db:
-        from greenctl.data.store import open_store
-
         with open_store(args.db) as store:
             try:
                 return store.get_variant(args.variant)
             except NotFoundError:
-                if args.loader != DEFAULT_LOADER:
-                    pass
-                else:
-                    from greenctl.profiler.models import ensure_builtin_variant
-
+                if args.loader == DEFAULT_LOADER:
                     ensure_builtin_variant(store, args.variant)
                     return store.get_variant(args.variant)
     return Variant(name=args.variant, family=args.model, input_shape=args.input_shape)
@@ -754,8 +747,6 @@ def energy_export(server: ExecutorServer, args: argparse.Namespace, cores: int) 
     Raises:
         InputError: a negative intensity or a PUE under 1.
     """
-    from greenctl.profiler.energy import serving_counter
-
     intensity, pue = check_carbon(args.carbon_intensity, args.pue)
     m = server.metrics
     counter, notes = serving_counter(

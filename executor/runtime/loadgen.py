@@ -20,9 +20,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 from greenctl.data.errors import ExecutorError, InputError
+from greenctl.data.traces import read_rps_trace
 from greenctl.executor.runtime import oip
+from greenctl.executor.runtime.procs import run_async, settle_heap
 from greenctl.planner.core.loads import check_arrivals
 
 
@@ -92,8 +95,6 @@ def read_trace(path: str | Path) -> list[float]:
         InputError / FileFormatError: a missing or binary file, or a value that is not a
         number >= 0 (naming the line).
     """
-    from greenctl.data.traces import read_rps_trace
-
     return [float(v) for v in read_rps_trace(path)]
 
 
@@ -214,7 +215,6 @@ def model_input(
 def open_session(connections: int = 256, timeout_s: float = 30.0) -> Any:
     """An aiohttp client session with keep-alive connections, as the load generator uses
     (call inside a running event loop; close it when done)."""
-    import aiohttp
 
     connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=30)
     return aiohttp.ClientSession(
@@ -245,7 +245,6 @@ async def send_load(
     :class:`RequestOutcome` is appended there. ``lags_ms``: how late (ms) the sender began
     each request after its scheduled time is appended there (the client's own backlog).
     """
-    import aiohttp
 
     fresh: Any = None  # the session retries go through: a new connection each
 
@@ -428,8 +427,6 @@ def run_load(
     body, headers = model_input(endpoint, model, binary=binary)
     if gateway is not None:
         headers = {**headers, oip.GATEWAY_HEADER: gateway}
-    from greenctl.executor.runtime.procs import run_async, settle_heap
-
     settle_heap()  # a full collection mid-run would stall sending and show up as latency
     lags: list[float] = []
     latencies, server, codes, elapsed = run_async(

@@ -15,6 +15,7 @@ whatever the umask.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import gc
@@ -69,8 +70,6 @@ def run_async(main: Any) -> Any:
 
     ``GREENCTL_NO_UVLOOP=1`` forces the standard loop (for A/B measurements).
     """
-    import asyncio
-
     factory = None
     if not os.environ.get("GREENCTL_NO_UVLOOP"):
         try:

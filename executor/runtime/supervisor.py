@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from greenctl.data import deployments
+from greenctl.data.store import open_store
 from greenctl.executor.runtime.procs import (
     STABLE_S,
     backoff_settings,
@@ -74,9 +76,6 @@ def record_pair(db: str | None, dispatcher_id: int | None, **fields: Any) -> Non
     if not db or dispatcher_id is None:
         return
     try:
-        from greenctl.data import deployments
-        from greenctl.data.store import open_store
-
         with open_store(db) as store, store.transaction():
             deployments.set_dispatcher_process(store, int(dispatcher_id), **fields)
     except Exception as exc:  # the store is a record, not a dependency of serving
