@@ -12,12 +12,21 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data import loop_state
-from greenctl.data.errors import InputError, NotFoundError
+from greenctl.data.carbon import signal_region
+from greenctl.data.carbon_io import normalise_time
+from greenctl.data.errors import GreenctlError, InputError, NotFoundError
 from greenctl.data.loop_state import REPLAN_MARGIN, REPLAN_MIN_DWELL_S, REPLAN_THRESHOLD
 from greenctl.data.records import utcnow_iso
 from greenctl.executor.control.forecasters import get_forecaster, predict_load
 from greenctl.executor.control.history import sample_dispatcher_load
-from greenctl.executor.kinds import KINDS, ReplanSignal, get_kind, plan_carbon, plan_problem
+from greenctl.executor.kinds import (
+    KINDS,
+    PlanKind,
+    ReplanSignal,
+    get_kind,
+    plan_carbon,
+    plan_problem,
+)
 from greenctl.executor.kinds.planning import Carbon
 
 DECISION_ACTIONS = ("apply", "propose", "keep", "hold", "failed")
@@ -372,54 +381,74 @@ def replan_lock(store: Any) -> Iterator[None]:
 ApplyFn = Callable[..., Any]
 
 
+@dataclass(frozen=True)
+class ReplanOptions:
+    """What one replanning round (:func:`replan_once`) is asked to do."""
+
+    #: the plan whose lineage is replanned: a stored plan's id or a plan file
+    plan: str | int
+    #: apply a better plan (else it is saved and proposed)
+    apply: bool = False
+    #: act when the signal moved by more than this (relative) since the running plan
+    threshold: float = REPLAN_THRESHOLD
+    #: ... or when the objective improves by more than this (relative)
+    margin: float = REPLAN_MARGIN
+    #: no change sooner than this after the last one, unless the running plan is overloaded
+    min_dwell_s: float = REPLAN_MIN_DWELL_S
+    #: the carbon region; None: the plan's, else the store's only one
+    region: str | None = None
+    #: the load forecaster (None: the planned rates stay)
+    forecaster: str | None = None
+    #: follow this model's forecast load, spread over the plan as planned
+    load_model: str | None = None
+    #: models' rates given by name (``--rate NAME=RPS``), over the forecast
+    rates: Mapping[str, float] | None = None
+    #: the time of the signal (ISO; None: now)
+    at: str | None = None
+    #: apply_fn(plan, store=..., **apply_options); None: on the backend that runs the plan
+    apply_fn: ApplyFn | None = None
+    apply_options: dict[str, Any] | None = None
+    #: with a forecaster, first turn the dispatcher's counters into a load sample
+    sample_load: bool = True
+
+
+@dataclass
+class _Round:
+    """Where a round starts: the lineage, its running plan and what serves."""
+
+    lineage: str
+    base: Any
+    last: dict[str, Any] | None
+    running: Any
+    serving: dict[str, Any]
+    #: a plan of another lineage that serves (None: none)
+    foreign: int | None
+
+
 def replan_once(
-    store: Any,
-    *,
-    plan: str | int,
-    apply: bool = False,
-    threshold: float = REPLAN_THRESHOLD,
-    margin: float = REPLAN_MARGIN,
-    min_dwell_s: float = REPLAN_MIN_DWELL_S,
-    region: str | None = None,
-    forecaster: str | None = None,
-    load_model: str | None = None,
-    rates: Mapping[str, float] | None = None,
-    at: str | None = None,
-    apply_fn: ApplyFn | None = None,
-    apply_options: dict[str, Any] | None = None,
-    sample_load: bool = True,
+    store: Any, options: ReplanOptions | None = None, /, **fields: Any
 ) -> dict[str, Any]:
-    """One replanning round (the cron entry point's library twin).
+    """One replanning round (the cron entry point's library twin), as ``options`` (or the
+    :class:`ReplanOptions` ``fields``) ask.
 
     Redo the running plan of ``plan``'s lineage with the carbon signal in force at ``at``
     (default now) and, with ``forecaster``, the forecast peak load (of each model the kind's
     request rewrite asks for, :attr:`~greenctl.executor.kinds.PlanKind.replan_request`; with
     ``load_model``, that model's load spread over the plan as planned); compare the new
-    plan's objective with the running plan's in the same problem; act when the signal moved
-    by more than ``threshold`` since the running plan was chosen, or the objective improves
-    by more than ``margin`` (:func:`replan_choice`: a glet plan acts when its GPU count
-    changes or more than ``threshold`` of its glets move; a running plan that cannot carry
-    the load is replaced), and not sooner than ``min_dwell_s`` after the last change unless
-    the running plan cannot serve the forecast load (:func:`dwell_yields`; the round plans
-    and scores either way). ``rates`` (``--rate NAME=RPS``) set models' rates by name, over
-    the forecast; the carbon region is ``region``, else the plan's, else the store's only
-    one (:func:`greenctl.data.carbon.signal_region`, as `plan mix` takes it); a kind that
-    plans no carbon (a glet plan) needs no region. With
-    ``apply`` the new plan is applied (``apply_fn``, default: on the backend that runs the
-    plan, :func:`greenctl.executor.deploy.backends.apply_where_running`, with ``apply_options``);
-    otherwise it is saved and proposed. Every round appends a decision record. With a
-    forecaster and ``sample_load``, the running dispatcher's request counters are first
-    turned into a ``load_history`` sample (so cron runs collect the load they forecast).
+    plan's objective with the running plan's in the same problem; act when
+    :func:`replan_choice` finds a change worth it, and not sooner than ``min_dwell_s`` after
+    the last change unless the running plan cannot serve the forecast load
+    (:func:`dwell_yields`). The carbon region is ``region``, else the plan's, else the
+    store's only one; a kind that plans no carbon (a glet plan) needs none. With ``apply``
+    the new plan is applied (``apply_fn``, default: on the backend that runs the plan);
+    otherwise it is saved and proposed. Every round appends a decision record.
 
-    What serves is asked of the backend that runs the plan (live processes or replicas,
-    :func:`serving_state`), and
-    ``running_plan_id`` records it (None: nothing serves). When nothing serves (after
-    ``greenctl down`` or a reboot), ``apply`` applies the best plan at once, whatever the
-    dwell, threshold and margin. A plan of another lineage serving is left alone (``hold``,
-    naming it); a plan this lineage proposed and someone applied by hand is the running one.
-    A round that keeps the running configuration while the signal moved (with ``apply``)
-    re-applies it at the new intensity, routes only, so the deployment's carbon counters go
-    on at the live intensity (:func:`_count_at_signal`; the decision's reason says so).
+    What serves is asked of the backend that runs the plan (:func:`serving_state`): when
+    nothing serves, ``apply`` applies the best plan at once, whatever the dwell, threshold
+    and margin; a plan of another lineage serving is left alone (``hold``); a plan this
+    lineage proposed and someone applied by hand is the running one. A round that keeps the
+    running configuration while the signal moved (with ``apply``) re-applies it at the new
+    intensity, routes only (:func:`_count_at_signal`).
 
     Returns:
         The decision record (``action`` one of apply | propose | keep | hold).
@@ -428,205 +457,32 @@ def replan_once(
         LockedError: another replan runs. Any error of planning or applying, after a
         ``failed`` decision is recorded; the running plan is left as it was.
     """
-    from greenctl.data import carbon
-    from greenctl.data.carbon_io import normalise_time
-    from greenctl.data.errors import GreenctlError
-
-    if threshold < 0 or margin < 0:
+    opts = options if options is not None else ReplanOptions(**fields)
+    if opts.threshold < 0 or opts.margin < 0:
         raise InputError("--threshold and --margin must be >= 0")
     with replan_lock(store):
-        lineage, base = _resolve_plan(store, plan)
-        last = _last_change(store, lineage)
-        running = store.get_plan(int(last["new_plan_id"])) if last else base
-        serving = serving_state(store)
-        serving_id = serving["plan_id"]
-        foreign = None  # a plan of another lineage serves
-        if serving["live"] and serving_id != running.id:
-            if serving_id is not None and serving_id in _lineage_plan_ids(store, lineage, base):
-                running = store.get_plan(serving_id)  # this lineage's proposal, applied by hand
-            elif not _serves_config_of(store, serving_id, running):
-                foreign = serving_id
-        kind = get_kind(running.kind)
-        if not kind.replannable:
-            able = ", ".join(k for k, v in KINDS.items() if v.replannable)
-            raise InputError(
-                f"replan supports {able} plans; plan {running.id} is a {running.kind} plan",
-                hint="re-run its planner with the new signal (`greenctl plan ...`)",
-            )
-        if apply and not kind.serves:
-            raise InputError(
-                f"replan --apply cannot apply plan {running.id}, a {kind.name} plan: "
-                f"{kind.not_served}",
-                hint="replan without --apply: a better plan is saved and proposed",
-            )
-        reg = region or running.extra.get("carbon_region") or running.request.get("carbon_region")
-        if kind.carbon_signal:  # the region its planner takes: named, else the store's only one
-            reg = carbon.signal_region(store, reg)
-        if not reg and kind.carbon_signal:  # (a glet plan plans no carbon: none needed)
-            raise InputError(
-                "no carbon region to replan for", hint="pass --region R (see `carbon regions`)"
-            )
-        if at is not None:
-            try:
-                at = normalise_time(at)
-            except ValueError as exc:
-                raise InputError(f"--at: {exc}") from None
-        when = at or utcnow_iso()
+        state = _start_round(store, opts.plan)
+        kind = get_kind(state.running.kind)
+        _check_replannable(kind, state.running, apply=opts.apply)
+        reg = _carbon_region(store, kind, state.running, opts.region)
+        at = _signal_time(opts.at)
+        record = _new_record(state, region=reg, when=at or utcnow_iso(), forecaster=opts.forecaster)
         try:  # the one rule every plan's intensity follows (plan mix/mig --region --at)
             ci = plan_carbon(store, kind, region=reg, at=at) if reg else None
         except GreenctlError as exc:
             _record(
                 store,
-                {
-                    "time": utcnow_iso(),
-                    "at": when,
-                    "lineage": lineage,
-                    "region": reg,
-                    "running_plan_id": serving_id,
+                {key: record[key] for key in ("time", "at", "lineage", "region", "running_plan_id")}
+                | {
                     "action": "failed",
                     "applied": 0,
                     "reason": f"no carbon signal: {exc.message}; the running plan is unchanged",
                 },
             )
             raise
-        signal = None if ci is None else float(ci["carbon_g_per_kwh"])
-        ref = None
-        if last is not None and last.get("signal_g_per_kwh") is not None:
-            ref = float(last["signal_g_per_kwh"])
-        elif running.request.get("carbon_intensity") is not None:
-            ref = float(running.request["carbon_intensity"])
-        change = None if ref is None or signal is None else abs(signal - ref) / max(ref, 1e-9)
-        record: dict[str, Any] = {
-            "time": utcnow_iso(),
-            "at": when,
-            "lineage": lineage,
-            "region": reg,
-            "signal_g_per_kwh": signal,
-            "reference_g_per_kwh": ref,
-            "signal_change": change,
-            "forecaster": forecaster,
-            "forecast_rps": None,
-            "running_plan_id": serving_id,  # what really serves (None: nothing)
-            "new_plan_id": None,
-            "old_objective": kind.objective(running)[1],
-            "new_objective": None,
-            "improvement": None,
-            "action": "hold",
-            "applied": 0,
-            "reason": "",
-        }
+        _signal_change(record, state, ci)
         try:
-            if foreign is not None or (serving["live"] and serving_id is None):
-                which = "a plan greenctl has no id for" if foreign is None else f"plan {foreign}"
-                record["reason"] = (
-                    f"{which} serves, not plan {running.id} of {lineage}: it was applied "
-                    "outside this lineage and is left as it is"
-                    + (
-                        ""
-                        if foreign is None
-                        else f" (keep it current with `greenctl replan --plan {foreign}`, "
-                        f"or `greenctl apply` plan {running.id} to return to this lineage)"
-                    )
-                )
-                return _record(store, record)
-            recover = apply and not serving["live"]  # nothing serves: apply the best plan now
-            dwell = ""  # within --min-dwell: the round holds unless the dwell yields
-            if last is not None and not recover:
-                since = dwell_since(last["at"] or last["time"], when, min_dwell_s)
-                if since is not None:
-                    dwell = (
-                        f"min dwell: last change at {last['at']} was {since / 60:.0f} min ago "
-                        f"(< {min_dwell_s / 60:.0f} min)"
-                    )
-            rate = None
-            forecast = None
-            notes = []
-            if forecaster:
-                # cron runs double as the load sampler: the dispatcher's counters since the
-                # last run become a load_history row (nothing when no dispatcher runs)
-                if sample_load:
-                    sample_dispatcher_load(store)
-                forecast = _forecast_peak(store, forecaster)
-                if load_model is not None:  # the plan follows this model's load
-                    rate = forecast(load_model)
-                    if rate is None:
-                        notes.append("no measured load yet: planned rate kept")
-                    forecast = None
-            try:
-                choice = replan_choice(
-                    store, running, signal=signal, reference=ref, threshold=threshold,
-                    margin=margin, rate=rate, forecast=forecast, rates=rates, notes=notes,
-                    carbon=ci,
-                )  # fmt: skip
-            except GreenctlError:
-                if not dwell:
-                    raise
-                # within the dwell the running plan stays whatever a new plan would be
-                record["reason"] = dwell
-                return _record(store, record)
-            if dwell and not dwell_yields(choice):
-                record["forecast_rps"] = rate if rate is not None else choice.forecast_rps
-                record["reason"] = dwell
-                return _record(store, record)
-            if dwell:  # the running plan cannot serve the forecast: a change comes now
-                notes = [*choice.notes, f"{dwell}, yields: {choice.overloaded}"]
-            else:
-                notes = choice.notes
-            new, sig_txt = choice.new, choice.signal_text
-            record["forecast_rps"] = rate if rate is not None else choice.forecast_rps
-            record["old_objective"] = choice.old_objective
-            record["new_objective"] = choice.new_objective
-            record["improvement"] = choice.improvement
-            if recover:
-                target = running if same_config(new, running) else new
-                if target is new:
-                    store.save_plan(new, source="replan")
-                record["new_plan_id"] = target.id
-                record["new_objective"] = kind.objective(target)[1]
-                record["reason"] = (
-                    f"nothing is serving ({serving['why']}); {sig_txt}; applied the best plan, "
-                    f"plan {target.id}"
-                )
-                (apply_fn or _default_apply)(target, store=store, **(apply_options or {}))
-                record["action"] = "apply"
-                record["applied"] = 1
-            elif choice.same:
-                record["action"] = "keep"
-                record["reason"] = (
-                    f"{sig_txt}; the best plan is the running configuration"
-                    if serving["live"]
-                    else f"{sig_txt}; the best plan is plan {running.id}'s configuration"
-                )
-                if apply and serving["live"] and ci is not None:
-                    # the configuration stays, the grid moved: its counters follow the grid
-                    counted = _count_at_signal(
-                        store, serving_id, new, apply_fn or _default_apply, apply_options
-                    )
-                    if counted:
-                        record["reason"] += f"; {counted}"
-            else:
-                if not choice.triggers:
-                    record["reason"] = choice.not_worth
-                else:
-                    store.save_plan(new, source="replan")
-                    record["new_plan_id"] = new.id
-                    record["reason"] = "; ".join(choice.triggers)
-                    if apply:
-                        fn = apply_fn or _default_apply
-                        fn(new, store=store, **(apply_options or {}))
-                        record["action"] = "apply"
-                        record["applied"] = 1
-                    else:
-                        record["action"] = "propose"
-                        record["reason"] += f"; apply with `greenctl apply` plan {new.id}"
-            if not serving["live"] and not record["applied"]:
-                notes.append(
-                    f"nothing is serving: {serving['why']}; `greenctl apply` the plan, or "
-                    "replan with --apply"
-                )
-            if notes:
-                record["reason"] += " (" + "; ".join(notes) + ")"
-            return _record(store, record)
+            return _record(store, _decide(store, opts, state, kind, ci, record))
         except BaseException as exc:
             record["action"] = "failed"
             record["applied"] = 0
@@ -634,6 +490,249 @@ def replan_once(
             record["reason"] = f"{type(exc).__name__}: {msg}; the running plan is unchanged"
             _record(store, record)
             raise
+
+
+def _start_round(store: Any, plan: str | int) -> _Round:
+    """The lineage of ``plan``, its running plan (the last change's, else the base) and what
+    serves: a proposal of this lineage applied by hand is the running plan."""
+    lineage, base = _resolve_plan(store, plan)
+    last = _last_change(store, lineage)
+    running = store.get_plan(int(last["new_plan_id"])) if last else base
+    serving = serving_state(store)
+    serving_id = serving["plan_id"]
+    foreign = None
+    if serving["live"] and serving_id != running.id:
+        if serving_id is not None and serving_id in _lineage_plan_ids(store, lineage, base):
+            running = store.get_plan(serving_id)  # this lineage's proposal, applied by hand
+        elif not _serves_config_of(store, serving_id, running):
+            foreign = serving_id
+    return _Round(lineage, base, last, running, serving, foreign)
+
+
+def _check_replannable(kind: PlanKind, running: Any, *, apply: bool) -> None:
+    """Refuse a kind the registry cannot replan, or ``--apply`` of a plan that is not served."""
+    if not kind.replannable:
+        able = ", ".join(k for k, v in KINDS.items() if v.replannable)
+        raise InputError(
+            f"replan supports {able} plans; plan {running.id} is a {running.kind} plan",
+            hint="re-run its planner with the new signal (`greenctl plan ...`)",
+        )
+    if apply and not kind.serves:
+        raise InputError(
+            f"replan --apply cannot apply plan {running.id}, a {kind.name} plan: {kind.not_served}",
+            hint="replan without --apply: a better plan is saved and proposed",
+        )
+
+
+def _carbon_region(store: Any, kind: PlanKind, running: Any, region: str | None) -> str | None:
+    """The region whose signal the round reads: named, else the plan's, else (a kind that
+    plans with the signal) the store's only one (:func:`greenctl.data.carbon.signal_region`).
+
+    Raises:
+        InputError: a kind that plans with the signal and no region.
+    """
+    reg = region or running.extra.get("carbon_region") or running.request.get("carbon_region")
+    if kind.carbon_signal:
+        reg = signal_region(store, reg)
+        if not reg:  # (a glet plan plans no carbon: none needed)
+            raise InputError(
+                "no carbon region to replan for", hint="pass --region R (see `carbon regions`)"
+            )
+    return reg
+
+
+def _signal_time(at: str | None) -> str | None:
+    if at is None:
+        return None
+    try:
+        return normalise_time(at)
+    except ValueError as exc:
+        raise InputError(f"--at: {exc}") from None
+
+
+def _new_record(
+    state: _Round, *, region: str | None, when: str, forecaster: str | None
+) -> dict[str, Any]:
+    """The decision record a round fills in (``hold`` until it decides)."""
+    return {
+        "time": utcnow_iso(),
+        "at": when,
+        "lineage": state.lineage,
+        "region": region,
+        "signal_g_per_kwh": None,
+        "reference_g_per_kwh": None,
+        "signal_change": None,
+        "forecaster": forecaster,
+        "forecast_rps": None,
+        "running_plan_id": state.serving["plan_id"],  # what really serves (None: nothing)
+        "new_plan_id": None,
+        "old_objective": get_kind(state.running.kind).objective(state.running)[1],
+        "new_objective": None,
+        "improvement": None,
+        "action": "hold",
+        "applied": 0,
+        "reason": "",
+    }
+
+
+def _signal_change(record: dict[str, Any], state: _Round, ci: Carbon | None) -> None:
+    """The signal, the reference it is compared with (the last change's, else the running
+    plan's intensity) and how far it moved, into ``record``."""
+    signal = None if ci is None else float(ci["carbon_g_per_kwh"])
+    ref = None
+    if state.last is not None and state.last.get("signal_g_per_kwh") is not None:
+        ref = float(state.last["signal_g_per_kwh"])
+    elif state.running.request.get("carbon_intensity") is not None:
+        ref = float(state.running.request["carbon_intensity"])
+    record["signal_g_per_kwh"] = signal
+    record["reference_g_per_kwh"] = ref
+    if ref is not None and signal is not None:
+        record["signal_change"] = abs(signal - ref) / max(ref, 1e-9)
+
+
+def _decide(
+    store: Any,
+    opts: ReplanOptions,
+    state: _Round,
+    kind: PlanKind,
+    ci: Carbon | None,
+    record: dict[str, Any],
+) -> dict[str, Any]:
+    """The round's decision: hold for a foreign plan or within the dwell, else plan, choose
+    and act (:func:`_act`); ``record`` filled in and returned."""
+    serving, running = state.serving, state.running
+    if state.foreign is not None or (serving["live"] and serving["plan_id"] is None):
+        record["reason"] = _foreign_reason(state)
+        return record
+    recover = opts.apply and not serving["live"]  # nothing serves: apply the best plan now
+    dwell = ""  # within --min-dwell: the round holds unless the dwell yields
+    if state.last is not None and not recover:
+        since = dwell_since(state.last["at"] or state.last["time"], record["at"], opts.min_dwell_s)
+        if since is not None:
+            dwell = (
+                f"min dwell: last change at {state.last['at']} was {since / 60:.0f} min ago "
+                f"(< {opts.min_dwell_s / 60:.0f} min)"
+            )
+    rate, forecast, notes = _forecast(store, opts)
+    try:
+        choice = replan_choice(
+            store, running, signal=record["signal_g_per_kwh"],
+            reference=record["reference_g_per_kwh"], threshold=opts.threshold,
+            margin=opts.margin, rate=rate, forecast=forecast, rates=opts.rates, notes=notes,
+            carbon=ci,
+        )  # fmt: skip
+    except GreenctlError:
+        if not dwell:
+            raise
+        record["reason"] = dwell  # within the dwell the running plan stays whatever it is
+        return record
+    record["forecast_rps"] = rate if rate is not None else choice.forecast_rps
+    if dwell and not dwell_yields(choice):
+        record["reason"] = dwell
+        return record
+    notes = choice.notes
+    if dwell:  # the running plan cannot serve the forecast: a change comes now
+        notes = [*choice.notes, f"{dwell}, yields: {choice.overloaded}"]
+    record["old_objective"] = choice.old_objective
+    record["new_objective"] = choice.new_objective
+    record["improvement"] = choice.improvement
+    _act(store, opts, state, kind, choice, record, recover=recover, signal=ci is not None)
+    if not serving["live"] and not record["applied"]:
+        notes.append(
+            f"nothing is serving: {serving['why']}; `greenctl apply` the plan, or "
+            "replan with --apply"
+        )
+    if notes:
+        record["reason"] += " (" + "; ".join(notes) + ")"
+    return record
+
+
+def _foreign_reason(state: _Round) -> str:
+    """Why a round holds while a plan of another lineage (or one with no id) serves."""
+    foreign, running = state.foreign, state.running
+    which = "a plan greenctl has no id for" if foreign is None else f"plan {foreign}"
+    return (
+        f"{which} serves, not plan {running.id} of {state.lineage}: it was applied "
+        "outside this lineage and is left as it is"
+        + (
+            ""
+            if foreign is None
+            else f" (keep it current with `greenctl replan --plan {foreign}`, "
+            f"or `greenctl apply` plan {running.id} to return to this lineage)"
+        )
+    )
+
+
+def _forecast(
+    store: Any, opts: ReplanOptions
+) -> tuple[float | None, Callable[[str], float | None] | None, list[str]]:
+    """(the plan's forecast load with ``load_model``, the per-model forecast otherwise,
+    notes); nothing without a forecaster. Cron runs double as the load sampler: the
+    dispatcher's counters since the last run become a load_history row."""
+    if not opts.forecaster:
+        return None, None, []
+    if opts.sample_load:
+        sample_dispatcher_load(store)
+    forecast = _forecast_peak(store, opts.forecaster)
+    if opts.load_model is None:
+        return None, forecast, []
+    rate = forecast(opts.load_model)  # the plan follows this model's load
+    return rate, None, [] if rate is not None else ["no measured load yet: planned rate kept"]
+
+
+def _act(
+    store: Any,
+    opts: ReplanOptions,
+    state: _Round,
+    kind: PlanKind,
+    choice: ReplanChoice,
+    record: dict[str, Any],
+    *,
+    recover: bool,
+    signal: bool,
+) -> None:
+    """Carry out the choice: apply the best plan when nothing serves (``recover``), keep
+    the running configuration (re-applying it at the new signal's intensity), or save and
+    propose or apply a change worth it; the action and reason into ``record``."""
+    serving, running, new = state.serving, state.running, choice.new
+    apply_fn = opts.apply_fn or _default_apply
+    sig_txt = choice.signal_text
+    if recover:
+        target = running if same_config(new, running) else new
+        if target is new:
+            store.save_plan(new, source="replan")
+        record["new_plan_id"] = target.id
+        record["new_objective"] = kind.objective(target)[1]
+        record["reason"] = (
+            f"nothing is serving ({serving['why']}); {sig_txt}; applied the best plan, "
+            f"plan {target.id}"
+        )
+        apply_fn(target, store=store, **(opts.apply_options or {}))
+        record["action"], record["applied"] = "apply", 1
+    elif choice.same:
+        record["action"] = "keep"
+        record["reason"] = (
+            f"{sig_txt}; the best plan is the running configuration"
+            if serving["live"]
+            else f"{sig_txt}; the best plan is plan {running.id}'s configuration"
+        )
+        if opts.apply and serving["live"] and signal:
+            # the configuration stays, the grid moved: its counters follow the grid
+            counted = _count_at_signal(store, serving["plan_id"], new, apply_fn, opts.apply_options)
+            if counted:
+                record["reason"] += f"; {counted}"
+    elif not choice.triggers:
+        record["reason"] = choice.not_worth
+    else:
+        store.save_plan(new, source="replan")
+        record["new_plan_id"] = new.id
+        record["reason"] = "; ".join(choice.triggers)
+        if opts.apply:
+            apply_fn(new, store=store, **(opts.apply_options or {}))
+            record["action"], record["applied"] = "apply", 1
+        else:
+            record["action"] = "propose"
+            record["reason"] += f"; apply with `greenctl apply` plan {new.id}"
 
 
 def serving_state(store: Any) -> dict[str, Any]:
