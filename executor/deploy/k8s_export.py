@@ -7,7 +7,7 @@ Service in front, its routes in a ConfigMap. MIG plans also get a ConfigMap hold
 mig-parted's v1 config and the ``nvidia.com/mig.config=<label>`` node labels that the GPU
 operator's MIG manager acts on (mixed strategy: pods request ``nvidia.com/mig-<profile>``).
 
-Energy and carbon (issue 19): each executor counts its energy and carbon as a local one does
+Energy and carbon: each executor counts its energy and carbon as a local one does
 (``greenctl_energy_joules_total``, ``greenctl_carbon_grams_total``, ``greenctl_power_watts``
 at ``/metrics``), started with the plan's grid intensity and PUE and, for a modeled source,
 the profile's figures (the options ``greenctl apply`` gives its executors,
@@ -25,13 +25,16 @@ Pure: builds documents (plain dicts) and never talks to a cluster.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import yaml
 from greenctl.data.emissions import routes_carbon
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
@@ -67,8 +70,6 @@ def dns_name(*parts: str) -> str:
     text = re.sub(r"[^a-z0-9-]+", "-", text).strip("-")
     text = re.sub(r"-{2,}", "-", text)
     if len(text) > 63:
-        import hashlib
-
         digest = hashlib.sha1(text.encode()).hexdigest()[:6]
         text = text[:56].rstrip("-") + "-" + digest
     return text or "x"
@@ -190,12 +191,12 @@ def build_k8s_export(
         raise InputError("--gpus-per-node must be >= 1")
     base = dns_name(name or (f"greenctl-plan-{plan.id}" if plan.id is not None else "greenctl"))
     out = K8sExport()
-    labels_common = {APP_LABEL: base}
+    where = _Where(base, namespace, image)
     out.files["namespace.yaml"] = [
         {
             "apiVersion": "v1",
             "kind": "Namespace",
-            "metadata": {"name": namespace, "labels": labels_common},
+            "metadata": {"name": namespace, "labels": where.labels},
         }
     ]
     routes: dict[str, list[dict[str, Any]]] = {}
@@ -205,48 +206,12 @@ def build_k8s_export(
         seen[obj] += 1
         if seen[obj] > 1:
             obj = dns_name(obj, str(seen[obj]))
-        labels = {
-            **labels_common,
-            "app.kubernetes.io/name": obj,
-            "greenctl.io/model": dns_name(dep.model),
-        }
-        resources, env = _resources(dep, memory_mb=(memory_mb or {}).get(dep.variant))
-        key = (dep.variant, dep.resource, dep.batch)
-        energy = None if energy_args is None else energy_args.get(key)
-        container: dict[str, Any] = {
-            "name": "executor",
-            "image": image,
-            "command": executor_command(dep, carbon_args(plan) if energy is None else energy),
-            "ports": [{"name": "http", "containerPort": PORT}],
-            "resources": resources,
-            "readinessProbe": _probe("/v2/health/ready", initial_s=5),
-            "livenessProbe": _probe("/v2/health/live", initial_s=10),
-        }
-        if env:
-            container["env"] = env
-        deployment = {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": obj, "namespace": namespace, "labels": labels},
-            "spec": {
-                "replicas": dep.count,
-                "selector": {"matchLabels": {"app.kubernetes.io/name": obj}},
-                "template": {
-                    "metadata": {"labels": labels, "annotations": dict(SCRAPE_ANNOTATIONS)},
-                    "spec": {"containers": [container]},
-                },
-            },
-        }
-        service = {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": obj, "namespace": namespace, "labels": labels},
-            "spec": {
-                "selector": {"app.kubernetes.io/name": obj},
-                "ports": [{"name": "http", "port": PORT, "targetPort": PORT}],
-            },
-        }
-        out.files[f"{obj}.yaml"] = [deployment, service]
+        energy = (
+            None if energy_args is None else energy_args.get((dep.variant, dep.resource, dep.batch))
+        )
+        command = executor_command(dep, carbon_args(plan) if energy is None else energy)
+        memory = (memory_mb or {}).get(dep.variant)
+        out.files[f"{obj}.yaml"] = _executor_objects(where, obj, dep, command, memory_mb=memory)
         routes.setdefault(dep.model, []).append(
             {
                 "id": obj,
@@ -257,106 +222,12 @@ def build_k8s_export(
                 "weight": dep.quota_rps if dep.quota_rps is not None else float(dep.count),
             }
         )
-
-    dispatcher = dns_name(base, "dispatcher")
     policy = kind.dispatch_policy(plan, policy)  # what simulate assumed, a local apply serves
-    # the dispatcher's routing-table document (greenctl.executor.runtime.dispatcher --routes)
-    config_doc: dict[str, Any] = {
-        "generation": f"k8s-{base}",
-        "models": {model: {"policy": policy, "instances": inst} for model, inst in routes.items()},
-    }
-    carbon = routes_carbon(plan)
-    if carbon is not None:  # the dispatcher exports the grid intensity (issue 19)
-        config_doc["carbon"] = carbon
-    d_labels = {**labels_common, "app.kubernetes.io/name": dispatcher}
-    out.files["dispatcher.yaml"] = [
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": f"{dispatcher}-routes",
-                "namespace": namespace,
-                "labels": d_labels,
-            },
-            "data": {"routes.json": json.dumps(config_doc, indent=2, sort_keys=True)},
-        },
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": dispatcher, "namespace": namespace, "labels": d_labels},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app.kubernetes.io/name": dispatcher}},
-                "template": {
-                    "metadata": {"labels": d_labels, "annotations": dict(SCRAPE_ANNOTATIONS)},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "dispatcher",
-                                "image": image,
-                                "command": [
-                                    "python",
-                                    "-m",
-                                    "greenctl.executor.runtime.dispatcher",
-                                    "--routes",
-                                    "/etc/greenctl/routes.json",
-                                    "--host",
-                                    "0.0.0.0",
-                                    "--port",
-                                    str(PORT),
-                                ],
-                                "ports": [{"name": "http", "containerPort": PORT}],
-                                # Prometheus sums the executor pods' counters (module doc)
-                                "env": [{"name": ENERGY_SCRAPE_ENV, "value": "0"}],
-                                "resources": {"requests": {"cpu": "1", "memory": "256Mi"}},
-                                "readinessProbe": _probe("/v2/health/ready", initial_s=2),
-                                "livenessProbe": _probe("/v2/health/live", initial_s=5),
-                                "volumeMounts": [{"name": "routes", "mountPath": "/etc/greenctl"}],
-                            }
-                        ],
-                        "volumes": [
-                            {"name": "routes", "configMap": {"name": f"{dispatcher}-routes"}}
-                        ],
-                    },
-                },
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": dispatcher, "namespace": namespace, "labels": d_labels},
-            "spec": {
-                "selector": {"app.kubernetes.io/name": dispatcher},
-                "ports": [{"name": "http", "port": PORT, "targetPort": PORT}],
-            },
-        },
-    ]
-
+    out.files["dispatcher.yaml"] = _dispatcher_objects(
+        where, _routes_config(plan, routes, policy, base)
+    )
     if plan.kind == "mig":
-        config, node_labels = (
-            mig_nodes(plan, gpus_per_node=gpus_per_node, base=base)
-            if mig_config is None
-            else (mig_config, [])
-        )
-        import yaml
-
-        out.files["mig-config.yaml"] = [
-            {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {
-                    "name": f"{base}-mig-parted-config",
-                    "namespace": "gpu-operator",
-                    "labels": labels_common,
-                },
-                "data": {"config.yaml": yaml.safe_dump(config, sort_keys=False)},
-            }
-        ]
-        out.node_labels = node_labels
-        out.notes.append(
-            "Point the GPU operator at the ConfigMap (helm value migManager.config.name="
-            f"{base}-mig-parted-config, mig.strategy=mixed), then label the nodes as listed."
-        )
+        _add_mig_config(out, plan, where, gpus_per_node=gpus_per_node, mig_config=mig_config)
     out.files["kustomization.yaml"] = [
         {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
@@ -365,6 +236,178 @@ def build_k8s_export(
         }
     ]
     return out
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where an export's objects go: their base name, namespace and image."""
+
+    base: str
+    namespace: str
+    image: str
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The labels every object of the export carries."""
+        return {APP_LABEL: self.base}
+
+
+def _executor_objects(
+    where: _Where, obj: str, dep: Deployment, command: list[str], *, memory_mb: float | None
+) -> list[dict[str, Any]]:
+    """The Deployment and Service of one planned (variant, resource)."""
+    labels = {
+        **where.labels,
+        "app.kubernetes.io/name": obj,
+        "greenctl.io/model": dns_name(dep.model),
+    }
+    resources, env = _resources(dep, memory_mb=memory_mb)
+    container: dict[str, Any] = {
+        "name": "executor",
+        "image": where.image,
+        "command": command,
+        "ports": [{"name": "http", "containerPort": PORT}],
+        "resources": resources,
+        "readinessProbe": _probe("/v2/health/ready", initial_s=5),
+        "livenessProbe": _probe("/v2/health/live", initial_s=10),
+    }
+    if env:
+        container["env"] = env
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": obj, "namespace": where.namespace, "labels": labels},
+        "spec": {
+            "replicas": dep.count,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": obj}},
+            "template": {
+                "metadata": {"labels": labels, "annotations": dict(SCRAPE_ANNOTATIONS)},
+                "spec": {"containers": [container]},
+            },
+        },
+    }
+    return [deployment, _service(where, obj, labels)]
+
+
+def _service(where: _Where, obj: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": obj, "namespace": where.namespace, "labels": labels},
+        "spec": {
+            "selector": {"app.kubernetes.io/name": obj},
+            "ports": [{"name": "http", "port": PORT, "targetPort": PORT}],
+        },
+    }
+
+
+def _routes_config(
+    plan: Plan, routes: dict[str, list[dict[str, Any]]], policy: str, base: str
+) -> dict[str, Any]:
+    """The dispatcher's routing-table document (``greenctl.executor.runtime.dispatcher
+    --routes``), with the plan's grid intensity, which the dispatcher exports."""
+    config_doc: dict[str, Any] = {
+        "generation": f"k8s-{base}",
+        "models": {model: {"policy": policy, "instances": inst} for model, inst in routes.items()},
+    }
+    carbon = routes_carbon(plan)
+    if carbon is not None:
+        config_doc["carbon"] = carbon
+    return config_doc
+
+
+def _dispatcher_objects(where: _Where, config_doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dispatcher's routes ConfigMap, Deployment and Service."""
+    dispatcher = dns_name(where.base, "dispatcher")
+    d_labels = {**where.labels, "app.kubernetes.io/name": dispatcher}
+    container = {
+        "name": "dispatcher",
+        "image": where.image,
+        "command": [
+            "python",
+            "-m",
+            "greenctl.executor.runtime.dispatcher",
+            "--routes",
+            "/etc/greenctl/routes.json",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(PORT),
+        ],
+        "ports": [{"name": "http", "containerPort": PORT}],
+        # Prometheus sums the executor pods' counters (module doc)
+        "env": [{"name": ENERGY_SCRAPE_ENV, "value": "0"}],
+        "resources": {"requests": {"cpu": "1", "memory": "256Mi"}},
+        "readinessProbe": _probe("/v2/health/ready", initial_s=2),
+        "livenessProbe": _probe("/v2/health/live", initial_s=5),
+        "volumeMounts": [{"name": "routes", "mountPath": "/etc/greenctl"}],
+    }
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": f"{dispatcher}-routes",
+                "namespace": where.namespace,
+                "labels": d_labels,
+            },
+            "data": {"routes.json": json.dumps(config_doc, indent=2, sort_keys=True)},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": dispatcher, "namespace": where.namespace, "labels": d_labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": dispatcher}},
+                "template": {
+                    "metadata": {"labels": d_labels, "annotations": dict(SCRAPE_ANNOTATIONS)},
+                    "spec": {
+                        "containers": [container],
+                        "volumes": [
+                            {"name": "routes", "configMap": {"name": f"{dispatcher}-routes"}}
+                        ],
+                    },
+                },
+            },
+        },
+        _service(where, dispatcher, d_labels),
+    ]
+
+
+def _add_mig_config(
+    out: K8sExport,
+    plan: Plan,
+    where: _Where,
+    *,
+    gpus_per_node: int,
+    mig_config: dict[str, Any] | None,
+) -> None:
+    """A MIG plan's mig-parted ConfigMap (for the GPU operator's namespace), the node
+    labels that select its layouts, and how to point the operator at it."""
+    base = where.base
+    config, node_labels = (
+        mig_nodes(plan, gpus_per_node=gpus_per_node, base=base)
+        if mig_config is None
+        else (mig_config, [])
+    )
+    out.files["mig-config.yaml"] = [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": f"{base}-mig-parted-config",
+                "namespace": "gpu-operator",
+                "labels": where.labels,
+            },
+            "data": {"config.yaml": yaml.safe_dump(config, sort_keys=False)},
+        }
+    ]
+    out.node_labels = node_labels
+    out.notes.append(
+        "Point the GPU operator at the ConfigMap (helm value migManager.config.name="
+        f"{base}-mig-parted-config, mig.strategy=mixed), then label the nodes as listed."
+    )
 
 
 def mig_nodes(plan: Plan, *, gpus_per_node: int, base: str) -> tuple[dict[str, Any], list[str]]:
@@ -404,10 +447,6 @@ def mig_nodes(plan: Plan, *, gpus_per_node: int, base: str) -> tuple[dict[str, A
 
 def write_k8s_export(export: K8sExport, out_dir: Any) -> list[str]:
     """Write every file (multi-document YAML) plus a README with the node labels; returns paths."""
-    from pathlib import Path
-
-    import yaml
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
