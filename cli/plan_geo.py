@@ -30,32 +30,85 @@ ALGORITHM_HELP = (
 geo_app = typer.Typer(no_args_is_help=True, help="Geographical load-balancing data helpers.")
 
 
+def _path_opt(flag: str, help_text: str) -> Any:
+    return typer.Option(flag, help=help_text, parser=input_path, metavar="FILE")
+
+
+SitesOpt = Annotated[
+    Path,
+    _path_opt(
+        "--sites",
+        "CSV: time,site,price_usd_per_mwh,carbon_g_per_kwh,wue_l_per_kwh,capacity_mw"
+        "[,ewif_l_per_kwh,pue].",
+    ),
+]
+DemandOpt = Annotated[Path, _path_opt("--demand", "CSV: time,gateway,load_mw.")]
+RoutesOpt = Annotated[
+    Path | None,
+    _path_opt("--routes", "CSV: gateway,site[,latency_ms] allowed pairs (default: all)."),
+]
+EtaOpt = Annotated[
+    float | None,
+    typer.Option("--eta", help="eglb: dual learning rate (default 1/(mean z_max sqrt(2 S T))."),
+]
+ZMaxOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--z-max",
+        help="eglb: cap of the auxiliary per-step weighted footprint, USD (default: each "
+        "site's largest possible per-step footprint).",
+    ),
+]
+WeightCarbonOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--weight-carbon",
+        help="glb-c2/glb-all: USD per kg of total carbon (default mu-carbon / sites).",
+    ),
+]
+WeightWaterOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--weight-water", help="glb-all: USD per litre of total water (default mu-water / sites)."
+    ),
+]
+VariantsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--variants",
+        help="Heterogeneous models: CSV variant,energy_j_per_request,accuracy[,site] "
+        "(load_mw is the power of the most accurate variant).",
+    ),
+]
+FamilyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--family",
+        help="Heterogeneous models from the store: this family's variants, their accuracy "
+        "and lowest measured energy per request.",
+    ),
+]
+MinAccuracyOpt = Annotated[
+    float | None,
+    typer.Option("--min-accuracy", help="Lowest load-weighted mean accuracy (0-1) with variants."),
+]
+AllocationsOpt = Annotated[
+    Path | None,
+    typer.Option("--allocations", help="Write time,gateway,site,load_mw for non-zero flows."),
+]
+PlotOpt = Annotated[
+    Path | None,
+    typer.Option("--plot", help="PNG chart of per-site carbon and water per algorithm."),
+]
+OutputOpt = Annotated[
+    Path | None, typer.Option("--output", "-o", help="Also write the plan document here.")
+]
+
+
 def plan_geo_cmd(
-    sites: Annotated[
-        Path,
-        typer.Option(
-            "--sites",
-            help="CSV: time,site,price_usd_per_mwh,carbon_g_per_kwh,wue_l_per_kwh,capacity_mw"
-            "[,ewif_l_per_kwh,pue].",
-            parser=input_path,
-            metavar="FILE",
-        ),
-    ],
-    demand: Annotated[
-        Path,
-        typer.Option(
-            "--demand", help="CSV: time,gateway,load_mw.", parser=input_path, metavar="FILE"
-        ),
-    ],
-    routes: Annotated[
-        Path | None,
-        typer.Option(
-            "--routes",
-            help="CSV: gateway,site[,latency_ms] allowed pairs (default: all).",
-            parser=input_path,
-            metavar="FILE",
-        ),
-    ] = None,
+    sites: SitesOpt,
+    demand: DemandOpt,
+    routes: RoutesOpt = None,
     algorithm: Annotated[str, typer.Option("--algorithm", "-a", help=ALGORITHM_HELP)] = "eglb-off",
     mu_carbon: Annotated[
         float, typer.Option("--mu-carbon", help="USD per kg of the largest site's carbon.")
@@ -63,73 +116,24 @@ def plan_geo_cmd(
     mu_water: Annotated[
         float, typer.Option("--mu-water", help="USD per litre of the largest site's water.")
     ] = 0.06,
-    eta: Annotated[
-        float | None,
-        typer.Option("--eta", help="eglb: dual learning rate (default 1/(mean z_max sqrt(2 S T))."),
-    ] = None,
-    z_max: Annotated[
-        float | None,
-        typer.Option(
-            "--z-max",
-            help="eglb: cap of the auxiliary per-step weighted footprint, USD (default: each "
-            "site's largest possible per-step footprint).",
-        ),
-    ] = None,
+    eta: EtaOpt = None,
+    z_max: ZMaxOpt = None,
     horizon: Annotated[int, typer.Option("--horizon", help="eglb-mpc: window in steps.")] = 24,
     forecast: Annotated[
         str, typer.Option("--forecast", help="eglb-mpc: oracle, persistence or seasonal.")
     ] = "oracle",
-    weight_carbon: Annotated[
-        float | None,
-        typer.Option(
-            "--weight-carbon",
-            help="glb-c2/glb-all: USD per kg of total carbon (default mu-carbon / sites).",
-        ),
-    ] = None,
-    weight_water: Annotated[
-        float | None,
-        typer.Option(
-            "--weight-water",
-            help="glb-all: USD per litre of total water (default mu-water / sites).",
-        ),
-    ] = None,
-    variants: Annotated[
-        Path | None,
-        typer.Option(
-            "--variants",
-            help="Heterogeneous models: CSV variant,energy_j_per_request,accuracy[,site] "
-            "(load_mw is the power of the most accurate variant).",
-        ),
-    ] = None,
-    family: Annotated[
-        str | None,
-        typer.Option(
-            "--family",
-            help="Heterogeneous models from the store: this family's variants, their accuracy "
-            "and lowest measured energy per request.",
-        ),
-    ] = None,
-    min_accuracy: Annotated[
-        float | None,
-        typer.Option(
-            "--min-accuracy", help="Lowest load-weighted mean accuracy (0-1) with variants."
-        ),
-    ] = None,
+    weight_carbon: WeightCarbonOpt = None,
+    weight_water: WeightWaterOpt = None,
+    variants: VariantsOpt = None,
+    family: FamilyOpt = None,
+    min_accuracy: MinAccuracyOpt = None,
     model: Annotated[str, typer.Option("--model", help="Model every site serves.")] = "default",
     variant: Annotated[
         str, typer.Option("--variant", help="Variant every site serves.")
     ] = "default",
-    allocations: Annotated[
-        Path | None,
-        typer.Option("--allocations", help="Write time,gateway,site,load_mw for non-zero flows."),
-    ] = None,
-    plot: Annotated[
-        Path | None,
-        typer.Option("--plot", help="PNG chart of per-site carbon and water per algorithm."),
-    ] = None,
-    output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Also write the plan document here.")
-    ] = None,
+    allocations: AllocationsOpt = None,
+    plot: PlotOpt = None,
+    output: OutputOpt = None,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -142,7 +146,7 @@ def plan_geo_cmd(
     from greenctl.cli.plan import check_writable, save_plan
     from greenctl.data.errors import InputError
     from greenctl.data.geo_io import write_allocations
-    from greenctl.executor.kinds import get_kind
+    from greenctl.executor.kinds import plan_problem
 
     check_writable(output)
     check_writable(allocations, option="--allocations")
@@ -171,7 +175,7 @@ def plan_geo_cmd(
         "variant": variant,
     }
     with store_for(db) as store:
-        plan, run = get_kind("geo").plan(store, request)
+        plan, run = plan_problem(store, "geo", request)
         if allocations is not None:
             write_allocations(allocations, run.allocation_rows())
         if plot is not None:

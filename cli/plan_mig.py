@@ -45,79 +45,86 @@ def mig_request(
     }
 
 
+GpuOpt = Annotated[
+    str, typer.Option("--gpu", help="GPU model: NVML name or alias (A100-40GB, H100-80GB, A30).")
+]
+CarbonOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--carbon-intensity",
+        help="Current grid carbon intensity, gCO2/kWh (default: the --region signal, "
+        "else the only region's in the store).",
+    ),
+]
+SlaOpt = Annotated[
+    float | None,
+    typer.Option("--sla-ms", help="p95 latency SLA in ms (default: BASE's p95 at --rate)."),
+]
+LambdaOpt = Annotated[
+    float, typer.Option("--lambda", help="Weight of dCarbon vs dAccuracy in the objective (0..1).")
+]
+BaseCarbonOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--base-carbon-intensity",
+        help="Carbon intensity BASE is measured at, gCO2/kWh (default: --carbon-intensity).",
+    ),
+]
+AccuracyLossOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--max-accuracy-loss", help="Hard floor: accuracy at most this many percent below BASE's."
+    ),
+]
+SolverOpt = Annotated[
+    str,
+    typer.Option(
+        "--solver", help="exact (ILP), anneal (Clover's graph annealing) or random (BLOVER)."
+    ),
+]
+BaselineOpt = Annotated[
+    str | None,
+    typer.Option("--baseline", help="Emit a baseline instead: base (7g, best variant) or co2opt."),
+]
+CurrentOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--current",
+        help="Previous MIG plan JSON: warm start, and GPUs keep their layout.",
+        parser=input_path,
+        metavar="FILE",
+    ),
+]
+ExportOpt = Annotated[
+    tuple[str, Path] | None,
+    typer.Option(
+        "--export",
+        help="Also write the layouts in another format: `--export mig-parted FILE` "
+        "(NVIDIA mig-parted v1 YAML).",
+    ),
+]
+
+
 def plan_mig_cmd(
-    gpu: Annotated[
-        str,
-        typer.Option("--gpu", help="GPU model: NVML name or alias (A100-40GB, H100-80GB, A30)."),
-    ],
+    gpu: GpuOpt,
     gpus: Annotated[int, typer.Option("--gpus", help="Number of GPUs of that model.")],
     model: Annotated[str, typer.Option("--model", help="Model family to serve.")],
     rate: Annotated[float, typer.Option("--rate", help="Poisson request rate, req/s.")],
-    carbon_intensity: Annotated[
-        float | None,
-        typer.Option(
-            "--carbon-intensity",
-            help="Current grid carbon intensity, gCO2/kWh (default: the --region signal, "
-            "else the only region's in the store).",
-        ),
-    ] = None,
+    carbon_intensity: CarbonOpt = None,
     region: RegionOpt = None,
     at: AtOpt = None,
-    sla_ms: Annotated[
-        float | None,
-        typer.Option("--sla-ms", help="p95 latency SLA in ms (default: BASE's p95 at --rate)."),
-    ] = None,
-    lam: Annotated[
-        float,
-        typer.Option("--lambda", help="Weight of dCarbon vs dAccuracy in the objective (0..1)."),
-    ] = 0.5,
-    base_carbon_intensity: Annotated[
-        float | None,
-        typer.Option(
-            "--base-carbon-intensity",
-            help="Carbon intensity BASE is measured at, gCO2/kWh (default: --carbon-intensity).",
-        ),
-    ] = None,
-    max_accuracy_loss: Annotated[
-        float | None,
-        typer.Option(
-            "--max-accuracy-loss",
-            help="Hard floor: accuracy at most this many percent below BASE's.",
-        ),
-    ] = None,
-    solver: Annotated[
-        str,
-        typer.Option(
-            "--solver", help="exact (ILP), anneal (Clover's graph annealing) or random (BLOVER)."
-        ),
-    ] = "exact",
-    baseline: Annotated[
-        str | None,
-        typer.Option(
-            "--baseline", help="Emit a baseline instead: base (7g, best variant) or co2opt."
-        ),
-    ] = None,
-    current: Annotated[
-        Path | None,
-        typer.Option(
-            "--current",
-            help="Previous MIG plan JSON: warm start, and GPUs keep their layout.",
-            parser=input_path,
-            metavar="FILE",
-        ),
-    ] = None,
+    sla_ms: SlaOpt = None,
+    lam: LambdaOpt = 0.5,
+    base_carbon_intensity: BaseCarbonOpt = None,
+    max_accuracy_loss: AccuracyLossOpt = None,
+    solver: SolverOpt = "exact",
+    baseline: BaselineOpt = None,
+    current: CurrentOpt = None,
     time_limit: Annotated[
         float | None, typer.Option("--time-limit", help="Solver time limit, seconds.")
     ] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of anneal/random.")] = None,
-    export: Annotated[
-        tuple[str, Path] | None,
-        typer.Option(
-            "--export",
-            help="Also write the layouts in another format: `--export mig-parted FILE` "
-            "(NVIDIA mig-parted v1 YAML).",
-        ),
-    ] = None,
+    export: ExportOpt = None,
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write the plan JSON here.")
     ] = None,
