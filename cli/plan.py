@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, store_for
+from greenctl.data import plan as plan_docs
+from greenctl.data.errors import InputError
+from greenctl.data.plan import Plan
 
 if TYPE_CHECKING:
-    from greenctl.data.plan import Plan
     from greenctl.data.store import Store
 
 plan_app = typer.Typer(
@@ -75,7 +77,6 @@ def check_writable(path: str | Path | None, *, option: str = "-o") -> Path | Non
     Raises:
         InputError: the folder is missing or read-only, or the path is a folder.
     """
-    from greenctl.data.errors import InputError
 
     if path is None:
         return None
@@ -101,8 +102,6 @@ def save_plan(store: Store, plan: Plan, output: str | Path | None) -> None:
     Raises:
         InputError: ``output`` cannot be written (nothing saved).
     """
-    from greenctl.data.errors import InputError
-    from greenctl.data.plan import write_plan_file
 
     written = False
     try:
@@ -110,7 +109,7 @@ def save_plan(store: Store, plan: Plan, output: str | Path | None) -> None:
             store.save_plan(plan)
             if output is not None:
                 try:
-                    write_plan_file(plan, output)
+                    plan_docs.write_plan_file(plan, output)  # looked up when written
                 except OSError as exc:
                     raise InputError(
                         f"cannot write plan file {output}: {exc.strerror or exc}",

@@ -11,12 +11,17 @@ from greenctl.cli.common import (
     DbOpt,
     JsonOpt,
     console,
+    fmt,
     input_path,
     print_json,
     render_table,
     say,
     store_for,
 )
+from greenctl.cli.plan import check_writable, plan_app, save_plan
+from greenctl.data.errors import InputError
+from greenctl.executor.kinds import plan_problem
+from rich.table import Table
 
 if TYPE_CHECKING:
     from greenctl.planner.geo.solve import GeoRun
@@ -143,10 +148,7 @@ def plan_geo_cmd(
 
     The plan (kind geo) is saved in the store; all figures are modeled from the traces.
     """
-    from greenctl.cli.plan import check_writable, save_plan
-    from greenctl.data.errors import InputError
     from greenctl.data.geo_io import write_allocations
-    from greenctl.executor.kinds import plan_problem
 
     check_writable(output)
     check_writable(allocations, option="--allocations")
@@ -249,8 +251,6 @@ def _comparison(
     *,
     caption: str | None = None,
 ) -> None:
-    from greenctl.cli.common import fmt
-    from rich.table import Table
 
     table = Table(title=title, caption=caption, header_style="bold")
     table.add_column("algorithm", no_wrap=True)
@@ -267,7 +267,6 @@ def _plot(run: GeoRun, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-    from greenctl.data.errors import InputError
 
     extra = run.plan.extra
     blocks: dict[str, Any] = extra.get("algorithms") or {
@@ -332,8 +331,6 @@ def convert_eglb_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    from greenctl.cli.plan import plan_app
-
     plan_app.command("geo")(plan_geo_cmd)
     geo_app.command("convert-eglb")(convert_eglb_cmd)
     app.add_typer(geo_app, name="geo")

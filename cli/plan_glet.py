@@ -7,7 +7,10 @@ from typing import Annotated, Any
 
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, input_path, print_json, render_table, say, store_for
-from greenctl.cli.plan import plan_app
+from greenctl.cli.plan import check_writable, plan_app, save_plan
+from greenctl.data.errors import InputError
+from greenctl.data.glet_spec import GletSpec, load_glet_spec, parse_model_arg, parse_partitions
+from greenctl.executor.kinds import plan
 
 SpecOpt = Annotated[
     Path | None,
@@ -81,9 +84,6 @@ def plan_glet_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Pack models onto the fewest GPUs with partitions (glets) and time sharing (gpulet)."""
-    from greenctl.cli.plan import check_writable, save_plan
-    from greenctl.executor.kinds import plan
-
     check_writable(output)
     interference = (
         None if no_interference else "newest" if interference_model is None else interference_model
@@ -122,8 +122,6 @@ def glet_request(
     Raises:
         InputError: no models, a bad spec file or argument.
     """
-    from greenctl.data.errors import InputError
-    from greenctl.data.glet_spec import GletSpec, load_glet_spec, parse_model_arg, parse_partitions
     from greenctl.planner.glet.solve import ALGORITHMS
 
     spec_doc = load_glet_spec(spec, algorithms=ALGORITHMS) if spec is not None else GletSpec()

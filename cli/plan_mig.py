@@ -7,7 +7,12 @@ from typing import Annotated, Any
 
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, input_path, print_json, render_table, say, store_for
-from greenctl.cli.plan import AtOpt, RegionOpt
+from greenctl.cli.plan import AtOpt, RegionOpt, carbon_caption, check_writable, plan_app, save_plan
+from greenctl.data.errors import InputError
+from greenctl.data.mig_geometry import resolve_gpu
+from greenctl.data.mig_parted import write_mig_parted
+from greenctl.data.plan import load_plan_file
+from greenctl.executor.kinds import get_kind, plan, plan_carbon
 
 
 def mig_request(
@@ -27,7 +32,6 @@ def mig_request(
 ) -> dict[str, Any]:
     """The MIG request of ``plan mig``'s options (``replay --kind mig`` parses the same);
     ``gpu`` resolved to its geometry's name."""
-    from greenctl.data.mig_geometry import resolve_gpu
 
     return {
         "gpu": resolve_gpu(gpu).name,
@@ -137,11 +141,6 @@ def plan_mig_cmd(
     Profiles come from the store: batch-1 rows on mig:<profile> resources whose hardware
     names the GPU model. The plan is saved in the store and printed.
     """
-    from greenctl.cli.plan import check_writable, save_plan
-    from greenctl.data.errors import InputError
-    from greenctl.data.plan import load_plan_file
-    from greenctl.executor.kinds import get_kind, plan, plan_carbon
-
     if export is not None and export[0] != "mig-parted":
         raise InputError(
             f"--export format '{export[0]}' is not supported", hint="use --export mig-parted FILE"
@@ -176,8 +175,6 @@ def plan_mig_cmd(
 
 def _export_mig_parted(plan: Any, path: Path) -> None:
     """Write the plan's MIG layouts as a mig-parted v1 config (largest profiles first)."""
-    from greenctl.data.mig_geometry import resolve_gpu
-    from greenctl.data.mig_parted import write_mig_parted
 
     geo = resolve_gpu(plan.request["gpu"])
     order = [p.name for p in sorted(geo.profiles, key=lambda p: -p.compute_slices)]
@@ -190,8 +187,6 @@ def _export_mig_parted(plan: Any, path: Path) -> None:
 
 
 def _render(plan: Any) -> None:
-    from greenctl.cli.plan import carbon_caption
-
     pred = plan.predicted
     rows = [["plan", pred, plan.extra["solver"].get("name", "")]]
     for name, b in plan.extra["baselines"].items():
@@ -234,6 +229,4 @@ def _render(plan: Any) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    from greenctl.cli.plan import plan_app
-
     plan_app.command("mig")(plan_mig_cmd)

@@ -15,8 +15,12 @@ from greenctl.cli.common import (
     say,
     store_for,
 )
-from greenctl.cli.plan import AtOpt, RegionOpt
+from greenctl.cli.plan import AtOpt, RegionOpt, carbon_caption, check_writable, plan_app, save_plan
 from greenctl.data.errors import InputError
+from greenctl.data.plan import load_plan_file
+from greenctl.data.spec_io import read_mix_spec
+from greenctl.executor.kinds import get_kind, plan, plan_carbon
+from greenctl.planner.mix.solve import OBJECTIVES, SOLVERS, STRATEGIES
 
 # The options a mix request is made of: ``plan mix`` and ``replay --kind mix`` declare them
 # once, here (the request itself is built by :func:`mix_request`).
@@ -96,8 +100,6 @@ def mix_request(
     spec: str | None = None,
 ) -> dict[str, Any]:
     """The mix request of ``plan mix``'s options (``replay --kind mix`` parses the same)."""
-    from greenctl.data.spec_io import read_mix_spec
-    from greenctl.planner.mix.solve import OBJECTIVES, SOLVERS, STRATEGIES
 
     request: dict[str, Any] = {}
     if spec is not None:
@@ -181,10 +183,6 @@ def plan_mix_cmd(
     db: DbOpt = None,
 ) -> None:
     """Choose variants, resources, counts and request quotas for a load under an SLO."""
-    from greenctl.cli.plan import check_writable, save_plan
-    from greenctl.data.plan import load_plan_file
-    from greenctl.executor.kinds import get_kind, plan, plan_carbon
-
     check_writable(output)
     request = mix_request(
         model=model, rate=rate, slo_ms=slo_ms, percentile=percentile, budget=budget,
@@ -223,8 +221,6 @@ def _families(request: dict[str, Any]) -> list[str]:
 
 
 def _render(plan: Any) -> None:
-    from greenctl.cli.plan import carbon_caption
-
     pred = plan.predicted
     cap = {(c["variant"], c["resource"], c["batch"]): c for c in plan.extra.get("capacity", [])}
     render_table(
@@ -288,6 +284,4 @@ def _render(plan: Any) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    from greenctl.cli.plan import plan_app
-
     plan_app.command("mix")(plan_mix_cmd)

@@ -4,21 +4,35 @@ simulate replans over a carbon trace, and the serving state a replan starts from
 
 from __future__ import annotations
 
+import fcntl
 import json
+import math
+import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from greenctl.data import loop_state
 from greenctl.data.carbon import signal_region
-from greenctl.data.carbon_io import normalise_time
-from greenctl.data.errors import GreenctlError, InputError, NotFoundError
+from greenctl.data.carbon_io import iso, normalise_time, parse_time
+from greenctl.data.emissions import routes_carbon
+from greenctl.data.errors import (
+    GreenctlError,
+    InfeasiblePlan,
+    InputError,
+    LockedError,
+    NotFoundError,
+)
 from greenctl.data.loop_state import REPLAN_MARGIN, REPLAN_MIN_DWELL_S, REPLAN_THRESHOLD
+from greenctl.data.plan import load_plan_file
 from greenctl.data.records import utcnow_iso
+from greenctl.data.store import Store
 from greenctl.executor.control.forecasters import get_forecaster, predict_load
 from greenctl.executor.control.history import sample_dispatcher_load
+from greenctl.executor.deploy import backends
 from greenctl.executor.kinds import (
     KINDS,
     PlanKind,
@@ -57,10 +71,8 @@ def parse_duration(text: str | float | int, *, option: str = "--min-dwell") -> f
     return value
 
 
-def _resolve_plan(store: Any, plan: str | int) -> tuple[str, Any]:
+def _resolve_plan(store: Store, plan: str | int) -> tuple[str, Any]:
     """(lineage key, base plan) for a plan id or a plan file (saved once, source 'file')."""
-    from greenctl.data.plan import load_plan_file
-
     text = str(plan).strip()
     if text.isdigit():
         return f"plan:{int(text)}", store.get_plan(int(text))
@@ -87,13 +99,13 @@ def _resolve_plan(store: Any, plan: str | int) -> tuple[str, Any]:
     return lineage, base
 
 
-def _lineage_plan_ids(store: Any, lineage: str, base: Any) -> set[int]:
+def _lineage_plan_ids(store: Store, lineage: str, base: Any) -> set[int]:
     """The base plan of ``lineage`` and every plan its rounds made (applied or proposed)."""
     ids = {int(base.id)} if base.id is not None else set()
     return ids | loop_state.lineage_new_plan_ids(store, lineage)
 
 
-def _last_change(store: Any, lineage: str) -> dict[str, Any] | None:
+def _last_change(store: Store, lineage: str) -> dict[str, Any] | None:
     return loop_state.last_applied_decision(store, lineage)
 
 
@@ -105,7 +117,7 @@ def same_config(a: Any, b: Any) -> bool:
 
 
 def _replan_kind(
-    store: Any,
+    store: Store,
     running: Any,
     *,
     intensity: float | None,
@@ -154,8 +166,6 @@ def _improvement(maximise: bool, old: float | None, new: float | None) -> float 
 def dwell_since(last_change_at: str, when: str, min_dwell_s: float) -> float | None:
     """Seconds from the last change to ``when`` while that is under ``min_dwell_s`` (no
     change yet), else None (a change may happen)."""
-    from greenctl.data.carbon_io import parse_time
-
     if min_dwell_s <= 0:
         return None
     since = (parse_time(when) - parse_time(last_change_at)).total_seconds()
@@ -220,8 +230,6 @@ class ReplanRounds:
         """One round at ``when``: ``plan()`` (``replan_choice`` for the round, memoised by
         ``key``; an :class:`InfeasiblePlan` counts as its answer) and the action, one of
         ``hold``, ``infeasible``, ``keep``, ``not-worth`` or ``change`` with the new plan."""
-        from greenctl.data.errors import InfeasiblePlan
-
         held = (
             last_change is not None and dwell_since(last_change, when, self.min_dwell_s) is not None
         )
@@ -250,7 +258,7 @@ class ReplanRounds:
 
 
 def replan_choice(
-    store: Any,
+    store: Store,
     running: Any,
     *,
     signal: float | None,
@@ -346,17 +354,12 @@ def replan_choice(
 
 
 @contextmanager
-def replan_lock(store: Any) -> Iterator[None]:
+def replan_lock(store: Store) -> Iterator[None]:
     """Keep two replans of one store from overlapping (``fcntl.flock``, non-blocking).
 
     Raises:
         LockedError: another replan holds the lock.
     """
-    import fcntl
-    import os
-
-    from greenctl.data.errors import LockedError
-
     path = Path(str(store.path) + ".replan.lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -426,7 +429,7 @@ class _Round:
 
 
 def replan_once(
-    store: Any, options: ReplanOptions | None = None, /, **fields: Any
+    store: Store, options: ReplanOptions | None = None, /, **fields: Any
 ) -> dict[str, Any]:
     """One replanning round (the cron entry point's library twin), as ``options`` (or the
     :class:`ReplanOptions` ``fields``) ask.
@@ -492,7 +495,7 @@ def replan_once(
             raise
 
 
-def _start_round(store: Any, plan: str | int) -> _Round:
+def _start_round(store: Store, plan: str | int) -> _Round:
     """The lineage of ``plan``, its running plan (the last change's, else the base) and what
     serves: a proposal of this lineage applied by hand is the running plan."""
     lineage, base = _resolve_plan(store, plan)
@@ -524,7 +527,7 @@ def _check_replannable(kind: PlanKind, running: Any, *, apply: bool) -> None:
         )
 
 
-def _carbon_region(store: Any, kind: PlanKind, running: Any, region: str | None) -> str | None:
+def _carbon_region(store: Store, kind: PlanKind, running: Any, region: str | None) -> str | None:
     """The region whose signal the round reads: named, else the plan's, else (a kind that
     plans with the signal) the store's only one (:func:`greenctl.data.carbon.signal_region`).
 
@@ -591,7 +594,7 @@ def _signal_change(record: dict[str, Any], state: _Round, ci: Carbon | None) -> 
 
 
 def _decide(
-    store: Any,
+    store: Store,
     opts: ReplanOptions,
     state: _Round,
     kind: PlanKind,
@@ -664,7 +667,7 @@ def _foreign_reason(state: _Round) -> str:
 
 
 def _forecast(
-    store: Any, opts: ReplanOptions
+    store: Store, opts: ReplanOptions
 ) -> tuple[float | None, Callable[[str], float | None] | None, list[str]]:
     """(the plan's forecast load with ``load_model``, the per-model forecast otherwise,
     notes); nothing without a forecaster. Cron runs double as the load sampler: the
@@ -681,7 +684,7 @@ def _forecast(
 
 
 def _act(
-    store: Any,
+    store: Store,
     opts: ReplanOptions,
     state: _Round,
     kind: PlanKind,
@@ -735,17 +738,15 @@ def _act(
             record["reason"] += f"; apply with `greenctl apply` plan {new.id}"
 
 
-def serving_state(store: Any) -> dict[str, Any]:
+def serving_state(store: Store) -> dict[str, Any]:
     """What really serves, asked of the backend that runs the plan (live processes or
     replicas, not the rows of the last apply; :func:`greenctl.executor.deploy.backends.serving`):
     ``backend``, ``live``, ``plan_id`` (the plan that serves) and ``why`` nothing serves when
     not ``live``."""
-    from greenctl.executor.deploy import backends
-
     return backends.serving(store).to_dict()
 
 
-def _serves_config_of(store: Any, plan_id: int | None, plan: Any) -> bool:
+def _serves_config_of(store: Store, plan_id: int | None, plan: Any) -> bool:
     """Whether stored plan ``plan_id`` is ``plan``'s configuration (e.g. the same plan file
     applied with `greenctl apply`, which stores a copy)."""
     if plan_id is None:
@@ -757,7 +758,7 @@ def _serves_config_of(store: Any, plan_id: int | None, plan: Any) -> bool:
     return bool(other.kind == plan.kind and same_config(other, plan))
 
 
-def _forecast_peak(store: Any, forecaster: str) -> Callable[[str], float | None]:
+def _forecast_peak(store: Store, forecaster: str) -> Callable[[str], float | None]:
     """forecast(model) -> ``forecaster``'s next peak of ``model``'s measured load, None when
     none is measured (what a kind's replan rewrite asks, model by model)."""
     get_forecaster(store, forecaster)  # an unknown forecaster fails whichever kind replans
@@ -778,7 +779,7 @@ def _forecast_peak(store: Any, forecaster: str) -> Callable[[str], float | None]
 
 
 def _count_at_signal(
-    store: Any,
+    store: Store,
     serving_id: int | None,
     new: Any,
     apply_fn: Callable[..., Any],
@@ -797,11 +798,6 @@ def _count_at_signal(
         What was done, for the decision's reason (also when the apply failed: the
         deployment then counts as before); None when nothing needed doing.
     """
-    import math
-
-    from greenctl.data.emissions import routes_carbon
-    from greenctl.data.errors import GreenctlError
-
     if serving_id is None:
         return None
     try:
@@ -828,18 +824,16 @@ def _count_at_signal(
     )
 
 
-def _default_apply(plan: Any, *, store: Any, **options: Any) -> Any:
+def _default_apply(plan: Any, *, store: Store, **options: Any) -> Any:
     """Apply on the backend that runs the plan (or ran it last), as it was applied there."""
-    from greenctl.executor.deploy import backends
-
     return backends.apply_where_running(plan, store=store, **options)
 
 
-def _record(store: Any, record: dict[str, Any]) -> dict[str, Any]:
+def _record(store: Store, record: dict[str, Any]) -> dict[str, Any]:
     return record_decision(store, record)
 
 
-def record_decision(store: Any, record: dict[str, Any]) -> dict[str, Any]:
+def record_decision(store: Store, record: dict[str, Any]) -> dict[str, Any]:
     """Append a replanning decision record (one transaction); returns it with its ``id``
     and ``applied`` as a bool. Every replan writes one, whichever kind it replans."""
     with store.transaction():
@@ -850,7 +844,7 @@ def record_decision(store: Any, record: dict[str, Any]) -> dict[str, Any]:
 
 
 def simulate_replans(
-    store: Any,
+    store: Store,
     *,
     plan: str | int,
     region: str,
@@ -862,10 +856,6 @@ def simulate_replans(
 ) -> list[dict[str, Any]]:
     """Run :func:`replan_once` at signal times ``start``, ``start + step_h``, ... (a replay
     of a carbon trace, as the demo does). Options are passed to ``replan_once``."""
-    from datetime import timedelta
-
-    from greenctl.data.carbon_io import iso, parse_time
-
     t0 = parse_time(start)
     n = int(hours / step_h) + 1
     out = []

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-from greenctl.data.errors import InputError
+from greenctl.data.emissions import plan_carbon
+from greenctl.data.errors import GreenctlError, InputError
 from greenctl.data.plan import (
     KIND_GROUP,
     Plan,
@@ -24,7 +25,9 @@ from greenctl.data.plan import (
     discard_plan_kind,
     installed_kinds,
 )
+from greenctl.data.store import Store
 from greenctl.planner.core.policy import plan_policy, use_kind_defaults
+from greenctl.profiler.models import builtin_variants
 
 #: (new plan, the problem it solved; for geo the run, which holds the problem)
 Planned = tuple[Plan, Any]
@@ -34,7 +37,7 @@ Objective = tuple[str, float | None, bool]
 
 # -- the defaults every serving kind shares ---------------------------------------------------
 def predict_serving(
-    store: Any, plan: Plan, *, policy: str | None = None, **options: Any
+    store: Store, plan: Plan, *, policy: str | None = None, **options: Any
 ) -> dict[str, Any]:
     """What a plan of executor instances does under a load: the evaluation core's
     :func:`~greenctl.planner.core.simulator.evaluate_plan` (options as there) with the newest
@@ -45,7 +48,6 @@ def predict_serving(
     plan's rates scaled to the load evaluated), as ``plan mix`` predicted with them. Without
     ``carbon_g_per_kwh`` or ``pue``, those the plan was made with
     (:func:`~greenctl.data.emissions.plan_carbon`), so carbon comes out as the plan predicted it."""
-    from greenctl.data.emissions import plan_carbon
     from greenctl.planner.core.evaluate import LATENCY_MODEL_ONLY, LATENCY_WITH_PATH
     from greenctl.planner.core.simulator import evaluate_plan
 
@@ -80,7 +82,7 @@ def _load_evaluated(options: Mapping[str, Any]) -> float | None:
     return None
 
 
-def serving_paths(store: Any, rates: Mapping[str, float]) -> dict[str, Any]:
+def serving_paths(store: Store, rates: Mapping[str, float]) -> dict[str, Any]:
     """The serving paths ``greenctl profile serving`` measured for the models at ``rates``
     (req/s per model): :func:`~greenctl.executor.runtime.serving.serving_overheads`, the one
     place the registry reads what serves."""
@@ -92,7 +94,6 @@ def serving_paths(store: Any, rates: Mapping[str, float]) -> dict[str, Any]:
 def plan_rates(plan: Plan) -> dict[str, float]:
     """The load (req/s) a plan was made for, per model: its request's families' rates (a mix
     plan), else the sum of each model's quotas, else the plan's whole rate shared evenly."""
-    from greenctl.data.errors import GreenctlError
     from greenctl.planner.core.simulator import default_rate
 
     def number(value: Any) -> float | None:
@@ -120,11 +121,9 @@ def plan_rates(plan: Plan) -> dict[str, float]:
     return rates
 
 
-def plan_inputs(store: Any, plan: Plan) -> tuple[list[Any], list[Any]]:
+def plan_inputs(store: Store, plan: Plan) -> tuple[list[Any], list[Any]]:
     """The newest profiles and the variant records of a plan's variants in the store
     (variants the store lacks but greenctl has built in are known by their catalog record)."""
-    from greenctl.profiler.models import builtin_variants
-
     names = {d.variant for d in plan.deployments}
     profiles = [p for name in sorted(names) for p in store.latest_profiles(variant=name)]
     variants = [v for v in store.variants() if v.name in names]

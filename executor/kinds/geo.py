@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data.plan import Plan
+from greenctl.data.store import Store
 from greenctl.executor.kinds.base import (
     Objective,
     PlanKind,
@@ -20,7 +21,7 @@ from greenctl.executor.kinds.base import (
 from greenctl.planner.geo.request import GeoRequest
 
 
-def _geo_plan(store: Any, request: dict[str, Any], *, current: Plan | None = None) -> Planned:
+def _geo_plan(store: Store, request: dict[str, Any], *, current: Plan | None = None) -> Planned:
     """Plan ``request`` (a geo plan's ``request``, or what ``plan geo`` parsed): the
     ``sites``, ``demand`` and ``routes`` CSVs, heterogeneous variants from a ``family`` in
     the store or else a ``variants`` CSV, and ``plan geo``'s options under the names the
@@ -40,7 +41,7 @@ def _geo_plan(store: Any, request: dict[str, Any], *, current: Plan | None = Non
     return run.plan, run
 
 
-def geo_inputs(store: Any, request: dict[str, Any]) -> tuple[Any, dict[str, Any], Any]:
+def geo_inputs(store: Store, request: dict[str, Any]) -> tuple[Any, dict[str, Any], Any]:
     """What a geo ``request`` plans with, read afresh (the files' newest rows): the
     :class:`~greenctl.data.geo_io.GeoProblem`, ``run_geo``'s options and the variants (or
     None); bad options fail before the files are read.

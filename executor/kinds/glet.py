@@ -16,6 +16,7 @@ from greenctl.data.gpulet_import import (
 )
 from greenctl.data.plan import Plan
 from greenctl.data.resources import PIN_MIG_INSTANCE, RESOURCE_KINDS
+from greenctl.data.store import Store
 from greenctl.executor.kinds.base import (
     Objective,
     PlanKind,
@@ -26,13 +27,14 @@ from greenctl.executor.kinds.base import (
     finite_number,
     forecast_rates,
 )
+from greenctl.planner.glet.moves import layout_moves
 from greenctl.planner.glet.request import GletRequest, option
 
 if TYPE_CHECKING:  # the glet planner imports numpy: loaded where a plan is made
     from greenctl.planner.glet.model import GletProblem
 
 
-def _glet_interference(store: Any, want: Any) -> tuple[Any, dict[Any, Any], list[str]]:
+def _glet_interference(store: Store, want: Any) -> tuple[Any, dict[Any, Any], list[str]]:
     """(interference model or None, utilisation, notes) for the request's ``interference``:
     absent or ``"newest"`` the store's newest (none: planned without, with a note), an id
     that stored model, a plan's record of one (``id`` and ``coefficients``) that model, None
@@ -59,7 +61,7 @@ def _glet_interference(store: Any, want: Any) -> tuple[Any, dict[Any, Any], list
     return None, {}, [note]
 
 
-def _glet_plan(store: Any, request: dict[str, Any], *, current: Plan | None = None) -> Planned:
+def _glet_plan(store: Store, request: dict[str, Any], *, current: Plan | None = None) -> Planned:
     """Plan ``request`` (a :class:`GletRequest` document: a glet plan's ``request``, or what
     ``plan glet`` parsed). With ``current`` (a running glet plan) the new GPUs are numbered
     after the running ones, so the glets that stay keep running where they are; a replan
@@ -101,7 +103,7 @@ def _glet_plan(store: Any, request: dict[str, Any], *, current: Plan | None = No
     return plan, problem
 
 
-def _glet_problem(store: Any, typed: GletRequest) -> tuple[GletProblem, list[str]]:
+def _glet_problem(store: Store, typed: GletRequest) -> tuple[GletProblem, list[str]]:
     """The planner's problem of a request: its models' variants, families, latencies,
     interference and memory from the store, and the notes of what the store lacks."""
     from greenctl.planner.glet.model import DEFAULT_PARTITIONS, GletModel, GletProblem
@@ -137,7 +139,7 @@ def _glet_problem(store: Any, typed: GletRequest) -> tuple[GletProblem, list[str
 
 
 def _glet_memory(
-    store: Any, variants: list[str], given: float | None, *, hardware: str | None
+    store: Store, variants: list[str], given: float | None, *, hardware: str | None
 ) -> tuple[dict[str, dict[str, dict[int, float]]], dict[str, float], float | None, str | None]:
     """What a glet schedule's memory check needs: each variant's profiled peak GPU memory
     ``{variant: {resource: {batch: MiB}}}`` and weights (``Variant.memory_mb``), and the
@@ -211,8 +213,6 @@ def _glet_triggers(running: Plan, new: Plan, threshold: float) -> tuple[list[str
     Returns:
         (the triggers that fire, what was compared, for a reason when none does).
     """
-    from greenctl.planner.glet.moves import layout_moves
-
     out = []
     old_gpus, new_gpus = (
         finite_number(running.predicted.get("gpus")),

@@ -9,6 +9,7 @@ from typing import Any
 from greenctl.data.errors import InputError
 from greenctl.data.mig_geometry import resolve_gpu
 from greenctl.data.plan import Plan
+from greenctl.data.store import Store
 from greenctl.executor.kinds.base import (
     Objective,
     PlanKind,
@@ -22,7 +23,7 @@ from greenctl.planner.mig.request import MigRequest
 
 
 def _mig_plan(
-    store: Any,
+    store: Store,
     request: dict[str, Any],
     *,
     current: Plan | None = None,

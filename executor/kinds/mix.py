@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from greenctl.data.plan import Plan
+from greenctl.data.store import Store
 from greenctl.executor.kinds.base import (
     Objective,
     PlanKind,
@@ -18,13 +19,12 @@ from greenctl.executor.kinds.base import (
     replan_model_rate,
     serving_paths,
 )
+from greenctl.planner.mix import solve as mix
 from greenctl.planner.mix.model import REFERENCE_CARBON_INTENSITY
 from greenctl.planner.mix.request import MixRequest
 
 
-def _mix_plan(store: Any, request: dict[str, Any], *, current: Plan | None = None) -> Planned:
-    from greenctl.planner.mix import solve as mix
-
+def _mix_plan(store: Store, request: dict[str, Any], *, current: Plan | None = None) -> Planned:
     request = dict(request)
     if current is not None:
         request["current"] = [d.to_dict() for d in current.deployments]
@@ -44,8 +44,6 @@ def _mix_plan(store: Any, request: dict[str, Any], *, current: Plan | None = Non
 
 def _mix_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
     """The running plan's objective in ``problem`` (its quotas scaled to the new load)."""
-    from greenctl.planner.mix import solve as mix
-
     alloc: dict[int, dict[int, tuple[int, float]]] = {}
     for fi, fam in enumerate(problem.families):
         deps = [d for d in running.deployments if d.model == fam.name]
@@ -74,11 +72,9 @@ def _mix_score(problem: Any, running: Plan) -> tuple[float | None, str | None]:
 
 
 def _mix_objective(plan: Plan) -> Objective:
-    from greenctl.planner.mix.solve import is_maximise
-
     name = str(plan.predicted.get("objective_name") or "")
     value = finite_number(plan.predicted.get("objective"))
-    return name, value, is_maximise(name or "balanced")
+    return name, value, mix.is_maximise(name or "balanced")
 
 
 def _mix_carbon_aware(plan: Plan) -> bool:
