@@ -317,6 +317,62 @@ def build_mix_problem(
     """
     typed = request if isinstance(request, MixRequest) else MixRequest.from_dict(request)
     req = typed.to_dict()
+    by_family = _variants_by_family(variants, req)
+    # refused before any service model is built: those take minutes on large profile sets
+    _check_budgets(req, by_family, profiles)
+    notes: list[str] = []
+    all_sizes: dict[tuple[str, str], dict[int, Profile]] = {}
+    stage = _dispatcher_stage(serving, req, by_family, notes)
+    families = [
+        _family(fam, req, by_family, profiles, serving, stage, all_sizes, notes)
+        for fam in req["families"]
+    ]
+    costless = sum(1 for f in families for o in f.options if not o.priced)
+    if costless:
+        notes.append(
+            f"{costless} option(s) have no cost_per_hour in their profile; their cost is "
+            "their resource amount per hour (cores, slices or units)"
+        )
+    requested = {f["model"] for f in req["families"]}
+    return MixProblem(
+        profiles=_option_profiles(families, all_sizes),
+        variant_records={v.name: v for v in variants if v.family in requested},
+        families=families,
+        percentile=req["percentile"],
+        budgets=req["budgets"],
+        objective=req["objective"],
+        alpha=req["alpha"],
+        beta=req["beta"],
+        gamma=req["gamma"],
+        carbon_intensity=req.get("carbon_intensity"),
+        reference_carbon_intensity=req["reference_carbon_intensity"],
+        pue=req["pue"],
+        headroom=req["headroom"],
+        current=[
+            Deployment(
+                model=d.get("model") or "",
+                variant=d["variant"],
+                resource=d["resource"],
+                count=d["count"],
+                batch=d["batch"],
+                quota_rps=d.get("quota_rps"),
+            )
+            for d in req.get("current", [])
+        ],
+        request=req,
+        notes=notes,
+        serving={k: v for k, v in (serving or {}).items() if v},
+    )
+
+
+def _variants_by_family(
+    variants: Sequence[Variant], req: dict[str, Any]
+) -> dict[str, list[Variant]]:
+    """The variants of each family; every requested family must have some.
+
+    Raises:
+        NotFoundError: a requested family no variant belongs to (names the known ones).
+    """
     by_family: dict[str, list[Variant]] = {}
     for v in variants:
         by_family.setdefault(v.family, []).append(v)
@@ -327,14 +383,21 @@ def build_mix_problem(
                 f"unknown model family '{fam['model']}'",
                 hint=f"known families: {known}" if known else "profile or import it first",
             )
-    # refused before any service model is built: those take minutes on large profile sets
-    _check_budgets(req, by_family, profiles)
-    q = PERCENTILES[req["percentile"]]
-    budgets = req["budgets"]
-    notes: list[str] = []
-    families: list[MixFamily] = []
-    all_sizes: dict[tuple[str, str], dict[int, Profile]] = {}
-    # the dispatcher: one serial stage every family's requests cross (evaluate.DispatcherStage)
+    return by_family
+
+
+def _dispatcher_stage(
+    serving: Mapping[str, Any] | None,
+    req: dict[str, Any],
+    by_family: Mapping[str, Sequence[Variant]],
+    notes: list[str],
+) -> Any:
+    """The dispatcher: one serial stage every family's requests cross
+    (``evaluate.DispatcherStage``), None when not measured; a note says what it adds.
+
+    Raises:
+        InfeasiblePlan: the dispatcher cannot carry the requested load.
+    """
     stage = _dispatcher(serving, {f["model"]: f["rate_rps"] for f in req["families"]}, by_family)
     if stage is not None and stage.overloaded:
         raise InfeasiblePlan(
@@ -350,137 +413,132 @@ def build_mix_problem(
             f"{100 * stage.utilisation:.0f} % busy at {stage.rate_rps:,.0f} req/s; its wait "
             "there counts in every option's serving path"
         )
-    for fam in req["families"]:
-        path_ms = _path_quantile((serving or {}).get(fam["model"]), q, stage)
-        if path_ms > 0:
-            notes.append(
-                f"{fam['model']}: the measured serving path takes {path_ms:.3g} ms at "
-                f"{req['percentile']}; options derived from latency profiles must meet the SLO "
-                f"less that ({fam['slo_ms'] - path_ms:.4g} ms)"
-            )
-        fvars = {
-            v.name: MixVariant(
-                v.name,
-                float(v.accuracy) if v.accuracy is not None else 0.0,
-                float(v.load_time_s or 0.0),
-            )
-            for v in by_family[fam["model"]]
-        }
-        missing_acc = [v.name for v in by_family[fam["model"]] if v.accuracy is None]
-        if missing_acc:
-            notes.append(f"variants without an accuracy count as 0: {', '.join(missing_acc)}")
-        groups: dict[tuple[str, str, int, str | None], list[Profile]] = {}
-        for p in profiles:
-            if p.variant in fvars:
-                groups.setdefault((p.variant, p.resource, int(p.batch), p.hardware), []).append(p)
-        options, ineligible = [], []
-        # the row each measured batch size stands with: a batching option's service model
-        # uses every size of its (variant, resource)
-        sizes: dict[tuple[str, str, str | None], dict[int, Profile]] = {}
-        for (vname, label, batch, hw), rows in groups.items():
-            sizes.setdefault((vname, label, hw), {})[batch] = _size_row(rows, fam["slo_ms"])
-            all_sizes.setdefault((vname, label), {})[batch] = sizes[(vname, label, hw)][batch]
-        for (vname, label, batch, hw), rows in sorted(
-            groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or "")
-        ):
-            res = parse_resource(label)
-            own = (serving or {}).get(f"{vname}@{label}") or (serving or {}).get(vname)
-            opt = _make_option(
-                vname,
-                res,
-                batch,
-                hw,
-                rows,
-                fam["slo_ms"],
-                req["percentile"],
-                q,
-                path_ms=_path_quantile(own, q, stage) if own is not None else path_ms,
-                path=own if own is not None else (serving or {}).get(fam["model"]),
-                sizes=sizes[(vname, label, hw)],
-            )
-            if isinstance(opt, str):
-                ineligible.append(f"{vname} on {label} batch {batch}: {opt}")
-                continue
-            opt.usage = _budget_usage(res, budgets)
-            opt.sizes = {n: r for n, r in sizes[(vname, label, hw)].items() if n < batch}
-            if opt.profile is not None:
-                opt.sizes[batch] = opt.profile
-            # the energy the evaluation core will account for it (before pruning: dominance
-            # compares these terms)
-            why = price_energy(
-                opt,
-                fam["model"],
-                operating_point(opt, fam["rate_rps"], req["headroom"]),
-                {k: v for k, v in (serving or {}).items() if v},
-            )
-            if why is not None:
-                notes.append(
-                    f"energy priced from the profile alone (no idle power), the evaluation "
-                    f"core could not: {why}"
-                )
-            options.append(opt)
-        family = MixFamily(
-            name=fam["model"],
-            rate_rps=fam["rate_rps"],
-            slo_ms=fam["slo_ms"],
-            variants=fvars,
-            options=options,
-            min_accuracy=fam.get("min_accuracy", req.get("min_accuracy")),
-            ineligible=ineligible,
-            lowest_slo=lowest_reachable_slo(
-                by_family[fam["model"]], profiles, fam["model"], req["percentile"], path_ms=path_ms
-            ),
-        )
-        family.options, family.pruned = prune_dominated(family.options)
-        families.append(family)
-    current = [
-        Deployment(
-            model=d.get("model") or "",
-            variant=d["variant"],
-            resource=d["resource"],
-            count=d["count"],
-            batch=d["batch"],
-            quota_rps=d.get("quota_rps"),
-        )
-        for d in req.get("current", [])
-    ]
-    costless = sum(1 for f in families for o in f.options if not o.priced)
-    if costless:
+    return stage
+
+
+def _family(
+    fam: dict[str, Any],
+    req: dict[str, Any],
+    by_family: Mapping[str, Sequence[Variant]],
+    profiles: Sequence[Profile],
+    serving: Mapping[str, Any] | None,
+    stage: Any,
+    all_sizes: dict[tuple[str, str], dict[int, Profile]],
+    notes: list[str],
+) -> MixFamily:
+    """One requested family with its eligible options (dominated ones pruned); the sizes
+    behind its batching options into ``all_sizes``, what the plan should say into ``notes``."""
+    q = PERCENTILES[req["percentile"]]
+    path_ms = _path_quantile((serving or {}).get(fam["model"]), q, stage)
+    if path_ms > 0:
         notes.append(
-            f"{costless} option(s) have no cost_per_hour in their profile; their cost is "
-            "their resource amount per hour (cores, slices or units)"
+            f"{fam['model']}: the measured serving path takes {path_ms:.3g} ms at "
+            f"{req['percentile']}; options derived from latency profiles must meet the SLO "
+            f"less that ({fam['slo_ms'] - path_ms:.4g} ms)"
         )
-    requested = {f["model"] for f in req["families"]}
+    fvars = {
+        v.name: MixVariant(
+            v.name,
+            float(v.accuracy) if v.accuracy is not None else 0.0,
+            float(v.load_time_s or 0.0),
+        )
+        for v in by_family[fam["model"]]
+    }
+    missing_acc = [v.name for v in by_family[fam["model"]] if v.accuracy is None]
+    if missing_acc:
+        notes.append(f"variants without an accuracy count as 0: {', '.join(missing_acc)}")
+    groups: dict[tuple[str, str, int, str | None], list[Profile]] = {}
+    for p in profiles:
+        if p.variant in fvars:
+            groups.setdefault((p.variant, p.resource, int(p.batch), p.hardware), []).append(p)
+    # the row each measured batch size stands with: a batching option's service model
+    # uses every size of its (variant, resource)
+    sizes: dict[tuple[str, str, str | None], dict[int, Profile]] = {}
+    for (vname, label, batch, hw), rows in groups.items():
+        sizes.setdefault((vname, label, hw), {})[batch] = _size_row(rows, fam["slo_ms"])
+        all_sizes.setdefault((vname, label), {})[batch] = sizes[(vname, label, hw)][batch]
+    options, ineligible = [], []
+    for (vname, label, batch, hw), rows in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or "")
+    ):
+        own = (serving or {}).get(f"{vname}@{label}") or (serving or {}).get(vname)
+        opt = _make_option(
+            vname,
+            parse_resource(label),
+            batch,
+            hw,
+            rows,
+            fam["slo_ms"],
+            req["percentile"],
+            q,
+            path_ms=_path_quantile(own, q, stage) if own is not None else path_ms,
+            path=own if own is not None else (serving or {}).get(fam["model"]),
+            sizes=sizes[(vname, label, hw)],
+        )
+        if isinstance(opt, str):
+            ineligible.append(f"{vname} on {label} batch {batch}: {opt}")
+            continue
+        _price_option(opt, fam, req, sizes[(vname, label, hw)], serving, notes)
+        options.append(opt)
+    family = MixFamily(
+        name=fam["model"],
+        rate_rps=fam["rate_rps"],
+        slo_ms=fam["slo_ms"],
+        variants=fvars,
+        options=options,
+        min_accuracy=fam.get("min_accuracy", req.get("min_accuracy")),
+        ineligible=ineligible,
+        lowest_slo=lowest_reachable_slo(
+            by_family[fam["model"]], profiles, fam["model"], req["percentile"], path_ms=path_ms
+        ),
+    )
+    family.options, family.pruned = prune_dominated(family.options)
+    return family
+
+
+def _price_option(
+    opt: MixOption,
+    fam: dict[str, Any],
+    req: dict[str, Any],
+    sizes: dict[int, Profile],
+    serving: Mapping[str, Any] | None,
+    notes: list[str],
+) -> None:
+    """An option's budget usage, the smaller sizes behind it, and the energy the evaluation
+    core will account for it (before pruning: dominance compares these terms)."""
+    opt.usage = _budget_usage(parse_resource(opt.resource), req["budgets"])
+    opt.sizes = {n: r for n, r in sizes.items() if n < opt.batch}
+    if opt.profile is not None:
+        opt.sizes[opt.batch] = opt.profile
+    why = price_energy(
+        opt,
+        fam["model"],
+        operating_point(opt, fam["rate_rps"], req["headroom"]),
+        {k: v for k, v in (serving or {}).items() if v},
+    )
+    if why is not None:
+        notes.append(
+            f"energy priced from the profile alone (no idle power), the evaluation "
+            f"core could not: {why}"
+        )
+
+
+def _option_profiles(
+    families: Sequence[MixFamily], all_sizes: dict[tuple[str, str], dict[int, Profile]]
+) -> dict[tuple[str, str, int], Profile]:
+    """The profile of every option, and the smaller sizes behind batching options."""
     option_profiles = {
         (o.variant, o.resource, o.batch): o.profile
         for f in families
         for o in f.options
         if o.profile is not None
     }
-    for key, rows_at in all_sizes.items():  # the smaller sizes behind batching options
+    for key, rows_at in all_sizes.items():
         for o in (o for f in families for o in f.options if (o.variant, o.resource) == key):
             for n, row in rows_at.items():
                 if n < o.batch:
                     option_profiles.setdefault((o.variant, o.resource, n), row)
-    return MixProblem(
-        profiles=option_profiles,
-        variant_records={v.name: v for v in variants if v.family in requested},
-        families=families,
-        percentile=req["percentile"],
-        budgets=budgets,
-        objective=req["objective"],
-        alpha=req["alpha"],
-        beta=req["beta"],
-        gamma=req["gamma"],
-        carbon_intensity=req.get("carbon_intensity"),
-        reference_carbon_intensity=req["reference_carbon_intensity"],
-        pue=req["pue"],
-        headroom=req["headroom"],
-        current=current,
-        request=req,
-        notes=notes,
-        serving={k: v for k, v in (serving or {}).items() if v},
-    )
+    return option_profiles
 
 
 def _check_budgets(
@@ -1222,6 +1280,37 @@ def _to_plan(
         "deployment's profiled latency at its capacity point; energy as the evaluation core "
         "accounts it (idle power per instance, busy energy above idle per request)",
     }
+    extra = _plan_extra(problem, alloc, terms, strategy=strategy, solver_info=solver_info)
+    if problem.notes:
+        extra["notes"] = list(dict.fromkeys(problem.notes))
+    if problem.current:
+        extra["actions"] = scaling_actions(problem, deployments)
+    try:
+        predicted = _predict_with_core(
+            problem, deployments, predicted, problem.profiles, problem.variant_records
+        )
+    except (InputError, ValueError) as exc:  # keep the planner's own figures
+        problem.notes.append(f"evaluation core could not predict this plan: {exc}")
+        extra["notes"] = list(dict.fromkeys(problem.notes))
+    request = dict(problem.request)
+    request["strategy"] = strategy
+    request["solver"] = solver_info.get("name") if strategy != "greedy" else request.get("solver")
+    return Plan(
+        kind="mix", request=request, deployments=deployments, predicted=predicted, extra=extra
+    )
+
+
+def _plan_extra(
+    problem: MixProblem,
+    alloc: Allocation,
+    terms: Terms,
+    *,
+    strategy: str,
+    solver_info: dict[str, Any],
+) -> dict[str, Any]:
+    """What a mix plan says beside its deployments: the strategy and solver, each budget's
+    use, each family's accuracy and capacity, each chosen option's capacity per instance and
+    the reference plans the balanced objective is measured against."""
     usage: dict[str, float] = {k: 0.0 for k in problem.budgets}
     for fi, fam in enumerate(problem.families):
         for oi, (n, _) in alloc.get(fi, {}).items():
@@ -1247,7 +1336,7 @@ def _to_plan(
                 "ineligible": len(fam.ineligible),
             }
         )
-    extra: dict[str, Any] = {
+    return {
         "strategy": strategy,
         "solver": solver_info,
         "budget_use": {
@@ -1269,23 +1358,6 @@ def _to_plan(
         ],
         "reference_single_plans": terms.ref,
     }
-    if problem.notes:
-        extra["notes"] = list(dict.fromkeys(problem.notes))
-    if problem.current:
-        extra["actions"] = scaling_actions(problem, deployments)
-    try:
-        predicted = _predict_with_core(
-            problem, deployments, predicted, problem.profiles, problem.variant_records
-        )
-    except (InputError, ValueError) as exc:  # keep the planner's own figures
-        problem.notes.append(f"evaluation core could not predict this plan: {exc}")
-        extra["notes"] = list(dict.fromkeys(problem.notes))
-    request = dict(problem.request)
-    request["strategy"] = strategy
-    request["solver"] = solver_info.get("name") if strategy != "greedy" else request.get("solver")
-    return Plan(
-        kind="mix", request=request, deployments=deployments, predicted=predicted, extra=extra
-    )
 
 
 def _predict_with_core(
