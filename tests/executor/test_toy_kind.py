@@ -14,7 +14,7 @@ import pytest
 from greenctl.data.errors import FileFormatError, InputError
 from greenctl.data.plan import load_plan_file, plan_kinds, write_plan_file
 from greenctl.data.records import Profile, Variant
-from greenctl.executor.kinds import KINDS, get_kind, load_kinds
+from greenctl.executor.kinds import KINDS, get_kind, load_kinds, plan
 
 #: the toy kind's module: one variant of the tiny family on cpu:1, as many instances as the
 #: rate needs at 70 % of their throughput, predicted as every serving kind is
@@ -82,13 +82,13 @@ def test_an_installed_kind_is_planned_saved_and_simulated(installed, tiny, cli, 
     assert list(KINDS)[:4] == ["mix", "mig", "glet", "geo"]  # the built-ins keep their order
     assert "toy" in KINDS and "toy" in plan_kinds()
     request = {"model": "tiny", "rate_rps": 500.0, "carbon_intensity": 200.0}
-    plan, _ = get_kind("toy").plan(tiny, request)
-    assert [(d.variant, d.count) for d in plan.deployments] == [("tiny-s", 3)]
-    assert plan.predicted["rate_rps"] == pytest.approx(500.0)
-    tiny.save_plan(plan)
-    assert tiny.get_plan(plan.id).kind == "toy"
+    new = plan(tiny, "toy", request)  # the library twin of `greenctl plan`
+    assert [(d.variant, d.count) for d in new.deployments] == [("tiny-s", 3)]
+    assert new.predicted["rate_rps"] == pytest.approx(500.0)
+    tiny.save_plan(new)
+    assert tiny.get_plan(new.id).kind == "toy"
     path = tmp_path / "toy.json"
-    write_plan_file(plan, path)
+    write_plan_file(new, path)
     r = cli("simulate", path, "--analytic", "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
@@ -96,9 +96,8 @@ def test_an_installed_kind_is_planned_saved_and_simulated(installed, tiny, cli, 
 
 
 def test_the_kind_is_gone_with_its_package(installed, tiny, tmp_path):
-    plan, _ = get_kind("toy").plan(tiny, {"model": "tiny", "rate_rps": 5.0})
     path = tmp_path / "toy.json"
-    write_plan_file(plan, path)
+    write_plan_file(plan(tiny, "toy", {"model": "tiny", "rate_rps": 5.0}), path)
     sys.path.remove(str(installed))
     load_kinds()
     assert "toy" not in KINDS and "toy" not in plan_kinds()
