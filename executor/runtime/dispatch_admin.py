@@ -117,7 +117,7 @@ class RoutingTable:
         }
         old = self.routes
         self.routes = new
-        self.carbon = carbon  # a table without it (an older apply's) keeps the one in force
+        self.carbon = carbon  # a table without one keeps the intensity in force
         # a variant's own name routes to its instances (a family's name wins a clash)
         self.variant_routes = {}
         for route in new.values():

@@ -12,10 +12,12 @@ from typing import Any
 
 from greenctl.data import deployments
 from greenctl.data.resources import kind_of
+from greenctl.data.store import Store
 from greenctl.executor.runtime.metrics import ENERGY_TOTAL, label_value, parse_prometheus
 
 
 def _get_text(url: str, timeout_s: float) -> str | None:
+    """The body of ``url`` (a ``/metrics`` page), None when it does not answer."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
             return str(resp.read().decode())
@@ -23,7 +25,7 @@ def _get_text(url: str, timeout_s: float) -> str | None:
         return None
 
 
-def energy_snapshot(store: Any, *, timeout_s: float = 2.0) -> dict[str, Any]:
+def energy_snapshot(store: Store, *, timeout_s: float = 2.0) -> dict[str, Any]:
     """``{"t": monotonic seconds, "instances": {id: {"resource", "source", "joules"}}}`` of
     every ready executor that answers; one that does not, or exports no energy, is left out
     and named in ``missing``."""

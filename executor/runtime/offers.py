@@ -10,7 +10,7 @@ use) with, when the serving path was measured (``greenctl profile serving``), th
 overhead that ``predict`` adds to every request (the newest run of the family's variant at
 the measured rate nearest the plan's, :func:`greenctl.executor.runtime.serving.serving_overheads`).
 The dispatcher only reads these; a table without them routes by model and variant name
-as before, and a model-less request then finds no variant that meets it.
+only, and a model-less request then finds no variant that meets it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 from greenctl.data.batching import executor_batching
 from greenctl.data.errors import GreenctlError
 from greenctl.data.plan import Deployment, Plan
+from greenctl.data.store import Store
 from greenctl.executor.kinds import get_kind, plan_inputs, plan_rates
 from greenctl.planner.core.choice import Offer, queue_latency
 
@@ -29,7 +30,7 @@ INSTANCE_KEYS = ("offer",)
 
 
 def instance_offers(
-    store: Any,
+    store: Store,
     plan: Plan,
     keys: set[tuple[str, str, int]],
     *,
@@ -101,7 +102,7 @@ def instance_offers(
 def add_offers(
     routes: dict[str, Any],
     rows: list[dict[str, Any]],
-    store: Any,
+    store: Store,
     plan: Plan,
     *,
     max_wait_ms: float | None = None,
