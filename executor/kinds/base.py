@@ -339,7 +339,10 @@ class PlanKind:
     #: its typed request: ``from_dict(request dict)`` validates a plan's ``request`` once and
     #: ``to_dict()`` writes it back; None: the kind takes the plain dict
     request_type: Any = None
-    #: the kind's replay step (see executor.control.replay)
+    #: its replay step (``greenctl replay``): a
+    #: :class:`~greenctl.executor.kinds.replaying.ReplayStep`, or where one is as
+    #: ``"module:attribute"`` (imported when a replay asks, so planning does not load it);
+    #: None: the kind does not replay
     replay: Any = None
     #: where commands list it among the installed kinds (then by name)
     order: int = 100

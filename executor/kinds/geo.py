@@ -100,6 +100,7 @@ def _geo_objective(plan: Plan) -> Objective:
 #: the kind, as the registry holds it
 KIND = PlanKind(
     "geo",
+    replay="greenctl.executor.kinds.geo_replay:STEP",
     order=40,
     default_policy="wrr",  # as mix: a site's plans follow their quotas
     plan=_geo_plan,

@@ -306,6 +306,7 @@ def _glet_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
 #: the kind, as the registry holds it
 KIND = PlanKind(
     "glet",
+    replay="greenctl.executor.kinds.glet_replay:STEP",
     order=30,
     default_policy="batch",  # gpulet's glets run duty cycles
     plan=_glet_plan,

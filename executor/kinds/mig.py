@@ -93,6 +93,7 @@ def _mig_objective(plan: Plan) -> Objective:
 #: the kind, as the registry holds it
 KIND = PlanKind(
     "mig",
+    replay="greenctl.executor.kinds.mig_replay:STEP",
     order=20,
     default_policy="wrr",  # the planner splits load by quota per instance class and predicts with wrr
     plan=_mig_plan,

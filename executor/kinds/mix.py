@@ -114,6 +114,7 @@ def _mix_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
 #: the kind, as the registry holds it
 KIND = PlanKind(
     "mix",
+    replay="greenctl.executor.kinds.mix_replay:STEP",
     order=10,
     default_policy="wrr",  # requests follow the quotas (InfAdapter)
     plan=_mix_plan,

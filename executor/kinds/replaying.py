@@ -8,8 +8,9 @@ kind does alike it calls the loop back (:class:`ReplayLoop`): the window of the 
 forecasts, greenctl's replanning rounds (the decision ``replan`` takes, the dwell and the
 reconfiguration time) and the result in one shape, written as files.
 
-A kind's step lives in ``executor/kinds/<kind>_replay.py`` (or in its record's ``replay``);
-the kinds a replay takes are the registered kinds that have one (:func:`replayed_kinds`).
+A kind's record names its step (``replay``; the built-in kinds' steps sit beside them in
+``executor/kinds/<kind>_replay.py``); the kinds a replay takes are the registered kinds that
+have one (:func:`replayed_kinds`).
 """
 
 from __future__ import annotations
@@ -22,15 +23,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from greenctl.data.carbon_io import iso, parse_time
+from greenctl.data.errors import InputError
 from greenctl.data.loop_state import REPLAN_MARGIN, REPLAN_MIN_DWELL_S, REPLAN_THRESHOLD
 from greenctl.data.plan import Plan
 from greenctl.executor.kinds.base import KINDS
 
 if TYPE_CHECKING:
     from greenctl.data.store import Store
-
-#: the package a kind's step module sits in, as ``<kind>_replay``
-STEP_PACKAGE = "greenctl.executor.kinds"
 
 
 @dataclass(frozen=True)
@@ -193,22 +192,31 @@ class ReplayStep:
 
 
 def replay_step(kind: str) -> ReplayStep | None:
-    """The registered ``kind``'s replay step: its record's ``replay``, else the ``STEP`` of
-    ``executor/kinds/<kind>_replay.py``; None: the kind does not replay."""
+    """The registered ``kind``'s replay step (its record's ``replay``, a step or where one is
+    as ``"module:attribute"``); None: the kind does not replay.
+
+    Raises:
+        InputError: the record names a step that cannot be imported or is not a step.
+    """
     record = KINDS.get(kind)
-    if record is None:
+    if record is None or record.replay is None:
         return None
-    if record.replay is not None:
-        return record.replay  # type: ignore[no-any-return]
-    name = f"{STEP_PACKAGE}.{kind}_replay"
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-        return None
-    step = getattr(module, "STEP", None)
-    return step if isinstance(step, ReplayStep) else None
+    step = record.replay
+    if isinstance(step, str):
+        module, _, attribute = step.partition(":")
+        try:
+            step = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as exc:
+            raise InputError(
+                f"the {kind} kind's replay step {record.replay!r} cannot be loaded: {exc}",
+                hint="reinstall the package that provides the kind",
+            ) from None
+    if not isinstance(step, ReplayStep):
+        raise InputError(
+            f"the {kind} kind's replay step {record.replay!r} is not a ReplayStep",
+            hint="reinstall the package that provides the kind",
+        )
+    return step
 
 
 def replayed_kinds() -> tuple[str, ...]:

@@ -14,7 +14,9 @@ import pytest
 from greenctl.data.errors import FileFormatError, InputError
 from greenctl.data.plan import load_plan_file, plan_kinds, write_plan_file
 from greenctl.data.records import Profile, Variant
+from greenctl.executor.control.replay import replay
 from greenctl.executor.kinds import KINDS, get_kind, load_kinds, plan
+from greenctl.executor.kinds.replaying import replayed_kinds
 
 #: the toy kind's module: one variant of the tiny family on cpu:1, as many instances as the
 #: rate needs at 70 % of their throughput, predicted as every serving kind is
@@ -23,22 +25,49 @@ import math
 
 from greenctl.data.plan import Deployment, Plan
 from greenctl.executor.kinds import PlanKind, get_kind
+from greenctl.executor.kinds.mix_replay import Serving, replay_serving
+from greenctl.executor.kinds.replaying import ReplayStep
+
+
+def capacity(store):
+    profiles = [
+        p for p in store.latest_profiles(family="tiny") if p.resource == "cpu:1" and p.batch == 1
+    ]
+    return max(profiles, key=lambda p: p.throughput_rps)
 
 
 def plan(store, request, *, current=None):
     rate = float(request["rate_rps"])
-    profiles = [
-        p for p in store.latest_profiles(family="tiny") if p.resource == "cpu:1" and p.batch == 1
-    ]
-    best = max(profiles, key=lambda p: p.throughput_rps)
+    best = capacity(store)
     count = max(1, math.ceil(rate / (0.7 * best.throughput_rps)))
     deployment = Deployment("tiny", best.variant, "cpu:1", count=count, quota_rps=rate)
     out = Plan(kind="toy", request=dict(request), deployments=[deployment])
     out.predicted = get_kind("toy").predict(store, out, rate_rps=rate, analytic=True)
-    return out, None
+    out.predicted.update(objective=float(count), objective_name="instances")
+    return out, (rate, best.throughput_rps)
 
 
-KIND = PlanKind("toy", plan=plan, default_policy="fifo")
+def score(problem, running):
+    rate, per_instance = problem
+    count = sum(d.count for d in running.deployments)
+    if rate > 0.7 * per_instance * count:
+        return None, f"{count} instances cannot carry {rate:.0f} req/s"
+    return float(count), None
+
+
+SERVING = Serving(
+    hold=lambda first, request, notes: None,
+    static=lambda *args: None,
+    percentile=lambda request: "p95",
+)
+STEP = ReplayStep(
+    run=lambda store, inputs, loop: replay_serving(store, inputs, loop, SERVING),
+    baselines=(),
+    default_baselines=(),
+)
+KIND = PlanKind(
+    "toy", plan=plan, score=score, default_policy="fifo", carbon_signal=False, replay=STEP
+)
 """
 
 
@@ -93,6 +122,22 @@ def test_an_installed_kind_is_planned_saved_and_simulated(installed, tiny, cli, 
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["policy"] == "fifo" and not doc["overloaded"]  # the kind's default policy
+
+
+def test_an_installed_kind_is_replayed(installed, tiny, tmp_path):
+    """The loop replans the toy plan as the load moves, through the kind's own step."""
+    assert replayed_kinds()[-1] == "toy"
+    trace = tmp_path / "load.txt"
+    trace.write_text(" ".join(["100"] * 120 + ["900"] * 120 + ["100"] * 120))
+    request = {"model": "tiny", "rate_rps": 100.0, "slo_ms": 100.0, "carbon_intensity": 200.0}
+    result = replay(tiny, kind="toy", request=request, load_trace=str(trace), every="60s",
+                    min_dwell_s=0, baselines=())  # fmt: skip
+    assert result["meta"]["kind"] == "toy"
+    rows = result["intervals"]["greenctl"]
+    assert len(rows) == 6
+    assert {r["action"] for r in rows} >= {"start", "change"}
+    assert max(r["units"] for r in rows) > min(r["units"] for r in rows)  # it scaled
+    assert [s["policy"] for s in result["summary"]] == ["greenctl"]
 
 
 def test_the_kind_is_gone_with_its_package(installed, tiny, tmp_path):
