@@ -98,7 +98,7 @@ def micro(n: int = 20000) -> dict[str, float]:
     import asyncio
 
     from greenctl.executor.runtime import oip
-    from greenctl.executor.runtime.dispatcher import _name_variant, requirements_of
+    from greenctl.executor.runtime.dispatch_modelless import name_variant, requirements_of
 
     disp, route = _route()
     x = np.ones((1, 3, 32, 32), dtype=np.float32)
@@ -127,7 +127,7 @@ def micro(n: int = 20000) -> dict[str, float]:
                 assert req is not None
                 b = disp.choose(route, None, req)
                 route.release(b)
-                _name_variant(answer, answer_len, b.variant, "noop", None)
+                name_variant(answer, answer_len, b.variant, "noop", None)
             return time.perf_counter() - t0
 
         async def both() -> tuple[float, float]:

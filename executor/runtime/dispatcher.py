@@ -99,8 +99,6 @@ __all__ = [
 ]
 
 TOKEN_HEADER = hs.TOKEN_HEADER
-#: the name ``bench/bench_modelless.py`` imports
-_name_variant = name_variant
 
 
 class Dispatcher(Forwarding, EnergyAccounting, ExecutorSupervision):
