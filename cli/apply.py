@@ -6,16 +6,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from greenctl.cli.common import (
-    DbOpt,
-    JsonOpt,
-    console,
-    input_path,
-    print_json,
-    render_table,
-    say,
-    store_for,
-)
+from greenctl.cli.common import console, input_path, print_json, render_table, say, store_for
+from greenctl.cli.options import AtOpt, DbOpt, JsonOpt
+from greenctl.data.errors import ExecutorError, InputError
+from greenctl.data.plan import load_plan_file
+from greenctl.executor.deploy.backends import backend_for, down, get_backend, not_serving, status
 
 RecordedBackendOpt = Annotated[
     str | None,
@@ -29,78 +24,82 @@ AddressOpt = Annotated[
 ]
 
 
+PlanFileArg = Annotated[
+    Path, typer.Argument(help="Plan JSON (from `greenctl plan ...`).", parser=input_path)
+]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the actions; change nothing.")]
+VerifyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verify",
+        help="Afterwards, load it at the predicted rate and record measured vs predicted.",
+    ),
+]
+MigPartedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--mig-parted", help="Leave the MIG layout to NVIDIA mig-parted / the GPU operator."
+    ),
+]
+WaitOpt = Annotated[
+    bool, typer.Option("--wait", help="Wait for a concurrent apply instead of failing.")
+]
+PolicyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--policy", help="Dispatch policy: fifo, wrr or batch (default: the plan's, as simulate)."
+    ),
+]
+PortOpt = Annotated[
+    int | None, typer.Option("--port", help="Dispatcher port (default: any free port).")
+]
+HostOpt = Annotated[
+    str, typer.Option("--host", help="Dispatcher address; loopback unless you say otherwise.")
+]
+LoaderOpt = Annotated[
+    str | None,
+    typer.Option("--loader", help="module:function loading variants (default: built-in catalog)."),
+]
+VerifyDurationOpt = Annotated[
+    float, typer.Option("--verify-duration", help="Seconds of verification load.")
+]
+RayHttpPortOpt = Annotated[
+    int, typer.Option("--ray-http-port", help="HTTP port of Ray Serve's proxy (--backend ray).")
+]
+SiteOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--site", help="A geo plan's site endpoint, NAME=URL (every site of the plan needs one)."
+    ),
+]
+GatewayOpt = Annotated[
+    str | None,
+    typer.Option("--gateway", help="Geo plan: the gateway of requests without the header."),
+]
+
+
 def apply_cmd(
-    plan_file: Annotated[
-        Path, typer.Argument(help="Plan JSON (from `greenctl plan ...`).", parser=input_path)
-    ],
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the actions; change nothing.")
-    ] = False,
-    verify: Annotated[
-        bool,
-        typer.Option(
-            "--verify",
-            help="Afterwards, load it at the predicted rate and record measured vs predicted.",
-        ),
-    ] = False,
-    mig_parted: Annotated[
-        bool,
-        typer.Option(
-            "--mig-parted", help="Leave the MIG layout to NVIDIA mig-parted / the GPU operator."
-        ),
-    ] = False,
-    wait: Annotated[
-        bool, typer.Option("--wait", help="Wait for a concurrent apply instead of failing.")
-    ] = False,
-    policy: Annotated[
-        str | None,
-        typer.Option(
-            "--policy",
-            help="Dispatch policy: fifo, wrr or batch (default: the plan's, as simulate).",
-        ),
-    ] = None,
-    port: Annotated[
-        int | None, typer.Option("--port", help="Dispatcher port (default: any free port).")
-    ] = None,
-    host: Annotated[
-        str, typer.Option("--host", help="Dispatcher address; loopback unless you say otherwise.")
-    ] = "127.0.0.1",
-    loader: Annotated[
-        str | None,
-        typer.Option(
-            "--loader", help="module:function loading variants (default: built-in catalog)."
-        ),
-    ] = None,
-    verify_duration: Annotated[
-        float, typer.Option("--verify-duration", help="Seconds of verification load.")
-    ] = 10.0,
+    plan_file: PlanFileArg,
+    dry_run: DryRunOpt = False,
+    verify: VerifyOpt = False,
+    mig_parted: MigPartedOpt = False,
+    wait: WaitOpt = False,
+    policy: PolicyOpt = None,
+    port: PortOpt = None,
+    host: HostOpt = "127.0.0.1",
+    loader: LoaderOpt = None,
+    verify_duration: VerifyDurationOpt = 10.0,
     backend: RecordedBackendOpt = None,
     address: AddressOpt = None,
-    ray_http_port: Annotated[
-        int, typer.Option("--ray-http-port", help="HTTP port of Ray Serve's proxy (--backend ray).")
-    ] = 8000,
-    site: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--site",
-            help="A geo plan's site endpoint, NAME=URL (every site of the plan needs one).",
-        ),
-    ] = None,
-    gateway: Annotated[
-        str | None,
-        typer.Option("--gateway", help="Geo plan: the gateway of requests without the header."),
-    ] = None,
-    at: Annotated[
-        str | None,
-        typer.Option("--at", help="Geo plan: route with this time's slot (default: the clock)."),
-    ] = None,
+    ray_http_port: RayHttpPortOpt = 8000,
+    site: SiteOpt = None,
+    gateway: GatewayOpt = None,
+    at: AtOpt = None,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Make a plan real: partitions, executor daemons and a dispatcher, with rollback; a geo
     plan: a geo router forwarding each request to a site (--site NAME=URL)."""
-    from greenctl.data.plan import load_plan_file
-    from greenctl.executor.deploy.backends import backend_for, get_backend
 
     plan = load_plan_file(plan_file)
     if plan.kind == "geo" or site:
@@ -131,7 +130,12 @@ def apply_cmd(
         return
     if runner.name == "ray":
         _print_ray_apply(result, dry_run=dry_run)
-        return
+    else:
+        _print_apply(result, dry_run=dry_run)
+
+
+def _print_apply(result: Any, *, dry_run: bool) -> None:
+    """What a local apply did (or would do), its dispatcher, warnings and verification."""
     if not result.changed:
         console.print("Nothing to do: the plan is already running.")
     else:
@@ -149,7 +153,7 @@ def apply_cmd(
 
 def _apply_geo(plan: Any, site: list[str] | None, *, db: str | None, json_out: bool,
                **options: Any) -> None:  # fmt: skip
-    from greenctl.executor.deploy.georouter import apply_geo, parse_sites
+    from greenctl.executor.deploy.georouter import apply_geo, parse_sites  # numpy
 
     sites = parse_sites(site)
     with store_for(db) as store:
@@ -236,9 +240,7 @@ def status_cmd(
 ) -> None:
     """Show the dispatcher and every running instance (variant, resource, pid, port, p95).
     Exits 1 when the plan is not fully serving (and says why)."""
-    from greenctl.data.errors import ExecutorError
-    from greenctl.executor.deploy.backends import not_serving, status
-    from greenctl.executor.deploy.georouter import router_status
+    from greenctl.executor.deploy.georouter import router_status  # numpy: not for `--help`
 
     # read-only: a missing store is not created, except to ask a named cluster (as before)
     with store_for(db, create=backend not in (None, "local")) as store:
@@ -377,7 +379,6 @@ def down_cmd(
 ) -> None:
     """Stop the dispatcher and every executor greenctl started (on the backend that runs the
     plan, unless --backend names one)."""
-    from greenctl.executor.deploy.backends import down
 
     with store_for(db) as store:
         doc = down(store, backend=backend, address=address, restore_mig=restore_mig)
@@ -427,8 +428,7 @@ def loadgen_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Send an open-loop Poisson load (or replay a trace) and report latency and errors."""
-    from greenctl.data.errors import InputError
-    from greenctl.executor.runtime.loadgen import client_lag_note, read_trace, run_load
+    from greenctl.executor.runtime.loadgen import client_lag_note, read_trace, run_load  # numpy
 
     if (rate is None) == (trace is None):
         raise InputError("give exactly one of --rate RPS or --trace FILE")
