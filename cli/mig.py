@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, say, store_for
+from greenctl.cli.common import print_json, render_table, say, store_for
+from greenctl.cli.options import DbOpt, JsonOpt
+from greenctl.data.mig_geometry import GpuGeometry, layouts_document, resolve_gpu
+from greenctl.data.provenance import store_synthetic
+from greenctl.data.records import Profile
+from greenctl.planner.core.synthetic import synthetic_family
 
 mig_app = typer.Typer(
     no_args_is_help=True,
@@ -41,8 +47,6 @@ def mig_layouts(
     A layout is valid when its instances' memory-slice ranges do not overlap and their
     compute slices fit; maximal when no further instance can be added.
     """
-    from greenctl.data.mig_geometry import layouts_document, resolve_gpu
-
     geo = resolve_gpu(gpu)
     names = [p.strip() for p in profiles.split(",") if p.strip()] if profiles else None
     doc = layouts_document(geo, profiles=names, include_me=me)
@@ -107,12 +111,6 @@ def mig_synth(
     variants (built-in, measured, imported) is refused: write beside it with --prefix,
     or add to it with --merge.
     """
-    from dataclasses import asdict
-
-    from greenctl.data.mig_geometry import resolve_gpu
-    from greenctl.data.provenance import store_synthetic
-    from greenctl.planner.core.synthetic import synthetic_family
-
     geo = resolve_gpu(gpu)
     variants, profiles = synthetic_family(geo, family, include_me=me, prefix=prefix)
     written, example = variants[0].family, variants[0].name  # every family has variants
@@ -154,8 +152,13 @@ def mig_synth(
             }
         )
         return
+    _render_synth(profiles, geo, family=written)
+
+
+def _render_synth(profiles: list[Profile], geo: GpuGeometry, *, family: str) -> None:
+    """The table of synthetic rows written, labelled synthetic."""
     render_table(
-        f"SYNTHETIC profiles written: {written} on {geo.name} ({len(profiles)} rows)",
+        f"SYNTHETIC profiles written: {family} on {geo.name} ({len(profiles)} rows)",
         ["variant", "resource", "p50 ms", "p95 ms", "power W", "idle W", "J/req", "source"],
         [
             [
