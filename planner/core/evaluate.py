@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from greenctl.data.plan import Deployment
@@ -101,6 +102,7 @@ __all__ = [
     "DispatcherStage",
     "EnergyTerms",
     "Instance",
+    "PredictOptions",
     "ProfileKey",
     "ServingInput",
     "ServingPath",
@@ -175,29 +177,11 @@ def _order(result: dict[str, Any], slo: bool) -> dict[str, Any]:
     return {k: result.get(k) for k in PREDICTED_KEYS if slo or k != "slo_violation_frac"}
 
 
-def predict(
-    deployments: Sequence[Deployment],
-    profiles: Mapping[ProfileKey, Profile],
-    variants: Mapping[str, Variant],
-    *,
-    rate_rps: float | Mapping[str, float],
-    policy: str = "fifo",
-    percentile_slo_ms: SloInput = None,
-    carbon_g_per_kwh: float | None = None,
-    pue: float = 1.0,
-    wue_l_per_kwh: float | None = None,
-    ewif_l_per_kwh: float | None = None,
-    device_idle_power_w: float | None = None,
-    max_wait_ms: float | None = None,
-    serving: ServingInput | None = None,
-    spare_idle_w: float = 0.0,
-) -> dict[str, Any]:
-    """Analytic prediction of a configuration's latency, accuracy, energy, carbon and cost.
+@dataclass(frozen=True)
+class PredictOptions:
+    """How :func:`predict` evaluates a configuration (its keywords, one type).
 
-    Args:
-        deployments: the plan's deployments.
-        profiles: ``{(variant, resource, batch): Profile}`` (see :func:`profiles_by_key`).
-        variants: ``{name: Variant}`` for accuracy.
+    Attributes:
         rate_rps: the total arrival rate (Poisson), or ``{model: rate}``.
         policy: ``fifo``, ``wrr`` or ``batch`` (module docstring).
         percentile_slo_ms: an SLO in ms, or each variant's own (``{variant: ms}``, a glet
@@ -207,32 +191,53 @@ def predict(
         wue_l_per_kwh: direct (on-site) water usage effectiveness, L/kWh.
         ewif_l_per_kwh: indirect (electricity generation) water intensity, L/kWh.
         device_idle_power_w: idle power of each whole device, shared by its instances.
-        spare_idle_w: idle power no instance carries: the compute slices of a MIG plan's
-            GPUs that hold no instance (:func:`spare_idle_w`).
         max_wait_ms: how long an executor waits for a batch to fill (default: the executors'
             :data:`~greenctl.data.batching.DEFAULT_MAX_WAIT_MS`; a deployment's
             ``placement["duty_cycle_ms"]`` wins).
         serving: the measured serving path (``greenctl profile serving``): a
             :class:`ServingPath` or bare overhead samples in ms, one for every model or
-            ``{variant or model: ...}`` (a variant's own entry first, then its model's, then
-            ``"*"``). Its overhead is added to every
-            request's latency and its executor CPU delays the queue of CPU instances; on a
-            GPU, MIG or MPS instance a path measured on that resource adds the executor's
-            front, a serial CPU stage before the device that caps the instance at
-            ``1000 / executor_cpu_ms`` req/s and whose wait every request adds
-            (:func:`front_cpu_ms`; none where no executor CPU was measured there).
-            Where a path has the dispatcher's CPU measured (``dispatcher_cpu_ms``), the
-            dispatcher is a serial stage all the plan's requests cross
-            (:class:`DispatcherStage`): a request adds its wait at the plan's total rate
-            beyond the wait its path's samples were measured with, and a total rate at or
-            above its capacity overloads the plan (it forwards at most its capacity, the
-            rest dropped). Without it latencies are the model's alone.
+            ``{variant or model: ...}`` (:func:`serving_path` picks a variant's).
+        spare_idle_w: idle power no instance carries: the compute slices of a MIG plan's
+            GPUs that hold no instance (:func:`spare_idle_w`).
+    """
 
-    Latency also accounts for cold runs: a request that finds its instance idle runs at the
-    profile's isolated latency when the profile has one (:func:`warm_service`), unless the
-    serving path measured how fast the model runs when served (:func:`served_service`).
-    On CPU instances with a serving path, busy time (so utilisation and energy) counts the
-    served run time and the executor's own CPU.
+    rate_rps: float | Mapping[str, float]
+    policy: str = "fifo"
+    percentile_slo_ms: SloInput = None
+    carbon_g_per_kwh: float | None = None
+    pue: float = 1.0
+    wue_l_per_kwh: float | None = None
+    ewif_l_per_kwh: float | None = None
+    device_idle_power_w: float | None = None
+    max_wait_ms: float | None = None
+    serving: ServingInput | None = None
+    spare_idle_w: float = 0.0
+
+
+def predict(
+    deployments: Sequence[Deployment],
+    profiles: Mapping[ProfileKey, Profile],
+    variants: Mapping[str, Variant],
+    options: PredictOptions | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Analytic prediction of a configuration's latency, accuracy, energy, carbon and cost.
+
+    Args:
+        deployments: the plan's deployments.
+        profiles: ``{(variant, resource, batch): Profile}`` (see :func:`profiles_by_key`).
+        variants: ``{name: Variant}`` for accuracy.
+        options: the load and how it is served (:class:`PredictOptions`); its fields as
+            keywords win over it.
+
+    The serving path's overhead is added to every request's latency and its executor CPU
+    delays the queue of CPU instances; on an accelerator a path measured on that resource
+    adds the executor's front, a serial CPU stage before the device (:func:`front_cpu_ms`).
+    Where the dispatcher's CPU is measured it is a serial stage all the plan's requests
+    cross (:class:`DispatcherStage`): a request adds its wait beyond the one its path's
+    samples hold, and a total rate at or above its capacity overloads the plan. Latency
+    also accounts for cold runs (:func:`warm_service`), unless the serving path measured
+    how fast the model runs when served (:func:`served_service`).
 
     Returns:
         A dict with :data:`PREDICTED_KEYS` (``slo_violation_frac`` only with an SLO).
@@ -243,47 +248,100 @@ def predict(
     Raises:
         InputError: a missing profile, an unknown policy, a bad number.
     """
-    instances = build_instances(deployments, profiles, max_wait_ms=max_wait_ms, serving=serving)
-    check_policy(policy, instances)
-    model_rate, shares = split_load(instances, deployments, rate_rps)
+    opts = replace(options, **kwargs) if options is not None else PredictOptions(**kwargs)
+    instances = build_instances(
+        deployments, profiles, max_wait_ms=opts.max_wait_ms, serving=opts.serving
+    )
+    check_policy(opts.policy, instances)
+    model_rate, shares = split_load(instances, deployments, opts.rate_rps)
     total_rate = sum(model_rate.values())
     # the dispatcher: one serial stage every request crosses, where its CPU was measured
-    stage = instances_dispatcher(instances, model_rate, shares, serving)
+    stage = instances_dispatcher(instances, model_rate, shares, opts.serving)
     passed = model_rate  # what the dispatcher forwards: at most its capacity, pro rata
     if stage is not None and stage.overloaded and total_rate > 0:
         passed = {m: r * stage.capacity_rps / total_rate for m, r in model_rate.items()}
-    dispatched: dict[ServingPath | None, tuple[float, ...]] = {}
+    run = _Prediction(instances, opts, stage)
+    for m, rate in passed.items():
+        members = [i for i in instances if i.model == m]
+        if opts.policy == "fifo":
+            run.pooled(rate, members)
+        else:
+            for i in members:
+                run.own_queue(i, rate * shares[i.index], shares[i.index])
+    return run.result(variants, total_rate)
 
-    def overhead_of(path: ServingPath | None) -> tuple[float, ...]:
+
+@dataclass
+class _Prediction:
+    """What :func:`predict` gathers over a plan's queues: the latency models with their
+    rates, the SLO violations, and each instance's served rate and busy fraction."""
+
+    instances: Sequence[Instance]
+    opts: PredictOptions
+    stage: DispatcherStage | None
+    parts: list[tuple[float, LatencyModel]] = field(default_factory=list)
+    violation: float = 0.0
+    overloaded: bool = False
+    served: list[float] = field(init=False)
+    busy: list[float] = field(init=False)
+    #: busy time per unit of profiled busy time, on instances with a serving path measured
+    #: on their kind of resource (served runs, and on CPU the executor's own CPU, take longer)
+    stretch: list[float] = field(init=False)
+    dispatched: dict[ServingPath | None, tuple[float, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        k = len(self.instances)
+        self.served, self.busy, self.stretch = [0.0] * k, [0.0] * k, [1.0] * k
+
+    def path(self, i: Instance) -> ServingPath | None:
+        return serving_path(self.opts.serving, i.model, i.variant, i.resource)
+
+    def overhead_of(self, path: ServingPath | None) -> tuple[float, ...]:
         """The path's overhead samples, with the dispatcher's wait at the plan's rate."""
-        if stage is None or stage.overloaded:
+        if self.stage is None or self.stage.overloaded:
             return path.overhead_ms if path is not None else ()
-        if path not in dispatched:
-            dispatched[path] = stage.overhead_ms(path)
-        return dispatched[path]
+        if path not in self.dispatched:
+            self.dispatched[path] = self.stage.overhead_ms(path)
+        return self.dispatched[path]
 
-    served = [0.0] * len(instances)
-    busy = [0.0] * len(instances)
-    # busy time per unit of profiled busy time, on instances with a serving path measured on
-    # their kind of resource (served runs, and on CPU the executor's own CPU, take longer)
-    stretch = [1.0] * len(instances)
-
-    def served_at(
-        i: Instance, rate: float, busy_frac: float
-    ) -> tuple[ServiceTime, float]:  # served_service, noting the instance's busy stretch
-        path = serving_path(serving, i.model, i.variant, i.resource)
+    def served_at(self, i: Instance, rate: float, busy_frac: float) -> tuple[ServiceTime, float]:
+        """:func:`served_service`, noting the instance's busy stretch."""
+        path = self.path(i)
         svc, demand = served_service(i, rate, busy_frac, path)
         if path is not None and path_serves(path, i.resource):
-            stretch[i.index] = busy_stretch(i, svc, demand)
+            self.stretch[i.index] = busy_stretch(i, svc, demand)
         return svc, demand
 
-    parts: list[tuple[float, LatencyModel]] = []
-    violation = 0.0
-    overloaded = False
+    def pooled(self, rate: float, members: list[Instance]) -> None:
+        """A model's instances behind one pooled FIFO queue (policy ``fifo``)."""
+        model = None
+        if rate > 0:
+            got = pooled_shares(rate, [i.service for i in members])
+            loaded = [
+                self.served_at(i, rate * float(g), rate * float(g) / i.capacity_rps)
+                for i, g in zip(members, got, strict=True)
+            ]
+            # one pooled queue: the first instance's executor CPU stands for all
+            model = mgc_model(rate, [s for s, _ in loaded], demand_ms=loaded[0][1])
+        self.queue(rate, members, model)
 
-    def batching(i: Instance, rate: float) -> tuple[LatencyModel | None, float]:
+    def own_queue(self, i: Instance, r: float, share: float) -> None:
+        """An instance with a queue of its own at rate ``r`` (policies ``wrr``, ``batch``)."""
+        if self.opts.policy == "batch" and i.batches is not None:
+            if r > 0:
+                self.queue(r, [i], *self.batching(i, r))
+            return
+        svc, demand = self.served_at(i, r, busy_fraction(i, r))
+        if self.opts.policy == "wrr":
+            # stride-scheduled share p of a Poisson stream: interarrival ca2 ~ p
+            ca2 = max(min(share, 1.0), 0.05)
+            self.queue(r, [i], mgc_model(r, [svc], ca2=ca2, demand_ms=demand), ca2=ca2)
+        else:  # batch policy, batch 1: a FIFO server
+            self.queue(r, [i], mgc_model(r, [svc]))
+
+    def batching(self, i: Instance, rate: float) -> tuple[LatencyModel | None, float]:
         """A batching instance at ``rate``: its latency model and busy fraction."""
-        got = served_batches(i, rate, serving_path(serving, i.model, i.variant, i.resource))
+        got = served_batches(i, rate, self.path(i))
         if got is None:
             return None, 1.0
         model, demand = got
@@ -292,27 +350,19 @@ def predict(
             return None, 1.0
         return pred.latency, batch_busy_frac(pred, rate, demand)
 
-    def queue(
-        rate: float,
-        members: list[Instance],
-        model: LatencyModel | None,
-        busy_frac: float | None = None,
-        *,
-        ca2: float = 1.0,
-    ) -> None:
-        nonlocal violation, overloaded
-        if rate <= 0:
-            return
-        path = serving_path(serving, members[0].model, members[0].variant, members[0].resource)
-        overhead = overhead_of(path)
-        if model is not None and any(i.front_ms > 0 for i in members):
-            # on an accelerator, the executor's front before the device (on CPU the
-            # executor's own work shares the cores instead), each at its instance's share
-            # of a pooled queue, with the path's overhead
+    def with_path(
+        self, rate: float, members: list[Instance], model: LatencyModel, ca2: float
+    ) -> LatencyModel | None:
+        """A queue's latency plus its serving path's: on an accelerator, the executor's
+        front before the device (on CPU the executor's own work shares the cores instead),
+        each at its instance's share of a pooled queue, with the path's overhead."""
+        path = self.path(members[0])
+        overhead = self.overhead_of(path)
+        if any(i.front_ms > 0 for i in members):
             pooled = (
                 pooled_shares(rate, [m.service for m in members]) if len(members) > 1 else [1.0]
             )
-            model = mixture_model(
+            return mixture_model(
                 [
                     (
                         float(g),
@@ -328,87 +378,80 @@ def predict(
                     for i, g in zip(members, pooled, strict=True)
                 ]
             )
-        elif model is not None and overhead:
-            model = with_overhead(model, overhead)
-        if model is None:
-            overloaded = True
-            violation += rate
-            for i in members:  # saturated: serving at capacity, the device busy throughout
-                served[i.index] = i.served_capacity_rps  # (unless its executor front binds)
-                busy[i.index] = min(i.served_capacity_rps / i.capacity_rps, 1.0)
+        return with_overhead(model, overhead) if overhead else model
+
+    def queue(
+        self,
+        rate: float,
+        members: list[Instance],
+        model: LatencyModel | None,
+        busy_frac: float | None = None,
+        *,
+        ca2: float = 1.0,
+    ) -> None:
+        """Record one queue at ``rate``: its latency, SLO violations, served rates, busy."""
+        if rate <= 0:
             return
-        parts.append((rate, model))
-        slo = slo_for(percentile_slo_ms, [i.variant for i in members])
+        if model is not None:
+            model = self.with_path(rate, members, model, ca2)
+        if model is None:
+            self.overloaded = True
+            self.violation += rate
+            for i in members:  # saturated: serving at capacity, the device busy throughout
+                self.served[i.index] = i.served_capacity_rps  # (unless its front binds)
+                self.busy[i.index] = min(i.served_capacity_rps / i.capacity_rps, 1.0)
+            return
+        self.parts.append((rate, model))
+        slo = slo_for(self.opts.percentile_slo_ms, [i.variant for i in members])
         if slo is not None:
-            violation += rate * float(model.sf(slo)[0])
-        if policy == "fifo" and len(members) > 1:
+            self.violation += rate * float(model.sf(slo)[0])
+        if self.opts.policy == "fifo" and len(members) > 1:
             # Pooled queue: fastest idle instance first (queueing.pooled_shares).
             for i, share in zip(
                 members, pooled_shares(rate, [m.service for m in members]), strict=True
             ):
-                served[i.index] = rate * float(share)
-                busy[i.index] = min(stretch[i.index] * served[i.index] / i.capacity_rps, 1.0)
+                self.served[i.index] = rate * float(share)
+                self.busy[i.index] = min(
+                    self.stretch[i.index] * self.served[i.index] / i.capacity_rps, 1.0
+                )
         else:
             (i,) = members
-            served[i.index] = rate
+            self.served[i.index] = rate
             if busy_frac is None:
-                busy_frac = stretch[i.index] * busy_fraction(i, rate)
-            busy[i.index] = min(busy_frac, 1.0)
+                busy_frac = self.stretch[i.index] * busy_fraction(i, rate)
+            self.busy[i.index] = min(busy_frac, 1.0)
 
-    for m, rate in passed.items():
-        members = [i for i in instances if i.model == m]
-        if policy == "fifo":
-            model = None
-            if rate > 0:
-                got = pooled_shares(rate, [i.service for i in members])
-                loaded = [
-                    served_at(i, rate * float(g), rate * float(g) / i.capacity_rps)
-                    for i, g in zip(members, got, strict=True)
-                ]
-                # one pooled queue: the first instance's executor CPU stands for all
-                model = mgc_model(rate, [s for s, _ in loaded], demand_ms=loaded[0][1])
-            queue(rate, members, model)
+    def result(self, variants: Mapping[str, Variant], total_rate: float) -> dict[str, Any]:
+        """The accounting of the served rates and busy time, the latency percentiles of
+        the queues' mixture and the share of requests that miss their SLO."""
+        opts = self.opts
+        result = account(
+            self.instances,
+            variants,
+            rate_rps=total_rate,
+            served_rps=self.served,
+            busy_frac=self.busy,
+            carbon_g_per_kwh=opts.carbon_g_per_kwh,
+            pue=opts.pue,
+            wue_l_per_kwh=opts.wue_l_per_kwh,
+            ewif_l_per_kwh=opts.ewif_l_per_kwh,
+            device_idle_power_w=opts.device_idle_power_w,
+            spare_idle_w=opts.spare_idle_w,
+        )
+        overloaded, violation = self.overloaded, self.violation
+        if self.stage is not None and self.stage.overloaded:
+            overloaded = True  # the dispatcher's queue grows: every request late
+            violation = total_rate
+        if overloaded:
+            result.update(p50_ms=math.inf, p95_ms=math.inf, p99_ms=math.inf)
+        elif self.parts:
+            p50, p95, p99 = mixture_quantiles(self.parts, (0.5, 0.95, 0.99))
+            result.update(p50_ms=p50, p95_ms=p95, p99_ms=p99)
         else:
-            for i in members:
-                r = rate * shares[i.index]
-                if policy == "batch" and i.batches is not None:
-                    if r > 0:
-                        queue(r, [i], *batching(i, r))
-                    continue
-                svc, demand = served_at(i, r, busy_fraction(i, r))
-                if policy == "wrr":
-                    # stride-scheduled share p of a Poisson stream: interarrival ca2 ~ p
-                    ca2 = max(min(shares[i.index], 1.0), 0.05)
-                    queue(r, [i], mgc_model(r, [svc], ca2=ca2, demand_ms=demand), ca2=ca2)
-                else:  # batch policy, batch 1: a FIFO server
-                    queue(r, [i], mgc_model(r, [svc]))
-
-    result = account(
-        instances,
-        variants,
-        rate_rps=total_rate,
-        served_rps=served,
-        busy_frac=busy,
-        carbon_g_per_kwh=carbon_g_per_kwh,
-        pue=pue,
-        wue_l_per_kwh=wue_l_per_kwh,
-        ewif_l_per_kwh=ewif_l_per_kwh,
-        device_idle_power_w=device_idle_power_w,
-        spare_idle_w=spare_idle_w,
-    )
-    if stage is not None and stage.overloaded:
-        overloaded = True  # the dispatcher's queue grows: every request late
-        violation = total_rate
-    if overloaded:
-        result.update(p50_ms=math.inf, p95_ms=math.inf, p99_ms=math.inf)
-    elif parts:
-        p50, p95, p99 = mixture_quantiles(parts, (0.5, 0.95, 0.99))
-        result.update(p50_ms=p50, p95_ms=p95, p99_ms=p99)
-    else:
-        result.update(p50_ms=None, p95_ms=None, p99_ms=None)
-    if percentile_slo_ms is not None:
-        # a sum of survival functions over queues: float error must not show as below 0
-        frac = violation / total_rate if total_rate > 0 else 0.0
-        result["slo_violation_frac"] = min(max(frac, 0.0), 1.0)
-    result["overloaded"] = overloaded
-    return _order(result, percentile_slo_ms is not None)
+            result.update(p50_ms=None, p95_ms=None, p99_ms=None)
+        if opts.percentile_slo_ms is not None:
+            # a sum of survival functions over queues: float error must not show as below 0
+            frac = violation / total_rate if total_rate > 0 else 0.0
+            result["slo_violation_frac"] = min(max(frac, 0.0), 1.0)
+        result["overloaded"] = overloaded
+        return _order(result, opts.percentile_slo_ms is not None)
