@@ -77,6 +77,7 @@ __all__ = [
     "TOL",
     "GeoOptions",
     "GeoRun",
+    "GeoRunOptions",
     "GeoSolution",
     "OnlineState",
     "OnlineStep",
@@ -325,28 +326,40 @@ class GeoRun:
         return sol.gateway_flows(self.problem)
 
 
-def run_geo(
-    problem: GeoProblem,
-    *,
-    algorithm: str = "eglb-off",
-    mu_carbon: float = DEFAULT_MU_CARBON,
-    mu_water: float = DEFAULT_MU_WATER,
-    eta: float | None = None,
-    z_max: float | None = None,
-    horizon: int = 24,
-    forecast: str = "oracle",
-    weight_carbon: float | None = None,
-    weight_water: float | None = None,
-    model: str = "default",
-    variant: str = "default",
-    variants: GeoVariants | None = None,
-    min_accuracy: float | None = None,
-) -> GeoRun:
+@dataclass(frozen=True)
+class GeoRunOptions:
+    """How :func:`run_geo` plans (its keywords, one type).
+
+    Attributes:
+        algorithm: one of :data:`ALGORITHMS`, or ``all`` of them.
+        mu_carbon / mu_water: USD per kg of the largest site's carbon, per litre of its water.
+        eta, z_max, horizon, forecast, weight_carbon, weight_water: the algorithms' own
+            options (:class:`GeoOptions`).
+        model / variant: the names the plan's deployments carry.
+        variants: heterogeneous models: each site may serve its load with any allowed one.
+        min_accuracy: a floor on the load-weighted mean accuracy over the horizon.
+    """
+
+    algorithm: str = "eglb-off"
+    mu_carbon: float = DEFAULT_MU_CARBON
+    mu_water: float = DEFAULT_MU_WATER
+    eta: float | None = None
+    z_max: float | None = None
+    horizon: int = 24
+    forecast: str = "oracle"
+    weight_carbon: float | None = None
+    weight_water: float | None = None
+    model: str = "default"
+    variant: str = "default"
+    variants: GeoVariants | None = None
+    min_accuracy: float | None = None
+
+
+def run_geo(problem: GeoProblem, options: GeoRunOptions | None = None, **kwargs: Any) -> GeoRun:
     """Plan geographical load balancing with one algorithm, or ``all`` of them.
 
-    With ``variants`` (heterogeneous models) each site may serve its load with any
-    allowed variant; ``min_accuracy`` bounds the load-weighted mean accuracy over the
-    horizon. Sites then list ``variant_load_mwh`` and the summary ``accuracy_mean``;
+    ``options`` (or its fields as keywords, which win over it): :class:`GeoRunOptions`.
+    With ``variants`` sites list ``variant_load_mwh`` and the summary ``accuracy_mean``;
     deployments are one per site and variant that serves load.
 
     Returns:
@@ -356,82 +369,118 @@ def run_geo(
     Raises:
         InputError: bad options. InfeasiblePlan: a step that cannot be served.
     """
+    run = replace(options, **kwargs) if options is not None else GeoRunOptions(**kwargs)
     opts = check_options(
-        algorithm=algorithm,
-        mu_carbon=mu_carbon,
-        mu_water=mu_water,
-        eta=eta,
-        z_max=z_max,
-        horizon=horizon,
-        forecast=forecast,
-        weight_carbon=weight_carbon,
-        weight_water=weight_water,
-        variants=variants,
-        min_accuracy=min_accuracy,
+        algorithm=run.algorithm,
+        mu_carbon=run.mu_carbon,
+        mu_water=run.mu_water,
+        eta=run.eta,
+        z_max=run.z_max,
+        horizon=run.horizon,
+        forecast=run.forecast,
+        weight_carbon=run.weight_carbon,
+        weight_water=run.weight_water,
+        variants=run.variants,
+        min_accuracy=run.min_accuracy,
     )
-    names = list(ALGORITHMS) if algorithm == "all" else [algorithm]
+    names = list(ALGORITHMS) if run.algorithm == "all" else [run.algorithm]
     solutions: dict[str, GeoSolution] = {}
     notes: list[str] = []
     for name in names:
         try:
             solutions[name] = solve(problem, name, opts)
         except InputError as exc:
-            if algorithm != "all" or name != "nearest":
+            if run.algorithm != "all" or name != "nearest":
                 raise
             notes.append(f"nearest skipped: {exc.message}")
-    main = solutions["eglb-off" if algorithm == "all" else algorithm]
+    main = solutions["eglb-off" if run.algorithm == "all" else run.algorithm]
+    blocks = _blocks(problem, solutions, run)
+    sites, summary = blocks[main.algorithm]["sites"], blocks[main.algorithm]["summary"]
+    extra: dict[str, Any] = {
+        "algorithm": main.algorithm,
+        "basis": "modeled from the input price, carbon and water traces",
+        "sites": sites,
+        "summary": summary,
+        "solve_s": main.solve_s,
+    }
+    if run.algorithm == "all":
+        extra["algorithms"] = blocks
+    if notes:
+        extra["notes"] = notes
+    predicted = {
+        "objective": summary["objective"],
+        "energy_cost_usd": summary["energy_cost_usd_total"],
+        "carbon_kg_max": summary["carbon_kg_max"],
+        "water_l_max": summary["water_l_max"],
+        "basis": "modeled",
+    }
+    plan = Plan(
+        kind="geo",
+        request=_request(problem, run, opts),
+        deployments=_deployments(main, sites, run),
+        predicted=predicted,
+        extra=extra,
+    )
+    return GeoRun(
+        plan=plan, problem=problem, solutions=solutions, notes=notes, variants=run.variants
+    )
+
+
+def _blocks(
+    problem: GeoProblem, solutions: dict[str, GeoSolution], run: GeoRunOptions
+) -> dict[str, dict[str, Any]]:
+    """Each algorithm's sites, summary, solve time and solver notes."""
     blocks: dict[str, dict[str, Any]] = {}
     for name, sol in solutions.items():
-        sites, summary = evaluate(problem, sol.site_load_mw, mu_carbon=mu_carbon, mu_water=mu_water)
-        if variants is not None and sol.variant_load is not None:
-            _add_variants(problem, sol, variants, sites, summary)
+        sites, summary = evaluate(
+            problem, sol.site_load_mw, mu_carbon=run.mu_carbon, mu_water=run.mu_water
+        )
+        if run.variants is not None and sol.variant_load is not None:
+            _add_variants(problem, sol, run.variants, sites, summary)
         blocks[name] = {"sites": sites, "summary": summary, "solve_s": sol.solve_s}
         if sol.info:
             blocks[name]["info"] = sol.info
-    sites, summary = blocks[main.algorithm]["sites"], blocks[main.algorithm]["summary"]
+    return blocks
+
+
+def _request(problem: GeoProblem, run: GeoRunOptions, opts: GeoOptions) -> dict[str, Any]:
+    """The plan's ``request``: what :func:`run_geo` read, enough to plan again."""
     wc, ww = opts.weights(len(problem.sites))
     request = {
-        "algorithm": algorithm,
+        "algorithm": run.algorithm,
         **problem.sources,
-        "mu_carbon_usd_per_kg": mu_carbon,
-        "mu_water_usd_per_l": mu_water,
-        "eta": eta,
-        "z_max_usd": z_max,
-        "horizon": horizon,
-        "forecast": forecast,
+        "mu_carbon_usd_per_kg": run.mu_carbon,
+        "mu_water_usd_per_l": run.mu_water,
+        "eta": run.eta,
+        "z_max_usd": run.z_max,
+        "horizon": run.horizon,
+        "forecast": run.forecast,
         "weight_carbon_usd_per_kg": wc,
         "weight_water_usd_per_l": ww,
-        "model": model,
-        "variant": variant,
+        "model": run.model,
+        "variant": run.variant,
         "n_steps": problem.n_steps,
         "step_h": problem.step_h,
         "n_sites": len(problem.sites),
         "n_gateways": len(problem.gateways),
         "start": problem.times[0],
     }
-    if variants is not None:
-        request["variants"] = variants.source
-        request["variant_names"] = variants.names
-        request["min_accuracy"] = min_accuracy
-    peak = main.site_load_mw.max(axis=0)
-    deployments = [
-        Deployment(
-            model=model,
-            variant=variant,
-            resource=site_resource(s["site"]),
-            count=1,
-            placement={
-                "site": s["site"],
-                "load_mwh": s["load_mwh"],
-                "peak_load_mw": float(peak[j]),
-            },
-        )
-        for j, s in enumerate(sites)
-    ]
+    if run.variants is not None:
+        request["variants"] = run.variants.source
+        request["variant_names"] = run.variants.names
+        request["min_accuracy"] = run.min_accuracy
+    return request
+
+
+def _deployments(
+    main: GeoSolution, sites: list[dict[str, Any]], run: GeoRunOptions
+) -> list[Deployment]:
+    """One deployment per site (per site and variant that serves load, with variants)."""
+    variants = run.variants
     if variants is not None and main.variant_load is not None:
-        deployments = [
+        return [
             Deployment(
-                model=model,
+                model=run.model,
                 variant=vname,
                 resource=site_resource(s["site"]),
                 count=1,
@@ -445,28 +494,21 @@ def run_geo(
             for m, vname in enumerate(variants.names)
             if s["variant_load_mwh"][vname] > 1e-9
         ]
-    extra: dict[str, Any] = {
-        "algorithm": main.algorithm,
-        "basis": "modeled from the input price, carbon and water traces",
-        "sites": sites,
-        "summary": summary,
-        "solve_s": main.solve_s,
-    }
-    if algorithm == "all":
-        extra["algorithms"] = blocks
-    if notes:
-        extra["notes"] = notes
-    predicted = {
-        "objective": summary["objective"],
-        "energy_cost_usd": summary["energy_cost_usd_total"],
-        "carbon_kg_max": summary["carbon_kg_max"],
-        "water_l_max": summary["water_l_max"],
-        "basis": "modeled",
-    }
-    plan = Plan(
-        kind="geo", request=request, deployments=deployments, predicted=predicted, extra=extra
-    )
-    return GeoRun(plan=plan, problem=problem, solutions=solutions, notes=notes, variants=variants)
+    peak = main.site_load_mw.max(axis=0)
+    return [
+        Deployment(
+            model=run.model,
+            variant=run.variant,
+            resource=site_resource(s["site"]),
+            count=1,
+            placement={
+                "site": s["site"],
+                "load_mwh": s["load_mwh"],
+                "peak_load_mw": float(peak[j]),
+            },
+        )
+        for j, s in enumerate(sites)
+    ]
 
 
 def _add_variants(
