@@ -38,7 +38,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from greenctl.data.errors import FileFormatError, InputError, shown
 from greenctl.data.provenance import check_import_merge
@@ -236,124 +236,69 @@ def _text(path: str, line: int, column: str, value: Any) -> str | None:
 _TEXT_HINT = "names are short printable text, for example resnet50, cpu:4 or NVIDIA A100"
 
 
+@dataclass(frozen=True)
+class _Cells:
+    """One raw row of a profile file and where it is, to read checked values from."""
+
+    path: str
+    line: int
+    raw: dict[str, Any]
+
+    def text(self, col: str) -> str | None:
+        return _text(self.path, self.line, col, self.raw.get(col))
+
+    def num(self, col: str) -> float | None:
+        v = self.raw.get(col)
+        return None if _is_blank(v) else _number(self.path, self.line, col, v)
+
+    def whole(self, col: str, problem: str) -> int | None:
+        """A whole number (None if blank), refused with ``problem`` when it has a fraction."""
+        value = self.num(col)
+        if value is not None and value != int(value):
+            raise FileFormatError(self.path, problem, line=self.line, column=col)
+        return None if value is None else int(value)
+
+    def fail(self, message: str, column: str | None = None, hint: str | None = None) -> NoReturn:
+        raise FileFormatError(self.path, message, line=self.line, column=column, hint=hint)
+
+
 def _parse_row(path: str, line: int, raw: dict[str, Any], now: str) -> _Row:
     """One checked row; ``now`` is the import's time, for rows without created_at."""
-
-    def text(col: str) -> str | None:
-        return _text(path, line, col, raw.get(col))
-
-    def num(col: str) -> float | None:
-        v = raw.get(col)
-        return None if _is_blank(v) else _number(path, line, col, v)
-
+    cells = _Cells(path, line, raw)
+    num = cells.num
     for col in REQUIRED:
         if _is_blank(raw.get(col)):
-            raise FileFormatError(path, "required value is empty", line=line, column=col)
-    texts = {col: text(col) for col in (*OPTIONAL_TEXT, "variant", "resource")}
+            cells.fail("required value is empty", col)
+    texts = {col: cells.text(col) for col in (*OPTIONAL_TEXT, "variant", "resource")}
     variant = texts["variant"]
     assert variant is not None  # REQUIRED
     try:
         resource = parse_resource(str(texts["resource"])).label
     except InputError as exc:
-        raise FileFormatError(
-            path, exc.message, line=line, column="resource", hint=exc.hint
-        ) from None
-    batch_raw = raw["batch"]
-    batch_num = _number(path, line, "batch", batch_raw)
-    if batch_num != int(batch_num):
-        raise FileFormatError(
-            path,
-            f"batch must be a whole number from 1 to {MAX_BATCH}, got '{shown(batch_raw)}'",
-            line=line,
-            column="batch",
-        )
+        cells.fail(exc.message, "resource", exc.hint)
+    batch = cells.whole(
+        "batch", f"batch must be a whole number from 1 to {MAX_BATCH}, got '{shown(raw['batch'])}'"
+    )
     throughput = _number(path, line, "throughput_rps", raw["throughput_rps"])
-    p50 = num("latency_p50_ms")
-    plain = num("latency_ms")
-    if p50 is None:
-        p50 = plain
-    elif plain is not None and plain != p50:
-        raise FileFormatError(
-            path,
-            f"latency_ms ({plain:g}) and latency_p50_ms ({p50:g}) disagree",
-            line=line,
-            column="latency_ms",
-        )
-    p95, p99 = num("latency_p95_ms"), num("latency_p99_ms")
-    if p50 is None and p95 is None and p99 is None:
-        raise FileFormatError(
-            path,
-            "no latency given",
-            line=line,
-            hint="fill at least one of latency_ms, latency_p50_ms, latency_p95_ms, latency_p99_ms",
-        )
-    known = [v for v in (p50, p95, p99) if v is not None]
-    if known != sorted(known):
-        raise FileFormatError(
-            path, "latency percentiles must not fall from p50 to p95 to p99", line=line
-        )
+    p50, p95, p99 = _latencies(cells)
     capacity, capacity_slo = num("capacity_rps"), num("capacity_slo_ms")
     if (capacity is None) != (capacity_slo is None):
         missing = "capacity_slo_ms" if capacity_slo is None else "capacity_rps"
-        raise FileFormatError(
-            path, "capacity_rps and capacity_slo_ms come as a pair", line=line, column=missing
-        )
+        cells.fail("capacity_rps and capacity_slo_ms come as a pair", missing)
     accuracy = num("accuracy")
     if accuracy is not None and accuracy > 1:
-        raise FileFormatError(
-            path,
-            f"accuracy {accuracy:g} is above 1",
-            line=line,
-            column="accuracy",
-            hint="give accuracy as a fraction (0.7613), not a percentage",
-        )
-    method = texts["energy_method"]
+        cells.fail(
+            f"accuracy {accuracy:g} is above 1", "accuracy",
+            "give accuracy as a fraction (0.7613), not a percentage",
+        )  # fmt: skip
     energy = num("energy_j")
-    if method is None:
-        method = "imported"
-    elif method not in ENERGY_METHODS:
-        raise FileFormatError(
-            path,
-            f"unknown energy method '{method}'",
-            line=line,
-            column="energy_method",
-            hint=f"use one of {', '.join(ENERGY_METHODS)}",
-        )
-    source = texts["source"] or "imported"
-    if source not in PROFILE_SOURCES:
-        raise FileFormatError(
-            path,
-            f"unknown source '{shown(source)}'",
-            line=line,
-            column="source",
-            hint=f"use one of {', '.join(PROFILE_SOURCES)}, or leave it empty (imported)",
-        )
-    samples_raw = raw.get("samples")
-    samples = None
-    if not _is_blank(samples_raw):
-        s = _number(path, line, "samples", samples_raw)
-        if s != int(s):
-            raise FileFormatError(
-                path, "samples must be a whole number", line=line, column="samples"
-            )
-        samples = int(s)
-    created_at = texts["created_at"]
-    if created_at is not None:
-        try:
-            created_at = normalise_time(created_at)
-        except ValueError as exc:
-            raise FileFormatError(
-                path,
-                f"'{shown(created_at)}' is {exc}",
-                line=line,
-                column="created_at",
-                hint="write the time of the measurement as ISO 8601, e.g. 2026-11-22T10:00:00Z "
-                "(no offset: UTC), or leave it empty for the time of the import",
-            ) from None
+    method, source = _provenance(cells, texts["energy_method"], texts["source"])
+    samples = cells.whole("samples", "samples must be a whole number")
+    created_at = _created_at(cells, texts["created_at"])
     profile = Profile(
         variant=variant,
         resource=resource,
-        batch=int(batch_num),
+        batch=int(batch or 0),
         throughput_rps=throughput,
         latency_p50_ms=p50,
         latency_p95_ms=p95,
@@ -385,6 +330,59 @@ def _parse_row(path: str, line: int, raw: dict[str, Any], now: str) -> _Row:
         num("load_time_s"),
         timed=created_at is not None,
     )
+
+
+def _latencies(cells: _Cells) -> tuple[float | None, float | None, float | None]:
+    """p50 (``latency_ms`` is another name for it), p95 and p99: at least one, none falling."""
+    p50 = cells.num("latency_p50_ms")
+    plain = cells.num("latency_ms")
+    if p50 is None:
+        p50 = plain
+    elif plain is not None and plain != p50:
+        cells.fail(f"latency_ms ({plain:g}) and latency_p50_ms ({p50:g}) disagree", "latency_ms")
+    p95, p99 = cells.num("latency_p95_ms"), cells.num("latency_p99_ms")
+    if p50 is None and p95 is None and p99 is None:
+        cells.fail(
+            "no latency given",
+            hint="fill at least one of latency_ms, latency_p50_ms, latency_p95_ms, latency_p99_ms",
+        )
+    known = [v for v in (p50, p95, p99) if v is not None]
+    if known != sorted(known):
+        cells.fail("latency percentiles must not fall from p50 to p95 to p99")
+    return p50, p95, p99
+
+
+def _provenance(cells: _Cells, method: str | None, source: str | None) -> tuple[str, str]:
+    """The energy method and the source, each ``imported`` when blank, else a known one."""
+    if method is None:
+        method = "imported"
+    elif method not in ENERGY_METHODS:
+        cells.fail(
+            f"unknown energy method '{method}'", "energy_method",
+            f"use one of {', '.join(ENERGY_METHODS)}",
+        )  # fmt: skip
+    source = source or "imported"
+    if source not in PROFILE_SOURCES:
+        cells.fail(
+            f"unknown source '{shown(source)}'", "source",
+            f"use one of {', '.join(PROFILE_SOURCES)}, or leave it empty (imported)",
+        )  # fmt: skip
+    return method, source
+
+
+def _created_at(cells: _Cells, created_at: str | None) -> str | None:
+    """The time of the measurement as ISO 8601 UTC (None: not given)."""
+    if created_at is None:
+        return None
+    try:
+        return normalise_time(created_at)
+    except ValueError as exc:
+        cells.fail(
+            f"'{shown(created_at)}' is {exc}",
+            "created_at",
+            "write the time of the measurement as ISO 8601, e.g. 2026-11-22T10:00:00Z "
+            "(no offset: UTC), or leave it empty for the time of the import",
+        )
 
 
 def _read_rows(path: Path, fmt: str) -> list[tuple[int, dict[str, Any]]]:
