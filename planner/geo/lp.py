@@ -19,7 +19,8 @@ The structure that keeps the problems small:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -172,8 +173,6 @@ def solve_flow_lp(
     Raises:
         GreenctlError: HiGHS failed (any other status; exit 1, not an infeasible plan).
     """
-    import time
-
     H, S = cost.shape
     E, K = net.n_edges, net.n_classes
     es, ec = net.edge_site, net.edge_class
@@ -296,26 +295,64 @@ def hall_cuts(net: Network, *, max_cuts: int = 64) -> list[tuple[np.ndarray, np.
     return [(u, np.array([not (m & ~u).any() for m in masks])) for u in unions]
 
 
+@dataclass(frozen=True)
+class SiteTerms:
+    """What :func:`solve_site_lp` adds to the plain min-cost site loads (its keywords).
+
+    Attributes:
+        carbon / water: ``[H, S]`` footprint per MW and step; with ``mu_carbon`` /
+            ``mu_water`` > 0 the largest site's total over the window (plus ``past_carbon``
+            / ``past_water``, ``[S]``) is priced at that rate.
+        options: HiGHS options for a fresh solver.
+        relative_energy: ``[M]`` power per unit of load relative to the reference variant
+            (heterogeneous models); ``accuracy`` ``[M]``, ``allowed`` ``[M, S]``.
+        min_accuracy: a floor on the load-weighted mean accuracy over the window plus the
+            past (``past_accuracy_surplus``: sum over past load of accuracy - min_accuracy).
+    """
+
+    carbon: np.ndarray | None = None
+    water: np.ndarray | None = None
+    mu_carbon: float = 0.0
+    mu_water: float = 0.0
+    past_carbon: np.ndarray | None = None
+    past_water: np.ndarray | None = None
+    options: dict[str, object] | None = None
+    relative_energy: np.ndarray | None = None
+    accuracy: np.ndarray | None = None
+    allowed: np.ndarray | None = None
+    min_accuracy: float | None = None
+    past_accuracy_surplus: float = 0.0
+
+
+@dataclass(frozen=True)
+class _SiteShape:
+    """The site LP's sizes and which rows it has (the warm start's key)."""
+
+    H: int
+    S: int
+    M: int
+    Mc: int
+    use_c: bool
+    use_w: bool
+    use_a: bool
+    n_cols: int
+    n_rows: int
+
+    @property
+    def key(self) -> tuple[int, int, int, int, bool, bool, bool]:
+        return (self.H, self.S, self.M, self.Mc, self.use_c, self.use_w, self.use_a)
+
+
 def solve_site_lp(
     net: Network,
     cuts: list[tuple[np.ndarray, np.ndarray]],
     cost: np.ndarray,
     cap: np.ndarray,
     demand: np.ndarray,
+    terms: SiteTerms | None = None,
     *,
-    carbon: np.ndarray | None = None,
-    water: np.ndarray | None = None,
-    mu_carbon: float = 0.0,
-    mu_water: float = 0.0,
-    past_carbon: np.ndarray | None = None,
-    past_water: np.ndarray | None = None,
-    options: dict[str, object] | None = None,
-    relative_energy: np.ndarray | None = None,
-    accuracy: np.ndarray | None = None,
-    allowed: np.ndarray | None = None,
-    min_accuracy: float | None = None,
-    past_accuracy_surplus: float = 0.0,
     warm: dict[str, Any] | None = None,
+    **kwargs: Any,
 ) -> LPResult:
     """The same problem as :func:`solve_flow_lp` over ``[H, S]`` site loads.
 
@@ -325,33 +362,78 @@ def solve_site_lp(
     route allowed that is ``H x S`` variables instead of ``H x G x S``. ``LPResult.flow``
     holds the ``[H, S]`` site loads; :func:`recover_flows` turns them into edge flows.
 
-    Heterogeneous models: with ``relative_energy`` (``[M]``, power per unit of load
-    relative to the reference variant) the variables become ``z[t, s, m]`` (load served by
-    variant m, in reference MW); a site's power ``sum_m rho_m z`` must fit its capacity,
-    and with ``min_accuracy`` the load-weighted mean accuracy over the window plus the
-    past (``past_accuracy_surplus`` = sum over past load of accuracy - min_accuracy) must
-    reach ``min_accuracy``. ``allowed`` ``[M, S]`` restricts variants to sites.
-    ``LPResult.variant_load`` then holds ``z``.
+    ``terms`` (or its fields as keywords, which win over it): :class:`SiteTerms`. With
+    ``relative_energy`` the variables become ``z[t, s, m]`` (load served by variant m, in
+    reference MW), a site's power ``sum_m rho_m z`` must fit its capacity, and
+    ``LPResult.variant_load`` holds ``z``. ``warm``: a dict the solver and basis are kept
+    in between calls on windows of one shape (a receding horizon).
 
     Raises:
         GreenctlError: HiGHS failed (neither optimal nor infeasible; exit 1).
     """
-    import time
+    tm = replace(terms, **kwargs) if terms is not None else SiteTerms(**kwargs)
+    lp, shape = _site_lp_model(net, cuts, cost, cap, demand, tm)
+    if warm is not None and warm.get("key") != shape.key:
+        warm.clear()
+    h = warm.get("highs") if warm else None
+    if h is None:
+        h = solvers.new_highs(tm.options)
+    h.passModel(lp)
+    if warm and "basis" in warm:
+        _shifted_basis(
+            h,
+            warm["basis"],
+            shape.H,
+            shape.S,
+            shape.M,
+            shape.n_cols,
+            shape.n_rows,
+            shape.Mc,
+            shape.M > 1,
+        )
+    t0 = time.perf_counter()
+    h.run()
+    solve_s = time.perf_counter() - t0
+    status = _status(h, "the geo site-load LP")
+    if warm is not None:
+        warm["highs"] = h
+        warm["key"] = shape.key
+        if status == "Optimal":
+            warm["basis"] = h.getBasis()
+        else:
+            warm.pop("basis", None)
+    H, S, M = shape.H, shape.S, shape.M
+    if status != "Optimal":
+        return LPResult(np.zeros((H, S)), float("nan"), status, solve_s)
+    z = np.clip(np.asarray(h.getSolution().col_value)[: H * S * M], 0.0, None).reshape(H, S, M)
+    objective = float(h.getInfo().objective_function_value)
+    if M == 1 and tm.relative_energy is None:
+        return LPResult(z[:, :, 0], objective, status, solve_s)
+    return LPResult(z.sum(axis=2), objective, status, solve_s, variant_load=z)
 
+
+def _site_lp_model(
+    net: Network,
+    cuts: list[tuple[np.ndarray, np.ndarray]],
+    cost: np.ndarray,
+    cap: np.ndarray,
+    demand: np.ndarray,
+    tm: SiteTerms,
+) -> tuple[Any, _SiteShape]:
+    """The site LP, column by column: a column per step, site and variant (its entries in
+    the demand, cut, capacity, footprint and accuracy rows), then the two footprint maxima."""
     H, S = cost.shape
-    rho = np.ones(1) if relative_energy is None else np.asarray(relative_energy, dtype=float)
+    rho = np.ones(1) if tm.relative_energy is None else np.asarray(tm.relative_energy, float)
     M = rho.size
-    acc = np.ones(M) if accuracy is None else np.asarray(accuracy, dtype=float)
+    acc = np.ones(M) if tm.accuracy is None else np.asarray(tm.accuracy, dtype=float)
     Mc = len(cuts)
-    use_c = mu_carbon > 0 and carbon is not None
-    use_w = mu_water > 0 and water is not None
-    use_a = min_accuracy is not None
+    use_c = tm.mu_carbon > 0 and tm.carbon is not None
+    use_w = tm.mu_water > 0 and tm.water is not None
+    use_a = tm.min_accuracy is not None
     cap_rows = M > 1
     reach = np.zeros(S, dtype=bool)
     reach[net.edge_site] = True
     n = H * S * M
-    if warm is not None and warm.get("key") != (H, S, M, Mc, use_c, use_w, use_a):
-        warm.clear()
     t = np.repeat(np.arange(H), S * M)
     s = np.tile(np.repeat(np.arange(S), M), H)
     m = np.tile(np.arange(M), H * S)
@@ -371,20 +453,20 @@ def solve_site_lp(
         slots_v.append(rho[m])
         masks.append(ones)
     if use_c:
-        assert carbon is not None
+        assert tm.carbon is not None
         slots_r.append(r_c0 + s)
-        slots_v.append(rho[m] * carbon[t, s])
+        slots_v.append(rho[m] * tm.carbon[t, s])
         masks.append(ones)
     if use_w:
-        assert water is not None
+        assert tm.water is not None
         slots_r.append(r_w0 + s)
-        slots_v.append(rho[m] * water[t, s])
+        slots_v.append(rho[m] * tm.water[t, s])
         masks.append(ones)
     if use_a:
-        assert min_accuracy is not None
+        assert tm.min_accuracy is not None
         slots_r.append(np.full(n, r_a))
-        slots_v.append(acc[m] - min_accuracy)
-        masks.append(acc[m] != min_accuracy)
+        slots_v.append(acc[m] - tm.min_accuracy)
+        masks.append(acc[m] != tm.min_accuracy)
     R = np.stack(slots_r, axis=1)
     V = np.stack(slots_v, axis=1)
     Mk = np.stack(masks, axis=1)
@@ -393,10 +475,10 @@ def solve_site_lp(
     start = [np.concatenate([[0], np.cumsum(Mk.sum(axis=1))])]
     nnz = int(start[0][-1])
     col_cost = [rho[m] * cost[t, s]]
-    ok = reach[s] if allowed is None else reach[s] & allowed[m, s]
+    ok = reach[s] if tm.allowed is None else reach[s] & tm.allowed[m, s]
     col_upper = [np.where(ok, cap[t, s] / rho[m], 0.0)]
     n_cols = n
-    for used, r0, mu in ((use_c, r_c0, mu_carbon), (use_w, r_w0, mu_water)):
+    for used, r0, mu in ((use_c, r_c0, tm.mu_carbon), (use_w, r_w0, tm.mu_water)):
         if used:
             index.append(r0 + np.arange(S))
             value.append(-np.ones(S))
@@ -413,39 +495,17 @@ def solve_site_lp(
     if cap_rows:
         row_upper[r_cap0:r_c0] = cap.reshape(-1)
     if use_c:
-        row_upper[r_c0:r_w0] = -(past_carbon if past_carbon is not None else np.zeros(S))
+        row_upper[r_c0:r_w0] = -(tm.past_carbon if tm.past_carbon is not None else np.zeros(S))
     if use_w:
-        row_upper[r_w0:r_a] = -(past_water if past_water is not None else np.zeros(S))
+        row_upper[r_w0:r_a] = -(tm.past_water if tm.past_water is not None else np.zeros(S))
     if use_a:
-        row_lower[r_a] = -past_accuracy_surplus
+        row_lower[r_a] = -tm.past_accuracy_surplus
     lp = _colwise_lp(
         np.concatenate(col_cost), np.zeros(n_cols), np.concatenate(col_upper), row_lower,
         row_upper, np.concatenate(start), np.concatenate(index), np.concatenate(value),
     )  # fmt: skip
-    h = warm.get("highs") if warm else None
-    if h is None:
-        h = solvers.new_highs(options)
-    h.passModel(lp)
-    if warm and "basis" in warm:
-        _shifted_basis(h, warm["basis"], H, S, M, n_cols, n_rows, Mc, cap_rows)
-    t0 = time.perf_counter()
-    h.run()
-    solve_s = time.perf_counter() - t0
-    status = _status(h, "the geo site-load LP")
-    if warm is not None:
-        warm["highs"] = h
-        warm["key"] = (H, S, M, Mc, use_c, use_w, use_a)
-        if status == "Optimal":
-            warm["basis"] = h.getBasis()
-        else:
-            warm.pop("basis", None)
-    if status != "Optimal":
-        return LPResult(np.zeros((H, S)), float("nan"), status, solve_s)
-    z = np.clip(np.asarray(h.getSolution().col_value)[:n], 0.0, None).reshape(H, S, M)
-    objective = float(h.getInfo().objective_function_value)
-    if M == 1 and relative_energy is None:
-        return LPResult(z[:, :, 0], objective, status, solve_s)
-    return LPResult(z.sum(axis=2), objective, status, solve_s, variant_load=z)
+    shape = _SiteShape(H, S, M, Mc, use_c, use_w, use_a, n_cols, n_rows)
+    return lp, shape
 
 
 def _shifted_basis(
