@@ -15,6 +15,8 @@ completed).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from greenctl.planner.glet.model import EPS, Compiled, Glet, State, add_entry, model_order
 
 IDEAL_MAX_GPUS = 4
@@ -23,6 +25,19 @@ NODE_BUDGET = 60_000
 
 class _Budget(Exception):
     pass
+
+
+@dataclass
+class _Search:
+    """What stays fixed over one search (the order, the efficiency bounds, the budget) and
+    what it counts (nodes visited, signatures known to fail)."""
+
+    c: Compiled
+    order: list[int]
+    eff: list[float]
+    budget: int
+    nodes: list[int]
+    failed: set[tuple[object, ...]] = field(default_factory=set)
 
 
 def run_ideal(
@@ -56,18 +71,8 @@ def run_ideal(
         state = State(c, target)
         try:
             failed.clear()
-            found = _dfs(
-                c,
-                state,
-                order,
-                0,
-                c.rate[order[0]] if order else 0.0,
-                eff,
-                nodes,
-                node_budget,
-                (-1, -1),
-                failed,
-            )
+            search = _Search(c, order, eff, node_budget, nodes, failed)
+            found = _dfs(search, state, 0, c.rate[order[0]] if order else 0.0, (-1, -1))
         except _Budget:
             c.ideal_exhaustive = False
             found = None
@@ -138,25 +143,16 @@ def _signature(
 
 
 def _dfs(
-    c: Compiled,
-    state: State,
-    order: list[int],
-    pos: int,
-    remaining: float,
-    eff: list[float],
-    nodes: list[int],
-    budget: int,
-    min_key: tuple[int, int],
-    failed: set[tuple[object, ...]],
+    search: _Search, state: State, pos: int, remaining: float, min_key: tuple[int, int]
 ) -> State | None:
     """Place the rest of model ``order[pos]`` (``remaining``), then the following models.
 
     ``min_key``: the (gpu, glet) of the model's previous full chunk; full chunks of one model
     go to glets in increasing position, so permutations of the same chunks are tried once.
     """
-
-    nodes[0] += 1
-    if nodes[0] > budget:
+    c, order, eff, failed = search.c, search.order, search.eff, search.failed
+    search.nodes[0] += 1
+    if search.nodes[0] > search.budget:
         raise _Budget
     while remaining <= EPS:
         pos += 1
@@ -182,7 +178,7 @@ def _dfs(
             if state.check_with(gi, li, merged):
                 saved = g.entries
                 g.entries = merged
-                out = _dfs(c, state, order, pos, 0.0, eff, nodes, budget, min_key, failed)
+                out = _dfs(search, state, pos, 0.0, min_key)
                 g.entries = saved
                 if out is not None:
                     return out
@@ -198,9 +194,7 @@ def _dfs(
             if key in seen:
                 continue
             seen.add(key)
-            out = _try_fill(
-                c, state, gi, li, i, remaining, order, pos, eff, nodes, budget, min_key, failed
-            )
+            out = _try_fill(search, state, (gi, li), i, remaining, pos, min_key)
             if out is not None:
                 return out
 
@@ -211,9 +205,7 @@ def _dfs(
             gi = state.open_gpu(j)
             assert gi is not None
             li = next(n for n, g in enumerate(state.gpus[gi].glets) if g.j == j)
-            out = _try_fill(
-                c, state, gi, li, i, remaining, order, pos, eff, nodes, budget, min_key, failed
-            )
+            out = _try_fill(search, state, (gi, li), i, remaining, pos, min_key)
             state.gpus.pop()
             if out is not None:
                 return out
@@ -222,20 +214,18 @@ def _dfs(
 
 
 def _try_fill(
-    c: Compiled,
+    search: _Search,
     state: State,
-    gi: int,
-    li: int,
+    at: tuple[int, int],
     i: int,
     remaining: float,
-    order: list[int],
     pos: int,
-    eff: list[float],
-    nodes: list[int],
-    budget: int,
     min_key: tuple[int, int],
-    failed: set[tuple[object, ...]],
 ) -> State | None:
+    """Put a chunk of model ``i`` on the empty glet ``at`` (gpu, glet): as much of the rest
+    as fits, then search on."""
+    c = search.c
+    gi, li = at
     glet = state.gpus[gi].glets[li]
     cap = c.cap(i, glet.j, state.w_for(gi, li, assume_worst=True))
     x = min(remaining, cap * (1 - 1e-9))
@@ -245,17 +235,6 @@ def _try_fill(
     if not state.check_with(gi, li, [(i, x)]):
         return None
     glet.entries = [(i, x)]
-    out = _dfs(
-        c,
-        state,
-        order,
-        pos,
-        remaining - x,
-        eff,
-        nodes,
-        budget,
-        (gi, li) if full else min_key,
-        failed,
-    )
+    out = _dfs(search, state, pos, remaining - x, (gi, li) if full else min_key)
     glet.entries = []
     return out
