@@ -52,10 +52,12 @@ Algorithms (``algorithm=``):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from greenctl.data.errors import InfeasiblePlan, InputError
+from greenctl.data.mig_geometry import enumerate_layouts, find_gpu, load_geometry
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.resources import PIN_MIG_INSTANCE
 from greenctl.planner.glet.ideal import run_ideal
@@ -74,6 +76,8 @@ from greenctl.planner.glet.model import (
     poisson_batch_mean,
     solo_cap,
 )
+from greenctl.planner.glet.moves import align_gpus
+from greenctl.planner.glet.verify import simulate_glet_plan
 
 __all__ = [
     "ALGORITHMS",
@@ -635,8 +639,6 @@ def place_mig_glets(
         InputError: no GPU model has every partition profile, or a GPU's glets have no
             valid layout on it.
     """
-    from greenctl.data.mig_geometry import enumerate_layouts, find_gpu, load_geometry
-
     names = [p.removeprefix("mig:") for p in partitions]
     geo = find_gpu(hardware)
     if geo is None or not all(geo.has_profile(n) for n in names):
@@ -703,8 +705,6 @@ def plan_glet(
         InfeasiblePlan: a model cannot meet its SLO even alone on a whole GPU (named), or
             the load needs more than ``max_gpus`` GPUs.
     """
-    import time
-
     if algorithm not in ALGORITHMS:
         raise InputError(
             f"unknown algorithm '{algorithm}'", hint="use one of " + ", ".join(ALGORITHMS)
@@ -721,16 +721,43 @@ def plan_glet(
         )
     desc = describe(state)
     if current_gpus:
-        from greenctl.planner.glet.moves import align_gpus
-
         desc["gpus"] = align_gpus(desc["gpus"], current_gpus)
     if c.spec.pinning == PIN_MIG_INSTANCE:  # each glet's GPU instance needs its slot start
         place_mig_glets(desc["gpus"], problem.partitions, hardware=(request or {}).get("hardware"))
+    deployments = _deployments(desc["gpus"], problem)
+    total = sum(m.rate_rps for m in problem.models)
+    if simulate_s > 0:
+        _add_simulation(desc, problem, simulate_s, seed)
+    predicted = {
+        "gpus": len(desc["gpus"]),
+        "rate_rps": total,
+        "p99_ms": max((p["p99_ms"] for p in desc["per_model"]), default=0.0),
+        "slo_met": all(p["slo_met"] for p in desc["per_model"]),
+        "per_model": desc["per_model"],
+        "latency_model": "duty-cycle bound (modeled): cycle + batch latency x interference",
+        "scheduling_ms": round(elapsed_ms, 3),
+    }
+    req = _request(request, algorithm, problem, c)
+    extra: dict[str, Any] = {"gpus": desc["gpus"]}
+    if c.notes:
+        extra["notes"] = c.notes
+    return Plan(
+        kind="glet",
+        request=req,
+        deployments=deployments,
+        predicted=predicted,
+        extra=extra,
+    )
+
+
+def _deployments(gpus: list[dict[str, Any]], problem: GletProblem) -> list[Deployment]:
+    """One deployment per variant, partition, batch and duty cycle of the schedule's glets,
+    ``placement`` holding each instance's GPU (and a MIG glet's slot start)."""
     # a deployment serves its variant's family (the plan document's ``model``, the name
     # clients ask for); the glets keep each model's own name, as the request gives it
     family = {m.name: m.family_name for m in problem.models}
     deployments: dict[tuple[str, str, str, int, float], Deployment] = {}
-    for gpu in desc["gpus"]:
+    for gpu in gpus:
         for g in gpu["glets"]:
             for m in g["models"]:
                 key = (
@@ -760,30 +787,31 @@ def plan_glet(
                 dep.placement["gpus"].append(gpu["index"])
                 if start is not None:
                     dep.placement["starts"].append(start)
-    total = sum(m.rate_rps for m in problem.models)
-    if simulate_s > 0:
-        from greenctl.planner.glet.verify import simulate_glet_plan
+    return list(deployments.values())
 
-        sim = simulate_glet_plan(
-            desc["gpus"],
-            {m.name: m.slo_ms for m in problem.models},
-            duration_s=simulate_s,
-            seed=seed,
-        )
-        for p in desc["per_model"]:
-            s = sim.get(p["model"])
-            if s is not None:
-                p["p99_ms_simulated"] = round(s["p99_ms"], 6)
-                p["slo_violation_simulated"] = round(s["violation"], 6)
-    predicted = {
-        "gpus": len(desc["gpus"]),
-        "rate_rps": total,
-        "p99_ms": max((p["p99_ms"] for p in desc["per_model"]), default=0.0),
-        "slo_met": all(p["slo_met"] for p in desc["per_model"]),
-        "per_model": desc["per_model"],
-        "latency_model": "duty-cycle bound (modeled): cycle + batch latency x interference",
-        "scheduling_ms": round(elapsed_ms, 3),
-    }
+
+def _add_simulation(
+    desc: dict[str, Any], problem: GletProblem, simulate_s: float, seed: int
+) -> None:
+    """Each ``per_model`` entry's p99 and SLO violation share in a Poisson simulation of the
+    time-shared cycles."""
+    sim = simulate_glet_plan(
+        desc["gpus"],
+        {m.name: m.slo_ms for m in problem.models},
+        duration_s=simulate_s,
+        seed=seed,
+    )
+    for p in desc["per_model"]:
+        s = sim.get(p["model"])
+        if s is not None:
+            p["p99_ms_simulated"] = round(s["p99_ms"], 6)
+            p["slo_violation_simulated"] = round(s["violation"], 6)
+
+
+def _request(
+    request: dict[str, Any] | None, algorithm: str, problem: GletProblem, c: Compiled
+) -> dict[str, Any]:
+    """The plan's ``request``: the one given, completed with what the planner read."""
     req = dict(request or {})
     req.setdefault("algorithm", algorithm)
     req.setdefault(
@@ -810,13 +838,4 @@ def plan_glet(
             "coefficients": list(problem.interference.coefficients),
         },
     )
-    extra: dict[str, Any] = {"gpus": desc["gpus"]}
-    if c.notes:
-        extra["notes"] = c.notes
-    return Plan(
-        kind="glet",
-        request=req,
-        deployments=list(deployments.values()),
-        predicted=predicted,
-        extra=extra,
-    )
+    return req
