@@ -362,21 +362,7 @@ def import_gpulet(
         raise InputError("--hardware is empty", hint=f"the default is {DEFAULT_HARDWARE}")
     now = utcnow_iso()
     models = sorted({r.model for r in data.solo if r.valid})
-    profiles = [
-        Profile(
-            variant=r.model,
-            resource=f"mps:{r.partition}",
-            batch=r.batch,
-            throughput_rps=r.throughput_rps,
-            latency_p50_ms=r.latency_ms,
-            hardware=hardware,
-            energy_method="imported",
-            source="imported",
-            created_at=now,
-        )
-        for r in data.solo
-        if r.valid
-    ]
+    profiles = _solo_profiles(data, hardware=hardware, created_at=now)
     new_variants = 0
     example = "resnet50" if "resnet50" in models else next(iter(models), "resnet50")
     rename = (
@@ -402,46 +388,9 @@ def import_gpulet(
                 )
                 new_variants += 1
         store.add_profiles(profiles)
-        if data.utilisation:
-            store.db.table("utilisations").insert_all(
-                [
-                    {
-                        "model": u.model,
-                        "batch": u.batch,
-                        "partition": u.partition,
-                        "resource": f"mps:{u.partition}",
-                        "dram_util_pct": u.dram_util_pct,
-                        "l2_util_pct": u.l2_util_pct,
-                        "flag": u.flag,
-                        "source": _SOURCE,
-                    }
-                    for u in data.utilisation
-                ],
-                pk=("model", "batch", "partition"),
-                replace=True,
-                batch_size=1000,
-            )
+        _write_utilisation(store, data.utilisation)
         valid_colo = [c for c in data.colocations if c.valid]
-        if valid_colo:
-            store.db.table("colocations").insert_all(
-                [
-                    {
-                        "model": c.model,
-                        "batch": c.batch,
-                        "partition": c.partition,
-                        "corunner_model": c.corunner_model,
-                        "corunner_batch": c.corunner_batch,
-                        "corunner_partition": c.corunner_partition,
-                        "throughput_rps": c.throughput_rps,
-                        "latency_ms": c.latency_ms,
-                        "source": _SOURCE,
-                    }
-                    for c in valid_colo
-                ],
-                pk=("model", "batch", "partition", "corunner_model", "corunner_batch"),
-                replace=True,
-                batch_size=1000,
-            )
+        _write_colocations(store, valid_colo)
     skipped = sum(1 for r in data.solo if not r.valid) + sum(
         1 for c in data.colocations if not c.valid
     )
@@ -455,6 +404,74 @@ def import_gpulet(
         models=models,
         prefix=prefix,
         merged=merged,
+    )
+
+
+def _solo_profiles(data: GpuletData, *, hardware: str, created_at: str) -> list[Profile]:
+    """A profile per valid solo measurement: model on ``mps:PARTITION`` at its batch."""
+    return [
+        Profile(
+            variant=r.model,
+            resource=f"mps:{r.partition}",
+            batch=r.batch,
+            throughput_rps=r.throughput_rps,
+            latency_p50_ms=r.latency_ms,
+            hardware=hardware,
+            energy_method="imported",
+            source="imported",
+            created_at=created_at,
+        )
+        for r in data.solo
+        if r.valid
+    ]
+
+
+def _write_utilisation(store: Store, rows: list[UtilRow]) -> None:
+    """Replace the memory utilisations of the points ``rows`` measure."""
+    if not rows:
+        return
+    store.db.table("utilisations").insert_all(
+        [
+            {
+                "model": u.model,
+                "batch": u.batch,
+                "partition": u.partition,
+                "resource": f"mps:{u.partition}",
+                "dram_util_pct": u.dram_util_pct,
+                "l2_util_pct": u.l2_util_pct,
+                "flag": u.flag,
+                "source": _SOURCE,
+            }
+            for u in rows
+        ],
+        pk=("model", "batch", "partition"),
+        replace=True,
+        batch_size=1000,
+    )
+
+
+def _write_colocations(store: Store, rows: list[ColocationRow]) -> None:
+    """Replace the co-location measurements of the pairs ``rows`` measure."""
+    if not rows:
+        return
+    store.db.table("colocations").insert_all(
+        [
+            {
+                "model": c.model,
+                "batch": c.batch,
+                "partition": c.partition,
+                "corunner_model": c.corunner_model,
+                "corunner_batch": c.corunner_batch,
+                "corunner_partition": c.corunner_partition,
+                "throughput_rps": c.throughput_rps,
+                "latency_ms": c.latency_ms,
+                "source": _SOURCE,
+            }
+            for c in rows
+        ],
+        pk=("model", "batch", "partition", "corunner_model", "corunner_batch"),
+        replace=True,
+        batch_size=1000,
     )
 
 
