@@ -12,10 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from greenctl.data.carbon_io import carbon_option
-from greenctl.data.errors import InputError
-from greenctl.data.mig_geometry import (
-    GpuGeometry,
-)
+from greenctl.data.errors import InputError, NotFoundError
+from greenctl.data.mig_geometry import GpuGeometry, find_gpu
 from greenctl.data.records import Profile, Variant, point_preference
 from greenctl.data.resources import PIN_MIG_INSTANCE, kind_of
 from greenctl.planner.core.latency import ServiceTime
@@ -126,9 +124,6 @@ def build_problem(
     Raises:
         NotFoundError/InputError: no variants, no usable profiles, missing accuracy.
     """
-    from greenctl.data.errors import NotFoundError
-    from greenctl.data.mig_geometry import find_gpu
-
     vmap = {v.name: v for v in variants if v.family == family}
     if not vmap:
         raise NotFoundError(
@@ -136,10 +131,48 @@ def build_problem(
             hint="profile them on MIG instances, import profiles, or try "
             "`greenctl mig synth --gpu MODEL --family efficientnet` for a synthetic demo",
         )
+    notes: list[str] = []
+    options, idle_per_slice = _slice_options(geo, profiles, vmap, notes)
+    if not options:
+        raise NotFoundError(
+            f"no batch-1 profiles of family '{family}' on MIG instances of {geo.name}",
+            hint="profile rows need resource mig:<profile> and hardware naming the GPU "
+            f"(for example '{geo.nvml_names[0] if geo.nvml_names else geo.name}'); "
+            "`greenctl mig synth` writes synthetic ones",
+        )
+    idle_w = statistics.median(idle_per_slice) * geo.compute_slices if idle_per_slice else 0.0
+    if not idle_per_slice:
+        notes.append("no idle power in the profiles: GPU idle power taken as 0 W")
+    options.sort(key=lambda o: (o.variant, -geo.profile(o.profile).compute_slices, o.profile))
+    problem = MigProblem(
+        geo=geo,
+        gpus=gpus,
+        family=family,
+        rate_rps=rate_rps,
+        carbon_intensity=carbon_intensity,
+        options=options,
+        gpu_idle_w=idle_w,
+        sla_ms=sla_ms,
+        lam=lam,
+        base_carbon_intensity=base_carbon_intensity,
+        max_accuracy_loss_pct=max_accuracy_loss_pct,
+        percentile=percentile,
+        notes=notes,
+        variant_records=vmap,
+    )
+    problem.validate()
+    return problem
+
+
+def _slice_options(
+    geo: GpuGeometry, profiles: Iterable[Profile], vmap: dict[str, Variant], notes: list[str]
+) -> tuple[list[SliceOption], list[float]]:
+    """The (variant, slice) options of the family's batch-1 MIG profiles of ``geo`` (the
+    best row of each), and the idle power per compute slice the profiles measured; a
+    variant too big for a slice is left out with a note."""
     options: list[SliceOption] = []
     idle_per_slice: list[float] = []
     seen: set[tuple[str, str]] = set()
-    notes: list[str] = []
     # The rows of one (variant, slice), best first: several points (hardware labels that
     # name this GPU model, capacity SLOs) may remain after the store's choice of each.
     by_preference = sorted(
@@ -181,32 +214,4 @@ def build_problem(
                 record=p,
             )
         )
-    if not options:
-        raise NotFoundError(
-            f"no batch-1 profiles of family '{family}' on MIG instances of {geo.name}",
-            hint="profile rows need resource mig:<profile> and hardware naming the GPU "
-            f"(for example '{geo.nvml_names[0] if geo.nvml_names else geo.name}'); "
-            "`greenctl mig synth` writes synthetic ones",
-        )
-    idle_w = statistics.median(idle_per_slice) * geo.compute_slices if idle_per_slice else 0.0
-    if not idle_per_slice:
-        notes.append("no idle power in the profiles: GPU idle power taken as 0 W")
-    options.sort(key=lambda o: (o.variant, -geo.profile(o.profile).compute_slices, o.profile))
-    problem = MigProblem(
-        geo=geo,
-        gpus=gpus,
-        family=family,
-        rate_rps=rate_rps,
-        carbon_intensity=carbon_intensity,
-        options=options,
-        gpu_idle_w=idle_w,
-        sla_ms=sla_ms,
-        lam=lam,
-        base_carbon_intensity=base_carbon_intensity,
-        max_accuracy_loss_pct=max_accuracy_loss_pct,
-        percentile=percentile,
-        notes=notes,
-        variant_records=vmap,
-    )
-    problem.validate()
-    return problem
+    return options, idle_per_slice
