@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from greenctl.data.errors import InputError
+from greenctl.planner.core.queueing import mgc_model, with_overhead
 
 if TYPE_CHECKING:
     from greenctl.planner.core.latency import BatchService
@@ -104,8 +105,6 @@ def queue_latency(
     own = tuple(run.quantile(q) + wait for run in runs)
     if overhead_ms is None or len(overhead_ms) == 0:
         return QueueLatency(own, service.full.mean_ms)
-    from greenctl.planner.core.queueing import mgc_model, with_overhead
-
     served = []
     for run in runs:
         alone = mgc_model(0.0, [run])  # the run by itself: no queue ahead of it

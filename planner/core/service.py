@@ -35,6 +35,7 @@ from greenctl.data.batching import executor_batching
 from greenctl.data.errors import InputError
 from greenctl.data.records import Profile
 from greenctl.planner.core.latency import BatchService, ServiceTime
+from greenctl.planner.core.queueing import capacity_at_slo
 
 _Q_OF = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
 
@@ -96,8 +97,6 @@ def load_test_service_ms(rate_rps: float, latency_ms: float, q: float) -> float:
     Raises:
         InputError: a rate or latency that is not a positive number.
     """
-    from greenctl.planner.core.queueing import capacity_at_slo
-
     for name, value in (("capacity_rps", rate_rps), ("latency", latency_ms)):
         if not (math.isfinite(value) and value > 0):
             raise InputError(f"a load test's {name} must be a positive number, got {value}")

@@ -29,6 +29,8 @@ from typing import Any
 
 from greenctl.data.errors import InfeasiblePlan
 from greenctl.planner.core import solvers
+from greenctl.planner.core.queueing import latency_quantile_ms
+from greenctl.planner.mig import sim as mig_sim
 from greenctl.planner.mig.model import Config, MigModel, SolveResult, tidy
 from greenctl.planner.mig.problem import CAPACITY_TOL, MigProblem
 
@@ -127,8 +129,6 @@ def verify_config(model: MigModel, config: Config) -> dict[str, Any]:
     Returns ``{"analytic_p95_ms", "analytic_ok", "class_p95_ms", "simulated_p95_ms",
     "simulated_ok"}`` (simulated fields None when no simulator is available).
     """
-    from greenctl.planner.core.queueing import latency_quantile_ms
-
     ev = model.evaluate(config)
     q = model.problem.percentile
     per_class = {}
@@ -149,8 +149,6 @@ def verify_config(model: MigModel, config: Config) -> dict[str, Any]:
         "simulated_p95_ms": None,
         "simulated_ok": None,
     }
-    from greenctl.planner.mig import sim as mig_sim
-
     sim = mig_sim.simulate_p95(model, config, ev.split)
     if sim is not None:
         out["simulated_p95_ms"] = sim

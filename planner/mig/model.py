@@ -15,14 +15,22 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from greenctl.data.errors import InfeasiblePlan, InputError
+from greenctl.data.errors import FileFormatError, InfeasiblePlan, InputError
 from greenctl.data.mig_geometry import (
     Layout,
+    Placement,
     enumerate_layouts,
+    is_valid_layout,
     layouts_by_multiset,
+    multiset,
 )
 from greenctl.planner.core.latency import ServiceTime
-from greenctl.planner.core.queueing import latency_quantile_ms, mgc_model, mixture_quantile
+from greenctl.planner.core.queueing import (
+    latency_quantile_ms,
+    mgc_model,
+    mixture_quantile,
+    pooled_latency_quantile_ms,
+)
 from greenctl.planner.mig.problem import CAPACITY_TOL, J_PER_KWH, MigProblem, SliceOption
 
 # ---------------------------------------------------------------------------------------
@@ -424,8 +432,6 @@ def assign_gpus(
     chosen: list[int | None] = [None] * n_gpus
     keep: list[list[dict[str, Any]] | None] = [None] * n_gpus
     index_of = {m: i for i, m in enumerate(model.multisets)}
-    from greenctl.data.mig_geometry import Placement, multiset
-
     if current:
         for g in current:
             idx = g.get("index")
@@ -492,9 +498,6 @@ def config_from_gpus(model: MigModel, gpus: Sequence[Mapping[str, Any]], *, sour
     Raises:
         FileFormatError: a layout or variant the current problem does not know.
     """
-    from greenctl.data.errors import FileFormatError
-    from greenctl.data.mig_geometry import Placement, is_valid_layout, multiset
-
     geo = model.geo
     index_of = {m: i for i, m in enumerate(model.multisets)}
     pair_of = {(o.variant, o.profile): k for k, o in enumerate(model.pairs)}
@@ -547,8 +550,6 @@ def fifo_p95(model: MigModel, config: Config) -> float | None:
     no quota, so it can exceed the SLA the quota dispatch meets. None above
     ``FIFO_MAX_INSTANCES`` mixed instances (the pooled model's cost grows with them).
     """
-    from greenctl.planner.core.queueing import latency_quantile_ms, pooled_latency_quantile_ms
-
     used = [k for k, c in enumerate(config.n) if c]
     if len(used) == 1:
         k = used[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from greenctl.data.plan import Deployment
+from greenctl.planner.core.simulator import simulate
 
 if TYPE_CHECKING:
     from greenctl.planner.mig.model import Config, MigModel
@@ -48,8 +49,6 @@ def simulate_p95(
     ``policy="fifo"`` simulates Clover's central FIFO queue over every instance instead
     (quotas ignored, idle-quota instances serve too), for reference.
     """
-    from greenctl.planner.core.simulator import simulate
-
     records = {
         (o.variant, f"mig:{o.profile}", 1): o.record for o in model.pairs if o.record is not None
     }
