@@ -10,7 +10,6 @@ from greenctl.cli.common import console, input_path, print_json, render_table, s
 from greenctl.cli.options import AtOpt, DbOpt, JsonOpt
 from greenctl.data.errors import ExecutorError, InputError
 from greenctl.data.plan import load_plan_file
-from greenctl.executor.deploy.backends import backend_for, down, get_backend, not_serving, status
 
 RecordedBackendOpt = Annotated[
     str | None,
@@ -100,6 +99,7 @@ def apply_cmd(
 ) -> None:
     """Make a plan real: partitions, executor daemons and a dispatcher, with rollback; a geo
     plan: a geo router forwarding each request to a site (--site NAME=URL)."""
+    from greenctl.executor.deploy.backends import backend_for, get_backend  # numpy
 
     plan = load_plan_file(plan_file)
     if plan.kind == "geo" or site:
@@ -240,7 +240,9 @@ def status_cmd(
 ) -> None:
     """Show the dispatcher and every running instance (variant, resource, pid, port, p95).
     Exits 1 when the plan is not fully serving (and says why)."""
-    from greenctl.executor.deploy.georouter import router_status  # numpy: not for `--help`
+    # numpy: not for `--help`
+    from greenctl.executor.deploy.backends import not_serving, status
+    from greenctl.executor.deploy.georouter import router_status
 
     # read-only: a missing store is not created, except to ask a named cluster (as before)
     with store_for(db, create=backend not in (None, "local")) as store:
@@ -379,6 +381,7 @@ def down_cmd(
 ) -> None:
     """Stop the dispatcher and every executor greenctl started (on the backend that runs the
     plan, unless --backend names one)."""
+    from greenctl.executor.deploy.backends import down  # numpy: not for `--help`
 
     with store_for(db) as store:
         doc = down(store, backend=backend, address=address, restore_mig=restore_mig)

@@ -19,7 +19,6 @@ from greenctl.data.loop_state import (
     lineage_key,
 )
 from greenctl.data.store import resolve_db_path
-from greenctl.executor.control import cron, replan
 
 try:
     from typer._click.exceptions import UsageError  # typer >= 0.23 vendors click
@@ -91,6 +90,8 @@ def replan_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Replan with the latest carbon signal and load forecast; apply if worth it."""
+    from greenctl.executor.control import replan  # the executor: not for `--help`
+
     if history:
         _show_history(db, plan=plan, region=region, limit=limit, json_out=json_out)
         return
@@ -98,7 +99,7 @@ def replan_cmd(
         raise InputError("--plan ID|FILE is required", hint="or pass --history to list decisions")
     dwell = replan.parse_duration(min_dwell)
     rates = _parse_rates(rate)
-    from greenctl.executor.deploy.georouter import replan_if_routed  # numpy: not for `--help`
+    from greenctl.executor.deploy.georouter import replan_if_routed
 
     with store_for(db) as store:
         routed = replan_if_routed(store, plan=plan, at=at)  # a geo plan its router routes
@@ -215,6 +216,8 @@ def cron_install_cmd(
     db: DbOpt = None,
 ) -> None:
     """Install a crontab line running `greenctl ARGS...` (write the command after `--`)."""
+    from greenctl.executor.control import cron  # the executor: not for `--help`
+
     args = list(ctx.args)
     if args and args[0] == "greenctl":
         args = args[1:]
@@ -302,6 +305,8 @@ def cron_remove_cmd(
     ] = None,
 ) -> None:
     """Remove the crontab line installed with `greenctl cron install --name NAME`."""
+    from greenctl.executor.control import cron  # the executor: not for `--help`
+
     removed = cron.cron_remove(name=name, crontab_file=crontab_file)
     if removed:
         say(f"removed {removed} line(s) tagged greenctl:{name}")

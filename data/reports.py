@@ -14,10 +14,15 @@ import math
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from greenctl.data import carbon
+from greenctl.data.carbon_io import parse_time
 from greenctl.data.errors import InputError, NotFoundError
 from greenctl.data.plan import Plan
+
+if TYPE_CHECKING:
+    from greenctl.data.store import Store
 
 EXPORTS = ("profiles", "plans", "runs", "decisions", "carbon")
 
@@ -54,7 +59,7 @@ def deployments_label(plan: Plan) -> str:
     return " + ".join(f"{d.variant}@{d.resource}x{d.count}" for d in plan.deployments) or "-"
 
 
-def _plan_row(store: Any, plan_id: int, source: str) -> dict[str, Any]:
+def _plan_row(store: Store, plan_id: int, source: str) -> dict[str, Any]:
     plan = store.get_plan(plan_id)
     p = plan.predicted
     return {
@@ -107,7 +112,7 @@ def _run_row(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def export_rows(
-    store: Any,
+    store: Store,
     what: str,
     *,
     region: str | None = None,
@@ -145,8 +150,6 @@ def export_rows(
         lineage = f"plan:{plan_id}" if plan_id is not None else None
         rows = decisions(store, lineage=lineage, region=region, start=start, end=end)
     else:
-        from greenctl.data import carbon
-
         regions = [region] if region else sorted({r["region"] for r in carbon.regions(store)})
         rows = []
         for reg in regions:
@@ -155,7 +158,7 @@ def export_rows(
 
 
 def decisions(
-    store: Any,
+    store: Store,
     *,
     lineage: str | None = None,
     region: str | None = None,
@@ -200,7 +203,7 @@ def write_rows(rows: list[dict[str, Any]], columns: list[str], fmt: str, out: An
 
 
 def export(
-    store: Any, what: str, *, fmt: str = "csv", path: str | None = None, **filters: Any
+    store: Store, what: str, *, fmt: str = "csv", path: str | None = None, **filters: Any
 ) -> dict[str, Any]:
     """Export one report to ``path`` (or return its text when ``path`` is None)."""
     rows = export_rows(store, what, **filters)
@@ -222,7 +225,7 @@ class _Interval:
     plan_id: int
 
 
-def plan_timeline(store: Any, plan_id: int) -> list[tuple[str | None, int]]:
+def plan_timeline(store: Store, plan_id: int) -> list[tuple[str | None, int]]:
     """``[(from_time, plan_id), ...]``: the plan and every plan replanning applied after it
     (decisions of lineage ``plan:ID`` with action ``apply``); first entry's time is None."""
     out: list[tuple[str | None, int]] = [(None, plan_id)]
@@ -264,7 +267,7 @@ def _plan_metrics(plan: Plan, *, wue_l_per_kwh: float | None) -> dict[str, Any]:
 
 
 def savings(
-    store: Any,
+    store: Store,
     *,
     plan_id: int,
     baseline_id: int,
@@ -284,9 +287,6 @@ def savings(
     Raises:
         NotFoundError: unknown plan or no carbon signal in the period.
     """
-    from greenctl.data import carbon
-    from greenctl.data.carbon_io import parse_time
-
     timeline = plan_timeline(store, plan_id)
     plans = {pid: store.get_plan(pid) for _, pid in timeline}
     base = store.get_plan(baseline_id)
@@ -437,7 +437,7 @@ def meets_slo(measured: dict[str, Any], slo_ms: float | None) -> bool | None:
     return p95 <= slo_ms and unanswered == 0
 
 
-def _measured_slo(store: Any, plan_ids: list[int]) -> list[dict[str, Any]]:
+def _measured_slo(store: Store, plan_ids: list[int]) -> list[dict[str, Any]]:
     out = []
     for pid in sorted(set(plan_ids)):
         plan = store.get_plan(pid)
@@ -504,8 +504,37 @@ def _pyplot() -> Any:
     return plt
 
 
+@dataclass(frozen=True)
+class _CarbonRun:
+    """What the carbon chart draws: the signal's steps and the plan active at each."""
+
+    hours: list[float]  # each signal value's start, hours since the first
+    step: float  # the signal's step, hours
+    ci: list[float]  # gCO2/kWh
+    active: list[int]  # the plan id serving at each step
+    plans: dict[int, Plan]
+    config_of: dict[int, str]  # plan id -> its deployments
+    configs: list[str]  # the configurations in the order they first served
+
+    @property
+    def edges(self) -> list[float]:
+        """Step edges: the last step extended to the end of its interval."""
+        return [*self.hours, self.hours[-1] + self.step]
+
+
+def _ext(values: list[float]) -> list[float]:
+    return [*values, values[-1]]
+
+
+def _carbon_mg_per_request(plan: Plan, intensity: float) -> float:
+    """A plan's modeled carbon per request at ``intensity`` gCO2/kWh, in mg."""
+    e = plan.predicted.get("energy_j_per_request")
+    pue = float(plan.request.get("pue") or 1.0)
+    return math.nan if e is None else float(e) * pue * intensity / 3.6e6 * 1000
+
+
 def chart_carbon(
-    store: Any,
+    store: Store,
     path: str | Path,
     *,
     plan_id: int,
@@ -516,9 +545,6 @@ def chart_carbon(
 ) -> dict[str, Any]:
     """Clover-style chart: grid carbon intensity over time with the configuration greenctl
     ran (shaded bands) and its carbon per request (and the baseline's), plus accuracy."""
-    from greenctl.data import carbon
-    from greenctl.data.carbon_io import parse_time
-
     plt = _pyplot()
     series = carbon.series(store, region, start=start, end=end)
     timeline = plan_timeline(store, plan_id)
@@ -526,44 +552,58 @@ def chart_carbon(
     base = store.get_plan(baseline_id) if baseline_id is not None else None
     t0 = parse_time(series[0]["time"])
     hours = [(parse_time(r["time"]) - t0).total_seconds() / 3600 for r in series]
-    ci = [float(r["carbon_g_per_kwh"]) for r in series]
     active = [_active(timeline, r["time"]) for r in series]
-
-    def cpr(plan: Plan, intensity: float) -> float:
-        e = plan.predicted.get("energy_j_per_request")
-        pue = float(plan.request.get("pue") or 1.0)
-        return math.nan if e is None else float(e) * pue * intensity / 3.6e6 * 1000  # mg
-
+    # one colour per configuration (a replan back to an earlier configuration reuses it)
+    config_of = {pid: deployments_label(plans[pid]) for pid in set(active)}
+    run = _CarbonRun(
+        hours=hours,
+        step=hours[1] - hours[0] if len(hours) > 1 else 1.0,
+        ci=[float(r["carbon_g_per_kwh"]) for r in series],
+        active=active,
+        plans=plans,
+        config_of=config_of,
+        configs=list(dict.fromkeys(config_of[pid] for pid in active)),
+    )
     fig, axes = plt.subplots(
         3, 1, figsize=(10, 8.2), sharex=True, gridspec_kw={"height_ratios": [3, 2.2, 1.6]}
     )
-    ax0, ax1, ax2 = axes
+    _draw_intensity(plt, axes, run, region=region)
+    _draw_per_request(axes[1], axes[2], run, base=base, baseline_id=baseline_id)
+    axes[2].set_xlabel(f"hours since {series[0]['time']}")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.set_xlim(hours[0], hours[-1] + run.step)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    order = list(dict.fromkeys(active))
+    return {"chart": "carbon", "path": str(path), "points": len(series), "plans": order}
+
+
+def _draw_intensity(plt: Any, axes: Any, run: _CarbonRun, *, region: str) -> None:
+    """Shade every panel by the configuration serving, and draw the signal on the first
+    with a legend naming each configuration and its plans."""
     colours = plt.get_cmap("tab10")
-    # one colour per configuration (a replan back to an earlier configuration reuses it)
-    config_of = {pid: deployments_label(plans[pid]) for pid in set(active)}
-    configs = list(dict.fromkeys(config_of[pid] for pid in active))
-    step = hours[1] - hours[0] if len(hours) > 1 else 1.0
-    for i, pid in enumerate(active):
-        c = colours(configs.index(config_of[pid]) % 10)
+    for i, pid in enumerate(run.active):
+        c = colours(run.configs.index(run.config_of[pid]) % 10)
         for ax in axes:
-            ax.axvspan(hours[i], hours[i] + step, color=c, alpha=0.12, lw=0)
-    hx = [*hours, hours[-1] + step]  # extend the last step to the end of its interval
-
-    def ext(values: list[float]) -> list[float]:
-        return [*values, values[-1]]
-
-    ax0.step(hx, ext(ci), where="post", color="black", lw=1.6, label="grid carbon intensity")
+            ax.axvspan(run.hours[i], run.hours[i] + run.step, color=c, alpha=0.12, lw=0)
+    ax0 = axes[0]
+    ax0.step(
+        run.edges, _ext(run.ci), where="post", color="black", lw=1.6,
+        label="grid carbon intensity",
+    )  # fmt: skip
     ax0.set_ylabel("gCO2/kWh")
     ax0.set_title(f"Carbon intensity ({region}) and the configuration greenctl ran")
     handles = [
-        plt.Rectangle((0, 0), 1, 1, color=colours(k % 10), alpha=0.35) for k in range(len(configs))
+        plt.Rectangle((0, 0), 1, 1, color=colours(k % 10), alpha=0.35)
+        for k in range(len(run.configs))
     ]
     labels = []
-    for cfg in configs:
-        pids = sorted({pid for pid in active if config_of[pid] == cfg})
+    for cfg in run.configs:
+        pids = sorted({pid for pid in run.active if run.config_of[pid] == cfg})
         word = "plan" if len(pids) == 1 else "plans"
         labels.append(f"{_short(cfg)} ({word} {', '.join(map(str, pids))})")
-    order = list(dict.fromkeys(active))
     ax0.legend(
         [ax0.lines[0], *handles],
         ["grid carbon intensity", *labels],
@@ -571,13 +611,22 @@ def chart_carbon(
         fontsize=7.5,
         framealpha=0.9,
     )
-    g = [cpr(plans[pid], x) for pid, x in zip(active, ci, strict=True)]
-    ax1.step(hx, ext(g), where="post", color="tab:green", lw=1.8, label="greenctl")
+
+
+def _draw_per_request(
+    ax1: Any, ax2: Any, run: _CarbonRun, *, base: Plan | None, baseline_id: int | None
+) -> None:
+    """Carbon per request (modeled) and accuracy of greenctl's plans, and the baseline's."""
+    hx = run.edges
+    g = [
+        _carbon_mg_per_request(run.plans[pid], x) for pid, x in zip(run.active, run.ci, strict=True)
+    ]
+    ax1.step(hx, _ext(g), where="post", color="tab:green", lw=1.8, label="greenctl")
     if base is not None:
-        b = [cpr(base, x) for x in ci]
+        b = [_carbon_mg_per_request(base, x) for x in run.ci]
         ax1.step(
             hx,
-            ext(b),
+            _ext(b),
             where="post",
             color="tab:red",
             lw=1.4,
@@ -586,8 +635,8 @@ def chart_carbon(
         )
     ax1.set_ylabel("mgCO2 / request\n(modeled)")
     ax1.legend(loc="upper left", fontsize=7.5)
-    acc = [plans[pid].predicted.get("accuracy") or math.nan for pid in active]
-    ax2.step(hx, ext(acc), where="post", color="tab:blue", lw=1.8, label="greenctl")
+    acc = [run.plans[pid].predicted.get("accuracy") or math.nan for pid in run.active]
+    ax2.step(hx, _ext(acc), where="post", color="tab:blue", lw=1.8, label="greenctl")
     if base is not None:
         ax2.axhline(
             base.predicted.get("accuracy") or math.nan,
@@ -597,15 +646,7 @@ def chart_carbon(
             label="baseline",
         )
     ax2.set_ylabel("accuracy")
-    ax2.set_xlabel(f"hours since {series[0]['time']}")
     ax2.legend(loc="lower left", fontsize=7.5)
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.set_xlim(hours[0], hours[-1] + step)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return {"chart": "carbon", "path": str(path), "points": len(series), "plans": order}
 
 
 def _short(text: str, n: int = 70) -> str:
@@ -613,7 +654,7 @@ def _short(text: str, n: int = 70) -> str:
 
 
 def chart_latency(
-    store: Any, path: str | Path, *, plan_ids: list[int] | None = None
+    store: Store, path: str | Path, *, plan_ids: list[int] | None = None
 ) -> dict[str, Any]:
     """Predicted versus measured p95 latency of every measured run (bars + ratio)."""
     plt = _pyplot()
@@ -665,7 +706,7 @@ def chart_latency(
     return {"chart": "latency", "path": str(path), "runs": len(rows)}
 
 
-def chart_sites(store: Any, path: str | Path, *, plan_id: int) -> dict[str, Any]:
+def chart_sites(store: Store, path: str | Path, *, plan_id: int) -> dict[str, Any]:
     """Per-site carbon and water of a geo plan (and of the other algorithms it compared)."""
     plt = _pyplot()
     plan = store.get_plan(plan_id)
