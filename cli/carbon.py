@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, input_path, print_json, render_table, say, store_for
+from greenctl.cli.common import input_path, print_json, render_table, say, store_for
+from greenctl.cli.options import DbOpt, FromOpt, JsonOpt, RequiredRegionOpt, ToOpt
 
 carbon_app = typer.Typer(
     no_args_is_help=True,
@@ -14,7 +15,6 @@ carbon_app = typer.Typer(
     "Electricity Maps, Clover, eGLB), show, now, live fetch.",
 )
 
-RegionOpt = Annotated[str, typer.Option("--region", "-r", help="Region / zone name, e.g. CISO.")]
 KindOpt = Annotated[
     str | None, typer.Option("--kind", help="Signal kind: average or marginal (default: all).")
 ]
@@ -82,12 +82,12 @@ def carbon_import(
 
 @carbon_app.command("show")
 def carbon_show(
-    region: RegionOpt,
+    region: RequiredRegionOpt,
     at: Annotated[
         str | None, typer.Option("--at", help="Only the value in force at this time (ISO).")
     ] = None,
-    start: Annotated[str | None, typer.Option("--from", help="First time (ISO).")] = None,
-    end: Annotated[str | None, typer.Option("--to", help="Last time (ISO).")] = None,
+    start: FromOpt = None,
+    end: ToOpt = None,
     kind: KindOpt = None,
     db: DbOpt = None,
     json_out: JsonOpt = False,
@@ -112,7 +112,7 @@ def carbon_show(
 
 @carbon_app.command("now")
 def carbon_now(
-    region: RegionOpt,
+    region: RequiredRegionOpt,
     kind: KindOpt = None,
     db: DbOpt = None,
     json_out: JsonOpt = False,
@@ -150,7 +150,7 @@ def carbon_regions(db: DbOpt = None, json_out: JsonOpt = False) -> None:
 
 @carbon_app.command("fetch")
 def carbon_fetch(
-    region: RegionOpt,
+    region: RequiredRegionOpt,
     provider: Annotated[
         str,
         typer.Option(

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, print_json, say, store_for
+from greenctl.cli.common import print_json, say, store_for
+from greenctl.cli.options import AtOpt, DbOpt, JsonOpt
 
 export_app = typer.Typer(
     no_args_is_help=True, help="Export plans for other engines (Kubernetes, Envoy)."
@@ -85,9 +86,7 @@ def export_envoy_cmd(
     output: Annotated[
         Path, typer.Option("-o", "--output", help="Directory to write the Envoy configs to.")
     ],
-    at: Annotated[
-        str | None, typer.Option("--at", help="The slot of this time (ISO; default now).")
-    ] = None,
+    at: AtOpt = None,
     site: Annotated[
         list[str] | None,
         typer.Option("--site", help="A site's endpoint, NAME=URL (default: NAME:8000)."),

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, console, input_path, print_json, store_for
+from greenctl.cli.common import console, input_path, print_json, store_for
+from greenctl.cli.options import DbOpt, JsonOpt, ModelFilterOpt, VariantFilterOpt
 from greenctl.cli.profile import profile_app
 from greenctl.data.profile_io import (
     export_profiles,
@@ -74,8 +75,8 @@ def profile_export(
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="Write to FILE instead of stdout.")
     ] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Only this model family.")] = None,
-    variant: Annotated[str | None, typer.Option("--variant", help="Only this variant.")] = None,
+    model: ModelFilterOpt = None,
+    variant: VariantFilterOpt = None,
     history: Annotated[
         bool, typer.Option("--all", help="Every measurement, not only the latest per point.")
     ] = False,

@@ -7,7 +7,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, say, store_for
+from greenctl.cli.common import print_json, render_table, say, store_for
+from greenctl.cli.options import (
+    DbOpt,
+    FromOpt,
+    JsonOpt,
+    RegionFilterOpt,
+    RequiredRegionOpt,
+    ToOpt,
+)
 from greenctl.data.errors import InputError
 
 report_app = typer.Typer(
@@ -21,9 +29,6 @@ FormatOpt = Annotated[str, typer.Option("--format", help="csv or json.")]
 OutOpt = Annotated[
     str | None, typer.Option("--output", "-o", help="Write to this file (default: stdout).")
 ]
-RegionOpt = Annotated[str | None, typer.Option("--region", "-r", help="Only this region.")]
-FromOpt = Annotated[str | None, typer.Option("--from", help="First time (ISO UTC).")]
-ToOpt = Annotated[str | None, typer.Option("--to", help="Last time (ISO UTC).")]
 
 _HELP = {
     "profiles": "Export every stored profile (one row per measurement).",
@@ -38,7 +43,7 @@ def _export_command(what: str) -> Any:
     def command(
         fmt: FormatOpt = "csv",
         output: OutOpt = None,
-        region: RegionOpt = None,
+        region: RegionFilterOpt = None,
         start: FromOpt = None,
         end: ToOpt = None,
         plan: Annotated[
@@ -122,7 +127,7 @@ def report_savings(
         ),
     ],
     baseline: Annotated[int, typer.Option("--baseline", help="The baseline plan id (BASE).")],
-    region: Annotated[str, typer.Option("--region", "-r", help="Carbon signal region.")],
+    region: RequiredRegionOpt,
     start: FromOpt = None,
     end: ToOpt = None,
     rate: Annotated[
@@ -171,7 +176,7 @@ def report_savings(
 @report_app.command("charts")
 def report_charts(
     plan: Annotated[int, typer.Option("--plan", help="greenctl's plan (and its replans).")],
-    region: Annotated[str, typer.Option("--region", "-r", help="Carbon signal region.")],
+    region: RequiredRegionOpt,
     baseline: Annotated[
         int | None, typer.Option("--baseline", help="Baseline plan to draw beside it.")
     ] = None,
