@@ -32,6 +32,10 @@ from greenctl.data import deployments
 from greenctl.data.errors import ExecutorError, InputError
 from greenctl.data.plan import Plan
 from greenctl.data.store import Store
+from greenctl.executor.deploy import apply as local
+from greenctl.executor.deploy import ray_backend
+from greenctl.executor.deploy.georouter_procs import stop_routers
+from greenctl.executor.kinds import get_kind
 
 
 @dataclass(frozen=True)
@@ -129,9 +133,7 @@ class LocalBackend:
         policy: str | None = None,
         **options: Any,
     ) -> Applied:
-        from greenctl.executor.deploy.apply import apply_plan
-
-        return apply_plan(
+        return local.apply_plan(
             plan,
             store=store,
             dry_run=dry_run,
@@ -142,19 +144,15 @@ class LocalBackend:
         )
 
     def status(self, store: Store) -> dict[str, Any]:
-        from greenctl.executor.deploy.apply import status
-
-        return status(store)
+        return local.status(store)
 
     def down(self, store: Store, **options: Any) -> dict[str, Any]:
-        from greenctl.executor.deploy.apply import down
-
-        return {"backend": self.name, **down(store, **options)}
+        return {"backend": self.name, **local.down(store, **options)}
 
     def serving(self, store: Store) -> Serving:
-        from greenctl.executor.deploy.apply import status
-
-        st = status(store, timeout_s=1.0)  # its state and problems say more (`greenctl status`)
+        st = local.status(
+            store, timeout_s=1.0
+        )  # its state and problems say more (`greenctl status`)
         disp = st["dispatcher"]
         plan_id = None if disp is None or disp["plan_id"] is None else int(disp["plan_id"])
         why = None
@@ -193,17 +191,13 @@ class RayBackend:
         policy: str | None = None,
         **options: Any,
     ) -> Applied:
-        from greenctl.executor.deploy.apply import verify_plan
-        from greenctl.executor.deploy.ray_backend import apply_ray
-        from greenctl.executor.kinds import get_kind
-
         if not self.address:
             raise InputError("--backend ray needs --address HOST:PORT of the Ray cluster")
         # the kind's policy (the one rule); a bad --policy is refused before anything is saved
         policy = get_kind(plan.kind).dispatch_policy(plan, policy)
         if plan.id is None:
             store.save_plan(plan, source="apply")
-        result = apply_ray(
+        result = ray_backend.apply_ray(
             plan,
             store=store,
             address=self.address,
@@ -212,28 +206,21 @@ class RayBackend:
             **_own(self, options),
         )
         if verify and not dry_run:
-            result.verify = verify_plan(
+            result.verify = local.verify_plan(
                 plan, store=store, endpoint=result.url, duration_s=verify_duration_s
             )
         return result
 
     def status(self, store: Store) -> dict[str, Any]:
-        from greenctl.executor.deploy.ray_backend import status_ray
-
-        return status_ray(store=store, address=self.address)
+        return ray_backend.status_ray(store=store, address=self.address)
 
     def down(self, store: Store, **options: Any) -> dict[str, Any]:
-        from greenctl.executor.deploy.georouter_procs import stop_routers
-        from greenctl.executor.deploy.ray_backend import down_ray
-
-        deleted = down_ray(store=store, address=self.address)
+        deleted = ray_backend.down_ray(store=store, address=self.address)
         # a geo router runs on this host whichever backend serves its sites (the local
         # backend's down stops it with its other processes)
         return {"backend": self.name, "deleted": deleted, "stopped": stop_routers(store)}
 
     def serving(self, store: Store) -> Serving:
-        from greenctl.executor.deploy.ray_backend import status_ray
-
         if deployments.active_ray_app(store) is None:
             return Serving(
                 self.name,
@@ -243,7 +230,7 @@ class RayBackend:
                 "any apply",
             )
         try:
-            doc = status_ray(store=store, address=self.address)
+            doc = ray_backend.status_ray(store=store, address=self.address)
         except ExecutorError as exc:
             return Serving(
                 self.name, False, None, f"the Ray cluster does not answer: {exc.message}"

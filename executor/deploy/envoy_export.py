@@ -14,9 +14,17 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+import yaml
+from greenctl.data.carbon_io import parse_time
+from greenctl.data.errors import InputError
+from greenctl.data.plan import Plan
+from greenctl.data.store import Store
+from greenctl.executor.deploy.georouter_table import gateway_fractions, routing_table, slot_index
 
 #: what every route's weights add up to
 TOTAL_WEIGHT = 1000
@@ -106,12 +114,10 @@ def build_envoy_export(
 
     Args:
         table: the geo router's routing table of the plan.
-        slot: the slot to export (:func:`~greenctl.executor.deploy.georouter.slot_index`).
+        slot: the slot to export (:func:`~greenctl.executor.deploy.georouter_table.slot_index`).
         sites: each site's endpoint URL; a site without one is addressed by its name
             on port :data:`DEFAULT_SITE_PORT` (said in ``notes``).
     """
-    from greenctl.executor.deploy.georouter import gateway_fractions
-
     sites = sites or {}
     out = EnvoyExport(slot=slot, slot_time=table["times"][slot])
     unnamed = [s for s in table["sites"] if s not in sites]
@@ -189,8 +195,6 @@ def build_envoy_export(
 
 def write_envoy_export(export: EnvoyExport, out_dir: str | Path) -> list[str]:
     """Write the files (YAML) under ``out_dir`` (created); their paths."""
-    import yaml
-
     path = Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)
     written = []
@@ -206,19 +210,13 @@ def write_envoy_export(export: EnvoyExport, out_dir: str | Path) -> list[str]:
 
 
 def export_envoy(
-    plan: Any, *, store: Any, at: str | None = None, sites: dict[str, str] | None = None
+    plan: Plan, *, store: Store, at: str | None = None, sites: dict[str, str] | None = None
 ) -> EnvoyExport:
     """The Envoy export of a geo plan at ``at`` (default now).
 
     Raises:
         InputError: not a geo plan, a bad time, or a site that is not the plan's.
     """
-    from datetime import UTC, datetime
-
-    from greenctl.data.carbon_io import parse_time
-    from greenctl.data.errors import InputError
-    from greenctl.executor.deploy.georouter import routing_table, slot_index
-
     try:
         when = parse_time(at) if at else datetime.now(UTC)
     except ValueError as exc:

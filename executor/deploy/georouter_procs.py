@@ -1,7 +1,7 @@
 """The geo router's processes as the store records them (``geo_routers``, see
 :mod:`greenctl.data.deployments`): finding, stopping and recovering them. ``apply``'s crash
-consistency, ``status`` and ``down`` call these without importing the router itself (which
-imports the control loop), so no import circle forms.
+consistency, ``status`` and ``down`` call these without importing the router itself (whose
+replan uses the control loop), so no import circle forms.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data import deployments
+from greenctl.data.store import Store
 from greenctl.executor.runtime.procs import (
     find_processes,
     is_alive,
@@ -61,7 +62,7 @@ def stop_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return stopped
 
 
-def recover_routers(store: Any) -> list[dict[str, Any]]:
+def recover_routers(store: Store) -> list[dict[str, Any]]:
     """Stop the geo routers an interrupted apply left (journaled ``starting``, never
     committed: forgotten; retired ``stopping``: ended); what it did. The caller holds the
     apply lock (:func:`greenctl.executor.deploy.apply.recover` calls it)."""
@@ -77,7 +78,7 @@ def recover_routers(store: Any) -> list[dict[str, Any]]:
     return done
 
 
-def stop_routers(store: Any) -> list[dict[str, Any]]:
+def stop_routers(store: Store) -> list[dict[str, Any]]:
     """Stop every geo router of the store (recorded ``starting``, ``running`` or
     ``stopping``, and one its folder's files name) with its supervisor (``down``); each
     process that was running."""
