@@ -779,27 +779,12 @@ def objective_unit(problem: MixProblem, model: Model, lay: Layout, fis: Any = No
 # --------------------------------------------------------------------------------------------
 # Baselines
 # --------------------------------------------------------------------------------------------
-def greedy(problem: MixProblem, terms: Terms) -> Allocation:
-    """INFaaS-style replicate-or-upgrade heuristic.
-
-    1. Feasibility first: every family is served by its most budget-efficient option
-       (most capacity per share of the budgets; the cheapest per req/s without budgets).
-    2. Then family by family (largest load first), with the budget that family holds plus
-       what is left in the pool, variants are tried in the objective's order of preference
-       (most accurate first for accuracy/balanced, cheapest per request for cost, lowest
-       energy per request of a full instance, idle power included, for carbon) among those
-       meeting the accuracy floor on their own. Each step replicates (adds an instance of a
-       small option) or upgrades (one instance of a larger option), whichever serves the
-       remaining load at the lower cost (for carbon: the lower carbon, the objective's own
-       terms) per useful req/s, and is taken only if the rest of the family's load still
-       fits on its efficient option; otherwise the rest downgrades to the next variant.
-    """
-    budgets = problem.budgets
-    scale = {k: 1.0 / b if b > 0 else 0.0 for k, b in budgets.items()}
-    order = sorted(
-        range(len(problem.families)),
-        key=lambda i: -problem.families[i].load_rps(problem.headroom),
-    )
+def _greedy_options(
+    problem: MixProblem, scale: dict[str, float]
+) -> tuple[dict[int, list[int]], dict[int, int]]:
+    """Per family the options whose variant meets its accuracy floor on its own, and the
+    most budget-efficient of them (most capacity per share of the budgets, ``scale`` being
+    one over each budget; the cheapest per req/s without budgets)."""
     allowed: dict[int, list[int]] = {}
     efficient: dict[int, int] = {}
     for fi, fam in enumerate(problem.families):
@@ -822,6 +807,32 @@ def greedy(problem: MixProblem, terms: Terms) -> Allocation:
             return (share / o.capacity_rps, o.cost_per_hour / o.capacity_rps)
 
         efficient[fi] = min(allowed[fi], key=per_rps)
+
+    return allowed, efficient
+
+
+def greedy(problem: MixProblem, terms: Terms) -> Allocation:
+    """INFaaS-style replicate-or-upgrade heuristic.
+
+    1. Feasibility first: every family is served by its most budget-efficient option
+       (most capacity per share of the budgets; the cheapest per req/s without budgets).
+    2. Then family by family (largest load first), with the budget that family holds plus
+       what is left in the pool, variants are tried in the objective's order of preference
+       (most accurate first for accuracy/balanced, cheapest per request for cost, lowest
+       energy per request of a full instance, idle power included, for carbon) among those
+       meeting the accuracy floor on their own. Each step replicates (adds an instance of a
+       small option) or upgrades (one instance of a larger option), whichever serves the
+       remaining load at the lower cost (for carbon: the lower carbon, the objective's own
+       terms) per useful req/s, and is taken only if the rest of the family's load still
+       fits on its efficient option; otherwise the rest downgrades to the next variant.
+    """
+    budgets = problem.budgets
+    scale = {k: 1.0 / b if b > 0 else 0.0 for k, b in budgets.items()}
+    order = sorted(
+        range(len(problem.families)),
+        key=lambda i: -problem.families[i].load_rps(problem.headroom),
+    )
+    allowed, efficient = _greedy_options(problem, scale)
 
     def need(fi: int, load: float) -> tuple[int, dict[str, float]]:
         o = problem.families[fi].options[efficient[fi]]
