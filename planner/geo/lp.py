@@ -173,6 +173,40 @@ def solve_flow_lp(
     Raises:
         GreenctlError: HiGHS failed (any other status; exit 1, not an infeasible plan).
     """
+    lp = _flow_lp_model(
+        net, cost, cap, demand, carbon=carbon, water=water, mu_carbon=mu_carbon,
+        mu_water=mu_water, past_carbon=past_carbon, past_water=past_water, edge_cost=edge_cost,
+    )  # fmt: skip
+    H, E, n = cost.shape[0], net.n_edges, cost.shape[0] * net.n_edges
+    h = solvers.new_highs(options)
+    h.passModel(lp)
+    t0 = time.perf_counter()
+    h.run()
+    solve_s = time.perf_counter() - t0
+    status = _status(h, "the geo flow LP")
+    if status != "Optimal":
+        return LPResult(np.zeros((H, E)), float("nan"), status, solve_s)
+    x = np.asarray(h.getSolution().col_value)[:n]
+    flow = np.clip(x, 0.0, None).reshape(H, E)
+    return LPResult(flow, float(h.getInfo().objective_function_value), status, solve_s)
+
+
+def _flow_lp_model(
+    net: Network,
+    cost: np.ndarray,
+    cap: np.ndarray,
+    demand: np.ndarray,
+    *,
+    carbon: np.ndarray | None,
+    water: np.ndarray | None,
+    mu_carbon: float,
+    mu_water: float,
+    past_carbon: np.ndarray | None,
+    past_water: np.ndarray | None,
+    edge_cost: np.ndarray | None,
+) -> Any:
+    """The flow LP, column by column: a column per step and edge (its entries in the demand,
+    capacity and footprint rows), then the two footprint maxima."""
     H, S = cost.shape
     E, K = net.n_edges, net.n_classes
     es, ec = net.edge_site, net.edge_class
@@ -246,17 +280,7 @@ def solve_flow_lp(
         np.concatenate(col_cost), np.zeros(n_cols), np.concatenate(col_upper), row_lower,
         row_upper, np.concatenate(start), np.concatenate(index), np.concatenate(value),
     )  # fmt: skip
-    h = solvers.new_highs(options)
-    h.passModel(lp)
-    t0 = time.perf_counter()
-    h.run()
-    solve_s = time.perf_counter() - t0
-    status = _status(h, "the geo flow LP")
-    if status != "Optimal":
-        return LPResult(np.zeros((H, E)), float("nan"), status, solve_s)
-    x = np.asarray(h.getSolution().col_value)[:n]
-    flow = np.clip(x, 0.0, None).reshape(H, E)
-    return LPResult(flow, float(h.getInfo().objective_function_value), status, solve_s)
+    return lp
 
 
 def hall_cuts(net: Network, *, max_cuts: int = 64) -> list[tuple[np.ndarray, np.ndarray]] | None:
