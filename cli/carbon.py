@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from greenctl.cli.common import input_path, print_json, render_table, say, store_for
 from greenctl.cli.options import DbOpt, FromOpt, JsonOpt, RequiredRegionOpt, ToOpt
+from greenctl.data import carbon, carbon_io
 
 carbon_app = typer.Typer(
     no_args_is_help=True,
@@ -65,8 +66,6 @@ def carbon_import(
     json_out: JsonOpt = False,
 ) -> None:
     """Import a carbon-intensity file into the store (all rows or none)."""
-    from greenctl.data import carbon_io
-
     with store_for(db) as store:
         summary = carbon_io.import_carbon(
             store, file, region=region, fmt=fmt, kind=kind, start=start
@@ -93,8 +92,6 @@ def carbon_show(
     json_out: JsonOpt = False,
 ) -> None:
     """Show a region's carbon intensity series (or the value at --at)."""
-    from greenctl.data import carbon
-
     with store_for(db, create=False) as store:  # read-only: a missing store is not created
         if at:
             rows = [carbon.value_at(store, region, at, kind=kind)]
@@ -118,8 +115,6 @@ def carbon_now(
     json_out: JsonOpt = False,
 ) -> None:
     """The carbon intensity in force now (newest stored value when the trace is older)."""
-    from greenctl.data import carbon
-
     with store_for(db, create=False) as store:  # read-only: a missing store is not created
         row = carbon.now(store, region, kind=kind)
     if json_out:
@@ -134,8 +129,6 @@ def carbon_now(
 @carbon_app.command("regions")
 def carbon_regions(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """List regions with stored signals."""
-    from greenctl.data import carbon
-
     with store_for(db, create=False) as store:  # read-only: a missing store is not created
         rows = carbon.regions(store)
     if json_out:
@@ -163,8 +156,6 @@ def carbon_fetch(
     json_out: JsonOpt = False,
 ) -> None:
     """Fetch a live signal (off unless the provider's token is set in the environment)."""
-    from greenctl.data import carbon_io
-
     with store_for(db) as store:
         summary = carbon_io.fetch_live(store, provider, region, what=what)
     if json_out:

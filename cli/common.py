@@ -7,16 +7,16 @@ import sys
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
+from greenctl.data import bundled
+from greenctl.data.store import Store, open_store
+from rich import box
 from rich.console import Console
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
-
-if TYPE_CHECKING:
-    from greenctl.data.store import Store
 
 # emoji=False: ":abc:" in a name or message stays ":abc:". Text that quotes user input
 # (names, paths, messages built from them) is printed with `say` (or markup=False), never
@@ -60,8 +60,6 @@ def input_path(value: str | Path) -> Path:
     ``typer.Option(..., parser=input_path, metavar=...)`` so that every command resolves
     bundled names the same way, before it runs.
     """
-    from greenctl.data import bundled
-
     return bundled.resolve(value)
 
 
@@ -80,8 +78,6 @@ def store_for(db: str | None, *, create: bool = True) -> Store:
     Read-only commands pass ``create=False``: a store that does not exist is then not
     created (see :func:`greenctl.data.store.open_store`).
     """
-    # imported here: sqlite-utils pulls in pandas and numpy, which `--help` must not pay for
-    from greenctl.data.store import open_store
 
     return open_store(db or ROOT_DB.get(), create=create)
 
@@ -152,8 +148,6 @@ def _table(
 ) -> Table:
     """The table itself; compact: a rule under the headers, one space between columns, each
     column as wide as its widest value (or header word)."""
-    from rich import box
-
     table = Table(
         title=None if title is None else Text(title, style="table.title"),
         caption=None if caption is None else Text(caption, style="table.caption"),

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 from greenctl.cli.common import JsonOpt, console, print_json, render_table, say
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 
 def demo_cmd(
@@ -39,8 +40,7 @@ def demo_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Profile, import carbon, plan, apply, load, replan over a carbon trace, report, stop."""
-    from greenctl.executor.control import demo
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from greenctl.executor.control import demo  # numpy: not for `--help`
 
     columns = (
         # markup=False: a step's message quotes paths and names as they are

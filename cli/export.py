@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 from greenctl.cli.common import print_json, say, store_for
 from greenctl.cli.options import AtOpt, DbOpt, JsonOpt
+from greenctl.data.emissions import executor_energy_args
+from greenctl.data.plan import load_plan_file
 
 export_app = typer.Typer(
     no_args_is_help=True, help="Export plans for other engines (Kubernetes, Envoy)."
@@ -15,7 +17,6 @@ export_app = typer.Typer(
 
 
 def _load_plan(plan: str, db: str | None):
-    from greenctl.data.plan import load_plan_file
 
     with store_for(db) as store:
         doc = (
@@ -49,7 +50,7 @@ def export_k8s(
     json_out: JsonOpt = False,
 ) -> None:
     """Write Deployments, Services, the dispatcher and (MIG plans) the mig-parted ConfigMap."""
-    from greenctl.data.emissions import executor_energy_args
+    # numpy: not for `--help`
     from greenctl.executor.deploy.k8s_export import build_k8s_export, write_k8s_export
 
     doc, memory = _load_plan(plan, db)
@@ -95,6 +96,7 @@ def export_envoy_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Write, per gateway, an Envoy v3 config: weighted_clusters for the slot, the clusters."""
+    # numpy: not for `--help`
     from greenctl.executor.deploy.envoy_export import export_envoy, write_envoy_export
     from greenctl.executor.deploy.georouter import parse_sites
 

@@ -73,7 +73,7 @@ def forecast_fit(
     json_out: JsonOpt = False,
 ) -> None:
     """Fit a forecaster, score it on held-out minutes and save it in the store."""
-    from greenctl.executor.control import forecasters
+    from greenctl.executor.control import forecasters  # numpy: not for `--help`
 
     params = {"epochs": epochs, "window": window, "quantile": quantile, "period": period}
     with store_for(db) as store:
@@ -134,7 +134,7 @@ def forecast_predict(
     json_out: JsonOpt = False,
 ) -> None:
     """Predict the next minute's peak request rate."""
-    from greenctl.executor.control import forecasters
+    from greenctl.executor.control import forecasters  # numpy: not for `--help`
 
     with store_for(db) as store:
         out = forecasters.predict_load(
@@ -153,7 +153,7 @@ def forecast_predict(
 @forecast_app.command("list")
 def forecast_list(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """List saved forecasters with their held-out scores."""
-    from greenctl.executor.control import forecasters
+    from greenctl.executor.control import forecasters  # numpy: not for `--help`
 
     with store_for(db, create=False) as store:  # read-only: a missing store is not created
         rows = forecasters.list_forecasters(store)
@@ -188,7 +188,7 @@ def forecast_sample(
 ) -> None:
     """Record the dispatcher's arrival rate since the last sample into the load history
     (run it from cron; `replan --forecaster` does it on every run too)."""
-    from greenctl.executor.control import history
+    from greenctl.executor.control import history  # numpy: not for `--help`
 
     with store_for(db) as store:
         samples = history.sample_dispatcher_load(store, url=url)

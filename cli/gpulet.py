@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, input_path, print_json, render_table, say, store_for
+from greenctl.data.gpulet_import import import_gpulet
 
 gpulet_app = typer.Typer(
     no_args_is_help=True, help="gpulet reference data: import MPS profiles, utilisations, pairs."
@@ -46,8 +47,6 @@ def gpulet_import_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Import profiles on mps:20..100, L2/DRAM utilisations and co-location measurements."""
-    from greenctl.data.gpulet_import import import_gpulet
-
     with store_for(db) as store:
         summary = import_gpulet(store, directory, hardware=hardware, prefix=prefix, merge=merge)
     for line in summary.merged:

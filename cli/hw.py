@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import typer
 from greenctl.cli.common import JsonOpt, print_json, render_table, say
+from greenctl.profiler.hw import discover
 
 
 def hw_cmd(json_out: JsonOpt = False) -> None:
     """List CPUs (model, cores, RAPL) and NVIDIA GPUs with MIG instances and their UUIDs."""
-    from dataclasses import asdict
-
-    from greenctl.profiler.hw import discover
-
     inv = discover()
     if json_out:
         print_json(

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, store_for
+from greenctl.data.gpulet_import import get_interference_model
 
 interference_app = typer.Typer(
     no_args_is_help=True,
@@ -23,7 +24,7 @@ def interference_fit(
     json_out: JsonOpt = False,
 ) -> None:
     """Learn c1..c5 from imported co-location measurements; report held-out error; store it."""
-    from greenctl.executor.control.interference import fit_and_store
+    from greenctl.executor.control.interference import fit_and_store  # numpy: not for `--help`
 
     with store_for(db) as store:
         model_id, result = fit_and_store(store, test_fraction=test_fraction, seed=seed)
@@ -41,8 +42,6 @@ def interference_show(
     json_out: JsonOpt = False,
 ) -> None:
     """Show a stored interference model and its held-out error."""
-    from greenctl.data.gpulet_import import get_interference_model
-
     with store_for(db, create=False) as store:  # read-only: a missing store is not created
         doc = get_interference_model(store, model_id)
     if json_out:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import importlib
 import sys
+from importlib.metadata import version
 from typing import Annotated, Any
 
 import typer
+from greenctl.cli.common import ROOT_DB, err_console
 from greenctl.data.errors import GreenctlError
+from rich.text import Text
 from typer.core import TyperGroup
 
 
@@ -18,9 +21,6 @@ class GreenctlGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except GreenctlError as exc:
-            from greenctl.cli.common import err_console
-            from rich.text import Text
-
             # the message quotes user text (names, paths, values): print it as it is, never
             # as rich markup ([red]) or emoji codes (:abc:)
             err_console.print(
@@ -46,8 +46,6 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
-
         typer.echo(f"greenctl {version('greenctl')}")
         raise typer.Exit()
 
@@ -69,8 +67,6 @@ def root(
     ] = False,
 ) -> None:
     """greenctl: profile, plan, simulate, apply, replan and report carbon-aware inference."""
-    from greenctl.cli.common import ROOT_DB
-
     ROOT_DB.set(db)
 
 

@@ -178,7 +178,6 @@ def _hand_down(ctx: typer.Context, name: str) -> None:
     (its own flag, given after it, still wins); the options that only measure, and any
     option the subcommand lacks, are an error (exit 2) rather than silently ignored.
     """
-
     sub = ctx.command.get_command(ctx, name)  # type: ignore[attr-defined]
     own = {p.name: p for p in sub.params if p.param_type_name == "option"} if sub else {}
     # compared by name: typer >= 0.24 vendors click, so click's own enum is another class
@@ -352,8 +351,6 @@ def profile_show(
         v = store.get_variant(variant)
         profiles = store.latest_profiles(variant=variant)
     if json_out:
-        from dataclasses import asdict
-
         print_json({"variant": asdict(v), "profiles": [asdict(p) for p in profiles]})
         return
     estimates = any(is_estimate(p.source) for p in profiles)
@@ -399,7 +396,6 @@ def profile_compare_emulated(
     (gpu:MODEL), the measured MPS share at the nearest percentage (mps:PCT) and a measured
     MIG instance of the same profile: p50, throughput and energy ratios, emulated / measured.
     """
-
     with store_for(db, create=False) as store:
         if model is not None:
             store.require_family(model)

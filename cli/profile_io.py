@@ -10,6 +10,7 @@ import typer
 from greenctl.cli.common import console, input_path, print_json, store_for
 from greenctl.cli.options import DbOpt, JsonOpt, ModelFilterOpt, VariantFilterOpt
 from greenctl.cli.profile import profile_app
+from greenctl.data.errors import InputError
 from greenctl.data.profile_io import (
     export_profiles,
     file_format,
@@ -98,8 +99,6 @@ def profile_export(
         try:
             output.write_text(text)
         except OSError as exc:  # a missing folder, a folder, no permission
-            from greenctl.data.errors import InputError
-
             raise InputError(
                 f"cannot write {output}: {exc.strerror or exc}",
                 hint="give -o a file in an existing, writable folder",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,7 +17,8 @@ from greenctl.cli.options import (
     RequiredRegionOpt,
     ToOpt,
 )
-from greenctl.data.errors import InputError
+from greenctl.data import emissions, reports
+from greenctl.data.errors import InputError, NotFoundError
 
 report_app = typer.Typer(
     no_args_is_help=True,
@@ -52,7 +54,6 @@ def _export_command(what: str) -> Any:
         ] = None,
         db: DbOpt = None,
     ) -> None:
-        from greenctl.data import reports
 
         filters: dict[str, Any] = {}
         given = {"--region": region, "--from": start, "--to": end, "--plan": plan}
@@ -99,8 +100,6 @@ def report_emissions(
 ) -> None:
     """Emissions of verified runs and replan intervals as CodeCarbon's emissions.csv
     (kg CO2eq, kWh, W, s, L); tracking_mode 'modeled' marks estimated energy."""
-    from greenctl.data import emissions
-
     with store_for(db) as store:
         if plan is not None:
             store.get_plan(plan)  # an unknown id is an error, not an empty report
@@ -143,10 +142,6 @@ def report_savings(
     json_out: JsonOpt = False,
 ) -> None:
     """Energy, carbon, water, cost, accuracy and SLO compliance against a baseline plan."""
-    import json
-
-    from greenctl.data import reports
-
     with store_for(db) as store:
         s = reports.savings(
             store,
@@ -192,9 +187,6 @@ def report_charts(
     json_out: JsonOpt = False,
 ) -> None:
     """Write PNG charts: carbon.png, latency.png (if runs were measured), sites.png (geo)."""
-    from greenctl.data import reports
-    from greenctl.data.errors import NotFoundError
-
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
