@@ -186,6 +186,23 @@ class Compiled:
         self.rate = [r * (1.0 + headroom) for r in self.true_rate]
         self.cycle_percentile = problem.rate_percentile
         self.slo = [float(m.slo_ms) for m in self.models]
+        self._setup_profiles()
+        # means[i][j][k]: mean arrivals per cycle batch k can take (see bmean)
+        self.means = [
+            [[self.bmean(b) for b in self.batches[i][j]] for j in range(self.n_parts)]
+            for i in range(self.n)
+        ]
+        self._setup_interference()
+        self._setup_memory()
+        self._cap_cache: dict[tuple[int, int, float | None], float] = {}
+        self._leff_cache: dict[tuple[int, int, float], list[float]] = {}
+        self._config_cache: dict[Any, tuple[float, list[int], list[float]] | None] = {}
+        self.ideal_exhaustive: bool | None = None  # set by the ideal search
+
+    def _setup_profiles(self) -> None:
+        """Each model's profiled batches and latencies per partition, latency made
+        non-decreasing in batch; a model needs its whole-GPU profile."""
+        problem = self.problem
         # batches[i][j], lat[i][j]: sorted profiled batches and latencies (ms), [] if missing.
         self.batches: list[list[list[int]]] = []
         self.lat: list[list[list[float]]] = []
@@ -213,17 +230,6 @@ class Compiled:
                 )
             self.batches.append(bs_i)
             self.lat.append(ls_i)
-        # means[i][j][k]: mean arrivals per cycle batch k can take (see bmean)
-        self.means = [
-            [[self.bmean(b) for b in self.batches[i][j]] for j in range(self.n_parts)]
-            for i in range(self.n)
-        ]
-        self._setup_interference()
-        self._setup_memory()
-        self._cap_cache: dict[tuple[int, int, float | None], float] = {}
-        self._leff_cache: dict[tuple[int, int, float], list[float]] = {}
-        self._config_cache: dict[Any, tuple[float, list[int], list[float]] | None] = {}
-        self.ideal_exhaustive: bool | None = None  # set by the ideal search
 
     def _setup_interference(self) -> None:
         imodel = self.problem.interference
