@@ -284,7 +284,9 @@ _D_POINTS = 128  # points standing for a run time less the next batch's window
 def _pipelined_batching(lam: float, service: BatchService, w: float) -> BatchPrediction | None:
     """The pipelined executor (depth >= 2; module docstring): the batch-level recursion
     ``W' = (min(W - E, C) + S - X)^+`` solved on a grid, the batch sizes it implies, and the
-    requests' pre-run wait built from both."""
+    requests' pre-run wait built from both.
+
+    Kept whole: one numeric solve whose grids and fixed-point iterates feed each step."""
     from scipy.signal import lfilter
 
     how = service.batching
@@ -506,7 +508,9 @@ _U_GRID = 1024  # points of the pre-run wait's distribution (eager model)
 
 def _eager_batching(lam: float, service: BatchService, w: float) -> BatchPrediction | None:
     """The eager executor (depth 1; module docstring): a Markov chain on the requests
-    waiting when the executor takes its next batch."""
+    waiting when the executor takes its next batch.
+
+    Kept whole: one numeric solve (the chain, its stationary law, the waits it implies)."""
     b = service.batch
     runs, index = _runs(service, b)
     full = runs[index[b]]

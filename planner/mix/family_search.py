@@ -80,6 +80,8 @@ def family_plans(
 ) -> tuple[float, list[FamilyPlan], int]:
     """All plans of one family with priced cost within ``window`` of the priced optimum.
 
+    Kept whole: the branch and bound's hot loop, whose closures share its bounds and state.
+
     The priced cost is ``cost + lambda . use + mu x second`` (``mu`` prices the tie-break
     stage's row on the primary objective, which is then the plans' ``second``); with
     ``mu > 0`` plans of one budget use but different ``second`` are all kept.
@@ -291,6 +293,8 @@ def grouped_optimum(
     max_nodes: int,
 ) -> tuple[float, list[FamilyPlan], int] | None:
     """A family's priced optimum searched per variant (None: it does not apply here).
+
+    Kept whole: one dynamic programme over the variants' frontiers, its states in locals.
 
     Applies when every option of a variant has the same quota cost (``accuracy`` and
     ``cost``: quotas cost by accuracy alone) and instance costs are >= 0. Quotas then fill
