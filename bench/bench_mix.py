@@ -125,9 +125,6 @@ def _run(problem: Any, strategy: str, time_limit: float | None) -> dict[str, Any
 def bench_infadapter(quick: bool) -> None:
     import infadapter_import as ia
 
-    if not ia.SOURCE.exists():
-        print(f"(a) skipped: {ia.SOURCE} not found")
-        return
     variants, profiles = ia.to_records(ia.convert_rows())
     print("(a) InfAdapter point: ResNet 18..152 real CPU profiles, 75 req/s, SLO 750 ms p99")
     print(f"{'cores':>5} {'strategy':>8} {'accuracy':>9} {'cores used':>10} {'ms':>8}  deployments")
@@ -287,24 +284,23 @@ def bench_one_family(quick: bool) -> None:
     reps = 3 if quick else 7
     print(f"(c) one family, median of {reps} runs (ilp, HiGHS)")
     cases = []
-    if ia.SOURCE.exists():
-        v, p = ia.to_records(ia.convert_rows())
-        cases.append(
-            (
-                "resnet (InfAdapter), 75 req/s, cpu=14, balanced",
-                build_mix_problem(
-                    {
-                        "model": "resnet",
-                        "rate_rps": 75,
-                        "slo_ms": 750,
-                        "percentile": "p99",
-                        "budgets": {"cpu": 14},
-                    },
-                    v,
-                    p,
-                ),
-            )
+    v, p = ia.to_records(ia.convert_rows())
+    cases.append(
+        (
+            "resnet (InfAdapter), 75 req/s, cpu=14, balanced",
+            build_mix_problem(
+                {
+                    "model": "resnet",
+                    "rate_rps": 75,
+                    "slo_ms": 750,
+                    "percentile": "p99",
+                    "budgets": {"cpu": 14},
+                },
+                v,
+                p,
+            ),
         )
+    )
     v, p, fams = synthetic(1)
     cases.append(
         (
