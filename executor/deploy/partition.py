@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data.errors import HardwareError, InfeasiblePlan
+from greenctl.profiler import device, hw
 
 MPS_CONTROL_ENV = "GREENCTL_MPS_CONTROL"
 
@@ -24,15 +25,7 @@ Undo = Callable[[], object]
 
 def available_cores() -> list[int]:
     """The CPU cores this process may run on (hardware discovery's affinity mask), in order."""
-    try:
-        from greenctl.profiler.hw import usable_cores
-    except ImportError:
-        usable_cores = None
-    if usable_cores is not None:
-        return list(usable_cores())
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
+    return list(hw.usable_cores())
 
 
 def assign_cores(
@@ -71,12 +64,10 @@ class MigSlot:
 
 def gpu_backend() -> Any:
     """The device layer, or HardwareError saying plainly that no GPU is there."""
-    from greenctl.profiler.device import get_backend, no_gpu_reason
-
-    backend = get_backend()
+    backend = device.get_backend()
     if backend is None:
         raise HardwareError(
-            f"the plan needs NVIDIA GPUs but none is usable: {no_gpu_reason()}",
+            f"the plan needs NVIDIA GPUs but none is usable: {device.no_gpu_reason()}",
             hint="apply GPU plans on a machine with the NVIDIA driver (`greenctl hw`)",
         )
     return backend
