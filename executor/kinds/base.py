@@ -326,7 +326,7 @@ class PlanKind:
     #: predict(store, plan, policy=..., **evaluate_plan options) -> metrics (``simulate``)
     predict: Callable[..., dict[str, Any]] = predict_serving
     #: instances(plan) -> the executor instance specs ``apply`` runs; None: apply's own
-    #: expansion (:func:`greenctl.executor.deploy.apply.desired_instances`: ``count`` instances of
+    #: expansion (:func:`greenctl.executor.deploy.instances.desired_instances`: ``count`` instances of
     #: each deployment, MIG layouts slot by slot)
     instances: Callable[[Plan], list[Any]] | None = None
     #: several models of one plan share a partition in turn (glet duty cycles): their MPS
