@@ -95,7 +95,6 @@ def main() -> int:
         served_batches,
     )
     from greenctl.planner.core.queueing import (
-        _plus_wait,
         batch_capacity_at_slo,
         dynamic_batch,
         front_capacity_rps,
@@ -103,6 +102,7 @@ def main() -> int:
         with_overhead,
     )
     from greenctl.planner.core.simulator import simulate
+    from greenctl.planner.core.stages import plus_wait
 
     table = profiles()
     variants = {"resnet50": Variant("resnet50", "resnet", accuracy=0.7613)}
@@ -138,7 +138,7 @@ def main() -> int:
                     continue
                 extra = np.asarray(samples)
                 for w in waits:
-                    extra = _plus_wait(extra, w)
+                    extra = plus_wait(extra, w)
                 disp.append(with_overhead(dev.latency, extra).quantile(0.95))
             budget = SLO_MS - float(np.quantile(samples, 0.95))
             slo_cap = math.nan

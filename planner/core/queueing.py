@@ -47,7 +47,6 @@ from greenctl.planner.core.mgc import (
 from greenctl.planner.core.stages import (
     front_capacity_rps,
     front_wait,
-    plus_wait,
     stage_wait,
     wait_growth,
     wait_moments,
@@ -59,7 +58,6 @@ __all__ = [
     "BatchPrediction",
     "LatencyModel",
     "WaitTime",
-    "_plus_wait",
     "as_batch_service",
     "batch_capacity_at_slo",
     "batch_capacity_rps",
@@ -85,9 +83,6 @@ __all__ = [
     "with_overhead",
     "with_stage_wait",
 ]
-
-#: the name the dispatcher-stage tests and the front benchmark use for :func:`plus_wait`
-_plus_wait = plus_wait
 
 
 @lru_cache(maxsize=16384)

@@ -3,7 +3,6 @@ simulator and the analytic model of an executor that batches (greenctl.planner.c
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import numpy as np
@@ -70,11 +69,9 @@ def test_the_runner_pads_by_the_rule_the_planner_models():
 
 
 def test_one_max_wait_for_executors_apply_and_the_model():
-    from greenctl.executor.deploy.apply import apply_plan
+    from greenctl.executor.deploy.apply import ApplyOptions
 
-    assert inspect.signature(apply_plan).parameters["max_wait_ms"].default == (
-        bt.DEFAULT_MAX_WAIT_MS
-    )
+    assert ApplyOptions().max_wait_ms == bt.DEFAULT_MAX_WAIT_MS
     assert _model().batching.max_wait_ms == bt.DEFAULT_MAX_WAIT_MS
     assert _model(max_wait_ms=5.0).batching.max_wait_ms == 5.0
 

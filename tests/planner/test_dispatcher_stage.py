@@ -28,12 +28,12 @@ from greenctl.planner.core.evaluate import (
     predict,
 )
 from greenctl.planner.core.queueing import (
-    _plus_wait,
     front_capacity_rps,
     front_wait,
     stage_wait,
     with_stage_wait,
 )
+from greenctl.planner.core.stages import plus_wait
 
 from tests.planner.test_executor_front import R50_H200  # resnet50's H200 profiles
 
@@ -113,7 +113,7 @@ def test_the_samples_hold_the_wait_they_were_measured_with():
     plan's rate (or above), nothing; in between, the wait's growth: its mean and variance."""
     now = front_wait(2000.0, 0.43)
     assert now is not None
-    assert with_stage_wait(OVERHEAD, now) == tuple(_plus_wait(OVERHEAD, now))
+    assert with_stage_wait(OVERHEAD, now) == tuple(plus_wait(OVERHEAD, now))
     assert with_stage_wait(OVERHEAD, now, front_wait(2000.0, 0.43)) == OVERHEAD
     assert with_stage_wait(OVERHEAD, now, front_wait(2200.0, 0.43)) == OVERHEAD
     assert with_stage_wait(OVERHEAD, front_wait(1e-3, 0.43)) == OVERHEAD  # idle: nothing
