@@ -53,6 +53,7 @@ from greenctl.executor.deploy.georouter_table import (
     check_sites,
     gateway_fractions,
     parse_sites,
+    plan_routes,
     routing_table,
     slot_index,
     table_from_run,
@@ -82,6 +83,7 @@ __all__ = [
     "gateway_fractions",
     "main",
     "parse_sites",
+    "plan_routes",
     "read_json",
     "replan_if_routed",
     "replan_router",
@@ -160,7 +162,7 @@ def apply_geo(
         InputError: not a geo plan, a site without an endpoint, an unknown gateway or time.
         ExecutorError: the router did not start. LockedError: an apply runs.
     """
-    if plan.kind != "geo":
+    if not plan_routes(plan):
         raise InputError(f"--site routes a geo plan; this is a {plan.kind} plan")
     if not math.isfinite(health_interval_s) or not 0.05 <= health_interval_s <= 60:
         raise InputError("--health-interval-s must be 0.05-60 seconds")
@@ -527,7 +529,7 @@ def _offline_push(
     from greenctl.executor.kinds import get_kind  # planning, not the router daemon's
 
     store, plan = routed.store, routed.plan
-    kind = get_kind("geo")
+    kind = get_kind(plan.kind)
     assert kind.plan is not None
     new, run = kind.plan(store, dict(plan.request))
     new_table = table_from_run(run, plan_id=plan.id)

@@ -19,6 +19,14 @@ from greenctl.data.store import Store
 from greenctl.executor.runtime.loadgen import check_endpoint
 
 
+def plan_routes(plan: Plan) -> bool:
+    """Whether ``plan``'s kind allocates load across sites (its record's ``routes``): the geo
+    router routes it, where other plans are applied as executor instances."""
+    from greenctl.executor.kinds import get_kind  # the router daemon imports no plan kind
+
+    return get_kind(plan.kind).routes is not None
+
+
 def routing_table(plan: Plan, store: Store) -> dict[str, Any]:
     """The router's table for a geo plan: per slot, per gateway, each site's fraction.
 
@@ -36,12 +44,10 @@ def routing_table(plan: Plan, store: Store) -> dict[str, Any]:
     """
     from greenctl.executor.kinds import get_kind  # the router daemon imports no plan kind
 
-    if plan.kind != "geo":
+    routes = get_kind(plan.kind).routes
+    if routes is None:
         raise InputError(f"plan {plan.id} is a {plan.kind} plan, not a geo plan")
-    kind = get_kind("geo")
-    assert kind.plan is not None
-    _, run = kind.plan(store, dict(plan.request))
-    return table_from_run(run, plan_id=plan.id)
+    return table_from_run(routes(store, plan), plan_id=plan.id)
 
 
 def table_from_run(run: Any, *, plan_id: int | None = None) -> dict[str, Any]:

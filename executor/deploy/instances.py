@@ -43,6 +43,15 @@ class InstanceSpec:
         return f"{self.model}|{self.variant}|{self.resource}|b{self.batch}|{where}"
 
 
+def mig_layouts(plan: Plan) -> list[dict[str, Any]]:
+    """The plan's GPUs that it lays out in MIG instances (``extra["gpus"]`` entries with a
+    ``layout``): a plan that repartitions GPUs, whatever its kind."""
+    gpus = plan.extra.get("gpus")
+    if not isinstance(gpus, list):
+        return []
+    return [g for g in gpus if isinstance(g, dict) and g.get("layout")]
+
+
 def desired_instances(plan: Plan) -> list[InstanceSpec]:
     """Expand a plan into one spec per executor instance.
 

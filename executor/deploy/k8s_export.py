@@ -39,6 +39,7 @@ from greenctl.data.emissions import routes_carbon
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.resources import RESOURCE_KINDS, parse_resource
+from greenctl.executor.deploy.instances import mig_layouts
 from greenctl.executor.kinds import get_kind
 from greenctl.executor.runtime.dispatcher import ENERGY_SCRAPE_ENV
 
@@ -226,7 +227,7 @@ def build_k8s_export(
     out.files["dispatcher.yaml"] = _dispatcher_objects(
         where, _routes_config(plan, routes, policy, base)
     )
-    if plan.kind == "mig":
+    if mig_layouts(plan):
         _add_mig_config(out, plan, where, gpus_per_node=gpus_per_node, mig_config=mig_config)
     out.files["kustomization.yaml"] = [
         {

@@ -339,6 +339,10 @@ class PlanKind:
     #: its typed request: ``from_dict(request dict)`` validates a plan's ``request`` once and
     #: ``to_dict()`` writes it back; None: the kind takes the plain dict
     request_type: Any = None
+    #: routes(store, plan) -> the run whose per-slot site fractions a router follows: the
+    #: kind allocates load across sites (``apply --site`` starts the geo router for it,
+    #: ``export envoy`` writes its weights); None: its plans are not routed
+    routes: Callable[[Store, Plan], Any] | None = None
     #: its replay step (``greenctl replay``): a
     #: :class:`~greenctl.executor.kinds.replaying.ReplayStep`, or where one is as
     #: ``"module:attribute"`` (imported when a replay asks, so planning does not load it);

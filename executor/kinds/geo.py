@@ -97,9 +97,16 @@ def _geo_objective(plan: Plan) -> Objective:
     return "eGLB", finite_number(plan.predicted.get("objective")), False
 
 
+def _geo_routes(store: Store, plan: Plan) -> Any:
+    """The eGLB run of a geo plan's request over its files: the per-slot fractions the geo
+    router and the Envoy export follow."""
+    return _geo_plan(store, dict(plan.request))[1]
+
+
 #: the kind, as the registry holds it
 KIND = PlanKind(
     "geo",
+    routes=_geo_routes,
     replay="greenctl.executor.kinds.geo_replay:STEP",
     order=40,
     default_policy="wrr",  # as mix: a site's plans follow their quotas
