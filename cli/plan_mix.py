@@ -80,27 +80,40 @@ def _parse_budgets(items: list[str] | None) -> dict[str, float]:
     return out
 
 
+#: ``plan mix``'s options that go into the request as given, by option -> request key
+REQUEST_OPTIONS = {
+    "slo_ms": "slo_ms",
+    "percentile": "percentile",
+    "objective": "objective",
+    "min_accuracy": "min_accuracy",
+    "alpha": "alpha",
+    "beta": "beta",
+    "gamma": "gamma",
+    "carbon_intensity": "carbon_intensity",
+    "headroom": "headroom",
+    "time_limit": "time_limit_s",
+    "strategy": "strategy",
+    "solver": "solver",
+}
+
+
 def mix_request(
     *,
     model: str | None,
     rate: float | None,
-    slo_ms: float | None = None,
-    percentile: str | None = None,
     budget: list[str] | None = None,
-    objective: str | None = None,
-    min_accuracy: float | None = None,
-    alpha: float | None = None,
-    beta: float | None = None,
-    gamma: float | None = None,
-    carbon_intensity: float | None = None,
-    headroom: float | None = None,
-    time_limit: float | None = None,
-    strategy: str | None = None,
-    solver: str | None = None,
     spec: str | None = None,
+    **options: float | str | None,
 ) -> dict[str, Any]:
-    """The mix request of ``plan mix``'s options (``replay --kind mix`` parses the same)."""
+    """The mix request of ``plan mix``'s options (``replay mix`` parses the same): the family
+    and rate or a spec file, the budgets, and :data:`REQUEST_OPTIONS` given (not None).
 
+    Raises:
+        TypeError: an option that is not one of :data:`REQUEST_OPTIONS`.
+    """
+    unknown = sorted(set(options) - set(REQUEST_OPTIONS))
+    if unknown:
+        raise TypeError(f"mix_request() got unexpected options {unknown}")
     request: dict[str, Any] = {}
     if spec is not None:
         request = read_mix_spec(
@@ -115,21 +128,7 @@ def mix_request(
         raise InputError("--model FAMILY is required (or --spec FILE)")
     else:
         request = {"model": model, "rate_rps": rate}
-    flags = {
-        "slo_ms": slo_ms,
-        "percentile": percentile,
-        "objective": objective,
-        "min_accuracy": min_accuracy,
-        "alpha": alpha,
-        "beta": beta,
-        "gamma": gamma,
-        "carbon_intensity": carbon_intensity,
-        "headroom": headroom,
-        "time_limit_s": time_limit,
-        "strategy": strategy,
-        "solver": solver,
-    }
-    request.update({k: v for k, v in flags.items() if v is not None})
+    request.update({REQUEST_OPTIONS[k]: v for k, v in options.items() if v is not None})
     if budget:
         request["budgets"] = {**(request.get("budgets") or {}), **_parse_budgets(budget)}
     return request
