@@ -11,7 +11,7 @@ Run: ``python bench/bench_mix.py [--quick] [--time-limit S]``.
     a cpu and a mig budget, per objective and budget regime (balanced generous and tight,
     accuracy generous and tight, cost and carbon with --min-accuracy 0.7, balanced without
     budgets): ilp (the default path: the exact Lagrangian decomposition of
-    ``planner/mix_decomp.py`` where it applies, else the joint ILP) beside ilp-joint (the
+    ``planner/mix/decomp.py`` where it applies, else the joint ILP) beside ilp-joint (the
     joint ILP alone, time-limited, greedy warm start: the old path) vs greedy vs single, with
     solve time, when the optimum was proven, objective, each plan's own proven gap and its
     gap to the tighter proven bound of the two exact paths, and the load average.
@@ -194,7 +194,7 @@ def bench_scale(quick: bool, time_limit: float) -> None:
         f"total {total:.0f} req/s, SLO 500 ms p99; time limit {time_limit:g} s per plan"
     )
     print(
-        "    ilp = the default path (the exact decomposition of planner/mix_decomp.py where it "
+        "    ilp = the default path (the exact decomposition of planner/mix/decomp.py where it "
         "applies), ilp-joint = the joint ILP alone (greedy warm start: the old path).\n"
         "    proven = when the optimum was proven (before a tie-break); gap = the plan's own "
         "proven gap; to best = its gap to the tighter proven bound of the two exact paths."

@@ -88,7 +88,6 @@ from greenctl.planner.mix.options import (
 )
 
 # the option builder under the name tests/cli/test_newcomer_defects.py reaches it by
-from greenctl.planner.mix.options import make_option as _make_option  # noqa: F401
 from greenctl.planner.mix.problem import build_mix_problem, normalize_request
 from greenctl.planner.mix.request import OBJECTIVES, SOLVERS, STRATEGIES, MixRequest
 

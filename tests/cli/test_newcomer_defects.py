@@ -87,7 +87,7 @@ def test_a_budget_no_profile_uses_is_refused_before_building_service_models(
 ):
     from greenctl.data.gpulet_import import import_gpulet
     from greenctl.planner.core import queueing, service
-    from greenctl.planner.mix import solve
+    from greenctl.planner.mix import options
 
     import_gpulet(store, Path(__file__).resolve().parents[2] / "data" / "datasets" / "gpulet")
 
@@ -104,7 +104,7 @@ def test_a_budget_no_profile_uses_is_refused_before_building_service_models(
         queueing.batch_capacity_at_slo,
         service.service_time,
         service.batch_service,
-        solve._make_option,
+        options.make_option,
     ]
     # every name a builder is bound to (a module that imported it at its top too)
     for module in [m for name, m in sys.modules.items() if name.startswith("greenctl.")]:
