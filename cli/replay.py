@@ -1,7 +1,18 @@
-"""``greenctl replay``: the control loop over a load trace and a carbon signal, what-if."""
+"""``greenctl replay mix|mig|glet|geo``: the control loop over a load trace and a carbon
+signal, what-if, beside baselines.
+
+``replay`` is a group: its callback takes the options every kind shares (the traces, the
+window, replan's rules, the baselines, the output) and each kind's subcommand its own planning
+inputs. :class:`ReplayGroup` takes the shared options before or after the subcommand's name,
+reads ``--kind K`` as the subcommand ``K`` and runs ``mix`` when neither is given.
+"""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -15,6 +26,7 @@ from greenctl.cli.common import (
     say,
     store_for,
 )
+from greenctl.cli.plan_glet import glet_request
 from greenctl.cli.plan_mig import mig_request
 from greenctl.cli.plan_mix import (
     AlphaOpt,
@@ -32,8 +44,173 @@ from greenctl.cli.plan_mix import (
 from greenctl.data.errors import InputError
 from greenctl.data.loop_state import REPLAN_MARGIN, REPLAN_MIN_DWELL, REPLAN_THRESHOLD
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperGroup
 
-# -- the options (declared once) --------------------------------------------------------------
+#: the subcommand of ``greenctl replay`` given neither a subcommand nor ``--kind``
+DEFAULT_KIND = "mix"
+
+
+# -- the group: shared options on either side of the subcommand, --kind as its alias ---------
+class ReplayGroup(TyperGroup):
+    """``replay``'s group: one subcommand per plan kind, the shared options anywhere.
+
+    Before click parses, the arguments are arranged as ``[shared options] KIND [KIND's
+    options]``: ``--kind K`` names the subcommand (``replay --kind glet`` is ``replay glet``),
+    an option of another kind's subcommand is refused naming that subcommand, and ``--help``
+    goes to the subcommand when one is named (else the group's help lists them).
+
+    So that what the group accepts is what it declares, the group carries every kind's options
+    and each subcommand the shared ones as hidden aliases: they never take a value (the
+    arrangement hands each option to its command) and the help lists each option once.
+    """
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        shared = [p for p in self.params if p.expose_value]  # --kind is read by arrange
+        #: the shared options and each kind's own (option name -> takes a value)
+        self.shared = _value_options(shared)
+        self.own = {name: _value_options(c.params) for name, c in self.commands.items()}
+        every = [p for c in self.commands.values() for p in c.params]
+        for command in self.commands.values():
+            command.params = [*command.params, *_aliases(shared, command.params)]
+        self.params = [*self.params, *_aliases(every, self.params)]
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, self.arrange(ctx, args))
+
+    def arrange(self, ctx: Any, args: list[str]) -> list[str]:
+        """``args`` as ``[shared options] KIND [KIND's options]`` (class docstring)."""
+        helps = set(ctx.help_option_names)
+        table = {name: v for own in self.own.values() for name, v in own.items()}
+        table |= {**self.shared, "--kind": True}
+        front: list[str] = []
+        rest: list[str] = []
+        helped: list[str] = []
+        name: str | None = None
+        kind: str | None = None
+        i = 0
+        while i < len(args):
+            if args[i] == "--":
+                rest += args[i:]
+                break
+            tokens, i, flag = _take(args, i, table)
+            if flag is None and name is None:
+                name = tokens[0]
+            elif flag == "--kind":
+                kind = _value_of(ctx, tokens)
+            elif flag in helps:
+                helped += tokens
+            elif flag in self.shared:
+                front += tokens
+            else:
+                rest += tokens
+        name = self._kind(ctx, name, kind)
+        if name is None and helped:
+            return [*front, *helped]  # the group's help, whatever else is given
+        name = name or DEFAULT_KIND
+        self._refuse_other_kinds(ctx, name, rest, table)
+        return [*front, name, *rest, *helped]
+
+    def _kind(self, ctx: Any, name: str | None, kind: str | None) -> str | None:
+        """The subcommand named, by its name or by ``--kind``."""
+        if kind is None:
+            return name
+        if kind not in self.commands:
+            ctx.fail(f"--kind {kind}: replay takes {_one_of(self.commands)}")
+        if name is not None and name != kind:
+            ctx.fail(f"--kind {kind} and the subcommand {name} disagree: give one")
+        return kind
+
+    def _refuse_other_kinds(
+        self, ctx: Any, name: str, rest: list[str], table: dict[str, bool]
+    ) -> None:
+        """An option of another kind's subcommand, given to ``name``'s, is refused naming the
+        subcommands it belongs to."""
+        if name not in self.own:
+            return  # click refuses the unknown subcommand
+        i = 0
+        while i < len(rest) and rest[i] != "--":
+            _, i, flag = _take(rest, i, table)
+            if flag is None or flag in self.own[name]:
+                continue
+            owners = [n for n, own in self.own.items() if flag in own]
+            if owners:
+                ctx.fail(
+                    f"{flag} is an option of {_one_of(f'replay {n}' for n in owners)}, "
+                    f"not of replay {name}"
+                )
+
+
+def _aliases(params: Iterable[Any], beside: Iterable[Any]) -> list[Any]:
+    """Hidden copies of the options of ``params`` that ``beside`` does not declare, each
+    once: they take no value and reach no callback."""
+    taken = set(_value_options(beside))
+    out = []
+    for p in params:
+        names = set(_value_options([p]))
+        if names and not names & taken:
+            alias = copy.copy(p)
+            alias.hidden, alias.expose_value, alias.required = True, False, False
+            out.append(alias)
+            taken |= names
+    return out
+
+
+def _value_options(params: Iterable[Any]) -> dict[str, bool]:
+    """The option names of click ``params`` -> whether the option takes a value."""
+    out: dict[str, bool] = {}
+    for p in params:
+        if getattr(p, "param_type_name", None) == "option":
+            takes = not (p.is_flag or p.count)
+            out.update({name: takes for name in (*p.opts, *p.secondary_opts)})
+    return out
+
+
+def _take(args: list[str], i: int, table: dict[str, bool]) -> tuple[list[str], int, str | None]:
+    """The tokens of the argument at ``args[i]`` (an option with its value, or one
+    positional), the index after them and the option's name (None: a positional)."""
+    token = args[i]
+    if not token.startswith("-") or token == "-":
+        return [token], i + 1, None
+    if token.startswith("--") and "=" in token:
+        return [token], i + 1, token.partition("=")[0]
+    if token in table:
+        end = min(i + (2 if table[token] else 1), len(args))
+        return args[i:end], end, token
+    if not token.startswith("--") and table.get(token[:2]):
+        return [token], i + 1, token[:2]  # a short option with its value attached: -rCISO
+    return [token], i + 1, token
+
+
+def _value_of(ctx: Any, tokens: list[str]) -> str:
+    """The value of an option given as ``--name VALUE`` or ``--name=VALUE``."""
+    if len(tokens) == 2:
+        return tokens[1]
+    name, sep, value = tokens[0].partition("=")
+    if not sep:
+        ctx.fail(f"Option '{name}' requires an argument.")
+    return value
+
+
+def _one_of(names: Iterable[str]) -> str:
+    items = list(names)
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
+replay_app = typer.Typer(cls=ReplayGroup)
+
+
+# -- the shared options (replay's own) --------------------------------------------------------
+KindOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--kind",
+        help="The subcommand K (replay --kind K is replay K): the kind to replay.",
+        metavar="K",
+        expose_value=False,  # ReplayGroup reads it before parsing
+    ),
+]
+
 LoadTraceOpt = Annotated[
     str | None,
     typer.Option(
@@ -45,136 +222,9 @@ LoadTraceOpt = Annotated[
     ),
 ]
 
-KindOpt = Annotated[
-    str, typer.Option("--kind", help="Plan kind to replay: mix | mig | glet | geo.")
-]
-
-PlanOpt = Annotated[str | None, typer.Option("--plan", help="Start from this stored plan (id).")]
-
-ModelOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--model",
-        help="mix, mig: the model family; glet: NAME:RATE:SLO_MS, repeatable (RATE: the "
-        "model's share of --load-trace, as plan glet's rate).",
-    ),
-]
-
-RateOpt = Annotated[
-    float | None,
-    typer.Option("--rate", help="Rate of the first plan (default: the first forecast)."),
-]
-
-SpecOpt = Annotated[
+PlanOpt = Annotated[
     str | None,
-    typer.Option(
-        "--spec",
-        help="TOML/JSON spec, as plan mix (or plan glet for --kind glet).",
-        parser=input_path_str,
-        metavar="FILE",
-    ),
-]
-
-ModelTraceOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--model-trace",
-        help="glet: NAME=FILE, a model's own requests per second (repeatable; the others "
-        "share --load-trace).",
-    ),
-]
-
-PartitionsOpt = Annotated[
-    str | None,
-    typer.Option("--partitions", help="glet: partition sizes, as plan glet (20,40,...,100)."),
-]
-
-MaxGpusOpt = Annotated[
-    int | None, typer.Option("--max-gpus", help="glet: GPUs available (default 8).")
-]
-
-RatePercentileOpt = Annotated[
-    float | None,
-    typer.Option("--rate-percentile", help="glet: as plan glet (default 99)."),
-]
-
-AlgorithmOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--algorithm",
-        help="glet: glet (default) | sbp | greedy | ideal; geo: eglb (default) | eglb-mpc "
-        "(an offline algorithm replays eglb).",
-    ),
-]
-
-NoInterferenceOpt = Annotated[
-    bool, typer.Option("--no-interference", help="glet: plan without interference.")
-]
-
-InterferenceModelOpt = Annotated[
-    int | None,
-    typer.Option("--interference-model", help="glet: stored interference model id."),
-]
-
-HardwareOpt = Annotated[
-    str | None, typer.Option("--hardware", help="glet: only profiles of this hardware.")
-]
-
-GpuPowerWOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--gpu-power-w",
-        help="glet: IDLE:BUSY watts of one GPU when the profiles hold no power (assumed 50:250).",
-    ),
-]
-
-SitesOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--sites", help="geo: sites CSV, as plan geo.", parser=input_path_str, metavar="FILE"
-    ),
-]
-
-DemandOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--demand", help="geo: demand CSV, as plan geo.", parser=input_path_str, metavar="FILE"
-    ),
-]
-
-RoutesOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--routes", help="geo: routes CSV, as plan geo.", parser=input_path_str, metavar="FILE"
-    ),
-]
-
-MuCarbonOpt = Annotated[
-    float, typer.Option("--mu-carbon", help="geo: USD per kg of the largest site's carbon.")
-]
-
-MuWaterOpt = Annotated[
-    float, typer.Option("--mu-water", help="geo: USD per litre of the largest site's water.")
-]
-
-GpuOpt = Annotated[str | None, typer.Option("--gpu", help="mig: GPU model (A100-40GB).")]
-
-GpusOpt = Annotated[int | None, typer.Option("--gpus", help="mig: number of GPUs.")]
-
-SlaMsOpt = Annotated[
-    float | None,
-    typer.Option("--sla-ms", help="mig: p95 SLA in ms (default: the first plan's)."),
-]
-
-LamOpt = Annotated[float, typer.Option("--lambda", help="mig: weight of dCarbon vs dAccuracy.")]
-
-BaseCarbonIntensityOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--base-carbon-intensity",
-        help="mig: carbon intensity BASE is measured at in the objective, gCO2/kWh "
-        "(default: each interval's own, under which the objective ignores the signal).",
-    ),
+    typer.Option("--plan", help="Start from this stored plan (id); its kind is replayed."),
 ]
 
 CarbonIntensityOpt = Annotated[
@@ -245,14 +295,6 @@ BaselineOpt = Annotated[
     ),
 ]
 
-VpaVariantOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--vpa-variant",
-        help="VPA's one variant (default: the first plan's main); repeat for one VPA each.",
-    ),
-]
-
 WueOpt = Annotated[
     float | None, typer.Option("--wue", help="Direct water L/kWh (else water not modeled).")
 ]
@@ -267,42 +309,36 @@ OutputOpt = Annotated[
 ]
 
 
-def replay_cmd(
+@dataclass(frozen=True)
+class ReplayCommon:
+    """The options every kind's replay shares (``replay``'s own), handed to its subcommand."""
+
+    load_trace: str | None = None
+    plan: str | None = None
+    carbon_intensity: float | None = None
+    region: str | None = None
+    carbon_trace: str | None = None
+    start: str | None = None
+    hours: float | None = None
+    every: str = "60s"
+    threshold: float = REPLAN_THRESHOLD
+    margin: float = REPLAN_MARGIN
+    min_dwell: str = REPLAN_MIN_DWELL
+    forecaster: str | None = None
+    baseline: tuple[str, ...] = ()
+    wue: float | None = None
+    ewif: float | None = None
+    output: str | None = None
+    json_out: bool = False
+    db: str | None = None
+
+
+@replay_app.callback()
+def replay_group(
+    ctx: typer.Context,
+    kind: KindOpt = None,  # never given here: ReplayGroup turns it into the subcommand
     load_trace: LoadTraceOpt = None,
-    kind: KindOpt = "mix",
     plan: PlanOpt = None,
-    model: ModelOpt = None,
-    rate: RateOpt = None,
-    slo_ms: SloMsOpt = None,
-    percentile: PercentileOpt = None,
-    budget: BudgetOpt = None,
-    objective: ObjectiveOpt = None,
-    min_accuracy: MinAccuracyOpt = None,
-    alpha: AlphaOpt = None,
-    beta: BetaOpt = None,
-    gamma: GammaOpt = None,
-    headroom: HeadroomOpt = None,
-    strategy: StrategyOpt = None,
-    spec: SpecOpt = None,
-    model_trace: ModelTraceOpt = None,
-    partitions: PartitionsOpt = None,
-    max_gpus: MaxGpusOpt = None,
-    rate_percentile: RatePercentileOpt = None,
-    algorithm: AlgorithmOpt = None,
-    no_interference: NoInterferenceOpt = False,
-    interference_model: InterferenceModelOpt = None,
-    hardware: HardwareOpt = None,
-    gpu_power_w: GpuPowerWOpt = None,
-    sites: SitesOpt = None,
-    demand: DemandOpt = None,
-    routes: RoutesOpt = None,
-    mu_carbon: MuCarbonOpt = 1.5,
-    mu_water: MuWaterOpt = 0.06,
-    gpu: GpuOpt = None,
-    gpus: GpusOpt = None,
-    sla_ms: SlaMsOpt = None,
-    lam: LamOpt = 0.5,
-    base_carbon_intensity: BaseCarbonIntensityOpt = None,
     carbon_intensity: CarbonIntensityOpt = None,
     region: RegionOpt = None,
     carbon_trace: CarbonTraceOpt = None,
@@ -314,184 +350,352 @@ def replay_cmd(
     min_dwell: MinDwellOpt = REPLAN_MIN_DWELL,
     forecaster: ForecasterOpt = None,
     baseline: BaselineOpt = None,
-    vpa_variant: VpaVariantOpt = None,
     wue: WueOpt = None,
     ewif: EwifOpt = None,
     output: OutputOpt = None,
     json_out: JsonOpt = False,
     db: DbOpt = None,
 ) -> None:
-    """Replay the replan loop over a load trace and a carbon signal, beside baselines."""
-    from greenctl.executor.control import replan  # the library (and numpy) when it runs
+    """Replay the replan loop over a load trace and a carbon signal, beside baselines.
 
-    _check_inputs(
-        kind, plan, geo=[("--sites", sites), ("--demand", demand), ("--routes", routes)],
-        glet=[
-            ("--model-trace", model_trace), ("--partitions", partitions),
-            ("--max-gpus", max_gpus), ("--rate-percentile", rate_percentile),
-            ("--no-interference", no_interference), ("--interference-model", interference_model),
-            ("--hardware", hardware), ("--gpu-power-w", gpu_power_w),
-        ],
-        inputs=[model, spec, sites, demand],
+    One subcommand per plan kind takes the kind's planning inputs (as plan KIND).
+
+    The options below are every kind's, before or after the subcommand (none named: mix).
+    """
+    ctx.obj = ReplayCommon(
+        load_trace=load_trace, plan=plan, carbon_intensity=carbon_intensity, region=region,
+        carbon_trace=carbon_trace, start=start, hours=hours, every=every, threshold=threshold,
+        margin=margin, min_dwell=min_dwell, forecaster=forecaster, baseline=tuple(baseline or ()),
+        wue=wue, ewif=ewif, output=output, json_out=json_out, db=db,
     )  # fmt: skip
-    request: dict[str, Any] | None = None
-    if plan is None and kind == "mig":
-        request = _mig_request(
-            model, gpu=gpu, gpus=gpus, rate=rate, carbon_intensity=carbon_intensity,
-            sla_ms=sla_ms, lam=lam, base_carbon_intensity=base_carbon_intensity,
-        )  # fmt: skip
-    elif plan is None and kind == "glet":
-        request = _glet_request(
-            model=model, spec=spec, partitions=partitions, max_gpus=max_gpus,
-            rate_percentile=rate_percentile, algorithm=algorithm, no_interference=no_interference,
-            interference_model=interference_model, hardware=hardware,
-        )  # fmt: skip
-    elif plan is None and kind == "geo":
-        request = _geo_request(sites, demand, routes, algorithm, mu_carbon, mu_water)
-    elif plan is None:
-        if kind != "mix":
-            raise InputError(
-                f"--kind {kind}: replay takes mix, mig, glet or geo", hint="--kind mix|mig|glet|geo"
-            )
+
+
+# -- the kinds' own options -------------------------------------------------------------------
+FamilyOpt = Annotated[
+    list[str] | None, typer.Option("--model", help="The model family, as plan mix and mig.")
+]
+
+RateOpt = Annotated[
+    float | None,
+    typer.Option("--rate", help="Rate of the first plan (default: the first forecast)."),
+]
+
+MixSpecOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--spec", help="TOML/JSON spec, as plan mix.", parser=input_path_str, metavar="FILE"
+    ),
+]
+
+VpaVariantOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--vpa-variant",
+        help="VPA's one variant (default: the first plan's main); repeat for one VPA each.",
+    ),
+]
+
+GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU model (A100-40GB).")]
+
+GpusOpt = Annotated[int | None, typer.Option("--gpus", help="Number of GPUs.")]
+
+SlaMsOpt = Annotated[
+    float | None,
+    typer.Option("--sla-ms", help="p95 SLA in ms (default: the first plan's)."),
+]
+
+LamOpt = Annotated[float, typer.Option("--lambda", help="Weight of dCarbon vs dAccuracy.")]
+
+BaseCarbonIntensityOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--base-carbon-intensity",
+        help="Carbon intensity BASE is measured at in the objective, gCO2/kWh "
+        "(default: each interval's own, under which the objective ignores the signal).",
+    ),
+]
+
+GletModelOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--model",
+        help="NAME:RATE:SLO_MS, repeatable (RATE: the model's share of --load-trace, as plan "
+        "glet's rate).",
+    ),
+]
+
+GletSpecOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--spec", help="TOML/JSON spec, as plan glet.", parser=input_path_str, metavar="FILE"
+    ),
+]
+
+ModelTraceOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--model-trace",
+        help="NAME=FILE, a model's own requests per second (repeatable; the others share "
+        "--load-trace).",
+    ),
+]
+
+PartitionsOpt = Annotated[
+    str | None, typer.Option("--partitions", help="Partition sizes, as plan glet (20,40,...,100).")
+]
+
+MaxGpusOpt = Annotated[int | None, typer.Option("--max-gpus", help="GPUs available (default 8).")]
+
+RatePercentileOpt = Annotated[
+    float | None, typer.Option("--rate-percentile", help="As plan glet (default 99).")
+]
+
+GletAlgorithmOpt = Annotated[
+    str | None,
+    typer.Option("--algorithm", help="glet (default) | sbp | greedy | ideal."),
+]
+
+NoInterferenceOpt = Annotated[
+    bool, typer.Option("--no-interference", help="Plan without interference.")
+]
+
+InterferenceModelOpt = Annotated[
+    int | None, typer.Option("--interference-model", help="Stored interference model id.")
+]
+
+HardwareOpt = Annotated[
+    str | None, typer.Option("--hardware", help="Only profiles of this hardware.")
+]
+
+GpuPowerWOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu-power-w",
+        help="IDLE:BUSY watts of one GPU when the profiles hold no power (assumed 50:250).",
+    ),
+]
+
+SitesOpt = Annotated[
+    str | None,
+    typer.Option("--sites", help="Sites CSV, as plan geo.", parser=input_path_str, metavar="FILE"),
+]
+
+DemandOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--demand", help="Demand CSV, as plan geo.", parser=input_path_str, metavar="FILE"
+    ),
+]
+
+RoutesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--routes", help="Routes CSV, as plan geo.", parser=input_path_str, metavar="FILE"
+    ),
+]
+
+GeoAlgorithmOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--algorithm",
+        help="eglb (default) | eglb-mpc (an offline algorithm replays eglb).",
+    ),
+]
+
+MuCarbonOpt = Annotated[
+    float, typer.Option("--mu-carbon", help="USD per kg of the largest site's carbon.")
+]
+
+MuWaterOpt = Annotated[
+    float, typer.Option("--mu-water", help="USD per litre of the largest site's water.")
+]
+
+#: where each subcommand's help sends the reader for the options every kind shares
+SHARED = "The options every kind shares are replay's own (greenctl replay --help)."
+
+
+# -- the subcommands: parse the kind's inputs, replay, render ---------------------------------
+@replay_app.command("mix", epilog=SHARED)
+def replay_mix_cmd(
+    ctx: typer.Context,
+    model: FamilyOpt = None,
+    rate: RateOpt = None,
+    slo_ms: SloMsOpt = None,
+    percentile: PercentileOpt = None,
+    budget: BudgetOpt = None,
+    objective: ObjectiveOpt = None,
+    min_accuracy: MinAccuracyOpt = None,
+    alpha: AlphaOpt = None,
+    beta: BetaOpt = None,
+    gamma: GammaOpt = None,
+    headroom: HeadroomOpt = None,
+    strategy: StrategyOpt = None,
+    spec: MixSpecOpt = None,
+    vpa_variant: VpaVariantOpt = None,
+) -> None:
+    """Replay a mix plan against BASE, CO2OPT, VPA, INFaaS and InfAdapter.
+
+    The planning inputs are plan mix's; --plan ID starts from a stored plan instead.
+    """
+    common = _common(ctx, given=[model, spec])
+    request = None
+    if common.plan is None:
         request = mix_request(
             model=None if model is None else _one_model(model), rate=rate, slo_ms=slo_ms,
             percentile=percentile, budget=budget, objective=objective, min_accuracy=min_accuracy,
-            alpha=alpha, beta=beta, gamma=gamma, carbon_intensity=carbon_intensity,
+            alpha=alpha, beta=beta, gamma=gamma, carbon_intensity=common.carbon_intensity,
             headroom=headroom, strategy=strategy, spec=spec,
         )  # fmt: skip
-    options: dict[str, Any] = {"vpa_variant": vpa_variant}
+    _replay(common, DEFAULT_KIND, request, {"vpa_variant": vpa_variant})
+
+
+@replay_app.command("mig", epilog=SHARED)
+def replay_mig_cmd(
+    ctx: typer.Context,
+    model: FamilyOpt = None,
+    rate: RateOpt = None,
+    gpu: GpuOpt = None,
+    gpus: GpusOpt = None,
+    sla_ms: SlaMsOpt = None,
+    lam: LamOpt = 0.5,
+    base_carbon_intensity: BaseCarbonIntensityOpt = None,
+) -> None:
+    """Replay a MIG plan (Clover's GPU partitions) against Clover's baselines.
+
+    The planning inputs are plan mig's; --plan ID starts from a stored plan instead.
+    """
+    common = _common(ctx, given=[model])
+    request = None
+    if common.plan is None:
+        if gpu is None or gpus is None or model is None:
+            raise InputError("replay mig needs --gpu, --gpus and --model", hint="as plan mig")
+        request = mig_request(
+            model=_one_model(model), gpu=gpu, gpus=gpus, rate=rate,
+            carbon_intensity=common.carbon_intensity, sla_ms=sla_ms, lam=lam,
+            base_carbon_intensity=base_carbon_intensity,
+        )  # fmt: skip
+    _replay(common, "mig", request, {})
+
+
+@replay_app.command("glet", epilog=SHARED)
+def replay_glet_cmd(
+    ctx: typer.Context,
+    model: GletModelOpt = None,
+    spec: GletSpecOpt = None,
+    model_trace: ModelTraceOpt = None,
+    partitions: PartitionsOpt = None,
+    max_gpus: MaxGpusOpt = None,
+    rate_percentile: RatePercentileOpt = None,
+    algorithm: GletAlgorithmOpt = None,
+    no_interference: NoInterferenceOpt = False,
+    interference_model: InterferenceModelOpt = None,
+    hardware: HardwareOpt = None,
+    gpu_power_w: GpuPowerWOpt = None,
+) -> None:
+    """Replay a glet plan (models sharing GPUs) against the plan sized for their peaks.
+
+    The planning inputs are plan glet's; --plan ID starts from a stored plan instead.
+    """
+    common = _common(ctx, given=[model, spec])
+    request = None
+    options: dict[str, Any] = {}
+    if common.plan is None:
+        interference = (
+            None
+            if no_interference
+            else "newest"
+            if interference_model is None
+            else interference_model
+        )
+        request = glet_request(
+            None if spec is None else Path(spec), model or [], partitions=partitions,
+            max_gpus=max_gpus, rate_percentile=rate_percentile, algorithm=algorithm,
+            interference=interference, hardware=hardware, simulate_s=0.0, seed=0,
+        )  # fmt: skip
+        options["carbon_intensity"] = common.carbon_intensity
     if model_trace:
         options["model_traces"] = _name_files(model_trace)
     if gpu_power_w is not None:
         options["gpu_power_w"] = _idle_busy(gpu_power_w)
-    if kind == "glet" and plan is None and carbon_intensity is not None:
-        options["carbon_intensity"] = carbon_intensity
-    result = _run(
-        db, json_out, kind=kind, request=request, plan=plan, load_trace=load_trace,
-        region=region, carbon_trace=carbon_trace, start=start, hours=hours, every=every,
-        threshold=threshold, margin=margin, min_dwell_s=replan.parse_duration(min_dwell),
-        forecaster=forecaster,
-        baselines=None if not baseline else [b for b in baseline if b != "none"],
-        wue_l_per_kwh=wue, ewif_l_per_kwh=ewif, out_dir=output, kind_options=options,
-    )  # fmt: skip
-    if json_out:
-        print_json(result)
-        return
-    _render(result)
+    _replay(common, "glet", request, options)
 
 
-def _check_inputs(
-    kind: str,
-    plan: str | None,
-    *,
-    geo: list[tuple[str, Any]],
-    glet: list[tuple[str, Any]],
-    inputs: list[Any],
+@replay_app.command("geo", epilog=SHARED)
+def replay_geo_cmd(
+    ctx: typer.Context,
+    sites: SitesOpt = None,
+    demand: DemandOpt = None,
+    routes: RoutesOpt = None,
+    algorithm: GeoAlgorithmOpt = None,
+    mu_carbon: MuCarbonOpt = 1.5,
+    mu_water: MuWaterOpt = 0.06,
 ) -> None:
-    """Refuse another kind's inputs (``geo``, ``glet``: (option, value)), and a kind's
-    ``inputs`` beside ``--plan``."""
-    geo_given = [o for o, v in geo if v]
-    if geo_given and (plan is not None or kind != "geo"):
-        raise InputError(f"{geo_given[0]} is an input of --kind geo", hint="--kind geo --sites ...")
-    glet_given = [o for o, v in glet if v]
-    if glet_given and plan is None and kind != "glet":
-        raise InputError(f"{glet_given[0]} is an option of --kind glet", hint="--kind glet ...")
-    if plan is not None and any(inputs):
+    """Replay a geo plan's online step against the offline optimum and the nearest site.
+
+    The planning inputs are plan geo's; --plan ID starts from a stored plan instead.
+    """
+    common = _common(ctx, given=[sites, demand, routes])
+    request = None
+    if common.plan is None:
+        if sites is None or demand is None:
+            raise InputError("replay geo needs --sites and --demand", hint="as plan geo")
+        request = {
+            "sites": sites, "demand": demand, "routes": routes,
+            "algorithm": algorithm or "eglb",
+            "mu_carbon_usd_per_kg": mu_carbon, "mu_water_usd_per_l": mu_water,
+        }  # fmt: skip
+    _replay(common, "geo", request, {})
+
+
+def _common(ctx: typer.Context, *, given: list[Any]) -> ReplayCommon:
+    """replay's shared options; the kind's inputs ``given`` are refused beside --plan."""
+    common = ctx.find_object(ReplayCommon)
+    assert common is not None, "replay's callback hands its options to the subcommand"
+    if common.plan is not None and any(given):
         raise InputError("--plan cannot be combined with the kind's inputs", hint="give one")
+    return common
 
 
-def _run(db: str | None, quiet: bool, **options: Any) -> dict[str, Any]:
-    """The replay (:func:`greenctl.executor.control.replay.replay`), with a progress bar."""
-    from greenctl.executor.control import replay  # the library (and numpy) when it runs
+def _replay(
+    common: ReplayCommon, kind: str, request: dict[str, Any] | None, options: dict[str, Any]
+) -> None:
+    """Run the replay (:func:`greenctl.executor.control.replay.replay`) with a progress bar,
+    and print its result."""
+    from greenctl.executor.control import replan, replay  # the library (and numpy) when it runs
 
     bar = Progress(
         TextColumn("replanning", style="progress.description"),
         BarColumn(),
         TimeElapsedColumn(),
         console=console,
-        disable=quiet,
+        disable=common.json_out,
         transient=True,
     )
     task = bar.add_task("replay", total=1.0)
-    with store_for(db) as store, bar:
-        return replay.replay(
-            store, progress=lambda k, n: bar.update(task, completed=k / n), **options
-        )
-
-
-def _mig_request(model: list[str] | None, **options: Any) -> dict[str, Any]:
-    """A mig request from ``plan mig``'s options."""
-    if options["gpu"] is None or options["gpus"] is None or model is None:
-        raise InputError("--kind mig needs --gpu, --gpus and --model", hint="as plan mig")
-    return mig_request(model=_one_model(model), **options)
-
-
-def _geo_request(
-    sites: str | None,
-    demand: str | None,
-    routes: str | None,
-    algorithm: str | None,
-    mu_carbon: float,
-    mu_water: float,
-) -> dict[str, Any]:
-    """A geo request from ``plan geo``'s options."""
-    if sites is None or demand is None:
-        raise InputError("--kind geo needs --sites and --demand", hint="as plan geo")
-    return {
-        "sites": sites, "demand": demand, "routes": routes,
-        "algorithm": algorithm or "eglb",
-        "mu_carbon_usd_per_kg": mu_carbon, "mu_water_usd_per_l": mu_water,
-    }  # fmt: skip
+    c = common
+    with store_for(c.db) as store, bar:
+        result = replay.replay(
+            store, kind=kind, request=request, plan=c.plan, load_trace=c.load_trace,
+            region=c.region, carbon_trace=c.carbon_trace, start=c.start, hours=c.hours,
+            every=c.every, threshold=c.threshold, margin=c.margin,
+            min_dwell_s=replan.parse_duration(c.min_dwell), forecaster=c.forecaster,
+            baselines=[b for b in c.baseline if b != "none"] if c.baseline else None,
+            wue_l_per_kwh=c.wue, ewif_l_per_kwh=c.ewif, out_dir=c.output, kind_options=options,
+            progress=lambda k, n: bar.update(task, completed=k / n),
+        )  # fmt: skip
+    if common.json_out:
+        print_json(result)
+        return
+    _render(result)
 
 
 def _one_model(model: list[str]) -> str:
     if len(model) != 1:
         raise InputError(
             f"--model is given {len(model)} times: a mix or mig replay takes one family",
-            hint="--model NAME:RATE:SLO_MS repeats for --kind glet",
+            hint="--model NAME:RATE:SLO_MS repeats for replay glet",
         )
     return model[0]
-
-
-def _glet_request(
-    *,
-    model: list[str] | None,
-    spec: str | None,
-    partitions: str | None,
-    max_gpus: int | None,
-    rate_percentile: float | None,
-    algorithm: str | None,
-    no_interference: bool,
-    interference_model: int | None,
-    hardware: str | None,
-) -> dict[str, Any]:
-    """A glet request from ``plan glet``'s options (flags win over the spec file)."""
-    from pathlib import Path
-
-    from greenctl.data.glet_spec import GletSpec, load_glet_spec, parse_model_arg, parse_partitions
-    from greenctl.planner.glet.solve import ALGORITHMS
-
-    doc = load_glet_spec(Path(spec), algorithms=ALGORITHMS) if spec is not None else GletSpec()
-    models = list(doc.models) + [parse_model_arg(m) for m in model or []]
-    if not models:
-        raise InputError(
-            "--kind glet needs its models",
-            hint="pass --model NAME:RATE:SLO_MS (repeatable) or --spec FILE, as plan glet",
-        )
-    return {
-        "spec": spec,
-        "hardware": hardware,
-        "models": models,
-        "partitions": parse_partitions(partitions.split(",")) if partitions else doc.partitions,
-        "max_gpus": max_gpus or doc.max_gpus,
-        "rate_percentile": rate_percentile if rate_percentile is not None else doc.rate_percentile,
-        "algorithm": algorithm or doc.algorithm or "glet",
-        "interference": None
-        if no_interference
-        else interference_model
-        if interference_model is not None
-        else "newest",
-    }
 
 
 def _name_files(values: list[str]) -> dict[str, str]:
@@ -522,6 +726,7 @@ def _idle_busy(text: str) -> tuple[float, float]:
         ) from None
 
 
+# -- the results, per kind --------------------------------------------------------------------
 def _render(result: dict[str, Any]) -> None:
     meta = result["meta"]
     if meta["kind"] == "glet":
@@ -634,4 +839,4 @@ def _render_mix(result: dict[str, Any]) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("replay")(replay_cmd)
+    app.add_typer(replay_app, name="replay")

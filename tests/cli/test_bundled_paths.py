@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import typing
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-import typer
 from greenctl.cli.common import input_path, input_path_str
 from greenctl.cli.main import app
 from greenctl.data import bundled
@@ -28,16 +29,22 @@ INPUTS = {
     ("plan glet", "spec", "--spec"), ("plan mig", "current", "--current"),
     ("forecast fit", "trace", "--trace"), ("forecast predict", "trace", "--trace"),
     ("replay", "load_trace", "--load-trace"), ("replay", "carbon_trace", "--carbon-trace"),
-    ("replay", "spec", "--spec"), ("replay", "sites", "--sites"),
-    ("replay", "demand", "--demand"), ("replay", "routes", "--routes"),
+    ("replay mix", "spec", "--spec"), ("replay glet", "spec", "--spec"),
+    ("replay geo", "sites", "--sites"), ("replay geo", "demand", "--demand"),
+    ("replay geo", "routes", "--routes"),
 }  # fmt: skip
 
 
-def _commands(t: typer.Typer, prefix: str = ""):
+def _commands(t: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(name, callback) of every command, and of every group's callback (its options)."""
     for c in t.registered_commands:
         yield prefix + (c.name or c.callback.__name__), c.callback
     for g in t.registered_groups:
-        yield from _commands(g.typer_instance, f"{prefix}{g.name or g.typer_instance.info.name} ")
+        name = g.name or g.typer_instance.info.name
+        group = g.typer_instance.registered_callback
+        if group is not None and group.callback is not None:
+            yield prefix + name, group.callback
+        yield from _commands(g.typer_instance, f"{prefix}{name} ")
 
 
 def _bundled_inputs() -> set[tuple[str, str]]:
