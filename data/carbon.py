@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
-from greenctl.data.carbon_io import normalise_time
+from greenctl.data.carbon_io import carbon_option, normalise_time, parse_time
 from greenctl.data.errors import InputError, NotFoundError
+from greenctl.data.records import utcnow_iso
 
 COLUMNS = ("time", "region", "carbon_g_per_kwh", "kind", "source")
 
@@ -132,8 +134,6 @@ def now(
     Stored traces often lie in the past; then "now" is the newest value, marked with
     ``"stale": True`` so a user sees it is not current.
     """
-    from greenctl.data.records import utcnow_iso
-
     when = at or utcnow_iso()
     try:
         row = value_at(store, region, when, kind=kind)
@@ -143,10 +143,6 @@ def now(
         row = latest(store, region, kind=kind)
     out = dict(row)
     if at is None:
-        from datetime import UTC, datetime
-
-        from greenctl.data.carbon_io import parse_time
-
         age_s = (datetime.now(UTC) - parse_time(row["time"])).total_seconds()
         out["stale"] = age_s > 2 * 3600
     return out
@@ -192,10 +188,7 @@ def plan_intensity(
         InputError: a bad value or ``--at``; ``at`` with an explicit intensity; no
             intensity at all when there is no ``default``.
     """
-
     if carbon_intensity is not None:
-        from greenctl.data.carbon_io import carbon_option
-
         value = carbon_option(carbon_intensity)
         if at is not None:
             raise InputError(
@@ -237,7 +230,6 @@ def plan_intensity(
                 "pass --region R or --carbon-intensity G",
             }
     row = now(store, region, at=when)
-    from greenctl.data.records import utcnow_iso
 
     stale = bool(row.get("stale"))
     if stale:

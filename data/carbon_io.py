@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data import bundled
-from greenctl.data.errors import FileFormatError, InputError, shown
+from greenctl.data.errors import FileFormatError, GreenctlError, InputError, shown
 from greenctl.data.records import iso_utc, utcnow_iso
 from greenctl.data.records import parse_time as parse_any_time
 
@@ -944,8 +944,6 @@ def fetch_live(
     Raises:
         InputError: not configured; GreenctlError: the provider failed or answered garbage.
     """
-    from greenctl.data.errors import GreenctlError
-
     req = live_request(provider, region, env=env, what=what)
     open_fn = opener or urllib.request.urlopen
     try:

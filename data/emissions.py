@@ -30,8 +30,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from greenctl.data.carbon_io import parse_time
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Plan
+from greenctl.data.reports import decisions
 from greenctl.data.resources import kind_of
 
 #: CodeCarbon 3.3's ``emissions.csv`` columns, in its order
@@ -263,9 +265,6 @@ def replan_rows(store: Any, *, plan_id: int | None = None) -> list[dict[str, Any
     """One row per interval between consecutive replanning decisions of a lineage: the plan
     that served, at its predicted energy per request and the decision's forecast rate (else
     the plan's rate), at the decision's grid intensity (``modeled``)."""
-    from greenctl.data.carbon_io import parse_time
-    from greenctl.data.reports import decisions
-
     lineage = f"plan:{plan_id}" if plan_id is not None else None
     by_lineage: dict[str, list[dict[str, Any]]] = {}
     for d in decisions(store, lineage=lineage):

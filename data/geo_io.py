@@ -36,7 +36,7 @@ from greenctl.data.carbon_io import (
     check_region_name,
     read_utf8,
 )
-from greenctl.data.errors import FileFormatError, InputError, shown
+from greenctl.data.errors import FileFormatError, InputError, NotFoundError, shown
 
 SITES_REQUIRED = (
     "time",
@@ -713,8 +713,6 @@ def variants_from_store(store: Any, family: str) -> GeoVariants:
         NotFoundError / InputError: no such family, or no variant with both an accuracy and
             a profile with ``energy_j``.
     """
-    from greenctl.data.errors import NotFoundError
-
     variants = {v.name: v for v in store.variants(family)}
     if not variants:
         raise NotFoundError(

@@ -8,9 +8,12 @@ store goes through here, so the SQL lives in ``data/`` (see ARCHITECTURE.md).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from greenctl.data.records import utcnow_iso
 
 #: the replan loop's defaults, for ``replan``, ``replay`` and every kind's replay: the carbon
 #: signal's move (a fraction of the reference) that is worth a new plan, the objective's
@@ -123,9 +126,6 @@ def set_load_counter(store: Any, *, source: str, model: str, time: str, count: f
 def add_geo_step(store: Any, row: dict[str, Any]) -> int:
     """Append one online step of a routed geo plan (``lineage, plan_id, algorithm, slot,
     slot_time, state, fractions``; the last two as dicts, stored as JSON); returns its id."""
-    import json
-
-    from greenctl.data.records import utcnow_iso
 
     doc = {
         **row,
@@ -138,8 +138,6 @@ def add_geo_step(store: Any, row: dict[str, Any]) -> int:
 
 def last_geo_step(store: Any, lineage: str) -> dict[str, Any] | None:
     """The newest online step of ``lineage`` (``state`` and ``fractions`` decoded), or None."""
-    import json
-
     rows = list(
         store.db.table("geo_online_steps").rows_where(
             "lineage = ?", [lineage], order_by="id desc", limit=1

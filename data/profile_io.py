@@ -51,6 +51,7 @@ from greenctl.data.records import (
     name_problem,
     normalise_time,
     record_to_row,
+    row_to_record,
     utcnow_iso,
 )
 from greenctl.data.resources import parse_resource
@@ -658,7 +659,6 @@ def profile_rows(
         if clauses:
             sql += " where " + " and ".join(clauses)
         sql += " order by p.variant, p.resource, p.batch, p.created_at, p.id"
-        from greenctl.data.records import row_to_record
 
         profiles = [row_to_record(Profile, r) for r in store.db.query(sql, params)]
     else:

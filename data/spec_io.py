@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -278,7 +279,6 @@ def read_mix_spec(
 
 
 def _parse(p: Path, text: str) -> Any:
-    import tomllib
 
     try:
         if p.suffix.lower() == ".json" or text.lstrip().startswith("{"):

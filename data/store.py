@@ -10,6 +10,7 @@ empty store somewhere.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -146,8 +147,6 @@ class Store:
         """Raises NotFoundError naming the known families (and a close one) unless ``family``
         has variants."""
         if not self.db.table("variants").count_where("family = ?", [family]):
-            import difflib
-
             known = self.families()
             hint = f"known families: {', '.join(known)}" if known else "profile or import it first"
             close = difflib.get_close_matches(family, known, n=1)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import sys
 
+from greenctl.data.errors import GreenctlError
+from greenctl.profiler.harness import PROGRESS_PREFIX, child_main
+
 
 def main() -> int:
     """Measure the spec read from stdin; print the result as one JSON line."""
-    from greenctl.data.errors import GreenctlError
-    from greenctl.profiler.harness import PROGRESS_PREFIX, child_main
 
     def progress(message: str, fraction: float) -> None:
         sys.stderr.write(f"{PROGRESS_PREFIX}{fraction:.4f} {message}\n")

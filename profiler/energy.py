@@ -51,7 +51,9 @@ from pathlib import Path
 from typing import Protocol
 
 from greenctl.data.errors import HardwareError
-from greenctl.profiler.device import NVML_ERROR_NOT_SUPPORTED, GpuBackend
+from greenctl.data.resources import kind_of
+from greenctl.profiler.device import NVML_ERROR_NOT_SUPPORTED, GpuBackend, get_backend
+from greenctl.profiler.hw import rapl_files
 
 TDP_W_PER_CORE = 10.0
 IDLE_W_PER_CORE = 3.0
@@ -540,14 +542,10 @@ def serving_counter(
     (:class:`ModeledCounter`); on a CPU without figures, the CPU power model of this module.
     ``source`` forces one. None (with the reason in the notes) when nothing can say.
     """
-    from greenctl.data.resources import kind_of
-
     notes: list[str] = []
     accel = kind_of(resource).accelerator
     if source in ("auto", "nvml", "nvml-attributed") and accel:
         try:
-            from greenctl.profiler.device import get_backend
-
             backend = get_backend()
             where = None
             if backend is not None:
@@ -565,8 +563,6 @@ def serving_counter(
         except (HardwareError, ValueError) as exc:
             notes.append(f"NVML energy unreadable: {exc}")
     if source in ("auto", "rapl") and not accel:
-        from greenctl.profiler.hw import rapl_files
-
         files = rapl_files() if rapl is None else rapl
         if files:
             share = min(cores / max(total_cores or os.cpu_count() or 1, 1), 1.0)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data.errors import FileFormatError, HardwareError
+from greenctl.data.mig_geometry import find_gpu, load_geometry
 from greenctl.profiler import device_api as dev
 from greenctl.profiler.device_api import GpuInfo, MigInstance, MigProfile
 
@@ -54,8 +55,6 @@ _ERROR_CODES = {
 def _geometry(name: str, memory_mb: float) -> Any:
     """The MIG geometry (``data/datasets/mig_geometry.json``) of a GPU name, else the known
     geometry closest in memory size."""
-    from greenctl.data.mig_geometry import find_gpu, load_geometry
-
     geo = find_gpu(name)
     if geo is None:
         geo = min(load_geometry(), key=lambda g: abs(g.memory_gib * 1024 - memory_mb))

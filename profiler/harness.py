@@ -33,6 +33,7 @@ import os
 import resource as _resource
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -52,7 +53,7 @@ from greenctl.profiler.models import (
     builtin_variants,
     one_line_error,
 )
-from greenctl.profiler.mps import control_binary
+from greenctl.profiler.mps import control_binary, mps_session
 from greenctl.profiler.options import DEFAULT_DURATION_S, DEFAULT_WARMUP, ProfileOptions
 from greenctl.profiler.run_plan import RunItem, group_items, plan_runs
 from greenctl.profiler.runner import (
@@ -391,7 +392,6 @@ def measure_variant(
 ) -> tuple[list[Measurement], float | None, dict[str, Any]]:
     """Measure every batch of one run item *in this process* (used directly for CPUs and by
     the child for GPUs). Returns (measurements, load_time_s, variant facts)."""
-
     variant = Variant(**spec["variant"])
     cores = spec.get("cores")
     slice_ctx = cpu_slice(int(cores)) if cores else nullcontext()
@@ -453,8 +453,6 @@ def run_child(
     (forwarded to ``progress``) and its result as one JSON line on stdout. ``what`` names the
     variants in messages (default ``item``'s).
     """
-    import threading
-
     what = what or item.variant.name
 
     env = {**os.environ, **(item.env or {})}
@@ -572,7 +570,6 @@ def run_items(
     also when a run fails or is interrupted); after the first of them the session checks that
     it reached MPS. What the session did goes to ``notes``.
     """
-
     t0 = time.perf_counter()
     profiles: list[tuple[Profile, Hardware]] = []
     variants: dict[str, Variant] = {}
@@ -584,8 +581,6 @@ def run_items(
         for group in groups:
             item = group[0]
             if item.mps_client and session is None:
-                from greenctl.profiler.mps import mps_session
-
                 uuids = sorted({str(i.hardware.uuid) for i in items if i.mps_client})
                 session = stack.enter_context(
                     mps_session(existing_pipe=mps_pipe, gpu_uuids=uuids, notes=notes)
@@ -696,7 +691,6 @@ def resolve_variants(
 
     Built-in names come from the catalog; other names must be loadable variants in the store.
     """
-
     out: list[Variant] = []
     if user is not None:
         out.append(user)

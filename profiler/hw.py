@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import platform
 import socket
 import stat
 from dataclasses import dataclass, field
@@ -81,8 +82,6 @@ def _cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, int | None]:
     if core is not None:
         cores.add((phys or "0", core))
     if model is None:
-        import platform
-
         model = platform.processor() or platform.machine() or "unknown CPU"
     return model, (len(cores) or None)
 

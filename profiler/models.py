@@ -23,14 +23,16 @@ torch is imported lazily, inside functions.
 from __future__ import annotations
 
 import json
+import math
 import pickle
+import time
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from greenctl.data.errors import InputError, NotFoundError
+from greenctl.data.errors import HardwareError, InputError, NotFoundError
 from greenctl.data.records import Variant
 from greenctl.profiler.user_code import import_user_module
 
@@ -245,8 +247,6 @@ def _efficientnet(
     squeeze-excitation (a quarter of the block's input channels), 1x1 projection, residual
     when stride 1 and in == out. Stochastic depth is an identity at inference: left out.
     """
-    import math
-
     from torch import nn
 
     def ch(c: int) -> int:
@@ -483,10 +483,7 @@ def load_model(variant: Variant, *, device: str = "cpu") -> LoadedModel:
         InputError: the model cannot be built/loaded (message says which and why).
         HardwareError: ``device`` is a CUDA device but torch has no CUDA.
     """
-    import time
-
     import torch
-    from greenctl.data.errors import HardwareError
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise HardwareError(

@@ -3,6 +3,11 @@ removed from the user's crontab."""
 
 from __future__ import annotations
 
+import math
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from greenctl.data.errors import InputError
@@ -29,8 +34,6 @@ def cron_schedule(every: str) -> str:
         InputError: an interval cron cannot run evenly (``*/7`` leaves a 4-minute gap after
             :56, ``*/5`` hours a 4-hour gap at midnight), naming the nearest even ones.
     """
-    import math
-
     even = [*EVEN_MINUTES, *(60 * h for h in EVEN_HOURS), 1440]
     seconds = parse_duration(every, option="--every")
     if not math.isfinite(seconds) or seconds < 60 or seconds % 60:
@@ -65,9 +68,6 @@ def cron_schedule(every: str) -> str:
 def greenctl_executable() -> list[str]:
     """Absolute command line that starts this greenctl (the console script next to this
     Python, else ``python -c``)."""
-    import shutil
-    import sys
-
     beside = Path(sys.executable).parent / "greenctl"
     if beside.exists():
         return [str(beside.absolute())]
@@ -88,8 +88,6 @@ def cron_line(
     Raises:
         InputError: no command given, a bad interval or name, or an argument cron cannot carry.
     """
-    import shlex
-
     if not args:
         raise InputError(
             "no greenctl command to schedule",
@@ -147,7 +145,6 @@ def _names_a_path_here(value: str) -> bool:
 
 
 def _read_crontab(crontab_file: str | None) -> str:
-    import subprocess
 
     if crontab_file:
         p = Path(crontab_file)
@@ -167,7 +164,6 @@ def _read_crontab(crontab_file: str | None) -> str:
 
 
 def _write_crontab(text: str, crontab_file: str | None) -> str:
-    import subprocess
 
     if crontab_file:
         Path(crontab_file).write_text(text)

@@ -10,12 +10,12 @@ from typing import Any
 from greenctl.data import loop_state
 from greenctl.data.errors import InputError, NotFoundError
 from greenctl.data.records import utcnow_iso
+from greenctl.data.traces import read_rps_trace
 from greenctl.executor.control.history import load_history_minutes
+from greenctl.planner.core import forecast as fc
 
 
 def _history(store: Any, *, trace: str | None, model: str | None) -> tuple[Any, str]:
-    from greenctl.data.traces import read_rps_trace
-    from greenctl.planner.core import forecast as fc
 
     if trace:
         return fc.minute_maxima(read_rps_trace(trace)), f"trace:{Path(trace).name}"
@@ -46,8 +46,6 @@ def fit_forecaster(
     Returns:
         ``{"name", "kind", "trained_on", "train_minutes", "test_minutes", "metrics"}``.
     """
-    from greenctl.planner.core import forecast as fc
-
     minutes, source = _history(store, trace=trace, model=model)
     f = fc.make_forecaster(kind, **(params or {}))
     n = minutes.size
@@ -90,8 +88,6 @@ def get_forecaster(store: Any, name: str) -> Any:
     Raises:
         NotFoundError: neither a saved forecaster nor a rule-based kind.
     """
-    from greenctl.planner.core import forecast as fc
-
     r = loop_state.forecaster_row(store, name)
     if r is not None:
         return fc.restore_forecaster(r["kind"], json.loads(r["params"]), r["state"])

@@ -3,11 +3,14 @@ load history as per-minute peaks, and the running dispatcher's counters read int
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from greenctl.data import deployments, loop_state
+from greenctl.data.carbon_io import parse_time
 from greenctl.data.records import utcnow_iso
 
 
@@ -66,10 +69,6 @@ def sample_dispatcher_load(
         The samples appended (``model, time, rate_rps, interval_s``); empty when no
         dispatcher runs or it does not answer.
     """
-    import urllib.error
-    import urllib.request
-
-    from greenctl.data.carbon_io import parse_time
 
     base = url or _dispatcher_url(store)
     if base is None:

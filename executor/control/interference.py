@@ -6,6 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from greenctl.data.gpulet_import import (
+    load_colocations,
+    load_solo_latency,
+    load_utilisation,
+    save_interference_model,
+)
+from greenctl.planner.core.interference import FEATURES, fit_interference
+
 
 def fit_and_store(
     store: Any, *, test_fraction: float = 0.2, seed: int = 0, source: str | None = None
@@ -13,14 +21,6 @@ def fit_and_store(
     """Fit c1..c5 on the imported co-locations (holding ``test_fraction`` out, split with
     ``seed``) and store the model; returns its id and the fit
     (:class:`~greenctl.planner.core.interference.FitResult`)."""
-    from greenctl.data.gpulet_import import (
-        load_colocations,
-        load_solo_latency,
-        load_utilisation,
-        save_interference_model,
-    )
-    from greenctl.planner.core.interference import FEATURES, fit_interference
-
     result = fit_interference(
         load_colocations(store),
         load_solo_latency(store),
