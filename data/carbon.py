@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from greenctl.data.carbon_io import carbon_option, normalise_time, parse_time
 from greenctl.data.errors import InputError, NotFoundError
 from greenctl.data.records import utcnow_iso
+
+if TYPE_CHECKING:
+    from greenctl.data.store import Store
 
 COLUMNS = ("time", "region", "carbon_g_per_kwh", "kind", "source")
 
@@ -23,7 +26,7 @@ def _time_arg(value: str | None, option: str) -> str | None:
         ) from None
 
 
-def regions(store: Any) -> list[dict[str, Any]]:
+def regions(store: Store) -> list[dict[str, Any]]:
     """Regions with signals: ``region, kind, rows, first, last``."""
     return list(
         store.db.query(
@@ -33,7 +36,7 @@ def regions(store: Any) -> list[dict[str, Any]]:
     )
 
 
-def _require_region(store: Any, region: str, kind: str | None) -> None:
+def _require_region(store: Store, region: str, kind: str | None) -> None:
     where, params = "region = ?", [region]
     if kind:
         where += " and kind = ?"
@@ -50,7 +53,7 @@ def _require_region(store: Any, region: str, kind: str | None) -> None:
 
 
 def series(
-    store: Any,
+    store: Store,
     region: str,
     *,
     start: str | None = None,
@@ -80,7 +83,7 @@ def series(
     return [dict(r) for r in rows]
 
 
-def value_at(store: Any, region: str, at: str, *, kind: str | None = None) -> dict[str, Any]:
+def value_at(store: Store, region: str, at: str, *, kind: str | None = None) -> dict[str, Any]:
     """The row in force at time ``at``: the latest with ``time <= at``.
 
     Raises:
@@ -109,7 +112,7 @@ def value_at(store: Any, region: str, at: str, *, kind: str | None = None) -> di
     return dict(rows[0])
 
 
-def latest(store: Any, region: str, *, kind: str | None = None) -> dict[str, Any]:
+def latest(store: Store, region: str, *, kind: str | None = None) -> dict[str, Any]:
     """The newest row of a region (the live 'now' when signals are kept current)."""
     _require_region(store, region, kind)
     where, params = "region = ?", [region]
@@ -127,7 +130,7 @@ def latest(store: Any, region: str, *, kind: str | None = None) -> dict[str, Any
 
 
 def now(
-    store: Any, region: str, *, at: str | None = None, kind: str | None = None
+    store: Store, region: str, *, at: str | None = None, kind: str | None = None
 ) -> dict[str, Any]:
     """The value in force now (or at ``at``); falls back to the latest stored value.
 
@@ -148,12 +151,12 @@ def now(
     return out
 
 
-def region_names(store: Any) -> list[str]:
+def region_names(store: Store) -> list[str]:
     """The regions with a stored signal, sorted."""
     return sorted({r["region"] for r in regions(store)})
 
 
-def signal_region(store: Any, region: str | None) -> str | None:
+def signal_region(store: Store, region: str | None) -> str | None:
     """The region whose carbon signal a plan follows: ``region`` when given, else the only
     region with a stored signal, else None (no region, or several and none chosen)."""
     if region is not None:
@@ -163,7 +166,7 @@ def signal_region(store: Any, region: str | None) -> str | None:
 
 
 def plan_intensity(
-    store: Any,
+    store: Store,
     *,
     carbon_intensity: float | None = None,
     region: str | None = None,

@@ -37,12 +37,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from greenctl.data import bundled
 from greenctl.data.errors import FileFormatError, GreenctlError, InputError, shown
 from greenctl.data.records import iso_utc, utcnow_iso
 from greenctl.data.records import parse_time as parse_any_time
+
+if TYPE_CHECKING:
+    from greenctl.data.store import Store
 
 FORMATS = (
     "auto",
@@ -812,7 +815,7 @@ def read_carbon_file(
     return parse_carbon_text(text, path=str(p), region=region, fmt=fmt, kind=kind, start=start)
 
 
-def store_points(store: Any, points: Iterable[CarbonPoint]) -> int:
+def store_points(store: Store, points: Iterable[CarbonPoint]) -> int:
     """Upsert points into ``carbon_signals`` in one transaction; returns the row count."""
     now = utcnow_iso()
     rows = [{**p.to_row(), "imported_at": now} for p in points]
@@ -822,7 +825,7 @@ def store_points(store: Any, points: Iterable[CarbonPoint]) -> int:
 
 
 def import_carbon(
-    store: Any,
+    store: Store,
     path: str | Path,
     *,
     region: str | None = None,
@@ -852,7 +855,7 @@ def bundled_trace_path(name: str) -> Path:
 
 
 def import_bundled(
-    store: Any, name: str, *, region: str | None = None, start: str | None = None
+    store: Store, name: str, *, region: str | None = None, start: str | None = None
 ) -> dict[str, Any]:
     """Import one of the bundled carbon traces (works offline)."""
     return import_carbon(store, bundled_trace_path(name), region=region, start=start)
@@ -928,7 +931,7 @@ def live_request(
 
 
 def fetch_live(
-    store: Any,
+    store: Store,
     provider: str,
     region: str,
     *,

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from greenctl.data.records import utcnow_iso
+
+if TYPE_CHECKING:
+    from greenctl.data.store import Store
 
 READY = "ready"
 RUNNING = "running"
@@ -28,14 +31,14 @@ def _first(rows: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 # -- executor instances -----------------------------------------------------------------------
-def ready_instances(store: Any) -> list[dict[str, Any]]:
+def ready_instances(store: Store) -> list[dict[str, Any]]:
     """The executor instances recorded as ``ready`` (as the last apply left them), by id."""
     return list(
         store.db.table("executor_instances").rows_where("state = ?", [READY], order_by="id")
     )
 
 
-def instance_row(store: Any, instance_id: str) -> dict[str, Any]:
+def instance_row(store: Store, instance_id: str) -> dict[str, Any]:
     """The instance ``instance_id`` (any state).
 
     Raises:
@@ -44,13 +47,13 @@ def instance_row(store: Any, instance_id: str) -> dict[str, Any]:
     return dict(store.db.table("executor_instances").get(instance_id))
 
 
-def journal_instance(store: Any, row: dict[str, Any]) -> None:
+def journal_instance(store: Store, row: dict[str, Any]) -> None:
     """Record an instance about to start (``starting``, no process yet): what the next
     ``apply``, ``status`` or ``down`` stops if the apply starting it never commits."""
     store.db.table("executor_instances").insert({**row, "state": STARTING})
 
 
-def set_instance_process(store: Any, instance_id: str, **fields: Any) -> None:
+def set_instance_process(store: Store, instance_id: str, **fields: Any) -> None:
     """Where an instance's process runs (``pid``, ``pid_start``, ``host``, ``port``),
     recorded as soon as it is known (by apply, or the supervisor restarting it); nothing
     when the instance is not recorded."""
@@ -59,12 +62,12 @@ def set_instance_process(store: Any, instance_id: str, **fields: Any) -> None:
         table.update(instance_id, fields)
 
 
-def commit_instance(store: Any, instance_id: str, **fields: Any) -> None:
+def commit_instance(store: Store, instance_id: str, **fields: Any) -> None:
     """A started instance joins the running configuration (``ready``)."""
     store.db.table("executor_instances").update(instance_id, {**fields, "state": READY})
 
 
-def forget_instance(store: Any, instance_id: str) -> None:
+def forget_instance(store: Store, instance_id: str) -> None:
     """Drop a journaled instance that never joined a configuration (its apply was undone
     or interrupted, and its process stopped): the store is left as the apply found it."""
     store.db.execute(
@@ -72,12 +75,12 @@ def forget_instance(store: Any, instance_id: str) -> None:
     )
 
 
-def retire_instance(store: Any, instance_id: str) -> None:
+def retire_instance(store: Store, instance_id: str) -> None:
     """The running configuration no longer has the instance; it is to be stopped."""
     store.db.table("executor_instances").update(instance_id, {"state": STOPPING})
 
 
-def instances_in(store: Any, states: Iterable[str]) -> list[dict[str, Any]]:
+def instances_in(store: Store, states: Iterable[str]) -> list[dict[str, Any]]:
     """The instances in any of ``states``, by id."""
     wanted = list(states)
     marks = ", ".join("?" for _ in wanted)
@@ -89,7 +92,7 @@ def instances_in(store: Any, states: Iterable[str]) -> list[dict[str, Any]]:
 
 
 def reassign_instance(
-    store: Any, instance_id: str, *, plan_id: int | None, quota_rps: float | None
+    store: Store, instance_id: str, *, plan_id: int | None, quota_rps: float | None
 ) -> None:
     """A kept instance now serves ``plan_id`` with ``quota_rps``."""
     store.db.table("executor_instances").update(
@@ -97,7 +100,7 @@ def reassign_instance(
     )
 
 
-def end_instance(store: Any, instance_id: str, *, state: str = "stopped") -> None:
+def end_instance(store: Store, instance_id: str, *, state: str = "stopped") -> None:
     """Mark an instance ``stopped`` (or ``failed``: its process died) now."""
     store.db.table("executor_instances").update(
         instance_id, {"state": state, "stopped_at": utcnow_iso()}
@@ -105,7 +108,7 @@ def end_instance(store: Any, instance_id: str, *, state: str = "stopped") -> Non
 
 
 def record_restart(
-    store: Any,
+    store: Store,
     instance_id: str,
     *,
     old_pid: int | None,
@@ -135,13 +138,13 @@ def record_restart(
         )
 
 
-def restart_count(store: Any) -> int:
+def restart_count(store: Store) -> int:
     """Every restart the supervisors recorded."""
     return int(store.db.table("executor_restarts").count)
 
 
 # -- the dispatcher ---------------------------------------------------------------------------
-def running_dispatcher(store: Any) -> dict[str, Any] | None:
+def running_dispatcher(store: Store) -> dict[str, Any] | None:
     """The newest dispatcher recorded as ``running`` (as apply recorded it), or None."""
     if "executor_dispatcher" not in store.db.table_names():
         return None
@@ -152,12 +155,12 @@ def running_dispatcher(store: Any) -> dict[str, Any] | None:
     )
 
 
-def running_dispatchers(store: Any) -> list[dict[str, Any]]:
+def running_dispatchers(store: Store) -> list[dict[str, Any]]:
     """Every dispatcher recorded as ``running`` (``down`` stops them all)."""
     return list(store.db.table("executor_dispatcher").rows_where("state = ?", [RUNNING]))
 
 
-def dispatchers_in(store: Any, states: Iterable[str]) -> list[dict[str, Any]]:
+def dispatchers_in(store: Store, states: Iterable[str]) -> list[dict[str, Any]]:
     """The dispatchers in any of ``states``, oldest first."""
     wanted = list(states)
     marks = ", ".join("?" for _ in wanted)
@@ -168,12 +171,12 @@ def dispatchers_in(store: Any, states: Iterable[str]) -> list[dict[str, Any]]:
     )
 
 
-def journal_dispatcher(store: Any, row: dict[str, Any]) -> int:
+def journal_dispatcher(store: Store, row: dict[str, Any]) -> int:
     """Record a dispatcher (and its supervisor) about to start (``starting``); its id."""
     return int(store.db.table("executor_dispatcher").insert({**row, "state": STARTING}).last_pk)
 
 
-def forget_dispatcher(store: Any, dispatcher_id: int) -> None:
+def forget_dispatcher(store: Store, dispatcher_id: int) -> None:
     """Drop a journaled dispatcher that never served a configuration (its apply was undone
     or interrupted, and its processes stopped)."""
     store.db.execute(
@@ -181,7 +184,7 @@ def forget_dispatcher(store: Any, dispatcher_id: int) -> None:
     )
 
 
-def set_dispatcher_process(store: Any, dispatcher_id: int, **fields: Any) -> None:
+def set_dispatcher_process(store: Store, dispatcher_id: int, **fields: Any) -> None:
     """Where a dispatcher pair runs now: ``pid``/``pid_start`` (the dispatcher),
     ``supervisor_pid``/``supervisor_pid_start``, ``port``. Apply records them as soon as
     they are known; the pair records each other's restarts."""
@@ -190,26 +193,28 @@ def set_dispatcher_process(store: Any, dispatcher_id: int, **fields: Any) -> Non
         table.update(dispatcher_id, fields)
 
 
-def commit_dispatcher(store: Any, dispatcher_id: int, *, plan_id: int | None) -> None:
+def commit_dispatcher(store: Store, dispatcher_id: int, *, plan_id: int | None) -> None:
     """A started dispatcher becomes the running one (``running``) for ``plan_id``."""
     store.db.table("executor_dispatcher").update(
         dispatcher_id, {"state": RUNNING, "plan_id": plan_id}
     )
 
 
-def retire_dispatcher(store: Any, dispatcher_id: int) -> None:
+def retire_dispatcher(store: Store, dispatcher_id: int) -> None:
     """A new dispatcher replaced this one; it is to be stopped."""
     store.db.table("executor_dispatcher").update(dispatcher_id, {"state": STOPPING})
 
 
-def point_dispatcher(store: Any, dispatcher_id: int, *, plan_id: int | None, apply_id: int) -> None:
+def point_dispatcher(
+    store: Store, dispatcher_id: int, *, plan_id: int | None, apply_id: int
+) -> None:
     """The running dispatcher now routes ``plan_id`` (switched by apply ``apply_id``)."""
     store.db.table("executor_dispatcher").update(
         dispatcher_id, {"plan_id": plan_id, "apply_id": apply_id}
     )
 
 
-def end_dispatcher(store: Any, dispatcher_id: int, *, state: str = "stopped") -> None:
+def end_dispatcher(store: Store, dispatcher_id: int, *, state: str = "stopped") -> None:
     """Mark a dispatcher ``stopped`` (or ``failed``: its process died) now."""
     store.db.table("executor_dispatcher").update(
         dispatcher_id, {"state": state, "stopped_at": utcnow_iso()}
@@ -217,7 +222,7 @@ def end_dispatcher(store: Any, dispatcher_id: int, *, state: str = "stopped") ->
 
 
 # -- apply history ----------------------------------------------------------------------------
-def start_apply(store: Any, *, plan_id: int | None, actions: list[dict[str, Any]]) -> int:
+def start_apply(store: Store, *, plan_id: int | None, actions: list[dict[str, Any]]) -> int:
     """Open an apply history record (``running``) with its planned actions; returns its id."""
     return int(
         store.db.table("executor_apply_history")
@@ -233,13 +238,13 @@ def start_apply(store: Any, *, plan_id: int | None, actions: list[dict[str, Any]
     )
 
 
-def set_apply_actions(store: Any, apply_id: int, actions: list[dict[str, Any]]) -> None:
+def set_apply_actions(store: Store, apply_id: int, actions: list[dict[str, Any]]) -> None:
     """Replace the actions an apply record lists (what was done so far)."""
     store.db.table("executor_apply_history").update(apply_id, {"actions": json.dumps(actions)})
 
 
 def finish_apply(
-    store: Any,
+    store: Store,
     apply_id: int,
     *,
     status: str,
@@ -260,7 +265,7 @@ def finish_apply(
     store.db.table("executor_apply_history").update(apply_id, fields)
 
 
-def open_applies(store: Any) -> list[dict[str, Any]]:
+def open_applies(store: Store) -> list[dict[str, Any]]:
     """Apply records still ``running``: under the apply lock, applies that died unfinished."""
     return list(
         store.db.table("executor_apply_history").rows_where(
@@ -269,7 +274,7 @@ def open_applies(store: Any) -> list[dict[str, Any]]:
     )
 
 
-def unsettled(store: Any) -> bool:
+def unsettled(store: Store) -> bool:
     """Whether an apply left work behind: an apply record still ``running``, or an instance
     or dispatcher ``starting`` or ``stopping`` (cheap; ``status`` asks before locking)."""
     if "executor_instances" not in store.db.table_names():
@@ -283,13 +288,13 @@ def unsettled(store: Any) -> bool:
     )
 
 
-def last_apply(store: Any) -> dict[str, Any] | None:
+def last_apply(store: Store) -> dict[str, Any] | None:
     """The newest apply record, or None."""
     return _first(store.db.table("executor_apply_history").rows_where(order_by="id desc", limit=1))
 
 
 # -- MIG checkpoints --------------------------------------------------------------------------
-def has_open_mig_checkpoint(store: Any, gpu_index: int) -> bool:
+def has_open_mig_checkpoint(store: Store, gpu_index: int) -> bool:
     """Whether GPU ``gpu_index``'s layout before greenctl changed it is kept (not restored)."""
     return bool(
         store.db.table("executor_mig_checkpoints").count_where(
@@ -299,7 +304,7 @@ def has_open_mig_checkpoint(store: Any, gpu_index: int) -> bool:
 
 
 def add_mig_checkpoint(
-    store: Any,
+    store: Store,
     *,
     apply_id: int,
     gpu_index: int,
@@ -318,7 +323,7 @@ def add_mig_checkpoint(
     )
 
 
-def open_mig_checkpoints(store: Any) -> list[dict[str, Any]]:
+def open_mig_checkpoints(store: Store) -> list[dict[str, Any]]:
     """The kept layouts not yet restored, oldest first (``layout`` decoded)."""
     rows = store.db.table("executor_mig_checkpoints").rows_where(
         "restored_at is null", order_by="id"
@@ -326,19 +331,19 @@ def open_mig_checkpoints(store: Any) -> list[dict[str, Any]]:
     return [{**row, "layout": json.loads(row["layout"])} for row in rows]
 
 
-def mark_mig_checkpoint_restored(store: Any, checkpoint_id: int) -> None:
+def mark_mig_checkpoint_restored(store: Store, checkpoint_id: int) -> None:
     store.db.table("executor_mig_checkpoints").update(checkpoint_id, {"restored_at": utcnow_iso()})
 
 
 # -- services (the MPS control daemon) ---------------------------------------------------------
-def service_running(store: Any, name: str) -> bool:
+def service_running(store: Store, name: str) -> bool:
     """Whether apply recorded the service ``name`` (e.g. ``mps-control``) as running."""
     return bool(
         store.db.table("executor_services").count_where("name = ? and state = ?", [name, RUNNING])
     )
 
 
-def start_service(store: Any, name: str, *, info: dict[str, Any], pid: int | None = None) -> None:
+def start_service(store: Store, name: str, *, info: dict[str, Any], pid: int | None = None) -> None:
     """Record the service ``name`` as running (``info``: how to reach it)."""
     store.db.table("executor_services").upsert(
         {
@@ -352,12 +357,12 @@ def start_service(store: Any, name: str, *, info: dict[str, Any], pid: int | Non
     )
 
 
-def stop_service(store: Any, name: str) -> None:
+def stop_service(store: Store, name: str) -> None:
     store.db.table("executor_services").update(name, {"state": "stopped"})
 
 
 # -- Ray Serve applications -------------------------------------------------------------------
-def record_ray_app(store: Any, *, plan_id: int | None, address: str, app: str, url: str) -> None:
+def record_ray_app(store: Store, *, plan_id: int | None, address: str, app: str, url: str) -> None:
     """``app`` on the cluster at ``address`` is now the active plan version (the only one)."""
     store.db.execute("update ray_apps set active = 0 where active = 1")
     store.db.table("ray_apps").insert(
@@ -372,24 +377,24 @@ def record_ray_app(store: Any, *, plan_id: int | None, address: str, app: str, u
     )
 
 
-def active_ray_app(store: Any) -> dict[str, Any] | None:
+def active_ray_app(store: Store) -> dict[str, Any] | None:
     """The Serve application greenctl last applied and has not taken down, or None."""
     return _first(store.db.table("ray_apps").rows_where("active = 1", order_by="id desc", limit=1))
 
 
-def last_ray_app(store: Any) -> dict[str, Any] | None:
+def last_ray_app(store: Store) -> dict[str, Any] | None:
     """The Serve application greenctl applied last (active or not), or None."""
     return _first(store.db.table("ray_apps").rows_where(order_by="id desc", limit=1))
 
 
-def deactivate_ray_apps(store: Any) -> None:
+def deactivate_ray_apps(store: Store) -> None:
     """No Serve application of greenctl's is active any more (``down``)."""
     store.db.execute("update ray_apps set active = 0")
 
 
 # -- which backend runs the plan --------------------------------------------------------------
 def record_backend(
-    store: Any,
+    store: Store,
     backend: str,
     *,
     plan_id: int | None,
@@ -433,7 +438,7 @@ def _backend_row(row: dict[str, Any] | None) -> dict[str, Any] | None:
     return {**row, "options": json.loads(row.get("options") or "{}")}
 
 
-def running_backend(store: Any) -> dict[str, Any] | None:
+def running_backend(store: Store) -> dict[str, Any] | None:
     """The newest backend record still running (``backend, address, plan_id, options,
     applied_at``), or None: nothing applied, or everything taken down."""
     if "backend_applies" not in store.db.table_names():
@@ -447,7 +452,7 @@ def running_backend(store: Any) -> dict[str, Any] | None:
     )
 
 
-def last_backend(store: Any) -> dict[str, Any] | None:
+def last_backend(store: Store) -> dict[str, Any] | None:
     """The newest backend record of any state (where a plan ran last), or None."""
     if "backend_applies" not in store.db.table_names():
         return None
@@ -456,7 +461,7 @@ def last_backend(store: Any) -> dict[str, Any] | None:
     )
 
 
-def stop_backend(store: Any, backend: str) -> None:
+def stop_backend(store: Store, backend: str) -> None:
     """``backend`` runs nothing any more (``down``)."""
     store.db.execute(
         "update backend_applies set state = 'stopped', stopped_at = ? "
@@ -466,13 +471,13 @@ def stop_backend(store: Any, backend: str) -> None:
 
 
 # -- the geo router ---------------------------------------------------------------------------
-def journal_router(store: Any, row: dict[str, Any]) -> int:
+def journal_router(store: Store, row: dict[str, Any]) -> int:
     """Record a geo router (and its supervisor) about to start (``starting``); its id."""
     doc = {**row, "state": STARTING, "started_at": utcnow_iso()}
     return int(store.db.table("geo_routers").insert(doc).last_pk)
 
 
-def set_router_process(store: Any, router_id: int, **fields: Any) -> None:
+def set_router_process(store: Store, router_id: int, **fields: Any) -> None:
     """Where a geo router runs: ``supervisor_pid``/``_start``, ``router_pid``/``_start``,
     ``port``, ``plan_id``; nothing when the row is gone."""
     table = store.db.table("geo_routers")
@@ -480,30 +485,30 @@ def set_router_process(store: Any, router_id: int, **fields: Any) -> None:
         table.update(router_id, fields)
 
 
-def commit_router(store: Any, router_id: int, *, plan_id: int | None) -> None:
+def commit_router(store: Store, router_id: int, *, plan_id: int | None) -> None:
     """A started geo router becomes the running one, for ``plan_id``."""
     store.db.table("geo_routers").update(router_id, {"state": RUNNING, "plan_id": plan_id})
 
 
-def retire_router(store: Any, router_id: int) -> None:
+def retire_router(store: Store, router_id: int) -> None:
     """A new geo router replaces this one; it is to be stopped."""
     store.db.table("geo_routers").update(router_id, {"state": STOPPING})
 
 
-def forget_router(store: Any, router_id: int) -> None:
+def forget_router(store: Store, router_id: int) -> None:
     """Drop a journaled geo router that never served (its apply failed or was interrupted,
     and its processes stopped)."""
     store.db.execute("delete from geo_routers where id = ? and state = ?", [router_id, STARTING])
 
 
-def end_router(store: Any, router_id: int) -> None:
+def end_router(store: Store, router_id: int) -> None:
     """Mark a geo router ``stopped`` now."""
     store.db.table("geo_routers").update(
         router_id, {"state": "stopped", "stopped_at": utcnow_iso()}
     )
 
 
-def routers_in(store: Any, states: Iterable[str]) -> list[dict[str, Any]]:
+def routers_in(store: Store, states: Iterable[str]) -> list[dict[str, Any]]:
     """The geo routers in any of ``states``, oldest first."""
     if "geo_routers" not in store.db.table_names():
         return []
@@ -514,7 +519,7 @@ def routers_in(store: Any, states: Iterable[str]) -> list[dict[str, Any]]:
     )
 
 
-def running_router(store: Any) -> dict[str, Any] | None:
+def running_router(store: Store) -> dict[str, Any] | None:
     """The newest geo router recorded as ``running``, or None."""
     rows = routers_in(store, [RUNNING])
     return rows[-1] if rows else None

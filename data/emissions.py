@@ -28,13 +28,16 @@ import os
 import platform
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from greenctl.data.carbon_io import parse_time
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Plan
 from greenctl.data.reports import decisions
 from greenctl.data.resources import kind_of
+
+if TYPE_CHECKING:
+    from greenctl.data.store import Store
 
 #: CodeCarbon 3.3's ``emissions.csv`` columns, in its order
 #: (``codecarbon.output_methods.emissions_data.EmissionsData``).
@@ -82,7 +85,7 @@ def routes_carbon(plan: Plan) -> dict[str, float] | None:
 
 
 def executor_energy_args(
-    store: Any, plan: Plan, *, variant: str, resource: str, batch: int
+    store: Store, plan: Plan, *, variant: str, resource: str, batch: int
 ) -> list[str]:
     """Command-line options of an executor's energy and carbon counters
     (``greenctl.executor.runtime.daemon``): the intensity and PUE the plan was made with
@@ -211,7 +214,7 @@ def _wue(plan: Plan) -> float | None:
     return float(w) / (float(e) * pue / _J_PER_KWH)
 
 
-def verify_rows(store: Any, *, plan_id: int | None = None) -> list[dict[str, Any]]:
+def verify_rows(store: Store, *, plan_id: int | None = None) -> list[dict[str, Any]]:
     """One row per verified run (``apply --verify``): the executors' measured energy when
     the run recorded it, else the plan's predicted energy per request times the requests
     served (``modeled``)."""
@@ -261,7 +264,7 @@ def verify_rows(store: Any, *, plan_id: int | None = None) -> list[dict[str, Any
     return out
 
 
-def replan_rows(store: Any, *, plan_id: int | None = None) -> list[dict[str, Any]]:
+def replan_rows(store: Store, *, plan_id: int | None = None) -> list[dict[str, Any]]:
     """One row per interval between consecutive replanning decisions of a lineage: the plan
     that served, at its predicted energy per request and the decision's forecast rate (else
     the plan's rate), at the decision's grid intensity (``modeled``)."""
@@ -308,7 +311,7 @@ def replan_rows(store: Any, *, plan_id: int | None = None) -> list[dict[str, Any
 
 
 def emissions(
-    store: Any,
+    store: Store,
     *,
     fmt: str = "codecarbon",
     path: str | None = None,

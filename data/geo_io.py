@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from greenctl.data.carbon_io import (
@@ -37,6 +37,9 @@ from greenctl.data.carbon_io import (
     read_utf8,
 )
 from greenctl.data.errors import FileFormatError, InputError, NotFoundError, shown
+
+if TYPE_CHECKING:
+    from greenctl.data.store import Store
 
 SITES_REQUIRED = (
     "time",
@@ -705,7 +708,7 @@ def read_variants(path: str | Path, sites: list[str] | None = None) -> GeoVarian
     )
 
 
-def variants_from_store(store: Any, family: str) -> GeoVariants:
+def variants_from_store(store: Store, family: str) -> GeoVariants:
     """Variants of ``family`` with their accuracy and the lowest measured energy per request
     (over resources and batch sizes) from the store's latest profiles.
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from greenctl.data.records import utcnow_iso
+
+if TYPE_CHECKING:
+    from greenctl.data.store import Store
 
 #: the replan loop's defaults, for ``replan``, ``replay`` and every kind's replay: the carbon
 #: signal's move (a fraction of the reference) that is worth a new plan, the objective's
@@ -34,12 +37,12 @@ def lineage_key(plan: str | int) -> str:
 
 
 # -- load history -----------------------------------------------------------------------------
-def add_load_rows(store: Any, rows: Iterable[dict[str, Any]]) -> None:
+def add_load_rows(store: Store, rows: Iterable[dict[str, Any]]) -> None:
     """Append measured load rows (``time, model, rate_rps, interval_s, source``)."""
     store.db.table("load_history").insert_all(list(rows))
 
 
-def load_minute_peaks(store: Any, *, model: str | None = None) -> list[float]:
+def load_minute_peaks(store: Store, *, model: str | None = None) -> list[float]:
     """The measured load's per-minute maxima, oldest first (one model, or all)."""
     where, params = ("model = ?", [model]) if model is not None else ("1 = 1", [])
     rows = store.db.query(
@@ -51,24 +54,24 @@ def load_minute_peaks(store: Any, *, model: str | None = None) -> list[float]:
 
 
 # -- forecasters ------------------------------------------------------------------------------
-def save_forecaster(store: Any, row: dict[str, Any]) -> None:
+def save_forecaster(store: Store, row: dict[str, Any]) -> None:
     """Store a fitted forecaster (replacing one of the same name)."""
     store.db.table("forecasters").insert(row, replace=True)
 
 
-def forecaster_row(store: Any, name: str) -> dict[str, Any] | None:
+def forecaster_row(store: Store, name: str) -> dict[str, Any] | None:
     """The saved forecaster called ``name``, or None."""
     rows = list(store.db.table("forecasters").rows_where("name = ?", [name], limit=1))
     return rows[0] if rows else None
 
 
-def forecaster_rows(store: Any) -> list[dict[str, Any]]:
+def forecaster_rows(store: Store) -> list[dict[str, Any]]:
     """Every saved forecaster, by name."""
     return list(store.db.table("forecasters").rows_where(order_by="name"))
 
 
 # -- plans and decisions ----------------------------------------------------------------------
-def plan_documents(store: Any, *, source: str, kind: str) -> Iterator[tuple[int, str]]:
+def plan_documents(store: Store, *, source: str, kind: str) -> Iterator[tuple[int, str]]:
     """``(id, document JSON)`` of the stored plans of one source and kind, oldest first."""
     for row in store.db.table("plans").rows_where(
         "source = ? and kind = ?", [source, kind], order_by="id"
@@ -76,12 +79,12 @@ def plan_documents(store: Any, *, source: str, kind: str) -> Iterator[tuple[int,
         yield int(row["id"]), row["document"]
 
 
-def add_decision(store: Any, record: dict[str, Any]) -> int:
+def add_decision(store: Store, record: dict[str, Any]) -> int:
     """Append a replanning decision record; returns its id."""
     return int(store.db.table("decisions").insert(record).last_pk)
 
 
-def lineage_new_plan_ids(store: Any, lineage: str) -> set[int]:
+def lineage_new_plan_ids(store: Store, lineage: str) -> set[int]:
     """Every plan the rounds of ``lineage`` made (applied or proposed)."""
     return {
         int(row["new_plan_id"])
@@ -91,7 +94,7 @@ def lineage_new_plan_ids(store: Any, lineage: str) -> set[int]:
     }
 
 
-def last_applied_decision(store: Any, lineage: str) -> dict[str, Any] | None:
+def last_applied_decision(store: Store, lineage: str) -> dict[str, Any] | None:
     """The newest decision of ``lineage`` that applied a plan, or None."""
     rows = list(
         store.db.table("decisions").rows_where(
@@ -105,7 +108,7 @@ def last_applied_decision(store: Any, lineage: str) -> dict[str, Any] | None:
 
 
 # -- the dispatcher's counters (the running dispatcher itself: data/deployments.py) -----------
-def load_counter(store: Any, *, source: str, model: str) -> dict[str, Any] | None:
+def load_counter(store: Store, *, source: str, model: str) -> dict[str, Any] | None:
     """The last request count read from ``source`` for ``model`` (``time, count``), or None."""
     rows = list(
         store.db.table("load_counters").rows_where(
@@ -115,7 +118,7 @@ def load_counter(store: Any, *, source: str, model: str) -> dict[str, Any] | Non
     return rows[0] if rows else None
 
 
-def set_load_counter(store: Any, *, source: str, model: str, time: str, count: float) -> None:
+def set_load_counter(store: Store, *, source: str, model: str, time: str, count: float) -> None:
     """Remember the request count read from ``source`` for ``model`` at ``time``."""
     store.db.table("load_counters").insert(
         {"source": source, "model": model, "time": time, "count": count}, replace=True
@@ -123,7 +126,7 @@ def set_load_counter(store: Any, *, source: str, model: str, time: str, count: f
 
 
 # -- eGLB's online state of a routed geo plan ------------------------------------------------
-def add_geo_step(store: Any, row: dict[str, Any]) -> int:
+def add_geo_step(store: Store, row: dict[str, Any]) -> int:
     """Append one online step of a routed geo plan (``lineage, plan_id, algorithm, slot,
     slot_time, state, fractions``; the last two as dicts, stored as JSON); returns its id."""
 
@@ -136,7 +139,7 @@ def add_geo_step(store: Any, row: dict[str, Any]) -> int:
     return int(store.db.table("geo_online_steps").insert(doc).last_pk)
 
 
-def last_geo_step(store: Any, lineage: str) -> dict[str, Any] | None:
+def last_geo_step(store: Store, lineage: str) -> dict[str, Any] | None:
     """The newest online step of ``lineage`` (``state`` and ``fractions`` decoded), or None."""
     rows = list(
         store.db.table("geo_online_steps").rows_where(

@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from greenctl.data.errors import InputError
 from greenctl.data.records import SYNTHETIC, Profile, Variant
+
+if TYPE_CHECKING:
+    from greenctl.data.store import Store
 
 UNLABELLED = "(no hardware label)"
 #: The data set of every synthetic profile, whichever GPU it names.
@@ -60,7 +63,7 @@ def prefixed(prefix: str, name: str) -> str:
 
 
 def stored_datasets(
-    store: Any,
+    store: Store,
     *,
     variants: Iterable[str] = (),
     families: Iterable[str] = (),
@@ -96,7 +99,7 @@ def stored_datasets(
 
 
 def check_import_merge(
-    store: Any,
+    store: Store,
     incoming: Iterable[tuple[str, str, str | None]],
     *,
     what: str,
@@ -188,7 +191,7 @@ def _labels(hardware: Iterable[str | None]) -> str:
 
 
 def store_synthetic(
-    store: Any,
+    store: Store,
     variants: Sequence[Variant],
     profiles: Sequence[Profile],
     *,

@@ -6,16 +6,19 @@ overheads; the SQL lives here (see ARCHITECTURE.md).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from greenctl.data.store import Store
 
 
-def add_serving_row(store: Any, row: dict[str, Any]) -> int | None:
+def add_serving_row(store: Store, row: dict[str, Any]) -> int | None:
     """Append one measurement row; returns its id."""
     pk = store.db.table("serving_profiles").insert(row).last_pk
     return None if pk is None else int(pk)
 
 
-def serving_profile_rows(store: Any, *, variant: str | None = None) -> list[dict[str, Any]]:
+def serving_profile_rows(store: Store, *, variant: str | None = None) -> list[dict[str, Any]]:
     """Stored measurements (of one variant, or all), newest first."""
     sql = "select * from serving_profiles"
     params: list[Any] = []
@@ -27,7 +30,7 @@ def serving_profile_rows(store: Any, *, variant: str | None = None) -> list[dict
 
 
 def family_serving_rows(
-    store: Any, *, path: str, family: str, stand_in: str | None = None
+    store: Store, *, path: str, family: str, stand_in: str | None = None
 ) -> list[dict[str, Any]]:
     """A family's measurements on ``path`` (``dispatcher`` or ``direct``), newest first;
     ``stand_in`` keeps only ``model`` or ``noop`` runs (None: either; rows without one count

@@ -10,12 +10,13 @@ from typing import Any
 from greenctl.data import loop_state
 from greenctl.data.errors import InputError, NotFoundError
 from greenctl.data.records import utcnow_iso
+from greenctl.data.store import Store
 from greenctl.data.traces import read_rps_trace
 from greenctl.executor.control.history import load_history_minutes
 from greenctl.planner.core import forecast as fc
 
 
-def _history(store: Any, *, trace: str | None, model: str | None) -> tuple[Any, str]:
+def _history(store: Store, *, trace: str | None, model: str | None) -> tuple[Any, str]:
 
     if trace:
         return fc.minute_maxima(read_rps_trace(trace)), f"trace:{Path(trace).name}"
@@ -29,7 +30,7 @@ def _history(store: Any, *, trace: str | None, model: str | None) -> tuple[Any, 
 
 
 def fit_forecaster(
-    store: Any,
+    store: Store,
     *,
     kind: str = "lstm",
     name: str | None = None,
@@ -82,7 +83,7 @@ def fit_forecaster(
     }
 
 
-def get_forecaster(store: Any, name: str) -> Any:
+def get_forecaster(store: Store, name: str) -> Any:
     """A saved forecaster by name; the rule-based kinds work unsaved under their own name.
 
     Raises:
@@ -101,7 +102,7 @@ def get_forecaster(store: Any, name: str) -> Any:
     )
 
 
-def list_forecasters(store: Any) -> list[dict[str, Any]]:
+def list_forecasters(store: Store) -> list[dict[str, Any]]:
     """Saved forecasters (without their binary state)."""
     out = []
     for r in loop_state.forecaster_rows(store):
@@ -119,7 +120,7 @@ def list_forecasters(store: Any) -> list[dict[str, Any]]:
 
 
 def predict_load(
-    store: Any,
+    store: Store,
     *,
     forecaster: str = "last",
     trace: str | None = None,

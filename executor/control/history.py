@@ -12,6 +12,7 @@ from typing import Any
 from greenctl.data import deployments, loop_state
 from greenctl.data.carbon_io import parse_time
 from greenctl.data.records import utcnow_iso
+from greenctl.data.store import Store
 
 
 @dataclass
@@ -25,7 +26,7 @@ class LoadSample:
     source: str = "measured"
 
 
-def record_load(store: Any, samples: Iterable[LoadSample]) -> int:
+def record_load(store: Store, samples: Iterable[LoadSample]) -> int:
     """Append measured load samples to ``load_history`` (one transaction)."""
     rows = [
         {
@@ -42,14 +43,14 @@ def record_load(store: Any, samples: Iterable[LoadSample]) -> int:
     return len(rows)
 
 
-def load_history_minutes(store: Any, *, model: str | None = None) -> Any:
+def load_history_minutes(store: Store, *, model: str | None = None) -> Any:
     """The store's measured load as per-minute maxima (numpy array, oldest first)."""
     import numpy as np
 
     return np.asarray(loop_state.load_minute_peaks(store, model=model), dtype=float)
 
 
-def _dispatcher_url(store: Any) -> str | None:
+def _dispatcher_url(store: Store) -> str | None:
     row = deployments.running_dispatcher(store)
     if row is None:
         return None
@@ -59,7 +60,7 @@ def _dispatcher_url(store: Any) -> str | None:
 
 
 def sample_dispatcher_load(
-    store: Any, *, url: str | None = None, timeout_s: float = 2.0
+    store: Store, *, url: str | None = None, timeout_s: float = 2.0
 ) -> list[dict[str, Any]]:
     """Read the running dispatcher's request counters and append the arrival rate since the
     previous reading to ``load_history`` (per model). The first reading only primes the

@@ -12,11 +12,12 @@ from greenctl.data.gpulet_import import (
     load_utilisation,
     save_interference_model,
 )
+from greenctl.data.store import Store
 from greenctl.planner.core.interference import FEATURES, fit_interference
 
 
 def fit_and_store(
-    store: Any, *, test_fraction: float = 0.2, seed: int = 0, source: str | None = None
+    store: Store, *, test_fraction: float = 0.2, seed: int = 0, source: str | None = None
 ) -> tuple[int, Any]:
     """Fit c1..c5 on the imported co-locations (holding ``test_fraction`` out, split with
     ``seed``) and store the model; returns its id and the fit
