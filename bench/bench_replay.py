@@ -1,4 +1,4 @@
-"""Benchmarks of ``greenctl replay`` (issue 21).
+"""Benchmarks of ``greenctl replay``.
 
 Run: ``python bench/bench_replay.py [--quick] [--forecaster last]``.
 
@@ -30,7 +30,7 @@ Run: ``python bench/bench_replay.py [--quick] [--forecaster last]``.
     problem solved afresh, the mix ILP with its MIR rows and HiGHS's default MIP options;
     (2) + the exact solver memo (``planner.core.solvers.solve_memo``); (3) + no MIR rows and
     the mix ILP's HiGHS options (``planner.mix.model.MIR_CUTS``, ``MIP_OPTIONS``): the
-    product's speed. Rows (1)-(3) hold the plan for the whole ``--min-dwell`` (the old rule);
+    product's speed. Rows (1)-(3) hold the plan for the whole ``--min-dwell`` (the dwell never yields);
     (4) the product: the dwell yields to a load the running plan cannot carry
     (``executor.control.replan.dwell_yields``), which changes the figures. Per row: wall and CPU
     seconds, the seconds in HiGHS, in building the mix problem, in building the ILP and in
@@ -110,7 +110,7 @@ def speed(store: Any, hours: float, forecaster: str) -> None:
             f"{r['dwell_holds']:6d} {out['meta']['evaluations']:6d}"
         )
     print(f"    {_load()}")
-    print("    target: one day at 1-min intervals in <= 10 s (issue 21)")
+    print("    target: one day at 1-min intervals in <= 10 s")
 
 
 def infadapter_vs_vpa(store: Any, hours: float, forecaster: str) -> None:
@@ -283,8 +283,8 @@ def speed_fixes(store: Any, hours: float, forecaster: str) -> None:
     import contextlib
 
     from greenctl.executor.control import replan as replan_mod
-    from greenctl.executor.control import replay as rp
     from greenctl.executor.control.replay import replay
+    from greenctl.executor.kinds import mix_replay
     from greenctl.planner.core import solvers
     from greenctl.planner.core.forecast import DEFAULT_FORECASTER
     from greenctl.planner.mix import model as mix_model
@@ -334,7 +334,7 @@ def speed_fixes(store: Any, hours: float, forecaster: str) -> None:
                 patch(mix_solve, "build_mix_problem",
                       _timed(mix_solve.build_mix_problem, acc, "problem_s"))  # fmt: skip
                 patch(mix_solve, "build_model", _timed(mix_solve.build_model, acc, "ilp_s"))
-                patch(rp, "_account", _timed(rp._account, acc, "acct_s"))
+                patch(mix_replay, "account", _timed(mix_replay.account, acc, "acct_s"))
                 t, c = time.perf_counter(), time.process_time()
                 out = replay(
                     store, load_trace=str(TWITTER), request=dict(REQUEST), start="24h",
@@ -363,7 +363,7 @@ def speed_fixes(store: Any, hours: float, forecaster: str) -> None:
         "MODELED); same: greenctl's violations, cost, accuracy, changes and energy equal row "
         "(1)'s"
     )
-    print(f"    target: one day at 1-min intervals in <= 10 s (issue 21); {_load()}")
+    print(f"    target: one day at 1-min intervals in <= 10 s; {_load()}")
 
 
 def main(argv: list[str] | None = None) -> int:

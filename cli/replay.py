@@ -546,7 +546,7 @@ def replay_mix_cmd(
             alpha=alpha, beta=beta, gamma=gamma, carbon_intensity=common.carbon_intensity,
             headroom=headroom, strategy=strategy, spec=spec,
         )  # fmt: skip
-    _replay(common, DEFAULT_KIND, request, {"vpa_variant": vpa_variant})
+    _replay(common, "mix", request, {"vpa_variant": vpa_variant})
 
 
 @replay_app.command("mig", epilog=SHARED)
