@@ -244,7 +244,7 @@ def status_cmd(
     from greenctl.executor.deploy.backends import not_serving, status
     from greenctl.executor.deploy.georouter import router_status
 
-    # read-only: a missing store is not created, except to ask a named cluster (as before)
+    # read-only: a missing store is not created, except to ask a named cluster
     with store_for(db, create=backend not in (None, "local")) as store:
         doc = status(store, backend=backend, address=address)
         geo = router_status(store)

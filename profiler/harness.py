@@ -1,7 +1,7 @@
 """The measurement harness: plan the points, measure them, store them in one transaction.
 
-A *point* is (variant, resource, batch). :func:`plan_runs` turns the discovered hardware and
-the user's choices into :class:`RunItem` s, one per (resource, variant):
+A *point* is (variant, resource, batch). :func:`~greenctl.profiler.run_plan.plan_runs` turns
+the discovered hardware and the user's choices into run items, one per (resource, variant):
 
 - ``cpu:N`` runs in this process with N torch threads and every thread of the process pinned
   to N cores (``os.sched_setaffinity``), both restored afterwards;
@@ -11,7 +11,7 @@ the user's choices into :class:`RunItem` s, one per (resource, variant):
   ``python -m greenctl.profiler.child``, that sees exactly that device as ``cuda:0`` and reads
   the parent GPU's NVML energy counter itself (attributed by its share for MIG/MPS);
 - with ``emulate_mig``, every MIG slice of each whole GPU as an MPS share (``mig:PROFILE``
-  rows with ``source`` ``mps-emulated``, :func:`_emulated_items`): these run first, as
+  rows with ``source`` ``mps-emulated``): these run first, as
   clients of an MPS daemon that runs already or one started for them and stopped right after
   (:mod:`greenctl.profiler.mps`).
 

@@ -26,8 +26,8 @@ the copy back), not a figure of another code path.
   * a **warm-up** that runs every size it will serve, then the largest size until
     ``min_s`` has passed and the per-batch time has settled; it reports how long that took.
 
-``GREENCTL_GPU_PIPELINE=0`` selects the eager path on GPUs too (the executor before this
-runner: pageable copies, ``torch.cuda.synchronize`` after each batch); ``bench/bench_gpu_serving.py``
+``GREENCTL_GPU_PIPELINE=0`` selects the eager path on GPUs too (pageable copies,
+``torch.cuda.synchronize`` after each batch); ``bench/bench_gpu_serving.py``
 runs both in one run. ``GREENCTL_CUDA_GRAPHS=0`` keeps the pipeline without graphs.
 
 torch is imported lazily.
