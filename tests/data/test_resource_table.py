@@ -39,11 +39,7 @@ OWNED_ELSEWHERE = {
 # against a kind name fails the scan: ask the kind record (``parse_resource(x).spec``,
 # ``kind_of(label)``) instead, or add a field to the table.
 ALLOWED = {
-    # plan kinds ("mig" plans), not resource kinds: the plan-kind registry's business
-    # (replan's two moved into it: the kinds' objective hooks, executor/kinds/)
-    ("executor/deploy/k8s_export.py", "plan.kind == 'mig'"),
-    # replay's plan kind: the SLA held and Clover's baselines for "mig" replays
-    ("cli/replay.py", "kind == 'mig'"),
+    # the mig planner checks that the running plan it re-places is one of its own
     ("planner/mig/solve.py", "current.kind != 'mig'"),
     # a torch device name, not a resource kind
     ("profiler/runner.py", "device != 'cpu'"),
