@@ -19,6 +19,19 @@ DEFAULT_WARMUP = 3
 DEFAULT_DURATION_S = 1.0
 
 
+def check_emulate_mig(*, emulate_mig: bool, gpus: bool) -> None:
+    """MIG slices are emulated on this machine's whole GPUs: ``emulate_mig`` needs ``gpus``.
+
+    Raises:
+        InputError: --emulate-mig without --gpus.
+    """
+    if emulate_mig and not gpus:
+        raise InputError(
+            "--emulate-mig needs --gpus",
+            hint="add --gpus: MIG slices are emulated on this machine's whole GPUs",
+        )
+
+
 @dataclass(frozen=True)
 class ProfileOptions:
     """The points of one profiling run: which variants, on which resources, for how long.
@@ -65,11 +78,7 @@ class ProfileOptions:
             InputError: --emulate-mig without --gpus, a batch size below 1, --requests below
                 1, or no positive --duration when no --requests is given.
         """
-        if self.emulate_mig and not self.gpus:
-            raise InputError(
-                "--emulate-mig needs --gpus",
-                hint="add --gpus: MIG slices are emulated on this machine's whole GPUs",
-            )
+        check_emulate_mig(emulate_mig=self.emulate_mig, gpus=self.gpus)
         for b in self.batches:
             if int(b) < 1:
                 raise InputError(
@@ -161,11 +170,7 @@ def parse_profile_options(
         raise InputError(f"--duration {duration}: must be > 0 seconds", hint="e.g. --duration 2")
     user = user or UserModelSpec()
     user.check()
-    if emulate_mig and not gpus:
-        raise InputError(
-            "--emulate-mig needs --gpus",
-            hint="add --gpus: MIG slices are emulated on this machine's whole GPUs",
-        )
+    check_emulate_mig(emulate_mig=emulate_mig, gpus=gpus)
     no_cpus = cpus.strip().lower() == "none"
     if no_cpus and not gpus:
         raise InputError(

@@ -19,6 +19,7 @@ from greenctl.data.errors import InputError
 from greenctl.data.mig_geometry import GpuGeometry, emulated_slices, find_gpu, known_gpu_names
 from greenctl.data.records import MPS_EMULATED, Hardware, Variant
 from greenctl.profiler.device import GpuInfo
+from greenctl.profiler.options import check_emulate_mig
 
 if TYPE_CHECKING:
     from greenctl.profiler.hw import Inventory
@@ -102,11 +103,7 @@ def plan_runs(
             asked for and there is no NVIDIA GPU, ``emulate_mig`` without ``gpus``, or no GPU
             whose slices can be emulated.
     """
-    if emulate_mig and not gpus:
-        raise InputError(
-            "--emulate-mig needs --gpus",
-            hint="add --gpus: MIG slices are emulated on this machine's whole GPUs",
-        )
+    check_emulate_mig(emulate_mig=emulate_mig, gpus=gpus)
     avail = len(inventory.cpu_info.usable_cores)
     for n in cpus:
         if n > avail:
