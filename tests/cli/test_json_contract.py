@@ -93,6 +93,10 @@ STEP_NAMES = [
     "forecast predict",
     "forecast list",
     "replay",
+    "replay mix",
+    "replay mig",
+    "replay glet",
+    "replay geo",
     "profile (measure)",
     "plan mix tiny",
     "apply --dry-run",
@@ -213,6 +217,15 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Step
         "--budget", "cpu=14", "--from", "24h", "--hours", "0.1", "--region", "CISO",
         "--min-dwell", "0", "-o", str(work / "replay"),
     )  # fmt: skip
+    run(
+        "replay mix",
+        "replay", "mix", "--model", "resnet", "--slo-ms", "750", "--budget", "cpu=14",
+        "--load-trace", twitter, "--hours", "0.05", "--baseline", "none",
+    )  # fmt: skip
+    for kind in ("mig", "glet", "geo"):  # each kind's plan of this session, replayed briefly
+        planned = str((steps[f"plan {kind}"].doc or {}).get("id"))
+        window = ["--hours", "2"] if kind == "geo" else ["--load-trace", twitter, "--hours", "0.05"]
+        run(f"replay {kind}", "replay", kind, "--plan", planned, *window)
     run(
         "profile (measure)",
         "profile", "--variant", "tiny-s", "--batch", "1", "--duration", "0.3",
