@@ -100,9 +100,10 @@ def apply_cmd(
     """Make a plan real: partitions, executor daemons and a dispatcher, with rollback; a geo
     plan: a geo router forwarding each request to a site (--site NAME=URL)."""
     from greenctl.executor.deploy.backends import backend_for, get_backend  # numpy
+    from greenctl.executor.deploy.georouter_table import plan_routes
 
     plan = load_plan_file(plan_file)
-    if plan.kind == "geo" or site:
+    if plan_routes(plan) or site:
         _apply_geo(plan, site, gateway=gateway, at=at, host=host, port=port, db=db,
                    dry_run=dry_run, json_out=json_out)  # fmt: skip
         return
