@@ -284,7 +284,7 @@ def speed_fixes(store: Any, hours: float, forecaster: str) -> None:
 
     from greenctl.executor.control import replan as replan_mod
     from greenctl.executor.control.replay import replay
-    from greenctl.executor.kinds import mix_replay
+    from greenctl.executor.kinds import serving_replay
     from greenctl.planner.core import solvers
     from greenctl.planner.core.forecast import DEFAULT_FORECASTER
     from greenctl.planner.mix import model as mix_model
@@ -334,7 +334,7 @@ def speed_fixes(store: Any, hours: float, forecaster: str) -> None:
                 patch(mix_solve, "build_mix_problem",
                       _timed(mix_solve.build_mix_problem, acc, "problem_s"))  # fmt: skip
                 patch(mix_solve, "build_model", _timed(mix_solve.build_model, acc, "ilp_s"))
-                patch(mix_replay, "account", _timed(mix_replay.account, acc, "acct_s"))
+                patch(serving_replay, "account", _timed(serving_replay.account, acc, "acct_s"))
                 t, c = time.perf_counter(), time.process_time()
                 out = replay(
                     store, load_trace=str(TWITTER), request=dict(REQUEST), start="24h",

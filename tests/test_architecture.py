@@ -302,25 +302,26 @@ def test_executor_rooms(modules: dict[str, Path], edges: list[Edge]) -> None:
 KIND_MODULES = ("mix", "mig", "glet", "geo")
 
 # Kind modules still reaching another kind: (importer, imported), the list only shrinks.
-KNOWN_KIND_CROSSINGS: frozenset[tuple[str, str]] = frozenset(
-    {("greenctl.executor.kinds.mig_replay", "greenctl.executor.kinds.mix_replay")}
-)
+KNOWN_KIND_CROSSINGS: frozenset[tuple[str, str]] = frozenset()
+#: the registry package's modules every kind shares (they import no kind)
+SHARED_KIND_MODULES = ("base", "replaying", "serving_replay")
 
 
 def _kind_of_module(module: str) -> str | None:
     """The kind a module of the registry package belongs to (``glet`` for ``glet`` and its
-    replay step ``glet_replay``), None for the shared ``base`` and ``replaying``."""
-    name = module.rpartition(".")[2].removesuffix("_replay")
-    return name if name not in ("base", "replaying") else None
+    replay step ``glet_replay``), None for the shared ones (:data:`SHARED_KIND_MODULES`)."""
+    name = module.rpartition(".")[2]
+    return name.removesuffix("_replay") if name not in SHARED_KIND_MODULES else None
 
 
 def test_kind_modules_stand_alone(modules: dict[str, Path], edges: list[Edge]) -> None:
     """The registry package: ``base`` holds what every kind shares and imports no kind,
-    ``replaying`` (the replay step's interface) imports only ``base``; a kind's modules (its
-    record ``mix`` and its replay step ``mix_replay``) import those two and each other, never
-    another kind or the package that registers them."""
+    ``replaying`` (the replay step's interface) and ``serving_replay`` (the replay the serving
+    kinds share) import only the shared modules; a kind's modules (its record ``mix`` and its
+    replay step ``mix_replay``) import those and each other, never another kind or the
+    package that registers them."""
     package = "greenctl.executor.kinds"
-    shared = {f"{package}.base", f"{package}.replaying"}
+    shared = {f"{package}.{name}" for name in SHARED_KIND_MODULES}
     assert {f"{package}.{k}" for k in ("base", *KIND_MODULES)} <= set(modules)
     crossing = {
         (e.importer, e.imported)

@@ -1,10 +1,10 @@
-"""The replay step of a mig plan: mix's replay of a single-family serving plan
-(:mod:`greenctl.executor.kinds.mix_replay`), with Clover's own baselines and its SLA held.
+"""The replay step of a mig plan: the serving replay every single-family serving kind shares
+(:mod:`greenctl.executor.kinds.serving_replay`), with Clover's own baselines and its SLA held.
 
 The SLA stays what the first plan met for every replan (``replan`` would derive it again);
 a MIG layout change's own time (destroying and creating GPU instances) is not modeled.
 ``base`` and ``co2opt`` are Clover's BASE and CO2OPT as ``plan mig --baseline`` makes them,
-sized for the window's peak; mix's other baselines size CPU pods and variant mixes, and are
+sized for the window's peak; the baselines that size CPU pods and variant mixes (mix's) are
 left out with a note.
 """
 
@@ -15,11 +15,17 @@ from typing import Any
 from greenctl.data.errors import InfeasiblePlan
 from greenctl.data.plan import Plan
 from greenctl.executor.kinds.base import get_kind
-from greenctl.executor.kinds.mix_replay import DEFAULT_BASELINES, Serving, replay_serving
 from greenctl.executor.kinds.replaying import ReplayStep
+from greenctl.executor.kinds.serving_replay import (
+    DEFAULT_BASELINES,
+    STATIC_BASELINES,
+    Serving,
+    ServingRun,
+    replay_serving,
+)
 
-#: Clover's baselines
-BASELINES = ("base", "co2opt")
+#: Clover's baselines: the static ones
+BASELINES = STATIC_BASELINES
 
 
 def hold_sla(first: Plan, request: dict[str, Any], notes: list[str]) -> None:
@@ -32,30 +38,21 @@ def hold_sla(first: Plan, request: dict[str, Any], notes: list[str]) -> None:
     )
 
 
-def clover_static(
-    store: Any,
-    kind: str,
-    first: Plan,
-    request: dict[str, Any],
-    name: str,
-    peak: float,
-    carbon: float,
-    notes: list[str],
-) -> Plan | None:
+def clover_static(run: ServingRun, name: str) -> Plan | None:
     """Clover's BASE or CO2OPT for the peak, as ``plan mig --baseline`` makes it; None (and
     a note) when it cannot carry the peak."""
-    req = {**first.request, "rate_rps": peak, "carbon_intensity": carbon}
-    plan = get_kind(kind).plan
+    req = {**run.first.request, "rate_rps": run.peak, "carbon_intensity": run.carbon}
+    plan = get_kind(run.inputs.kind).plan
     assert plan is not None
     try:
-        return plan(store, req, baseline=name)[0]
+        return plan(run.store, req, baseline=name)[0]
     except InfeasiblePlan as exc:
-        notes.append(f"{name}: left out, it cannot carry the peak ({exc.message})")
+        run.loop.notes.append(f"{name}: left out, it cannot carry the peak ({exc.message})")
         return None
 
 
 MIG = Serving(hold=hold_sla, static=clover_static, percentile=lambda request: "p95")
-#: mig's replay step (its defaults are mix's: vpa is left out with a note)
+#: mig's replay step (its defaults are the serving kinds': vpa is left out with a note)
 STEP = ReplayStep(
     run=lambda store, inputs, loop: replay_serving(store, inputs, loop, MIG),
     baselines=BASELINES,

@@ -1,13 +1,6 @@
-"""The replay step of single-family serving plans: mix's, and mig's on top of it.
-
-Each second of an interval's arrivals is evaluated on what serves with the evaluation core's
-analytic :func:`~greenctl.planner.core.evaluate.predict` (each second in steady state at its
-own rate, Poisson within it; the queue carried from one second to the next is not modeled),
-and SLO violations (requests over the SLO at the plan's percentile, plus every request an
-overloaded configuration cannot serve), accuracy, energy, carbon, water and cost are
-accounted per interval. A change pays its reconfiguration: each new instance loads for its
-variant's ``load_time_s`` (a profile import's) while the previous configuration serves and
-both are paid for; a variant without a load time is not modeled (0 s, and the result says so).
+"""The replay step of a mix plan: the serving replay every single-family serving kind shares
+(:mod:`greenctl.executor.kinds.serving_replay`, which evaluates and accounts each second),
+with mix's own baselines.
 
 Mix's baselines (:data:`BASELINES`) run on the same intervals and the same seconds:
 
@@ -45,37 +38,39 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from greenctl.data.errors import InfeasiblePlan, InputError, NotFoundError
 from greenctl.data.plan import Deployment, Plan
-from greenctl.data.resources import kind_of, parse_resource
-from greenctl.executor.kinds.base import PlanKind, get_kind
-from greenctl.executor.kinds.replaying import (
-    Footprint,
-    Interval,
-    PolicyStep,
-    ReplayInputs,
-    ReplayLoop,
-    ReplayStep,
-    Round,
-    TraceWindow,
-    intervals,
+from greenctl.data.resources import parse_resource
+from greenctl.executor.kinds.base import get_kind
+from greenctl.executor.kinds.replaying import Interval, PolicyStep, ReplayLoop, ReplayStep
+from greenctl.executor.kinds.serving_replay import (
+    DEFAULT_BASELINES,
+    STATIC_BASELINES,
+    Extras,
+    Serving,
+    ServingRun,
+    config_key,
+    load_time_s,
+    replay_serving,
 )
+
+# the names a mix replay's callers know, from the serving replay they rest on
+from greenctl.executor.kinds.serving_replay import INTERVAL_COLUMNS as INTERVAL_COLUMNS
+from greenctl.executor.kinds.serving_replay import MODELED as MODELED
+from greenctl.executor.kinds.serving_replay import SUMMARY_COLUMNS as SUMMARY_COLUMNS
+from greenctl.executor.kinds.serving_replay import config_label as config_label
+from greenctl.executor.kinds.serving_replay import units_name as units_name
 from greenctl.planner.core import forecast as fc
-from greenctl.planner.core import solvers
-from greenctl.planner.core.evaluate import build_instances, predict, spare_idle_w
-from greenctl.planner.core.simulator import pick_profiles, sized_slo_ms
-from greenctl.planner.mix.solve import REFERENCE_CARBON_INTENSITY
+from greenctl.planner.core.evaluate import build_instances
 
 if TYPE_CHECKING:
     from greenctl.data.store import Store
 
-BASELINES = ("base", "co2opt", "vpa", "infaas", "infadapter")
-#: the baselines a replay runs unless told
-DEFAULT_BASELINES = ("base", "co2opt", "vpa")
+BASELINES = (*STATIC_BASELINES, "vpa", "infaas", "infadapter")
 #: INFaaS-style scaling: scale down after this many intervals under the low-water mark
 INFAAS_DOWN_AFTER = 5
 #: ... of the running configuration's capacity
@@ -85,46 +80,6 @@ INFADAPTER_FORECASTER = "lstm"
 #: ... else InfAdapter's LSTM is fitted on the history before the window, for at least this
 #: many optimizer steps (InfAdapter's 8 epochs over 14 days of minutes at batch 512: 320)
 INFADAPTER_MIN_STEPS = 320
-#: the columns of one interval of one policy
-INTERVAL_COLUMNS = (
-    "policy",
-    "interval",
-    "time",
-    "offset_s",
-    "requests",
-    "peak_rps",
-    "forecast_rps",
-    "carbon_g_per_kwh",
-    "action",
-    "config",
-    "units",
-    "reconfig_s",
-    "violations",
-    "violation_frac",
-    "accuracy",
-    "energy_j",
-    "carbon_g",
-    "water_l",
-    "cost_usd",
-)
-SUMMARY_COLUMNS = (
-    "policy",
-    "requests",
-    "violations",
-    "violation_pct",
-    "accuracy",
-    "energy_kwh",
-    "carbon_g",
-    "water_l",
-    "cost_usd",
-    "changes",
-    "mean_units",
-    "basis",
-)
-MODELED = (
-    "modeled: profiles + the evaluation core's analytic predict per second of the load "
-    "trace (steady state each second); energy from the profiles' power"
-)
 
 
 @dataclass(frozen=True)
@@ -153,142 +108,6 @@ class VpaConfig:
             f"{self.interval_s:g} s, min-replicas 1 (the default 2 never evicts a one-pod "
             "deployment), restart = the model's load time without service"
         )
-
-
-class ReadCache:
-    """The store, with the reads a planning round repeats (variants, profiles) memoised: a
-    replay plans hundreds of times from one unchanged store."""
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._memo: dict[Any, Any] = {}
-
-    def _cached(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        key = (name, args, tuple(sorted(kwargs.items())))
-        if key not in self._memo:
-            self._memo[key] = getattr(self._store, name)(*args, **kwargs)
-        return list(self._memo[key])
-
-    def variants(self, *args: Any, **kwargs: Any) -> Any:
-        return self._cached("variants", *args, **kwargs)
-
-    def latest_profiles(self, *args: Any, **kwargs: Any) -> Any:
-        return self._cached("latest_profiles", *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-
-def config_key(deps: Sequence[Deployment]) -> tuple[Any, ...]:
-    return tuple(
-        sorted((d.model, d.variant, d.resource, d.batch, d.count, d.quota_rps) for d in deps)
-    )
-
-
-def config_label(deps: Sequence[Deployment]) -> str:
-    """``resnet50@cpu:6x1 + resnet18@cpu:2x2``."""
-    return " + ".join(f"{d.variant}@{d.resource}x{d.count}" for d in deps)
-
-
-def units(deps: Sequence[Deployment]) -> float:
-    """The configuration's size in its kind's budget units (cores, MIG compute slices)."""
-    total = 0.0
-    for d in deps:
-        try:
-            amount = float(kind_of(d.resource).budget_amount(d.resource.split(":", 1)[1]))
-        except (IndexError, ValueError, InputError):
-            continue
-        total += amount * d.count
-    return total
-
-
-def units_name(deps: Sequence[Deployment]) -> str:
-    """The budget unit of the configuration's resource kinds (``cores``, ...)."""
-    names = {kind_of(d.resource).budget_unit for d in deps}
-    return names.pop() if len(names) == 1 else "budget units"
-
-
-@dataclass
-class Evaluator:
-    """Predicts a configuration at one rate (memoised: traces repeat their rates)."""
-
-    table: dict[Any, Any]
-    variants: dict[str, Any]
-    slo_ms: float | None
-    policy: Callable[[Plan], str]
-    memo: dict[Any, dict[str, Any]] = field(default_factory=dict)
-    keys: dict[int, tuple[Plan, tuple[Any, ...]]] = field(default_factory=dict)
-
-    def at(self, plan: Plan, rate: float) -> dict[str, Any]:
-        known = self.keys.get(id(plan))
-        if known is None or known[0] is not plan:  # (the plan is kept: its id stays its own)
-            known = self.keys[id(plan)] = (plan, config_key(plan.deployments))
-        key = (known[1], float(rate))
-        got = self.memo.get(key)
-        if got is None:
-            got = predict(
-                plan.deployments,
-                self.table,
-                self.variants,
-                rate_rps=float(rate),
-                policy=self.policy(plan),
-                percentile_slo_ms=self.slo_ms,
-                spare_idle_w=spare_idle_w(plan),  # as simulate: a MIG GPU's empty slices
-            )
-            self.memo[key] = got
-        return got
-
-    def seconds(self, plan: Plan | None, rates: np.ndarray) -> dict[str, float]:
-        """Totals over seconds at ``rates`` (one second each); ``plan`` None: nothing serves
-        (every request violates)."""
-        out = {"requests": 0.0, "violations": 0.0, "served": 0.0, "acc": 0.0, "energy_j": 0.0}
-        out["cost_usd"] = 0.0
-        out["busy"] = 0.0
-        if rates.size == 0:
-            return out
-        values, counts = np.unique(rates, return_counts=True)
-        for r, c in zip(values.tolist(), counts.tolist(), strict=True):
-            out["requests"] += r * c
-            if plan is None:
-                out["violations"] += r * c
-                continue
-            m = self.at(plan, r)
-            served = float(m["served_rps"] or 0.0)
-            # over the SLO, an overloaded queue's requests included; without an SLO the
-            # requests it cannot serve
-            if self.slo_ms is not None:
-                viol = float(m.get("slo_violation_frac") or 0.0) * r
-            else:
-                viol = float(m.get("dropped_rps") or 0.0)
-            out["violations"] += min(viol, r) * c
-            out["served"] += served * c
-            if m.get("accuracy") is not None:
-                out["acc"] += float(m["accuracy"]) * served * c
-            out["energy_j"] += float(m["power_w"] or 0.0) * c
-            out["cost_usd"] += float(m["cost_per_hour"] or 0.0) * c / 3600.0
-            out["busy"] += float(m["utilisation"] or 0.0) * c
-        return out
-
-
-def load_time_s(
-    old: Plan | None, new: Plan, variants: dict[str, Any], unmodeled: set[str]
-) -> float:
-    """The longest load time of the instances ``new`` adds to ``old``."""
-    before: dict[tuple[str, str, int], int] = {}
-    for d in old.deployments if old is not None else []:
-        key = (d.variant, d.resource, d.batch)
-        before[key] = before.get(key, 0) + d.count
-    longest = 0.0
-    for d in new.deployments:
-        key = (d.variant, d.resource, d.batch)
-        if d.count > before.get(key, 0):
-            v = variants.get(d.variant)
-            lt = getattr(v, "load_time_s", None) if v is not None else None
-            if lt is None:
-                unmodeled.add(d.variant)
-            else:
-                longest = max(longest, float(lt))
-    return longest
 
 
 def static_plan(
@@ -392,6 +211,20 @@ class Vpa:
         self.cores = want
         self.last_action_s = t_s
         return True
+
+    def decide(self, at: Interval) -> PolicyStep:
+        """The updater's step at interval ``at``: an eviction restarts the pod at its new
+        request, serving nothing for its load time."""
+        evicted = at.k > 0 and self.step(at.offset_s)
+        step = PolicyStep(self.plan(), "evict" if evicted else ("start" if at.k == 0 else "keep"))
+        if evicted:
+            step.reconfig_s, step.down = self.load_time_s, True
+        return step
+
+    def learn(self, row: dict[str, Any], at: Interval) -> None:
+        """The usage the pod showed over interval ``at`` (capped at its request, as a limit
+        does)."""
+        self.observe(min(row["_busy_mean"] * self.cores, float(self.cores)), at.offset_s)
 
 
 def vpa_pod(
@@ -578,239 +411,28 @@ def infadapter_steps(
     return out, stats
 
 
-def account(
-    ev: Evaluator,
-    step: PolicyStep,
-    rates: np.ndarray,
-    at: Interval,
-    policy: str,
-    fp: Footprint,
-) -> dict[str, Any]:
-    """One interval of one policy at the seconds' ``rates``: the seconds of its
-    reconfiguration on what served before (or nothing, after an eviction), the rest on its
-    plan."""
-    split = min(math.ceil(step.reconfig_s), rates.size) if step.reconfig_s > 0 else 0
-    parts = []
-    if split:
-        before = None if step.down else step.previous
-        parts.append(ev.seconds(before, rates[:split]))
-        if step.previous is not None and not step.down and step.plan is not None:
-            # the loading instances are paid for, beside what serves
-            extra = ev.seconds(step.plan, np.zeros(split))
-            parts.append({"cost_usd": extra["cost_usd"], "energy_j": extra["energy_j"]})
-    parts.append(ev.seconds(step.plan, rates[split:]))
-    tot: dict[str, float] = {}
-    for p in parts:
-        for key, v in p.items():
-            tot[key] = tot.get(key, 0.0) + v
-    energy_j = tot.get("energy_j", 0.0)
-    kwh = energy_j / 3.6e6
-    served = tot.get("served", 0.0)
-    requests = tot.get("requests", 0.0)
-    deps = step.plan.deployments if step.plan is not None else []
-    return {
-        "policy": policy,
-        "interval": at.k,
-        "time": at.time,
-        "offset_s": at.offset_s,
-        "requests": requests,
-        "peak_rps": at.peak_rps,
-        "forecast_rps": step.forecast_rps,
-        "carbon_g_per_kwh": at.carbon_g_per_kwh,
-        "action": step.action,
-        "config": config_label(deps),
-        "units": units(deps),
-        "reconfig_s": float(split),
-        "violations": tot.get("violations", 0.0),
-        "violation_frac": tot.get("violations", 0.0) / requests if requests > 0 else 0.0,
-        "accuracy": tot.get("acc", 0.0) / served if served > 0 else None,
-        "energy_j": energy_j,
-        "carbon_g": fp.carbon_g(kwh, at.carbon_g_per_kwh),
-        "water_l": fp.water_l(kwh),
-        "cost_usd": tot.get("cost_usd", 0.0),
-        "_busy_mean": tot.get("busy", 0.0) / max(rates.size, 1),
-    }
-
-
-def summarise(policy: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    req = sum(r["requests"] for r in rows)
-    viol = sum(r["violations"] for r in rows)
-    acc_num = sum((r["accuracy"] or 0.0) * r["requests"] for r in rows)
-    acc_den = sum(r["requests"] for r in rows if r["accuracy"] is not None)
-    water = [r["water_l"] for r in rows if r["water_l"] is not None]
-    return {
-        "policy": policy,
-        "requests": req,
-        "violations": viol,
-        "violation_pct": 100.0 * viol / req if req > 0 else 0.0,
-        "accuracy": acc_num / acc_den if acc_den > 0 else None,
-        "energy_kwh": sum(r["energy_j"] for r in rows) / 3.6e6,
-        "carbon_g": sum(r["carbon_g"] for r in rows),
-        "water_l": sum(water) if water else None,
-        "cost_usd": sum(r["cost_usd"] for r in rows),
-        "changes": sum(1 for r in rows if r["action"] in ("change", "evict")),
-        "mean_units": sum(r["units"] for r in rows) / len(rows) if rows else 0.0,
-    }
-
-
-# -- the replay of a single-family serving plan ----------------------------------------------
-@dataclass(frozen=True)
-class Serving:
-    """What a single-family serving kind (mix, mig) sets in the replay they share."""
-
-    #: hold(first plan, request, notes): what every replan keeps of the first plan
-    hold: Callable[[Plan, dict[str, Any], list[str]], None]
-    #: static(store, kind, first plan, request, baseline, peak rps, carbon, notes): the plan a
-    #: static baseline (``base``, ``co2opt``) runs, sized for the window's peak; None: it is
-    #: left out (a note says why)
-    static: Callable[..., Plan | None]
-    #: the percentile the SLO is held at, of the request
-    percentile: Callable[[dict[str, Any]], str]
-
-
 #: the objective each static baseline of a mix plan is planned for
 STATIC_OBJECTIVES = {"base": "accuracy", "co2opt": "carbon"}
 
 
-def mix_static(
-    store: Any,
-    kind: str,
-    first: Plan,
-    request: dict[str, Any],
-    name: str,
-    peak: float,
-    carbon: float,
-    notes: list[str],
-) -> Plan:
+def mix_static(run: ServingRun, name: str) -> Plan:
     """A mix plan's static baseline: one variant sized for the peak for its objective."""
     plan, note = static_plan(
-        store, kind, family_request(request), rate=peak, objective=STATIC_OBJECTIVES[name]
+        run.store,
+        run.inputs.kind,
+        family_request(run.request),
+        rate=run.peak,
+        objective=STATIC_OBJECTIVES[name],
     )
     if note:
-        notes.append(f"{name}: {note}")
+        run.loop.notes.append(f"{name}: {note}")
     return plan
 
 
-@dataclass
-class Served:
-    """What a replay evaluates its configurations with: the family's variants, the profiles
-    picked at its SLO and the evaluator over them."""
-
-    family: str
-    variants: dict[str, Any]
-    table: dict[Any, Any]
-    slo_ms: float | None
-    evaluator: Evaluator
-
-    @classmethod
-    def of(cls, store: Any, kind: PlanKind, first: Plan, request: dict[str, Any]) -> Served:
-        family = first.deployments[0].model
-        variants = {v.name: v for v in store.variants(family)}
-        profiles = store.latest_profiles(family=family)
-        probe = Plan(kind="mix", request=request, deployments=first.deployments)
-        slo = sized_slo_ms(probe, variants, request.get("sla_ms"))
-        slo_ms = next(iter(slo.values()), None) if slo else None
-        if slo_ms is not None:
-            slo = {v: slo_ms for v in variants}  # every variant sized at the family's SLO
-        table = pick_profiles(profiles, slo)
-        ev = Evaluator(table, variants, slo_ms, kind.dispatch_policy)
-        return cls(family, variants, table, slo_ms, ev)
-
-
-def first_plan(
-    store: Any, kind: PlanKind, inputs: ReplayInputs, window: TraceWindow, forecast: float
-) -> Plan:
-    """The stored plan, else the request planned at the first interval's carbon (and the
-    first forecast, without a rate)."""
-    if inputs.first_plan is not None:
-        return inputs.first_plan
-    req = {**inputs.request, "carbon_intensity": float(window.carbon[0])}
-    if req.get("rate_rps") is None and not req.get("families"):
-        req["rate_rps"] = max(forecast, 1e-3)
-    assert kind.plan is not None
-    return kind.plan(store, req)[0]
-
-
-def replay_serving(
-    store: Store, inputs: ReplayInputs, loop: ReplayLoop, serving: Serving
-) -> dict[str, Any]:
-    """Replay a mix or mig plan over a load trace and a carbon signal, beside its baselines."""
-    opts = inputs.options
-    if opts.load_trace is None:
-        raise InputError(f"a {inputs.kind} replay needs --load-trace FILE (requests per second)")
-    cached = ReadCache(store)
-    pk = get_kind(inputs.kind)
-    request = dict(inputs.request)
-    ci0 = float(request.get("carbon_intensity") or REFERENCE_CARBON_INTENSITY)
-    win = loop.window(opts.load_trace, ci0)
-    forecasts, peaks, forecast_note = loop.forecast(win.rps[: win.end_s], win)
-    first = first_plan(cached, pk, inputs, win, float(forecasts[0]))
-    label = (first.extra.get("model") or {}).get("label")
-    if label:  # e.g. "synthetic profiles", "mps-emulated profiles"
-        loop.notes.append(f"the plans rest on {label}")
-    serving.hold(first, request, loop.notes)
-    served = Served.of(cached, pk, first, request)
-
-    def round_of(running: Plan, k: int, reference: float) -> Round:
-        rate, ci = float(forecasts[k]), float(win.carbon[k])
-        key = (config_key(running.deployments), ci, reference, rate)
-        return Round(key, {"signal": ci, "reference": reference, "rate": max(rate, 1e-3)}, rate)
-
-    def load_time(old: Plan, new: Plan) -> float:
-        return load_time_s(old, new, served.variants, loop.unmodeled)
-
-    policies = {"greenctl": loop.greenctl(cached, first, win, round_of, load_time)}
-    peak = float(peaks.max())
-    for name in ("base", "co2opt"):
-        if name in inputs.baselines:
-            p = serving.static(cached, inputs.kind, first, request, name, peak, ci0, loop.notes)
-            if p is not None:
-                n = win.intervals
-                policies[name] = [PolicyStep(p, "start", peak)] + [
-                    PolicyStep(p, "keep", peak) for _ in range(1, n)
-                ]
-    policies.update(scaling_baselines(cached, inputs, loop, served, (win, peaks, forecasts)))
-    vpa_cfg = opts.kind_options.get("vpa") or VpaConfig()
-    pods = vpa_pods(inputs, first, served, vpa_cfg, float(peaks[0]), loop.unmodeled)
-    fp = Footprint(float(request.get("pue") or 1.0), opts.wue_l_per_kwh, opts.ewif_l_per_kwh)
-    rows = account_all(served.evaluator, win, intervals(win, peaks), policies, pods, fp)
-    summary = [summarise(name, rs) for name, rs in rows.items()]
-    for s in summary:  # what every figure rests on, in the CSV too
-        s["basis"] = "modeled" + (f" on {label}" if label else "")
-    meta = {
-        "kind": inputs.kind,
-        "family": served.family,
-        "load_trace": str(opts.load_trace),
-        **loop.window_meta(win, forecast_note),
-        "slo_ms": served.slo_ms,
-        "percentile": serving.percentile(request),
-        "units": units_name(first.deployments),
-        "first_plan": config_label(first.deployments),
-        "first_plan_id": first.id,
-        "baselines": list(inputs.baselines),
-        "vpa": None
-        if not pods
-        else {"variants": {k: v.variant for k, v in pods.items()}, "rule": vpa_cfg.describe()},
-        "peak_rps": peak,
-        "evaluations": len(served.evaluator.memo),
-        "solver": (solvers.active_memo() or solvers.SolveMemo()).stats(),
-        "modeled": MODELED,
-        # "synthetic profiles", "mps-emulated profiles": what the figures rest on (None: measured)
-        "label": label or None,
-    }
-    return loop.finish(meta, summary, rows, INTERVAL_COLUMNS, SUMMARY_COLUMNS)
-
-
-def scaling_baselines(
-    store: Any,
-    inputs: ReplayInputs,
-    loop: ReplayLoop,
-    served: Served,
-    load: tuple[TraceWindow, np.ndarray, np.ndarray],
-) -> dict[str, list[PolicyStep]]:
-    """The ``infaas`` and ``infadapter`` policies asked for; ``load``: the window, its
-    intervals' peaks and greenctl's forecasts of them."""
-    win, peaks, forecasts = load
+def scaling_baselines(run: ServingRun) -> dict[str, list[PolicyStep]]:
+    """The ``infaas`` and ``infadapter`` policies asked for."""
+    store, inputs, loop, served = run.store, run.inputs, run.loop, run.served
+    win, peaks, forecasts = run.window, run.peaks, run.forecasts
     out: dict[str, list[PolicyStep]] = {}
     if "infaas" in inputs.baselines:
         out["infaas"] = infaas_steps(
@@ -839,61 +461,36 @@ def scaling_baselines(
     return out
 
 
-def vpa_pods(
-    inputs: ReplayInputs,
-    first: Plan,
-    served: Served,
-    cfg: VpaConfig,
-    first_rate: float,
-    unmodeled: set[str],
-) -> dict[str, Vpa]:
-    """VPA's pods by policy name (``vpa``, or ``vpa-<variant>`` for several variants)."""
-    if "vpa" not in inputs.baselines:
+def vpa_pods(run: ServingRun, cfg: VpaConfig) -> dict[str, Vpa]:
+    """VPA's pods by policy name (``vpa``, or ``vpa-<variant>`` for several variants), each
+    starting at the size that carries the first interval's peak."""
+    if "vpa" not in run.inputs.baselines:
         return {}
-    given = inputs.options.kind_options.get("vpa_variant")
+    given = run.inputs.options.kind_options.get("vpa_variant")
     if isinstance(given, str):
         wanted = [given]
     elif given:
         wanted = list(given)
     else:
-        main = max(first.deployments, key=lambda d: (d.quota_rps or 0.0) * d.count)
+        main = max(run.first.deployments, key=lambda d: (d.quota_rps or 0.0) * d.count)
         wanted = [main.variant]
+    served, first_rate = run.served, float(run.peaks[0])
     return {
         ("vpa" if len(wanted) == 1 else f"vpa-{name}"): vpa_pod(
-            name, served.family, served.table, served.variants, cfg, first_rate, unmodeled
+            name, served.family, served.table, served.variants, cfg, first_rate, run.loop.unmodeled
         )
         for name in wanted
     }
 
 
-def account_all(
-    ev: Evaluator,
-    win: TraceWindow,
-    at: list[Interval],
-    policies: dict[str, list[PolicyStep]],
-    pods: dict[str, Vpa],
-    fp: Footprint,
-) -> dict[str, list[dict[str, Any]]]:
-    """Every interval of every policy; a VPA pod observes the usage of each interval it
-    served before the updater's next step."""
-    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in [*policies, *pods]}
-    for k, interval in enumerate(at):
-        rates = win.interval_rates(k)
-        for name, steps in policies.items():
-            rows[name].append(account(ev, steps[k], rates, interval, name, fp))
-        for name, pod in pods.items():
-            evicted = k > 0 and pod.step(interval.offset_s)
-            step = PolicyStep(pod.plan(), "evict" if evicted else ("start" if k == 0 else "keep"))
-            if evicted:
-                step.reconfig_s, step.down = pod.load_time_s, True
-            row = account(ev, step, rates, interval, name, fp)
-            rows[name].append(row)
-            # usage the pod showed over the interval (capped at its request, as a limit does)
-            pod.observe(min(row["_busy_mean"] * pod.cores, float(pod.cores)), interval.offset_s)
-    for rs in rows.values():
-        for r in rs:
-            r.pop("_busy_mean", None)
-    return rows
+def mix_extras(run: ServingRun) -> Extras:
+    """Mix's own baselines beside the static ones: INFaaS and InfAdapter planned ahead, VPA's
+    pods deciding as they go."""
+    policies = scaling_baselines(run)
+    cfg = run.inputs.options.kind_options.get("vpa") or VpaConfig()
+    pods = vpa_pods(run, cfg)
+    rule = {"variants": {k: v.variant for k, v in pods.items()}, "rule": cfg.describe()}
+    return Extras(policies, pods, {"vpa": rule if pods else None})
 
 
 #: mix's replay step
@@ -901,6 +498,7 @@ MIX = Serving(
     hold=lambda plan, request, notes: None,
     static=mix_static,
     percentile=lambda request: str(request.get("percentile") or "p95"),
+    extras=mix_extras,
 )
 STEP = ReplayStep(
     run=lambda store, inputs, loop: replay_serving(store, inputs, loop, MIX),

@@ -25,7 +25,7 @@ import math
 
 from greenctl.data.plan import Deployment, Plan
 from greenctl.executor.kinds import PlanKind, get_kind
-from greenctl.executor.kinds.mix_replay import Serving, replay_serving
+from greenctl.executor.kinds.serving_replay import Serving, replay_serving
 from greenctl.executor.kinds.replaying import ReplayStep
 
 
