@@ -45,17 +45,6 @@ from greenctl.executor.control.replay_inputs import (
     parse_from,
     trace_window,
 )
-from greenctl.executor.kinds.mix_replay import (  # the names a mix replay's callers know
-    BASELINES,
-    DEFAULT_BASELINES,
-    INFADAPTER_FORECASTER,
-    INTERVAL_COLUMNS,
-    MODELED,
-    SUMMARY_COLUMNS,
-    VpaConfig,
-    config_label,
-    units_name,
-)
 from greenctl.executor.kinds.replaying import (
     PolicyStep,
     ReplayInputs,
@@ -74,18 +63,9 @@ if TYPE_CHECKING:
     from greenctl.data.store import Store
 
 __all__ = [
-    "BASELINES",
-    "DEFAULT_BASELINES",
-    "INFADAPTER_FORECASTER",
-    "INTERVAL_COLUMNS",
-    "MODELED",
-    "SUMMARY_COLUMNS",
     "ReplayOptions",
     "ReplayRun",
-    "VpaConfig",
-    "config_label",
     "replay",
-    "units_name",
 ]
 
 _OPTION_FIELDS = {f.name for f in fields(ReplayOptions)}

@@ -57,13 +57,6 @@ from greenctl.executor.kinds.serving_replay import (
     load_time_s,
     replay_serving,
 )
-
-# the names a mix replay's callers know, from the serving replay they rest on
-from greenctl.executor.kinds.serving_replay import INTERVAL_COLUMNS as INTERVAL_COLUMNS
-from greenctl.executor.kinds.serving_replay import MODELED as MODELED
-from greenctl.executor.kinds.serving_replay import SUMMARY_COLUMNS as SUMMARY_COLUMNS
-from greenctl.executor.kinds.serving_replay import config_label as config_label
-from greenctl.executor.kinds.serving_replay import units_name as units_name
 from greenctl.planner.core import forecast as fc
 from greenctl.planner.core.evaluate import build_instances
 

@@ -87,7 +87,9 @@ def test_min_dwell_holds_the_plan_as_replan_does(resnet, step_trace):
 
 
 def test_vpa_resizes_after_a_sustained_overload():
-    pod = mix_replay.Vpa("v", "m", [1, 2, 4, 8], rp.VpaConfig(), 5.0, 1.0, lambda c: 10.0 * c)
+    pod = mix_replay.Vpa(
+        "v", "m", [1, 2, 4, 8], mix_replay.VpaConfig(), 5.0, 1.0, lambda c: 10.0 * c
+    )
     assert pod.cores == 1
     for k in range(30):  # saturated at its request
         pod.observe(1.0, 60.0 * k)

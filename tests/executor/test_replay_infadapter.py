@@ -11,7 +11,7 @@ import pytest
 from greenctl.data.bundled import path_of
 from greenctl.executor.control import forecasters
 from greenctl.executor.control import replay as rp
-from greenctl.executor.kinds import get_kind, mix_replay
+from greenctl.executor.kinds import get_kind, mix_replay, serving_replay
 from greenctl.planner.core import forecast as fc
 from greenctl.planner.core import solvers
 
@@ -83,10 +83,10 @@ def test_infadapter_sizes_the_exact_mix_for_its_lstm_forecast_every_interval(
     mix = get_kind("mix")
     base = {**_request(), "objective": "balanced", "gamma": 0.0, "strategy": "ilp"}
     running = mix.plan(resnet, {**base, "rate_rps": max(forecasts[0], 1.0)})[0]
-    assert rows[0]["config"] == rp.config_label(running.deployments)
+    assert rows[0]["config"] == serving_replay.config_label(running.deployments)
     for k in range(1, 10):
         want = mix.plan(resnet, {**base, "rate_rps": max(forecasts[k], 1.0)}, current=running)[0]
-        assert rows[k]["config"] == rp.config_label(want.deployments), k
+        assert rows[k]["config"] == serving_replay.config_label(want.deployments), k
         assert (rows[k]["action"] == "change") == (
             mix_replay.loaded_key(want.deployments) != mix_replay.loaded_key(running.deployments)
         )
@@ -97,7 +97,7 @@ def test_infadapter_sizes_the_exact_mix_for_its_lstm_forecast_every_interval(
 def test_infadapter_uses_a_saved_lstm(resnet, tmp_path):
     trace = _trace(tmp_path, HISTORY + STEP)
     forecasters.fit_forecaster(
-        resnet, kind="lstm", name=rp.INFADAPTER_FORECASTER, trace=str(trace),
+        resnet, kind="lstm", name=mix_replay.INFADAPTER_FORECASTER, trace=str(trace),
         params={"epochs": 2, "hidden": 4, "window": 3},
     )  # fmt: skip
     out = rp.replay(
