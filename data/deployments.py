@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from greenctl.data.errors import StoreError
 from greenctl.data.records import utcnow_iso
 
 if TYPE_CHECKING:
@@ -24,6 +25,14 @@ RUNNING = "running"
 STARTING = "starting"
 #: retired by an apply that has switched away from it, not yet stopped
 STOPPING = "stopping"
+
+
+def _row_id(pk: object) -> int:
+    """The id an insert gave its row (sqlite_utils types ``last_pk`` as optional; these
+    tables' integer keys always set it)."""
+    if not isinstance(pk, int):
+        raise StoreError(f"unexpected primary key {pk!r}")
+    return pk
 
 
 def _first(rows: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
@@ -173,7 +182,7 @@ def dispatchers_in(store: Store, states: Iterable[str]) -> list[dict[str, Any]]:
 
 def journal_dispatcher(store: Store, row: dict[str, Any]) -> int:
     """Record a dispatcher (and its supervisor) about to start (``starting``); its id."""
-    return int(store.db.table("executor_dispatcher").insert({**row, "state": STARTING}).last_pk)
+    return _row_id(store.db.table("executor_dispatcher").insert({**row, "state": STARTING}).last_pk)
 
 
 def forget_dispatcher(store: Store, dispatcher_id: int) -> None:
@@ -224,7 +233,7 @@ def end_dispatcher(store: Store, dispatcher_id: int, *, state: str = "stopped") 
 # -- apply history ----------------------------------------------------------------------------
 def start_apply(store: Store, *, plan_id: int | None, actions: list[dict[str, Any]]) -> int:
     """Open an apply history record (``running``) with its planned actions; returns its id."""
-    return int(
+    return _row_id(
         store.db.table("executor_apply_history")
         .insert(
             {
@@ -474,7 +483,7 @@ def stop_backend(store: Store, backend: str) -> None:
 def journal_router(store: Store, row: dict[str, Any]) -> int:
     """Record a geo router (and its supervisor) about to start (``starting``); its id."""
     doc = {**row, "state": STARTING, "started_at": utcnow_iso()}
-    return int(store.db.table("geo_routers").insert(doc).last_pk)
+    return _row_id(store.db.table("geo_routers").insert(doc).last_pk)
 
 
 def set_router_process(store: Store, router_id: int, **fields: Any) -> None:

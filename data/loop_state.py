@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from greenctl.data.errors import StoreError
 from greenctl.data.records import utcnow_iso
 
 if TYPE_CHECKING:
@@ -25,6 +26,14 @@ REPLAN_THRESHOLD = 0.05
 REPLAN_MARGIN = 0.02
 REPLAN_MIN_DWELL = "1h"
 REPLAN_MIN_DWELL_S = 3600.0
+
+
+def _row_id(pk: object) -> int:
+    """The id an insert gave its row (sqlite_utils types ``last_pk`` as optional; these
+    tables' integer keys always set it)."""
+    if not isinstance(pk, int):
+        raise StoreError(f"unexpected primary key {pk!r}")
+    return pk
 
 
 def lineage_key(plan: str | int) -> str:
@@ -81,7 +90,7 @@ def plan_documents(store: Store, *, source: str, kind: str) -> Iterator[tuple[in
 
 def add_decision(store: Store, record: dict[str, Any]) -> int:
     """Append a replanning decision record; returns its id."""
-    return int(store.db.table("decisions").insert(record).last_pk)
+    return _row_id(store.db.table("decisions").insert(record).last_pk)
 
 
 def lineage_new_plan_ids(store: Store, lineage: str) -> set[int]:
@@ -136,7 +145,7 @@ def add_geo_step(store: Store, row: dict[str, Any]) -> int:
         "fractions": json.dumps(row.get("fractions") or {}),
         "created_at": utcnow_iso(),
     }
-    return int(store.db.table("geo_online_steps").insert(doc).last_pk)
+    return _row_id(store.db.table("geo_online_steps").insert(doc).last_pk)
 
 
 def last_geo_step(store: Store, lineage: str) -> dict[str, Any] | None:

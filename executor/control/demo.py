@@ -261,7 +261,7 @@ def _plan(run: _Demo, *, fixed_rate: bool) -> tuple[str, Plan, int, int]:
         run.progress(summary["rate_note"], 0.29)
     plan.extra["carbon_region"] = DEMO_REGION
     plan_id = store.save_plan(plan, source="demo")
-    base, _ = kinds.get_kind("mix").plan(store, {**request, "objective": "accuracy"})
+    base = _plan_mix(store, {**request, "objective": "accuracy"})
     base.extra["carbon_region"] = DEMO_REGION
     base_id = store.save_plan(base, source="demo-baseline")
     summary.update(plan_id=plan_id, baseline_id=base_id)
@@ -271,7 +271,7 @@ def _plan(run: _Demo, *, fixed_rate: bool) -> tuple[str, Plan, int, int]:
     # What carbon awareness could trade here: the lowest-carbon plan for the same rate,
     # SLO and budgets (planned, neither saved nor applied), beside greenctl's, so a run
     # where the balanced objective keeps the most accurate plan says what it declined.
-    low, _ = kinds.get_kind("mix").plan(store, {**request, "objective": "carbon"})
+    low = _plan_mix(store, {**request, "objective": "carbon"})
     summary["lowest_carbon"] = _demo_alternative(low, plan)
     return start, plan, plan_id, base_id
 
@@ -389,6 +389,14 @@ def _report(run: _Demo, out: Path, *, plan_id: int, base_id: int, start: str, ho
     )
 
 
+def _plan_mix(store: Store, request: dict[str, Any]) -> Plan:
+    """The mix kind's plan for ``request`` (which names its carbon intensity)."""
+    plan_mix = kinds.get_kind("mix").plan
+    if plan_mix is None:
+        raise InputError("the mix kind has no planner", hint="reinstall greenctl")
+    return plan_mix(store, request)[0]
+
+
 def _plan_demo(
     store: Store, request: dict[str, Any], *, fixed_rate: bool
 ) -> tuple[Plan, str | None]:
@@ -401,7 +409,7 @@ def _plan_demo(
         InfeasiblePlan: no plan, or none at the rate asked.
     """
     try:
-        return kinds.get_kind("mix").plan(store, request)[0], None
+        return _plan_mix(store, request), None
     except InfeasiblePlan as exc:
         scale = exc.servable_scale
         if fixed_rate or not scale or scale <= 0:
@@ -413,7 +421,7 @@ def _plan_demo(
         f"{request['slo_ms']:g} ms on {request['budgets']['cpu']} cores: planned for "
         f"{request['rate_rps']:g} req/s"
     )
-    return kinds.get_kind("mix").plan(store, request)[0], note
+    return _plan_mix(store, request), note
 
 
 def _failed(measured: dict[str, Any]) -> int:

@@ -306,7 +306,7 @@ def replan_choice(
         sig_txt = f"carbon intensity {signal:.1f} g/kWh" + (
             "" if change is None else f" moved {change * 100:.1f} % from {reference:.1f}"
         )
-    triggers = []
+    triggers: list[str] = []
     compared = ""
     if kind.triggers is not None:  # the kind's own rule (glet: GPUs, glets moved)
         triggers, compared = kind.triggers(running, new, threshold)

@@ -554,8 +554,9 @@ def _offline_push(
 
 def _objective(plan: Plan) -> float | None:
     value = plan.predicted.get("objective")
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def _online_step(store: Store, plan: Plan, *, lineage: str, slot: int) -> dict[str, Any] | None:

@@ -354,14 +354,17 @@ def glet_account(
             out[v] = out[v] + part if v in out else part.copy()
         return out
 
+    plan = step.plan
+    if plan is None:  # a glet policy always serves a plan (no step of this kind evicts)
+        raise ValueError(f"glet policy {policy!r} has no plan at interval {at.k}")
     parts = []
     gpu_s = 0.0
-    new_gpus = gpu_indices(step.plan)
+    new_gpus = gpu_indices(plan)
     if split and step.previous is not None:
         held = len(gpu_indices(step.previous) | new_gpus)
         parts.append(ev.seconds(step.previous, by_variant(0, split), held))
         gpu_s += held * split
-    parts.append(ev.seconds(step.plan, by_variant(split, size), len(new_gpus)))
+    parts.append(ev.seconds(plan, by_variant(split, size), len(new_gpus)))
     gpu_s += len(new_gpus) * (size - split)
     req_v: dict[str, float] = {}
     viol_v: dict[str, float] = {}
@@ -392,7 +395,7 @@ def glet_account(
         "forecast_rps": step.forecast_rps,
         "carbon_g_per_kwh": at.carbon_g_per_kwh,
         "action": step.action,
-        "config": glet_label(step.plan),
+        "config": glet_label(plan),
         "units": float(len(new_gpus)),
         "gpu_hours": gpu_s / 3600.0,
         "reconfig_s": float(split),

@@ -477,8 +477,8 @@ def _pipelined_batching(lam: float, service: BatchService, w: float) -> BatchPre
         late = erlang_c(places, lam * mean_t)
         if late > 1e-6:
             mean_d = 1.0 / (places / mean_t - lam)
-            k = np.arange(math.ceil(12.0 * mean_d / dz) + 2)
-            delay = -np.diff(np.exp(-k * dz / mean_d))  # Exp(mean_d) on the grid
+            ticks = np.arange(math.ceil(12.0 * mean_d / dz) + 2)
+            delay = -np.diff(np.exp(-ticks * dz / mean_d))  # Exp(mean_d) on the grid
             delay = np.concatenate(([1.0 - late], late * delay))
             pmfs = [np.convolve(pm, delay) for pm in pmfs]
     cdfs = [np.cumsum(pm) for pm in pmfs]

@@ -276,8 +276,8 @@ def check_routes_feasible(problem: GeoProblem, net: Network, *, max_sets: int = 
         return
     S = problem.capacity_mw.shape[1]
     masks = np.zeros((net.n_classes, S), dtype=bool)
-    for k, sites in enumerate(net.class_sites):
-        masks[k, sites] = True
+    for k, class_sites in enumerate(net.class_sites):
+        masks[k, class_sites] = True
     seen = {np.zeros(S, dtype=bool).tobytes()}
     sets: list[np.ndarray] = []
     frontier = [np.zeros(S, dtype=bool)]
@@ -296,7 +296,7 @@ def check_routes_feasible(problem: GeoProblem, net: Network, *, max_sets: int = 
     first: tuple[int, np.ndarray, np.ndarray] | None = None
     total = 1 + net.demand.sum(axis=1)
     for u in sets:
-        inside = ~(masks & ~u).any(axis=1)
+        inside = ~np.any(masks & ~u, axis=1)
         if not inside.any():
             continue
         deficit = net.demand[:, inside].sum(axis=1) - problem.capacity_mw[:, u].sum(axis=1)

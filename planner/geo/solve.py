@@ -446,7 +446,7 @@ def _blocks(
 def _request(problem: GeoProblem, run: GeoRunOptions, opts: GeoOptions) -> dict[str, Any]:
     """The plan's ``request``: what :func:`run_geo` read, enough to plan again."""
     wc, ww = opts.weights(len(problem.sites))
-    request = {
+    request: dict[str, Any] = {
         "algorithm": run.algorithm,
         **problem.sources,
         "mu_carbon_usd_per_kg": run.mu_carbon,

@@ -202,10 +202,10 @@ def _dfs(
     if len(state.gpus) < state.max_gpus:
         options = [c.full] + [j for j in c.splits if j != c.full]
         for j in options:
-            gi = state.open_gpu(j)
-            assert gi is not None
-            li = next(n for n, g in enumerate(state.gpus[gi].glets) if g.j == j)
-            out = _try_fill(search, state, (gi, li), i, remaining, pos, min_key)
+            opened = state.open_gpu(j)
+            assert opened is not None
+            li = next(n for n, g in enumerate(state.gpus[opened].glets) if g.j == j)
+            out = _try_fill(search, state, (opened, li), i, remaining, pos, min_key)
             state.gpus.pop()
             if out is not None:
                 return out

@@ -584,8 +584,8 @@ def layout_gpus(
         state.gpus.append(Gpu(glets))
     if state.used_gpus > problem.max_gpus:
         return None, f"the running layout uses more than {problem.max_gpus} GPUs"
-    for gi, gpu in enumerate(state.gpus):
-        for li, g in enumerate(gpu.glets):
+    for gi, placed in enumerate(state.gpus):
+        for li, g in enumerate(placed.glets):
             if not g.entries:
                 continue
             w = state.w_for(gi, li, assume_worst=False)

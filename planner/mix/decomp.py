@@ -466,7 +466,7 @@ class _Decomposition:
         if not pool_solved and coupled and nk and math.isfinite(self.best_ld):
             self.inc, self.incumbent = self.pool_master()
         self.cg_s = time.perf_counter() - self.t0 - self.lp_s
-        if self.incumbent is not None and self._meets(self.inc):
+        if self.incumbent is not None and self.inc is not None and self._meets(self.inc):
             raise _Done(
                 finish_proof(
                     self.problem, self.terms, self.pool, self.keys, self.budgets,
