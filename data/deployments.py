@@ -13,8 +13,8 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from greenctl.data.errors import StoreError
 from greenctl.data.records import utcnow_iso
+from greenctl.data.store import row_id
 
 if TYPE_CHECKING:
     from greenctl.data.store import Store
@@ -25,14 +25,6 @@ RUNNING = "running"
 STARTING = "starting"
 #: retired by an apply that has switched away from it, not yet stopped
 STOPPING = "stopping"
-
-
-def _row_id(pk: object) -> int:
-    """The id an insert gave its row (sqlite_utils types ``last_pk`` as optional; these
-    tables' integer keys always set it)."""
-    if not isinstance(pk, int):
-        raise StoreError(f"unexpected primary key {pk!r}")
-    return pk
 
 
 def _first(rows: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
@@ -182,7 +174,7 @@ def dispatchers_in(store: Store, states: Iterable[str]) -> list[dict[str, Any]]:
 
 def journal_dispatcher(store: Store, row: dict[str, Any]) -> int:
     """Record a dispatcher (and its supervisor) about to start (``starting``); its id."""
-    return _row_id(store.db.table("executor_dispatcher").insert({**row, "state": STARTING}).last_pk)
+    return row_id(store.db.table("executor_dispatcher").insert({**row, "state": STARTING}).last_pk)
 
 
 def forget_dispatcher(store: Store, dispatcher_id: int) -> None:
@@ -233,7 +225,7 @@ def end_dispatcher(store: Store, dispatcher_id: int, *, state: str = "stopped") 
 # -- apply history ----------------------------------------------------------------------------
 def start_apply(store: Store, *, plan_id: int | None, actions: list[dict[str, Any]]) -> int:
     """Open an apply history record (``running``) with its planned actions; returns its id."""
-    return _row_id(
+    return row_id(
         store.db.table("executor_apply_history")
         .insert(
             {
@@ -483,7 +475,7 @@ def stop_backend(store: Store, backend: str) -> None:
 def journal_router(store: Store, row: dict[str, Any]) -> int:
     """Record a geo router (and its supervisor) about to start (``starting``); its id."""
     doc = {**row, "state": STARTING, "started_at": utcnow_iso()}
-    return _row_id(store.db.table("geo_routers").insert(doc).last_pk)
+    return row_id(store.db.table("geo_routers").insert(doc).last_pk)
 
 
 def set_router_process(store: Store, router_id: int, **fields: Any) -> None:

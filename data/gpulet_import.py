@@ -29,7 +29,7 @@ from greenctl.data.errors import FileFormatError, InputError, NotFoundError
 from greenctl.data.provenance import check_import_merge
 from greenctl.data.records import Profile, Variant, utcnow_iso
 from greenctl.data.resources import kind_of
-from greenctl.data.store import Store
+from greenctl.data.store import Store, row_id
 
 INFERENCE = "inference.csv"
 MEM_UTIL = "mem_util.csv"
@@ -549,7 +549,7 @@ def save_interference_model(
             )
             .last_pk
         )
-    return int(pk)  # type: ignore[arg-type]
+    return row_id(pk)
 
 
 def get_interference_model(store: Store, model_id: int | None = None) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from greenctl.data.errors import StoreError
 from greenctl.data.records import utcnow_iso
+from greenctl.data.store import row_id
 
 if TYPE_CHECKING:
     from greenctl.data.store import Store
@@ -26,14 +26,6 @@ REPLAN_THRESHOLD = 0.05
 REPLAN_MARGIN = 0.02
 REPLAN_MIN_DWELL = "1h"
 REPLAN_MIN_DWELL_S = 3600.0
-
-
-def _row_id(pk: object) -> int:
-    """The id an insert gave its row (sqlite_utils types ``last_pk`` as optional; these
-    tables' integer keys always set it)."""
-    if not isinstance(pk, int):
-        raise StoreError(f"unexpected primary key {pk!r}")
-    return pk
 
 
 def lineage_key(plan: str | int) -> str:
@@ -90,7 +82,7 @@ def plan_documents(store: Store, *, source: str, kind: str) -> Iterator[tuple[in
 
 def add_decision(store: Store, record: dict[str, Any]) -> int:
     """Append a replanning decision record; returns its id."""
-    return _row_id(store.db.table("decisions").insert(record).last_pk)
+    return row_id(store.db.table("decisions").insert(record).last_pk)
 
 
 def lineage_new_plan_ids(store: Store, lineage: str) -> set[int]:
@@ -145,7 +137,7 @@ def add_geo_step(store: Store, row: dict[str, Any]) -> int:
         "fractions": json.dumps(row.get("fractions") or {}),
         "created_at": utcnow_iso(),
     }
-    return _row_id(store.db.table("geo_online_steps").insert(doc).last_pk)
+    return row_id(store.db.table("geo_online_steps").insert(doc).last_pk)
 
 
 def last_geo_step(store: Store, lineage: str) -> dict[str, Any] | None:

@@ -107,7 +107,7 @@ class Store:
         found = list(self.db.table("hardware").rows_where(where, list(row.values()), limit=1))
         if found:
             return int(found[0]["id"])
-        return _pk(self.db.table("hardware").insert(row).last_pk)
+        return row_id(self.db.table("hardware").insert(row).last_pk)
 
     def hardware(self) -> list[Hardware]:
         return [
@@ -166,7 +166,7 @@ class Store:
         ids = []
         with self.transaction():
             for p in profiles:
-                ids.append(_pk(self.db.table("profiles").insert(record_to_row(p)).last_pk))
+                ids.append(row_id(self.db.table("profiles").insert(record_to_row(p)).last_pk))
         return ids
 
     def latest_profiles(
@@ -269,7 +269,7 @@ class Store:
                 )
                 .last_pk
             )
-            plan.id = _pk(pk)
+            plan.id = row_id(pk)
             self.db.table("plans").update(plan.id, {"document": plan.to_json(indent=None)})
         return plan.id
 
@@ -306,7 +306,7 @@ class Store:
         notes: str | None = None,
     ) -> int:
         """Record a measured run of a plan beside its predictions."""
-        return _pk(
+        return row_id(
             self.db.table("runs")
             .insert(
                 {
@@ -350,7 +350,9 @@ def _point_order(p: Profile) -> tuple[Any, ...]:
     return (*_profile_order(p)[:3], p.hardware or "", *_profile_order(p)[3:])
 
 
-def _pk(value: object) -> int:
+def row_id(value: object) -> int:
+    """The id an insert gave its row (sqlite_utils types ``last_pk`` as optional; the store's
+    integer keys always set it)."""
     if not isinstance(value, int):
         raise StoreError(f"unexpected primary key {value!r}")
     return value

@@ -391,10 +391,7 @@ def _report(run: _Demo, out: Path, *, plan_id: int, base_id: int, start: str, ho
 
 def _plan_mix(store: Store, request: dict[str, Any]) -> Plan:
     """The mix kind's plan for ``request`` (which names its carbon intensity)."""
-    plan_mix = kinds.get_kind("mix").plan
-    if plan_mix is None:
-        raise InputError("the mix kind has no planner", hint="reinstall greenctl")
-    return plan_mix(store, request)[0]
+    return kinds.get_kind("mix").solve(store, request)[0]
 
 
 def _plan_demo(

@@ -529,9 +529,7 @@ def _offline_push(
     from greenctl.executor.kinds import get_kind  # planning, not the router daemon's
 
     store, plan = routed.store, routed.plan
-    kind = get_kind(plan.kind)
-    assert kind.plan is not None
-    new, run = kind.plan(store, dict(plan.request))
+    new, run = get_kind(plan.kind).solve(store, dict(plan.request))
     new_table = table_from_run(run, plan_id=plan.id)
     changed = new_table["slots"] != table.get("slots")
     new_id = plan.id

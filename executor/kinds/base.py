@@ -351,6 +351,17 @@ class PlanKind:
     #: where commands list it among the installed kinds (then by name)
     order: int = 100
 
+    def solve(self, store: Store, request: dict[str, Any], **options: Any) -> Planned:
+        """Plan ``request`` with the kind's planner (``options`` as its ``plan`` takes them:
+        ``current``, a baseline, ...).
+
+        Raises:
+            InputError: the kind has no planner.
+        """
+        if self.plan is None:
+            raise InputError(f"the {self.name} kind has no planner", hint="plan another kind")
+        return self.plan(store, request, **options)
+
     @property
     def replannable(self) -> bool:
         return self.plan is not None and self.score is not None

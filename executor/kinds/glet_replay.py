@@ -644,8 +644,7 @@ def replay_glet(store: Store, inputs: ReplayInputs, loop: ReplayLoop) -> dict[st
                        for m in models],
         }  # fmt: skip
         req.pop("carbon_intensity", None)
-        assert pk.plan is not None
-        return pk.plan(store, req)[0]
+        return pk.solve(store, req)[0]
 
     first = inputs.first_plan
     if first is None:

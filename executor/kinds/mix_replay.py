@@ -110,10 +110,10 @@ def static_plan(
     it is sized without the budget, which the note says."""
     req = {**request, "rate_rps": rate, "objective": objective, "strategy": "single"}
     try:
-        return get_kind(kind_name).plan(store, req)[0], None
+        return get_kind(kind_name).solve(store, req)[0], None
     except InfeasiblePlan:
         req.pop("budgets", None)
-        plan = get_kind(kind_name).plan(store, req)[0]
+        plan = get_kind(kind_name).solve(store, req)[0]
         return plan, "sized without the budget (the budget cannot carry the peak)"
 
 
@@ -378,7 +378,7 @@ def infadapter_steps(
         if key not in memo:
             stats["plans"] += 1
             try:
-                memo[key] = pk.plan(store, {**base, "rate_rps": key[0]}, current=running)[0]
+                memo[key] = pk.solve(store, {**base, "rate_rps": key[0]}, current=running)[0]
             except InfeasiblePlan as exc:
                 memo[key] = exc
         return memo[key]

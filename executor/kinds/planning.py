@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from greenctl.data import carbon as carbon_signal
-from greenctl.data.errors import InputError
 from greenctl.data.plan import Plan
 from greenctl.executor.kinds.base import PlanKind, Planned, get_kind
 
@@ -65,8 +64,6 @@ def plan_problem(
     """As :func:`plan`, returning the problem the kind solved beside the plan (``replan``
     scores the running plan in it)."""
     entry = get_kind(kind)
-    if entry.plan is None:
-        raise InputError(f"the {kind} kind has no planner", hint="plan another kind")
     ci = carbon
     if ci is None:
         ci = plan_carbon(
@@ -80,7 +77,7 @@ def plan_problem(
     request = dict(request)
     if ci is not None and entry.plans_at_intensity:
         request["carbon_intensity"] = ci["carbon_g_per_kwh"]
-    new, problem = entry.plan(store, request, current=current, **options)
+    new, problem = entry.solve(store, request, current=current, **options)
     if ci is not None:
         carbon_signal.record_intensity(new, ci)  # the value, its source and carbon_region
         if ci["note"]:

@@ -343,8 +343,7 @@ def first_plan(
     req = {**inputs.request, "carbon_intensity": float(window.carbon[0])}
     if req.get("rate_rps") is None and not req.get("families"):
         req["rate_rps"] = max(forecast, 1e-3)
-    assert kind.plan is not None
-    return kind.plan(store, req)[0]
+    return kind.solve(store, req)[0]
 
 
 @dataclass(frozen=True)

@@ -352,16 +352,15 @@ def test_demo_plans_for_what_a_slow_machine_carries(monkeypatch):
 
     asked = []
 
-    class Mix:
-        def plan(self, _store, request):
-            asked.append(request["rate_rps"])
-            if request["rate_rps"] > 2.0:
-                err = InfeasiblePlan("budget too small for the rate")
-                err.servable_scale = 2.0 / request["rate_rps"]
-                raise err
-            return "plan", None
+    def fake_plan(_store, request):
+        asked.append(request["rate_rps"])
+        if request["rate_rps"] > 2.0:
+            err = InfeasiblePlan("budget too small for the rate")
+            err.servable_scale = 2.0 / request["rate_rps"]
+            raise err
+        return "plan", None
 
-    monkeypatch.setattr(kinds, "get_kind", lambda _name: Mix())
+    monkeypatch.setattr(kinds, "get_kind", lambda _name: kinds.PlanKind("mix", plan=fake_plan))
     request = {"rate_rps": 3.0, "slo_ms": 1000.0, "budgets": {"cpu": 2}}
     plan, note = demo._plan_demo(None, request, fixed_rate=False)
     assert plan == "plan" and asked == [3.0, 1.6] and request["rate_rps"] == 1.6
@@ -373,10 +372,9 @@ def test_demo_plans_for_what_a_slow_machine_carries(monkeypatch):
         demo._plan_demo(None, {**request, "rate_rps": 3.0}, fixed_rate=True)
 
     # where the planner names no servable share (another constraint binds), it fails too
-    class NoVariant:
-        def plan(self, _store, _request):
-            raise InfeasiblePlan("no variant meets the SLO")
+    def no_variant(_store, _request):
+        raise InfeasiblePlan("no variant meets the SLO")
 
-    monkeypatch.setattr(kinds, "get_kind", lambda _name: NoVariant())
+    monkeypatch.setattr(kinds, "get_kind", lambda _name: kinds.PlanKind("mix", plan=no_variant))
     with pytest.raises(InfeasiblePlan, match="no variant meets"):
         demo._plan_demo(None, {**request, "rate_rps": 3.0}, fixed_rate=False)
