@@ -1,41 +1,16 @@
 """Energy meters: NVML counters on GPUs, RAPL on CPUs, and a documented CPU power model.
 
-Every meter is used as ``meter.start()`` ... work ... ``reading = meter.stop(requests=n)``
-and reports busy power (W), idle power (W), energy per request (J) and its method, one of
-``nvml``, ``nvml-attributed``, ``rapl``, ``modeled`` (see ``greenctl.data.records``).
-
-GPU (``nvml``): NVML's total-energy counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ,
-Volta and newer) read before and after the measured window (older GPUs: power readings
-sampled every 50 ms and integrated). Idle power is one power reading taken before the model
-is loaded.
-
-MIG and MPS (``nvml-attributed``): the counter belongs to the whole GPU, and a profiled
-instance runs alone on it, the rest of the GPU idle. So the instance is charged ``share`` of
-the GPU's idle power (its compute slices over the GPU's: a 3g instance of a 7-slice A100 gets
-3/7; or the MPS active-thread percentage over 100) and all the power above idle, which it
-alone caused (:func:`attributed_energy_j`). Charging it ``share`` of the whole counter
-instead left out most of its dynamic power: on an H200, 7 emulated 1g slices of
-EfficientNet-B7 run together drew 75.3 W each, against 26.9 W by that rule and 85.6 W by this
-one (``bench/bench_mps_concurrent.py``; resnet50: 51.2 W, 22.7 W, 52.7 W). Without an idle
-reading it falls back to ``share`` of the whole counter. Served executors' live counters
-(:class:`NvmlCounter`) keep ``share`` of the whole: there every instance runs at once, and
-their shares sum to the GPU's energy.
-
-CPU with readable RAPL (``rapl``): the package counters
-``/sys/class/powercap/intel-rapl:N/energy_uj`` (microjoules) summed over packages, with
-wrap-around handled through ``max_energy_range_uj``; the package draws power for every core,
-so a ``cpu:N`` run is charged ``N / total_cores`` of its idle power and all the power above
-idle (:func:`attributed_energy_j`, as for MIG and MPS).
-
-CPU without RAPL (``modeled``; shown as *modeled* wherever a user sees it)::
-
-    idle_w  = IDLE_W_PER_CORE * N
-    power_w = idle_w + (TDP_W_PER_CORE - IDLE_W_PER_CORE) * N * utilisation
-    utilisation = process CPU time / (wall time * N), clamped to [0, 1]
-
-with ``TDP_W_PER_CORE = 10 W`` and ``IDLE_W_PER_CORE = 3 W`` by default: a 32-core, 300 W
-server CPU idling near 100 W, per core. Override with ``GREENCTL_CPU_TDP_W_PER_CORE`` and
-``GREENCTL_CPU_IDLE_W_PER_CORE``. Energy per request = power_w * wall time / requests.
+Use a meter as ``meter.start()`` ... work ... ``reading = meter.stop(requests=n)``; it
+reports busy and idle power (W), energy per request (J) and its method: ``nvml``,
+``nvml-attributed``, ``rapl`` or ``modeled`` (see ``greenctl.data.records``).
+GPUs read NVML's total-energy counter (mJ) around the window (older GPUs: sampled power).
+MIG, MPS and ``cpu:N`` runs share a device counter, so :func:`attributed_energy_j` charges
+them their share of idle power plus all power above idle, which they alone caused; live
+served counters (:class:`NvmlCounter`) charge their share of the whole, as all run at once.
+RAPL reads ``/sys/class/powercap/intel-rapl:N/energy_uj`` (wrap-around handled).
+Without RAPL the CPU is *modeled*: per core, idle ``IDLE_W_PER_CORE`` (3 W) plus
+(``TDP_W_PER_CORE`` (10 W) - idle) x utilisation; override with
+``GREENCTL_CPU_TDP_W_PER_CORE`` and ``GREENCTL_CPU_IDLE_W_PER_CORE``. See docs/results.md.
 """
 
 from __future__ import annotations

@@ -1,48 +1,17 @@
 """Apply plans on a Ray cluster with Ray Serve (``greenctl apply --backend ray``).
 
-Layout on the cluster (namespace ``greenctl``):
-
-- one Serve *application per applied plan version* (``greenctl-p<plan id>-<digest>``): a
-  deployment per planned (variant, resource) whose replicas are the plan's instances, pinned
-  by ``ray_actor_options`` (``num_cpus`` for ``cpu:N``, ``num_gpus`` for a whole GPU or an MPS
-  share, a custom resource ``mig-<profile>`` for a MIG instance), plus a small per-version
-  group deployment that routes by model name with the plan's policy;
-- one stable *router* application on the HTTP route ``/`` speaking the Open Inference
-  Protocol (KServe v2 REST), which forwards to the active plan version.
-
-Applying deploys the new version beside the old one, waits until it is RUNNING, then
-switches the router and deletes the old version; a version that fails to deploy is deleted
-and the router keeps serving the previous one (the same rollback promise as local apply).
-A plan with the very replicas of the version serving (a replan that keeps the configuration
-at a new grid intensity) is applied in place instead: the version's routes (quotas, policy,
-offers, preference, grid intensity) are re-applied, as the local dispatcher's routing table
-is, and no replica restarts.
-
-Energy and carbon: each replica counts its energy with the executors' counter
-(:func:`greenctl.profiler.energy.serving_counter`: NVML on GPUs, RAPL on CPUs where readable,
-else the profile's figures) and reports it to its version's group deployment every
-:func:`~greenctl.executor.runtime.dispatcher.energy_scrape_s` seconds; the group sums the increases
-per model and counts their carbon at the plan's grid intensity (:class:`PlanRoutes`), and the
-router exports them at ``GET /metrics`` as the local dispatcher does
-(``greenctl_energy_joules_total``, ``greenctl_carbon_grams_total`` by model and source,
-``greenctl_grid_intensity_grams_per_kwh``). A new plan version starts its sums from zero (a
-counter reset, which Prometheus's ``increase()`` counts).
-
-Model-less requests (INFaaS): the router reads a request's ``latency_slo_ms`` and
-``min_accuracy`` as the local dispatcher does, and the group picks the variant with
-:func:`greenctl.planner.core.choice.choose` over each deployment's offer
-(:mod:`greenctl.executor.runtime.offers`, without a serving path: the Ray path is not measured) and
-its replicas' requests in flight; ``/v2/models/{variant}/infer`` routes to that variant.
-
-Declaring MIG instances to Ray: start each node with one custom resource per MIG profile and
-make the node's MIG UUIDs visible to its workers, for example::
-
-    CUDA_VISIBLE_DEVICES=MIG-<uuid1>,MIG-<uuid2> ray start --address HEAD:6379 \\
-        --resources '{"mig-3g.40gb": 1, "mig-1g.10gb": 1}'
-
-What the group and replicas do is plain Python in :mod:`~greenctl.executor.deploy.ray_routes`;
-the Serve deployments are in :mod:`~greenctl.executor.deploy.ray_serve`. Ray is an optional
-extra: ``pip install 'greenctl[ray]'``.
+Each applied plan version is one Serve application (namespace ``greenctl``): a deployment per
+planned (variant, resource), replicas pinned by ``ray_actor_options`` (``num_cpus``,
+``num_gpus``, or a custom resource ``mig-<profile>`` for a MIG instance), plus a group
+deployment that routes by model with the plan's policy. One stable router application on
+``/`` speaks the Open Inference Protocol and forwards to the active version. A new version is
+deployed beside the old, the router switched once it is RUNNING, the old deleted; a failed
+one is deleted and the old keeps serving. A plan with the same replicas is applied in place.
+Replicas count energy with :func:`greenctl.profiler.energy.serving_counter`; the router
+exports energy and carbon at ``GET /metrics`` as the local dispatcher does. MIG nodes must
+declare one custom resource per MIG profile (``ray start --resources``) and expose their
+MIG UUIDs. Logic is in :mod:`~greenctl.executor.deploy.ray_routes`, deployments in
+:mod:`~greenctl.executor.deploy.ray_serve`. Optional extra: ``pip install 'greenctl[ray]'``.
 """
 
 from __future__ import annotations

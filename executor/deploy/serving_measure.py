@@ -189,42 +189,13 @@ def measure_serving(
 ) -> list[ServingMeasurement]:
     """Measure the serving path for ``variant``'s tensor shapes at each rate (nothing saved).
 
-    Args:
-        store: the store (for the variant record; the measurement runs in a scratch one).
-        variant: the variant served (``noop``: whose tensor shapes the no-op model copies).
-        options: how to measure (:class:`ServingOptions`); ``fields`` set any of its fields
-            by name over it:
-
-            - ``rates``: offered loads in req/s.
-            - ``duration_s``: seconds of load per rate and path ...
-            - ``min_requests``: ... and at least this many requests (low rates run longer:
-              the stored 100 quantiles of 80 requests would be mostly noise).
-            - ``policy``: the dispatcher's policy (``wrr``, ``fifo``).
-            - ``paths``: ``dispatcher`` and/or ``direct``.
-            - ``output_elements``: output elements per row of the no-op model (default: the
-              variant's).
-            - ``cores``: CPU cores the executor may use (default: this process's affinity).
-            - ``stand_in``: ``model`` (the variant, its own queue and run times subtracted
-              per request) or ``noop`` (module docstring).
-            - ``resource``: where the executor runs (default one CPU core; ``gpu:MODEL``,
-              ``mig:...`` or ``mps:PCT`` measure served runs on that accelerator, which
-              planning then applies to instances on the same resource).
-            - ``batch``: the executor's largest batch (requests are batched dynamically;
-              each row keeps the median rows its batches carried).
-            - ``max_wait_ms``: how long the executor waits for a batch to fill, as ``apply``
-              serves (default :data:`~greenctl.data.batching.DEFAULT_MAX_WAIT_MS`). The wait
-              is in each request's queue time, which is taken off; what the batches carry
-              sets the executor's CPU per request and what its front does to the rest of the
-              path (without it, batches ran a few rows and the executor's CPU per request,
-              as the plan's executor front, overstated the served p95 twofold).
-        progress: called with a message and the fraction done.
-
-    Measure while nothing else loads the machine for figures that hold.
+    ``options`` (:class:`ServingOptions`) says how to measure; ``fields`` override any of its
+    fields by name. The measurement runs in a scratch store; ``progress`` is called with a
+    message and the fraction done. Measure on an otherwise idle machine for figures that hold.
 
     Raises:
         TypeError: a field :class:`ServingOptions` does not have.
-        InputError: bad rates, duration, max wait, path, or a variant without an input
-            shape.
+        InputError: bad rates, duration, max wait, path, or a variant without an input shape.
         NotFoundError: unknown variant.
         ExecutorError: the executor or dispatcher did not start.
     """

@@ -1,37 +1,13 @@
-"""The replay step of a mix plan: the serving replay every single-family serving kind shares
-(:mod:`greenctl.executor.kinds.serving_replay`, which evaluates and accounts each second),
-with mix's own baselines.
+"""The replay step of a mix plan: the shared serving replay with mix's own baselines.
 
-Mix's baselines (:data:`BASELINES`) run on the same intervals and the same seconds:
-
-- ``base``: the most accurate variant sized for the window's peak (static; Clover's BASE);
-- ``co2opt``: the variant of least carbon that meets the SLO, sized for the peak (static);
-- ``vpa``: one variant on one pod whose CPU request follows the Kubernetes Vertical Pod
-  Autoscaler's recommender (:class:`VpaConfig`): the 90th percentile of CPU usage in a
-  histogram decaying with a 24 h half-life, plus a 15 % safety margin; the updater (every
-  minute) evicts the pod when its request leaves the [50th, 95th percentile] x margin
-  bounds and the pod restarts with the target (rounded up to whole cores: the profiles
-  are per whole core), unavailable for its model's load time;
-- ``infaas`` (only when asked): INFaaS-style greedy, reactive scaling (a simplification of
-  its autoscaler, an assumption as modeled here): no forecast; when the last interval's
-  peak exceeds what serves, at once the cheapest single-variant configuration that carries
-  it (replicas or a faster variant, whichever costs less: ``plan mix --strategy single
-  --objective cost`` at that rate, under the request's ``min_accuracy``); after
-  :data:`INFAAS_DOWN_AFTER` intervals under :data:`INFAAS_LOW_WATER` of its capacity, down
-  to the cheapest that carries the last peak. Each change pays the new instances' load
-  time, as greenctl's;
-- ``infadapter`` (only when asked): InfAdapter's own loop. Every interval its LSTM
-  forecasts the interval's peak (a saved forecaster named ``lstm``, else InfAdapter's LSTM
-  fitted on the trace's per-interval peaks before the window; without such history it is
-  left out, and the notes say why), rounded up to whole requests per second, and the exact
-  ILP sizes the variant mix for it with InfAdapter's objective (accuracy - alpha x cost -
-  beta x loading, the request's alpha and beta; no carbon term), the running variants
-  counting as loaded: no dwell, threshold, margin or carbon signal. A new plan with the
-  running instances only re-routes (new quotas, no reconfiguration); any other change pays
-  the new instances' load time, as greenctl's.
-
-Every figure is modeled (profiles, the analytic queueing model, the energy of the profiles);
-the result labels them so.
+The serving replay (:mod:`greenctl.executor.kinds.serving_replay`) evaluates and accounts
+each second; mix's :data:`BASELINES` run on the same intervals and seconds: ``base`` (most
+accurate variant sized for the peak), ``co2opt`` (least-carbon variant meeting the SLO),
+``vpa`` (one pod sized by the Kubernetes VPA recommender, :class:`VpaConfig`), and when asked
+``infaas`` (reactive greedy scaling, :data:`INFAAS_DOWN_AFTER`, :data:`INFAAS_LOW_WATER`)
+and ``infadapter`` (InfAdapter's LSTM forecast and ILP, no carbon term; left out without
+history). Each reconfiguration pays the new instances' load time, as greenctl's does.
+Every figure is modeled (profiles, analytic queueing, profiled energy) and labelled so.
 """
 
 from __future__ import annotations

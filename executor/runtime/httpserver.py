@@ -1,50 +1,16 @@
 """A lean HTTP/1.1 server for the executors' and the dispatcher's inbound side.
 
-Every inference request crosses one of these servers twice on its way through a plan (the
-dispatcher, then an executor), so the CPU each request costs here is serving overhead paid
-on the cores the models run on. A general web framework spends most of a small request in
-request objects, middleware and routing machinery; this module keeps only what the Open
-Inference Protocol endpoints need:
-
-- an :class:`asyncio.BufferedProtocol` per connection, parsed by ``httptools`` (the llhttp
-  parser that uvicorn uses): keep-alive, pipelined requests answered in order, chunked
-  request bodies, ``Expect: 100-continue``, ``HEAD`` on every ``GET`` route;
-- a body of known length is read straight into its own buffer: the event loop receives into
-  the buffer the connection hands it, so the bytes of a 600 KB tensor are copied once, by the
-  kernel, instead of into the loop's read buffer, a ``bytes`` per chunk for the parser's body
-  callback and a joined ``bytes`` (three more copies, most of the front's CPU per request).
-  The head goes through the parser as it comes, cut where it ends (``CRLF CRLF``, which
-  llhttp requires); a chunked body, and one over ``max_body``, go through the parser;
-- a router of ``GET``/``POST`` paths with ``{name}`` segments (404 and 405 with ``Allow``);
-- :class:`Request` and :class:`Response` objects with the few aiohttp-like members the
-  handlers use (``match_info``, ``headers``, ``path``, ``remote``, ``read()``, ``json()``);
-- limits against slow or hostile clients (every one a :class:`Server` option):
-
-  ==================== ========= ============================================================
-  option               default   what happens beyond it
-  ==================== ========= ============================================================
-  ``header_timeout_s`` 10 s      a request line and headers not complete this long after
-                                 their first byte (a new connection: after it opened) get
-                                 408 and the connection is closed (slow-loris)
-  ``body_timeout_s``   10 s      a body that pauses this long between two reads gets 408
-                                 (a ``Content-Length`` larger than what is sent)
-  ``request_timeout_s`` 60 s     head and body not complete this long after the first byte
-                                 get 408 (a body trickled a byte at a time)
-  ``keepalive_s``      75 s      an idle keep-alive connection is closed
-  ``send_timeout_s``   30 s      a client that reads none of its responses for this long is
-                                 disconnected (pipelined requests stop being answered, then
-                                 read, while it does not read)
-  ``max_connections``  1024      a new connection closes the longest-idle keep-alive one, or
-                                 when none is idle is answered 503 + ``Retry-After`` and closed
-  ``max_header_bytes`` 64 KiB    request line plus headers: 431, connection closed
-  ``max_body``         64 MiB    413, connection closed
-  ==================== ========= ============================================================
-
-  A malformed request gets 400 and the connection is closed; a handler's exception becomes
-  a 500 JSON error (the traceback goes to stderr): handlers answer 4xx to bad input
-  themselves. One sweep per server checks the timeouts, at least once a second;
-- :meth:`Server.shutdown` stops accepting, lets in-flight requests finish (bounded), then
-  closes every connection.
+Every request crosses one of these servers twice (dispatcher, then executor), so its CPU is
+serving overhead paid on the models' cores; a general web framework spends most of a small
+request in machinery this module leaves out. It keeps what the Open Inference Protocol needs:
+an :class:`asyncio.BufferedProtocol` per connection parsed by ``httptools`` (keep-alive,
+pipelining, chunked bodies, ``Expect: 100-continue``, ``HEAD``); bodies of known length read
+straight into their own buffer (one copy, by the kernel); a router of ``GET``/``POST`` paths
+with ``{name}`` segments; aiohttp-like :class:`Request` and :class:`Response`.
+Limits against slow or hostile clients are :class:`Server` options (header, body, request,
+keep-alive and send timeouts; max connections, header bytes and body size): beyond them the
+client gets 408/431/413/503 and is closed. Malformed requests get 400, handler exceptions a
+500 JSON error; :meth:`Server.shutdown` drains in-flight requests, then closes connections.
 """
 
 from __future__ import annotations
