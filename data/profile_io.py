@@ -1,32 +1,14 @@
 """Profile import and export (CSV or JSON), one row per (variant, resource, batch).
 
-Column contract (names are shared with other tools; keep them stable):
-
-- required: ``variant``, ``resource``, ``batch``, ``throughput_rps`` and at least one of
-  ``latency_ms`` (taken as p50), ``latency_p50_ms``, ``latency_p95_ms``, ``latency_p99_ms``;
-- optional: ``model`` (family; required for a variant the store does not know yet),
-  ``accuracy`` (a fraction, 0..1), ``hardware``, ``power_w``, ``energy_j`` (per request),
-  ``memory_mb``, ``load_time_s``, ``cost_per_hour``, and the pair ``capacity_rps`` +
-  ``capacity_slo_ms`` (a load-tested capacity at that SLO; several rows may differ only in
-  these two);
-- also read, and written by export so that export -> import round-trips: ``idle_power_w``,
-  ``energy_method``, ``accuracy_metric``, ``samples``, ``duration_s``, ``created_at``,
-  ``torch_version``, ``source`` (one of :data:`~greenctl.data.records.PROFILE_SOURCES`;
-  empty: ``imported``; ``mps-emulated`` and ``synthetic`` rows stay labelled as estimates).
-
-A bad row fails the whole import (file, line, column and reason) and nothing is written.
-Every rule about an imported value lives here: names are printable and short
-(:data:`~greenctl.data.records.MAX_NAME_CHARS`), ``batch`` is a whole number from 1 to
-:data:`~greenctl.data.records.MAX_BATCH`, measured numbers are finite, positive where a zero
-means nothing and below :data:`LIMITS`, and ``created_at`` is an ISO 8601 time (stored as UTC).
-
-Importing is idempotent: a row the store holds already (every value equal; without a
-``created_at``, equal to the latest measurement of its point) is not stored again, and rows
-repeated within a file count once. Two rows of one file for the same point and time that
-disagree are refused, naming both lines. A point is what ``Store.latest_profiles`` keeps one
-row of: (variant, resource, batch, hardware, capacity_slo_ms); rows at several
-``capacity_slo_ms`` are load tests at several SLOs, each with its own ``capacity_rps`` and
-what it measured at that load (InfAdapter's p99 per SLA, for instance), and are kept.
+Column names are shared with other tools; keep them stable. Required: ``variant``,
+``resource``, ``batch``, ``throughput_rps`` and at least one latency column (``latency_ms``
+is p50). Optional columns (``model``, ``accuracy`` as a fraction, energy per request in J,
+``capacity_rps`` + ``capacity_slo_ms``, ...) and provenance columns round-trip through export.
+Every rule about an imported value lives here (names, ``batch`` range, finite numbers below
+:data:`LIMITS`, ISO 8601 ``created_at`` stored as UTC); a bad row fails the whole import,
+naming file, line and column. Importing is idempotent: rows the store already holds are not
+stored again; two disagreeing rows for one point and time are refused. A point is what
+``Store.latest_profiles`` keeps one row of. See docs/formats.md.
 """
 
 from __future__ import annotations

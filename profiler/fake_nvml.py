@@ -1,30 +1,13 @@
 """A simulated NVML for tests: GPUs, MIG geometry, instances, energy counters, errors.
 
-:class:`FakeNvml` implements :class:`greenctl.profiler.device.GpuBackend`. Build it from a
-dict or a JSON file; ``GREENCTL_FAKE_NVML=<file>`` makes :func:`device.get_backend` return it
-in every greenctl process (CLI tests, child runs, executor daemons). Description::
-
-    {
-      "driver_version": "550.54.15", "cuda_version": "12.4",
-      "persist": false,                  # write MIG changes back to the file
-      "errors": {"init": "driver_not_loaded"},   # or "energy": "not_supported", ...
-      "gpus": [
-        {"name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-...", "memory_mb": 40960,
-         "mig": true,                    # true/false, null = no MIG support
-         "power_w": 250.0,               # power drawn (energy counter integrates it)
-         "energy_mj": 1000000,           # counter value at start
-         "memory_used_mb": 512,
-         "geometry": "A100-40GB",        # MIG geometry name (default: from the GPU name,
-                                         # else the closest memory size), see
-                                         # data/datasets/mig_geometry.json
-         "instances": [{"profile": "3g.20gb", "start": 4, "compute": [3],
-                        "uuids": ["MIG-..."]}]}
-      ]
-    }
-
-The energy counter (mJ) grows by ``power_w`` times elapsed time of an injectable clock, so
-tests can advance time by hand. MIG placements are checked against occupied memory slots
-and free compute slices exactly like the driver refuses them (INSUFFICIENT_RESOURCES).
+:class:`FakeNvml` implements :class:`greenctl.profiler.device.GpuBackend`, built from a dict
+or a JSON file; ``GREENCTL_FAKE_NVML=<file>`` makes :func:`device.get_backend` return it in
+every greenctl process (CLI tests, child runs, executor daemons). The description has
+``driver_version``, ``cuda_version``, ``persist``, injected ``errors`` and ``gpus``, each with
+``name``, ``uuid``, ``memory_mb``, ``mig``, ``power_w``, ``energy_mj``, ``geometry`` (see
+data/datasets/mig_geometry.json) and MIG ``instances``. The energy counter (mJ) grows by
+``power_w`` over an injectable clock; MIG placements are refused exactly as the driver
+refuses them (INSUFFICIENT_RESOURCES).
 """
 
 from __future__ import annotations

@@ -1,36 +1,15 @@
 """How a batch of requests runs through a loaded model: one runner for profiling and serving.
 
-``greenctl profile`` measures a variant through the same runner its executors serve with, so
-a profile's latency is the latency a served batch gets (the host-to-device copy, the model and
-the copy back), not a figure of another code path.
-
-- :class:`EagerRunner`: CPU models and numpy-native stand-ins: each batch runs to completion
-  in :meth:`~EagerRunner.submit` (``torch.inference_mode``; numpy in, numpy out). A batch of
-  several requests (or one request's read-only body) is copied once, into a reused
-  :class:`Staging` buffer (pinned for a CUDA model), not into a new array per batch.
-- :class:`CudaRunner`: models on a CUDA device. What keeps a GPU busy and a CPU idle:
-
-  * **static shapes**: a fixed set of batch sizes (:func:`graph_sizes`, the padding rule of
-    :mod:`greenctl.data.batching`, which the planner models too); a batch of ``r`` rows
-    runs at the smallest size >= ``r``, its padding rows ignored;
-  * **CUDA graphs** per size where the model allows capture (one memory pool shared by all
-    sizes), else the eager module on the same static buffers;
-  * **pinned host buffers** and asynchronous copies on one CUDA stream: :meth:`submit`
-    copies the rows into a pinned slot and enqueues copy-in, model and copy-out, then returns
-    a :class:`Ticket`; :meth:`wait` blocks on the ticket's event. ``depth`` slots let the
-    next batch be assembled and enqueued while the GPU runs the current one;
-  * **no spinning**: events are created with ``blocking=True`` (``cudaEventBlockingSync``),
-    so a thread waiting for the GPU sleeps instead of polling a core;
-  * ``cudnn.benchmark`` on: each static shape gets its fastest convolution algorithms,
-    chosen during the warm-up;
-  * a **warm-up** that runs every size it will serve, then the largest size until
-    ``min_s`` has passed and the per-batch time has settled; it reports how long that took.
-
-``GREENCTL_GPU_PIPELINE=0`` selects the eager path on GPUs too (pageable copies,
-``torch.cuda.synchronize`` after each batch); ``bench/bench_gpu_serving.py``
-runs both in one run. ``GREENCTL_CUDA_GRAPHS=0`` keeps the pipeline without graphs.
-
-torch is imported lazily.
+``greenctl profile`` measures through the runner executors serve with, so a profile's
+latency is a served batch's latency (copies in and out included).
+:class:`EagerRunner` runs CPU models and numpy stand-ins to completion per batch, staging
+rows in a reused :class:`Staging` buffer. :class:`CudaRunner` keeps the GPU busy and the CPU
+idle: static batch sizes (:func:`graph_sizes`, the padding rule of
+:mod:`greenctl.data.batching` that the planner models too), CUDA graphs where capture works,
+pinned buffers and asynchronous copies on one stream (:meth:`submit` returns a
+:class:`Ticket`), blocking-sync events instead of spinning, ``cudnn.benchmark`` and a warm-up
+over every served size. ``GREENCTL_GPU_PIPELINE=0`` selects the eager path on GPUs;
+``GREENCTL_CUDA_GRAPHS=0`` keeps the pipeline without graphs. torch is imported lazily.
 """
 
 from __future__ import annotations

@@ -431,33 +431,18 @@ class _Round:
 def replan_once(
     store: Store, options: ReplanOptions | None = None, /, **fields: Any
 ) -> dict[str, Any]:
-    """One replanning round (the cron entry point's library twin), as ``options`` (or the
-    :class:`ReplanOptions` ``fields``) ask.
+    """One replanning round (the cron entry point's library twin), as ``options`` ask.
 
-    Redo the running plan of ``plan``'s lineage with the carbon signal in force at ``at``
-    (default now) and, with ``forecaster``, the forecast peak load (of each model the kind's
-    request rewrite asks for, :attr:`~greenctl.executor.kinds.PlanKind.replan_request`; with
-    ``load_model``, that model's load spread over the plan as planned); compare the new
-    plan's objective with the running plan's in the same problem; act when
-    :func:`replan_choice` finds a change worth it, and not sooner than ``min_dwell_s`` after
-    the last change unless the running plan cannot serve the forecast load
-    (:func:`dwell_yields`). The carbon region is ``region``, else the plan's, else the
-    store's only one; a kind that plans no carbon (a glet plan) needs none. With ``apply``
-    the new plan is applied (``apply_fn``, default: on the backend that runs the plan);
-    otherwise it is saved and proposed. Every round appends a decision record.
-
-    What serves is asked of the backend that runs the plan (:func:`serving_state`): when
-    nothing serves, ``apply`` applies the best plan at once, whatever the dwell, threshold
-    and margin; a plan of another lineage serving is left alone (``hold``); a plan this
-    lineage proposed and someone applied by hand is the running one. A round that keeps the
-    running configuration while the signal moved (with ``apply``) re-applies it at the new
-    intensity, routes only (:func:`_count_at_signal`).
-
-    Returns:
-        The decision record (``action`` one of apply | propose | keep | hold).
+    Replan the running plan of ``plan``'s lineage at the carbon signal in force at ``at`` and,
+    with ``forecaster``, the forecast peak load; compare objectives in the same problem and act
+    when :func:`replan_choice` finds a change worth it, respecting ``min_dwell_s`` unless the
+    running plan cannot serve the forecast (:func:`dwell_yields`). With ``apply`` the new plan
+    is applied (``apply_fn``), else saved and proposed; what serves is asked of the backend
+    (:func:`serving_state`). Every round appends a decision record, which is returned
+    (``action``: apply | propose | keep | hold).
 
     Raises:
-        LockedError: another replan runs. Any error of planning or applying, after a
+        LockedError: another replan runs. Other planning or applying errors are raised after a
         ``failed`` decision is recorded; the running plan is left as it was.
     """
     opts = options if options is not None else ReplanOptions(**fields)

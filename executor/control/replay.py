@@ -1,28 +1,13 @@
 """What-if replay: the control loop over a load trace and a carbon trace, beside baselines.
 
-``greenctl replay`` answers "what would greenctl have done over last week's traffic and grid,
-and against what I run now?" without applying anything. One loop (:func:`replay`) serves
-every kind; the kind's replay step (:class:`~greenctl.executor.kinds.replaying.ReplayStep`,
-``executor/kinds/<kind>_replay.py``) plans, runs its baselines and accounts its figures, and
-calls the loop back for what every kind does alike (:class:`ReplayRun`). At each interval of
-``every`` seconds:
-
-1. the load is forecast (per-interval peaks of the trace before the interval, through the
-   forecasters of :mod:`greenctl.planner.core.forecast`, a saved one by name as ``replan``
-   finds it, :func:`greenctl.executor.control.forecasters.get_forecaster`);
-2. the running plan is planned again through the decision ``replan`` itself takes
-   (:func:`greenctl.executor.control.replan.replan_choice`: the kind's request rewritten for the
-   signal and the forecast, planned through the registry, the running plan scored in the
-   same problem, the threshold and margin, or the kind's own triggers), not sooner than
-   ``min_dwell_s`` after the last change (:class:`~greenctl.executor.control.replan.ReplanRounds`);
-   nothing is saved or applied;
-3. a change pays its reconfiguration, the new instances' load time (the step says how long);
-4. the interval's actual arrivals are evaluated on what serves, in the kind's figures.
-
-The result has one shape for every kind (``{"meta", "summary", "intervals"}``) and is
-written as the same files (:func:`greenctl.data.replay_report.write_replay`). A replay solves
-under :func:`greenctl.planner.core.solvers.solve_memo`: a HiGHS problem identical to one
-solved before in the replay is answered with that solve's outcome (``meta["solver"]``).
+``greenctl replay`` answers "what would greenctl have done over this traffic and grid, and
+against what I run now?" without applying anything. One loop (:func:`replay`) serves every
+kind; the kind's step (:class:`~greenctl.executor.kinds.replaying.ReplayStep`) plans, runs its
+baselines and accounts figures. Each interval forecasts the load, replans through the very
+decision ``replan`` takes (:func:`greenctl.executor.control.replan.replan_choice`, with dwell),
+pays reconfiguration load time and evaluates actual arrivals on what serves. The result has
+one shape for every kind (:func:`greenctl.data.replay_report.write_replay`); identical HiGHS
+problems are solved once (:func:`greenctl.planner.core.solvers.solve_memo`). See docs/replay.md.
 """
 
 from __future__ import annotations

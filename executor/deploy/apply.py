@@ -75,38 +75,18 @@ def apply_plan(
 ) -> ApplyResult:
     """Make ``plan`` the running configuration.
 
-    Args:
-        plan: the plan document.
-        store: the open store (executor state lives there).
-        options: how to apply (:class:`ApplyOptions`); ``fields`` set any of its fields by
-            name over it (``apply_plan(plan, store=s, dry_run=True)``):
-
-            - ``dry_run``: compute and return the actions only; change nothing.
-            - ``verify``: after applying, run an open-loop load at the plan's rate and record
-              the measured numbers beside its predictions (``store.add_run(kind="verify")``),
-              ``verify_duration_s`` long at ``verify_rate_rps``.
-            - ``mig_parted``: leave the MIG layout to NVIDIA mig-parted / the GPU operator;
-              only use the MIG instances that exist.
-            - ``wait``: wait (up to ``lock_timeout_s``) for a concurrent apply to finish
-              instead of failing with LockedError.
-            - ``loader``: ``module:function`` that loads a variant (default: the catalog).
-            - ``policy``: dispatch policy (fifo, wrr, batch), wins over the plan's own;
-              default the plan kind's
-              (:meth:`~greenctl.executor.kinds.PlanKind.dispatch_policy`, the one rule), the
-              policy ``simulate`` assumes.
-            - ``host`` / ``port``: the dispatcher's address (loopback and any free port).
-            - ``cores``: CPU cores usable by executors (default: this process's affinity).
-            - ``max_queue``: bounded queue per model in the dispatcher.
-            - ``max_wait_ms``: executors' longest wait for a batch to fill.
-            - ``ready_timeout_s``: how long a new daemon may take to become ready.
+    ``options`` (:class:`ApplyOptions`) says how to apply; ``fields`` override any of its fields
+    by name (``apply_plan(plan, store=s, dry_run=True)``). The dispatch policy defaults to the
+    plan kind's (:meth:`~greenctl.executor.kinds.PlanKind.dispatch_policy`), the one
+    ``simulate`` assumes. Executor state lives in ``store``.
 
     Raises:
         TypeError: a field :class:`ApplyOptions` does not have.
         InputError: a plan whose kind does not describe instances (geo), or a bad plan.
         InfeasiblePlan / HardwareError: the plan does not fit this machine (nothing changed).
         LockedError: another apply runs.
-        ExecutorError: a step failed; every step taken was undone and the previous
-            configuration still serves.
+        ExecutorError: a step failed; every step was undone and the previous configuration
+            still serves.
     """
     opts = dataclasses.replace(options or ApplyOptions(), **fields)
     kind = get_kind(plan.kind)  # the registry of plan kinds: policy, instances, sharing

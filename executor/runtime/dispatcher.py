@@ -1,36 +1,16 @@
 """The dispatcher: one Open Inference Protocol front endpoint per plan, plus the supervisor.
 
-Run as ``python -m greenctl.executor.runtime.dispatcher --state-file PATH --routes FILE`` (``greenctl
-apply`` starts it detached). It forwards ``/v2/models/{name}/...`` to that model's executor
-instances with the plan's policy (``fifo``, ``wrr`` or ``batch``), through a bounded queue
-(503 with ``Retry-After`` when full), and answers model-less requests with the plan's
-preferred variant that meets their requirements. A request whose instance dies mid-flight
-is retried once. While no instance of a model is up but one is being restarted, new
-requests wait in the queue for at most ``--restart-wait-s``.
-
-It restarts crashed executors with the command line they were started with, backing off
-while they keep crashing, and records each restart in the store. Started by
-:mod:`greenctl.executor.runtime.supervisor` (``--pair``), it serves on the supervisor's
-listening socket (``--listen-fd``), keeps its routing table in a file (``--routes-state``)
-for the dispatcher that replaces it, and restarts its supervisor when that dies. The admin
-endpoints (``/admin/routes``) answer only loopback clients presenting the token from the
-state file; ``greenctl apply`` uses them to switch routing atomically.
-
-Every few seconds (``$GREENCTL_ENERGY_SCRAPE_S``, default 2; 0: never), off the request
-path, it reads its executors' energy and carbon counters and exports their sums per model
-and source (``greenctl_energy_joules_total``, ``greenctl_carbon_grams_total``) with the grid
-intensity the running plan was made with, which it hands to executors that count carbon
-at another.
-
-The pieces, one module each: the routing table's instances and policies
-(:mod:`~greenctl.executor.runtime.dispatch_routes`), the model-less choice
-(:mod:`~greenctl.executor.runtime.dispatch_modelless`), the table's administration
-(:mod:`~greenctl.executor.runtime.dispatch_admin`), forwarding
-(:mod:`~greenctl.executor.runtime.dispatch_forward`), energy
-(:mod:`~greenctl.executor.runtime.dispatch_energy`) and supervision
-(:mod:`~greenctl.executor.runtime.dispatch_supervision`); :class:`Dispatcher` composes them.
-aiohttp (the cold paths' client) is imported where used: ``greenctl apply`` and ``export``
-import this module for its settings and never serve.
+Run as ``python -m greenctl.executor.runtime.dispatcher --state-file PATH --routes FILE``
+(``greenctl apply`` starts it detached). It forwards ``/v2/models/{name}/...`` to the model's
+instances with the plan's policy through a bounded queue (503 when full), answers
+model-less requests with the preferred variant that meets them, retries once on a dead
+instance, restarts crashed executors with back-off and restarts its supervisor
+(:mod:`greenctl.executor.runtime.supervisor`). Admin endpoints (``/admin/routes``) answer
+only loopback clients with the state file's token. Every ``$GREENCTL_ENERGY_SCRAPE_S``
+seconds it exports its executors' energy and carbon per model. The pieces live in the
+``dispatch_*`` modules (routes, modelless, admin, forward, energy, supervision);
+:class:`Dispatcher` composes them. aiohttp is imported where used, since ``apply`` and
+``export`` import this module only for its settings. See docs/serving.md.
 """
 
 from __future__ import annotations

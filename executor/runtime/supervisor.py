@@ -1,32 +1,14 @@
 """The supervisor: keeps one dispatcher serving on one listening socket.
 
-Run as ``python -m greenctl.executor.runtime.supervisor --pair FILE --db STORE`` (``greenctl apply``
-starts it detached; the pair file, 0600 in the state folder, names the address, the token
-and the files of the pair). Supervision of the serving processes, end to end:
-
-- **The dispatcher restarts executors** (:mod:`greenctl.executor.runtime.dispatcher`): a dead one is
-  started again with the command line it was started with, at once the first time, then,
-  while it keeps dying within 5 s of becoming ready, after a back-off that doubles from 0.5 s
-  to 30 s and never gives up (``$GREENCTL_RESTART_BACKOFF`` = ``BASE,CAP``); ``status`` shows it.
-- **The supervisor restarts the dispatcher.** It binds the dispatcher's address once and
-  hands the listening socket to every dispatcher it starts, so the port never closes: while
-  a killed dispatcher is replaced, new connections wait in the kernel's accept queue and are
-  answered by the next one, on the same port, with the same token, the same routing table
-  (the dispatcher keeps it in a file) and the same executors, which keep running. It waits
-  on the dispatcher's pidfd, so a new one starts as soon as the old one is gone, with the
-  same back-off for a dispatcher that keeps dying.
-- **The dispatcher restarts the supervisor.** When the supervisor dies the dispatcher starts
-  a new one that adopts it (``--adopt-pid``), handing over the listening socket; serving
-  never stops. Only both dying at once is not repaired: ``status`` says so (exit 1) and the
-  next ``apply`` starts the pair again on the same port, for the same executors.
-- **Stopping.** ``down`` (or an apply that retires the pair) first creates the pair's stop
-  file, then sends SIGTERM: once the file exists neither restarts the other, and the
-  dispatcher restarts no executor. On SIGTERM the supervisor stops its dispatcher, then
-  itself.
-
-Every process the pair starts is recorded in the store (best effort: the store is a record,
-not a dependency of serving), and ``down`` also stops any greenctl daemon of the store that
-the records missed. Nothing here prints but the daemon's own log lines.
+Run as ``python -m greenctl.executor.runtime.supervisor --pair FILE --db STORE`` (``greenctl
+apply`` starts it detached; the 0600 pair file names the address, token and files).
+The dispatcher restarts executors and the supervisor; the supervisor restarts the
+dispatcher, handing every new one the same bound socket so the port never closes and
+connections wait in the accept queue. Both back off while a child keeps dying
+(``$GREENCTL_RESTART_BACKOFF`` = ``BASE,CAP``); only both dying at once is not repaired
+(``status`` says so). ``down`` creates the stop file before SIGTERM so neither restarts the
+other. Started processes are recorded in the store, best effort: the store is a record,
+not a dependency of serving. See docs/serving.md.
 """
 
 from __future__ import annotations
