@@ -1,51 +1,15 @@
 """The latency of an instance that batches dynamically.
 
-Batching (:func:`dynamic_batch`): an executor batches dynamically
-(``greenctl.executor.runtime.daemon.Batcher``, rules in :mod:`greenctl.data.batching`): the batcher
-takes the first waiting request, adds requests until the batch holds ``b`` rows or
-``max_wait`` (``w``) has passed since it took the first, and submits it; a batch of ``n`` rows
-runs for ``L(pad(n))``, the service model at its padded size
-(:class:`~greenctl.planner.core.latency.BatchService`). So the batch a request sees depends on the
-load: the requests that queued while the batcher could not take a batch, plus the window's.
-
-- The eager runner (CPUs, depth 1) takes a batch only when the last one has finished. Exact
-  up to the per-request split: a Markov chain on the number ``Q`` of requests waiting when a
-  batch is taken (``N = b`` at once if ``Q >= b``, else ``Q`` plus the window's Poisson
-  arrivals up to ``b``; then ``Q' = max(Q - b, 0) + Poisson(lam L(N))``), solved for its
-  stationary law. A request's wait before its run is the window (or its rest), plus, when it
-  queued during the previous run, that run's residual (``Uniform(0, s)``, ``s`` that run's
-  mean given ``Q``); requests left over from a full batch wait one more batch per ``b``
-  ahead of them.
-- The pipelined GPU runner (depth ``d`` = 2) takes the next batch while one runs and holds
-  at most ``d`` in flight. Batch ``k`` closes at ``c_k``; its wait for the device is
-  ``W_k``; the batcher is held after closing it until the batch ``d`` places ahead has
-  finished, for ``B_k = (W_k - C_k)^+`` with ``C_k`` the runs of the ``d - 1`` batches
-  between. Then exactly
-  ``W_{k+1} = (min(W_k - E, C_k) + L_k - X_{k+1})^+`` (``E ~ Exp(lam)`` the gap to the next
-  arrival, ``X`` the window): the Lindley recursion of a batch queue whose wait is capped at
-  the batches in flight. Approximation: the runs, the window and ``W`` independent; ``W``'s
-  law is solved on a grid, the batch size is ``max(1, Poisson(lam B)) + `` the window's
-  arrivals, and the two are iterated to a fixed point. A request's latency is ``U + W + L``
-  with ``U`` its wait for the batch to close (``X + Uniform(0, B)`` when it queued while the
-  batcher was held, ``X`` for the request that opened it, ``Uniform(0, X)`` for the
-  window's), independent of ``W``. At light load it is the M/G/1 queue of batches with
-  service ``L - w`` (exact when ``L >= w``); at heavy load the wait of a held batch is the
-  ``d - 1`` runs ahead, ``L_{k-1} + L_k - w``.
-- The local dispatcher lets ``slots = b + 1`` requests into an executor. With ``d + 1``
-  batches holding them (running, queued, waiting for a slot) a saturated pipelined executor
-  runs batches of about ``slots / (d + 1)`` rows, which caps the modeled batch; its capacity
-  (:func:`batch_capacity_rps`) is taken at the slowest split of ``slots`` over ``d + 1``
-  batches (padding makes uneven splits slower); and a request waits at the dispatcher when
-  all slots are held (Erlang C over the slots, each held for the mean time in the executor,
-  exponential wait). The eager runner takes a whole batch at once, so the cap costs it
-  nothing.
-
-Checked against the simulator (:func:`greenctl.planner.core.simulator.batch_queue`, which runs
-the batcher itself) on the H200 ResNet profiles: p50 and p95 within 5 % up to 90 % of the
-capacity at batch 32 (resnet18, 50 and 152), within 10 % up to 80 % at batch 8, where the
-dispatcher's cap binds at 3 rows per batch; nearer the capacity the dispatcher's queue is
-modeled coarsely and the tail is off either way. The eager model is within 5 % up to 90 %.
-``b == 1`` is M/G/1.
+The executor's batcher (rules in :mod:`greenctl.data.batching`) takes the first waiting
+request, adds requests until the batch holds ``b`` rows or ``max_wait`` has passed, and
+runs it for ``L(pad(n))`` (:class:`~greenctl.planner.core.latency.BatchService`); so the
+batch a request sees depends on the load. :func:`dynamic_batch` models three parts:
+the eager runner (CPUs, depth 1) as a Markov chain on the queue when a batch is taken;
+the pipelined GPU runner (depth 2) as a Lindley recursion whose wait is capped at the
+batches in flight, iterated with the batch size to a fixed point; and the local
+dispatcher's ``b + 1`` slots, which cap the batch, set :func:`batch_capacity_rps`, and add
+an Erlang C wait. ``b == 1`` is M/G/1. Checked against the simulator's
+:func:`greenctl.planner.core.simulator.batch_queue`; see docs/simulate.md ("Batching").
 """
 
 from __future__ import annotations

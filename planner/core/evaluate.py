@@ -1,39 +1,16 @@
 """Predict what a serving configuration does under a load: the plan's ``predicted`` block.
 
-:func:`predict` is the analytic twin of :func:`greenctl.planner.core.simulator.simulate`; both
-return the same keys (:data:`PREDICTED_KEYS`). The shared pieces (instances, load split,
-energy/carbon/water/cost accounting) live here so the two agree on everything but latency.
-
-Dispatch policies (the list, and the rule that picks a plan's, are
-:mod:`greenctl.planner.core.policy`'s):
-
-- ``fifo``: one central FIFO queue per model over all its instances (Clover's
-  producer/consumer); a request goes to the fastest idle instance, else to the first to
-  free up. Heterogeneous instances use the pooled M/G/c approximation of
-  :func:`greenctl.planner.core.queueing.pooled_latency_quantile_ms`.
-- ``wrr``: weighted round-robin over deployments by ``quota_rps`` (InfAdapter), round-robin
-  over a deployment's instances; each instance is a G/G/1 queue whose arrivals are a
-  fraction ``p`` of one Poisson stream spread evenly (stride scheduling), so ``ca2 = p``.
-- ``batch``: the same split, each instance batching dynamically up to its deployment's
-  ``batch`` as its executor does: a batch closes when full or ``max_wait_ms`` after its first
-  request (the executors' :data:`~greenctl.data.batching.DEFAULT_MAX_WAIT_MS`, or a glet's
-  planned ``placement["duty_cycle_ms"]``) and runs for the time of its padded size, from the
-  profiles at every measured batch size of the (variant, resource)
-  (:func:`greenctl.planner.core.service.batch_service`,
-  :func:`greenctl.planner.core.queueing.dynamic_batch`).
-
-Load split: over models by ``rate_rps`` when it is a dict, else in proportion to their
-quotas when every deployment has one, else to their capacity. Over deployments of a model
-(``wrr``/``batch``) likewise by quota, else by capacity.
-
-Energy: an instance draws its profile's busy ``power_w`` while serving and its
-``idle_power_w`` otherwise (busy power falls back to ``energy_j x throughput``); each
-device additionally draws ``device_idle_power_w`` all the time (instances with the same
-``device`` share one; an instance without ``device`` is a device of its own). Energy per
-request = total power / served rate. Carbon (g) = energy (J) / 3.6e6 (kWh) x PUE x carbon
-intensity (g/kWh). Water (L) = energy (kWh) x (PUE x indirect EWIF + direct WUE). A solver
-prices a plan by the same rule through :func:`energy_terms`: per instance its idle power, plus
-per request it serves the busy energy above idle (:class:`EnergyTerms`).
+:func:`predict` is the analytic twin of :func:`greenctl.planner.core.simulator.simulate`;
+both return :data:`PREDICTED_KEYS`, and share the instances, load split and accounting
+kept here, so they differ only in latency. Dispatch policies
+(:mod:`greenctl.planner.core.policy`): ``fifo`` (one central queue per model, pooled M/G/c),
+``wrr`` (weighted round-robin by quota, a G/G/1 queue per instance) and ``batch`` (the same
+split, each instance batching dynamically as its executor does,
+:func:`greenctl.planner.core.queueing.dynamic_batch`). Load splits by quota, else capacity.
+Energy: busy ``power_w`` while serving, ``idle_power_w`` otherwise, plus each device's
+``device_idle_power_w``; carbon (g) = energy (J) / 3.6e6 x PUE x intensity (g/kWh), water
+(L) = energy (kWh) x (PUE x EWIF + WUE). Solvers price plans by the same rule through
+:func:`energy_terms`. See docs/simulate.md.
 """
 
 from __future__ import annotations

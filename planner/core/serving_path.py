@@ -26,40 +26,18 @@ class ServingPath:
     """The measured serving path of a model (``greenctl profile serving``).
 
     Attributes:
-        overhead_ms: equiprobable samples of the latency a request spends outside the model
-            (client, dispatcher and executor hops), added to every request's latency.
-        executor_cpu_ms: CPU the executor daemon spends per request; on CPU instances it
-            runs on the instance's cores, so it delays the requests queued behind. On a GPU,
-            MIG or MPS instance (a path measured on its resource) it is the executor's front,
-            a serial stage on one core before the device (:func:`front_cpu_ms`).
-        service_scale: the median model run inside a served executor over the profile's
-            back-to-back median (CPU, batch 1), when it was measured (a ``model`` stand-in).
-            A CPU instance's service time is then its back-to-back service stretched by it,
-            at every load: served runs stay about as slow as the profile's isolated runs
-            (``tiny-l`` on one core: 4.8/4.7/4.6 ms at 20/100/160 req/s against 2.3 ms
-            back-to-back and 4.75 ms isolated), so the cold-run shift of
-            :func:`warm_service` does not apply. ``None``: not measured (a ``noop``
-            stand-in); the cold-run shift applies.
-        tail_scale: the same ratio at p95 and p99 (served runs have a longer tail than
-            back-to-back ones, the more so at low load: ``tiny-l`` served at 20 req/s had a
-            p95 of 9 ms against its 4.8 ms median), when measured (the median over the
-            rates of one ``profile serving`` run, see
-            :func:`greenctl.executor.runtime.serving.serving_overheads`); ``None``: the
-            back-to-back shape is stretched by ``service_scale`` alone.
-        resource: where the path was measured when not on a CPU core (``gpu:MODEL``,
-            ``mig:PROFILE``, ``mps:PCT``; ``profile serving --resource``): its scales and its
-            executor front then apply to instances on that resource only, with no executor
-            CPU charged to the device. ``None``: measured on a CPU core, applying to CPU
-            instances.
-        dispatcher_cpu_ms: CPU the dispatcher process spends per request of this model
-            (``profile serving``'s dispatcher path, at the measured rate nearest the plan's
-            total: :func:`greenctl.executor.runtime.serving.serving_overheads`): the dispatcher is
-            then a serial stage every request of the plan crosses (:class:`DispatcherStage`).
-            ``None``: not measured (a direct path, or bare samples); the stage is not modeled.
-        rate_rps: the load (req/s, through the dispatcher, this model alone) the overhead
-            samples were measured at: they hold the dispatcher's wait at that rate, which
-            :meth:`DispatcherStage.overhead_ms` does not add again. ``None``: unknown, taken
-            as an idle dispatcher (its whole wait is added).
+        overhead_ms: equiprobable samples of latency outside the model, added to every request.
+        executor_cpu_ms: executor CPU per request; on CPU instances it shares the cores, on an
+            accelerator it is the executor's serial front (:func:`front_cpu_ms`).
+        service_scale: served over back-to-back median run time (``None``: not measured, the cold-run
+            shift of :func:`~greenctl.planner.core.instances.warm_service` applies).
+        tail_scale: the same ratio at p95 and p99 (``None``: ``service_scale`` alone).
+        resource: where it was measured when not a CPU core (``gpu:MODEL``, ``mig:PROFILE``,
+            ``mps:PCT``); it then applies to that resource only. ``None``: CPU instances.
+        dispatcher_cpu_ms: dispatcher CPU per request, modeled as :class:`DispatcherStage`
+            (``None``: no dispatcher stage).
+        rate_rps: the load the overhead samples were measured at, whose dispatcher wait they
+            already hold (``None``: taken as an idle dispatcher).
     """
 
     overhead_ms: tuple[float, ...]

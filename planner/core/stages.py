@@ -183,35 +183,14 @@ def with_front(
     overhead_ms: Sequence[float] | np.ndarray = (),
     held: WaitTime | None = None,
 ) -> LatencyModel | None:
-    """``T + W``: a queue's latency ``T`` after an executor front, ``W`` the front's wait
-    (:func:`front_wait`), independent of ``T``.
+    """``T + W``: a queue's latency ``T`` after an executor front, ``W`` the front's wait.
 
-    ``held``: the front's wait that ``overhead_ms`` already hold (they were measured through
-    that front, at another rate: ``evaluate.front_held_wait``); ``W`` is then only the wait's
-    growth since (:func:`wait_growth`, the dispatcher's rule), nothing when the samples were
-    measured at this rate or above. None: nothing held, the whole wait is added. On the H200
-    (resnet50 at batch 32, 1,500 req/s, a 0.47 ms front 70 % busy, the samples measured at
-    that rate) the whole wait added put the plan's p95 at 10.09 ms, the growth alone at
-    9.25 ms, against 9.24 and 10.10 ms measured in two runs; resnet152 at batch 8 and 300
-    req/s (a 0.95 ms front): 11.51 and 11.25 ms against 9.07 and 9.75.
-
-    The front is the executor daemon's inbound side (receive, decode, enqueue; encode on the
-    way back) on an accelerator instance: one event loop on one core that handles each
-    request for ``front_ms`` in series with the device, FIFO. Its own ``front_ms`` is not
-    added: it is part of the measured serving path (the time a request spends outside the
-    executor's batch queue and run), as an executor's CPU ``demand_ms`` on CPU instances is
-    (:func:`mgc_model`). The device queue is taken to see the requests as they arrive; the
-    front's departures are smoother (requests that queued leave it ``front_ms`` apart and
-    tend to share a batch), so the sum over-states the tail where both stages are busy
-    (module docstring, "The executor front").
-
-    ``P(T + W > t) = (1 - C) P(T > t) + C E[P(T > t - delay - X)]`` with ``X`` exponential:
-    the expectation over cells of ``1/16`` of its mean, each weighted by its exact
-    probability (the last one holding the rest beyond ``1e-5`` of the requests).
-
-    ``overhead_ms``: a serving path's overhead samples (:func:`with_overhead`), added in the
-    same step: ``O + W`` as :data:`_FRONT_POINTS` equiprobable points (its exact law, with
-    ``O`` equiprobable on its samples), one convolution with ``T`` rather than two.
+    The front is the executor's inbound side on an accelerator (one event loop, one core,
+    FIFO, ``front_ms`` per request); its wait (:func:`front_wait`) is taken independent of
+    ``T``, which over-states the tail where both stages are busy (module docstring). ``held``:
+    the front's wait that ``overhead_ms`` already hold (``evaluate.front_held_wait``); only its
+    growth since is added (:func:`wait_growth`). ``overhead_ms`` (:func:`with_overhead`) are
+    added in the same convolution.
 
     Returns:
         ``model`` (plus ``overhead_ms``) when ``front_ms <= 0`` or the front is idle; None

@@ -1,53 +1,17 @@
 """``plan glet``: spatio-temporal GPU sharing for many heterogeneous models (gpulet, ATC'22).
 
-A GPU is either whole or split into two partitions ("glets") of ``p`` and ``capacity - p``
-(MPS active-thread percentages, or MIG compute slices). Each glet serves one model, or
-several models that *time-share* it in a duty cycle (Nexus's squishy bin packing).
-
-**Duty-cycle rule** (the SLO check every algorithm here uses). A glet with models
-``i`` at rates ``r_i`` runs a cycle of length ``d``: during one cycle each model collects
-at most ``b_i`` requests (``r_i d <= b_i``, tightened for bursts below), and the cycle executes every model's batch
-once (``sum_i L_i(b_i) <= d``). A request waits at most one cycle and is then executed, so
-its latency is at most ``d + L_i(b_i) <= SLO_i``. ``L_i(b)`` is the profiled latency at the
-glet's partition times the interference factor of the other glet on the same GPU. For one
-saturated model this is ``2 L(b) <= SLO``; for a model alone below saturation the cycle can
-also be ``b / r``, which gives gpulet's ``L(b) + b / r <= SLO`` (never better than the
-shortest feasible cycle this module picks).
-
-**Poisson bursts.** Requests arrive as a Poisson stream, so the arrivals of one cycle
-vary around ``r d``; a batch too small for a burst spills requests into the next cycle,
-past the SLO. Rates are therefore packed at a Poisson upper percentile (``rate_percentile``,
-default 99) of the arrivals *per duty cycle*: ``b_i`` must hold the 99th percentile of
-``Poisson(r_i d)``, not just its mean. (Raising the rate to the percentile of a one-second
-window instead, then packing ``r d <= b``, left the p99 of 88 of 135 simulated models above
-their SLO on the gpulet reference data, because bursts within a 5-50 ms cycle are far
-larger relative to their mean than within a second.)
-
-**Interference.** A glet on a split GPU is slowed by the other glet:
-``factor = max(1, c1 L2_self + c2 L2_other + c3 DRAM_self + c4 DRAM_other + c5)``, the
-co-runner's utilisation taken at its worst batch (a time-shared glet's models run in turn;
-the worst of them counts). While the other glet is still empty, a glet is sized for an
-assumed co-runner (the worst, or a median one, of the problem's models); every placement
-re-checks both glets of the GPU with the actual co-runners, so no placement breaks an
-earlier one. MIG partitions isolate L2 and DRAM; no interference is applied to them.
-
-Algorithms (``algorithm=``):
-
-- ``glet``: gpulet's elastic partitioning. Models in order (gpulet's rate x SLO ascending,
-  among others, see ``GLET_PORTFOLIO``); for each, the ideal partition is the smaller of the
-  knee (best throughput per partition share) and the smallest partition serving the rest
-  of its rate; best fit among empty glets in ascending size, else a new GPU split into
-  ``p`` and ``capacity - p`` (GPU autoscaling, up to ``max_gpus``); the largest batch the
-  duty-cycle rule allows; the rest of a model's rate is first tried on existing glets by
-  time sharing (squishy bin packing). The fewest-GPU schedule of the portfolio runs (plus the
-  whole-GPU and no-sharing schedules, which are glet schedules too) is consolidated
-  (GPUs emptied onto others' spare glets and cycles), a GPU whose second glet stayed
-  empty gets its one glet widened to the whole GPU, and the result is returned; so
-  ``glet`` never uses more GPUs than ``sbp`` or ``greedy``.
-- ``sbp``: Nexus squishy bin packing on whole GPUs (saturated GPUs, residuals merged).
-- ``greedy``: best-fit partitioning without time sharing.
-- ``ideal``: exhaustive search over partition combinations of up to 4 GPUs
-  (:mod:`greenctl.planner.glet.ideal`).
+A GPU is whole or split into two glets of ``p`` and ``capacity - p`` (MPS percentages or MIG
+slices); each glet serves one model or several that time-share it in a duty cycle ``d``.
+SLO check (every algorithm): each model's batch ``b_i`` holds the ``rate_percentile``
+(default 99) of ``Poisson(r_i d)`` arrivals, the cycle runs every batch once
+(``sum_i L_i(b_i) <= d``), and ``d + L_i(b_i) <= SLO_i``; ``L_i`` is the profiled latency
+times the interference factor of the other glet (none under MIG). Every placement
+re-checks both glets of its GPU, so none breaks an earlier one.
+Algorithms (``algorithm=``): ``glet`` (gpulet's elastic partitioning over the orders of
+``GLET_PORTFOLIO``, then consolidated; never more GPUs than ``sbp`` or ``greedy``), ``sbp``
+(Nexus squishy bin packing on whole GPUs), ``greedy`` (best fit without time sharing),
+``ideal`` (exhaustive up to 4 GPUs, :mod:`greenctl.planner.glet.ideal`).
+See docs/plan.md ("plan glet").
 """
 
 from __future__ import annotations

@@ -1,36 +1,14 @@
 """Clover's graph-based simulated annealing over MIG configurations.
 
-Follows the annealer of Clover's artifact (SC'23; ``system/clover.py`` and
-``SimulatedAnneling`` in ``system/system_utils.py``), translated from one GPU to ``N``.
-
-A configuration is Clover's bipartite *configuration graph*: a vertex per variant and per
-slice profile, and an edge ``(variant, profile)`` whose weight is the number of instances
-of that variant on slices of that profile, i.e. the counts ``Config.n``. Clover's graph
-describes one GPU, whose partition and variants every GPU of the service runs; greenctl's
-graph sums ``N`` GPUs that may differ.
-
-* Distance: the Manhattan distance between the graphs' edge-weight vectors,
-  ``sum_k |n_k - n'_k|``. Every vertex is always in Clover's graph (edges of weight 0), so
-  there is no vertex term.
-* Neighbours: configurations within distance 4 *per GPU* (``4 N`` on the summed graph: a
-  Clover step re-partitions or swaps variants on every GPU at once) that this run has not
-  evaluated yet, drawn at random: one or two moves, each a partition change of ``c`` GPUs
-  from one slice multiset to another (instances on removed slices leave; every new slice
-  gets a uniformly random variant, as Clover's random draw gives it) or a variant swap of
-  ``c`` instances on one profile, ``c`` uniform over what is there. 400 draws without a new
-  neighbour mean every neighbour was evaluated (Clover's ``no_neighbor_limit``).
-* Energy: ``h = -f * min(1, SLA / p95)`` (:attr:`Evaluation.h`), Clover's
-  ``score * SLA / latency``.
-* Schedule: temperature 100, lowered by 5 per evaluation and then held at 10 (the floor is
-  not a stop); a worse neighbour becomes the centre with probability ``exp(-dh / (K T))``,
-  ``K = 1e-4`` on the objective as a fraction, so ``1e-2`` in ``h``'s percentage points:
-  from 1 point at the start to 0.1 at the floor, whatever the size of ``h``.
-* Stopping: 5 evaluations in a row without improving the best configuration, or 20
-  evaluations, each only once a configuration meeting the SLA has been found; no
-  neighbour left, the time limit and a cap of 1,000 evaluations stop it regardless.
-
-Warm start from the previous plan when given (Clover starts each re-plan from the running
-configuration).
+Follows the annealer of Clover's artifact (SC'23, ``system/clover.py``), from one GPU to
+``N``. A configuration is the bipartite graph of (variant, slice profile) instance counts
+``Config.n``, summed over ``N`` GPUs; distance is the Manhattan distance of the counts.
+Neighbours: unevaluated configurations within ``4 N``, one or two random moves (a
+partition change or a variant swap of ``c`` GPUs or instances). Energy
+``h = -f * min(1, SLA / p95)`` (:attr:`Evaluation.h`). Temperature 100, minus 5 per
+evaluation, held at 10; stop after 5 evaluations without improvement or 20 in all, once
+the SLA is met, or on no neighbour, the time limit or 1,000 evaluations. Warm-starts from
+the previous plan when given, as Clover re-plans from the running configuration.
 """
 
 from __future__ import annotations

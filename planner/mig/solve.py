@@ -1,53 +1,17 @@
-"""``plan mig``: carbon-aware MIG layouts with mixed-quality variants (Clover), solved exactly.
+"""``plan mig``: carbon-aware MIG layouts with mixed-quality variants (Clover, SC'23), solved exactly.
 
-The problem (Clover, SC'23): ``N`` GPUs of one model serve one model family at a Poisson
-rate under a p95 SLA. Each GPU is cut into MIG instances (a *layout*), each instance hosts
-one variant of the family. Maximise::
-
-    f = lambda * dCarbon + (1 - lambda) * dAccuracy            (percentage points)
-    dAccuracy = (A - A_base) / A_base * 100
-    dCarbon   = (C_base - E * ci) / C_base * 100,  C_base = E_base * ci_base
-
-with ``A`` the request-weighted accuracy, ``E`` the energy per request and BASE the most
-accurate variant on every whole (7g) GPU. The SLA defaults to BASE's p95 at the rate.
-
-Additivity (the configuration graph view): only two things matter for ``f`` and the SLA,
-the number of GPUs using each slice *multiset* (layouts with the same profiles are
-interchangeable) and the number of instances of each (variant, profile) *pair*. Placement
-is reconstructed afterwards (:func:`assign_gpus`). So a configuration is a pair of count
-vectors whose length does not depend on ``N``; see :mod:`greenctl.planner.mig.exact`.
-
-Serving model shared by every solver (so their objectives compare):
-
-* Dispatch: requests are routed by quota (the plan's deployments, policy ``wrr``, the
-  evaluation core's weighted round-robin) to instances; every instance serves its share
-  through its own FIFO queue, an M/G/1 queue of the evaluation core
-  (:mod:`greenctl.planner.core.queueing`). Load is split evenly over a class's instances
-  (a class = one (variant, profile) pair).
-* Linearised SLA: the p95 of a mixture of queues is nonlinear in the loads, but every
-  queue meeting the SLA implies the mixture does, and an M/G/1 queue meets it exactly up to
-  its capacity at the SLA, ``r_k = capacity_at_slo(service_k, servers=1, slo_ms=SLA)``
-  (computed here by bisection on the core's survival function, same result, 10x faster).
-  So ``x_k <= n_k r_k`` is a linear, slightly conservative stand-in for ``p95 <= SLA``.
-  The winner is then verified: its mixture p95 with the core's ``mixture_quantile`` and,
-  when available, the discrete-event simulator with policy ``wrr``. Poisson arrivals per
-  instance are pessimistic for stride dispatch (each instance gets every k-th request, a
-  smoother stream), so the simulator usually reports a lower p95 than the analytic model.
-  Capacities within ``CAPACITY_TOL`` (0.1 %) count as met: BASE sits exactly at the
-  default SLA and the bisection rounds down.
-* Load split: for given counts the best split fills classes in order of their objective
-  coefficient up to capacity (a continuous knapsack; an LP when an accuracy floor is set).
-* Energy: ``E = (N * P_gpu_idle + sum_c x_c * e_c) / rate`` with ``P_gpu_idle`` the GPU's
-  idle power (derived from the instances' idle power per compute slice) and ``e_c`` the
-  busy energy per request above idle of class ``c``. Carbon per request ``= E / 3.6e6 * ci``.
-* A partitioned GPU draws its whole idle power whatever its layout: the slices no instance
-  holds (one of an A100's seven under 3g+3g) draw theirs too. A plan's instances carry only
-  their own slices' idle power (their profiles' ``idle_power_w``), so an evaluation that sums
-  instances (the core's ``predict``) adds
-  :func:`~greenctl.planner.core.evaluate.spare_idle_w` to agree with this model.
-* BASE's p95 (the default SLA) is computed in the same model: ``N`` M/G/1 queues at
-  ``rate / N``. Under one central FIFO queue (Clover's dispatcher) BASE would be faster;
-  plans show that figure as ``p95_fifo_ms`` for reference.
+``N`` GPUs of one model, each cut into MIG instances (a *layout*) that each host one
+variant of a family, serve a Poisson rate under a p95 SLA. Maximise
+``lambda * dCarbon + (1 - lambda) * dAccuracy`` (percentage points against BASE, the most
+accurate variant on every whole GPU; the SLA defaults to BASE's p95). Only the count of
+GPUs per slice multiset and of instances per (variant, profile) pair matter, so a
+configuration's size does not depend on ``N`` (:mod:`greenctl.planner.mig.exact`);
+placement is rebuilt by :func:`assign_gpus`. Serving model shared by every solver: quota
+dispatch to per-instance M/G/1 queues (:mod:`greenctl.planner.core.queueing`), the SLA
+linearised as each instance's capacity at the SLA (within ``CAPACITY_TOL``), the winner
+verified by the mixture p95 and the simulator. Energy per request counts the whole GPUs'
+idle power, so instance-summing evaluations add
+:func:`~greenctl.planner.core.evaluate.spare_idle_w`. See docs/plan.md ("plan mig").
 """
 
 from __future__ import annotations

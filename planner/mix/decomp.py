@@ -1,54 +1,17 @@
 """Exact Lagrangian decomposition of ``plan mix`` for many families sharing budgets.
 
 The joint ILP couples families only through the shared budget rows. With budget prices
-``lambda >= 0`` (any prices >= 0 keep the argument exact; good ones keep ``Delta`` small)
-every feasible plan ``x`` satisfies, in the model's minimisation sense,
-
-    cost(x) >= LD + sum_f d_f(x),   LD = sum_f z_f - lambda . B,
-    d_f(x) = cost_f(x) + lambda . use_f(x) - z_f >= 0,
-
-where ``z_f`` is family ``f``'s own optimum of ``cost_f + lambda . use_f`` (no shared rows).
-So once a plan of cost ``INC <= LD + Delta`` is known, every plan at least as good has
-``d_f <= Delta`` in every family. Per family an exact depth-first branch and bound
-enumerates all plans within ``Delta`` of ``z_f`` (the best plan per distinct budget use),
-and a small master MILP (one plan per family, the shared budget rows) picks the best
-combination: exact over everything that can beat ``INC``, hence globally exact. The proven
-bound is ``min(master bound, LD + Delta)``. ``Delta`` starts at :data:`FIRST_WINDOW` and
-grows (x4, x64 while the enumeration is cheap, or to ``INC - LD``; to ``INC - LD`` at once in
-the last rounds) until ``INC <= LD + Delta`` holds.
-
-Per family a plan is canonical without loss: quotas fill options in ascending order of their
-quota cost, so every option is full (``q = capacity x n``) except the last one used, whose
-count is ``ceil(rest / capacity)``; trimming unneeded instances never costs more (instance
-and loading costs are >= 0) nor uses more budget. The search walks options in that order,
-placing only nonzero counts, with the capacity-capped fractional cover of the rest (plus
-the cheapest loading cost still unavoidable) as its bound. A family whose search passes
-:data:`MAX_NODES` or :data:`MAX_PLANS` enters the master with its full ILP rows instead
-("hard"; its ``z_f`` replaced by the dual bound of its own priced ILP).
-
-Prices: the LP duals are only a start. Column generation refines them: the LP over the
-per-family plans found so far (one convex combination per family, the shared budget rows)
-gives new prices, the exact search at those prices (seeded with the best known plan, which
-prunes from the first node) gives new plans and a valid ``LD``, until the LP meets ``LD``
-(optimal Lagrangian prices). When the best plan over those plans meets ``LD`` within the
-gap tolerance the proof is complete without the widening rounds.
-
-Objectives in units of their size: costs are divided by an estimate of the optimum's
-magnitude (carbon per request is ~1e-5 g, below HiGHS's absolute tolerances otherwise).
-
-Applies to ``strategy="ilp"`` with HiGHS, every objective and several families; an accuracy
-floor (a row of its own family) is exact here under ``accuracy`` and ``cost``, whose quotas
-fill most accurate first (the search checks it, and prices it for a second bound; while
-refining prices such a family is priced per variant by :func:`grouped_optimum`, a dynamic
-programme over each variant's Pareto frontier of capacity and priced cost), and keeps
-the joint ILP under ``carbon`` and ``balanced`` (with carbon's per-size quota costs an
-optimal plan under a floor may fill two options partly, which neither search lists). ``accuracy``/``carbon`` (cheapest among
-optimal plans) and ``cost`` (most accurate) keep the joint ILP's tie-break after the proof:
-the master again with the row ``primary <= optimum + tolerance``, then (as the joint ILP)
-the full tie-break ILP warm-started with that plan, time-limited, its status in the plan.
-Otherwise, or when it gives up (over :data:`BUDGET_S`, too many hard families, no proof
-after the last round), the caller runs the joint ILP with the time left, warm-started with
-the decomposition's best plan, and reports the tighter of its bound and ``LD``.
+``lambda >= 0``, every plan within ``Delta`` of the incumbent has each family within
+``Delta`` of its own priced optimum ``z_f``. So an exact per-family branch and bound lists
+all such plans (canonical: quotas fill options by ascending quota cost), and a small master
+MILP (one plan per family, the shared rows) picks the best combination: globally exact.
+Prices come from column generation over the plans found; ``Delta`` widens from
+:data:`FIRST_WINDOW` until the proof closes. Families over :data:`MAX_NODES` or
+:data:`MAX_PLANS` enter the master with their full ILP rows. Objectives are scaled by the
+optimum's magnitude (carbon per request is ~1e-5 g, below HiGHS's tolerances).
+Applies to ``strategy="ilp"`` with several families; when it gives up (over
+:data:`BUDGET_S`, no proof) the caller runs the joint ILP warm-started with its best plan.
+The derivation is in docs/plan.md ("plan mix").
 """
 
 from __future__ import annotations

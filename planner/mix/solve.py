@@ -1,41 +1,17 @@
 """``plan mix``: choose variants, their resources, counts and request quotas (InfAdapter/INFaaS).
 
-Pure planning: a :class:`MixProblem` in, a :class:`greenctl.data.plan.Plan` out. No store, no
-network. The CLI loads variants and profiles, calls :func:`build_mix_problem` on the plan
-document's ``request`` dict (so ``replan`` can redo a plan from ``plan.request``) and then
-:func:`plan_mix`.
-
-Formulation (one model for every family, budgets shared), per family ``f`` with load
-``L_f = rate_f x (1 + headroom)`` and candidate options ``o = (variant, resource, batch)``:
-
-- ``n_o`` integer instances, ``q_o >= 0`` continuous quota, ``q_o <= capacity_o x n_o``;
-- ``sum_o q_o = L_f``; ``sum_o usage_{o,k} n_o <= budget_k`` for every budget ``k``;
-- ``sum_o q_o (accuracy_o - floor) >= 0`` when a ``min_accuracy`` floor is set;
-- objectives: ``accuracy`` max ``sum q a / sum L`` (linear because the loads are fixed);
-  ``cost`` min ``sum n cost``; ``carbon`` min ``(sum n P_idle + sum q e / (1 + headroom))
-  x PUE x CI / 3.6e6 / sum rate``, the evaluation core's energy accounting (every instance
-  draws its idle power ``P_idle``, each request served adds ``e``, its busy energy above
-  idle: ``evaluate.energy_terms``), so the carbon minimised is the carbon the plan reports;
-  ``balanced`` max ``AA - alpha RC - beta LC - gamma CC`` where ``LC`` uses binary
-  "variant newly started" indicators ``s_v`` with the tight bound ``n_o <= U_o s_v`` and
-  ``CC`` is that energy per family over its reference plan's.
-
-Tightness: exact dominance pruning (an option of the same variant with no less capacity
-and no more cost, energy or use of any budget replaces it instance for instance), and
-per-option count bounds ``U_o = min(ceil(L_f / capacity_o), floor(budget_k / usage_{o,k}))``
-which are also the big-M of the indicator constraints. The model is assembled as flat
-column/row arrays and handed to HiGHS in one ``passModel`` call (see ``solve_highs``), or
-to CBC through pulp. Several families are first solved by the exact Lagrangian
-decomposition of :mod:`greenctl.planner.mix.decomp` (prices by column generation, per-family
-enumeration and a master MILP over the shared budgets; every objective, accuracy floors under
-``accuracy`` and ``cost``); ``extra["solver"]["method"]`` says which ran.
-
-The parts live beside this entry: :mod:`~greenctl.planner.mix.problem` builds the problem,
-:mod:`~greenctl.planner.mix.options` sizes and prices each option,
-:mod:`~greenctl.planner.mix.model` holds the ILP and its accounting, and
-:mod:`~greenctl.planner.mix.document` writes the plan. This module solves (the strategies,
-the re-pricing rounds, the diagnosis of an infeasible request) and re-exports the public
-names of the others, so callers import the mix planner from one place.
+Pure planning: a :class:`MixProblem` in (from :func:`build_mix_problem` on the plan's
+``request`` dict, so ``replan`` can redo a plan), a :class:`greenctl.data.plan.Plan` out.
+One ILP for every family with shared budgets: integer instances ``n_o`` and quotas
+``q_o <= capacity_o x n_o`` per option (variant, resource, batch) covering each family's
+load with headroom, under budgets and an optional accuracy floor; objectives ``accuracy``,
+``cost``, ``carbon`` (the evaluation core's energy accounting, so the carbon minimised is
+the carbon reported) and ``balanced``. Dominated options are pruned and counts bounded;
+HiGHS solves it (or CBC through pulp), several families first by the exact decomposition
+of :mod:`greenctl.planner.mix.decomp`. This module holds the strategies, re-pricing and
+infeasibility diagnosis, and re-exports the public names of its siblings
+(:mod:`~greenctl.planner.mix.problem`, :mod:`~greenctl.planner.mix.options`,
+:mod:`~greenctl.planner.mix.model`, :mod:`~greenctl.planner.mix.document`). See docs/plan.md.
 """
 
 from __future__ import annotations
