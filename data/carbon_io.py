@@ -2,26 +2,12 @@
 
 Every reader turns a file into :class:`CarbonPoint` rows in gCO2/kWh with ISO UTC times;
 :func:`import_carbon` stores them in one transaction (a malformed file stores nothing).
-
-Formats (``--format``):
-- ``csv``: ``time,region,carbon_g_per_kwh`` (``region`` optional; ``carbon_kg_per_kwh`` or
-  ``kg_per_kwh`` instead of ``carbon_g_per_kwh`` are converted x 1000);
-- ``carbon-aware-sdk``: Green Software Foundation Carbon Aware SDK JSON, emissions
-  (``[{location, time, rating, duration}]``) or forecasts (``[{..., forecastData: [{location,
-  timestamp, duration, value}]}]``);
-- ``watttime``: WattTime v3 JSON (``data[].point_time/value``, ``meta.units``), marginal;
-- ``electricitymaps``: Electricity Maps JSON (``history[]``/``forecast[]`` of
-  ``{carbonIntensity, datetime}``, or one latest object);
-- ``electricitymaps-csv``: their CSV exports (``Datetime (UTC)`` and ``Carbon Intensity
-  gCO₂eq/kWh (LCA)`` / ``(Life cycle)`` / ``(direct)``; life-cycle preferred when both);
-- ``clover``: Clover's hourly traces (one header line, one value per line, no timestamps;
-  placed hourly from ``start``, default :data:`CLOVER_DEFAULT_START`);
-- ``eglb``: eGLB site traces (``Time (UTC)``, ``Carbon (kg/kWh)``).
-
-Every value is checked before anything is stored: a finite carbon intensity between 0 and
-:data:`MAX_CARBON_G_PER_KWH` after unit conversion, a parseable time, a short printable
-region name. The first bad one raises :class:`FileFormatError` naming the file, line (or
-JSON path) and column with a hint (exit code 2).
+Formats (``--format``): ``csv`` (``time,region,carbon_g_per_kwh``, kg columns converted),
+``carbon-aware-sdk``, ``watttime``, ``electricitymaps``, ``electricitymaps-csv``
+(life-cycle preferred), ``clover`` (hourly values from ``start``, default
+:data:`CLOVER_DEFAULT_START`) and ``eglb``. Values must be finite, within 0 and
+:data:`MAX_CARBON_G_PER_KWH`, with parseable times and short printable regions; the first
+bad one raises :class:`FileFormatError` naming file, line and column. See docs/carbon.md.
 """
 
 from __future__ import annotations

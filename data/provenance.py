@@ -109,25 +109,11 @@ def check_import_merge(
 ) -> list[str]:
     """Refuse an import that would add another data set to an existing variant or family.
 
-    A variant or family that holds profiles of data sets H merges when the import brings it
-    a data set not in H; re-importing a data set it holds, or adding new variants to a new
-    family, is no merge.
-
-    Args:
-        store: the store the import writes to (only read here).
-        incoming: ``(variant, family, data set)`` of every profile the import writes (a new
-            variant's family as the import would register it; an existing variant keeps its
-            stored family); the data set is the profile's hardware label, or with
-            ``synthetic_apart`` :func:`dataset_label` of it and its source.
-        what: the import, for the message (for example ``gpulet import of DIR``).
-        hint: how to import under other names, or merge on purpose.
-        merge: merge on purpose: nothing is refused.
-        synthetic_apart: the stored synthetic profiles are :data:`SYNTHETIC_DATASET`, not
-            the GPU they name (for a writer whose incoming labels are :func:`dataset_label`).
-
-    Returns:
-        One line per merge the import makes (empty when it merges nothing); with ``merge``
-        the caller reports them.
+    An import merges when it brings a variant or family a data set it does not hold yet.
+    ``incoming`` is ``(variant, family, data set)`` per profile written (the data set is the
+    hardware label, or with ``synthetic_apart`` its :func:`dataset_label`, stored synthetic
+    profiles counting as :data:`SYNTHETIC_DATASET`). ``what`` and ``hint`` word the message.
+    Returns one line per merge (the caller reports them when ``merge`` is set).
 
     Raises:
         InputError: the import would merge and ``merge`` is False (nothing is written).

@@ -1,28 +1,12 @@
-"""Read ``plan mix --spec`` files: a request document in TOML, or JSON (a ``.json`` name or
-text starting with ``{``).
+"""Read ``plan mix --spec`` files: a request document in TOML, or JSON (``.json`` or ``{``).
 
-Every field is checked for its type and range here, so a bad spec is refused naming the
-file and the field (``families[1].rate_rps``, ``current[0].count``) instead of failing deep
-in the planner; the planner's ``normalize_request`` then checks how the fields combine.
-
-Fields (all optional here; the planner says which it needs)::
-
-    model = "resnet"            # one family ...
-    rate_rps = 40.0
-    [[families]]                # ... or several: model, rate_rps, slo_ms, min_accuracy
-    slo_ms = 500.0              # > 0
-    percentile = "p95"          # p95 | p99 (or 0.95 / 95)
-    objective = "balanced"      # accuracy | cost | carbon | balanced
-    min_accuracy = 0.7          # 0..1
-    alpha = 0.05                # >= 0, also beta, gamma, headroom, carbon_intensity
-    reference_carbon_intensity = 400.0  # > 0
-    pue = 1.2                   # >= 1
-    strategy = "ilp"            # ilp | greedy | single
-    solver = "highs"            # highs | cbc
-    time_limit_s = 10.0         # > 0
-    [budgets]                   # or [budget]: KIND or LABEL = amount >= 0
-    cpu = 14
-    [[current]]                 # the running deployments: variant, resource, count, batch, ...
+Every field's type and range is checked here, so a bad spec is refused naming the file and
+the field (``families[1].rate_rps``) instead of failing deep in the planner; the planner's
+``normalize_request`` then checks how fields combine. Fields (all optional here) mirror
+``plan mix``'s options: ``model``/``rate_rps`` or ``[[families]]``, ``slo_ms``,
+``percentile``, ``objective``, ``min_accuracy``, the weights, ``strategy``, ``solver``,
+``time_limit_s``, ``[budgets]`` and the running deployments ``[[current]]``.
+See docs/formats.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
 """The measurement harness: plan the points, measure them, store them in one transaction.
 
-A *point* is (variant, resource, batch). :func:`~greenctl.profiler.run_plan.plan_runs` turns
-the discovered hardware and the user's choices into run items, one per (resource, variant):
-
-- ``cpu:N`` runs in this process with N torch threads and every thread of the process pinned
-  to N cores (``os.sched_setaffinity``), both restored afterwards;
-- ``gpu:MODEL`` (a whole GPU, MIG mode off), ``mig:PROFILE`` (one item per distinct MIG
-  profile, ``CUDA_VISIBLE_DEVICES=MIG-<uuid>``) and ``mps:PCT`` (when an MPS daemon runs;
-  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=PCT``) run in a child process,
-  ``python -m greenctl.profiler.child``, that sees exactly that device as ``cuda:0`` and reads
-  the parent GPU's NVML energy counter itself (attributed by its share for MIG/MPS);
-- with ``emulate_mig``, every MIG slice of each whole GPU as an MPS share (``mig:PROFILE``
-  rows with ``source`` ``mps-emulated``): these run first, as
-  clients of an MPS daemon that runs already or one started for them and stopped right after
-  (:mod:`greenctl.profiler.mps`).
-
-:func:`measure` warms up, then runs batches for a fixed duration or request count, timing
-each batch with device synchronisation; per-request latency is the latency of its batch.
-Throughput is the saturation throughput of one stream: requests / busy time.
-Peak memory: on CPU the growth of the resident set (``/proc/self/statm``) over the RSS
-before the model was built; on GPU ``torch.cuda.max_memory_allocated``.
-
-Library functions take ``progress(message, fraction)``; they never print.
+A *point* is (variant, resource, batch); :func:`~greenctl.profiler.run_plan.plan_runs` turns
+the hardware and the user's choices into run items. ``cpu:N`` runs in this process pinned
+to N cores; ``gpu:``, ``mig:`` and ``mps:`` run in a child (``python -m
+greenctl.profiler.child``) that sees exactly that device as ``cuda:0``; ``emulate_mig`` runs
+MIG slices as MPS shares (:mod:`greenctl.profiler.mps`). :func:`measure` warms up, then
+times batches with device synchronisation: a request's latency is its batch's, throughput
+is one stream's saturation throughput, peak memory is RSS growth (CPU) or
+``torch.cuda.max_memory_allocated`` (GPU). Functions take ``progress(message, fraction)``
+and never print. See docs/profile.md.
 """
 
 from __future__ import annotations

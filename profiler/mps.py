@@ -1,26 +1,13 @@
 """The MPS control daemon of one profiling run: use the one that runs, or start and stop one.
 
-``greenctl profile --gpus --emulate-mig`` measures MIG slices as MPS active-thread shares of
-whole GPUs (the rule: :func:`greenctl.data.mig_geometry.mps_percentage`), and MPS needs its
-control daemon. greenctl never changes a GPU's settings for it (MIG mode, clocks, power
-limits, compute mode, persistence mode). A session (:func:`mps_session`) either
-
-- uses the daemon that runs already (its control pipe found by
-  :func:`greenctl.profiler.hw.mps_pipe`) and leaves it running, or
-- starts a private one, ``nvidia-cuda-mps-control -d``, with ``CUDA_MPS_PIPE_DIRECTORY`` and
-  ``CUDA_MPS_LOG_DIRECTORY`` in a fresh temporary folder (so that a daemon someone else runs
-  is not touched), ``CUDA_VISIBLE_DEVICES`` set to the UUIDs of the GPUs it serves and in a
-  session of its own (a Ctrl-C in the terminal reaches greenctl, not the daemon), and stops
-  it with ``echo quit | nvidia-cuda-mps-control`` (same environment) when the run ends, fails
-  or is interrupted (Ctrl-C, SIGTERM, SIGHUP); then it waits up to :data:`STOP_WAIT_S` for the
-  daemon and its servers to be gone and reports any that are not.
-
-A CUDA client that cannot reach the daemon runs without MPS, on the whole GPU, without a
-word. So after its first client the session checks (:meth:`MpsDaemon.verify_client`) that a
-client reached the daemon (an MPS server runs, or the daemon logged a new client) and
-refuses to go on otherwise: the figures would be whole-GPU figures stored as slices.
-``GREENCTL_MPS_VERIFY=0`` skips that check. ``GREENCTL_MPS_CONTROL`` names the control
-program (tests point it at a fake script).
+``greenctl profile --gpus --emulate-mig`` measures MIG slices as MPS active-thread shares
+(:func:`greenctl.data.mig_geometry.mps_percentage`), which needs the control daemon;
+greenctl never changes a GPU's settings for it. :func:`mps_session` uses a running daemon
+(:func:`greenctl.profiler.hw.mps_pipe`) and leaves it, or starts a private one in a fresh
+temporary folder and its own session, and stops it however the run ends, waiting up to
+:data:`STOP_WAIT_S`. A client that misses the daemon silently runs on the whole GPU, so
+:meth:`MpsDaemon.verify_client` refuses to go on unless one reached it
+(``GREENCTL_MPS_VERIFY=0`` skips it). ``GREENCTL_MPS_CONTROL`` names the control program.
 """
 
 from __future__ import annotations

@@ -127,26 +127,12 @@ def run_demo(
 ) -> dict[str, Any]:
     """The whole loop on embedded defaults (``greenctl demo``).
 
-    Profile the scenario's built-in variants (:data:`DEMO_SCENARIOS`) on one CPU core, import
-    the bundled CAISO carbon trace (Clover's), plan a mix for ``rate_rps`` at ``slo_ms`` (the
-    scenario's by default; balanced objective with a strong carbon weight, a carbon-unaware
-    most-accurate baseline and the lowest-carbon plan beside it), apply it and drive a short
-    verification load through the dispatcher, replan (and apply) every ``step_h`` as the
-    trace's carbon intensity moves over :data:`DEMO_HOURS` simulated hours (the last round's
-    plan serves to the period's end, which the savings cover), load each configuration the
-    loop applied once (not with ``quick``), write the report files and charts to ``out_dir``,
-    and stop everything (also on failure).
-
-    Args:
-        out_dir: folder for the report (created).
-        db: the store; default a fresh ``greenctl-demo.db`` inside ``out_dir``.
-        quick: shorter measurements, load and replay (CI).
-        model: the scenario, a key of :data:`DEMO_SCENARIOS` (default :data:`DEMO_MODEL`).
-        progress: ``callback(message, fraction_done)``.
-
-    Returns:
-        A summary: paths written, the scenario, plan ids and deployments, decisions and the
-        changes they applied, what was measured, savings (``savings.json``).
+    Profile the scenario's variants (:data:`DEMO_SCENARIOS`, default :data:`DEMO_MODEL`) on one
+    CPU core, import the bundled CAISO carbon trace, plan a mix beside its baselines, apply and
+    verify it, replan every ``step_h`` over :data:`DEMO_HOURS` simulated hours, write the report
+    and charts to ``out_dir`` (store: ``db``, default a fresh one there) and stop everything,
+    also on failure. ``quick`` shortens measurements for CI. Returns a summary of paths,
+    plans, decisions, measurements and savings. See docs/demo.md.
 
     Raises:
         InputError: an unknown scenario.

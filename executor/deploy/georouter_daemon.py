@@ -1,26 +1,13 @@
-"""The geo router daemon: an Open Inference Protocol front that forwards each request to a
-site by its gateway's fractions for the current slot (:class:`GeoRouter`), and the
-supervisor that keeps one serving on its socket (:func:`supervise`).
+"""The geo router daemon and the supervisor that keeps one serving on its socket.
 
-- the request's **gateway** is its ``Greenctl-Gateway`` header, else the router's
-  ``--gateway`` default (neither: 400 naming the plan's gateways);
-- the **slot** is the plan step the clock is in (wrapped over the plan's span when the clock
-  lies outside it), or the one ``--at`` names (tests, demos, ``replan``);
-- the **site** is chosen with that gateway's allocation fractions for the slot by smooth
-  weighted round robin, the project's one implementation
-  (:class:`~greenctl.planner.core.policy.SmoothWRR`, the dispatcher's and the simulator's);
-- a site that fails its health checks (``/v2/health/ready`` every ``--health-interval-s``;
-  two failures in a row, or one failed connection of a request) is **drained**: the WRR
-  skips it, which spreads its share over the gateway's other sites in proportion to their
-  fractions (to the gateway's other allowed sites evenly when none of them has a fraction),
-  until two checks in a row pass;
-- a request whose connection to a site failed (refused, reset) is sent once more, to another
-  site (inference is idempotent); one that timed out is not.
-
-The supervisor binds the address once, hands the listening socket to the router and starts
-a new one on the same socket (same token, table and slot, which the router keeps in its
-state folder) when it dies, with the dispatcher's back-off. Both run as ``python -m
-greenctl.executor.deploy.georouter``. Nothing here prints but the daemons' log lines.
+:class:`GeoRouter` is an Open Inference Protocol front that forwards each request to a site:
+its gateway (``Greenctl-Gateway`` header, else ``--gateway``), the plan slot the clock (or
+``--at``) is in, and that slot's fractions through
+:class:`~greenctl.planner.core.policy.SmoothWRR`, the project's one weighted round robin.
+Sites failing health checks are drained until two checks pass; a failed connection is
+retried once on another site, a timeout is not. :func:`supervise` hands the same socket to
+each new router, with the dispatcher's back-off. Both run as ``python -m
+greenctl.executor.deploy.georouter``; nothing prints but the daemons' logs.
 """
 
 from __future__ import annotations

@@ -1,26 +1,14 @@
 """Export a plan as Kubernetes manifests for clusters run with the NVIDIA GPU operator.
 
-One Deployment + Service per planned (variant, resource), replicas = the plan's count, each
-pod running one greenctl executor that serves the Open Inference Protocol on port 8080 with
-readiness/liveness probes on the protocol's health endpoints; one dispatcher Deployment +
-Service in front, its routes in a ConfigMap. MIG plans also get a ConfigMap holding NVIDIA
-mig-parted's v1 config and the ``nvidia.com/mig.config=<label>`` node labels that the GPU
-operator's MIG manager acts on (mixed strategy: pods request ``nvidia.com/mig-<profile>``).
-
-Energy and carbon: each executor counts its energy and carbon as a local one does
-(``greenctl_energy_joules_total``, ``greenctl_carbon_grams_total``, ``greenctl_power_watts``
-at ``/metrics``), started with the plan's grid intensity and PUE and, for a modeled source,
-the profile's figures (the options ``greenctl apply`` gives its executors,
-:func:`greenctl.data.emissions.executor_energy_args`). Every pod carries the
-``prometheus.io/scrape``, ``/port`` and ``/path`` annotations, which the common Prometheus
-``kubernetes-pods`` scrape job reads (no ServiceMonitor needed): sum per model with
-``sum by (model) (increase(greenctl_energy_joules_total[1h]))``. The dispatcher's routing
-table carries the plan's ``carbon``, which it exports as
-``greenctl_grid_intensity_grams_per_kwh``; it does not read the executors' counters itself
-(``GREENCTL_ENERGY_SCRAPE_S=0``): its reads through a Service would land on any of its pods.
-A new intensity (a replan) is a new export, whose executor pods roll.
-
-Pure: builds documents (plain dicts) and never talks to a cluster.
+One Deployment + Service per planned (variant, resource), replicas the plan's count, each
+pod a greenctl executor serving the Open Inference Protocol on 8080 with health probes; a
+dispatcher Deployment + Service in front, routes in a ConfigMap. MIG plans also get
+mig-parted's config and ``nvidia.com/mig.config`` node labels (mixed strategy). Executors
+count energy and carbon as local ones do
+(:func:`greenctl.data.emissions.executor_energy_args`) and pods carry ``prometheus.io``
+scrape annotations; the dispatcher does not scrape them itself (through a Service its reads
+would land on any pod). A new intensity is a new export. Pure: builds plain dicts, never
+talks to a cluster. See docs/apply.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """Measure the serving path: what a request spends outside the model.
 
-A model's profile times inference in-process. A served request also crosses the client's
-HTTP stack, the dispatcher (parse, route, forward) and the executor daemon (parse, batch
-queue, worker thread, encode) and back. :func:`measure_serving` measures exactly that part:
-it starts, in a scratch state folder (the running plan is never touched), one executor (on
-one core, or on the GPU, MIG or MPS resource given, at the batch given) and a dispatcher,
-and sends open-loop Poisson loads at a few rates through the dispatcher
-(``path="dispatcher"``) and straight to the executor (``path="direct"``).
-
-The executor runs a stand-in:
-
-- ``model`` (default): the variant itself. Every answer carries the executor's own queue
-  and batch run times (``Greenctl-Queue-Ms``, ``Greenctl-Infer-Ms``); the serving path of a
-  request is its latency less those two, so what the model's CPU use does to the HTTP hops
-  (they share the machine's cores) is in the measurement, and what the queueing model
-  predicts is not counted twice.
-- ``noop``: a no-op model shaped like the variant (its input, a zero output of its size):
-  the path alone, on otherwise idle cores.
-
-The rows are :class:`~greenctl.executor.runtime.serving.ServingMeasurement` records; measuring runs
-``apply`` in a scratch store, which is why it is apart from the lookups that planning uses
-(:mod:`greenctl.executor.runtime.serving`, which the registry of plan kinds imports).
+A profile times inference in-process; a served request also crosses HTTP, the dispatcher
+and the executor daemon. :func:`measure_serving` starts one executor and a dispatcher in a
+scratch state folder (the running plan is never touched) and sends open-loop Poisson loads
+through the dispatcher and straight to the executor. The stand-in is ``model`` (the
+variant; its reported queue and run times are subtracted so the queueing model's share is
+not counted twice) or ``noop`` (a zero model of the variant's shapes). Rows are
+:class:`~greenctl.executor.runtime.serving.ServingMeasurement`; this lives apart from
+:mod:`greenctl.executor.runtime.serving` because it runs ``apply``. See docs/serving.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """The replay step of a glet plan (``greenctl replay glet``).
 
-The plan's models share one load trace as their planned rates share it
-(a model's ``rate_rps`` in the request is its weight), or each reads its own trace
-(``model_traces``). At each interval every model's peak is forecast (per-interval peaks
-before it, through ``replan``'s forecasters) and the running plan is planned again through
-the decision ``replan`` itself takes (:func:`greenctl.executor.control.replan.replan_choice`:
-the glet kind's own request rewrite, each model at its forecast, and its own rule of when a
-new layout is worth a change, with ``threshold``), not sooner than ``min_dwell_s`` after
-the last change. A change pays its reconfiguration: each glet that starts loads its models
-for their variants' ``load_time_s`` while the running glets serve and the GPUs of both are
-held (the new GPUs are numbered after the running ones, so the union counts). Each second
-of the trace is evaluated as ``simulate --analytic`` evaluates a glet plan
-(:func:`greenctl.executor.kinds.predict_serving`: the evaluation core's
-:func:`~greenctl.planner.core.evaluate.predict`, each executor batching over its glet's duty
-cycle, each model held to its own SLO), deployment by deployment (the load of a model's
-variant split over its glets by their planned quotas, as the dispatcher splits it), exact
-at the loads of :data:`EVAL_GRID` and interpolated between them. Accounted per interval: GPUs and GPU-hours, SLO violations per model, energy (the
-profiles' power, or an assumed power per GPU when they hold none: idle power for every GPU
-in use plus the busy share of each glet's partition), carbon and water. Baseline ``base``:
-the glet plan sized for each model's peak of the window (static); gpulet's own scheduler is
-greenctl's glet planner, the ``greenctl`` row.
-
-Every figure is modeled; the result says so.
+Models share one load trace by their planned rates (or read their own, ``model_traces``).
+Each interval forecasts every model's peak and replans through the decision ``replan`` takes
+(:func:`greenctl.executor.control.replan.replan_choice`, glet's own rule, ``threshold``,
+``min_dwell_s``); a change pays its glets' model load time with both layouts' GPUs held.
+Each second is evaluated as ``simulate --analytic`` evaluates a glet plan
+(:func:`greenctl.executor.kinds.predict_serving`), exact at :data:`EVAL_GRID` loads and
+interpolated between. Accounted per interval: GPU-hours, SLO violations, energy, carbon and
+water. Baseline ``base``: the glet plan sized for each model's peak. Every figure is modeled.
 """
 
 from __future__ import annotations
