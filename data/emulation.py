@@ -1,23 +1,12 @@
 """How far MPS-emulated MIG slices sit from other measurements of the same GPU.
 
-``greenctl profile --gpus --emulate-mig`` stores each MIG slice measured as an MPS share of
-the whole GPU (``source`` ``mps-emulated``, resource ``mig:<profile>``). This module sets
-each such row beside, for the same variant, batch and GPU model (``hardware``):
-
-- the whole GPU (``gpu:MODEL``, measured): above all for the emulated ``7g`` slice (100 %),
-  whose only difference from it is MPS itself;
-- a real MPS share (``mps:PCT``, measured) at the percentage nearest the slice's, when it
-  lies within :data:`MPS_MATCH_POINTS` percentage points (25 % against a 14 % slice, not
-  25 % against 100 %);
-- a real MIG instance of the same profile (``mig:<profile>``, measured), when one was ever
-  profiled on that GPU model.
-
-The summary gives median, min and max of each ratio per comparison; ``whole-gpu (full
-slice)`` is the emulated slice of all compute slices (7g on a 7-slice GPU, at 100 %) against
-the whole GPU: what MPS itself costs. Ratios are emulated / reference: a p50 ratio above 1 means the emulated slice is slower, a
-throughput ratio below 1 that it serves less. Load-tested rows (with a capacity SLO) are left
-out; of several measurements of a point the newest counts, per source (an emulated and a
-measured ``mig:1g.10gb`` row of one GPU are different data sets, not two versions of one).
+``greenctl profile --gpus --emulate-mig`` stores MIG slices measured as MPS shares
+(``source`` ``mps-emulated``). This module sets each such row beside, for the same variant,
+batch and GPU model: the whole GPU (what MPS itself costs, for the full slice), a real MPS
+share within :data:`MPS_MATCH_POINTS` points, and a real MIG instance of the profile.
+The summary gives median, min and max of each ratio (emulated / reference: p50 above 1 is
+slower, throughput below 1 serves less). Load-tested rows are left out; the newest
+measurement per point and source counts.
 """
 
 from __future__ import annotations

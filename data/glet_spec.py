@@ -1,23 +1,10 @@
 """Inputs of ``plan glet``: the ``--spec`` file (TOML or JSON) and ``--model`` arguments.
 
-Each model is read into the plain dict a glet plan's ``request.models`` holds
-(``name``, ``rate_rps``, ``slo_ms``, ``variant`` or None): what the registry of plan kinds
-(``greenctl.executor.kinds``) builds the problem from.
-
-A spec file::
-
-    max_gpus = 4              # optional, like --max-gpus
-    rate_percentile = 99      # optional
-    partitions = [20, 40, 50, 60, 80, 100]   # or labels: ["mps:50", ...] / ["mig:3g.40gb", ...]
-    algorithm = "glet"        # optional
-
-    [[models]]
-    name = "resnet50"
-    rate_rps = 200
-    slo_ms = 25
-    variant = "resnet50"      # optional, defaults to name
-
-JSON files hold the same keys. Flags given on the command line win over the file.
+Each model is read into the plain dict a glet plan's ``request.models`` holds (``name``,
+``rate_rps``, ``slo_ms``, ``variant`` or None), what ``greenctl.executor.kinds`` builds the
+problem from. A spec holds optional ``max_gpus``, ``rate_percentile``, ``partitions``
+(percentages or labels such as ``"mps:50"``) and ``algorithm``, and ``[[models]]`` tables
+with those keys. Command-line flags win over the file. See docs/formats.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Export MIG layouts as NVIDIA mig-parted v1 configuration (YAML, written by hand).
 
-mig-parted (github.com/NVIDIA/mig-parted) reads::
-
-    version: v1
-    mig-configs:
-      <label>:
-        - devices: [0, 1]
-          mig-enabled: true
-          mig-devices:
-            "1g.5gb": 2
-            "3g.20gb": 1
-
-GPUs that share a layout (the same count of every profile) are grouped into one entry.
-mig-parted creates instances by count and chooses their placement itself; the start slots
-greenctl planned stay in the plan document (``gpus[].layout[].start``).
-
-The writer emits a small, fixed subset of YAML (block mappings, flow lists of integers,
-double-quoted keys), so no YAML library is needed; :func:`parse_mig_parted` reads exactly
-that subset back strictly (tests use it, and PyYAML where installed).
+mig-parted (github.com/NVIDIA/mig-parted) reads ``version: v1`` and ``mig-configs``: per
+label, entries of ``devices``, ``mig-enabled`` and ``mig-devices`` counts per profile. GPUs
+with the same layout share an entry; mig-parted places instances itself, so the planned
+start slots stay in the plan document. The writer emits a small fixed YAML subset, so no
+YAML library is needed; :func:`parse_mig_parted` reads exactly that subset back strictly.
 """
 
 from __future__ import annotations

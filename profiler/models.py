@@ -1,23 +1,12 @@
 """The built-in model catalog and loading of user models.
 
-Built-in families (metadata in ``data/datasets/catalog.json``):
-
-- ``resnet``: ResNet-18/34/50/101/152 written here in plain torch (BasicBlock/Bottleneck,
-  the torchvision layout, same parameter counts), random weights, carrying the published
-  ImageNet top-1 accuracy of trained weights.
-- ``efficientnet``: EfficientNet-B0..B7 (Clover's family) in plain torch (the torchvision
-  layout, same parameter counts), random weights, each at its native input resolution
-  (224 ... 600), carrying the ImageNet top-1 accuracy Clover lists.
-- ``tiny``: three small fast classifiers (``tiny-s`` MLP, ``tiny-m`` and ``tiny-l`` CNNs) on
-  3x32x32 inputs for tests and demos; their accuracies are illustrative, not measured.
-
-User models (``Variant.source``):
-
-- ``module:pkg.mod:callable`` - a callable returning an ``nn.Module``; optional
-  ``;weights=PATH`` loads a state dict with ``torch.load(..., weights_only=True)``.
-- ``torchscript:PATH`` - a TorchScript file (``torch.jit.load``; no pickle).
-
-torch is imported lazily, inside functions.
+Built-in families (metadata in ``data/datasets/catalog.json``), written in plain torch with
+random weights, carry the published ImageNet top-1 accuracy of trained weights: ``resnet``
+(ResNet-18..152) and ``efficientnet`` (B0..B7, Clover's family, at native resolutions);
+``tiny`` has three small 3x32x32 classifiers for tests and demos, with illustrative
+accuracies. User models (``Variant.source``): ``module:pkg.mod:callable`` returning an
+``nn.Module`` (optional ``;weights=PATH``, loaded with ``weights_only=True``) or
+``torchscript:PATH``. torch is imported lazily, inside functions.
 """
 
 from __future__ import annotations

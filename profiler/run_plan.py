@@ -266,24 +266,16 @@ def _emulated_items(
 ) -> list[RunItem]:
     """MIG slices emulated as MPS shares of whole GPUs (MISO's method).
 
-    For each whole GPU (MIG mode off) whose model the MIG geometry knows (the first GPU of
-    each model, as for ``gpu:MODEL``), one child per (compute size, variant) runs with
-    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` =
-    :func:`~greenctl.data.mig_geometry.mps_percentage` (14/29/43/57/100 on a 7-slice GPU);
-    its rows are stored as ``mig:<profile>`` for every profile of that size (``+me`` left
-    out, see :func:`~greenctl.data.mig_geometry.emulated_slices`) with ``source``
-    ``mps-emulated``, the GPU's NVML name as ``hardware`` and energy attributed by the
-    slice's share of compute (``nvml-attributed``). These items, and the percentages in
-    ``mps`` measured as ``mps:PCT`` on every whole GPU, are clients of the run's MPS session
-    (``mps_client``: the daemon that runs, or one the run starts), so that each of them is
-    checked to reach MPS and a dead daemon's pipe gets a private daemon instead.
-    No memory limit is set per client (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``): one share
-    stands for profiles of several memory sizes, and the planner already leaves out a
-    variant that does not fit a profile's memory.
+    For the first whole GPU of each model the MIG geometry knows, one child per (compute size,
+    variant) runs at :func:`~greenctl.data.mig_geometry.mps_percentage`; its rows are stored as
+    ``mig:<profile>`` for every profile of that size
+    (:func:`~greenctl.data.mig_geometry.emulated_slices`), ``source`` ``mps-emulated``, energy
+    ``nvml-attributed``. These and the ``mps`` items are clients of the run's MPS session, so
+    each is checked to reach MPS. No per-client memory limit is set: one share stands for
+    several memory sizes, and the planner leaves out variants that do not fit.
 
     Raises:
-        InputError: no GPU whose slices can be emulated (a GPU in MIG mode is a note: its
-            real instances are profiled instead).
+        InputError: no GPU whose slices can be emulated (a MIG-mode GPU is a note instead).
     """
     items: list[RunItem] = []
     base_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

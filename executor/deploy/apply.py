@@ -1,24 +1,14 @@
-"""Make a plan real on this machine: ``apply_plan``, ``status`` and ``down``, the local
-backend (:class:`greenctl.executor.deploy.backends.LocalBackend` is its face to the CLI and to
-``replan --apply``; the state it keeps is in :mod:`greenctl.data.deployments`).
+"""Make a plan real on this machine: ``apply_plan``, ``status`` and ``down``, the local backend.
 
-``apply_plan`` validates a plan against this machine, diffs it against what runs now
-(:mod:`~greenctl.executor.deploy.diff`, giving the actions of
-:mod:`~greenctl.executor.deploy.actions`), and carries the change out in an order that keeps
-serving (:mod:`~greenctl.executor.deploy.steps`); any failure before the commit undoes every
-step taken, in reverse, so the previous configuration keeps serving; so does SIGTERM or
-SIGINT (^C) part-way. Applying the running plan again does nothing. A lock file serialises
-concurrent applies. Nothing here prints: results are returned.
-
-Crash consistency: every process is journaled in the store before it starts and joins the
-running configuration only in the commit; what an apply retires is ``stopping`` until it is
-stopped. The next ``apply``, ``status`` or ``down`` finishes what a killed apply left
-(:func:`~greenctl.executor.deploy.teardown.recover`).
-
-Supervision (:mod:`greenctl.executor.runtime.supervisor`): each dispatcher runs beside a
-supervisor that holds its listening socket and restarts it; the dispatcher restarts its
-executors and its supervisor. ``down`` stops the pair first, then the executors, then any
-greenctl daemon of the store the records missed.
+:class:`greenctl.executor.deploy.backends.LocalBackend` is its face to the CLI and
+``replan --apply``; its state is in :mod:`greenctl.data.deployments`. ``apply_plan``
+validates a plan, diffs it against what runs (:mod:`~greenctl.executor.deploy.diff`) and
+carries out the steps in an order that keeps serving (:mod:`~greenctl.executor.deploy.steps`);
+a failure or ^C before the commit undoes every step, so the previous configuration serves.
+Applying the running plan again does nothing; a lock file serialises applies. Processes are
+journaled before they start, so the next command finishes what a killed apply left
+(:func:`~greenctl.executor.deploy.teardown.recover`). Each dispatcher runs beside a
+supervisor (:mod:`greenctl.executor.runtime.supervisor`). Nothing here prints.
 """
 
 from __future__ import annotations

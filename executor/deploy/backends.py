@@ -1,25 +1,14 @@
 """The backends that run plans, behind one interface, and the one place that picks one.
 
-A backend (:class:`Backend`) makes a plan real and answers for it:
-
-- ``apply(plan, store=..., dry_run=, verify=, verify_duration_s=, policy=, **options)``:
-  run the plan (``options``: the backend's own, :attr:`Backend.option_names`; those of
-  another backend are left out, so one set of ``apply`` flags serves every backend);
-- ``status(store)``: what runs (a document with ``backend``);
-- ``down(store, **options)``: stop what greenctl started there;
-- ``serving(store)``: whether the plan really serves now, which plan, and why not
-  (:class:`Serving`), which is what ``replan`` decides on.
-
-Two backends run plans: ``local`` (executor daemons and a dispatcher on this machine,
-:mod:`greenctl.executor.deploy.apply`) and ``ray`` (Ray Serve on a cluster,
-:mod:`greenctl.executor.deploy.ray_backend`). The Kubernetes export (``greenctl export k8s``,
-:mod:`greenctl.executor.deploy.k8s_export`) stands beside them: it writes manifests for a cluster
-greenctl does not drive, so there is nothing here to ask its status or switch a plan on.
-
-Every apply that leaves a plan running records its backend in the store (address and how it
-was applied: :func:`greenctl.data.deployments.record_backend`), so ``status`` and ``down``
-without ``--backend``, and ``replan --apply``, ask the backend that runs the plan:
-:func:`backend_for` is the one place that picks it.
+A :class:`Backend` makes a plan real and answers for it: ``apply`` (its own options,
+:attr:`Backend.option_names`; other backends' are left out so one set of flags serves all),
+``status``, ``down`` and ``serving`` (:class:`Serving`: whether and which plan really serves,
+what ``replan`` decides on). Two backends exist: ``local``
+(:mod:`greenctl.executor.deploy.apply`) and ``ray``
+(:mod:`greenctl.executor.deploy.ray_backend`); the Kubernetes export only writes manifests.
+Every apply records its backend in the store
+(:func:`greenctl.data.deployments.record_backend`), so :func:`backend_for` picks the one
+that runs the plan for ``status``, ``down`` and ``replan --apply``.
 """
 
 from __future__ import annotations

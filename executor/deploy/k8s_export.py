@@ -150,23 +150,13 @@ def build_k8s_export(
     policy: str | None = None,
     energy_args: EnergyArgs | None = None,
 ) -> K8sExport:
-    """Build the manifests of a plan.
+    """Build the manifests of a plan (mix, mig or glet; geo plans have no cluster mapping).
 
-    Args:
-        plan: a mix, mig or glet plan (geo plans allocate load across sites and have no
-            single-cluster mapping).
-        name: base name of the objects (default ``greenctl-plan-<id>`` or ``greenctl``).
-        namespace: namespace of every object.
-        image: the executor image (see the repository's Dockerfile).
-        gpus_per_node: GPUs per node, to group a MIG plan's GPUs into nodes.
-        memory_mb: peak memory per variant (from profiles), to size memory requests.
-        mig_config: a prebuilt mig-parted v1 document for MIG plans; when None one is
-            derived from ``plan.extra["gpus"]`` per node.
-        policy: the dispatcher's policy, wins over the plan's own; default
-            :meth:`~greenctl.executor.kinds.PlanKind.dispatch_policy`.
-        energy_args: each (variant, resource, batch)'s executor energy and carbon options
-            (:func:`greenctl.data.emissions.executor_energy_args`, from the store); default
-            the plan's grid intensity and PUE alone (:func:`carbon_args`).
+    ``name`` defaults to ``greenctl-plan-<id>``; ``gpus_per_node`` groups a MIG plan's GPUs into
+    nodes; ``memory_mb`` (per variant, from profiles) sizes memory requests; ``mig_config`` is a
+    prebuilt mig-parted document, else derived from ``plan.extra["gpus"]``; ``policy`` wins
+    over :meth:`~greenctl.executor.kinds.PlanKind.dispatch_policy`; ``energy_args`` default to
+    the plan's grid intensity and PUE alone (:func:`carbon_args`).
 
     Raises:
         InputError: a geo plan, an empty plan or an unmappable resource.

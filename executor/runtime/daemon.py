@@ -1,23 +1,13 @@
 """The executor daemon: one planned instance of one variant on one resource.
 
-Run as ``python -m greenctl.executor.runtime.daemon --model M --variant V --resource cpu:1 --port 0
---state-file PATH`` (``greenctl apply`` starts it detached). It pins itself to its CPU cores
-(affinity + torch threads) or runs with the CUDA environment its spawner set
-(``CUDA_VISIBLE_DEVICES=MIG-<uuid>``, ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``), loads and warms up
-the variant, then serves the Open Inference Protocol (KServe v2 REST) on loopback:
-
-- ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}`` (metadata),
-  ``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer`` (JSON tensors, and Triton's
-  binary tensor extension), optionally under ``/versions/{v}``;
-- ``GET /metrics``: Prometheus text (requests, latency histogram, batch sizes, busy time,
-  and energy, power and carbon: ``greenctl_energy_joules_total``, ``greenctl_power_watts``,
-  ``greenctl_carbon_grams_total`` labelled by ``source``, see :func:`energy_export`);
-- ``POST /admin/carbon`` (loopback only): the grid intensity and PUE carbon is counted with
-  from now on (:meth:`ExecutorServer.admin_carbon`).
-
-Requests are batched dynamically up to ``--batch`` rows, waiting at most ``--max-wait-ms``
-for a batch to fill; inference runs in one worker thread. When ready it writes its pid and
-port to ``--state-file`` (``{"error": ...}`` instead when loading or binding fails).
+Run as ``python -m greenctl.executor.runtime.daemon --model M --variant V --resource cpu:1
+--port 0 --state-file PATH`` (``greenctl apply`` starts it detached). It pins itself to its
+cores or uses the CUDA environment its spawner set, loads and warms the variant, then serves
+the Open Inference Protocol (KServe v2 REST, JSON and Triton binary tensors) on loopback,
+Prometheus ``/metrics`` (energy, power and carbon: :func:`energy_export`) and a loopback
+``POST /admin/carbon`` (:meth:`ExecutorServer.admin_carbon`). Requests are batched up to
+``--batch`` rows within ``--max-wait-ms`` and run in one worker thread. When ready it writes
+its pid and port to ``--state-file`` (``{"error": ...}`` on failure). See docs/serving.md.
 """
 
 from __future__ import annotations

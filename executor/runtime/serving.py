@@ -237,27 +237,16 @@ def serving_overheads(
     path: str = "dispatcher",
     stand_in: str | None = None,
 ) -> dict[str, ServingPath]:
-    """The serving path for ``{family: rate}``, keyed by family, by variant, and by
-    ``variant@resource`` for runs measured off the CPU.
+    """The serving path for ``{family: rate}``, keyed by family, variant and ``variant@resource``.
 
-    Each measured variant of a family gets its newest run on ``path``, at the measured rate
-    nearest the family's (in ratio): its newest CPU run under the variant's name, and its
-    newest run on each GPU, MIG or MPS resource under ``variant@resource``. The family's own
-    entry is the newest run of any of its variants (what a variant never measured falls back
-    to). ``stand_in`` limits the choice to ``model`` or ``noop`` measurements (default:
-    either). Families never measured are left out (their latency stays the model's).
-
-    The dispatcher's CPU per request (``dispatcher_cpu_ms``, which makes the dispatcher a
-    serial stage of the plan: ``evaluate.DispatcherStage``) comes from the same run, at its
-    measured rate nearest the total of ``rates`` (the dispatcher carries them all); the
-    path's ``rate_rps`` is the chosen row's, the load its samples hold the dispatcher's wait
-    at. ``path="direct"`` rows have no dispatcher figure (the stage is then not modeled).
-
-    A variant's served run time (the path's ``service_scale``) is the chosen rate's median
-    run over the profile's back-to-back run of the same size: on the resource measured, at
-    the median rows the served batches carried (between two profiled batch sizes, linearly
-    interpolated). Its tail (``tail_scale``) is the median over all the run's rates, which a
-    single stalled rate cannot drag.
+    Each measured variant gets its newest run on ``path`` at the measured rate nearest its
+    family's (in ratio): CPU runs under the variant's name, GPU, MIG or MPS runs under
+    ``variant@resource``; a family's own entry (the fallback) is its newest run of any variant.
+    ``stand_in`` limits runs to ``model`` or ``noop``; unmeasured families are left out.
+    The dispatcher's CPU per request (a serial stage, ``evaluate.DispatcherStage``) is taken at
+    the rate nearest the total of ``rates``; ``direct`` runs have none. ``service_scale`` is the
+    served over the profiled run time at the served batch size; ``tail_scale`` the median over
+    all rates, so one stalled rate cannot drag it.
     """
     served = _ServedRuns(store)
     out: dict[str, ServingPath] = {}
