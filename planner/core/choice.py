@@ -1,30 +1,15 @@
-"""Model-less requests (INFaaS): what each running variant offers a request, and the rule that
-picks one for a request's requirements.
+"""Model-less requests (INFaaS): what each running variant offers, and the rule that picks one.
 
-A request names its family and, in its parameters, what it needs: a latency SLO
-(``latency_slo_ms``) and an accuracy floor (``min_accuracy``). Among the family's running
-instances the dispatcher takes one whose variant is accurate enough and whose predicted
-latency, with the requests it holds now, is within the SLO; of those it prefers, by the plan's
-objective, the variant with the least carbon (energy) per request or the least cost per
-request, and within that variant the instance predicted fastest.
-
-The latency of a request sent to an instance that already holds ``ahead`` requests comes from
-the instance's service model (:class:`~greenctl.planner.core.latency.BatchService`, the one
-the planners and the simulator use): its executor takes up to ``batch`` rows per run, so the
-request waits for ``ahead // batch`` full runs before its own (each at its mean, the batch in
-progress counted whole) and then rides in a run of ``ahead % batch + 1`` rows (at its
-:data:`SLO_QUANTILE` quantile), plus the executor's batching wait when it batches. It is
-computed once per (variant, resource, batch) as a small table (:class:`QueueLatency`), so a
-request's prediction is one division and one look-up. The prediction uses the profile's
-back-to-back service times. When the serving path was measured (``greenctl profile serving``),
-its overhead (client, dispatcher and executor hops) is in the table too: each row's quantile
-is that of the run plus the path, convolved by the evaluation core as ``predict`` adds it
-(:func:`~greenctl.planner.core.queueing.with_overhead`), so a request whose SLO the model
-alone would meet but the served request would not goes elsewhere. The per-request cost is
-the same look-up.
-
-Pure: no store, no network. ``greenctl apply`` builds the offers
-(:mod:`greenctl.executor.runtime.offers`) and the dispatcher applies :func:`choose` per request.
+A request names its family and may set ``latency_slo_ms`` and ``min_accuracy``. Among the
+family's running instances, :func:`choose` takes those accurate enough whose predicted
+latency, with the requests they hold now, meets the SLO; of those it prefers the variant
+with the least carbon or cost per request (the plan's objective), then the fastest instance.
+The prediction comes from the instance's service model
+(:class:`~greenctl.planner.core.latency.BatchService`) and the measured serving path
+(:func:`~greenctl.planner.core.queueing.with_overhead`), precomputed per (variant, resource,
+batch) as a small table (:class:`QueueLatency`, at :data:`SLO_QUANTILE`) so a request costs
+one look-up. Pure: ``greenctl apply`` builds the offers
+(:mod:`greenctl.executor.runtime.offers`) and the dispatcher calls :func:`choose`.
 """
 
 from __future__ import annotations

@@ -207,20 +207,14 @@ def predict(
         options: the load and how it is served (:class:`PredictOptions`); its fields as
             keywords win over it.
 
-    The serving path's overhead is added to every request's latency and its executor CPU
-    delays the queue of CPU instances; on an accelerator a path measured on that resource
-    adds the executor's front, a serial CPU stage before the device (:func:`front_cpu_ms`).
-    Where the dispatcher's CPU is measured it is a serial stage all the plan's requests
-    cross (:class:`DispatcherStage`): a request adds its wait beyond the one its path's
-    samples hold, and a total rate at or above its capacity overloads the plan. Latency
-    also accounts for cold runs (:func:`warm_service`), unless the serving path measured
-    how fast the model runs when served (:func:`served_service`).
+    Latency includes the serving path's overhead, the executor's CPU or front, the
+    dispatcher stage (:class:`DispatcherStage`) where measured, and cold runs unless the path
+    measured served runs.
 
     Returns:
-        A dict with :data:`PREDICTED_KEYS` (``slo_violation_frac`` only with an SLO).
-        An overloaded configuration (load at or above capacity of any queue) has
-        ``overloaded`` True, ``p50/p95/p99_ms`` = ``math.inf``, the excess as
-        ``dropped_rps`` and every request of an overloaded queue counted as violating.
+        A dict with :data:`PREDICTED_KEYS` (``slo_violation_frac`` only with an SLO). An
+        overloaded configuration has ``overloaded`` True, infinite ``p50/p95/p99_ms``, the
+        excess as ``dropped_rps`` and its overloaded queues' requests counted as violating.
 
     Raises:
         InputError: a missing profile, an unknown policy, a bad number.

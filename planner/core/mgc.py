@@ -1,32 +1,14 @@
-"""M/G/c queues: the waits, latency distributions and quantiles planners call in their
-inner loops.
+"""M/G/c queues: the waits, latency distributions and quantiles planners call in inner loops.
 
-Conventions: rates in requests per second (``rate_rps``), times in milliseconds, ``q`` a
-quantile such as 0.95. Every function returns ``math.inf`` for a latency when the offered
-load reaches the capacity (an overloaded queue grows without bound).
-
-The model (M/G/c with the Allen-Cunneen correction, the model of every queue of a plan):
-
-- The probability that a request waits is Erlang C, ``C(c, a)`` with ``a = rate * E[S]``
-  (exact for M/M/c; the usual approximation for M/G/c).
-- Given that it waits, the wait has the Allen-Cunneen mean
-  ``E[W | W > 0] = (ca2 + cs2) / 2 / (c / E[S] - rate)``, ``ca2`` the arrivals' squared
-  coefficient of variation (1 for Poisson) and ``cs2`` the service time's, and the
-  squared coefficient of variation ``v`` of the exact M/G/1 conditional wait at the same
-  utilisation (Pollaczek-Khinchine and Takacs moments): 1 for exponential service, from
-  1/3 up for deterministic service, where a queued request waits for a residual service
-  rather than an exponential time. The conditional wait is the shifted exponential with
-  that mean and ``v`` (delay ``m (1 - sqrt v)`` plus an exponential of mean ``m sqrt v``;
-  ``v >= 1`` keeps Kingman's plain exponential, exact for M/M/c).
-- End-to-end latency ``T = W + S`` with ``W`` and ``S`` independent; its distribution is
-  the convolution ``P(T > t) = (1 - C) P(S > t) + C P(E + S > t - delay)`` (closed form
-  for deterministic or exponential service, Gauss-Legendre quadrature over the lognormal's
-  probability range), and the quantile is found by a
-  vectorised three-level grid search. Deterministic service is closed form: ``T_q = W_q + D``.
-
-Results are cached (``functools.lru_cache``): planners evaluate the same configuration
-many times.
-
+Rates in requests per second, times in ms, ``q`` a quantile such as 0.95; a latency is
+``math.inf`` when the load reaches the capacity. Every queue of a plan is M/G/c with the
+Allen-Cunneen correction: the wait probability is Erlang C, the conditional wait a
+shifted exponential with the Allen-Cunneen mean and the exact M/G/1 squared coefficient
+of variation (so deterministic service waits a residual, not an exponential), and the
+latency ``T = W + S`` with ``W`` and ``S`` independent, its quantile found by a vectorised
+grid search (closed form for deterministic service). Results are cached
+(``functools.lru_cache``): planners evaluate the same configuration many times.
+See docs/simulate.md ("One service model").
 """
 
 from __future__ import annotations

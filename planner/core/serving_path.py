@@ -29,8 +29,9 @@ class ServingPath:
         overhead_ms: equiprobable samples of latency outside the model, added to every request.
         executor_cpu_ms: executor CPU per request; on CPU instances it shares the cores, on an
             accelerator it is the executor's serial front (:func:`front_cpu_ms`).
-        service_scale: served over back-to-back median run time (``None``: not measured, the cold-run
-            shift of :func:`~greenctl.planner.core.instances.warm_service` applies).
+        service_scale: served over back-to-back median run time (``None``: not
+            measured; the cold-run shift of
+            :func:`~greenctl.planner.core.instances.warm_service` applies).
         tail_scale: the same ratio at p95 and p99 (``None``: ``service_scale`` alone).
         resource: where it was measured when not a CPU core (``gpu:MODEL``, ``mig:PROFILE``,
             ``mps:PCT``); it then applies to that resource only. ``None``: CPU instances.

@@ -1,31 +1,17 @@
 """The one place greenctl builds solver objects (HiGHS, pulp's HiGHS, CBC) and reads them.
 
-Three rules live here and nowhere else:
-
-- **Construction.** highspy prints a two-line banner on file descriptor 1 (from C++) when a
-  process constructs its first ``Highs``, before any option can silence it; ``--json`` must
-  be one JSON document on stdout. :func:`new_highs` builds every HiGHS object of greenctl
-  with fd 1 pointed at ``/dev/null`` around the first construction, ``output_flag`` off,
-  and the process's thread count.
-- **Threads.** HiGHS runs its solves on one process-wide thread pool that cannot be resized
-  once started: an object asking for another thread count than the running pool's returns
-  model status ``kNotset`` without solving. greenctl decides the count once
-  (:data:`HIGHS_THREADS`) and every object asks for exactly that.
-- **Statuses.** :func:`highs_outcome` maps HiGHS model statuses to what the planners do:
-  optimal, infeasible (the caller raises its own :class:`InfeasiblePlan`), stopped at a
-  limit (callers that support it keep the incumbent and its gap), and everything else a
-  solver failure (exit 1), never "infeasible". :func:`pulp_outcome` does the same for
-  CBC's statuses as pulp reports them.
-
-- **Repeated problems.** Inside :func:`solve_memo` (``greenctl replay`` replans hundreds
-  of times, mostly the same few problems), a HiGHS run of a problem identical to one run
-  before in the block (the same model arrays, integrality, options and start) answers with
-  that run's outcome without solving again. HiGHS on one thread is deterministic, so the
-  answer is the one a fresh run gives; anything the memo does not know how to key (a model
-  built call by call, as pulp does) is solved as usual.
-
-Planners stay pure: nothing here touches the store, files or the network; CBC runs as a
-child process reading a temporary model file, as pulp does it.
+- Construction: :func:`new_highs` silences highspy's banner on fd 1 (``--json`` must be
+  one document on stdout), turns ``output_flag`` off and sets the thread count.
+- Threads: HiGHS's process-wide pool cannot be resized, and an object asking for another
+  count does not solve, so every object asks for :data:`HIGHS_THREADS`.
+- Statuses: :func:`highs_outcome` and :func:`pulp_outcome` map solver statuses to optimal,
+  infeasible (the caller raises
+  :class:`~greenctl.data.errors.InfeasiblePlan`), stopped at a limit, or a solver
+  failure (never "infeasible").
+- Repeated problems: inside :func:`solve_memo` (``greenctl replay`` replans the same few
+  problems often) an identical HiGHS run returns the earlier outcome; single-thread HiGHS
+  is deterministic, so the answer is the same.
+Planners stay pure: no store, files or network (CBC's temporary model file is pulp's).
 """
 
 from __future__ import annotations

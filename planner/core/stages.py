@@ -1,30 +1,15 @@
 """Serial CPU stages in front of a device queue: the executor front and the dispatcher.
 
-The executor front (:func:`with_front`): an instance on a GPU, MIG or MPS resource is served
-through one executor process whose event loop receives, decodes and enqueues every request
-on one core (a 224x224 image is 600 KB) before the device sees it. With ``f`` ms of CPU per
-request it is a single server with a deterministic service ``f`` in series with the device:
-the instance serves at most :func:`front_capacity_rps` (``1000 / f``), and a request adds
-the front's wait, this module's M/D/1 wait (within 1 % of the simulated M/D/1 at p99), taken
-independent of the device's latency; where the serving path's samples were measured through
-the same front they hold its wait at their rate, and only its growth since is added (as for
-the dispatcher below). That sum is conservative where both stages are busy:
-the front releases requests that queued ``f`` apart, smoother than Poisson, and they tend to
-share the batch their predecessor opened. Against the simulator, which runs the front and
-then the batcher (resnet50 at batch 32 on the H200 profiles): behind a 0.6 ms front the p95
-within 5 % at 72 % and 90 % of the front (the median 6-7 % high); behind a 0.4 ms front at
-1,200 / 1,500 / 1,800 req/s, p95 5 / 11 / 17 % high (the device at 55-82 % of its capacity).
-
-The dispatcher (:func:`stage_wait`, :func:`with_stage_wait`): every request of a plan crosses
-one dispatcher process (one event loop on one core) before its executor, so it is one more
-serial CPU stage, shared by all the plan's requests: the same single-server queue as the
-front, at the plan's total rate, its service the mixture of each model's measured CPU per
-request (deterministic within a model). It caps the plan at :func:`front_capacity_rps` of
-the mixture's mean, and adds its wait to the serving path's overhead samples, which were
-measured through it and so already hold its service and its wait at the rate they were
-measured at: what is added is the wait's growth from that rate to the plan's, an
-independent wait with the growth's mean and variance (:func:`wait_growth`,
-:func:`with_stage_wait`), nothing when they were measured at the plan's rate or above.
+The executor front (:func:`with_front`): an accelerator instance's executor receives,
+decodes and enqueues each request on one core, ``f`` ms per request, before the device.
+It is an M/D/1 stage in series with the device: capacity :func:`front_capacity_rps`
+(``1000 / f``), its wait taken independent of the device's latency, which is conservative
+where both are busy (the front releases queued requests ``f`` apart, and they share batches).
+The dispatcher (:func:`stage_wait`, :func:`with_stage_wait`): one process every request
+of a plan crosses, the same single-server stage at the plan's total rate with the mixture
+of each model's CPU per request. Where the serving path's samples were measured through a
+stage they already hold its wait at their rate, so only the wait's growth to the plan's rate
+is added (:func:`wait_growth`). See docs/simulate.md ("The dispatcher stage").
 """
 
 from __future__ import annotations

@@ -1,31 +1,15 @@
 """SYNTHETIC per-MIG-slice inference profiles (no public per-slice measurements exist).
 
-Everything this module produces is made up by a documented formula and is labelled
-``source="synthetic"`` and ``energy_method="synthetic"`` wherever it lands (profiles in
-the store, plans, benchmark output). Only the variants' *accuracies* are real: the
-published figures Clover (boringlee24/sc23-clover, MIT) ships, copied to
-``data/datasets/clover_accuracy.json``. Real per-slice profiles come from
-``greenctl profile`` on a MIG GPU.
-
-The model, per variant ``v`` (work ``G_v`` GFLOP per request, memory ``M_v`` GiB) on a MIG
-instance with ``g`` compute and ``m`` memory slices of a GPU model:
-
-* Speed-up with saturation: ``s(g) = g (1 + k_v) / (g + k_v)`` with
-  ``k_v = clamp(0.6 G_v^0.4, 0.3, 12)``; ``s(1) = 1`` and ``s`` saturates at ``1 + k_v``:
-  a small network cannot fill a whole GPU at batch 1, a large one nearly can.
-* Latency (ms): ``L = o_v + f_gpu * 1.2 * G_v * b_mem / s(g)`` with overhead
-  ``o_v = 1.5 + 0.5 M_v`` (pre/post-processing, launches), ``f_gpu`` the GPU model's time
-  factor per slice (A100 = 1) and ``b_mem = (C m / (M g))^0.1`` a small bonus for instances
-  with more memory slices (bandwidth, L2) per compute slice than the whole GPU.
-  Percentiles p50 = L, p95 = 1.08 L, p99 = 1.15 L.
-* Memory: the variant fits an instance when ``M_v <= 0.9 x`` the instance's memory;
-  out-of-memory pairs get no profile (the planner excludes them).
-* Power: the GPU idles at ``P_idle`` and peaks at ``P_tdp``; per compute slice
-  ``p_i = P_idle / C`` idle and ``p_d = (P_tdp - P_idle) / C`` dynamic. An instance idles at
-  ``g p_i`` (``idle_power_w``) and, busy, draws
-  ``g p_i + p_d (u_v s(g) + 0.12 (g - s(g)))`` (``power_w``): the slices doing useful work
-  at intensity ``u_v = 0.35 + 0.1 log10(1 + G_v)``, the rest of the instance's slices
-  leaking 12 % of their dynamic power. Energy per request ``energy_j = power_w x L``.
+Everything produced here is made up by a documented formula and labelled
+``source="synthetic"`` and ``energy_method="synthetic"`` wherever it lands; only the
+variants' accuracies are real (Clover's published figures, MIT, in
+``data/datasets/clover_accuracy.json``). Real per-slice profiles come from
+``greenctl profile`` on a MIG GPU. Per variant (``G_v`` GFLOP, ``M_v`` GiB) on an instance
+of ``g`` compute slices: a saturating speed-up ``s(g) = g (1 + k_v) / (g + k_v)``, latency
+overhead plus work over ``s(g)`` scaled per GPU model, no profile when the variant does
+not fit the instance's memory, and power from the GPU's idle and TDP per slice
+(``idle_power_w``, ``power_w``; ``energy_j = power_w x L``). The constants are in
+:func:`synthetic_family`.
 """
 
 from __future__ import annotations

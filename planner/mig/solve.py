@@ -1,7 +1,7 @@
-"""``plan mig``: carbon-aware MIG layouts with mixed-quality variants (Clover, SC'23), solved exactly.
+"""``plan mig``: carbon-aware MIG layouts with mixed-quality variants (Clover), solved exactly.
 
 ``N`` GPUs of one model, each cut into MIG instances (a *layout*) that each host one
-variant of a family, serve a Poisson rate under a p95 SLA. Maximise
+variant of a family (Clover, SC'23), serve a Poisson rate under a p95 SLA. Maximise
 ``lambda * dCarbon + (1 - lambda) * dAccuracy`` (percentage points against BASE, the most
 accurate variant on every whole GPU; the SLA defaults to BASE's p95). Only the count of
 GPUs per slice multiset and of instances per (variant, profile) pair matter, so a
