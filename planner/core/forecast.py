@@ -1,26 +1,14 @@
 """Load forecasting: predict the next minute's peak request rate.
 
 As InfAdapter: the history is reduced to per-minute maxima of the requests-per-second
-series, and a forecaster predicts the next minute's maximum from the recent minutes (the
-LSTM looks at the last 10). Under-prediction is what breaks SLOs, so evaluation reports how
-often a forecaster predicts below the actual peak beside MAE and MAPE.
-
-Forecasters (``FORECASTERS``):
-- ``last``: the last minute's maximum;
-- ``moving-max``: the maximum of the last ``window`` minutes (default 10);
-- ``seasonal-naive``: the same minute one period earlier (default a day, 1440 minutes),
-  falling back to ``last`` before one period of history exists;
-- ``lstm``: a one-layer LSTM (torch, imported lazily) over the last 10 minute maxima
-  (InfAdapter's predictor); ``target="diff"`` makes it learn the change from the last
-  minute's maximum instead of the level (it then starts from ``last`` and learns only
-  what the recent shape adds), ``min_steps`` trains a short history for at least that many
-  optimizer steps, ``horizon=H`` predicts the peak of the next H minutes (the span a plan
-  held by ``--min-dwell`` serves) instead of the next minute's.
-
-Which forecaster serves best is decided by what it does to a replay's SLO violations and
-cost (``bench/bench_forecast.py``), not by its MAE alone: :data:`DEFAULT_FORECASTER`.
-
-Pure: arrays in, numbers out; persistence is the caller's business (``to_state``).
+series, and a forecaster predicts the next minute's maximum (or, with ``horizon=H``, the
+next H minutes'). Under-prediction is what breaks SLOs, so evaluation reports how often a
+forecaster predicts below the actual peak beside MAE and MAPE. ``FORECASTERS``: ``last``,
+``moving-max`` (``window`` minutes, default 10), ``seasonal-naive`` (one period earlier,
+default a day), and ``lstm`` (torch, imported lazily, over the last 10 maxima;
+``target="diff"`` learns the change from ``last``). :data:`DEFAULT_FORECASTER` is chosen
+by its effect on a replay's SLO violations and cost (``bench/bench_forecast.py``).
+Pure: arrays in, numbers out; persistence is the caller's (``to_state``).
 """
 
 from __future__ import annotations

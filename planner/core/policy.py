@@ -1,27 +1,14 @@
 """Dispatch policies: the one list, the one rule that picks a plan's, and smooth WRR.
 
-Every consumer of a plan -- ``predict`` and ``simulate`` (the evaluation core), ``plan mix``'s
-prediction, ``apply`` with the local dispatcher, the Ray backend and the Kubernetes export --
-asks :func:`plan_policy` (or, before a plan exists, :func:`default_policy`), so a plan is
-predicted under the policy it is served with.
-
-The rule, first match wins:
-
-1. an explicit choice (``--policy``);
-2. the plan's own choice: ``policy`` beside the deployments, else ``request.policy``;
-3. ``batch`` when any deployment has ``batch > 1``: executors batch dynamically, and only
-   the ``batch`` model predicts a batched deployment (``fifo`` and ``wrr`` serve one request
-   at a time, and the evaluation core refuses them for batched deployments);
-4. by plan kind: the kind's own default (``PlanKind.default_policy``), as the caller passes
-   it (``kind_default``) or else the registry of plan kinds (``greenctl.executor.kinds``)
-   answers it through :func:`use_kind_defaults`; ``wrr`` for a kind without one.
-
-:class:`SmoothWRR` is the weighted round robin that the simulator, the local dispatcher and
-the Ray router all use: stride scheduling, instance ``i``'s ``k``-th request is the one with
-the ``k``-th smallest virtual time ``(k + 1/2) / p_i`` (``p`` the weights normalised), ties to
-the lower index. It is smooth and proportional: after ``n`` requests server ``i`` has had
-``n p_i`` of them to within ``1/2 + p_i m / 2`` (``m`` servers), which is the evenly spread
-split ``predict`` assumes for ``wrr`` and ``batch``.
+Every consumer of a plan (``predict``, ``simulate``, ``plan mix``, ``apply``'s dispatcher,
+the Ray backend, the Kubernetes export) asks :func:`plan_policy` (before a plan exists,
+:func:`default_policy`), so a plan is predicted under the policy it is served with.
+The rule, first match wins: an explicit ``--policy``; the plan's own ``policy`` (else
+``request.policy``); ``batch`` when any deployment has ``batch > 1`` (only that model
+predicts batching); the plan kind's default (``kind_default``, or the kinds registry via
+:func:`use_kind_defaults`); else ``wrr``. :class:`SmoothWRR` is the stride-scheduled
+weighted round robin the simulator, local dispatcher and Ray router share: its split is
+proportional to within a request, the even spread ``predict`` assumes.
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
-"""One service model per (variant, resource): the service time of one instance, built from
-everything its profile rows hold.
+"""One service model per (variant, resource): one instance's service time from its profile rows.
 
-The mix planner sizes instances from it, and :func:`greenctl.planner.core.evaluate.predict` and
+The mix planner sizes instances from it, and
+:func:`greenctl.planner.core.evaluate.predict` and
 :func:`greenctl.planner.core.simulator.simulate` evaluate plans with it, so a plan and its
-simulation rest on the same model.
-
-Two kinds of profile rows:
-
-- a plain measurement (no ``capacity_rps``): its latency percentiles are service times
-  (back-to-back runs), fitted by :meth:`ServiceTime.from_percentiles`
-  (:meth:`ServiceTime.from_profile`);
-- a load test (``capacity_rps`` sustained within ``capacity_slo_ms``): its latencies were
-  measured *at that load* (the import contract, :mod:`greenctl.data.profile_io`; InfAdapter's
-  p99 per SLA), so they hold queueing and are not service times. Taking them as service
-  times over-states the service time several-fold: resnet34 on one core, load-tested at
-  12 req/s with a p99 of 704.5 ms, would become a 1.4 req/s server. Instead the service time
-  is the one that *reproduces the load test*: an instance fed Poisson arrivals at
-  ``capacity_rps`` has, in the evaluation core's queueing model
-  (:func:`greenctl.planner.core.queueing.capacity_at_slo`), exactly the measured latency at the
-  highest percentile the row records (at most ``capacity_slo_ms``). An assumption: the
-  service time is deterministic. Among the service times meeting that one measured point it
-  has the largest mean, so it is the least optimistic about the instance's speed (resnet34 on
-  one core: 65.7 ms, 15.2 req/s at saturation against the 13 req/s measured; resnet50 on six:
-  14.6 ms, 68.3 against 67). The figures it gives are modeled, not measured.
+simulation rest on the same model. A plain measurement (no ``capacity_rps``) holds service
+times, fitted by :meth:`ServiceTime.from_profile`. A load test (``capacity_rps`` within
+``capacity_slo_ms``, :mod:`greenctl.data.profile_io`) holds latencies under load, which
+would over-state the service time several-fold; its service time is instead the
+deterministic one that reproduces the measured latency at that load in the queueing model
+(:func:`greenctl.planner.core.queueing.capacity_at_slo`): the least optimistic such time.
+Figures it gives are modeled, not measured.
 """
 
 from __future__ import annotations

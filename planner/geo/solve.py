@@ -1,24 +1,13 @@
 """Equity-aware geographical load balancing (eGLB) and its baselines.
 
-Every step ``t`` each gateway's load (MW) is split over the sites it may use, within site
-capacities. One MW at site ``s`` for one step costs ``a = h pue price`` USD and emits
-``b = h pue carbon`` kg CO2 and ``q = 1000 h (wue + pue ewif)`` litres of water. eGLB
-minimises ``sum a x + mu_c max_s sum_t b x + mu_w max_s sum_t q x``: energy cost plus the
-*largest* regional footprint over the horizon (Li et al., "Towards Environmentally
-Equitable AI via Geographical Load Balancing", e-Energy 2024).
-
-Algorithms (``ALGORITHMS``):
-
-- ``eglb-off``: the offline optimum, one LP (``geo_lp.solve_flow_lp``).
-- ``eglb``: online dual mirror descent; per step a min-cost allocation with prices
-  adjusted by the duals (closed form when every route is allowed, a warm-started HiGHS LP
-  with routes), auxiliary targets in closed form, projected dual update.
-- ``eglb-mpc``: receding horizon over forecasts, with the footprint spent so far.
-- ``glb-energy``, ``glb-carbon``, ``glb-water``, ``glb-c2``, ``glb-all``: min of a total.
-- ``nearest``: every gateway to its nearest allowed site (spilling to the next nearest
-  only when the nearest is full).
-
-All figures are modeled from the input traces, not measured.
+Every step each gateway's load (MW) is split over its allowed sites within capacities.
+eGLB minimises energy cost plus the *largest* regional carbon and water footprint over
+the horizon (Li et al., "Towards Environmentally Equitable AI via Geographical Load
+Balancing", e-Energy 2024). ``ALGORITHMS``: ``eglb-off`` (the offline LP,
+``geo_lp.solve_flow_lp``), ``eglb`` (online dual mirror descent), ``eglb-mpc`` (receding
+horizon over forecasts), ``glb-energy``/``-carbon``/``-water``/``-c2``/``-all`` (min of a
+total) and ``nearest``. All figures are modeled from the input traces, not measured.
+See docs/plan.md ("plan geo").
 """
 
 from __future__ import annotations

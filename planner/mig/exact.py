@@ -1,25 +1,13 @@
 """The exact ``plan mig`` solver: an ILP over counts whose size does not depend on ``N``.
 
-Variables (see :mod:`greenctl.planner.mig.solve` for the serving model):
-
-* ``y_m`` (integer): GPUs using slice multiset ``m``; ``sum_m y_m = N``.
-* ``n_k`` (integer): instances of pair ``k = (variant, profile)``; for every profile ``p``,
-  ``sum_{k on p} n_k = sum_m cnt(m, p) y_m`` (every slice holds one instance).
-* ``x_k`` (continuous): the rate routed to pair ``k``; ``sum_k x_k = rate``.
-* Capacity ``x_k <= n_k r_k`` with ``r_k`` one instance's capacity at the SLA (the
-  linearised p95 constraint, see :mod:`greenctl.planner.mig.solve`).
-* Optional accuracy floor ``sum_k a_k x_k >= floor * rate``.
-* Objective: ``max const + sum_k coef_k x_k`` (linear: energy and accuracy are
-  load-weighted sums over instances, idle power is fixed by ``N``).
-
-The size is ``|multisets| + 2 |pairs|`` variables and ``|profiles| + |pairs| + 2``
-constraints whatever ``N`` is; only the bounds grow. Solved with HiGHS through PuLP
-(on greenctl's HiGHS object, :func:`greenctl.planner.core.solvers.pulp_highs`), relative gap 0.
-
-Verification: the winner is re-evaluated with the evaluation core (per-instance M/G/1 p95
-and their mixture) and, when a discrete-event simulator is available
-(``greenctl.planner.core.simulator``), simulated; if either puts the p95 above the SLA, the
-capacity SLA is tightened by 10 % and the ILP re-solved (at most 4 times).
+Integer ``y_m`` GPUs per slice multiset (summing to ``N``), integer ``n_k`` instances per
+(variant, profile) pair filling every slice, and continuous rates ``x_k`` summing to the
+rate with ``x_k <= n_k r_k`` (the linearised p95, see :mod:`greenctl.planner.mig.solve`),
+an optional accuracy floor, and a linear objective (idle power is fixed by ``N``). Solved
+by HiGHS through PuLP (:func:`greenctl.planner.core.solvers.pulp_highs`), relative gap 0.
+The winner is re-evaluated (mixture p95, and the simulator when available); if the p95
+exceeds the SLA, the capacity SLA is tightened by 10 % and the ILP re-solved, at most 4
+times.
 """
 
 from __future__ import annotations
