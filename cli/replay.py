@@ -116,9 +116,15 @@ class ReplayGroup(TyperGroup):
         if kind is None:
             return name
         if kind not in self.commands:
-            ctx.fail(f"--kind {kind}: replay takes {_one_of(self.commands)}")
+            raise InputError(
+                f"--kind {kind}: replay takes {_one_of(self.commands)}",
+                hint=f"for example greenctl replay {next(iter(self.commands))} --help",
+            )
         if name is not None and name != kind:
-            ctx.fail(f"--kind {kind} and the subcommand {name} disagree: give one")
+            raise InputError(
+                f"--kind {kind} and the subcommand {name} disagree",
+                hint=f"give one: greenctl replay {name} ...",
+            )
         return kind
 
     def _refuse_other_kinds(
@@ -135,9 +141,10 @@ class ReplayGroup(TyperGroup):
                 continue
             owners = [n for n, own in self.own.items() if flag in own]
             if owners:
-                ctx.fail(
+                raise InputError(
                     f"{flag} is an option of {_one_of(f'replay {n}' for n in owners)}, "
-                    f"not of replay {name}"
+                    f"not of replay {name}",
+                    hint=f"greenctl replay {owners[0]} {flag} ...",
                 )
 
 
