@@ -26,6 +26,7 @@ from greenctl.data.traces import read_rps_trace
 from greenctl.executor.kinds.base import PlanKind, get_kind, plan_inputs
 from greenctl.executor.kinds.glet import GLET_MIN_RATE_RPS
 from greenctl.executor.kinds.replaying import (
+    TRACE_INTERVAL_COLUMNS,
     Footprint,
     Interval,
     PolicyStep,
@@ -56,17 +57,7 @@ EVAL_GRID = tuple(
     sorted({round(0.05 * k, 9) for k in range(20)} | {round(1.0 - 0.7**i, 9) for i in range(1, 13)})
 )
 GLET_INTERVAL_COLUMNS = (
-    "policy",
-    "interval",
-    "time",
-    "offset_s",
-    "requests",
-    "peak_rps",
-    "forecast_rps",
-    "carbon_g_per_kwh",
-    "action",
-    "config",
-    "units",
+    *TRACE_INTERVAL_COLUMNS,
     "gpu_hours",
     "reconfig_s",
     "violations",

@@ -32,6 +32,23 @@ if TYPE_CHECKING:
     from greenctl.data.store import Store
 
 
+#: the first columns of one interval of one policy in a replay of a request trace (mix, mig,
+#: glet); each kind's interval columns go on from these
+TRACE_INTERVAL_COLUMNS = (
+    "policy",
+    "interval",
+    "time",
+    "offset_s",
+    "requests",
+    "peak_rps",
+    "forecast_rps",
+    "carbon_g_per_kwh",
+    "action",
+    "config",
+    "units",
+)
+
+
 @dataclass(frozen=True)
 class ReplayOptions:
     """The options of a replay that every kind reads (``greenctl replay``'s shared ones)."""

@@ -31,6 +31,7 @@ from greenctl.data.plan import Deployment, Plan
 from greenctl.data.resources import kind_of
 from greenctl.executor.kinds.base import PlanKind, get_kind
 from greenctl.executor.kinds.replaying import (
+    TRACE_INTERVAL_COLUMNS,
     Footprint,
     Interval,
     PolicyStep,
@@ -55,17 +56,7 @@ STATIC_BASELINES = ("base", "co2opt")
 DEFAULT_BASELINES = (*STATIC_BASELINES, "vpa")
 #: the columns of one interval of one policy
 INTERVAL_COLUMNS = (
-    "policy",
-    "interval",
-    "time",
-    "offset_s",
-    "requests",
-    "peak_rps",
-    "forecast_rps",
-    "carbon_g_per_kwh",
-    "action",
-    "config",
-    "units",
+    *TRACE_INTERVAL_COLUMNS,
     "reconfig_s",
     "violations",
     "violation_frac",
