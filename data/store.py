@@ -5,7 +5,8 @@ directory. WAL mode. Every write that belongs together runs in one ``transaction
 
 Only the default location's folder is created on demand: a path the user named (``--db``
 or ``GREENCTL_DB``) must be in an existing folder, so that a typo is an error and not a new,
-empty store somewhere.
+empty store somewhere. A command that writes checks it can before it acts, and a refused
+command leaves no store it created (or initialised from an empty file) behind.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from greenctl.data import migrations
-from greenctl.data.errors import InputError, NotFoundError, StoreError
+from greenctl.data.errors import GreenctlError, InputError, NotFoundError, StoreError
 from greenctl.data.plan import Plan
 from greenctl.data.records import (
     Hardware,
@@ -51,11 +52,28 @@ def resolve_db_path(db: str | os.PathLike[str] | None = None) -> Path:
 
 
 def _resolve(db: str | os.PathLike[str] | None) -> tuple[Path, bool]:
-    """The store path and whether the user named it (argument or ``GREENCTL_DB``)."""
-    if db:
+    """The store path and whether the user named it (argument or ``GREENCTL_DB``).
+
+    Raises:
+        InputError: ``--db`` or ``GREENCTL_DB`` is given but empty (a blank value would
+            otherwise fall through to another store without a word).
+    """
+    if db is not None:
+        if not os.fspath(db).strip():
+            raise InputError(
+                "--db is empty",
+                hint="name a store file (--db PATH), or leave --db out for $GREENCTL_DB or "
+                "the default store",
+            )
         return Path(db), True
     env = os.environ.get("GREENCTL_DB")
-    if env:
+    if env is not None:
+        if not env.strip():
+            raise InputError(
+                "GREENCTL_DB is set but empty",
+                hint="set it to a store file, or unset it (unset GREENCTL_DB) for the default "
+                "store",
+            )
         return Path(env), True
     return default_db_path(), False
 
@@ -71,11 +89,20 @@ def resource_order(label: str) -> tuple[Any, ...]:
 
 
 class Store:
-    """An open greenctl store. Use :func:`open_store`."""
+    """An open greenctl store. Use :func:`open_store`.
 
-    def __init__(self, db: sqlite_utils.Database, path: Path) -> None:
+    Used as a context manager (``with open_store(...) as store``), it closes the store on
+    leaving, turns an SQLite fault of the file (read-only, locked, disk full, not a store)
+    into greenctl's error, and, when the block is refused (exit code 2), undoes what opening
+    did to the file: a store file created by this open is removed, an empty file that it
+    initialised is emptied again.
+    """
+
+    def __init__(self, db: sqlite_utils.Database, path: Path, *, made: str | None = None) -> None:
         self.db = db
         self.path = path
+        #: what opening did to the file, undone on a refusal: "created" or "initialised"
+        self.made = made
 
     # -- plumbing -------------------------------------------------------------------------
     @contextmanager
@@ -90,8 +117,19 @@ class Store:
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         self.close()
+        fault = store_fault(exc, self.path) if isinstance(exc, sqlite3.Error) else None
+        if getattr(fault or exc, "exit_code", None) == 2:
+            self.undo_opening()
+        if fault is not None:
+            raise fault from None
+
+    def undo_opening(self) -> None:
+        """Leave the file as it was before :func:`open_store`: remove a store file it created,
+        empty again a zero-byte file it initialised (and their WAL files). Call it closed."""
+        made, self.made = self.made, None
+        _undo_file(self.path, made)
 
     def applied_migrations(self) -> list[str]:
         return [r["name"] for r in self.db.table("migrations").rows_where(order_by="name")]
@@ -358,19 +396,26 @@ def row_id(value: object) -> int:
     return value
 
 
-def open_store(db: str | os.PathLike[str] | None = None, *, create: bool = True) -> Store:
+def open_store(
+    db: str | os.PathLike[str] | None = None, *, create: bool = True, missing_ok: bool = False
+) -> Store:
     """Open the store and run pending migrations.
 
     Args:
         db: the path (``--db``); None for ``GREENCTL_DB``, else the default location.
-        create: create the store file when it does not exist. Read-only callers pass False:
-            a path the user named must then hold a store, and the default location, when it
-            holds none yet, opens as an empty store in memory (no file is created).
+        create: the caller writes: the store file is created when it does not exist, and a
+            store that cannot be written (a read-only file or folder) is refused before the
+            command acts. Read-only callers pass False: a path the user named must then
+            hold a store, and the default location when it holds none yet, or an empty
+            (zero-byte) file, opens as an empty store in memory (nothing is written).
+        missing_ok: with ``create=False``, a named path that holds no store reads as empty
+            too (for commands whose store is optional, such as exporting a plan file).
 
     Raises:
-        InputError: a path the user named is in a folder that does not exist, is a folder,
-            or (``create=False``) holds no store (NotFoundError).
-        StoreError: the file cannot be opened or is not a greenctl store.
+        InputError: ``--db`` is empty; a path the user named is in a folder that does not
+            exist, is a folder, is not a greenctl store, or (``create=False``) holds no
+            store (NotFoundError); the store cannot be written (``create=True``).
+        StoreError: the file cannot be opened, is locked, or is from a newer greenctl.
     """
     path, named = _resolve(db)
     folder = path.parent
@@ -385,39 +430,162 @@ def open_store(db: str | os.PathLike[str] | None = None, *, create: bool = True)
             f"cannot open store {path}: it is a folder",
             hint=f"name a file, for example --db {path / 'greenctl.db'}",
         )
-    in_memory = False
-    if not create and not path.exists():
-        if named:
-            raise NotFoundError(
-                f"no greenctl store at {path}",
-                hint="measure or import profiles first (greenctl profile, greenctl profile "
-                "import FILE), or pass the right --db / GREENCTL_DB",
-            )
-        in_memory = True  # the default store is not made yet: read it as empty
+    empty = _is_empty(path)
+    if not create and not path.exists() and named and not missing_ok:
+        raise NotFoundError(
+            f"no greenctl store at {path}",
+            hint="measure or import profiles first (greenctl profile, greenctl profile "
+            "import FILE), or pass the right --db / GREENCTL_DB",
+        )
+    # a read-only caller reads a store not made yet (or an empty file) as empty, in memory
+    in_memory = not create and (empty or not path.exists())
+    made = None
     try:
         if not named and not in_memory:
             folder.mkdir(parents=True, exist_ok=True)
-        target = ":memory:" if in_memory else str(path)
+        if create:
+            check_store_writable(path)
+            made = "initialised" if empty else None
         if not in_memory and not path.exists():
             # the store holds the executors' restart command lines, which the supervisor
             # runs: owner-only whatever the umask (SQLite gives its -wal/-shm files this mode)
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        conn = sqlite3.connect(target, timeout=30.0, check_same_thread=False)
-        import sqlite_utils
+            made = "created"
+        database = _connect(path, in_memory=in_memory, writes=create)
+        store = Store(database, path, made=made)
+    except sqlite3.Error as exc:
+        _undo_file(path, made)
+        raise store_fault(exc, path) or StoreError(
+            f"cannot open store {path}: {exc}",
+            hint="pass --db PATH or set GREENCTL_DB to a writable greenctl store",
+        ) from None
+    except OSError as exc:
+        _undo_file(path, made)
+        raise StoreError(f"cannot create store {path}: {exc.strerror}") from None
+    except GreenctlError:
+        _undo_file(path, made)
+        raise
+    return store
 
-        database = sqlite_utils.Database(conn)
-        if not in_memory:
+
+def _connect(path: Path, *, in_memory: bool, writes: bool) -> sqlite_utils.Database:
+    """The migrated database at ``path`` (or an empty one in memory); WAL mode when written.
+
+    A reader of a store whose folder it cannot write (SQLite could make no -shm file there)
+    opens the file immutable when no WAL file holds pages: nothing can change it meanwhile.
+    """
+    import sqlite_utils
+
+    immutable = (
+        not in_memory
+        and not writes
+        and not os.access(path.parent, os.W_OK | os.X_OK)
+        and not Path(f"{path}-wal").exists()
+    )
+    if in_memory:
+        conn = sqlite3.connect(":memory:", check_same_thread=False)
+    elif immutable:
+        uri = f"{path.resolve().as_uri()}?immutable=1"
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    else:
+        conn = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False)
+    database = sqlite_utils.Database(conn)
+    try:
+        tables = [] if in_memory else database.table_names()
+        if tables and "migrations" not in tables:
+            raise InputError(
+                f"{path} is an SQLite database but not a greenctl store",
+                hint="pass the right --db, or a new file for a new store",
+            )
+        if not in_memory and not immutable and (writes or os.access(path, os.W_OK)):
             database.enable_wal()
         database.execute("pragma foreign_keys = on")
         _migrate(database)
-    except sqlite3.DatabaseError as exc:
-        raise StoreError(
+    except BaseException:
+        database.close()
+        raise
+    return database
+
+
+def _is_empty(path: Path) -> bool:
+    """Whether ``path`` is a zero-byte file (and no WAL file holds its pages)."""
+    try:
+        if path.stat().st_size:
+            return False
+        return not Path(f"{path}-wal").exists() or not Path(f"{path}-wal").stat().st_size
+    except OSError:
+        return False
+
+
+def _undo_file(path: Path, made: str | None) -> None:
+    """Remove the store file at ``path`` (made "created") or empty it again ("initialised"),
+    with the SQLite files beside it; nothing when ``made`` is None."""
+    if made is None:
+        return
+    for extra in ("-wal", "-shm", "-journal"):
+        Path(f"{path}{extra}").unlink(missing_ok=True)
+    if made == "created":
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        os.truncate(path, 0)
+
+
+def check_store_writable(path: Path) -> None:
+    """Refuse a store that cannot be written before a command acts: the file and the SQLite
+    files beside it, and its folder (SQLite keeps its journal and WAL files there).
+
+    Raises:
+        InputError: names the read-only file or folder and the fix.
+    """
+    for target in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if target.exists() and not os.access(target, os.W_OK):
+            what = "the file" if target == path else target
+            raise InputError(
+                f"cannot write store {path}: {what} is read-only",
+                hint=f"make it writable (chmod u+w {target}), or pass another --db",
+            )
+    folder = path.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(
+            f"cannot write store {path}: its folder {folder} is read-only (SQLite writes its "
+            "journal beside the store)",
+            hint=f"make the folder writable (chmod u+w {folder}), or pass another --db",
+        )
+
+
+def store_fault(exc: BaseException | None, path: Path) -> GreenctlError | None:
+    """greenctl's error for an SQLite fault of the store file at ``path``: read-only (exit
+    2, the user's to fix), not a database (exit 2), locked, disk full or unreadable (exit 1);
+    None for other SQLite errors (programming errors keep their traceback)."""
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    text = str(exc).lower()
+    if "readonly" in text or "read-only" in text:
+        return InputError(
+            f"cannot write store {path}: the file or its folder is read-only",
+            hint=f"make both writable (chmod u+w {path} {path.parent}), or pass another --db",
+        )
+    if "not a database" in text or "malformed" in text or "encrypted" in text:
+        return InputError(
+            f"{path} is not a greenctl store ({exc})",
+            hint="pass the right --db, or a new file for a new store",
+        )
+    if "locked" in text or "busy" in text:
+        return StoreError(
+            f"store {path} is locked by another process",
+            hint="wait for the other greenctl command to finish, then run this again",
+        )
+    if "full" in text:
+        return StoreError(
+            f"cannot write store {path}: the disk is full",
+            hint="free space on its disk, or pass another --db",
+        )
+    if "unable to open" in text or "i/o error" in text or "disk" in text:
+        return StoreError(
             f"cannot open store {path}: {exc}",
-            hint="pass --db PATH or set GREENCTL_DB to a writable greenctl database",
-        ) from None
-    except OSError as exc:
-        raise StoreError(f"cannot create store {path}: {exc.strerror}") from None
-    return Store(database, path)
+            hint="pass --db PATH or set GREENCTL_DB to a writable greenctl store",
+        )
+    return None
 
 
 def _migrate(db: sqlite_utils.Database) -> None:
