@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from greenctl.data import bundled
+from greenctl.data.errors import InputError, shown
 from greenctl.data.store import Store, open_store
 from rich import box
 from rich.console import Console
@@ -72,14 +76,114 @@ def input_path_str(value: str | Path) -> str:
 ROOT_DB: ContextVar[str | None] = ContextVar("greenctl_root_db", default=None)
 
 
-def store_for(db: str | None, *, create: bool = True) -> Store:
+def db_option(db: str | None) -> str | None:
+    """The ``--db`` in force: the command's own, else the root's (None: the store module's
+    default). An empty ``--db ""`` is kept, so that the store refuses it by name."""
+    return db if db is not None else ROOT_DB.get()
+
+
+def store_for(db: str | None, *, create: bool = True, missing_ok: bool = False) -> Store:
     """Open the store named by ``--db`` on the command, else on the root command.
 
-    Read-only commands pass ``create=False``: a store that does not exist is then not
-    created (see :func:`greenctl.data.store.open_store`).
+    ``create`` says the command writes: the store is created when missing, and one that
+    cannot be written is refused before the command acts. Read-only commands pass
+    ``create=False``: nothing is created or written, and a named store that does not exist
+    is refused unless ``missing_ok`` (it then reads as empty); see
+    :func:`greenctl.data.store.open_store`.
     """
 
-    return open_store(db or ROOT_DB.get(), create=create)
+    return open_store(db_option(db), create=create, missing_ok=missing_ok)
+
+
+def check_writable(path: str | Path | None, *, option: str = "-o") -> Path | None:
+    """Refuse an output *file* that cannot be written, before the command does any work.
+
+    The rule of every option that names a file to write (``-o FILE``); None passes through.
+
+    Raises:
+        InputError: the value is empty, names a folder, sits in a folder that does not exist
+            (or in the filesystem root), or cannot be written; the message names the option.
+    """
+    if path is None:
+        return None
+    p = _output_path(path, option)
+    if p.is_dir():
+        raise InputError(
+            f"{option} {shown(str(p), 200)} is a folder, not a file",
+            hint=f"name a file, e.g. {option} {shown(str(p / 'out.json'), 200)}",
+        )
+    _check_place(p, option)
+    return p
+
+
+def check_writable_folder(path: str | Path, *, option: str = "--out") -> Path:
+    """Refuse an output *folder* that cannot be made or written, before any work.
+
+    The rule of every option that names a folder to write files into (``--out DIR``): an
+    existing folder, or a new one in an existing folder (created by the command when it
+    writes, not here).
+
+    Raises:
+        InputError: the value is empty, names an existing file, sits in a folder that does
+            not exist (or in the filesystem root), or cannot be written; names the option.
+    """
+    p = _output_path(path, option)
+    if p.exists() and not p.is_dir():
+        raise InputError(
+            f"{option} {shown(str(p), 200)} is a file, not a folder",
+            hint=f"name a folder (it is created when missing), e.g. {option} "
+            f"{shown(str(p.with_suffix('')) + '-out', 200)}",
+        )
+    _check_place(p, option)
+    return p
+
+
+@contextmanager
+def undone_on_failure(folder: Path) -> Iterator[Path]:
+    """Run a block that writes into ``folder``; a folder it made is removed again when the
+    block fails, so that a refused command leaves no new folder behind."""
+    made = not folder.exists()
+    try:
+        yield folder
+    except BaseException:
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def _output_path(path: str | Path, option: str) -> Path:
+    """``path`` as a Path; an empty value is refused by the option's name."""
+    if not str(path).strip():
+        raise InputError(f"{option} is empty", hint=f"give {option} a path")
+    return Path(path)
+
+
+def _check_place(p: Path, option: str) -> None:
+    """The folder that holds ``p`` exists and is not the filesystem root (for a new entry),
+    and ``p`` (or, when new, its folder) can be written."""
+    folder = p.parent
+    name = shown(str(p), 200)
+    if not p.exists():
+        if not folder.is_dir():
+            what = "is not a folder" if folder.exists() else "does not exist"
+            raise InputError(
+                f"{option} {name}: the folder {shown(str(folder), 200)} {what}",
+                hint=f"create the folder first (mkdir -p {shown(str(folder), 200)}), or write "
+                "somewhere else",
+            )
+        if folder.resolve() == Path(folder.resolve().anchor):
+            raise InputError(
+                f"{option} {name}: greenctl does not create files or folders in the "
+                "filesystem root",
+                hint=f"write under the current folder or your home, e.g. {option} "
+                f"./{shown(p.name, 200)}",
+            )
+    target = p if p.exists() else folder  # a new entry is made in its folder
+    if not os.access(target, os.W_OK | (os.X_OK if target.is_dir() else 0)):
+        raise InputError(
+            f"{option} {name} is not writable",
+            hint="make it writable (chmod u+w), or write somewhere else",
+        )
 
 
 def print_json(obj: Any) -> None:

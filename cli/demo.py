@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from greenctl.cli.common import JsonOpt, console, print_json, render_table, say
+from greenctl.cli.common import (
+    JsonOpt,
+    check_writable_folder,
+    console,
+    print_json,
+    render_table,
+    say,
+)
+from greenctl.data.store import resolve_db_path
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 
@@ -41,6 +49,10 @@ def demo_cmd(
 ) -> None:
     """Profile, import carbon, plan, apply, load, replan over a carbon trace, report, stop."""
     from greenctl.executor.control import demo  # numpy: not for `--help`
+
+    check_writable_folder(out, option="--out")
+    if db is not None:
+        resolve_db_path(db)  # an empty --db is refused by name, not read as "none given"
 
     columns = (
         # markup=False: a step's message quotes paths and names as they are

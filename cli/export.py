@@ -6,29 +6,42 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import print_json, say, store_for
+from greenctl.cli.common import (
+    check_writable_folder,
+    print_json,
+    say,
+    store_for,
+    undone_on_failure,
+)
 from greenctl.cli.options import AtOpt, DbOpt, JsonOpt
 from greenctl.data.emissions import executor_energy_args
-from greenctl.data.plan import load_plan_file
+from greenctl.data.plan import Plan, load_plan_file
+from greenctl.data.store import Store
 
 export_app = typer.Typer(
     no_args_is_help=True, help="Export plans for other engines (Kubernetes, Envoy)."
 )
 
 
-def _load_plan(plan: str, db: str | None):
+def _is_plan_id(plan: str) -> bool:
+    """Whether the PLAN argument is a store id (digits, and no file of that name)."""
+    return plan.isascii() and plan.isdecimal() and len(plan) <= 18 and not Path(plan).exists()
 
-    with store_for(db) as store:
-        doc = (
-            store.get_plan(int(plan))
-            if plan.isascii() and plan.isdecimal() and len(plan) <= 18 and not Path(plan).exists()
-            else load_plan_file(plan)
-        )
-        memory: dict[str, float] = {}
-        for dep in doc.deployments:
-            for p in store.latest_profiles(variant=dep.variant, resource=dep.resource):
-                if p.memory_mb:
-                    memory[dep.variant] = max(memory.get(dep.variant, 0.0), p.memory_mb)
+
+def _open(plan: str, db: str | None) -> Store:
+    """The store, read-only: it must exist for a plan id; for a plan file it is optional
+    (an absent store reads as empty)."""
+    return store_for(db, create=False, missing_ok=not _is_plan_id(plan))
+
+
+def _load_plan(plan: str, store: Store) -> tuple[Plan, dict[str, float]]:
+    """The plan (by id or file) and each variant's largest measured memory (MB)."""
+    doc = store.get_plan(int(plan)) if _is_plan_id(plan) else load_plan_file(plan)
+    memory: dict[str, float] = {}
+    for dep in doc.deployments:
+        for p in store.latest_profiles(variant=dep.variant, resource=dep.resource):
+            if p.memory_mb:
+                memory[dep.variant] = max(memory.get(dep.variant, 0.0), p.memory_mb)
     return doc, memory
 
 
@@ -53,9 +66,10 @@ def export_k8s(
     # numpy: not for `--help`
     from greenctl.executor.deploy.k8s_export import build_k8s_export, write_k8s_export
 
-    doc, memory = _load_plan(plan, db)
-    with store_for(db) as store:  # each executor's energy and carbon options, as apply's
-        energy = {
+    folder = check_writable_folder(output, option="-o")
+    with _open(plan, db) as store:
+        doc, memory = _load_plan(plan, store)
+        energy = {  # each executor's energy and carbon options, as apply's
             (d.variant, d.resource, d.batch): executor_energy_args(
                 store, doc, variant=d.variant, resource=d.resource, batch=d.batch
             )
@@ -70,7 +84,8 @@ def export_k8s(
         memory_mb=memory,
         energy_args=energy,
     )
-    written = write_k8s_export(export, output)
+    with undone_on_failure(folder):
+        written = write_k8s_export(export, folder)
     if json_out:
         print_json({"files": written, "node_labels": export.node_labels})
         return
@@ -100,11 +115,13 @@ def export_envoy_cmd(
     from greenctl.executor.deploy.envoy_export import export_envoy, write_envoy_export
     from greenctl.executor.deploy.georouter import parse_sites
 
-    doc, _ = _load_plan(plan, db)
+    folder = check_writable_folder(output, option="-o")
     sites = parse_sites(site)
-    with store_for(db) as store:
+    with _open(plan, db) as store:
+        doc, _ = _load_plan(plan, store)
         export = export_envoy(doc, store=store, at=at, sites=sites)
-    written = write_envoy_export(export, output)
+    with undone_on_failure(folder):
+        written = write_envoy_export(export, folder)
     if json_out:
         print_json({"slot": export.slot, "slot_time": export.slot_time, "files": written,
                     "notes": export.notes})  # fmt: skip

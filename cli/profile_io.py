@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from greenctl.cli.common import console, input_path, print_json, store_for
+from greenctl.cli.common import check_writable, console, input_path, print_json, store_for
 from greenctl.cli.options import DbOpt, JsonOpt, ModelFilterOpt, VariantFilterOpt
 from greenctl.cli.profile import profile_app
 from greenctl.data.errors import InputError
@@ -84,6 +84,7 @@ def profile_export(
     db: DbOpt = None,
 ) -> None:
     """Export profiles as CSV or JSON (importable again with `profile import`)."""
+    check_writable(output, option="-o")
     with store_for(db, create=False) as store:
         if model is not None:
             store.require_family(model)

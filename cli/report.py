@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from greenctl.cli.common import print_json, render_table, say, store_for
+from greenctl.cli.common import (
+    check_writable,
+    check_writable_folder,
+    print_json,
+    render_table,
+    say,
+    store_for,
+    undone_on_failure,
+)
 from greenctl.cli.options import (
     DbOpt,
     FromOpt,
@@ -69,7 +76,8 @@ def _export_command(what: str) -> Any:
             filters.update(region=region, start=start, end=end)
         if what in ("plans", "runs", "decisions"):
             filters["plan_id"] = plan
-        with store_for(db) as store:
+        check_writable(output, option="-o")
+        with store_for(db, create=False) as store:
             if plan is not None:
                 store.get_plan(plan)  # an unknown id is an error, not an empty report
             res = reports.export(store, what, fmt=fmt, path=output, **filters)
@@ -100,7 +108,8 @@ def report_emissions(
 ) -> None:
     """Emissions of verified runs and replan intervals as CodeCarbon's emissions.csv
     (kg CO2eq, kWh, W, s, L); tracking_mode 'modeled' marks estimated energy."""
-    with store_for(db) as store:
+    check_writable(output, option="-o")
+    with store_for(db, create=False) as store:
         if plan is not None:
             store.get_plan(plan)  # an unknown id is an error, not an empty report
         res = emissions.emissions(store, fmt=fmt, path=output, plan_id=plan)
@@ -142,7 +151,8 @@ def report_savings(
     json_out: JsonOpt = False,
 ) -> None:
     """Energy, carbon, water, cost, accuracy and SLO compliance against a baseline plan."""
-    with store_for(db) as store:
+    target = check_writable(output, option="-o")
+    with store_for(db, create=False) as store:
         s = reports.savings(
             store,
             plan_id=plan,
@@ -153,8 +163,8 @@ def report_savings(
             rate_rps=rate,
             wue_l_per_kwh=wue,
         )
-    if output:
-        Path(output).write_text(json.dumps(s, indent=2) + "\n")
+    if target is not None:
+        target.write_text(json.dumps(s, indent=2) + "\n")
     if json_out:
         print_json(s)
         return
@@ -187,11 +197,14 @@ def report_charts(
     json_out: JsonOpt = False,
 ) -> None:
     """Write PNG charts: carbon.png, latency.png (if runs were measured), sites.png (geo)."""
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
+    folder = check_writable_folder(out, option="--out")
+    written: list[dict[str, Any]] = []
     skipped = []
-    with store_for(db) as store:
+    with undone_on_failure(folder), store_for(db, create=False) as store:
+        for plan_id in (plan, baseline, geo_plan):  # unknown ids: refused before any chart
+            if plan_id is not None:
+                store.get_plan(plan_id)
+        folder.mkdir(exist_ok=True)
         written.append(
             reports.chart_carbon(
                 store,
