@@ -165,11 +165,15 @@ def _check_place(p: Path, option: str) -> None:
     name = shown(str(p), 200)
     if not p.exists():
         if not folder.is_dir():
-            what = "is not a folder" if folder.exists() else "does not exist"
+            where = shown(str(folder), 200)
+            if folder.exists():
+                raise InputError(
+                    f"{option} {name}: {where} is a file, not a folder",
+                    hint=f"name a path in a folder, e.g. {option} ./{shown(p.name, 200)}",
+                )
             raise InputError(
-                f"{option} {name}: the folder {shown(str(folder), 200)} {what}",
-                hint=f"create the folder first (mkdir -p {shown(str(folder), 200)}), or write "
-                "somewhere else",
+                f"{option} {name}: the folder {where} does not exist",
+                hint=f"create the folder first (mkdir -p {where}), or write somewhere else",
             )
         if folder.resolve() == Path(folder.resolve().anchor):
             raise InputError(

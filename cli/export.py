@@ -49,7 +49,7 @@ def _load_plan(plan: str, store: Store) -> tuple[Plan, dict[str, float]]:
 def export_k8s(
     plan: Annotated[str, typer.Argument(help="Plan JSON file, or a plan id from the store.")],
     output: Annotated[
-        Path, typer.Option("-o", "--output", help="Directory to write the manifests to.")
+        str, typer.Option("-o", "--output", help="Directory to write the manifests to.")
     ],
     image: Annotated[
         str, typer.Option(help="Executor image (build it from the Dockerfile).")
@@ -100,7 +100,7 @@ def export_k8s(
 def export_envoy_cmd(
     plan: Annotated[str, typer.Argument(help="Geo plan JSON file, or a plan id from the store.")],
     output: Annotated[
-        Path, typer.Option("-o", "--output", help="Directory to write the Envoy configs to.")
+        str, typer.Option("-o", "--output", help="Directory to write the Envoy configs to.")
     ],
     at: AtOpt = None,
     site: Annotated[

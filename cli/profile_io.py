@@ -74,7 +74,7 @@ def profile_export(
         typer.Option("--format", help="csv or json (default: json for -o FILE.json, else csv)."),
     ] = None,
     output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="Write to FILE instead of stdout.")
+        str | None, typer.Option("-o", "--output", help="Write to FILE instead of stdout.")
     ] = None,
     model: ModelFilterOpt = None,
     variant: VariantFilterOpt = None,
@@ -84,7 +84,7 @@ def profile_export(
     db: DbOpt = None,
 ) -> None:
     """Export profiles as CSV or JSON (importable again with `profile import`)."""
-    check_writable(output, option="-o")
+    target = check_writable(output, option="-o")
     with store_for(db, create=False) as store:
         if model is not None:
             store.require_family(model)
@@ -92,19 +92,19 @@ def profile_export(
             store.get_variant(variant)
         text = export_profiles(
             profile_rows(store, family=model, variant=variant, history=history),
-            fmt=fmt or file_format(output),
+            fmt=fmt or file_format(target),
         )
-    if output is None:
+    if target is None:
         sys.stdout.write(text)
     else:
         try:
-            output.write_text(text)
-        except OSError as exc:  # a missing folder, a folder, no permission
+            target.write_text(text)
+        except OSError as exc:  # a fault the check before could not see (disk full)
             raise InputError(
-                f"cannot write {output}: {exc.strerror or exc}",
+                f"cannot write {target}: {exc.strerror or exc}",
                 hint="give -o a file in an existing, writable folder",
             ) from None
-        console.print(f"Wrote {output}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"Wrote {target}", markup=False, highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
