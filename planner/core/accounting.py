@@ -174,21 +174,15 @@ def account(
 class EnergyTerms:
     """The power of one instance as linear terms: ``idle_w + dynamic_j_per_request x rate``.
 
-    Summed over a plan's instances (``idle_w`` per instance, ``dynamic_j_per_request`` per
-    request each serves) they give :func:`predict`'s ``power_w``; divided by the rate served,
-    its ``energy_j_per_request``. Exact at every rate below saturation for an instance that
-    serves one request at a time with a rate-independent service (``linear``); otherwise (a
-    batching instance: partial batches at low rates; a serving path without a measured
-    ``service_scale``, whose cold runs depend on the rate) exact at ``rate_rps`` only, the
-    secant of the power curve from the idle point.
+    Summed over a plan's instances they give :func:`predict`'s ``power_w`` (and, divided by the
+    rate, its ``energy_j_per_request``), so solvers can price a plan linearly. Exact below
+    saturation when ``linear``; otherwise exact at ``rate_rps`` only, the secant from the idle
+    point (docs/models.md, "Energy terms").
 
     Attributes:
-        idle_w: the instance's power at no load (its profile's ``idle_power_w``), drawn
-            whether it serves or not.
+        idle_w: power at no load (the profile's ``idle_power_w``), drawn whether it serves or not.
         dynamic_j_per_request: busy minus idle power times busy time per request served.
-        rate_rps: the per-instance rate the terms were taken at.
-        linear: whether they hold at every rate below saturation (never for a batching
-            instance; otherwise checked at half the rate).
+        rate_rps, linear: the per-instance rate taken at; whether they hold at every rate.
     """
 
     idle_w: float

@@ -1,15 +1,10 @@
-"""The latency of an instance that batches dynamically.
+"""The latency of an instance that batches dynamically, as its executor's batcher does.
 
-The executor's batcher (rules in :mod:`greenctl.data.batching`) takes the first waiting
-request, adds requests until the batch holds ``b`` rows or ``max_wait`` has passed, and
-runs it for ``L(pad(n))`` (:class:`~greenctl.planner.core.latency.BatchService`); so the
-batch a request sees depends on the load. :func:`dynamic_batch` models three parts:
-the eager runner (CPUs, depth 1) as a Markov chain on the queue when a batch is taken;
-the pipelined GPU runner (depth 2) as a Lindley recursion whose wait is capped at the
-batches in flight, iterated with the batch size to a fixed point; and the local
-dispatcher's ``b + 1`` slots, which cap the batch, set :func:`batch_capacity_rps`, and add
-an Erlang C wait. ``b == 1`` is M/G/1. Checked against the simulator's
-:func:`greenctl.planner.core.simulator.batch_queue`; see docs/simulate.md ("Batching").
+A batch closes at ``b`` rows or ``max_wait`` (rules in :mod:`greenctl.data.batching`), so
+the batch a request sees depends on the load. :func:`dynamic_batch` models the eager CPU
+runner, the pipelined GPU runner and the dispatcher's ``b + 1`` slots; ``b == 1`` is M/G/1.
+It is checked against the simulator's :func:`greenctl.planner.core.sim_queues.batch_queue`;
+the model is in docs/models.md ("Dynamic batching") and docs/simulate.md ("Batching").
 """
 
 from __future__ import annotations
@@ -642,15 +637,11 @@ def batch_latency_quantile_ms(
     *,
     max_wait_ms: float | None = None,
 ) -> float:
-    """End-to-end latency quantile of one dynamically batching instance, ms.
+    """End-to-end latency quantile (ms) of one dynamically batching instance at ``rate_rps``.
 
-    Args:
-        rate_rps: the rate this instance receives.
-        service: its batch service model, or one service time for every batch.
-        batch: the largest batch (with a plain service time).
-        q: the quantile.
-        max_wait_ms: the longest a batch waits to fill (default: the model's own, else
-            :data:`~greenctl.data.batching.DEFAULT_MAX_WAIT_MS`).
+    ``service`` is its batch service model, or one service time for every batch (then ``batch``
+    is the largest batch); ``max_wait_ms`` defaults to the model's own, else
+    :data:`~greenctl.data.batching.DEFAULT_MAX_WAIT_MS`.
 
     Returns:
         ``math.inf`` when the rate reaches :func:`batch_capacity_rps`.

@@ -1,15 +1,12 @@
 """Model-less requests (INFaaS): what each running variant offers, and the rule that picks one.
 
-A request names its family and may set ``latency_slo_ms`` and ``min_accuracy``. Among the
-family's running instances, :func:`choose` takes those accurate enough whose predicted
-latency, with the requests they hold now, meets the SLO; of those it prefers the variant
-with the least carbon or cost per request (the plan's objective), then the fastest instance.
-The prediction comes from the instance's service model
-(:class:`~greenctl.planner.core.latency.BatchService`) and the measured serving path
-(:func:`~greenctl.planner.core.queueing.with_overhead`), precomputed per (variant, resource,
-batch) as a small table (:class:`QueueLatency`, at :data:`SLO_QUANTILE`) so a request costs
-one look-up. Pure: ``greenctl apply`` builds the offers
-(:mod:`greenctl.executor.runtime.offers`) and the dispatcher calls :func:`choose`.
+A request names its family and may set ``latency_slo_ms`` and ``min_accuracy``.
+:func:`choose` keeps the running instances accurate enough whose predicted latency, with the
+requests they hold now, meets the SLO, and prefers the least carbon or cost per request (the
+plan's objective), then the fastest. Predictions are precomputed per (variant, resource,
+batch) as a :class:`QueueLatency` table so a request costs one look-up. Pure: ``apply``
+builds the offers (:mod:`greenctl.executor.runtime.offers`), the dispatcher calls
+:func:`choose`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Predict what a serving configuration does under a load: the plan's ``predicted`` block.
 
-:func:`predict` is the analytic twin of :func:`greenctl.planner.core.simulator.simulate`;
-both return :data:`PREDICTED_KEYS`, and share the instances, load split and accounting
-kept here, so they differ only in latency. Dispatch policies
-(:mod:`greenctl.planner.core.policy`): ``fifo`` (one central queue per model, pooled M/G/c),
-``wrr`` (weighted round-robin by quota, a G/G/1 queue per instance) and ``batch`` (the same
-split, each instance batching dynamically as its executor does,
-:func:`greenctl.planner.core.queueing.dynamic_batch`). Load splits by quota, else capacity.
-Energy: busy ``power_w`` while serving, ``idle_power_w`` otherwise, plus each device's
-``device_idle_power_w``; carbon (g) = energy (J) / 3.6e6 x PUE x intensity (g/kWh), water
-(L) = energy (kWh) x (PUE x EWIF + WUE). Solvers price plans by the same rule through
-:func:`energy_terms`. See docs/simulate.md.
+:func:`predict` is the analytic twin of :func:`greenctl.planner.core.simulator.simulate`:
+both return :data:`PREDICTED_KEYS` and share the instances, load split and accounting kept
+here, so they differ only in latency. Policies (:mod:`greenctl.planner.core.policy`):
+``fifo`` (pooled M/G/c per model), ``wrr`` (a G/G/1 queue per instance) and ``batch``
+(each instance batching as its executor does). Solvers price plans by the same energy rule
+through :func:`energy_terms`. Energy, carbon and water formulas: docs/models.md.
 """
 
 from __future__ import annotations
@@ -159,23 +154,14 @@ class PredictOptions:
     """How :func:`predict` evaluates a configuration (its keywords, one type).
 
     Attributes:
-        rate_rps: the total arrival rate (Poisson), or ``{model: rate}``.
-        policy: ``fifo``, ``wrr`` or ``batch`` (module docstring).
-        percentile_slo_ms: an SLO in ms, or each variant's own (``{variant: ms}``, a glet
-            plan's models, :func:`slo_for`); adds ``slo_violation_frac``.
-        carbon_g_per_kwh: grid carbon intensity (g CO2 / kWh).
-        pue: power usage effectiveness (>= 1).
-        wue_l_per_kwh: direct (on-site) water usage effectiveness, L/kWh.
-        ewif_l_per_kwh: indirect (electricity generation) water intensity, L/kWh.
+        rate_rps: the total Poisson arrival rate, or ``{model: rate}``.
+        percentile_slo_ms: an SLO in ms, or ``{variant: ms}``; adds ``slo_violation_frac``.
+        carbon_g_per_kwh, pue, wue_l_per_kwh, ewif_l_per_kwh: grid intensity, PUE (>= 1), and
+            direct and indirect water per kWh.
         device_idle_power_w: idle power of each whole device, shared by its instances.
-        max_wait_ms: how long an executor waits for a batch to fill (default: the executors'
-            :data:`~greenctl.data.batching.DEFAULT_MAX_WAIT_MS`; a deployment's
-            ``placement["duty_cycle_ms"]`` wins).
-        serving: the measured serving path (``greenctl profile serving``): a
-            :class:`ServingPath` or bare overhead samples in ms, one for every model or
-            ``{variant or model: ...}`` (:func:`serving_path` picks a variant's).
-        spare_idle_w: idle power no instance carries: the compute slices of a MIG plan's
-            GPUs that hold no instance (:func:`spare_idle_w`).
+        max_wait_ms: batch fill wait (a deployment's ``placement["duty_cycle_ms"]`` wins).
+        serving: the measured serving path, for every model or ``{variant or model: ...}``.
+        spare_idle_w: idle power no instance carries (a MIG plan's empty slices).
     """
 
     rate_rps: float | Mapping[str, float]
@@ -200,22 +186,13 @@ def predict(
 ) -> dict[str, Any]:
     """Analytic prediction of a configuration's latency, accuracy, energy, carbon and cost.
 
-    Args:
-        deployments: the plan's deployments.
-        profiles: ``{(variant, resource, batch): Profile}`` (see :func:`profiles_by_key`).
-        variants: ``{name: Variant}`` for accuracy.
-        options: the load and how it is served (:class:`PredictOptions`); its fields as
-            keywords win over it.
-
-    Latency includes the serving path's overhead, the executor's CPU or front, the
-    dispatcher stage (:class:`DispatcherStage`) where measured, and cold runs unless the path
-    measured served runs.
+    ``profiles`` maps ``(variant, resource, batch)`` to a Profile (:func:`profiles_by_key`);
+    ``options`` gives the load (:class:`PredictOptions`), its fields as keywords winning. Latency
+    includes the serving path's overhead, executor CPU or front, dispatcher stage and cold runs.
 
     Returns:
-        A dict with :data:`PREDICTED_KEYS` (``slo_violation_frac`` only with an SLO). An
-        overloaded configuration has ``overloaded`` True, infinite ``p50/p95/p99_ms``, the
-        excess as ``dropped_rps`` and its overloaded queues' requests counted as violating.
-
+        :data:`PREDICTED_KEYS`; an overloaded configuration has ``overloaded`` True, infinite
+        percentiles, the excess as ``dropped_rps`` and its queues' requests violating.
     Raises:
         InputError: a missing profile, an unknown policy, a bad number.
     """

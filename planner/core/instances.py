@@ -88,13 +88,10 @@ def build_instances(
 ) -> list[Instance]:
     """Expand deployments into instances with their service-time distributions.
 
-    A batching deployment (``batch > 1``) gets its batch service model from the profiles of
-    every measured batch size up to its own of its (variant, resource) in ``profiles``, with
-    the executors' batching (``max_wait_ms``, default
-    :data:`~greenctl.data.batching.DEFAULT_MAX_WAIT_MS`; a deployment's
-    ``placement["duty_cycle_ms"]``, a glet's planned cycle, wins). With the measured serving
-    path (``serving``, as :func:`predict` takes it) an accelerator instance gets its executor
-    front (:func:`front_cpu_ms`).
+    A batching deployment (``batch > 1``) gets a batch service model from every measured batch
+    size up to its own of its (variant, resource), with the executors' ``max_wait_ms`` (a
+    deployment's ``placement["duty_cycle_ms"]`` wins). With a measured serving path an
+    accelerator instance also gets its executor front (:func:`front_cpu_ms`).
 
     Raises:
         InputError: a deployment without a profile (names variant, resource and batch).

@@ -129,17 +129,12 @@ def fit_interference(
 ) -> FitResult:
     """Fit the linear interference model by least squares and measure held-out error.
 
-    Args:
-        colocations: measurements of a model beside a co-runner (latency in ms).
-        solo_latency_ms: ``(model, batch, partition) -> latency`` alone on that partition.
-        utilisation: ``(model, batch, partition) -> (l2_pct, dram_pct)``.
-        test_fraction: share of the samples held out (random, reproducible by ``seed``).
-        seed: random seed of the split.
+    ``colocations`` are latencies (ms) of a model beside a co-runner; ``solo_latency_ms`` and
+    ``utilisation`` map ``(model, batch, partition)`` to the solo latency and
+    ``(l2_pct, dram_pct)``. ``test_fraction`` of the samples (split by ``seed``) is held out.
 
     Returns:
-        The model (fitted on the training part) and the distribution of
-        ``|predicted - measured| / measured`` latency on the held-out part.
-
+        The model fitted on the rest, and the held-out ``|predicted - measured| / measured``.
     Raises:
         InputError: too few usable samples or a bad ``test_fraction``.
     """

@@ -1,22 +1,11 @@
 """Service-time distributions fitted to profiled latency percentiles.
 
-A :class:`ServiceTime` is the time one instance needs to execute one unit of work (a
-request, or a batch of ``b`` requests for a batch-``b`` profile), in milliseconds. It is one
-of three families:
-
-- ``deterministic``: always ``shift_ms``;
-- ``lognormal``: ``shift_ms + exp(N(log(scale_ms), sigma**2))``, a *shifted lognormal*
-  (``scale_ms`` is the median of the lognormal part);
-- ``exponential``: ``shift_ms + Exp(mean=scale_ms)`` (used for M/M/c checks).
-
-Fitting rules of :meth:`ServiceTime.from_percentiles` (the ``p50``/``p95``/``p99`` a profile
-stores):
-
-- one percentile known, or all equal: deterministic at that value;
-- two known: a lognormal through both with no shift (``shift_ms = 0``);
-- three known: the shifted lognormal through all three when one exists with
-  ``shift_ms >= 0``; otherwise (the tail is lighter than any shifted lognormal's) the
-  unshifted lognormal through ``p50`` and ``p95``, which over-states ``p99`` (conservative).
+A :class:`ServiceTime` is the time (ms) one instance needs for one unit of work (a request,
+or a batch of ``b`` for a batch-``b`` profile): ``deterministic`` (always ``shift_ms``),
+``lognormal`` (``shift_ms`` plus a lognormal of median ``scale_ms``) or ``exponential``
+(``shift_ms + Exp(mean=scale_ms)``, for M/M/c checks). :meth:`ServiceTime.from_percentiles`
+fits the stored ``p50``/``p95``/``p99``, falling back to a conservative unshifted lognormal
+when no shifted one fits; the rules are in docs/models.md ("Service-time fits").
 """
 
 from __future__ import annotations

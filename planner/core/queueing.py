@@ -97,14 +97,10 @@ def capacity_at_slo(
 ) -> float:
     """The largest rate (req/s) whose ``percentile`` latency stays within ``slo_ms``.
 
-    ``servers`` identical instances behind one FIFO queue (:func:`latency_quantile_ms`'s
-    model). ``P(T > slo)`` rises with the rate, so the answer is where it crosses
-    ``1 - percentile``: found on a grid of rates evaluated at once (four levels of 16, to
-    about 1e-5 of capacity, rounded down); cached.
-
-    ``front_ms``: the executor front's CPU per request of an accelerator instance (one
-    server), a stage in series (:func:`with_front`): the capacity is then at most
-    :func:`front_capacity_rps` and the latency holds the front's wait.
+    ``servers`` identical instances behind one FIFO queue (:func:`latency_quantile_ms`'s model);
+    the rate where ``P(T > slo)`` crosses ``1 - percentile``, found on a grid to about 1e-5 of
+    capacity, rounded down, and cached. ``front_ms`` is an accelerator's executor front, a
+    serial stage (:func:`with_front`) that caps the capacity at :func:`front_capacity_rps`.
 
     Returns:
         0.0 when the service time alone exceeds the SLO at that percentile.

@@ -1,14 +1,11 @@
 """One service model per (variant, resource): one instance's service time from its profile rows.
 
-The mix planner sizes instances from it, and
-:func:`greenctl.planner.core.evaluate.predict` and
-:func:`greenctl.planner.core.simulator.simulate` evaluate plans with it, so a plan and its
-simulation rest on the same model. A plain measurement (no ``capacity_rps``) holds service
-times, fitted by :meth:`ServiceTime.from_profile`. A load test (``capacity_rps`` within
-``capacity_slo_ms``, :mod:`greenctl.data.profile_io`) holds latencies under load, which
-would over-state the service time several-fold; its service time is instead the
-deterministic one that reproduces the measured latency at that load in the queueing model
-(:func:`greenctl.planner.core.queueing.capacity_at_slo`): the least optimistic such time.
+The mix planner sizes instances from it and ``predict`` and ``simulate`` evaluate plans with
+it, so a plan and its simulation rest on the same model. A plain measurement holds service
+times (:meth:`ServiceTime.from_profile`). A load test (``capacity_rps`` within
+``capacity_slo_ms``) holds latencies under load, which over-state the service time, so its
+service time is the least optimistic deterministic one that reproduces the measured latency
+at that load in the queueing model (:func:`~greenctl.planner.core.queueing.capacity_at_slo`).
 Figures it gives are modeled, not measured.
 """
 

@@ -27,18 +27,13 @@ class ServingPath:
 
     Attributes:
         overhead_ms: equiprobable samples of latency outside the model, added to every request.
-        executor_cpu_ms: executor CPU per request; on CPU instances it shares the cores, on an
-            accelerator it is the executor's serial front (:func:`front_cpu_ms`).
-        service_scale: served over back-to-back median run time (``None``: not
-            measured; the cold-run shift of
-            :func:`~greenctl.planner.core.instances.warm_service` applies).
-        tail_scale: the same ratio at p95 and p99 (``None``: ``service_scale`` alone).
-        resource: where it was measured when not a CPU core (``gpu:MODEL``, ``mig:PROFILE``,
-            ``mps:PCT``); it then applies to that resource only. ``None``: CPU instances.
-        dispatcher_cpu_ms: dispatcher CPU per request, modeled as :class:`DispatcherStage`
-            (``None``: no dispatcher stage).
-        rate_rps: the load the overhead samples were measured at, whose dispatcher wait they
-            already hold (``None``: taken as an idle dispatcher).
+        executor_cpu_ms: executor CPU per request (shares a CPU instance's cores; an
+            accelerator's serial front, :func:`front_cpu_ms`).
+        service_scale, tail_scale: served over back-to-back run time at the median and at
+            p95/p99 (``None``: not measured; cold runs are then modeled).
+        resource: where it was measured when not a CPU core; it then applies there only.
+        dispatcher_cpu_ms: dispatcher CPU per request (``None``: no dispatcher stage).
+        rate_rps: the load the samples were measured at (``None``: an idle dispatcher).
     """
 
     overhead_ms: tuple[float, ...]
@@ -90,20 +85,14 @@ def path_serves(path: ServingPath, resource: str) -> bool:
 
 
 def front_cpu_ms(path: ServingPath | Sequence[float] | None, resource: str) -> float:
-    """The executor front of an instance on ``resource``: the CPU (ms) its executor spends
-    on each request on one core, in series with the device.
+    """The executor front (ms of one core per request) of an instance on ``resource``.
 
-    An accelerator instance (GPU, MIG, MPS) is served through one executor process whose
-    event loop receives each request (a 224x224 image is 600 KB), decodes it, enqueues it
-    and encodes the answer: one request at a time, whatever the device could take. Its
-    capacity is then at most ``1000 / front`` req/s and its requests wait for the front
-    (:func:`~greenctl.planner.core.queueing.with_front`). The figure is the path's
-    ``executor_cpu_ms`` when the path was measured on that very resource (``greenctl
-    profile serving --resource``): the whole executor process's CPU per request, so the
-    front is taken at the most it can be. 0 (no front modeled, the instance as its device
-    alone) for CPU instances, whose executor CPU shares the instance's cores
-    (:func:`served_service`), and where no executor CPU was measured on the resource
-    (bare overhead samples included).
+    An accelerator instance (GPU, MIG, MPS) is fed by one executor event loop that decodes and
+    encodes each request one at a time, so its capacity is at most ``1000 / front`` req/s and
+    its requests wait for the front (:func:`~greenctl.planner.core.queueing.with_front`). The
+    figure is the path's ``executor_cpu_ms`` when measured on that very resource (the most the
+    front can be); 0 for CPU instances, whose executor CPU shares their cores
+    (:func:`served_service`), and where no executor CPU was measured on the resource.
     """
     if not isinstance(path, ServingPath) or path.resource is None:
         return 0.0

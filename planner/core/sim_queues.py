@@ -1,23 +1,13 @@
-"""The simulator's queues: one function per kind of queue a plan's requests cross, each
-vectorised over the requests where it can be.
+"""The simulator's queues: one function per kind of queue a plan's requests cross.
 
-- ``fifo``: one central FIFO queue per model; a request goes to the fastest idle instance,
-  else waits for whichever instance frees up first. Heaps over the idle instances (by
-  speed) and the busy ones (by free time); the loop is plain Python, ~1-2 us per request
-  (identical instances: one heap, service times drawn up front).
-- ``wrr``: stride scheduling over instances by their shares (quota, else capacity, split
-  evenly over a deployment's instances): instance ``i``'s ``k``-th request is the one with
-  the ``k``-th smallest virtual time ``(k + 1/2) / p_i``. Each instance is then a FIFO
-  queue solved by Lindley's recursion in closed form,
-  ``W = X - cummin(X)`` with ``X`` the running sum of (service - interarrival): numpy only.
-- ``batch``: an instance batching as its executor does (:func:`batch_queue`): a batch
-  closes when it holds ``batch`` requests or ``max_wait_ms`` after the batcher took its
-  first, at most ``depth`` batches are in flight, the dispatcher lets at most ``batch + 1``
-  requests into an executor, and a batch of ``r`` rows runs for a draw of the service model
-  at its padded size (:class:`~greenctl.planner.core.latency.BatchService`).
-- serial CPU stages: an accelerator's executor front (:func:`front_queue`) and the
-  dispatcher every request crosses first (:func:`dispatcher_queue`), with the waits a
-  serving path's samples already hold (:func:`held_samples`).
+``fifo`` (one central queue per model, fastest idle instance first: heaps, plain Python),
+``wrr`` (stride scheduling over instances by share, each a FIFO queue solved by Lindley's
+recursion in numpy), ``batch`` (an executor batching as its batcher does,
+:func:`batch_queue`), and the serial CPU stages: an accelerator's executor front
+(:func:`front_queue`) and the dispatcher every request crosses first
+(:func:`dispatcher_queue`), less the waits a serving path's samples already hold
+(:func:`held_samples`). Each is vectorised where it can be; details in docs/models.md
+("Simulator queues").
 """
 
 from __future__ import annotations
@@ -395,25 +385,13 @@ def batch_queue(
 ) -> QueueRun:
     """One executor batching dynamically, as ``greenctl.executor.runtime.daemon.Batcher`` does.
 
-    The batcher takes the first waiting request when it is ready for the next batch (at
-    once with ``depth`` >= 2, when the running batch has finished with ``depth`` 1), adds
-    requests until the batch holds ``batch`` or ``max_wait_ms`` has passed since it took the
-    first, and submits it once fewer than ``depth`` batches are in flight; the device runs
-    batches in order, a batch of ``r`` rows for a draw of ``service.at(r)`` (the padded size's
-    time; a plain :class:`ServiceTime` is every batch's time). With ``slots``, at most that
-    many requests are inside the executor at once (the dispatcher's cap,
-    :func:`greenctl.data.batching.dispatcher_slots`); the others wait in arrival order for a
-    batch to finish, and that wait counts in their latency. Batches share one standard
-    normal draw across sizes (common random numbers), so a batch's time rises with its rows.
-
-    Args:
-        arrival_ms: sorted arrival times in ms.
-        service: the batch service model (or one service time for every batch).
-        batch: the most rows in a batch.
-        rng: the random generator (service draws).
-        max_wait_ms: default :data:`greenctl.data.batching.DEFAULT_MAX_WAIT_MS`.
-        depth: batches in flight at once.
-        slots: requests inside the executor at once (>= ``batch``); None: no cap.
+    A batch closes at ``batch`` rows or ``max_wait_ms`` (default
+    :data:`greenctl.data.batching.DEFAULT_MAX_WAIT_MS`) after its first request, at most
+    ``depth`` batches are in flight, and a batch of ``r`` rows runs for a draw of
+    ``service.at(r)`` (a plain service time: every batch's). ``slots`` (>= ``batch``; None: no
+    cap) is the dispatcher's cap on requests inside the executor; the rest wait in arrival
+    order and that wait counts. Batches share one normal draw across sizes, so a batch's time
+    rises with its rows. ``arrival_ms`` are sorted arrival times.
     """
     n = int(arrival_ms.size)
     b = max(1, int(batch))

@@ -1,21 +1,12 @@
 """Discrete-event simulation of a serving configuration: the check on the analytic path.
 
-Requests arrive (Poisson or a trace, :mod:`greenctl.planner.core.loads`), are split over models
-in proportion to their rates (independent thinning, so each model sees a Poisson stream),
-and are dispatched by a policy to the queues of :mod:`greenctl.planner.core.sim_queues`:
-``fifo`` (one central queue per model), ``wrr`` (stride scheduling, each instance a FIFO
-queue) or ``batch`` (each instance's share an independent thinning, batched as its executor
-does).
-
-With the dispatcher's CPU per request measured (a serving path's ``dispatcher_cpu_ms``), every
-request first crosses the dispatcher, one FIFO server for the whole plan, before the split
-to models and instances (:func:`~greenctl.planner.core.sim_queues.dispatcher_queue`, the stage
-``predict`` models, :class:`~greenctl.planner.core.evaluate.DispatcherStage`).
-
-Service times are drawn from each instance's :class:`~greenctl.planner.core.latency.ServiceTime`.
-The first ``warmup_frac`` of requests are left out of the latency statistics. A bounded
-queue (``queue_limit`` waiting requests per queue) drops arrivals that find it full
-(``fifo`` and ``wrr``).
+Requests arrive (Poisson or a trace, :mod:`greenctl.planner.core.loads`), are split over
+models by independent thinning (each model sees a Poisson stream), optionally cross the
+measured dispatcher first, and are dispatched by a policy to the queues of
+:mod:`greenctl.planner.core.sim_queues` (``fifo``, ``wrr`` or ``batch``). Service times are
+drawn from each instance's :class:`~greenctl.planner.core.latency.ServiceTime`. The first
+``warmup_frac`` of requests are left out of latency statistics; a bounded queue
+(``queue_limit``) drops arrivals that find it full (``fifo`` and ``wrr``).
 """
 
 from __future__ import annotations
@@ -106,14 +97,13 @@ class SimulateOptions:
     """How :func:`simulate` runs a configuration (its keywords, one type).
 
     Attributes:
-        rate_rps: Poisson rate, used when ``arrivals_s`` is not given.
-        arrivals_s: sorted arrival times in seconds (e.g. from a trace).
+        rate_rps: Poisson rate, used when ``arrivals_s`` (sorted times in s) is not given.
         duration_s / n_requests: the length of a Poisson run (default 100,000 requests).
         seed: makes the run reproducible.
         queue_limit: waiting requests per queue beyond which arrivals are dropped.
         warmup_frac: leading fraction of requests left out of latency statistics.
         serving: the measured serving path, as :func:`~greenctl.planner.core.evaluate.predict`
-            takes it (:func:`simulate` says how it runs).
+            takes it.
         Others: as in :func:`~greenctl.planner.core.evaluate.predict`.
     """
 
@@ -145,24 +135,14 @@ def simulate(
 ) -> dict[str, Any]:
     """Simulate a configuration; returns the same keys as :func:`~greenctl.planner.core.evaluate.predict`.
 
-    ``options`` (or its fields as keywords, which win over it) say the load and how it is
-    served (:class:`SimulateOptions`).
+    ``options`` (:class:`SimulateOptions`; its fields as keywords win) say the load and how it
+    is served. The serving path runs as ``predict`` models it: overhead draws, served runs on
+    the measured resource, executor CPU or front, and the dispatcher, with the waits the samples
+    already hold taken out (:func:`~greenctl.planner.core.sim_queues.held_samples`).
 
-    The serving path runs as ``predict`` models it: each request adds a draw of its
-    overhead samples; an instance on the resource the path was measured on runs its served
-    runs (:func:`~greenctl.planner.core.evaluate.served_service`), a CPU instance's executor
-    CPU delaying the requests behind, and an accelerator's executor front runs before its
-    device (:func:`~greenctl.planner.core.sim_queues.front_queue`). Where the dispatcher's CPU
-    is measured, every request crosses it first and reaches its executor at
-    ``arrival + wait + CPU``. The samples already hold the front's and the dispatcher's
-    waits at the rate they were measured at: they are drawn less those waits
-    (:func:`~greenctl.planner.core.sim_queues.held_samples`), and the simulated waits added.
-
-    The run is ``overloaded`` when the offered rate reaches a queue's capacity (the
-    dispatcher's included), or when more than 2 % of the requests (and at least 100) are
-    still queued when arrivals stop; then ``p50/p95/p99_ms`` are ``math.inf``.
-    ``dropped_rps`` counts drops by a bounded queue plus, when overloaded, the backlog left
-    at the end.
+    The run is ``overloaded`` (percentiles ``math.inf``) when the offered rate reaches a queue's
+    capacity or more than 2 % of the requests (at least 100) are still queued when arrivals
+    stop. ``dropped_rps`` counts a bounded queue's drops plus, when overloaded, the backlog.
     """
     opts = replace(options, **kwargs) if options is not None else SimulateOptions(**kwargs)
     instances = build_instances(
@@ -514,17 +494,12 @@ class EvaluateOptions:
 
     Attributes:
         rate_rps: Poisson load; default :func:`default_rate`.
-        trace: requests per second to replay instead (Poisson within each second; read a
-            file with :func:`greenctl.data.traces.read_rps_trace`); ``duration_s`` keeps
-            its first seconds. The analytic path uses its mean.
-        trace_scale: multiplies the trace.
-        duration_s / n_requests: the length of a Poisson run.
-        policy: ``fifo``, ``wrr`` or ``batch``, wins over the plan's own; default
-            :func:`~greenctl.planner.core.policy.plan_policy`, the policy ``apply`` serves with.
+        trace: requests per second to replay instead (Poisson within each second; the
+            analytic path uses its mean); ``trace_scale`` multiplies it.
+        duration_s / n_requests: the length of a run (``duration_s`` also cuts a trace).
+        policy: ``fifo``, ``wrr`` or ``batch``; default the one ``apply`` serves with.
         analytic: use the fast analytic path instead of the simulator.
-        serving: the measured serving paths (as :func:`simulate` and
-            :func:`~greenctl.planner.core.evaluate.predict` take them); None: the model's
-            latency alone.
+        serving: the measured serving paths; None: the model's latency alone.
         Others: as in :class:`SimulateOptions`.
     """
 
@@ -555,14 +530,9 @@ def evaluate_plan(
 ) -> dict[str, Any]:
     """Predict (``analytic``) or simulate what a plan does under a load.
 
-    Args:
-        plan: the plan document.
-        profiles: profiles to draw service times from (the newest of each
-            variant/resource/batch is used; see :func:`pick_profiles`).
-        variants: variants, for accuracy (and to refuse a deployment whose ``model`` is not
-            its variant's family).
-        options: the load and how to evaluate it (:class:`EvaluateOptions`); its fields as
-            keywords win over it.
+    ``profiles`` are drawn from newest-first per variant/resource/batch (:func:`pick_profiles`);
+    ``variants`` give accuracy and refuse a deployment whose ``model`` is not its variant's
+    family; ``options`` (:class:`EvaluateOptions`; its fields as keywords win) say the load.
 
     Returns:
         The metrics dict (the plan's ``predicted`` keys).

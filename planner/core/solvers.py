@@ -1,16 +1,11 @@
 """The one place greenctl builds solver objects (HiGHS, pulp's HiGHS, CBC) and reads them.
 
-- Construction: :func:`new_highs` silences highspy's banner on fd 1 (``--json`` must be
-  one document on stdout), turns ``output_flag`` off and sets the thread count.
-- Threads: HiGHS's process-wide pool cannot be resized, and an object asking for another
-  count does not solve, so every object asks for :data:`HIGHS_THREADS`.
-- Statuses: :func:`highs_outcome` and :func:`pulp_outcome` map solver statuses to optimal,
-  infeasible (the caller raises
-  :class:`~greenctl.data.errors.InfeasiblePlan`), stopped at a limit, or a solver
-  failure (never "infeasible").
-- Repeated problems: inside :func:`solve_memo` (``greenctl replay`` replans the same few
-  problems often) an identical HiGHS run returns the earlier outcome; single-thread HiGHS
-  is deterministic, so the answer is the same.
+:func:`new_highs` silences highspy's banner on fd 1 (``--json`` must be one document on
+stdout) and asks for :data:`HIGHS_THREADS` (HiGHS's process-wide pool cannot be resized).
+:func:`highs_outcome` and :func:`pulp_outcome` map statuses to optimal, infeasible (the
+caller raises :class:`~greenctl.data.errors.InfeasiblePlan`), stopped at a limit, or a
+solver failure. Inside :func:`solve_memo` an identical HiGHS run returns the earlier outcome
+(``replay`` replans the same few problems often; single-thread HiGHS is deterministic).
 Planners stay pure: no store, files or network (CBC's temporary model file is pulp's).
 """
 
@@ -374,22 +369,16 @@ def _set(h: Any, key: str, value: object) -> None:
 
 
 def highs_outcome(h: Any, *, what: str, limits: bool = False) -> str:
-    """What a HiGHS run came to, from its model status.
+    """What a HiGHS run ``h`` (after ``run()``) came to, from its model status.
 
-    Args:
-        h: a ``highspy.Highs`` after ``run()``.
-        what: the problem, for the error message ("the geo LP", ...).
-        limits: True where the caller keeps an incumbent found before a time or iteration
-            limit (with its gap); otherwise stopping at a limit is a failure.
+    ``what`` names the problem for the error message ("the geo LP", ...). With ``limits`` the
+    caller keeps an incumbent found before a time or iteration limit; otherwise a limit fails.
 
     Returns:
-        :data:`OPTIMAL`; :data:`INFEASIBLE` (the caller raises its own ``InfeasiblePlan``
-        naming the binding constraint); with ``limits``, :data:`LIMIT` (time or iteration
-        limit, or an interrupt: look at the primal solution status for an incumbent).
-
+        :data:`OPTIMAL`; :data:`INFEASIBLE` (the caller raises its own ``InfeasiblePlan``); with
+        ``limits``, :data:`LIMIT` (check the primal solution status for an incumbent).
     Raises:
-        GreenctlError: any other status (not set, solve error, unbounded, unknown ...):
-            the solver failed, exit code 1.
+        GreenctlError: any other status (solve error, unbounded, ...): exit code 1.
     """
     import highspy
 

@@ -1,15 +1,12 @@
 """Serial CPU stages in front of a device queue: the executor front and the dispatcher.
 
-The executor front (:func:`with_front`): an accelerator instance's executor receives,
-decodes and enqueues each request on one core, ``f`` ms per request, before the device.
-It is an M/D/1 stage in series with the device: capacity :func:`front_capacity_rps`
-(``1000 / f``), its wait taken independent of the device's latency, which is conservative
-where both are busy (the front releases queued requests ``f`` apart, and they share batches).
-The dispatcher (:func:`stage_wait`, :func:`with_stage_wait`): one process every request
-of a plan crosses, the same single-server stage at the plan's total rate with the mixture
-of each model's CPU per request. Where the serving path's samples were measured through a
-stage they already hold its wait at their rate, so only the wait's growth to the plan's rate
-is added (:func:`wait_growth`). See docs/simulate.md ("The dispatcher stage").
+The executor front (:func:`with_front`) is an M/D/1 stage of ``f`` ms per request in series
+with an accelerator's device (capacity :func:`front_capacity_rps`, ``1000 / f``), its wait
+taken independent of the device's latency: conservative where both are busy. The
+dispatcher (:func:`stage_wait`, :func:`with_stage_wait`) is the same single-server stage at
+the plan's total rate. Samples measured through a stage already hold its wait, so only its
+growth is added (:func:`wait_growth`). See docs/simulate.md ("The dispatcher stage") and
+docs/models.md ("The executor front").
 """
 
 from __future__ import annotations
@@ -100,19 +97,13 @@ def wait_moments(wait: WaitTime) -> tuple[float, float]:
 
 
 def wait_growth(wait: WaitTime, measured: WaitTime) -> WaitTime | None:
-    """How much longer a request waits at a stage now (``wait``) than when it was measured
-    (``measured``), as a wait ``X`` independent of the measured one: ``measured + X`` has the
-    mean and variance of ``wait``. ``X`` is 0 with some probability, else an exponential
-    (``Var X >= E[X]^2``), or a delay plus an exponential that never is 0 (less spread);
-    None when the wait has not grown (the measured rate was the plan's, or above).
+    """How much longer a request waits at a stage now (``wait``) than when measured (``measured``).
 
-    Checked by simulation (a 0.43 ms M/D/1 stage; lognormal samples with medians 1.5 and
-    4 ms measured through it at 40-1,500 req/s, 100 midpoint quantiles, moved to 1,000-2,200
-    req/s, 62-95 % busy): the p95 of samples plus ``X`` within -2.1 / +3.0 % of the simulated
-    samples plus the wait at the new rate (the 100 points alone: 2 % low), the p99 within
-    -7 / +4 %. The growth taken quantile by quantile (``Q_wait(U) - Q_measured(U)``,
-    independent of the samples, the mean alone exact) put the p95 up to 9 % low; the whole
-    wait added, nothing taken off, up to 15 % high.
+    Returns the growth as a wait ``X`` independent of the measured one, so that
+    ``measured + X`` has the mean and variance of ``wait``: 0 with some probability else an
+    exponential, or a delay plus an exponential; None when the wait has not grown. Checked by
+    simulation against adding the growth quantile by quantile or the whole wait
+    (docs/models.md, "Wait growth at a stage").
     """
     m_now, v_now = wait_moments(wait)
     m_then, v_then = wait_moments(measured)
@@ -132,19 +123,15 @@ def with_stage_wait(
     wait: WaitTime,
     measured: WaitTime | None = None,
 ) -> tuple[float, ...]:
-    """A serving path's overhead samples with a shared serial stage's wait at the plan's rate
-    (``wait``), where they were measured through that stage at another rate, its wait then
-    ``measured`` (None: an idle stage, nothing held).
+    """Overhead samples plus a shared serial stage's wait at the plan's rate (``wait``).
 
-    The samples already hold the measured wait: what is added is its growth
-    (:func:`wait_growth`), independent of the samples, as :func:`with_front` adds the front's
-    wait (:func:`plus_wait`): the whole wait when nothing was measured, nothing when the
-    samples were measured at the plan's rate or above (the measurement stands, never less).
+    The samples were measured through that stage with wait ``measured`` (None: an idle stage),
+    so only the growth (:func:`wait_growth`) is added, independent of the samples: the whole
+    wait when nothing was measured, nothing at or below the measured rate.
 
     Returns:
         ``O + X`` as :data:`_FRONT_POINTS` equiprobable points; the samples themselves when
         nothing is added or the stage waits for fewer than ``1e-5`` of the requests.
-
     Raises:
         InputError: no samples, or a negative or non-finite one.
     """
@@ -170,12 +157,10 @@ def with_front(
 ) -> LatencyModel | None:
     """``T + W``: a queue's latency ``T`` after an executor front, ``W`` the front's wait.
 
-    The front is the executor's inbound side on an accelerator (one event loop, one core,
-    FIFO, ``front_ms`` per request); its wait (:func:`front_wait`) is taken independent of
-    ``T``, which over-states the tail where both stages are busy (module docstring). ``held``:
-    the front's wait that ``overhead_ms`` already hold (``evaluate.front_held_wait``); only its
-    growth since is added (:func:`wait_growth`). ``overhead_ms`` (:func:`with_overhead`) are
-    added in the same convolution.
+    The front (one event loop, one core, FIFO, ``front_ms`` per request) waits per
+    :func:`front_wait`, independent of ``T`` (over-states the tail where both are busy).
+    ``held`` is the front wait ``overhead_ms`` already hold (only its growth is added, by
+    :func:`wait_growth`); ``overhead_ms`` are added in the same convolution.
 
     Returns:
         ``model`` (plus ``overhead_ms``) when ``front_ms <= 0`` or the front is idle; None

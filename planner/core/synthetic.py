@@ -1,15 +1,11 @@
 """SYNTHETIC per-MIG-slice inference profiles (no public per-slice measurements exist).
 
-Everything produced here is made up by a documented formula and labelled
-``source="synthetic"`` and ``energy_method="synthetic"`` wherever it lands; only the
-variants' accuracies are real (Clover's published figures, MIT, in
-``data/datasets/clover_accuracy.json``). Real per-slice profiles come from
-``greenctl profile`` on a MIG GPU. Per variant (``G_v`` GFLOP, ``M_v`` GiB) on an instance
-of ``g`` compute slices: a saturating speed-up ``s(g) = g (1 + k_v) / (g + k_v)``, latency
-overhead plus work over ``s(g)`` scaled per GPU model, no profile when the variant does
-not fit the instance's memory, and power from the GPU's idle and TDP per slice
-(``idle_power_w``, ``power_w``; ``energy_j = power_w x L``). The constants are in
-:func:`synthetic_family`.
+Everything here is made up by a documented formula and labelled ``source="synthetic"`` and
+``energy_method="synthetic"`` wherever it lands; only the accuracies are real (Clover's
+published figures, ``data/datasets/clover_accuracy.json``). Real per-slice profiles come
+from ``greenctl profile`` on a MIG GPU. The formulas (saturating speed-up per slice, memory
+fit, power from idle and TDP per slice) are in docs/models.md ("Synthetic MIG profiles");
+the constants in :func:`synthetic_family`.
 """
 
 from __future__ import annotations
@@ -124,20 +120,15 @@ def fits(geo: GpuGeometry, profile: MigProfile, spec: VariantSpec) -> bool:
 def synthetic_family(
     geo: GpuGeometry, family: str, *, include_me: bool = False, prefix: str | None = None
 ) -> tuple[list[Variant], list[Profile]]:
-    """Synthetic variants (real accuracies) and per-slice profiles of a family on a GPU.
+    """Synthetic variants (real accuracies) and per-slice profiles of ``family`` on GPU ``geo``.
 
-    Args:
-        geo: the GPU model.
-        family: one of :func:`family_names`.
-        include_me: also emit profiles for ``+me`` instances (same figures as without).
-        prefix: name every variant and the family ``PREFIX-NAME`` (``efficientnet-b0`` of
-            ``efficientnet`` becomes ``synthetic-efficientnet-b0`` of
-            ``synthetic-efficientnet`` with ``synthetic``), apart from real variants.
+    ``include_me`` also emits ``+me`` instances (same figures). ``prefix`` names every
+    non-real variant and the family ``PREFIX-NAME`` (``synthetic`` turns ``efficientnet-b0``
+    into ``synthetic-efficientnet-b0``).
 
     Returns:
         (variants, profiles); every profile has ``source`` and ``energy_method``
         ``"synthetic"`` and ``hardware`` set to the GPU's first NVML name.
-
     Raises:
         InputError: unknown family, or a prefix that is not a name.
     """
