@@ -4,8 +4,9 @@ Run as ``python -m greenctl.executor.runtime.daemon --model M --variant V --reso
 --port 0 --state-file PATH`` (``greenctl apply`` starts it detached). It pins itself to its
 cores or uses the CUDA environment its spawner set, loads and warms the variant, then serves
 the Open Inference Protocol (KServe v2 REST, JSON and Triton binary tensors) on loopback,
-Prometheus ``/metrics`` (energy, power and carbon: :func:`energy_export`) and a loopback
-``POST /admin/carbon`` (:meth:`ExecutorServer.admin_carbon`). Requests are batched up to
+Prometheus ``/metrics`` (energy, power and carbon: :func:`energy_export`) and ``POST
+/admin/carbon`` (:meth:`ExecutorServer.admin_carbon`) for loopback clients with its token
+(``$GREENCTL_EXECUTOR_TOKEN`` from its launcher, else a random one; in its state file). Requests are batched up to
 ``--batch`` rows within ``--max-wait-ms`` and run in one worker thread. When ready it writes
 its pid and port to ``--state-file`` (``{"error": ...}`` on failure). See docs/serving.md.
 """
@@ -20,6 +21,7 @@ import importlib.util
 import json
 import math
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -37,6 +39,7 @@ from greenctl.data.resources import kind_of
 from greenctl.data.store import open_store
 from greenctl.executor.runtime import httpserver as hs
 from greenctl.executor.runtime import oip
+from greenctl.executor.runtime.dispatch_modelless import requirements_of
 from greenctl.executor.runtime.metrics import (
     BATCH_BUCKETS,
     LATENCY_BUCKETS_S,
@@ -66,6 +69,9 @@ DEFAULT_LOADER = "greenctl.profiler.models:load_model"
 NOOP_LOADER = "greenctl.executor.runtime.daemon:noop_loader"
 INPUT_NAME = "input"
 OUTPUT_NAME = "output"
+#: the environment variable a launcher may hand the executor its admin token in (else a
+#: random one); the token is written to its state file, which only its user can read
+TOKEN_ENV = "GREENCTL_EXECUTOR_TOKEN"
 #: rows one request may carry, as a multiple of the largest batch (``--max-rows`` overrides;
 #: at least this many rows): a request runs as one batch, so the limit bounds how long one
 #: request holds the executor (a 2,000-row request held one for 7.8 s)
@@ -383,8 +389,11 @@ class ExecutorServer:
         max_wait_s: float,
         runner: Any = None,
         max_rows: int | None = None,
+        token: str = "",
     ) -> None:
         self.loaded = loaded
+        #: what an admin request must carry (:func:`~greenctl.executor.runtime.httpserver.admin_allowed`)
+        self.token = token or secrets.token_hex(16)
         self.model = model
         self.variant = variant
         self.resource = resource
@@ -440,9 +449,10 @@ class ExecutorServer:
 
     async def admin_carbon(self, request: Any) -> Any:
         """``POST /admin/carbon`` ``{"carbon_g_per_kwh": G, "pue": P}`` (loopback clients
-        only): count carbon at a new grid intensity from now on, without a restart (the
-        dispatcher sends its plan's after ``replan --apply`` kept this executor)."""
-        if not hs.is_loopback(request):
+        with the executor's token only): count carbon at a new grid intensity from now on,
+        without a restart (the dispatcher sends its plan's after ``replan --apply`` kept
+        this executor)."""
+        if not hs.admin_allowed(request, self.token):
             return hs.json_response({"error": "forbidden"}, status=403)
         if self.energy is None or self.energy.counter is None:
             return hs.json_response({"error": "this executor counts no energy"}, status=409)
@@ -555,7 +565,8 @@ class ExecutorServer:
 
         Raises:
             InputError: a malformed request, inputs or outputs this model does not have, a
-                shape that does not fit it, or more rows than ``max_rows``.
+                shape that does not fit it, more rows than ``max_rows``, or ``parameters``
+                the dispatcher would refuse (its rule: ``requirements_of``).
         """
         length = None
         if header_length is not None:
@@ -609,6 +620,7 @@ class ExecutorServer:
         if arr.dtype != self.input_dtype:
             with np.errstate(all="ignore"):
                 arr = arr.astype(self.input_dtype)
+        requirements_of(body, header_length)  # the dispatcher's rule for its parameters
         return doc, arr, squeeze
 
     def _too_many_rows(self, rows: int, hint: str) -> InputError:
@@ -785,6 +797,7 @@ def main(argv: list[str] | None = None) -> int:
             max_batch=args.batch,
             max_wait_s=args.max_wait_ms / 1000.0,
             max_rows=args.max_rows,
+            token=os.environ.pop(TOKEN_ENV, ""),
         )
         server.warm_up()
         server.energy = energy_export(server, args, len(cores) or os.cpu_count() or 1)
@@ -819,6 +832,7 @@ async def _serve(
             "host": args.host,
             "port": port,
             "url": f"http://{args.host}:{port}",
+            "token": server.token,
             "model": args.model,
             "variant": args.variant,
             "resource": args.resource,

@@ -5,7 +5,7 @@ Every few seconds (``$GREENCTL_ENERGY_SCRAPE_S``, default 2) it reads its execut
 ``greenctl_carbon_grams_total`` over every executor process's counter increase (a restarted
 executor's counter starts from zero again: counted as Prometheus's ``increase()`` counts a
 reset). It hands the running plan's grid intensity and PUE to each executor process
-(``POST /admin/carbon``) that has not been told it, so executors kept by ``replan --apply``
+(``POST /admin/carbon``, with the token its state file holds) that has not been told it, so executors kept by ``replan --apply``
 count carbon at the new plan's intensity without a restart, and restarted ones (started
 with the old command line) too. ``GREENCTL_ENERGY_SCRAPE_S=0`` turns the reading off (the
 Kubernetes export: a Service spreads the reads over its pods, whose counters Prometheus
@@ -23,6 +23,7 @@ import math
 import os
 from typing import Any
 
+from greenctl.executor.runtime import httpserver as hs
 from greenctl.executor.runtime.dispatch_admin import RoutingTable
 from greenctl.executor.runtime.dispatch_routes import Backend
 from greenctl.executor.runtime.metrics import (
@@ -33,7 +34,7 @@ from greenctl.executor.runtime.metrics import (
     label_value,
     parse_prometheus,
 )
-from greenctl.executor.runtime.procs import proc_start_ticks
+from greenctl.executor.runtime.procs import proc_start_ticks, read_json
 
 #: seconds between reads of the executors' energy counters (``$GREENCTL_ENERGY_SCRAPE_S``)
 ENERGY_SCRAPE_ENV = "GREENCTL_ENERGY_SCRAPE_S"
@@ -149,13 +150,18 @@ class EnergyAccounting(RoutingTable):
         return counts_energy and carbon is not None and not told
 
     async def _tell_carbon(self, b: Backend, proc: Any, carbon: dict[str, float]) -> None:
-        """Hand an executor process the grid intensity and PUE to count carbon with."""
+        """Hand an executor process the grid intensity and PUE to count carbon with (its
+        admin token from its state file: a restarted process writes its own there)."""
         import aiohttp
 
+        state_file = (b.spawn or {}).get("state_file")
+        state = await asyncio.to_thread(read_json, state_file) if state_file else None
+        token = str((state or {}).get("token") or "")
         try:
             async with self.session.post(
                 b.url + "/admin/carbon",
                 json=carbon,
+                headers={hs.TOKEN_HEADER: token},
                 timeout=aiohttp.ClientTimeout(total=max(1.0, self.energy_interval_s)),
             ) as resp:
                 # 404/405: an executor without this endpoint; 409: it counts no energy

@@ -149,7 +149,7 @@ class Forwarding(RoutingTable):
             req = requirements_of(body, headers.get(HEADER_LENGTH))
         except InputError as exc:
             self._count(route.name, "400", t0)
-            return hs.json_response({"error": exc.message}, status=400)
+            return hs.json_response({"error": str(exc)}, status=400)  # as the executor says it
         chosen = req is not None or variant is not None  # model-less, or a variant's name
         tried: set[str] = set()
         failed = ""

@@ -9,8 +9,10 @@ straight into their own buffer (one copy, by the kernel); a router of ``GET``/``
 with ``{name}`` segments; aiohttp-like :class:`Request` and :class:`Response`.
 Limits against slow or hostile clients are :class:`Server` options (header, body, request,
 keep-alive and send timeouts; max connections, header bytes and body size): beyond them the
-client gets 408/431/413/503 and is closed. Malformed requests get 400, handler exceptions a
-500 JSON error; :meth:`Server.shutdown` drains in-flight requests, then closes connections.
+client gets 408/431/413/503 and is closed (a declared body over ``max_body`` is refused as
+soon as its head is in). Malformed requests get 400, handler exceptions a 500 JSON error; a
+refusal is answered after the answers to the requests parsed before it, in order.
+:meth:`Server.shutdown` drains in-flight requests, then closes connections.
 """
 
 from __future__ import annotations
@@ -154,6 +156,19 @@ def json_response(
     return out
 
 
+class _Refusal(Response):
+    """The error answer that ends a connection (malformed or oversized request, timeout)."""
+
+    __slots__ = ()
+
+    def __init__(self, status: int, why: str) -> None:
+        super().__init__(
+            status=status,
+            body=json.dumps({"error": why}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+
+
 class Router:
     """``GET``/``POST`` routes by path; ``{name}`` matches one path segment."""
 
@@ -265,8 +280,9 @@ class _Connection(asyncio.BufferedProtocol):
         self._body: list[bytes] = []
         self._size = 0
         self._head_size = 0
-        self._too_large = False
         self._refusal: tuple[int, str] | None = None
+        #: a refusal is queued behind earlier answers: the rest of what comes is dropped
+        self.refusing = False
         self._tail = b""  # the last bytes of a head fed so far (its end may straddle reads)
         self._into: bytearray | None = None  # the body being read straight into its buffer
         self._into_view: memoryview | None = None
@@ -304,12 +320,12 @@ class _Connection(asyncio.BufferedProtocol):
             self._next()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._into_view is not None and not self.closing:
+        if self._into_view is not None and not (self.closing or self.refusing):
             return self._into_view[self._got :]  # the rest of a body, straight into place
         return self.server.read_view
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self.closing:
+        if self.closing or self.refusing:
             return
         if self._into_view is not None:
             self.last_read = time.monotonic()
@@ -321,7 +337,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def data_received(self, data: bytes) -> None:
         """Bytes received the plain way (a transport without buffered reads)."""
-        if not self.closing:
+        if not (self.closing or self.refusing):
             self._received(data, len(data))
 
     def _received(self, raw: bytes | bytearray, n: int) -> None:
@@ -330,7 +346,7 @@ class _Connection(asyncio.BufferedProtocol):
         (:meth:`_start_body`)."""
         data = memoryview(raw)
         pos = 0
-        while pos < n and not self.closing:
+        while pos < n and not (self.closing or self.refusing):
             if self._into_view is not None:  # a body that started in this read
                 take = min(n - pos, len(self._into_view) - self._got)
                 self._into_view[self._got : self._got + take] = data[pos : pos + take]
@@ -350,7 +366,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._feed(data[pos:end])
             self._tail = b""
             pos = end
-            if self.head_done and not self.closing:
+            if self.head_done and not (self.closing or self.refusing):
                 self._start_body()
 
     def _head_end(self, raw: bytes | bytearray, pos: int, n: int) -> int:
@@ -370,8 +386,7 @@ class _Connection(asyncio.BufferedProtocol):
         headers = self._headers
         length = dict.get(headers, "content-length")
         if (
-            self._too_large
-            or self._size
+            self._size
             or length is None
             or not (length.isascii() and length.isdigit() and len(length) <= 18)
             or dict.get(headers, "transfer-encoding") is not None
@@ -416,7 +431,6 @@ class _Connection(asyncio.BufferedProtocol):
         self._body = []
         self._size = 0
         self._head_size = 0
-        self._too_large = False
 
     def _count_head(self, n: int) -> None:
         self._head_size += n
@@ -441,19 +455,22 @@ class _Connection(asyncio.BufferedProtocol):
         self.last_read = time.monotonic()
         length = dict.get(self._headers, "content-length")
         if length is not None and length.isdigit() and int(length) > self.server.max_body:
-            self._too_large = True
+            self._refuse_body(f"the declared body of {length} bytes")
         elif dict.get(self._headers, "expect", "").lower() == "100-continue":
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
+    def _refuse_body(self, what: str) -> None:
+        """Refuse a body over ``max_body`` (413) before reading more of it."""
+        limit = self.server.max_body
+        self._refusal = (413, f"{what} exceeds the {limit} byte limit")
+        raise ValueError(self._refusal[1])  # stops the parser: _feed answers
+
     def on_body(self, chunk: bytes) -> None:
         self.last_read = time.monotonic()
-        if self._too_large:
-            return
         self._size += len(chunk)
         if self._size > self.server.max_body:
-            self._too_large = True
             self._body = []
-            return
+            self._refuse_body("the request body")
         self._body.append(chunk)
 
     def on_message_complete(self) -> None:
@@ -463,22 +480,15 @@ class _Connection(asyncio.BufferedProtocol):
         self._complete(method, keep_alive, body)
 
     def _complete(self, method: str, keep_alive: bool, body: bytes | bytearray) -> None:
-        """A request is in (its body whole): queue it, or the answer to an oversized one."""
+        """A request is in (its body whole): queue it."""
         self.started = None
         self.head_done = False
         self.idle_since = time.monotonic()
         self._body = []
-        if self._too_large:
-            limit = self.server.max_body
-            item: Request | Response = json_response(
-                {"error": f"request body exceeds the {limit} byte limit"}, status=413
-            )
-            keep_alive = False  # the rest of an oversized body may still be in flight
-        else:
-            url = httptools.parse_url(self._url)
-            path = (url.path or b"/").decode("latin-1")
-            query = (url.query or b"").decode("latin-1")
-            item = Request(method, path, query, self._headers, body, self.remote)
+        url = httptools.parse_url(self._url)
+        path = (url.path or b"/").decode("latin-1")
+        query = (url.query or b"").decode("latin-1")
+        item = Request(method, path, query, self._headers, body, self.remote)
         self.pending.append((item, keep_alive, method == "HEAD"))
         if len(self.pending) > _MAX_PIPELINED and not self.paused:
             self.paused = True
@@ -533,6 +543,9 @@ class _Connection(asyncio.BufferedProtocol):
         if self.closing:
             return
         keep_alive = keep_alive and not self.server.stopping
+        if isinstance(response, _Refusal):
+            self._refuse_now(response)
+            return
         self.transport.write(response.encode(keep_alive=keep_alive, head_only=head))
         self.idle_since = time.monotonic()
         if not keep_alive:
@@ -544,16 +557,27 @@ class _Connection(asyncio.BufferedProtocol):
         self._next()
 
     def _fail(self, status: int, why: str) -> None:
-        if self.busy:  # answer what is in flight first would reorder; just drop the connection
-            self.close()
+        """Refuse what is being received with ``status`` and close; requests parsed before it
+        are answered first (the refusal waits in line behind them)."""
+        if self.closing or self.refusing:
             return
-        self.transport.write(json_response({"error": why}, status=status).encode(keep_alive=False))
-        if self.closing:
+        self.refusing = True
+        self._into = self._into_view = None
+        refusal = _Refusal(status, why)
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()  # drain (and drop) what the client still sends
+        if self.busy or self.pending:
+            self.pending.append((refusal, False, False))
             return
+        self._refuse_now(refusal)
+
+    def _refuse_now(self, refusal: Response) -> None:
+        """Send a refusal, then close without losing it (:func:`_linger`)."""
+        self.transport.write(refusal.encode(keep_alive=False))
         self.closing = True
         self.closed_at = time.monotonic()
-        if self.paused:
-            self.transport.resume_reading()  # drain what the client still sends
+        self.pending.clear()
         _linger(self.transport, self.server.loop)
 
     def check(self, now: float) -> None:
@@ -569,6 +593,8 @@ class _Connection(asyncio.BufferedProtocol):
             if now - stalled > server.send_timeout_s:
                 self.closing = True
                 self.transport.abort()
+            return
+        if self.refusing:  # answering what came before the refusal; the handlers time out
             return
         started = self.started
         if started is not None:

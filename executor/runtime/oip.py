@@ -111,34 +111,60 @@ def _check_head(doc: Any) -> None:
         _object(out.get("parameters"), f"outputs[{i}].parameters")
 
 
-def _json_tensor(data: Any, dtype_name: str, i: int) -> np.ndarray:
-    """The flat array of a JSON tensor's ``data``, refusing values its datatype cannot hold
-    (strings, nulls, numbers out of range: JSON's ``1e400`` parses as infinity)."""
+def _has_bool(data: list[Any]) -> bool:
+    """Whether nested lists hold a JSON ``true``/``false`` (numpy reads them as 1 and 0)."""
+    stack = [data]
+    while stack:
+        for v in stack.pop():
+            if v is True or v is False:
+                return True
+            if isinstance(v, list):
+                stack.append(v)
+    return False
+
+
+def _json_tensor(data: Any, dtype_name: str, label: str, bools: bool) -> np.ndarray:
+    """The flat array of a JSON tensor's ``data``, refusing values its datatype cannot hold:
+    strings, nulls, booleans for a number type (``bools``: the JSON names ``true`` or
+    ``false`` somewhere) or numbers for ``BOOL``, fractions for a whole type, numbers out of
+    range (JSON's ``1e400`` parses as infinity). ``label`` names the input in messages."""
     if not isinstance(data, list):
-        raise InputError(f"inputs[{i}].data must be a list of numbers")
+        raise InputError(f"{label}.data must be a list of {dtype_name} values")
     try:
         raw = np.asarray(data).reshape(-1)
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-        raise InputError(f"inputs[{i}].data: {exc}") from None
+        raise InputError(f"{label}.data: {exc}") from None
+    target = np.dtype(DTYPES[dtype_name])
+    if raw.size and target.kind == "b" and raw.dtype.kind != "b":
+        raise InputError(
+            f"{label}.data holds values that are not BOOL", hint="BOOL data are true or false"
+        )
+    if raw.size and target.kind != "b" and (raw.dtype.kind == "b" or (bools and _has_bool(data))):
+        raise InputError(f"{label}.data holds true/false, which are not {dtype_name} numbers")
     if raw.size and raw.dtype.kind not in "biuf":
         raise InputError(
-            f"inputs[{i}].data holds values that are not {dtype_name} numbers "
+            f"{label}.data holds values that are not {dtype_name} numbers "
             "(strings, nulls, objects, or whole numbers too large)"
         )
-    target = np.dtype(DTYPES[dtype_name])
-    bad = False
+    bad = ""
     with np.errstate(all="ignore"):
         if target.kind in "iu" and raw.size:
             if raw.dtype.kind == "f":
-                bad = not bool(np.all(np.isfinite(raw)) and np.all(raw == np.floor(raw)))
+                if not bool(np.all(np.isfinite(raw))):
+                    bad = f"values out of range for {dtype_name}"
+                elif not bool(np.all(raw == np.floor(raw))):
+                    bad = (
+                        f"values out of range for {dtype_name} (fractions: it holds whole numbers)"
+                    )
             if not bad:
                 info = np.iinfo(target)
-                bad = bool(raw.min() < info.min or raw.max() > info.max)
+                if raw.min() < info.min or raw.max() > info.max:
+                    bad = f"values out of range for {dtype_name}"
         arr = raw.astype(target)
-        if target.kind == "f" and arr.size:
-            bad = not bool(np.all(np.isfinite(arr)))
+        if target.kind == "f" and arr.size and not bool(np.all(np.isfinite(arr))):
+            bad = f"values out of range for {dtype_name}"
     if bad:
-        raise InputError(f"inputs[{i}].data holds values out of range for {dtype_name}")
+        raise InputError(f"{label}.data holds {bad}")
     return arr
 
 
@@ -190,6 +216,7 @@ def _input_tensor(
     *,
     max_elements: int | None,
     limit_hint: str | None,
+    bools: bool = True,
 ) -> tuple[str, np.ndarray, int]:
     """One input of a request: its name, its array in its shape, and how many bytes of the
     binary part (from ``offset``) it took.
@@ -222,10 +249,11 @@ def _input_tensor(
         data = item.get("data")
         if data is None:
             raise InputError(f"inputs[{i}] has neither 'data' nor binary_data_size")
-        arr = _json_tensor(data, dtype_name, i)
+        label = f"inputs[{i}] '{shown(name)}'"
+        arr = _json_tensor(data, dtype_name, label, bools)
         if arr.size != count:
             raise InputError(
-                f"inputs[{i}]: {arr.size} values do not fill shape {shape}",
+                f"{label}: {arr.size} values do not fill shape {shape} of {dtype_name}",
                 hint="data holds the tensor flattened in row-major order",
             )
     try:
@@ -246,7 +274,8 @@ def decode_request(
 
     Every malformed request is an :class:`InputError` (what a server answers 400 to): the
     JSON, each field's type, shapes of whole numbers, data that fills the shape with values
-    its datatype holds, and binary parts whose ``binary_data_size`` is exactly what the
+    of its datatype (``true``/``false`` for ``BOOL`` only, whole numbers for integer types,
+    in range), and binary parts whose ``binary_data_size`` is exactly what the
     declared shape needs and that together fill the bytes after the JSON header.
 
     Args:
@@ -273,9 +302,10 @@ def decode_request(
     _check_head(doc)
     tensors: list[tuple[str, np.ndarray]] = []
     offset = 0
+    bools = b"true" in head_bytes or b"false" in head_bytes  # a scan for them only then
     for i, item in enumerate(doc["inputs"]):
         name, arr, used = _input_tensor(
-            item, i, blob, offset, max_elements=max_elements, limit_hint=limit_hint
+            item, i, blob, offset, max_elements=max_elements, limit_hint=limit_hint, bools=bools
         )
         offset += used
         tensors.append((name, arr))
