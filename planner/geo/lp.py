@@ -1,20 +1,11 @@
 """Linear programs of geographical load balancing, built straight into HiGHS (highspy).
 
-Why highspy and not pulp: the offline problem has tens of thousands of variables with at
-most four matrix entries each; pulp builds it as Python expression objects (seconds of
-model building for about 0.03 s of HiGHS time on the reference case), while the arrays
-below build the column-wise matrix with a few numpy operations. scipy's
-``linprog(method="highs")`` calls the same solver but copies and converts the model on
-every call and cannot warm-start, which the online per-step problem with routes needs.
-
-The structure that keeps the problems small:
-
-- flows are per *gateway class* (gateways with the same allowed sites are interchangeable:
-  their summed demand is served by one set of flow variables and split back in proportion
-  to demand); with every route allowed there is one class, the flow of an edge is the
-  site's load, capacity becomes a variable bound and no capacity row is needed;
-- the minimax terms ``max_s sum_t carbon[t,s]`` use one epigraph variable per resource
-  (``Z >= sum_t b[t,s] x[t,s]`` for every site), not a max per step.
+The offline problem has tens of thousands of variables with at most four matrix entries
+each: numpy arrays build the column-wise matrix in a few operations where pulp would spend
+seconds on expression objects, and unlike scipy's ``linprog`` highspy can warm-start the
+online per-step problem. The problems stay small because flows are per *gateway class*
+(gateways with the same allowed sites are interchangeable) and the minimax terms use one
+epigraph variable per resource; see docs/models.md ("Geographical load balancing LPs").
 """
 
 from __future__ import annotations
@@ -155,21 +146,13 @@ def solve_flow_lp(
 ) -> LPResult:
     """Minimise sum cost x + mu_c max_s(past_c + sum b x) + mu_w max_s(past_w + sum q x).
 
-    Args:
-        net: the gateway classes and edges.
-        cost, cap, carbon, water: ``[H, S]`` per-MW cost (USD), capacity (MW), carbon (kg)
-            and water (L) of each step and site.
-        demand: ``[H, K]`` class loads (MW).
-        mu_carbon, mu_water: prices of the largest site's carbon (USD/kg) and water (USD/L);
-            0 drops the term.
-        past_carbon, past_water: ``[S]`` footprints already spent (receding horizon).
-        options: HiGHS options for this solve.
-        edge_cost: ``[H, E]`` costs per edge instead of ``cost`` per site (nearest).
+    ``cost``, ``cap``, ``carbon``, ``water`` are ``[H, S]`` per-MW cost (USD), capacity (MW),
+    carbon (kg) and water (L) per step and site; ``demand`` is ``[H, K]`` class loads (MW);
+    ``mu_*`` price the largest site's carbon (USD/kg) and water (USD/L), 0 dropping the term;
+    ``past_*`` are ``[S]`` footprints already spent; ``edge_cost`` (``[H, E]``) replaces ``cost``.
 
     Returns:
-        The optimal edge flows; ``status`` is HiGHS's model status, ``Optimal`` or an
-        infeasible one. The flows are meaningless unless the status is ``Optimal``.
-
+        The edge flows, meaningful only when ``status`` (HiGHS's model status) is ``Optimal``.
     Raises:
         GreenctlError: HiGHS failed (any other status; exit 1, not an infeasible plan).
     """
@@ -378,19 +361,14 @@ def solve_site_lp(
     warm: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> LPResult:
-    """The same problem as :func:`solve_flow_lp` over ``[H, S]`` site loads.
+    """The same problem as :func:`solve_flow_lp` over ``[H, S]`` site loads (fewer variables).
 
-    Gateways are interchangeable within what the routes allow, so flows are replaced by
-    site loads with one ``sum y = load`` row per step and one Hall cut row per step and
-    union (``cuts`` from :func:`hall_cuts`; none with every route allowed). With every
-    route allowed that is ``H x S`` variables instead of ``H x G x S``. ``LPResult.flow``
-    holds the ``[H, S]`` site loads; :func:`recover_flows` turns them into edge flows.
-
-    ``terms`` (or its fields as keywords, which win over it): :class:`SiteTerms`. With
-    ``relative_energy`` the variables become ``z[t, s, m]`` (load served by variant m, in
-    reference MW), a site's power ``sum_m rho_m z`` must fit its capacity, and
-    ``LPResult.variant_load`` holds ``z``. ``warm``: a dict the solver and basis are kept
-    in between calls on windows of one shape (a receding horizon).
+    Flows become site loads with a ``sum y = load`` row and one Hall cut row per step and union
+    (``cuts`` from :func:`hall_cuts`); :func:`recover_flows` turns ``LPResult.flow`` back into
+    edge flows. ``terms`` (:class:`SiteTerms`; its fields as keywords win). With
+    ``relative_energy`` the variables are ``z[t, s, m]`` (load served by variant m, reference
+    MW), a site's power ``sum_m rho_m z`` fits its capacity and ``LPResult.variant_load`` holds
+    ``z``. ``warm`` keeps the solver and basis between calls on windows of one shape.
 
     Raises:
         GreenctlError: HiGHS failed (neither optimal nor infeasible; exit 1).

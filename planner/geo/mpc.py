@@ -51,20 +51,17 @@ def mpc_step(
     cuts: list[tuple[np.ndarray, np.ndarray]] | None,
     warm: dict[str, Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, float, OnlineState]:
-    """One step of eglb-mpc at step ``state.slot + 1``: the eGLB LP over the next
-    ``horizon`` steps (forecast from ``problem``'s traces, see :func:`solve_mpc`), counting
-    the footprint already spent, and its first step applied.
+    """One step of eglb-mpc: the eGLB LP over the next ``horizon`` steps, its first step applied.
 
-    Args:
-        warm: the window LP kept warm across steps by the caller (None: one started from the
-            state's stored basis, and the new basis stored in the returned state).
+    The window is forecast from ``problem``'s traces (:func:`solve_mpc`) and counts the footprint
+    already spent. ``warm`` is the window LP kept warm by the caller (None: one started from the
+    state's stored basis, the new basis stored in the returned state).
 
     Returns:
         (``[S]`` site loads, ``[S, M]`` variant loads or None, LP seconds, the new state).
-
     Raises:
-        InputError: variants with too many route sets. InfeasiblePlan: the window cannot
-        be served.
+        InputError: variants with too many route sets.
+        InfeasiblePlan: the window cannot be served.
     """
     t = state.slot + 1
     T, S = problem.capacity_mw.shape

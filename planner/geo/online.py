@@ -153,22 +153,13 @@ def online_step(
     demand: np.ndarray,
     step_lp: StepLP | None = None,
 ) -> tuple[np.ndarray | None, OnlineState]:
-    """One step of eglb (online dual mirror descent, Euclidean mirror map, gamma >= 0):
+    """One step of eglb: online dual mirror descent (Euclidean mirror map, duals gamma >= 0).
 
-      1. allocate with prices ``a_t + gamma_c mu_c b_t + gamma_w mu_w q_t``;
-      2. auxiliary targets ``z = argmin max z_c + max z_w - gamma . z`` on ``[0, z_max]``;
-      3. ``gamma <- max(0, gamma + eta (B_t x_t - z))`` with ``B_t x_t`` the step's
-         mu-weighted per-site footprints (USD).
-
-    ``z_max`` is each site's largest possible per-step weighted footprint seen so far
-    (``mu x capacity x intensity``, a running maximum) unless ``--z-max`` fixes it.
-
-    Args:
-        state: the state after the previous step (:func:`online_init` before the first).
-        cost, carbon, water, cap: ``[S]`` per-MW cost (USD), carbon (kg), water (L) and
-            capacity (MW) of this step; demand: ``[K]`` class loads (MW).
-        step_lp: the routed step LP kept warm across steps (None: one built from the
-            state's basis).
+    Allocates with dual-adjusted prices, sets auxiliary footprint targets ``z`` on
+    ``[0, z_max]`` and moves gamma by the step's mu-weighted per-site footprints; the update is
+    in docs/models.md ("Online eGLB"). ``cost``, ``carbon``, ``water``, ``cap`` are this step's
+    ``[S]`` per-MW figures, ``demand`` the ``[K]`` class loads (MW); ``step_lp`` is the routed
+    step LP kept warm (None: built from the state's basis).
 
     Returns:
         The edge flows ``[E]`` (None: the step is infeasible) and the state after the step
@@ -265,17 +256,13 @@ def online_step_variants(
     demand: np.ndarray,
     warm: dict[str, Any] | None = None,
 ) -> tuple[np.ndarray | None, OnlineState]:
-    """One step of eglb with heterogeneous models: :func:`online_step`'s dual mirror
-    descent, the allocation a small LP over sites x variants (:func:`solve_site_lp`) with the
-    dual-adjusted prices, its capacity in power and the accuracy constraint carried over from
-    the past (the step may fall below ``--min-accuracy`` only by the surplus banked so far,
-    ``state.accuracy_surplus``), so the horizon's load-weighted mean accuracy meets it. The
-    duals move with the step's power (``sum_m rho_m z``), not its request load.
+    """One step of eglb with heterogeneous models: :func:`online_step` over sites x variants.
 
-    Args:
-        cuts: the network's Hall cuts (:func:`hall_cuts`; ``[]`` with every route).
-        warm: the site LP kept warm across steps by the caller (None: one started from the
-            state's stored basis, and the new basis stored in the returned state).
+    The allocation is a small LP (:func:`solve_site_lp`) with the dual-adjusted prices and
+    capacity in power; a step may fall below ``--min-accuracy`` only by the surplus banked so
+    far (``state.accuracy_surplus``), so the horizon's load-weighted mean accuracy meets it. The
+    duals move with the step's power, not its request load. ``cuts``: the Hall cuts; ``warm``:
+    the site LP kept warm (None: started from the state's stored basis).
 
     Returns:
         The ``[S, M]`` variant loads (reference MW; None: the step is infeasible) and the

@@ -103,14 +103,12 @@ def online_replan(
     slot: int,
     state: OnlineState | None = None,
 ) -> OnlineStep:
-    """eGLB's online decision for step ``slot`` from ``state`` (the state after an earlier
-    step, as a previous call returned it): the steps after ``state.slot`` up to ``slot``
-    (one when it is the previous slot's), on ``problem``'s newest traces. Without a usable
-    state (None, another algorithm, or one at or past ``slot``) the state is rebuilt by
-    the same algorithm over steps ``0 .. slot - 1``, so on unchanged traces the slot's
-    allocation is the whole-horizon solve's. Plans with heterogeneous models (``variants``)
-    step the same way (:func:`online_step_variants`; the state carries the accuracy surplus
-    and the site LP's basis).
+    """eGLB's online decision for step ``slot``, continuing from ``state`` (a previous call's).
+
+    Steps on from ``state.slot`` to ``slot`` on ``problem``'s newest traces. Without a usable
+    state (None, another algorithm, or one at or past ``slot``) it is rebuilt over steps
+    ``0 .. slot - 1``, so on unchanged traces the allocation is the whole-horizon solve's.
+    With ``variants`` it steps by :func:`online_step_variants`.
 
     Raises:
         InputError: not an online algorithm, or a slot the traces do not cover.
@@ -347,14 +345,12 @@ class GeoRunOptions:
 def run_geo(problem: GeoProblem, options: GeoRunOptions | None = None, **kwargs: Any) -> GeoRun:
     """Plan geographical load balancing with one algorithm, or ``all`` of them.
 
-    ``options`` (or its fields as keywords, which win over it): :class:`GeoRunOptions`.
-    With ``variants`` sites list ``variant_load_mwh`` and the summary ``accuracy_mean``;
-    deployments are one per site and variant that serves load.
+    ``options`` (:class:`GeoRunOptions`; its fields as keywords win). With ``variants`` sites
+    list ``variant_load_mwh``, the summary ``accuracy_mean``, one deployment per site and variant.
 
     Returns:
         The ``geo`` plan (``sites``, ``summary`` and, with ``all``, ``algorithms`` in
         ``plan.extra``; one deployment per site) and each algorithm's solution.
-
     Raises:
         InputError: bad options. InfeasiblePlan: a step that cannot be served.
     """
