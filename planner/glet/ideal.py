@@ -1,16 +1,11 @@
 """``--algorithm ideal``: exhaustive search over partition combinations of up to 4 GPUs.
 
-Depth-first branch and bound over every way of building the schedule model by model: each
-model's rate is placed in chunks, a chunk either filling a glet to its capacity or holding
-the rest of the model's rate, on any existing glet (time sharing, if the duty-cycle rule
-holds), any empty glet, or a newly opened GPU split in any allowed way (p and
-capacity - p, or whole). Symmetric choices (identical empty GPUs, identical empty glets)
-are explored once. The search starts from glet's schedule as the incumbent and looks for
-one with fewer GPUs, so ``ideal`` is never worse than ``glet`` (when glet needs more than
-4 GPUs, ideal searches 4 and otherwise keeps glet's schedule); a lower bound from each
-model's best throughput per GPU share prunes branches that cannot fit. A node budget
-keeps pathological inputs bounded (``Compiled.ideal_exhaustive`` says whether the search
-completed).
+Depth-first branch and bound placing each model's rate in chunks on existing glets (time
+sharing), empty glets or a newly split GPU, with symmetric choices explored once. It starts
+from glet's schedule as the incumbent, so ``ideal`` is never worse than ``glet``; a lower
+bound from each model's best throughput per GPU share prunes, and a node budget bounds
+pathological inputs (``Compiled.ideal_exhaustive`` says whether the search completed).
+The search is described in docs/models.md ("The ideal glet search").
 """
 
 from __future__ import annotations

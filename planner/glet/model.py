@@ -54,23 +54,14 @@ class GletProblem:
     """Everything ``plan_glet`` needs; plain data, no store.
 
     Attributes:
-        models: the models with rate and SLO.
-        latency_ms: ``{variant: {resource: {batch: latency_ms}}}`` (solo, batch latency).
+        latency_ms, memory_mb: ``{variant: {resource: {batch: ...}}}``: solo batch latency (ms)
+            and one executor's peak GPU memory (MiB); ``weights_mb`` bounds unprofiled batches.
         partitions: resource labels a glet may have, all ``mps:*`` or all ``mig:*``.
-        max_gpus: GPUs available.
-        rate_percentile: a glet's batches must hold this Poisson upper percentile of the
-            arrivals in one duty cycle (0: just the mean, ``rate x cycle <= batch``).
-        interference: the fitted interference model, or None for no interference.
-        utilisation: ``{(variant, batch, mps_percent): (l2_pct, dram_pct)}``.
-        rate_headroom: pack every model at ``rate x (1 + rate_headroom)`` (0: at its rate);
-            the plan still records, routes and predicts the models' own rates. ``replan``
-            plans with it, so a new layout has room before the next forced change.
-        memory_mb: ``{variant: {resource: {batch: MiB}}}``, the profiles' peak GPU memory
-            of one executor at that batch.
-        weights_mb: ``{variant: MiB}``: a variant's weights, for a batch without a profiled
-            memory (a lower bound).
-        gpu_memory_mb: each GPU's memory; every executor on one GPU (its glets' models, one
-            each, with ``executor_overhead_mb``) must fit it. None: not checked.
+        rate_percentile: the Poisson percentile of one cycle's arrivals a batch holds (0: mean).
+        interference, utilisation: the fitted interference model (None: none) and its inputs.
+        rate_headroom: pack every model at ``rate x (1 + rate_headroom)`` so a replanned layout
+            has room; plans still record the models' own rates.
+        gpu_memory_mb: each GPU's memory all its executors must fit (None: not checked).
     """
 
     models: list[GletModel]

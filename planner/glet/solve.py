@@ -1,17 +1,12 @@
 """``plan glet``: spatio-temporal GPU sharing for many heterogeneous models (gpulet, ATC'22).
 
-A GPU is whole or split into two glets of ``p`` and ``capacity - p`` (MPS percentages or MIG
-slices); each glet serves one model or several that time-share it in a duty cycle ``d``.
-SLO check (every algorithm): each model's batch ``b_i`` holds the ``rate_percentile``
-(default 99) of ``Poisson(r_i d)`` arrivals, the cycle runs every batch once
-(``sum_i L_i(b_i) <= d``), and ``d + L_i(b_i) <= SLO_i``; ``L_i`` is the profiled latency
-times the interference factor of the other glet (none under MIG). Every placement
-re-checks both glets of its GPU, so none breaks an earlier one.
-Algorithms (``algorithm=``): ``glet`` (gpulet's elastic partitioning over the orders of
-``GLET_PORTFOLIO``, then consolidated; never more GPUs than ``sbp`` or ``greedy``), ``sbp``
-(Nexus squishy bin packing on whole GPUs), ``greedy`` (best fit without time sharing),
-``ideal`` (exhaustive up to 4 GPUs, :mod:`greenctl.planner.glet.ideal`).
-See docs/plan.md ("plan glet").
+A GPU is whole or split into two glets (MPS percentages or MIG slices); each glet serves one
+model, or several time-sharing it in a duty cycle ``d``. Every algorithm checks each model's
+SLO (batch holds the cycle's arrivals, the cycle runs every batch once, ``d + L_i <= SLO_i``
+with interference from the other glet), re-checking both glets of a GPU on every placement.
+Algorithms: ``glet`` (elastic partitioning, never more GPUs than ``sbp`` or ``greedy``),
+``sbp`` (Nexus squishy bin packing), ``greedy`` (best fit, no time sharing) and ``ideal``
+(:mod:`greenctl.planner.glet.ideal`). See docs/plan.md ("plan glet") and docs/models.md.
 """
 
 from __future__ import annotations
@@ -651,23 +646,15 @@ def plan_glet(
 ) -> Plan:
     """Plan spatio-temporal sharing of GPUs for ``problem`` with ``algorithm``.
 
-    With ``current_gpus`` (the running plan's ``gpus``, when replanning) the new schedule's
-    GPUs are numbered after the running ones (:func:`~greenctl.planner.glet.moves.align_gpus`),
-    so the glets that stay keep running where they are.
+    With ``current_gpus`` (when replanning) new GPUs are numbered after the running ones
+    (:func:`~greenctl.planner.glet.moves.align_gpus`), so glets that stay keep running in place.
 
     Returns:
-        A ``kind: "glet"`` plan: ``gpus`` (per GPU its glets and their models),
-        ``deployments`` (whose ``model`` is the variant's family, ``GletModel.family``; one
-        per variant, partition, batch and duty cycle, ``placement`` holding each instance's
-        GPU in ``gpus`` and the glet's ``duty_cycle_ms``, which ``simulate`` batches with) and
-        ``predicted`` with ``gpus`` and ``per_model``. With
-        ``simulate_s > 0`` each ``per_model`` entry also carries the p99 latency and SLO
-        violation share of a Poisson simulation of the time-shared cycles (``seed``).
-
+        A ``kind: "glet"`` plan: ``gpus``, ``deployments`` (``placement`` holds each instance's
+        GPU and ``duty_cycle_ms``) and ``predicted``; ``simulate_s > 0`` adds simulated p99s.
     Raises:
-        InputError: bad problem (unknown algorithm, missing profiles, ...).
-        InfeasiblePlan: a model cannot meet its SLO even alone on a whole GPU (named), or
-            the load needs more than ``max_gpus`` GPUs.
+        InputError: bad problem. InfeasiblePlan: a model misses its SLO alone on a whole GPU,
+        or the load needs more than ``max_gpus`` GPUs.
     """
     if algorithm not in ALGORITHMS:
         raise InputError(
