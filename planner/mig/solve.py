@@ -1,17 +1,13 @@
-"""``plan mig``: carbon-aware MIG layouts with mixed-quality variants (Clover), solved exactly.
+"""``plan mig``: carbon-aware MIG layouts with mixed-quality variants (Clover, SC'23), solved exactly.
 
-``N`` GPUs of one model, each cut into MIG instances (a *layout*) that each host one
-variant of a family (Clover, SC'23), serve a Poisson rate under a p95 SLA. Maximise
-``lambda * dCarbon + (1 - lambda) * dAccuracy`` (percentage points against BASE, the most
-accurate variant on every whole GPU; the SLA defaults to BASE's p95). Only the count of
-GPUs per slice multiset and of instances per (variant, profile) pair matter, so a
-configuration's size does not depend on ``N`` (:mod:`greenctl.planner.mig.exact`);
-placement is rebuilt by :func:`assign_gpus`. Serving model shared by every solver: quota
-dispatch to per-instance M/G/1 queues (:mod:`greenctl.planner.core.queueing`), the SLA
-linearised as each instance's capacity at the SLA (within ``CAPACITY_TOL``), the winner
-verified by the mixture p95 and the simulator. Energy per request counts the whole GPUs'
-idle power, so instance-summing evaluations add
-:func:`~greenctl.planner.core.evaluate.spare_idle_w`. See docs/plan.md ("plan mig").
+``N`` GPUs, each cut into MIG instances (a *layout*) hosting one variant of a family each,
+serve a Poisson rate under a p95 SLA, maximising ``lambda * dCarbon + (1 - lambda) *
+dAccuracy`` against BASE (the most accurate variant on every whole GPU). Only counts per
+slice multiset and per (variant, profile) matter, so the problem's size does not depend on
+``N`` (:mod:`greenctl.planner.mig.exact`); :func:`assign_gpus` rebuilds placement. Every
+solver shares the serving model (quota dispatch to M/G/1 queues, the SLA as each instance's
+capacity), the winner verified by the mixture p95 and the simulator. Energy counts the whole
+GPUs' idle power (:func:`~greenctl.planner.core.evaluate.spare_idle_w`). See docs/plan.md.
 """
 
 from __future__ import annotations
@@ -112,20 +108,15 @@ def plan_mig(
 ) -> Plan:
     """Plan MIG layouts and variants for one GPU model and one family.
 
-    Args:
-        problem: the inputs (:func:`build_problem`).
-        solver: ``exact`` (ILP), ``anneal`` (Clover's graph annealing) or ``random``.
-        baseline: when ``base`` or ``co2opt``, emit that baseline's configuration instead.
-        current: a previous MIG plan: warm start for ``anneal``; GPUs keep their layout
-            where it is still wanted.
-        time_limit_s: solver time limit.
-        seed: random seed of ``anneal``/``random``.
-        verify: check the winner with the queueing model's per-instance p95 and the
-            simulator; tighten the capacity SLA and re-solve if they disagree (exact only).
-        require_feasible: raise InfeasiblePlan when no configuration meets the SLA.
+    ``solver``: ``exact`` (ILP), ``anneal`` (Clover's graph annealing, seeded by ``seed``) or
+    ``random``; ``baseline`` (``base`` or ``co2opt``) emits that baseline instead. ``current``,
+    a previous MIG plan, warm-starts ``anneal`` and keeps GPUs' layouts still wanted. ``verify``
+    checks the winner with the per-instance p95 and the simulator, tightening the capacity SLA
+    and re-solving if they disagree (exact only).
 
     Raises:
-        InputError: bad options; InfeasiblePlan: nothing meets the SLA (and floor).
+        InputError: bad options.
+        InfeasiblePlan: nothing meets the SLA (and floor), with ``require_feasible``.
     """
     check_solver_options(solver, baseline, time_limit_s)
     t0 = time.perf_counter()
