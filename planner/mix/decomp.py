@@ -1,17 +1,13 @@
 """Exact Lagrangian decomposition of ``plan mix`` for many families sharing budgets.
 
-The joint ILP couples families only through the shared budget rows. With budget prices
-``lambda >= 0``, every plan within ``Delta`` of the incumbent has each family within
-``Delta`` of its own priced optimum ``z_f``. So an exact per-family branch and bound lists
-all such plans (canonical: quotas fill options by ascending quota cost), and a small master
-MILP (one plan per family, the shared rows) picks the best combination: globally exact.
-Prices come from column generation over the plans found; ``Delta`` widens from
-:data:`FIRST_WINDOW` until the proof closes. Families over :data:`MAX_NODES` or
-:data:`MAX_PLANS` enter the master with their full ILP rows. Objectives are scaled by the
-optimum's magnitude (carbon per request is ~1e-5 g, below HiGHS's tolerances).
-Applies to ``strategy="ilp"`` with several families; when it gives up (over
-:data:`BUDGET_S`, no proof) the caller runs the joint ILP warm-started with its best plan.
-The derivation is in docs/plan.md ("plan mix").
+The joint ILP couples families only through the shared budget rows: with budget prices,
+every plan within ``Delta`` of the incumbent has each family within ``Delta`` of its own
+priced optimum, so a per-family branch and bound lists those plans and a small master MILP
+picks the best combination, globally exact. Applies to ``strategy="ilp"`` with several
+families; when it gives up (over :data:`BUDGET_S`, no proof) the caller runs the joint ILP
+warm-started with its best plan. Objectives are scaled by the optimum's magnitude (carbon
+per request is ~1e-5 g, below HiGHS's tolerances). The derivation is in docs/plan.md
+("plan mix") and docs/models.md ("Decomposing plan mix").
 """
 
 from __future__ import annotations
@@ -148,19 +144,10 @@ def solve_decomposed(
 ) -> tuple[Allocation, dict[str, Any]] | Fallback:
     """Solve ``problem`` exactly by Lagrangian decomposition, or say why it gives up.
 
-    1. Prices: the LP relaxation's budget duals, refined by column generation (the LP over
-       the per-family plans found so far gives new prices, the exact per-family search at
-       those prices new plans and a valid bound ``LD``) until the prices are optimal for
-       the Lagrangian dual or the bound meets the best plan over the pool.
-    2. Proof: at the best prices, every plan within ``Delta = INC - LD`` of each family's
-       priced optimum enters a master MILP over the shared budgets (``INC``: the best plan
-       over the pool; the widening rounds of the module docstring when there is none).
-
-    Families whose enumeration passes :data:`MAX_NODES` or :data:`MAX_PLANS` ("hard") enter
-    the master with their full ILP formulation instead of a list of plans, and their
-    ``z_f`` is replaced by the dual bound of their priced ILP (a valid lower bound), which
-    keeps the argument exact. Objectives with a tie-break (accuracy and carbon: cheapest
-    among optimal plans; cost: most accurate) solve the master twice, as the joint ILP does.
+    Prices come from the LP relaxation's budget duals refined by column generation; then every
+    plan within ``Delta = INC - LD`` of each family's priced optimum enters a master MILP over
+    the shared budgets. "Hard" families (over :data:`MAX_NODES` or :data:`MAX_PLANS`) enter
+    with their full ILP rows, keeping the argument exact (docs/models.md).
 
     Returns:
         (allocation, solver info) with ``status`` ``optimal`` (proven gap <= MIP_REL_GAP) or

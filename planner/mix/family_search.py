@@ -81,14 +81,9 @@ def family_plans(
     """All plans of one family with priced cost within ``window`` of the priced optimum.
 
     Kept whole: the branch and bound's hot loop, whose closures share its bounds and state.
-
     The priced cost is ``cost + lambda . use + mu x second`` (``mu`` prices the tie-break
-    stage's row on the primary objective, which is then the plans' ``second``); with
-    ``mu > 0`` plans of one budget use but different ``second`` are all kept.
-
-    Args:
-        upper: the priced cost of a plan known to exist (prunes from the first node).
-        floor: the family's accuracy floor (quota-weighted mean accuracy >= floor).
+    stage's row); ``upper`` is the priced cost of a known plan (prunes from the first node),
+    ``floor`` the family's accuracy floor.
 
     Returns:
         (z, plans, nodes): the priced optimum ``z`` (cost + lambda . use) and, per distinct
@@ -295,18 +290,10 @@ def grouped_optimum(
     """A family's priced optimum searched per variant (None: it does not apply here).
 
     Kept whole: one dynamic programme over the variants' frontiers, its states in locals.
-
-    Applies when every option of a variant has the same quota cost (``accuracy`` and
-    ``cost``: quotas cost by accuracy alone) and instance costs are >= 0. Quotas then fill
-    variants in ascending quota cost (most accurate first among ties), and what a variant
-    contributes is only its capacity ``C`` (capped at the load), its priced instance cost
-    and its use. Per variant the count vectors over its sizes reduce to the Pareto frontier
-    of (more capacity, less cost): a plan with a dominated vector is never better, since
-    more capacity of an earlier variant serves more of the load at a quota cost and floor
-    slack at least as good. Use is left out of the frontier only when every combination of
-    frontier points fits the budgets (else None). A depth-first branch and bound over the
-    variants (a frontier point each, the marginal one the cheapest covering the rest) with
-    :func:`family_plans`'s bounds gives the same optimum ``z`` with far fewer nodes.
+    Applies when every option of a variant has the same quota cost and instance costs are
+    >= 0: then each variant reduces to the Pareto frontier of (more capacity, less cost) and a
+    branch and bound over frontier points gives :func:`family_plans`'s optimum with far fewer
+    nodes (the argument is in docs/models.md, "Decomposing plan mix").
 
     Returns:
         (z, [one optimal plan], nodes) as :func:`family_plans` with ``window=0``.

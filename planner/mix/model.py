@@ -814,17 +814,12 @@ def _greedy_options(
 def greedy(problem: MixProblem, terms: Terms) -> Allocation:
     """INFaaS-style replicate-or-upgrade heuristic.
 
-    1. Feasibility first: every family is served by its most budget-efficient option
-       (most capacity per share of the budgets; the cheapest per req/s without budgets).
-    2. Then family by family (largest load first), with the budget that family holds plus
-       what is left in the pool, variants are tried in the objective's order of preference
-       (most accurate first for accuracy/balanced, cheapest per request for cost, lowest
-       energy per request of a full instance, idle power included, for carbon) among those
-       meeting the accuracy floor on their own. Each step replicates (adds an instance of a
-       small option) or upgrades (one instance of a larger option), whichever serves the
-       remaining load at the lower cost (for carbon: the lower carbon, the objective's own
-       terms) per useful req/s, and is taken only if the rest of the family's load still
-       fits on its efficient option; otherwise the rest downgrades to the next variant.
+    First every family is served by its most budget-efficient option (feasibility). Then,
+    family by family (largest load first), variants are tried in the objective's order of
+    preference among those meeting the accuracy floor: each step replicates a small option or
+    upgrades to a larger one, whichever serves the remaining load at the lower objective cost
+    per useful req/s, if the rest still fits its efficient option; else the rest downgrades to
+    the next variant. Details in docs/models.md ("The greedy mix heuristic").
     """
     budgets = problem.budgets
     scale = {k: 1.0 / b if b > 0 else 0.0 for k, b in budgets.items()}

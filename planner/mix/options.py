@@ -76,19 +76,17 @@ def _capacity_from_latency(
     res: Resource | None = None,
     sizes: Mapping[int, Profile] | None = None,
 ) -> tuple[float, float, str]:
-    """Capacity (rps) of one instance at the SLO derived from its latency profile.
+    """Capacity (rps) of one instance at the SLO, from its latency profile.
 
-    The evaluation core's queueing model: ``capacity_at_slo`` (one G/G/1 server, batch 1)
-    or ``batch_capacity_at_slo`` (an executor batching dynamically, its service model built
-    from the rows of every measured batch size up to ``p.batch``, ``sizes``:
-    :func:`greenctl.planner.core.service.batch_service`). A served CPU instance's service is
-    longer (:func:`served_service_of`); a GPU, MIG or MPS instance with executor CPU measured
-    on its resource has its executor front in series (``evaluate.front_cpu_ms``): at most
-    ``1000 / executor_cpu_ms`` req/s, and its wait counts in the latency.
+    The evaluation core's queueing model: ``capacity_at_slo`` (batch 1) or
+    ``batch_capacity_at_slo`` (dynamic batching, its service built from the measured batch
+    ``sizes`` up to ``p.batch``). A served CPU instance's service is longer
+    (:func:`served_service_of`); an accelerator with measured executor CPU has its front in
+    series (at most ``1000 / executor_cpu_ms`` req/s, its wait counted).
 
     Returns:
-        (capacity_rps, latency at quantile ``q`` in ms: the service's, or for a batching
-        instance a lone request's (its wait for the batch to fill included), source)
+        (capacity_rps, latency at quantile ``q`` in ms: the service's, or a lone request's for
+        a batching instance, source)
     """
     from greenctl.planner.core.evaluate import front_cpu_ms
     from greenctl.planner.core.queueing import batch_capacity_at_slo, capacity_at_slo, dynamic_batch

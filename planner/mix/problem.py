@@ -51,17 +51,13 @@ def build_mix_problem(
     *,
     serving: Mapping[str, ServingPath | Sequence[float]] | None = None,
 ) -> MixProblem:
-    """Build a :class:`MixProblem` from a request document, variants and profiles.
+    """Build a :class:`MixProblem` from a request (typed, or the plan's validated ``request`` dict).
 
-    Args:
-        request: the typed request, or the plan's ``request`` dict (validated here).
-        variants: the variants of (at least) the requested families.
-        profiles: their latest profiles; several rows of one (variant, resource, batch)
-            may differ in ``capacity_rps``/``capacity_slo_ms`` (load tests at several SLOs).
-        serving: the measured serving path per variant or family (``"*"``: all), an
-            ``evaluate.ServingPath`` or overhead samples in ms: options from latency profiles
-            must meet the SLO less its percentile, and it is added to the predicted
-            latencies of the finished plan.
+    ``profiles`` are the latest of the variants; rows of one (variant, resource, batch) may
+    differ in ``capacity_rps``/``capacity_slo_ms`` (load tests at several SLOs). ``serving`` is
+    the measured serving path per variant or family (``"*"``: all): options from latency
+    profiles must meet the SLO less its percentile, and it is added to the plan's predicted
+    latencies.
 
     Raises:
         InputError / NotFoundError: unknown family, bad numbers, a budget for a resource

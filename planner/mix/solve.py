@@ -1,17 +1,13 @@
 """``plan mix``: choose variants, their resources, counts and request quotas (InfAdapter/INFaaS).
 
 Pure planning: a :class:`MixProblem` in (from :func:`build_mix_problem` on the plan's
-``request`` dict, so ``replan`` can redo a plan), a :class:`greenctl.data.plan.Plan` out.
-One ILP for every family with shared budgets: integer instances ``n_o`` and quotas
-``q_o <= capacity_o x n_o`` per option (variant, resource, batch) covering each family's
-load with headroom, under budgets and an optional accuracy floor; objectives ``accuracy``,
-``cost``, ``carbon`` (the evaluation core's energy accounting, so the carbon minimised is
-the carbon reported) and ``balanced``. Dominated options are pruned and counts bounded;
-HiGHS solves it (or CBC through pulp), several families first by the exact decomposition
-of :mod:`greenctl.planner.mix.decomp`. This module holds the strategies, re-pricing and
-infeasibility diagnosis, and re-exports the public names of its siblings
-(:mod:`~greenctl.planner.mix.problem`, :mod:`~greenctl.planner.mix.options`,
-:mod:`~greenctl.planner.mix.model`, :mod:`~greenctl.planner.mix.document`). See docs/plan.md.
+``request``, so ``replan`` can redo a plan), a :class:`greenctl.data.plan.Plan` out. One ILP
+for every family: integer instances and quotas ``q_o <= capacity_o x n_o`` per option
+covering each family's load, under shared budgets and an accuracy floor; objectives
+``accuracy``, ``cost``, ``carbon`` (the evaluation core's accounting, so the carbon
+minimised is the carbon reported) and ``balanced``. HiGHS or CBC solves it, several families
+first by :mod:`greenctl.planner.mix.decomp`. Holds the strategies, re-pricing and
+infeasibility diagnosis, re-exporting its siblings' public names. See docs/plan.md.
 """
 
 from __future__ import annotations
@@ -398,22 +394,15 @@ def plan_mix(
 ) -> Plan:
     """Plan deployments and quotas for ``problem``.
 
-    Args:
-        problem: from :func:`build_mix_problem`.
-        strategy: ``ilp`` (exact), ``greedy`` (INFaaS replicate-or-upgrade) or ``single``
-            (the best plan that serves each family with one variant; exact).
-        solver: ``highs`` (default) or ``cbc``.
-        time_limit_s: stop the solver after this long and return the best plan found with
-            its proven gap (``plan.extra["solver"]["status"] == "time_limit"``).
+    ``strategy``: ``ilp`` (exact), ``greedy`` (INFaaS replicate-or-upgrade) or ``single`` (the
+    best one-variant-per-family plan; exact); ``solver``: ``highs`` or ``cbc``;
+    ``time_limit_s`` returns the best plan found with its gap (status ``time_limit``).
 
     Returns:
         A ``kind="mix"`` plan; ``extra["solver"]`` has status, gap and solve time,
         ``extra["actions"]`` the scaling actions when ``problem.current`` is set.
-
     Raises:
-        InputError: unknown strategy or solver, or ``cbc`` without CBC installed.
-        InfeasiblePlan: naming the binding constraint and the closest feasible alternative.
-        GreenctlError: the solver failed (exit 1; see :mod:`greenctl.planner.core.solvers`).
+        InputError, InfeasiblePlan (naming the binding constraint), GreenctlError (exit 1).
     """
     if strategy not in STRATEGIES:
         raise InputError(f"unknown strategy {strategy!r}", hint="use ilp, greedy or single")
