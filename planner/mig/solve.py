@@ -1,13 +1,13 @@
-"""``plan mig``: carbon-aware MIG layouts with mixed-quality variants (Clover, SC'23), solved exactly.
+"""``plan mig``: carbon-aware MIG layouts with mixed-quality variants (Clover, SC'23).
 
 ``N`` GPUs, each cut into MIG instances (a *layout*) hosting one variant of a family each,
 serve a Poisson rate under a p95 SLA, maximising ``lambda * dCarbon + (1 - lambda) *
-dAccuracy`` against BASE (the most accurate variant on every whole GPU). Only counts per
-slice multiset and per (variant, profile) matter, so the problem's size does not depend on
-``N`` (:mod:`greenctl.planner.mig.exact`); :func:`assign_gpus` rebuilds placement. Every
-solver shares the serving model (quota dispatch to M/G/1 queues, the SLA as each instance's
-capacity), the winner verified by the mixture p95 and the simulator. Energy counts the whole
-GPUs' idle power (:func:`~greenctl.planner.core.evaluate.spare_idle_w`). See docs/plan.md.
+dAccuracy`` against BASE (the most accurate variant on every whole GPU), solved exactly.
+Only counts per slice multiset and per (variant, profile) matter, so the problem's size
+does not depend on ``N`` (:mod:`greenctl.planner.mig.exact`); :func:`assign_gpus` rebuilds
+placement. Solvers share one serving model (quota dispatch to M/G/1 queues, the SLA as each
+instance's capacity), the winner checked by the mixture p95 and the simulator. Energy counts
+whole GPUs' idle power (:func:`~greenctl.planner.core.evaluate.spare_idle_w`).
 """
 
 from __future__ import annotations
