@@ -1,15 +1,12 @@
 """How an executor batches: the one place the padding rule, the pipeline depth and the
 default max wait are written down.
 
-The GPU runner (:class:`greenctl.profiler.runner.CudaRunner`) prepares a fixed set of batch
-sizes (:func:`graph_sizes`) and runs a batch of ``r`` rows at the smallest of them that holds
-it (:func:`pick_size`), so a partial batch costs the time of that size, not the full batch's.
-The executor's batcher (``greenctl.executor.runtime.daemon.Batcher``) closes a batch when it holds
-``batch`` rows or ``max_wait_ms`` after it took the batch's first request, and keeps up to
-``depth`` batches in flight (the GPU runner's :data:`DEFAULT_DEPTH`; the eager CPU runner runs
-each batch to completion before the batcher takes the next request). The planner's service
-model and simulator (``greenctl.planner.core.service``, ``greenctl.planner.core.simulator``) read the
-same rule here, so what they predict is what the executor runs.
+The GPU runner runs a batch of ``r`` rows at the smallest prepared size that holds it
+(:func:`graph_sizes`, :func:`pick_size`), so a partial batch costs that size's time. The
+executor's batcher closes a batch at ``batch`` rows or ``max_wait_ms`` after its first
+request and keeps up to ``depth`` batches in flight (:data:`DEFAULT_DEPTH` on the GPU; the
+eager CPU runner finishes each batch first). The planner's service model and simulator read
+the same rule here, so what they predict is what the executor runs.
 """
 
 from __future__ import annotations

@@ -175,21 +175,15 @@ def plan_intensity(
 ) -> dict[str, Any]:
     """The carbon intensity a planner uses and where it comes from (one rule for every plan).
 
-    In order: an explicit ``carbon_intensity`` (``--carbon-intensity``); the stored signal of
-    ``region`` in force at ``at`` (default now; the newest value when the trace lies in the
-    past, as ``replan`` reads it, see :func:`now`); with neither, the signal of the only
-    region in the store; else ``default`` (a planner's reference intensity).
+    In order: an explicit ``carbon_intensity``; the stored signal of ``region`` in force at
+    ``at`` (default now, see :func:`now`); the signal of the only region in the store; else
+    ``default`` (a planner's reference intensity).
 
     Returns:
-        ``{"carbon_g_per_kwh": value, "source": {"kind": "flag" | "signal" | "default",
-        "region", "at", ...}, "note": text or None}``; a signal's source also has
-        ``signal_time``, ``signal_kind`` and ``stale``.
-
+        ``{"carbon_g_per_kwh", "source": {"kind": "flag" | "signal" | "default", ...}, "note"}``.
     Raises:
-        NotFoundError: ``region`` has no stored signal (names the regions that have one), or
-            none at ``at``.
-        InputError: a bad value or ``--at``; ``at`` with an explicit intensity; no
-            intensity at all when there is no ``default``.
+        NotFoundError: ``region`` has no stored signal (names those that have), or none at ``at``.
+        InputError: a bad value or ``at``, ``at`` with an explicit intensity, or no intensity.
     """
     if carbon_intensity is not None:
         value = carbon_option(carbon_intensity)

@@ -1,18 +1,12 @@
 """Convert the eGLB authors' data layout into greenctl's geo CSVs.
 
-The source layout (Ren-Research/Environmentally-Equitable-AI, ``data/``; a copy ships in
-``greenctl/data/datasets/eglb``) holds per-site hourly files ``carbon/<site>_carbon.csv``
-(kg/kWh), ``price/<site>_Price.csv`` (USD/MWh), ``water/<site>_water.csv`` (`` WUE (L/kWh)``,
-direct + indirect water) and ``AI_workload.csv`` (``Power (Watt)`` of a BLOOM cluster).
-
-Normalisation, as the authors do it: the workload ``W`` (watts) becomes ``W / 2708 x 10``
-units in total, split evenly over ten gateways named like the sites (``W / 2708`` each),
-and every site has capacity 1 unit. greenctl reads one unit as **1 MW** of IT load, so a
-step of one hour turns ``x`` units into ``x`` MWh; prices stay USD/MWh, carbon becomes
-g/kWh (x1000), WUE stays L/kWh with ``ewif_l_per_kwh = 0`` and ``pue = 1`` (the authors'
-WUE already holds the indirect part). With that reading the authors' weights
-``l_2 = 1500`` (per tonne) and ``l_1 = 60`` (per kL) are ``--mu-carbon 1.5`` USD/kg and
-``--mu-water 0.06`` USD/L, and greenctl's objective equals theirs number for number.
+The source (Ren-Research/Environmentally-Equitable-AI's ``data/``, bundled as
+``greenctl/data/datasets/eglb``) holds per-site hourly carbon (kg/kWh), price (USD/MWh) and
+water (WUE, L/kWh, direct + indirect) files and ``AI_workload.csv`` (watts of a BLOOM
+cluster). The workload is normalised as the authors do and one unit read as 1 MW of IT
+load, so greenctl's objective equals theirs number for number with ``--mu-carbon 1.5`` and
+``--mu-water 0.06``; the unit conversion is in docs/models.md ("eGLB's data in greenctl's
+units").
 """
 
 from __future__ import annotations
@@ -121,19 +115,14 @@ def convert_eglb(
     routes: str = "all",
     sites: tuple[str, ...] | None = None,
 ) -> dict[str, Path]:
-    """Write ``sites.csv``, ``demand.csv`` (and ``routes.csv``) from the eGLB layout.
+    """Write ``sites.csv``, ``demand.csv`` (and ``routes.csv``) into ``out_dir`` from eGLB's layout.
 
-    Args:
-        src_dir: the authors' ``data/`` folder; None for the bundled copy.
-        out_dir: where to write the CSVs (created if needed).
-        steps: keep the first ``steps`` hours (default: the workload's length, 457).
-        routes: ``all`` (no routes file: every gateway may use every site) or ``partial``
-            (the authors' partial-connection mask).
-        sites: a subset of the ten sites (gateways follow the sites; default all ten).
+    ``src_dir`` is the authors' ``data/`` folder (None: the bundled copy); ``steps`` keeps the
+    first hours (default all 457); ``routes`` is ``all`` (no routes file) or ``partial`` (the
+    authors' mask); ``sites`` a subset of the ten (gateways follow).
 
     Returns:
         The written paths keyed ``sites``, ``demand`` (and ``routes``).
-
     Raises:
         InputError / FileFormatError: missing files, bad values, misaligned times.
     """

@@ -1,20 +1,12 @@
 """Emissions of running plans in CodeCarbon's ``emissions.csv`` layout, and the carbon figures
 a plan hands its executors.
 
-``greenctl report emissions --format codecarbon`` writes one row per verified run (``runs``
-of kind ``verify``) and per interval between replanning decisions (the replan accounting:
-the plan that served, at the decision's grid intensity, for the time until the next
-decision), in CodeCarbon's columns (:data:`CODECARBON_COLUMNS`, CodeCarbon 3.3's
-``EmissionsData`` in its order) and units: emissions kg CO2eq, energy kWh, power W,
-duration s, water L. As CodeCarbon, energy and power include the PUE, and water is WUE
-times that energy.
-
-Energy measured by the executors during a verified run (their ``greenctl_energy_joules_total``
-counters, recorded by ``apply --verify``) is ``tracking_mode`` ``machine`` (NVML and RAPL
-read whole devices, attributed by share); energy predicted from the plan (its
-``energy_j_per_request`` times the requests served) or read from a ``modeled`` counter is
-``tracking_mode`` ``modeled``, a value CodeCarbon itself never writes, so a dashboard can
-tell estimates from measurements.
+``report emissions --format codecarbon`` writes one row per verified run and per interval
+between replanning decisions, in CodeCarbon 3.3's columns (:data:`CODECARBON_COLUMNS`) and
+units (kg CO2eq, kWh, W, s, L; energy and power include the PUE, water is WUE times it).
+Energy the executors measured during a verified run is ``tracking_mode`` ``machine``;
+energy predicted from the plan or read from a ``modeled`` counter is ``modeled``, a value
+CodeCarbon never writes, so a dashboard can tell estimates from measurements.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """CSV inputs and outputs of geographical load balancing (``greenctl plan geo``).
 
-Three inputs, units in the column names, times ISO 8601 with equal steps:
-
-- sites: ``time,site,price_usd_per_mwh,carbon_g_per_kwh,wue_l_per_kwh,capacity_mw`` and the
-  optional ``ewif_l_per_kwh`` (indirect water per kWh generated, default 0) and ``pue``
-  (default 1.0); one row per site and time. Prices may be negative (electricity markets
-  have negative hours); every other number must be >= 0 and ``pue`` >= 1.
-- demand: ``time,gateway,load_mw``; a missing (time, gateway) row means no load.
-- routes (optional): ``gateway,site`` allowed pairs and an optional ``latency_ms``.
-
-Every number must be finite and inside :data:`LIMITS` (generous physical bounds: a value
-outside is a unit mistake or garbage, and would only break the solvers' numerics); names are
-short printable strings; a column name may appear once in a header. Every reader names the
-file, line and column of the first bad value and raises
-:class:`~greenctl.data.errors.FileFormatError` (exit code 2). The result is one
-:class:`GeoProblem` holding dense ``[time, site]`` / ``[time, gateway]`` arrays.
+Three inputs with units in the column names and ISO 8601 times in equal steps: sites
+(price, carbon, WUE, capacity, optional EWIF and PUE per site and time), demand
+(``time,gateway,load_mw``) and optional routes (``gateway,site``); columns in
+docs/formats.md. Every number must be finite and inside :data:`LIMITS` (a value outside is
+a unit mistake and would break the solvers' numerics); prices alone may be negative. Every
+reader names the file, line and column of the first bad value and raises
+:class:`~greenctl.data.errors.FileFormatError` (exit 2). The result is one
+:class:`GeoProblem` of dense ``[time, site]`` / ``[time, gateway]`` arrays.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Import the gpulet reference measurements into the store, and read them back.
 
-The reference folder (``bundled:gpulet``, from 0909wlgur/Gpulet) holds three
-header-less CSV files:
-
-- ``inference.csv``: ``model,batch,partition,throughput,<req/s>,latency,<seconds>,<valid>``:
-  solo profiles under an MPS partition (percent of one GPU). Imported as variants and as
-  profiles on resources ``mps:<partition>`` (latency converted to milliseconds).
-- ``mem_util.csv``: ``model,batch,partition,mem_util,<%>,l2_util,<%>,<flag>``: DRAM and L2
-  utilisation of each solo run (table ``utilisations``).
-- ``interference.csv``: ``model,batch,partition,corunner_model,corunner_batch,throughput,
-  <req/s>,latency,<seconds>,<valid>``: the model on ``partition`` % while the co-runner runs
-  on the remaining ``100 - partition`` % (table ``colocations``).
-
-Every file is validated completely before anything is written; the import is one transaction.
+The reference folder (``bundled:gpulet``, from 0909wlgur/Gpulet) holds three header-less
+CSVs: ``inference.csv`` (solo profiles under an MPS partition, imported as variants and
+``mps:<partition>`` profiles, latency in ms), ``mem_util.csv`` (DRAM and L2 utilisation of
+each solo run, table ``utilisations``) and ``interference.csv`` (a model beside a co-runner
+on the rest of the GPU, table ``colocations``); columns in docs/models.md ("gpulet's
+reference data"). Every file is validated completely before anything is written; the import
+is one transaction.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """MIG geometry of NVIDIA GPUs as data: profiles, placements and valid layouts.
 
-The geometry lives in ``datasets/mig_geometry.json`` (one entry per GPU model: its memory
-and compute slices and the GPU-instance profiles with their ids, allowed start slots and
-widths). A *placement* is a profile at a start slot (a memory-slice index); it occupies the
-memory slices ``start .. start + width - 1``. A *layout* is a set of placements on one GPU;
-it is valid when
-
-* no two memory ranges overlap,
-* the compute slices add up to at most the GPU's compute slices, and
-* at most one ``+me`` (media extension) instance is present (NVIDIA allows one per GPU).
-
-A layout is *maximal* when no further placement of an allowed profile can be added. The
-memory check matters: on an A100 ``3g + 3g + 1g`` fits the 7 compute slices but the two 3g
-instances already hold all 8 memory slices, so it is not a valid layout.
-
-:func:`mps_percentage` is the one rule of emulating a MIG slice with an MPS active-thread
-percentage (``greenctl profile --gpus --emulate-mig``), :func:`emulated_slices` the compute
-sizes of a GPU model with the profiles each one stands for.
+The geometry lives in ``datasets/mig_geometry.json`` (per GPU model: memory and compute
+slices, and profiles with ids, start slots and widths). A *placement* is a profile at a
+start memory slice; a *layout*, a set of placements on one GPU, is valid when memory ranges
+do not overlap, compute slices fit, and at most one ``+me`` instance is present. The memory
+check matters: on an A100 ``3g + 3g + 1g`` fits the 7 compute slices but the two 3g
+instances hold all 8 memory slices. A layout is *maximal* when nothing more fits.
+:func:`mps_percentage` is the one rule of emulating a MIG slice with MPS (``profile --gpus
+--emulate-mig``); :func:`emulated_slices` lists a GPU model's sizes and their profiles.
 """
 
 from __future__ import annotations

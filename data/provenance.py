@@ -1,22 +1,14 @@
 """Which data set a family's profiles come from, and the rule that imports never merge data
 sets silently.
 
-A data set is named by the ``hardware`` label of its profiles: ``gpulet-reference`` for the
-gpulet import, ``infadapter-cpu`` for the InfAdapter CSV, the device model for a measurement.
-A family whose variants were profiled on one data set and then receive another data set's
-figures changes what ``plan mix`` optimises without anyone asking (the gpulet GPU rows carry
-no energy, so the carbon term drops out of the InfAdapter CPU family's objective). Every
-importer therefore calls :func:`check_import_merge` before it writes: an import that would add
-a data set to an existing variant or family is refused unless the caller merges on purpose.
-
-Synthetic profiles (``greenctl mig synth``) carry a real GPU's NVML name as their hardware
-label, so that ``plan mig`` finds them, but they are no measurement of that GPU: with
-``synthetic_apart`` all of them together are one data set of their own,
-:data:`SYNTHETIC_DATASET` (:func:`dataset_label`). ``mig synth`` writes through
-:func:`store_synthetic`, which follows the same rule so, and never rewrites the record of a
-variant that is not synthetic (a built-in's ``memory_mb`` decides which MIG slices it fits).
-File imports name their rows' data sets by hardware label alone (a synthetic row of a file is
-the GPU it names), so re-importing an export of synthetic rows stays a no-op.
+A data set is named by its profiles' ``hardware`` label (``gpulet-reference``,
+``infadapter-cpu``, a device model). Mixing data sets in one family changes what ``plan
+mix`` optimises unasked (gpulet's GPU rows carry no energy, dropping the carbon term), so
+every importer calls :func:`check_import_merge` first and refuses to add a data set to an
+existing variant or family unless the caller merges on purpose. Synthetic profiles carry a
+real GPU's name so ``plan mig`` finds them, yet with ``synthetic_apart`` they are one data
+set of their own, :data:`SYNTHETIC_DATASET` (:func:`dataset_label`); :func:`store_synthetic`
+follows the same rule.
 """
 
 from __future__ import annotations
@@ -187,17 +179,13 @@ def store_synthetic(
 ) -> tuple[list[str], list[str]]:
     """Write synthetic variants and profiles (``greenctl mig synth``) in one transaction.
 
-    Synthetic profiles are :data:`SYNTHETIC_DATASET`: a variant or family that holds another
-    data set's profiles (measured, MPS-emulated, imported) is refused unless ``merge``
-    (:func:`check_import_merge`), and so is a stored variant that is not synthetic (a
-    built-in, a measured or an imported one) without profiles yet. With ``merge`` such a
-    variant keeps its record: only new and synthetic variants are written, and the synthetic
-    rows go beside its own, which the store prefers
-    (:func:`~greenctl.data.records.source_rank`).
+    A variant or family holding another data set's profiles is refused unless ``merge``
+    (:func:`check_import_merge`), and so is a stored non-synthetic variant without profiles.
+    With ``merge`` such a variant keeps its record, and the synthetic rows go beside its own,
+    which the store prefers (:func:`~greenctl.data.records.source_rank`).
 
     Returns:
         (the merges made on purpose, the variants whose records were kept).
-
     Raises:
         InputError: the write would merge and ``merge`` is False (nothing is written).
     """

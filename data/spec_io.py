@@ -210,20 +210,17 @@ def _show(value: Any) -> str:
 def read_mix_spec(
     path: str | Path, *, choices: Mapping[str, Sequence[str]] | None = None
 ) -> dict[str, Any]:
-    """Read and check a ``plan mix --spec`` file.
+    """Read and check a ``plan mix --spec`` file (TOML or JSON) at ``path``.
 
-    Args:
-        path: the TOML or JSON file.
-        choices: allowed values of the enumerated fields (``objective``, ``strategy``,
-            ``solver``, ``percentile``), from the planner that owns them.
+    ``choices`` are the allowed values of the enumerated fields (``objective``, ``strategy``,
+    ``solver``, ``percentile``), from the planner that owns them.
 
     Returns:
         The request fields (``budget`` renamed ``budgets``; ``None`` values dropped).
-
     Raises:
         InputError: the file is missing or unreadable.
-        FileFormatError: not UTF-8 text, invalid TOML/JSON, nested too deeply, or a field
-            of the wrong type or out of range (naming the file, line where known, and field).
+        FileFormatError: not UTF-8, invalid TOML/JSON, nested too deeply, or a field of the
+            wrong type or out of range (naming the file, line where known, and field).
     """
     p = Path(path)
     try:
