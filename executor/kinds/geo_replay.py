@@ -1,19 +1,14 @@
 """The replay step of a geo plan (``greenctl replay geo``).
 
-The sites and demand files are the traces (each site's price, carbon and
-water per step; each gateway's load). ``greenctl`` takes eGLB's online step each slot
-(:func:`greenctl.planner.geo.solve.online_replan`, warm-started from the state of the slot
-before, as ``replan`` of a routed geo plan does each slot); a plan of an offline algorithm
-is replayed with its online twin ``eglb``. With ``every`` longer than a slot the step is
-taken every so many slots (from the stored state, over the slots since), and the slots
-between route each gateway with the last fractions (load over a site's capacity is not
-served). Baselines (:data:`GEO_BASELINES`): ``offline``, the eGLB optimum solved once for
-the whole window (an oracle that knows the future); ``nearest``, each gateway to its nearest
-site (carbon-unaware); ``glb-energy``, the cheapest energy (carbon-unaware). Per slot: load,
-energy, cost, carbon and water, and the planner's equity figures (the largest site's carbon
-and water so far, and their ratio to the per-site average).
-
-Every figure is modeled; the result says so.
+The sites and demand files are the traces. Each slot takes eGLB's online step
+(:func:`greenctl.planner.geo.solve.online_replan`, warm-started from the slot before, as
+``replan`` of a routed geo plan does; offline plans replay as their online twin ``eglb``);
+with ``every`` longer than a slot the slots between keep the last fractions (load over a
+site's capacity is not served). Baselines (:data:`GEO_BASELINES`): ``offline`` (the
+whole-window optimum, an oracle), ``nearest`` and ``glb-energy`` (carbon-unaware). Per slot:
+load, energy, cost, carbon, water and the equity figures (the largest site's carbon and
+water so far, and their ratio to the per-site average). Every figure is modeled, and
+labelled so.
 """
 
 from __future__ import annotations

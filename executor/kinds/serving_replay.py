@@ -1,21 +1,13 @@
 """The replay every single-family serving kind shares (mix's, mig's, a third party's).
 
-Each second of an interval's arrivals is evaluated on what serves with the evaluation core's
-analytic :func:`~greenctl.planner.core.evaluate.predict` (each second in steady state at its
-own rate, Poisson within it; the queue carried from one second to the next is not modeled),
-and SLO violations (requests over the SLO at the plan's percentile, plus every request an
-overloaded configuration cannot serve), accuracy, energy, carbon, water and cost are
-accounted per interval. A change pays its reconfiguration: each new instance loads for its
-variant's ``load_time_s`` (a profile import's) while the previous configuration serves and
-both are paid for; a variant without a load time is not modeled (0 s, and the result says so).
-
-A kind sets what differs in a :class:`Serving`: what every replan holds of the first plan,
-the plans of the static baselines (``base`` and ``co2opt``, sized for the window's peak),
-the SLO's percentile, and its own further baselines (:class:`Extras`), which run on the same
-intervals and the same seconds.
-
-Every figure is modeled (profiles, the analytic queueing model, the energy of the profiles);
-the result labels them so.
+Each second of an interval's arrivals is evaluated with the analytic
+:func:`~greenctl.planner.core.evaluate.predict` at its own rate (steady state; the queue
+carried between seconds is not modeled), and SLO violations (including what an overloaded
+configuration drops), accuracy, energy, carbon, water and cost are summed per interval. A
+change pays its reconfiguration: new instances load for their variant's ``load_time_s``
+while the old configuration serves (0 s when unknown, and the result says so). A kind sets
+what differs in a :class:`Serving`: the first plan, the static baselines' plans, the SLO
+percentile and its own baselines (:class:`Extras`). Every figure is modeled, and labelled so.
 """
 
 from __future__ import annotations

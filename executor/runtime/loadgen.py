@@ -389,19 +389,13 @@ def run_load(
     binary: bool = True,
     gateway: str | None = None,
 ) -> LoadResult:
-    """Send an open-loop load to ``endpoint`` for ``model`` and measure it.
+    """Send an open-loop load to ``endpoint`` (an OIP server's URL) for ``model``; measure it.
 
-    Args:
-        endpoint: base URL of an OIP server (the dispatcher or one executor).
-        model: model name to infer.
-        duration_s: how long to send.
-        rate_rps: Poisson rate; or ``trace`` (requests per second, one value a second)
-            multiplied by ``scale``.
-        seed: seeds the arrival process so runs are comparable.
-        timeout_s: per-request timeout.
-        connections: most concurrent keep-alive connections.
-        binary: send tensors with the binary extension (else as JSON numbers).
-        gateway: send every request as this gateway (a geo router's ``Greenctl-Gateway``).
+    The load is a Poisson ``rate_rps``, or ``trace`` (requests per second, one value a second)
+    times ``scale``, seeded by ``seed`` so runs are comparable, for ``duration_s``.
+    ``connections`` caps concurrent keep-alive connections; ``binary`` sends tensors with the
+    binary extension (else JSON numbers); ``gateway`` sends every request as that gateway (a
+    geo router's ``Greenctl-Gateway``); ``timeout_s`` is per request.
 
     Raises:
         InputError: bad rate/trace, or the endpoint does not serve the model.
