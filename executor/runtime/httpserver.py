@@ -283,6 +283,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._refusal: tuple[int, str] | None = None
         #: a refusal is queued behind earlier answers: the rest of what comes is dropped
         self.refusing = False
+        #: the client shut its sending side: answer what it sent, then close
+        self.eof = False
         self._tail = b""  # the last bytes of a head fed so far (its end may straddle reads)
         self._into: bytearray | None = None  # the body being read straight into its buffer
         self._into_view: memoryview | None = None
@@ -310,6 +312,14 @@ class _Connection(asyncio.BufferedProtocol):
         self.pending.clear()
         self.server.connections.discard(self)
         self._into = self._into_view = None
+
+    def eof_received(self) -> bool:
+        """The client sends no more (a half-close): its complete requests are still
+        answered; the connection closes after the last answer (at once when none is due)."""
+        self.eof = True
+        if not (self.busy or self.pending):
+            self.close()
+        return True  # keep our sending side open for the answers
 
     def pause_writing(self) -> None:
         self.write_stalled_since = time.monotonic()
@@ -500,6 +510,8 @@ class _Connection(asyncio.BufferedProtocol):
     def _next(self) -> None:
         if self.closing or not self.pending:
             self.busy = False
+            if self.eof:
+                self.close()
             return
         self.busy = True
         item, keep_alive, head = self.pending.popleft()

@@ -69,6 +69,16 @@ def test_a_valid_request_followed_by_garbage_gets_its_answer(front):
     assert [a.status for a in answers[2:]] in ([], [400])
 
 
+def test_requests_sent_before_a_half_close_are_answered(front):
+    """A client that shuts its sending side after its requests still gets every answer."""
+    one = F.request_bytes("POST", "/v2/models/m/infer", F.infer_body())
+    answers, closed = F.raw_exchange(front.port, one + one, expect=3, half_close=True)
+    assert [a.status for a in answers] == [200, 200] and closed
+    # a request cut short by the half-close: those before it answered, then closed
+    answers, closed = F.raw_exchange(front.port, one + one[:40], expect=2, half_close=True)
+    assert [a.status for a in answers][:1] == [200] and closed
+
+
 def test_a_declared_body_over_the_limit_is_refused_at_once(front):
     head = F.request_bytes(
         "POST", "/v2/models/m/infer", headers={"Content-Length": str(10**12)}
