@@ -568,6 +568,7 @@ class ExecutorServer:
                 shape that does not fit it, more rows than ``max_rows``, or ``parameters``
                 the dispatcher would refuse (its rule: ``requirements_of``).
         """
+        requirements_of(body, header_length)  # the dispatcher's rule for ``parameters``
         length = None
         if header_length is not None:
             text = header_length.strip()
@@ -620,7 +621,6 @@ class ExecutorServer:
         if arr.dtype != self.input_dtype:
             with np.errstate(all="ignore"):
                 arr = arr.astype(self.input_dtype)
-        requirements_of(body, header_length)  # the dispatcher's rule for its parameters
         return doc, arr, squeeze
 
     def _too_many_rows(self, rows: int, hint: str) -> InputError:

@@ -131,7 +131,7 @@ class Response:
         return head if head_only else head + self.body
 
 
-#: The header an admin request carries its daemon's token in (dispatcher, geo router).
+#: The header an admin request carries its daemon's token in (dispatcher, executor, geo router).
 TOKEN_HEADER = "X-Greenctl-Token"
 
 
