@@ -97,6 +97,7 @@ def replan_cmd(
         return
     if plan is None:
         raise InputError("--plan ID|FILE is required", hint="or pass --history to list decisions")
+    replan.check_replan_limits(threshold, margin)  # before the store is opened
     dwell = replan.parse_duration(min_dwell)
     rates = _parse_rates(rate)
     from greenctl.executor.deploy.georouter import replan_if_routed

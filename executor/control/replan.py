@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from greenctl.data import carbon as carbon_signal
 from greenctl.data import loop_state
 from greenctl.data.carbon import signal_region
 from greenctl.data.carbon_io import iso, normalise_time, parse_time
@@ -71,8 +72,24 @@ def parse_duration(text: str | float | int, *, option: str = "--min-dwell") -> f
     return value
 
 
+def check_replan_limits(threshold: float, margin: float) -> None:
+    """Refuse a ``--threshold`` or ``--margin`` that is not a fraction >= 0 (NaN compares
+    false with everything: it would pass every ``<`` check and never trigger).
+
+    Raises:
+        InputError: names the option and its value.
+    """
+    for option, value in (("--threshold", threshold), ("--margin", margin)):
+        if math.isnan(value) or value < 0:
+            raise InputError(
+                f"{option} {value:g} is not a fraction >= 0",
+                hint=f"for example {option} 0.05 (5 %)",
+            )
+
+
 def _resolve_plan(store: Store, plan: str | int) -> tuple[str, Any]:
-    """(lineage key, base plan) for a plan id or a plan file (saved once, source 'file')."""
+    """(lineage key, base plan) for a plan id or a plan file; writes nothing: a file's plan
+    not stored yet comes back without an id (:func:`_save_base` stores it once)."""
     text = str(plan).strip()
     if text.isdigit():
         return f"plan:{int(text)}", store.get_plan(int(text))
@@ -95,8 +112,13 @@ def _resolve_plan(store: Store, plan: str | int) -> tuple[str, Any]:
         stored_doc.pop("id", None)
         if stored_doc == doc:
             return lineage, store.get_plan(plan_id)
-    store.save_plan(base, source="file")
     return lineage, base
+
+
+def _save_base(store: Store, base: Any) -> None:
+    """Store a plan file's plan the first time its lineage is replanned (source 'file')."""
+    if base.id is None:
+        store.save_plan(base, source="file")
 
 
 def _lineage_plan_ids(store: Store, lineage: str, base: Any) -> set[int]:
@@ -318,8 +340,8 @@ def replan_choice(
             if change is None
             else f"signal moved {change * 100:.1f} % > {threshold * 100:g} %"
         )
-    if old_obj is None:
-        triggers.append(notes[-1] if notes else "running plan not comparable")
+    if old_obj is None:  # its reason is the trigger: the notes do not say it again
+        triggers.append(notes.pop() if notes else "running plan not comparable")
     elif kind.triggers is None and imp is not None and imp > margin:
         triggers.append(f"{objective} objective improves {imp * 100:.1f} % > {margin * 100:g} %")
     if kind.triggers is not None:
@@ -446,14 +468,14 @@ def replan_once(
         ``failed`` decision is recorded; the running plan is left as it was.
     """
     opts = options if options is not None else ReplanOptions(**fields)
-    if opts.threshold < 0 or opts.margin < 0:
-        raise InputError("--threshold and --margin must be >= 0")
+    lineage, base = check_replan_options(store, opts)  # before anything is written
+    at = _signal_time(opts.at)
     with replan_lock(store):
-        state = _start_round(store, opts.plan)
+        _save_base(store, base)
+        state = _start_round(store, lineage, base)
         kind = get_kind(state.running.kind)
         _check_replannable(kind, state.running, apply=opts.apply)
         reg = _carbon_region(store, kind, state.running, opts.region)
-        at = _signal_time(opts.at)
         record = _new_record(state, region=reg, when=at or utcnow_iso(), forecaster=opts.forecaster)
         try:  # the one rule every plan's intensity follows (plan mix/mig --region --at)
             ci = plan_carbon(store, kind, region=reg, at=at) if reg else None
@@ -480,19 +502,50 @@ def replan_once(
             raise
 
 
-def _start_round(store: Store, plan: str | int) -> _Round:
-    """The lineage of ``plan``, its running plan (the last change's, else the base) and what
-    serves: a proposal of this lineage applied by hand is the running plan."""
-    lineage, base = _resolve_plan(store, plan)
+def check_replan_options(store: Store, opts: ReplanOptions) -> tuple[str, Any]:
+    """Check every option of a round before it writes anything (no decision row, no plan,
+    no lock file for a refused one): the limits, the time, the plan and whether its kind can
+    be replanned (and applied), the region, the forecaster and the ``--rate`` names (by the
+    kind's own request rewrite, the rule the round itself follows).
+
+    Returns:
+        (the lineage key, its base plan), as :func:`_resolve_plan`.
+
+    Raises:
+        InputError / NotFoundError: names the option and the fix.
+    """
+    check_replan_limits(opts.threshold, opts.margin)
+    _signal_time(opts.at)
+    lineage, base = _resolve_plan(store, opts.plan)
+    last = _last_change(store, lineage)
+    running = store.get_plan(int(last["new_plan_id"])) if last else base
+    kind = get_kind(running.kind)
+    _check_replannable(kind, running, apply=opts.apply)
+    reg = _carbon_region(store, kind, running, opts.region)
+    if opts.region is not None and reg is not None:
+        carbon_signal.latest(store, reg)  # a region with no signal at all is refused here
+    if opts.forecaster:
+        get_forecaster(store, opts.forecaster)
+    if opts.rates:
+        kind.replan_request(running, ReplanSignal(None, rates=opts.rates))
+    return lineage, base
+
+
+def _start_round(store: Store, lineage: str, base: Any) -> _Round:
+    """``lineage``'s running plan (the last change's, else ``base``) and what serves: a
+    proposal of this lineage applied by hand is the running plan; the running configuration
+    re-applied at another intensity (a ``keep`` that applied) is not a change of plan."""
     last = _last_change(store, lineage)
     running = store.get_plan(int(last["new_plan_id"])) if last else base
     serving = serving_state(store)
     serving_id = serving["plan_id"]
     foreign = None
     if serving["live"] and serving_id != running.id:
-        if serving_id is not None and serving_id in _lineage_plan_ids(store, lineage, base):
+        if _serves_config_of(store, serving_id, running):
+            pass  # the running configuration serves
+        elif serving_id is not None and serving_id in _lineage_plan_ids(store, lineage, base):
             running = store.get_plan(serving_id)  # this lineage's proposal, applied by hand
-        elif not _serves_config_of(store, serving_id, running):
+        else:
             foreign = serving_id
     return _Round(lineage, base, last, running, serving, foreign)
 
@@ -619,8 +672,8 @@ def _decide(
         record["reason"] = dwell
         return record
     notes = choice.notes
-    if dwell:  # the running plan cannot serve the forecast: a change comes now
-        notes = [*choice.notes, f"{dwell}, yields: {choice.overloaded}"]
+    if dwell:  # the running plan cannot serve the forecast (the trigger): a change comes now
+        notes = [*choice.notes, f"{dwell}, yields to the overload"]
     record["old_objective"] = choice.old_objective
     record["new_objective"] = choice.new_objective
     record["improvement"] = choice.improvement
@@ -706,7 +759,9 @@ def _act(
         )
         if opts.apply and serving["live"] and signal:
             # the configuration stays, the grid moved: its counters follow the grid
-            counted = _count_at_signal(store, serving["plan_id"], new, apply_fn, opts.apply_options)
+            counted = _count_at_signal(
+                store, serving["plan_id"], new, apply_fn, opts.apply_options, record=record
+            )
             if counted:
                 record["reason"] += f"; {counted}"
     elif not choice.triggers:
@@ -769,15 +824,17 @@ def _count_at_signal(
     new: Any,
     apply_fn: Callable[..., Any],
     apply_options: dict[str, Any] | None,
+    *,
+    record: dict[str, Any] | None = None,
 ) -> str | None:
     """Make the running deployment count carbon at the intensity ``new`` (the running
     configuration, replanned at the round's signal) records, when the plan that serves
     (``serving_id``) counts at another: ``new`` is saved and applied through the apply path
     (on the backend that runs the plan), which for the same configuration only re-applies
     the routes, carrying the new ``carbon`` (the local dispatcher hands it to its executors;
-    nothing restarts). The lineage's running plan and reference signal stay as they were:
-    ``new`` is no change of plan (it is named in the decision's reason, not as
-    ``new_plan_id``), so neither the dwell nor the threshold move.
+    Ray's group re-applies its routes; nothing restarts). The decision ``record`` then says
+    it was applied (``applied``, ``new_plan_id``) while its action stays ``keep``: no
+    change of plan, so the lineage's running plan, reference signal and dwell stay.
 
     Returns:
         What was done, for the decision's reason (also when the apply failed: the
@@ -803,9 +860,12 @@ def _count_at_signal(
             f"the running deployment still counts carbon at {was}: applying plan {new.id} "
             f"(its configuration at {want['carbon_g_per_kwh']:g} g/kWh) failed: {exc.message}"
         )
+    if record is not None:
+        record["new_plan_id"], record["applied"] = new.id, 1
     return (
-        f"the running deployment counts carbon at {want['carbon_g_per_kwh']:g} g/kWh from now "
-        f"on (was {was}): plan {new.id}, its configuration at this signal, applied"
+        f"applied plan {new.id}, that configuration at this signal, in place: the running "
+        f"deployment counts carbon at {want['carbon_g_per_kwh']:g} g/kWh from now on "
+        f"(was {was})"
     )
 
 

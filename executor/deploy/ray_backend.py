@@ -556,7 +556,11 @@ def _record(store: Store, plan: Plan, *, address: str, app: str, url: str, http_
 def status_ray(*, store: Store, address: str | None = None) -> dict[str, Any]:
     """The active Ray deployment: router URL and each deployment's replica states.
 
-    ``running`` says whether the application greenctl last applied is on the cluster.
+    ``running`` says whether the application greenctl last applied is on the cluster;
+    ``state`` and ``problems`` say what the local backend's status says
+    (:func:`greenctl.executor.deploy.status.status`): ``idle`` (nothing applied), ``down``
+    (the application is gone), ``degraded`` (a deployment has no running replica) or
+    ``serving``, and why in words.
 
     Raises:
         InputError: a malformed address.
@@ -568,6 +572,8 @@ def status_ray(*, store: Store, address: str | None = None) -> dict[str, Any]:
             _connect(address)
         return {
             "backend": "ray",
+            "state": "idle",
+            "problems": [],
             "address": address,
             "plan_id": None,
             "app": None,
@@ -595,8 +601,17 @@ def status_ray(*, store: Store, address: str | None = None) -> dict[str, Any]:
                     "status": str(dep.status).rsplit(".", 1)[-1],
                 }
             )
+    problems = [
+        f"deployment {i['variant']} on {i['resource']} has no running replica ({i['status']})"
+        for i in instances
+        if not i["ready"]
+    ]
+    if status is None:
+        problems = [f"Ray application {row['app']} is not on the cluster at {row['address']}"]
     return {
         "backend": "ray",
+        "state": "down" if status is None else ("degraded" if problems else "serving"),
+        "problems": problems,
         "address": row["address"],
         "plan_id": row["plan_id"],
         "app": row["app"],
