@@ -12,7 +12,12 @@ Real processes where it matters: a dispatcher and a no-op executor started by
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +41,18 @@ NOT_SERVING_IDLE = (
 )
 
 
-def _tiny(store: Any) -> int:
+def _tiny(store: Any, *, builtin: bool = False) -> int:
     """The tiny family (modeled CPU profiles), the CISO trace and a plan of one tiny-l on
-    cpu:1 made at 00:00 (124.57 g/kWh): the best configuration until 10:00."""
+    cpu:1 made at 00:00 (124.57 g/kWh): the best configuration until 10:00 (``builtin``:
+    the built-in variants, which Ray's replicas load, at these accuracies)."""
+    from dataclasses import replace
+
     from greenctl.executor.kinds import get_kind
+    from greenctl.profiler.models import builtin_variant
 
     for name, acc in (("tiny-s", 0.70), ("tiny-m", 0.76), ("tiny-l", 0.80)):
-        store.upsert_variant(Variant(name, "tiny", accuracy=acc, input_shape="3,32,32"))
+        plain = Variant(name, "tiny", accuracy=acc, input_shape="3,32,32")
+        store.upsert_variant(replace(builtin_variant(name), accuracy=acc) if builtin else plain)
     rows = []
     for name, thr, e, lat in (("tiny-s", 400, 0.05, 3), ("tiny-m", 150, 0.2, 8),
                               ("tiny-l", 60, 0.6, 20)):  # fmt: skip
@@ -139,6 +149,67 @@ def test_a_keep_that_applied_says_so_and_one_that_did_not_says_nothing_was(run_s
     _says_what_happened(d)
     for row in _rows(store, "decisions"):
         _says_what_happened({**row, "applied": bool(row["applied"])})
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[str]:
+    """A local Ray cluster (one head on loopback, no token): its address."""
+    ray = pytest.importorskip("ray")
+    ray_bin = shutil.which("ray")
+    if ray_bin is None:
+        pytest.skip("the ray command is not installed")
+    settings = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+                "RAY_DISABLE_DOCKER_CPU_WARNING": "1"}  # fmt: skip
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    port = _free_port()
+    head = [ray_bin, "start", "--head", "--port", str(port), "--num-cpus", "3",
+            "--include-dashboard", "false", "--object-store-memory", str(80 * 1024 * 1024),
+            "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]  # fmt: skip
+    subprocess.run(head, check=True, env=dict(os.environ), capture_output=True, timeout=180)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.mark.slow
+def test_a_keep_on_ray_records_what_it_applied(ray_cluster, store):
+    """The same records on Ray: the running configuration re-applied at a new intensity (its
+    group's routes, in place) is a ``keep`` recorded applied, naming the plan that serves."""
+    from greenctl.executor.deploy.ray_backend import apply_ray, down_ray, status_ray
+
+    pid = _tiny(store, builtin=True)
+    # a region of two close values: the same configuration stays best, its intensity moves
+    carbon_io.store_points(
+        store,
+        [carbon_io.CarbonPoint("NEAR", T.format(h, 0), v) for h, v in ((0, 124.57), (1, 126.0))],
+    )
+    apply_ray(store.get_plan(pid), store=store, address=ray_cluster, http_port=_free_port(),
+              timeout_s=180)  # fmt: skip
+    try:
+        d = replan_mod.replan_once(
+            store, plan=str(pid), at=T.format(1, 0), region="NEAR", threshold=0.001, apply=True
+        )
+        assert d["action"] == "keep" and d["applied"] is True, d
+        serving = status_ray(store=store)["plan_id"]
+        assert d["new_plan_id"] == serving != pid and d["running_plan_id"] == pid
+        _says_what_happened(d)
+    finally:
+        down_ray(store=store, address=ray_cluster)
 
 
 # -- a refused replan writes nothing ----------------------------------------------------------
