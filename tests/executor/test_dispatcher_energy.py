@@ -309,18 +309,23 @@ def test_replan_keeps_executors_and_they_count_carbon_at_the_new_intensity(run_s
 
 def test_the_executor_admin_endpoint_checks_its_input(pair):
     states = pair["states"]
-    url = _wait_state(states["b"])["url"]
+    state = _wait_state(states["b"])
+    url = state["url"]
 
-    def post(body: object) -> int:
+    def post(body: object, token: str | None = state["token"]) -> int:
         req = urllib.request.Request(
             url + "/admin/carbon", data=json.dumps(body).encode(), method="POST"
         )
+        if token is not None:
+            req.add_header("X-Greenctl-Token", token)
         try:
             with urllib.request.urlopen(req, timeout=5) as r:
                 return r.status
         except urllib.error.HTTPError as exc:
             return exc.code
 
+    assert post({"carbon_g_per_kwh": 50}, token=None) == 403  # admin needs the token
+    assert post({"carbon_g_per_kwh": 50}, token="0" * 32) == 403
     assert post({"carbon_g_per_kwh": -3}) == 400
     assert post({"carbon_g_per_kwh": 50, "pue": 0.9}) == 400
     assert post([1]) == 400
