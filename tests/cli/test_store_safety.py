@@ -366,3 +366,34 @@ def test_good_outputs_are_written(work):
     r = _invoke("export", "k8s", "1", "-o", work / "k8s")
     assert r.exit_code == 0, r.output
     assert (work / "k8s" / "kustomization.yaml").exists()
+
+
+# -- SQLite faults met while a command runs -------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "error", "says"),
+    [
+        ("attempt to write a readonly database", "InputError", "read-only"),
+        ("database is locked", "StoreError", "locked by another process"),
+        ("database or disk is full", "StoreError", "disk is full"),
+        ("file is not a database", "InputError", "not a greenctl store"),
+    ],
+)
+def test_sqlite_fault_inside_a_command_becomes_greenctl_error(tmp_path, text, error, says):
+    from greenctl.data import errors
+    from greenctl.data.store import open_store
+
+    path = tmp_path / "g.db"
+    with pytest.raises(getattr(errors, error)) as caught, open_store(path):
+        raise sqlite3.OperationalError(text)
+    assert says in str(caught.value) and str(path) in str(caught.value)
+    assert path.exists() == (caught.value.exit_code != 2)  # a refused block removes its new file
+
+
+def test_programming_errors_keep_their_traceback(tmp_path):
+    from greenctl.data.store import open_store
+
+    with (
+        pytest.raises(sqlite3.OperationalError, match="no such table"),
+        open_store(tmp_path / "g.db") as s,
+    ):
+        s.db.execute("select * from nosuch")
