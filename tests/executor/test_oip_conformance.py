@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import urllib.error
@@ -43,6 +44,39 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _start_ray_head(ray_bin: str, num_cpus: int) -> tuple[str, int]:
+    """Start a Ray head on loopback in a session of its own, every port it listens on
+    chosen free (another test's cluster may run beside it): ``(address, session id)``."""
+    gcs, client, dashboard, agent = (_free_port() for _ in range(4))
+    head = [ray_bin, "start", "--head", "--port", str(gcs), "--num-cpus", str(num_cpus),
+            "--ray-client-server-port", str(client), "--dashboard-port", str(dashboard),
+            "--dashboard-agent-listen-port", str(agent), "--include-dashboard", "false",
+            "--object-store-memory", str(80 * 1024 * 1024), "--disable-usage-stats",
+            "--node-ip-address", "127.0.0.1"]  # fmt: skip
+    proc = subprocess.Popen(head, env=dict(os.environ), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    _, err = proc.communicate(timeout=180)
+    if proc.returncode != 0:
+        _stop_session(proc.pid)
+        raise AssertionError(f"ray start failed: {err.decode(errors='replace')[-2000:]}")
+    return f"127.0.0.1:{gcs}", proc.pid
+
+
+def _stop_session(sid: int) -> None:
+    """Kill the processes of session ``sid`` (one Ray cluster; `ray stop` would stop every
+    cluster on the machine)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def _geo_plan(store: Any, folder: Path) -> Plan:
@@ -135,12 +169,7 @@ def ray_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, s
     }
     saved = {k: os.environ.get(k) for k in settings}
     os.environ.update(settings)
-    port = _free_port()
-    head = [ray_bin, "start", "--head", "--port", str(port), "--num-cpus", "2",
-            "--include-dashboard", "false", "--object-store-memory", str(80 * 1024 * 1024),
-            "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]  # fmt: skip
-    subprocess.run(head, check=True, env=dict(os.environ), capture_output=True, timeout=180)
-    address = f"127.0.0.1:{port}"
+    address, session = _start_ray_head(ray_bin, num_cpus=2)
     store = open_store(tmp_path_factory.mktemp("oip-ray") / "ray.db")
     try:
         store.upsert_variant(builtin_variant("tiny-s"))
@@ -159,7 +188,7 @@ def ray_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, s
         store.close()
         if ray.is_initialized():
             ray.shutdown()
-        subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120)
+        _stop_session(session)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
