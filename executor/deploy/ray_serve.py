@@ -223,6 +223,10 @@ class RouterServer:
         from starlette.responses import JSONResponse
 
         model = parts[3]
+        if model in self.variant_of and len(parts) == 4 and request.method == "GET":
+            doc = self._model_doc(self.variant_of[model])  # as the local dispatcher answers
+            doc.update(name=model, parameters={"family": self.variant_of[model]})
+            return JSONResponse(doc)
         if model in self.variant_of and len(parts) == 5 and parts[4] == "ready":
             return JSONResponse({"name": model, "ready": True})
         named = model in self.variant_of and len(parts) == 5 and parts[4] == "infer"

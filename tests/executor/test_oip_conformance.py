@@ -106,9 +106,11 @@ def _profile(variant: str) -> Profile:
 
 
 @pytest.fixture(scope="module")
-def local_fronts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[str, str]]]:
+def local_fronts(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, tuple[str, str, str]]]:
     """A plan of one no-op executor applied on the local backend, and a geo router in front
-    of its dispatcher: ``{front: (url, model)}``."""
+    of its dispatcher: ``{front: (url, model, its variant)}``."""
     from greenctl.data.store import open_store
     from greenctl.executor.deploy.apply import apply_plan, down, status
     from greenctl.executor.deploy.georouter import apply_geo, stop_router
@@ -132,9 +134,9 @@ def local_fronts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
             _geo_plan(router, root), store=router, sites={"west": disp}, gateway="g1", at=T0
         )
         yield {
-            "dispatcher": (disp, "m"),
-            "executor": (inst["url"], "m"),
-            "georouter": (geo["router_url"], "m"),
+            "dispatcher": (disp, "m", "v"),
+            "executor": (inst["url"], "m", "v"),
+            "georouter": (geo["router_url"], "m", "v"),
         }
     finally:
         with contextlib.suppress(Exception):
@@ -151,9 +153,9 @@ def local_fronts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
 
 
 @pytest.fixture(scope="module")
-def ray_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def ray_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
     """A local Ray cluster (one head, loopback, no token) with the built-in ``tiny-s``
-    applied on it by ``apply_ray``: ``(router url, model)``."""
+    applied on it by ``apply_ray``: ``(router url, model, its variant)``."""
     ray = pytest.importorskip("ray")
     ray_bin = shutil.which("ray")
     if ray_bin is None:
@@ -181,7 +183,7 @@ def ray_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, s
         )
         store.save_plan(plan)
         applied = apply_ray(plan, store=store, address=address, http_port=_free_port())
-        yield applied.url, "tiny"
+        yield applied.url, "tiny", "tiny-s"
     finally:
         with contextlib.suppress(Exception):
             down_ray(store=store, address=address)
@@ -199,13 +201,13 @@ def ray_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, s
 @pytest.fixture(params=FRONTS)
 def front(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
     """A tritonclient HTTP client of one front, and the model it serves (the client's
-    ``greenctl_url``: the front's URL)."""
+    ``greenctl_url``: the front's URL; ``greenctl_variant``: the model's variant)."""
     if request.param == "ray":
-        url, model = request.getfixturevalue("ray_front")
+        url, model, variant = request.getfixturevalue("ray_front")
     else:
-        url, model = request.getfixturevalue("local_fronts")[request.param]
+        url, model, variant = request.getfixturevalue("local_fronts")[request.param]
     client = httpclient.InferenceServerClient(url=url.removeprefix("http://"))
-    client.greenctl_url = url
+    client.greenctl_url, client.greenctl_variant = url, variant
     try:
         yield client, model
     finally:
@@ -271,6 +273,19 @@ def test_infer_binary_and_json_tensors(front, binary):
     # no outputs named: every output comes back
     plain = client.infer(model, [inp])
     assert plain.as_numpy("output") is not None
+
+
+def test_a_variant_answers_under_its_own_name(front):
+    """A variant is served under its own name too: ready, the same tensors, inference."""
+    client, model = front
+    variant = client.greenctl_variant
+    assert client.is_model_ready(variant)
+    meta, family = client.get_model_metadata(variant), client.get_model_metadata(model)
+    assert (meta["inputs"], meta["outputs"]) == (family["inputs"], family["outputs"])
+    x = _rows(client, model, rows=1)
+    inp = httpclient.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    assert client.infer(variant, [inp]).as_numpy("output").shape[0] == 1
 
 
 def test_an_unknown_output_is_an_error(front):
