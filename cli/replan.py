@@ -124,6 +124,8 @@ def _show_history(
     db: str | None, *, plan: str | None, region: str | None, limit: int, json_out: bool
 ) -> None:
     """List the decision records (of one plan's lineage, or all)."""
+    if limit < 1:
+        raise InputError(f"--limit {limit} is not a count >= 1", hint="for example --limit 20")
     lineage = None
     if plan is not None:
         lineage = lineage_key(plan)

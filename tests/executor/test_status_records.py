@@ -282,6 +282,13 @@ def test_a_refused_replan_writes_nothing(cli, store, db_path, tmp_path, case, ap
         assert not lock.exists()
 
 
+@pytest.mark.parametrize("limit", ["0", "-3"])
+def test_a_history_limit_under_1_is_refused(cli, store, limit):
+    r = cli("replan", "--history", "--limit", limit, "--json")
+    assert r.exit_code == 2 and r.stdout == "", r.output
+    assert r.stderr.startswith(f"Error: --limit {limit} ")
+
+
 def test_a_good_replan_still_writes_its_record(cli, store):
     """The control: the same command with good options records its decision."""
     pid = _tiny(store)
