@@ -240,7 +240,7 @@ def status_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Show the dispatcher and every running instance (variant, resource, pid, port, p95).
-    Exits 1 when the plan is not fully serving (and says why)."""
+    Exits 1 unless a plan fully serves (nothing applied included), and says why."""
     # numpy: not for `--help`
     from greenctl.executor.deploy.backends import not_serving, status
     from greenctl.executor.deploy.georouter import router_status
@@ -259,6 +259,8 @@ def status_cmd(
         if geo is not None:
             _print_geo(geo)
     reasons = not_serving(doc)
+    if geo is not None and not doc.get("dispatcher") and not doc.get("instances"):
+        reasons = []  # a geo router alone: its sites' state is what serves
     if geo is not None and geo["state"] != "serving":
         drained = [n for n, s in (geo.get("sites") or {}).items() if not s.get("healthy", True)]
         reasons.append(
@@ -266,7 +268,7 @@ def status_cmd(
             + (f" (drained: {', '.join(drained)})" if drained else "")
         )
     if reasons:
-        raise ExecutorError("the plan is not fully serving: " + "; ".join(reasons))
+        raise ExecutorError("not serving: " + "; ".join(reasons))
 
 
 def _print_status(doc: dict[str, Any]) -> None:

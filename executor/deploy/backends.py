@@ -323,11 +323,12 @@ def down(
 
 
 def not_serving(doc: dict[str, Any]) -> list[str]:
-    """Why the plan a ``status`` document describes does not fully serve (empty when it does,
-    or when nothing is applied): what makes ``greenctl status`` exit 1."""
+    """Why the plan a ``status`` document describes does not fully serve, empty only when it
+    does: what makes ``greenctl status`` exit 1 (nothing applied included)."""
+    idle = ["nothing is applied (`greenctl apply PLAN.json` serves a plan)"]
     if doc.get("backend") == "ray":
         if doc.get("app") is None:
-            return []
+            return idle
         if not doc.get("running"):
             return [f"Ray application {doc['app']} is not on the cluster at {doc.get('address')}"]
         return [
@@ -336,9 +337,12 @@ def not_serving(doc: dict[str, Any]) -> list[str]:
             for i in doc.get("instances") or []
             if not i.get("ready")
         ]
-    if doc.get("state") in ("degraded", "down"):
-        return list(doc.get("problems") or ["the plan is not fully serving"])
-    return []
+    state = doc.get("state")
+    if state == "serving":
+        return []
+    if state == "idle":
+        return idle
+    return list(doc.get("problems") or [f"the plan is {state}"])
 
 
 def serving(store: Store) -> Serving:

@@ -60,7 +60,8 @@ def test_dry_run_json(cli, plan_file, state_dir):
         "switch-routes",
     ]
     r = cli("status", "--json")
-    assert r.exit_code == 0  # nothing applied: nothing to serve, not a failure
+    assert r.exit_code == 1  # nothing applied: nothing serves
+    assert "nothing is applied" in r.stderr
     assert json.loads(r.stdout) == {
         "backend": "local",  # nothing applied: the local backend answers
         "state": "idle",

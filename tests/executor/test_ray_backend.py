@@ -85,7 +85,7 @@ def _infer(url: str, model: str, rows: int = 2) -> dict:
         "id": "r1",
         "inputs": [
             {
-                "name": "input0",
+                "name": "input",
                 "shape": shape,
                 "datatype": "FP32",
                 "data": [0.5] * (rows * 3 * 32 * 32),
@@ -352,7 +352,8 @@ def test_status_with_an_unreachable_cluster_is_an_error(cli, store, closed_port,
 
 def test_status_with_nothing_applied_says_so(cli, no_ray_init):
     r = cli("status", "--backend", "ray")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output  # nothing serves
+    assert "nothing is applied" in r.stderr
     assert "Nothing greenctl applied runs on Ray" in r.stdout and "Deployments" not in r.stdout
     doc = json.loads(cli("status", "--backend", "ray", "--json").stdout)
     assert doc["app"] is None and doc["running"] is False and doc["instances"] == []
@@ -391,7 +392,7 @@ def test_parse_address_fuzz(text):
 # -- issue 19 on Ray: model-less requests, energy and carbon series ---------------------------
 def _post(url: str, name: str, parameters: dict | None = None) -> tuple[int, dict, Any]:
     """(status, answer, headers: case-insensitive, as uvicorn sends them lowercase)."""
-    body: dict = {"inputs": [{"name": "input0", "shape": [1, 3, 32, 32], "datatype": "FP32",
+    body: dict = {"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32",
                               "data": [0.5] * 3072}]}  # fmt: skip
     if parameters is not None:
         body["parameters"] = parameters

@@ -35,13 +35,6 @@ pytestmark = pytest.mark.timeout(180)
 OPTS = {"loader": "greenctl.executor.runtime.daemon:noop_loader", "cores": [0]}
 T = "2021-03-01T{:02d}:{:02d}:00Z"
 
-#: the change the status exit code needs in a file this suite's author does not own
-NOT_SERVING_IDLE = (
-    "greenctl.executor.deploy.backends.not_serving returns [] for a status of nothing "
-    "applied (local state 'idle', Ray app None), so `greenctl status` exits 0 when nothing "
-    "serves; it must name why for every state but 'serving'"
-)
-
 
 def _tiny(store: Any, *, builtin: bool = False) -> int:
     """The tiny family (modeled CPU profiles), the CISO trace and a plan of one tiny-l on
@@ -301,7 +294,6 @@ def test_a_good_replan_still_writes_its_record(cli, store):
 
 
 # -- status: exit 1 unless a plan serves ------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=NOT_SERVING_IDLE)
 @pytest.mark.parametrize("backend", ["local", "ray"])
 @pytest.mark.parametrize("json_out", [False, True], ids=["text", "json"])
 def test_status_exits_1_when_nothing_serves(cli, store, backend, json_out):
