@@ -103,13 +103,15 @@ def test_a_kept_plan_counts_carbon_at_the_new_signal(tiny_plan):
 
     # 05:00, 291.63 g/kWh: the same configuration is best; it now counts at the signal
     d = replan(5, apply=True, apply_options=OPTS)
-    assert d["action"] == "keep" and d["applied"] is False and d["new_plan_id"] is None
+    assert d["action"] == "keep"
     assert "counts carbon at 291.63 g/kWh from now on (was 124.57 g/kWh)" in d["reason"]
     st = status(store)
     assert [i["pid"] for i in st["instances"]] == [inst["pid"]]  # kept, not restarted
     assert st["dispatcher"]["pid"] == first["dispatcher"]["pid"]
     counted_plan = st["dispatcher"]["plan_id"]
     assert counted_plan != pid and f"plan {counted_plan}," in d["reason"]
+    # the record says what happened: the kept configuration was applied at the new signal
+    assert d["applied"] is True and d["new_plan_id"] == counted_plan
     assert _metrics(disp_url)[GRID_INTENSITY] == pytest.approx(291.63)
     now = _wait_intensity(inst["url"], 291.63)
     time.sleep(0.3)
