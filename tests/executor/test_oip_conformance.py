@@ -14,10 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import signal
 import socket
-import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -44,39 +41,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _start_ray_head(ray_bin: str, num_cpus: int) -> tuple[str, int]:
-    """Start a Ray head on loopback in a session of its own, every port it listens on
-    chosen free (another test's cluster may run beside it): ``(address, session id)``."""
-    gcs, client, dashboard, agent = (_free_port() for _ in range(4))
-    head = [ray_bin, "start", "--head", "--port", str(gcs), "--num-cpus", str(num_cpus),
-            "--ray-client-server-port", str(client), "--dashboard-port", str(dashboard),
-            "--dashboard-agent-listen-port", str(agent), "--include-dashboard", "false",
-            "--object-store-memory", str(80 * 1024 * 1024), "--disable-usage-stats",
-            "--node-ip-address", "127.0.0.1"]  # fmt: skip
-    proc = subprocess.Popen(head, env=dict(os.environ), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
-    _, err = proc.communicate(timeout=180)
-    if proc.returncode != 0:
-        _stop_session(proc.pid)
-        raise AssertionError(f"ray start failed: {err.decode(errors='replace')[-2000:]}")
-    return f"127.0.0.1:{gcs}", proc.pid
-
-
-def _stop_session(sid: int) -> None:
-    """Kill the processes of session ``sid`` (one Ray cluster; `ray stop` would stop every
-    cluster on the machine)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == sid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def _geo_plan(store: Any, folder: Path) -> Plan:
@@ -153,49 +117,34 @@ def local_fronts(
 
 
 @pytest.fixture(scope="module")
-def ray_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+def ray_front(
+    tmp_path_factory: pytest.TempPathFactory, ray_cluster_of: Callable[..., Any]
+) -> Iterator[tuple[str, str, str]]:
     """A local Ray cluster (one head, loopback, no token) with the built-in ``tiny-s``
     applied on it by ``apply_ray``: ``(router url, model, its variant)``."""
-    ray = pytest.importorskip("ray")
-    ray_bin = shutil.which("ray")
-    if ray_bin is None:
-        pytest.skip("the ray command is not installed")
     from greenctl.data.store import open_store
     from greenctl.executor.deploy.ray_backend import apply_ray, down_ray
     from greenctl.profiler.models import builtin_variant
 
-    settings = {
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
-    }
-    saved = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)
-    address, session = _start_ray_head(ray_bin, num_cpus=2)
-    store = open_store(tmp_path_factory.mktemp("oip-ray") / "ray.db")
-    try:
-        store.upsert_variant(builtin_variant("tiny-s"))
-        store.add_profiles([_profile("tiny-s")])  # (model-less routing needs one)
-        plan = Plan(
-            kind="mix",
-            request={"policy": "wrr"},
-            deployments=[Deployment("tiny", "tiny-s", "cpu:1", count=1, batch=4, quota_rps=10.0)],
-        )
-        store.save_plan(plan)
-        applied = apply_ray(plan, store=store, address=address, http_port=_free_port())
-        yield applied.url, "tiny", "tiny-s"
-    finally:
-        with contextlib.suppress(Exception):
-            down_ray(store=store, address=address)
-        store.close()
-        if ray.is_initialized():
-            ray.shutdown()
-        _stop_session(session)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with ray_cluster_of(2) as address:
+        store = open_store(tmp_path_factory.mktemp("oip-ray") / "ray.db")
+        try:
+            store.upsert_variant(builtin_variant("tiny-s"))
+            store.add_profiles([_profile("tiny-s")])  # (model-less routing needs one)
+            plan = Plan(
+                kind="mix",
+                request={"policy": "wrr"},
+                deployments=[
+                    Deployment("tiny", "tiny-s", "cpu:1", count=1, batch=4, quota_rps=10.0)
+                ],
+            )
+            store.save_plan(plan)
+            applied = apply_ray(plan, store=store, address=address, http_port=_free_port())
+            yield applied.url, "tiny", "tiny-s"
+        finally:
+            with contextlib.suppress(Exception):
+                down_ray(store=store, address=address)
+            store.close()
 
 
 @pytest.fixture(params=FRONTS)

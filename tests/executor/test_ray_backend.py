@@ -4,10 +4,7 @@ local Ray cluster (a head and a second node on this machine; slow)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
-import subprocess
 import urllib.error
 import urllib.request
 from typing import Any
@@ -29,47 +26,10 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    ray = pytest.importorskip("ray")
-    ray_bin = shutil.which("ray")
-    if ray_bin is None:
-        pytest.skip("the ray command is not installed")
-    # a local test cluster without token auth (a stale ~/.ray/auth_token would otherwise
-    # make the second node's join fail)
-    settings = {
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
-    }
-    saved = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)
-    env = dict(os.environ)
-    port = _free_port()
-    # loopback only; 4 + 2 logical CPUs leave room for two plan versions side by side
-    common = [
-        "--object-store-memory",
-        str(80 * 1024 * 1024),
-        "--disable-usage-stats",
-        "--node-ip-address",
-        "127.0.0.1",
-    ]
-    head = [ray_bin, "start", "--head", "--port", str(port), "--num-cpus", "4", "--include-dashboard", "false",
-            "--resources", json.dumps({"mig-1g.10gb": 1}), *common]  # fmt: skip
-    subprocess.run(head, check=True, env=env, capture_output=True, timeout=180)
-    address = f"127.0.0.1:{port}"
-    try:
-        worker = [ray_bin, "start", "--address", address, "--num-cpus", "2", *common]
-        subprocess.run(worker, check=True, env=env, capture_output=True, timeout=180)
+def cluster(ray_cluster_of):
+    # 4 + 2 logical CPUs on two nodes leave room for two plan versions side by side
+    with ray_cluster_of(4, resources={"mig-1g.10gb": 1}, worker_cpus=2) as address:
         yield address
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,9 @@ Real processes where it matters: a dispatcher and a no-op executor started by
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import shutil
-import signal
 import socket
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -152,62 +147,11 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _start_ray_head(ray_bin: str, num_cpus: int) -> tuple[str, int]:
-    """Start a Ray head on loopback in a session of its own, every port it listens on
-    chosen free (another test's cluster may run beside it): ``(address, session id)``."""
-    gcs, client, dashboard, agent = (_free_port() for _ in range(4))
-    head = [ray_bin, "start", "--head", "--port", str(gcs), "--num-cpus", str(num_cpus),
-            "--ray-client-server-port", str(client), "--dashboard-port", str(dashboard),
-            "--dashboard-agent-listen-port", str(agent), "--include-dashboard", "false",
-            "--object-store-memory", str(80 * 1024 * 1024), "--disable-usage-stats",
-            "--node-ip-address", "127.0.0.1"]  # fmt: skip
-    proc = subprocess.Popen(head, env=dict(os.environ), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
-    _, err = proc.communicate(timeout=180)
-    if proc.returncode != 0:
-        _stop_session(proc.pid)
-        raise AssertionError(f"ray start failed: {err.decode(errors='replace')[-2000:]}")
-    return f"127.0.0.1:{gcs}", proc.pid
-
-
-def _stop_session(sid: int) -> None:
-    """Kill the processes of session ``sid`` (one Ray cluster; `ray stop` would stop every
-    cluster on the machine)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == sid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGKILL)
-
-
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[str]:
+def ray_cluster(ray_cluster_of) -> Iterator[str]:
     """A local Ray cluster (one head on loopback, no token): its address."""
-    ray = pytest.importorskip("ray")
-    ray_bin = shutil.which("ray")
-    if ray_bin is None:
-        pytest.skip("the ray command is not installed")
-    settings = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
-                "RAY_DISABLE_DOCKER_CPU_WARNING": "1"}  # fmt: skip
-    saved = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)
-    address, session = _start_ray_head(ray_bin, num_cpus=3)
-    try:
+    with ray_cluster_of(3) as address:
         yield address
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        _stop_session(session)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.mark.slow
