@@ -519,8 +519,9 @@ def _is_empty(path: Path) -> bool:
 
 def _undo_file(path: Path, made: str | None) -> None:
     """Remove the store file at ``path`` (made "created") or empty it again ("initialised"),
-    with the SQLite files beside it; nothing when ``made`` is None."""
-    if made is None:
+    with the SQLite files beside it; nothing when ``made`` is None, or when the store holds
+    rows by now (another process that opened the new store meanwhile keeps its data)."""
+    if made is None or _holds_data(path):
         return
     for extra in ("-wal", "-shm", "-journal"):
         Path(f"{path}{extra}").unlink(missing_ok=True)
@@ -528,6 +529,24 @@ def _undo_file(path: Path, made: str | None) -> None:
         path.unlink(missing_ok=True)
     elif path.exists():
         os.truncate(path, 0)
+
+
+def _holds_data(path: Path) -> bool:
+    """Whether the store at ``path`` holds a row besides its migration records (True when
+    it cannot be read: then it is left alone)."""
+    if not path.exists() or not path.stat().st_size:
+        return False
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=1.0)
+        try:
+            tables = [r[0] for r in con.execute("select name from sqlite_master where "
+                      "type = 'table' and name not like 'sqlite_%' and name != 'migrations'")]  # fmt: skip
+            return any(con.execute(f"select exists (select 1 from [{t}])").fetchone()[0]
+                       for t in tables)  # fmt: skip
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return True
 
 
 def check_store_writable(path: Path) -> None:

@@ -397,3 +397,16 @@ def test_programming_errors_keep_their_traceback(tmp_path):
         open_store(tmp_path / "g.db") as s,
     ):
         s.db.execute("select * from nosuch")
+
+
+def test_a_new_store_that_another_process_filled_meanwhile_is_kept(tmp_path, seeded):
+    from greenctl.data.errors import InputError
+    from greenctl.data.store import open_store
+
+    path = tmp_path / "g.db"
+    with pytest.raises(InputError), open_store(path):  # this open creates the file
+        r = _invoke("--db", path, "profile", "import", seeded / "p.csv")  # another writer
+        assert r.exit_code == 0, r.output
+        raise InputError("refused")
+    with open_store(path, create=False) as store:
+        assert store.profile_count() == 2
