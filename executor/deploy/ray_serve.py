@@ -13,10 +13,10 @@ import threading
 import time
 from typing import Any
 
-from greenctl.data.errors import InputError, shown
+from greenctl.data.errors import InputError
 from greenctl.data.records import Variant
 from greenctl.executor.deploy.ray_routes import PlanRoutes, ReplicaEnergy
-from greenctl.executor.runtime.daemon import INPUT_NAME, OUTPUT_NAME
+from greenctl.executor.runtime.daemon import INPUT_NAME, OUTPUT_NAME, model_rows
 from greenctl.executor.runtime.dispatcher import (
     ENERGY_SCRAPE_S,
     VARIANT_HEADER,
@@ -24,7 +24,12 @@ from greenctl.executor.runtime.dispatcher import (
     energy_scrape_s,
     requirements_of,
 )
-from greenctl.executor.runtime.oip import HEADER_LENGTH, decode_request, encode_response
+from greenctl.executor.runtime.oip import (
+    HEADER_LENGTH,
+    decode_request,
+    encode_response,
+    header_length,
+)
 from greenctl.profiler.models import load_model
 
 
@@ -280,12 +285,11 @@ class RouterServer:
         except InputError as exc:
             return JSONResponse({"error": exc.message}, status_code=400)
         try:
-            if header is not None and not (header.isascii() and header.strip().isdigit()):
-                raise InputError(f"{HEADER_LENGTH} {shown(header)} is not a byte count")
-            doc, tensors = decode_request(raw, int(header) if header else None)
+            doc, tensors = decode_request(raw, header_length(header))
             entries = self.models[model]
             shape = next((e for e in entries if e["variant"] == variant), entries[0])["input_shape"]
-            rows, squeeze = request_rows(variant or model, doc, tensors, shape)
+            rows, squeeze = model_rows(variant or model, doc, tensors, shape)
+            rows = rows.astype("float32")
         except InputError as exc:
             return JSONResponse({"error": exc.message}, status_code=400)
         assert self.app is not None
@@ -310,43 +314,3 @@ class RouterServer:
                 headers[HEADER_LENGTH] = str(len(new))
         headers[VARIANT_HEADER] = str(served)
         return Response(body, headers=headers)
-
-
-def request_rows(
-    model: str, doc: dict[str, Any], tensors: list[tuple[str, Any]], input_shape: list[int]
-) -> tuple[Any, bool]:
-    """A decoded request's one input as FP32 rows of ``input_shape``, and whether it came as
-    one row without the batch dimension (answered the same way): the executor daemon's
-    tensor contract (one input ``INPUT_NAME``, outputs only ``OUTPUT_NAME``), so a client
-    written for the local dispatcher works unchanged on Ray.
-
-    Raises:
-        InputError: another input or output name, a repeated input, a shape that does not
-            fit the model, or no rows.
-    """
-    for name, _ in tensors:
-        if name != INPUT_NAME:
-            raise InputError(
-                f"model '{shown(model)}' has no input '{shown(name)}'; its one input is "
-                f"'{INPUT_NAME}'"
-            )
-    if len(tensors) > 1:
-        raise InputError(f"input '{INPUT_NAME}' is given {len(tensors)} times")
-    for out in doc.get("outputs") or []:
-        if out["name"] != OUTPUT_NAME:
-            raise InputError(
-                f"model '{shown(model)}' has no output '{shown(out['name'])}'; its one output "
-                f"is '{OUTPUT_NAME}'"
-            )
-    arr = tensors[0][1]
-    squeeze = arr.ndim == len(input_shape)
-    if squeeze:
-        arr = arr[None, ...]
-    if list(arr.shape[1:]) != list(input_shape):
-        raise InputError(
-            f"input shape {list(arr.shape)} does not match the model's "
-            f"[-1, {', '.join(map(str, input_shape))}]"
-        )
-    if arr.shape[0] < 1:
-        raise InputError("the input has no rows")
-    return arr.astype("float32"), squeeze

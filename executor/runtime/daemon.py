@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -375,6 +375,45 @@ def run_model(loaded: Any, arr: np.ndarray, *, numpy_native: bool) -> np.ndarray
 
 
 # -- the server --------------------------------------------------------------------------
+def model_rows(
+    model: str, doc: dict[str, Any], tensors: list[tuple[str, Any]], input_shape: Sequence[int]
+) -> tuple[np.ndarray, bool]:
+    """A decoded request's one input as rows of ``input_shape``, and whether it came as one
+    row without the batch dimension: the tensor contract of every front (one input
+    ``INPUT_NAME``, outputs only ``OUTPUT_NAME``), the Ray backend's included.
+
+    Raises:
+        InputError: another input or output name, a repeated input, a shape that does not
+            fit the model, or no rows.
+    """
+    for name, _ in tensors:
+        if name != INPUT_NAME:
+            raise InputError(
+                f"model '{shown(model)}' has no input '{shown(name)}'; "
+                f"its one input is '{INPUT_NAME}'"
+            )
+    if len(tensors) > 1:
+        raise InputError(f"input '{INPUT_NAME}' is given {len(tensors)} times")
+    for out in doc.get("outputs") or []:
+        if out["name"] != OUTPUT_NAME:
+            raise InputError(
+                f"model '{shown(model)}' has no output '{shown(out['name'])}'; "
+                f"its one output is '{OUTPUT_NAME}'"
+            )
+    arr = tensors[0][1]
+    squeeze = arr.ndim == len(input_shape)
+    if squeeze:
+        arr = arr[None, ...]
+    if tuple(arr.shape[1:]) != tuple(input_shape):
+        raise InputError(
+            f"input shape {list(arr.shape)} does not match the model's "
+            f"[-1, {', '.join(map(str, input_shape))}]"
+        )
+    if arr.shape[0] < 1:
+        raise InputError("the input has no rows")
+    return arr, squeeze
+
+
 class ExecutorServer:
     """The OIP REST app of one loaded model."""
 
@@ -569,12 +608,7 @@ class ExecutorServer:
                 the dispatcher would refuse (its rule: ``requirements_of``).
         """
         requirements_of(body, header_length)  # the dispatcher's rule for ``parameters``
-        length = None
-        if header_length is not None:
-            text = header_length.strip()
-            if not (text.isascii() and text.isdigit()):
-                raise InputError(f"{oip.HEADER_LENGTH} {shown(header_length)} is not a byte count")
-            length = int(text)
+        length = oip.header_length(header_length)
         hint = (
             f"send them in several requests: this executor takes at most {self.max_rows} rows "
             f"of {list(self.input_shape)} per request (its --max-rows)"
@@ -590,32 +624,8 @@ class ExecutorServer:
             if len(exc.shape) != len(self.input_shape) + 1:
                 raise
             raise self._too_many_rows(exc.shape[0], hint) from None
-        for name, _ in tensors:
-            if name != INPUT_NAME:
-                raise InputError(
-                    f"model '{self.model}' has no input '{shown(name)}'; "
-                    f"its one input is '{INPUT_NAME}'"
-                )
-        if len(tensors) > 1:
-            raise InputError(f"input '{INPUT_NAME}' is given {len(tensors)} times")
-        for out in doc.get("outputs") or []:
-            if out["name"] != OUTPUT_NAME:
-                raise InputError(
-                    f"model '{self.model}' has no output '{shown(out['name'])}'; "
-                    f"its one output is '{OUTPUT_NAME}'"
-                )
-        arr = tensors[0][1]
-        squeeze = False
-        if arr.ndim == len(self.input_shape):
-            arr, squeeze = arr[None, ...], True
-        if tuple(arr.shape[1:]) != self.input_shape:
-            raise InputError(
-                f"input shape {list(arr.shape)} does not match the model's "
-                f"[-1, {', '.join(map(str, self.input_shape))}]"
-            )
+        arr, squeeze = model_rows(self.model, doc, tensors, self.input_shape)
         rows = int(arr.shape[0])
-        if rows < 1:
-            raise InputError("the input has no rows")
         if rows > self.max_rows:
             raise self._too_many_rows(rows, hint)
         if arr.dtype != self.input_dtype:

@@ -263,6 +263,20 @@ def _input_tensor(
     return name, arr, used
 
 
+def header_length(text: str | None) -> int | None:
+    """The ``Inference-Header-Content-Length`` header as a byte count (None when absent).
+
+    Raises:
+        InputError: the header is not a plain decimal count.
+    """
+    if text is None:
+        return None
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()):
+        raise InputError(f"{HEADER_LENGTH} {shown(text)} is not a byte count")
+    return int(digits)
+
+
 def decode_request(
     body: bytes,
     header_length: int | None = None,
