@@ -9,26 +9,80 @@ from typing import Annotated, Any
 
 import typer
 from greenctl.cli.common import ROOT_DB, err_console
-from greenctl.data.errors import GreenctlError
+from greenctl.data.errors import GreenctlError, printable
 from rich.text import Text
 from typer.core import TyperGroup
 
+try:  # typer >= 0.23 vendors click: its usage errors are its own classes
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - older typer runs on click itself
+    from click import exceptions as click_errors  # type: ignore[no-redef]
+
+
+def print_error(message: str) -> None:
+    """The one ``Error: ...`` line (and its ``hint:`` line) on stderr.
+
+    The message quotes user text (names, paths, values): it is printed as it is, never as
+    rich markup (``[red]``) or emoji codes (``:abc:``), with every non-printable character
+    escaped as a last guard, so that an argument never drives the terminal.
+    """
+    err_console.print(
+        Text.assemble(("Error:", "bold red"), " ", printable(message, keep_newlines=True)),
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _command_words(group: Any, args: list[str]) -> list[str]:
+    """The subcommand names leading ``args`` (``["plan", "mix"]``), walked down from
+    ``group``: where a usage error that knows no context was raised."""
+    words: list[str] = []
+    cmd = group
+    for arg in args:
+        sub = getattr(cmd, "commands", {}).get(arg)
+        if sub is None:
+            break
+        words.append(arg)
+        cmd = sub
+    return words
+
+
+def _usage_error(exc: click_errors.ClickException, words: list[str]) -> typer.Exit:
+    """click's usage error (bad value type, missing or unknown option, bad choice) as
+    greenctl's Error line, with the failing command's help as the hint; exit 2."""
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        words = ctx.command_path.split()[1:]
+    where = " ".join(["greenctl", *words])
+    print_error(f"{exc.format_message()}\n  hint: see `{where} --help`")
+    usage = isinstance(exc, click_errors.UsageError | click_errors.FileError)
+    return typer.Exit(2 if usage else exc.exit_code)
+
 
 class GreenctlGroup(TyperGroup):
-    """Maps every GreenctlError raised below it to ``Error: ...`` and its exit code."""
+    """Maps every GreenctlError raised below it, and click's usage errors, to
+    ``Error: ...`` and its exit code."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        """The root's own options parsed (``greenctl --bogus``: a usage error, exit 2)."""
+        try:
+            return super().make_context(*args, **kwargs)
+        except click_errors.NoArgsIsHelpError:
+            raise
+        except click_errors.ClickException as exc:
+            raise _usage_error(exc, []) from None
 
     def invoke(self, ctx: Any) -> Any:  # typer's vendored click.Context
+        words = _command_words(self, [*getattr(ctx, "_protected_args", []), *ctx.args])
         try:
             return super().invoke(ctx)
         except GreenctlError as exc:
-            # the message quotes user text (names, paths, values): print it as it is, never
-            # as rich markup ([red]) or emoji codes (:abc:)
-            err_console.print(
-                Text.assemble(("Error:", "bold red"), " ", str(exc)),
-                highlight=False,
-                soft_wrap=True,
-            )
+            print_error(str(exc))
             raise typer.Exit(exc.exit_code) from None
+        except click_errors.NoArgsIsHelpError:
+            raise
+        except click_errors.ClickException as exc:
+            raise _usage_error(exc, words) from None
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
 

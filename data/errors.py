@@ -10,10 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 
+def printable(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` with every non-printable character (terminal escapes, NUL, bidi controls)
+    written as its Python escape, so that a message never drives the user's terminal;
+    ``keep_newlines`` keeps line breaks (a message and its hint line)."""
+    return "".join(
+        c if c.isprintable() or (keep_newlines and c == "\n") else ascii(c)[1:-1] for c in text
+    )
+
+
 def shown(value: Any, limit: int = 40) -> str:
     """A value as it goes into an error message: non-printables escaped, long text cut."""
-    text = value if isinstance(value, str) else repr(value)
-    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    text = printable(value if isinstance(value, str) else repr(value))
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
