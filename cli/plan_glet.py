@@ -10,6 +10,7 @@ from greenctl.cli.common import DbOpt, JsonOpt, input_path, print_json, render_t
 from greenctl.cli.plan import check_writable, plan_app, save_plan
 from greenctl.data.errors import InputError
 from greenctl.data.glet_spec import GletSpec, load_glet_spec, parse_model_arg, parse_partitions
+from greenctl.data.limits import split_items
 from greenctl.executor.kinds import plan
 
 SpecOpt = Annotated[
@@ -135,7 +136,7 @@ def glet_request(
         "hardware": hardware,
         "models": entries,
         "partitions": (
-            parse_partitions(partitions.split(","))
+            parse_partitions(split_items(partitions, "--partitions"))
             if partitions is not None
             else spec_doc.partitions
         ),

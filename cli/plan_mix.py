@@ -189,8 +189,7 @@ def plan_mix_cmd(
         carbon_intensity=carbon_intensity, headroom=headroom, time_limit=time_limit,
         strategy=strategy, solver=solver, spec=spec,
     )  # fmt: skip
-    if current is not None:
-        request["current"] = [d.to_dict() for d in load_plan_file(current).deployments]
+    current_plan = load_plan_file(current) if current is not None else None
     with store_for(db) as store:
         ci = plan_carbon(
             store,
@@ -202,7 +201,7 @@ def plan_mix_cmd(
         )
         if ci is not None and carbon_intensity is None and "carbon_intensity" in request:
             ci["source"] = {**ci["source"], "kind": "spec", "file": str(spec)}
-        new = plan(store, "mix", request, carbon=ci)  # as `replan` plans it again
+        new = plan(store, "mix", request, carbon=ci, current=current_plan)  # as `replan` does
         save_plan(store, new, output)
     if json_out:
         if ci is not None and ci["note"]:

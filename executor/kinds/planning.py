@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from greenctl.data import carbon as carbon_signal
+from greenctl.data.errors import InputError
 from greenctl.data.plan import Plan
 from greenctl.executor.kinds.base import PlanKind, Planned, get_kind
 
@@ -64,6 +65,11 @@ def plan_problem(
     """As :func:`plan`, returning the problem the kind solved beside the plan (``replan``
     scores the running plan in it)."""
     entry = get_kind(kind)
+    if current is not None and current.kind != entry.name:
+        raise InputError(
+            f"--current plan is a '{current.kind}' plan, expected '{entry.name}'",
+            hint=f"give --current the {entry.name} plan running now (`greenctl plan list`)",
+        )
     ci = carbon
     if ci is None:
         ci = plan_carbon(
@@ -108,7 +114,8 @@ def plan(
         options: the kind's own planning options (``baseline`` for mig).
 
     Raises:
-        InputError: unknown kind, bad request or signal. InfeasiblePlan: nothing fits.
+        InputError: unknown kind, bad request or signal, a ``current`` plan of another
+            kind. InfeasiblePlan: nothing fits.
     """
     return plan_problem(
         store, kind, request, region=region, at=at, current=current, carbon=carbon, **options

@@ -7,12 +7,12 @@ from, and the options of ``plan geo`` under the names the plan records them, val
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from greenctl.data.errors import InputError
+from greenctl.data.limits import bounded, whole
 
 #: request key -> run_geo option
 OPTIONS = {
@@ -29,7 +29,17 @@ OPTIONS = {
     "variant": "variant",
     "min_accuracy": "min_accuracy",
 }
-_TEXT = ("algorithm", "forecast", "model", "variant")
+#: the number options: request key -> (option, quantity in data.limits.BOUNDS)
+_NUMBERS = {
+    "mu_carbon_usd_per_kg": ("--mu-carbon", "weight"),
+    "mu_water_usd_per_l": ("--mu-water", "weight"),
+    "eta": ("--eta", "weight"),
+    "z_max_usd": ("--z-max", "weight"),
+    "horizon": ("--horizon", "count"),
+    "weight_carbon_usd_per_kg": ("--weight-carbon", "weight"),
+    "weight_water_usd_per_l": ("--weight-water", "weight"),
+    "min_accuracy": ("--min-accuracy", "fraction"),
+}
 _OPTION_HINT = "a geo request holds the options of `greenctl plan geo`, as it writes them"
 _PATH_HINT = "a geo request names its sites, demand (and routes) CSV files"
 
@@ -50,18 +60,16 @@ def _options(request: dict[str, Any]) -> dict[str, Any]:
         value = request.get(key)
         if value is None:
             continue
-        if key in _TEXT:
-            ok = isinstance(value, str)
-        elif key == "horizon":
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        else:
-            ok = (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-            )
-        if not ok:
-            raise InputError(f"request.{key} is {value!r}", hint=_OPTION_HINT)
+        if key in _NUMBERS:
+            flag, quantity = _NUMBERS[key]
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InputError(
+                    f"request.{key} ({flag}) is {value!r}, not a number", hint=_OPTION_HINT
+                )
+            check = whole if quantity == "count" else bounded
+            value = check(value, f"request.{key} ({flag})", quantity)
+        elif not isinstance(value, str):
+            raise InputError(f"request.{key} is {value!r}, not a name", hint=_OPTION_HINT)
         options[key] = value
     return options
 

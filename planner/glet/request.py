@@ -14,6 +14,7 @@ from typing import Any
 
 from greenctl.data.errors import InputError
 from greenctl.data.glet_spec import parse_partitions
+from greenctl.data.limits import bounded, whole
 
 HINT = "a glet request holds models (name, rate_rps, slo_ms[, variant]), as `plan glet` writes"
 _INTERFERENCE_HINT = 'an id from `greenctl interference fit`, "newest" or null'
@@ -22,6 +23,15 @@ _INTERFERENCE_HINT = 'an id from `greenctl interference fit`, "newest" or null'
 def _finite(value: Any) -> float | None:
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     return float(value) if ok and math.isfinite(value) else None
+
+
+#: request key -> the option of `plan glet` that sets it (what a message names)
+FLAGS = {
+    "max_gpus": "--max-gpus",
+    "rate_percentile": "--rate-percentile",
+    "simulate_s": "--simulate-seconds",
+    "seed": "--seed",
+}
 
 
 def option(request: dict[str, Any], key: str, default: Any, kind: type) -> Any:
@@ -35,8 +45,9 @@ def option(request: dict[str, Any], key: str, default: Any, kind: type) -> Any:
         return default
     whole = isinstance(value, int) and not isinstance(value, bool)
     if not (whole if kind is int else _finite(value) is not None):
-        what = "a whole number" if kind is int else "a number"
-        raise InputError(f"request.{key} is {value!r}, not {what}", hint=HINT)
+        what = "a whole number" if kind is int else "a finite number"
+        name = f"request.{key} ({FLAGS[key]})" if key in FLAGS else f"request.{key}"
+        raise InputError(f"{name} is {value!r}, not {what}", hint=HINT)
     return kind(value)
 
 
@@ -117,12 +128,20 @@ class GletRequest:
             else tuple(parse_partitions(list(parts), where="request.partitions")),
             hardware=hardware,
             algorithm=algorithm,
-            max_gpus=option(request, "max_gpus", 8, int),
+            max_gpus=whole(
+                option(request, "max_gpus", 8, int), "request.max_gpus (--max-gpus)", "gpus"
+            ),
             rate_percentile=option(request, "rate_percentile", 99.0, float),
-            rate_headroom=option(request, "rate_headroom", 0.0, float),
+            rate_headroom=bounded(
+                option(request, "rate_headroom", 0.0, float), "request.rate_headroom", "headroom"
+            ),
             replan_headroom=replan_headroom,
-            simulate_s=option(request, "simulate_s", 0.0, float),
-            seed=option(request, "seed", 0, int),
+            simulate_s=bounded(
+                option(request, "simulate_s", 0.0, float),
+                "request.simulate_s (--simulate-seconds)",
+                "duration_s",
+            ),
+            seed=whole(option(request, "seed", 0, int), "request.seed (--seed)", "seed"),
             interference=_interference(request.get("interference", "newest")),
             spec=None if spec is None else str(spec),
             gpu_memory_mb=_memory(request),
@@ -161,6 +180,8 @@ def _models(models: Any) -> tuple[GletModelRequest, ...]:
         rate, slo = _finite(m.get("rate_rps")), _finite(m.get("slo_ms"))
         if rate is None or slo is None:
             raise InputError(f"{where} needs numbers rate_rps and slo_ms", hint=HINT)
+        rate = bounded(rate, f"{where}.rate_rps (the RATE of --model NAME:RATE:SLO_MS)", "rate_rps")
+        slo = bounded(slo, f"{where}.slo_ms (the SLO_MS of --model NAME:RATE:SLO_MS)", "latency_ms")
         variant, family = m.get("variant"), m.get("family")
         if variant is not None and not isinstance(variant, str):
             raise InputError(f"{where}.variant must be a variant name", hint=HINT)

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from greenctl.data.errors import InputError
+from greenctl.data.carbon_io import carbon_option
+from greenctl.data.errors import InputError, shown
+from greenctl.data.limits import bounded, number, optional, whole
 from greenctl.data.mig_geometry import resolve_gpu
 
 SOLVERS = ("exact", "anneal", "random")
@@ -32,18 +34,34 @@ def check_solver_options(solver: str, baseline: str | None, time_limit_s: float 
         raise InputError(
             f"unknown baseline '{baseline}'", hint=f"use one of {', '.join(BASELINES)}"
         )
-    if time_limit_s is not None and not time_limit_s > 0:
-        raise InputError(f"--time-limit must be > 0 seconds, got {time_limit_s}")
+    if time_limit_s is not None:
+        bounded(time_limit_s, "request.time_limit_s (--time-limit)", "time_limit_s")
+
+
+#: request field -> (the option that sets it, its quantity in data.limits.BOUNDS)
+_FIELDS = {
+    "gpus": ("--gpus", "gpus"),
+    "rate_rps": ("--rate", "rate_rps"),
+    "sla_ms": ("--sla-ms", "latency_ms"),
+    "lambda": ("--lambda", "fraction"),
+    "max_accuracy_loss_pct": ("--max-accuracy-loss", "percent"),
+    "time_limit_s": ("--time-limit", "time_limit_s"),
+    "seed": ("--seed", "seed"),
+}
 
 
 def _optional(request: dict[str, Any], key: str) -> float | None:
+    option, quantity = _FIELDS[key]
+    return optional(request.get(key), f"request.{key} ({option})", quantity)
+
+
+def _intensity(request: dict[str, Any], key: str, option: str) -> float | None:
     value = request.get(key)
     if value is None:
         return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"request.{key} is {value!r}, not a number", hint=_NEEDS_HINT) from None
+    return carbon_option(
+        number(value, f"request.{key} ({option})"), f"request.{key} ({option})", positive=True
+    )
 
 
 @dataclass(frozen=True)
@@ -76,33 +94,35 @@ class MigRequest:
         """
         if not isinstance(request, dict):
             raise InputError(_NEEDS, hint=_NEEDS_HINT)
-        try:
-            gpu = resolve_gpu(str(request["gpu"])).name
-            model = str(request["model"])
-            gpus = int(request["gpus"])
-            rate = float(request["rate_rps"])
-            intensity = float(request["carbon_intensity"])
-        except (KeyError, TypeError, ValueError):
-            raise InputError(_NEEDS, hint=_NEEDS_HINT) from None
+        missing = [k for k in ("gpu", "gpus", "model", "rate_rps") if request.get(k) is None]
+        if request.get("carbon_intensity") is None:
+            missing.append("carbon_intensity")
+        if missing:
+            raise InputError(f"{_NEEDS}; missing: {', '.join(missing)}", hint=_NEEDS_HINT)
+        model = request["model"]
+        if not isinstance(model, str) or not model.strip():
+            raise InputError(f"request.model (--model) must be a model family, got {shown(model)}")
+        gpus_option, gpus_quantity = _FIELDS["gpus"]
         seed = request.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise InputError(f"request.seed is {seed!r}, not a whole number", hint=_NEEDS_HINT)
+        percentile = request.get("percentile")
         out = cls(
-            gpu=gpu,
-            gpus=gpus,
+            gpu=resolve_gpu(str(request["gpu"])).name,
+            gpus=whole(request["gpus"], f"request.gpus ({gpus_option})", gpus_quantity),
             model=model,
-            rate_rps=rate,
-            carbon_intensity=intensity,
+            rate_rps=_optional(request, "rate_rps") or 0.0,
+            carbon_intensity=_intensity(request, "carbon_intensity", "--carbon-intensity") or 0.0,
             sla_ms=_optional(request, "sla_ms"),
-            percentile=_optional(request, "percentile") or 0.95,
-            lam=float(_optional(request, "lambda") or 0.0)
-            if request.get("lambda") is not None
-            else 0.5,
-            base_carbon_intensity=_optional(request, "base_carbon_intensity"),
+            percentile=0.95
+            if percentile is None
+            else number(percentile, "percentile", minimum=0.0, strict=True, maximum=0.9999),
+            lam=0.5 if request.get("lambda") is None else (_optional(request, "lambda") or 0.0),
+            base_carbon_intensity=_intensity(
+                request, "base_carbon_intensity", "--base-carbon-intensity"
+            ),
             max_accuracy_loss_pct=_optional(request, "max_accuracy_loss_pct"),
             solver=str(request.get("solver") or "exact"),
             baseline=request.get("baseline"),
-            seed=seed,
+            seed=None if seed is None else whole(seed, "request.seed (--seed)", "seed"),
             time_limit_s=_optional(request, "time_limit_s"),
         )
         check_solver_options(out.solver, out.baseline, out.time_limit_s)

@@ -8,13 +8,13 @@ family; ``families`` holds several, with budgets shared.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from greenctl.data.carbon_io import carbon_option
 from greenctl.data.errors import InputError
+from greenctl.data.limits import bounded, number, whole
 from greenctl.data.plan import Deployment
 from greenctl.data.resources import parse_resource
 from greenctl.data.spec_io import MIX_FAMILY_FIELDS, MIX_REQUEST_FIELDS
@@ -36,39 +36,10 @@ _BUDGET_HINT = (
 )
 
 
-def number(
-    value: Any,
-    name: str,
-    *,
-    minimum: float | None = None,
-    strict: bool = False,
-    maximum: float | None = None,
-) -> float:
-    """``value`` as a finite float within the bounds.
-
-    Raises:
-        InputError: naming ``name``, the value and the bound it misses.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            raise InputError(f"{name} must be a number, got {value!r}") from None
-    value = float(value)
-    if math.isnan(value) or math.isinf(value):
-        raise InputError(f"{name} must be a finite number, got {value!r}")
-    if minimum is not None and (value <= minimum if strict else value < minimum):
-        op = ">" if strict else ">="
-        raise InputError(f"{name} must be {op} {minimum:g}, got {value:g}")
-    if maximum is not None and value > maximum:
-        raise InputError(f"{name} must be <= {maximum:g}, got {value:g}")
-    return value
-
-
 def _accuracy(value: Any, name: str) -> float:
     """An accuracy floor: a fraction in 0..1 (profiles store accuracy as a fraction)."""
     try:
-        return number(value, name, minimum=0.0, maximum=1.0)
+        return bounded(value, name, "fraction")
     except InputError as exc:
         raise InputError(exc.message, hint="accuracy is a fraction, e.g. 0.76 for 76 %") from None
 
@@ -134,9 +105,7 @@ class MixRequest:
         slo_default = request.get("slo_ms")
         return cls(
             families=_families(request),
-            slo_ms=None
-            if slo_default is None
-            else number(slo_default, "slo_ms", minimum=0.0, strict=True),
+            slo_ms=None if slo_default is None else bounded(slo_default, "slo_ms", "latency_ms"),
             percentile=_percentile(request.get("percentile")),
             budgets=_budgets(request.get("budgets")),
             objective=_choice(request.get("objective") or "balanced", OBJECTIVES, "objective"),
@@ -150,20 +119,22 @@ class MixRequest:
                 number(request["carbon_intensity"], "carbon_intensity (g/kWh)"),
                 "carbon_intensity",
             ),
-            reference_carbon_intensity=number(
-                request.get("reference_carbon_intensity") or REFERENCE_CARBON_INTENSITY,
+            reference_carbon_intensity=carbon_option(
+                number(
+                    request.get("reference_carbon_intensity") or REFERENCE_CARBON_INTENSITY,
+                    "reference_carbon_intensity",
+                ),
                 "reference_carbon_intensity",
-                minimum=0.0,
-                strict=True,
+                positive=True,
             ),
-            pue=number(request.get("pue") or 1.0, "pue", minimum=1.0),
-            headroom=number(request.get("headroom") or 0.0, "headroom", minimum=0.0),
+            pue=bounded(request.get("pue") or 1.0, "pue", "pue"),
+            headroom=bounded(request.get("headroom") or 0.0, "headroom", "headroom"),
             current=_current(request.get("current")),
             strategy=_choice(request.get("strategy") or "ilp", STRATEGIES, "strategy"),
             solver=_choice(request.get("solver") or "highs", SOLVERS, "solver"),
             time_limit_s=None
             if request.get("time_limit_s") is None
-            else number(request["time_limit_s"], "time_limit_s", minimum=0, strict=True),
+            else bounded(request["time_limit_s"], "time_limit_s (--time-limit)", "time_limit_s"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -224,11 +195,11 @@ def _family(fam: Any, where: str, slo_default: Any) -> MixFamilyRequest:
         raise InputError(f"{where}.model must be a model family name")
     if fam.get("rate_rps") is None:
         raise InputError(f"no request rate for '{model}'", hint="pass --rate RPS")
-    rate = number(fam.get("rate_rps"), f"rate of '{model}' (rate_rps)", minimum=0.0)
+    rate = bounded(fam.get("rate_rps"), f"rate of '{model}' (rate_rps)", "rate_rps")
     slo = fam.get("slo_ms", slo_default)
     if slo is None:
         raise InputError(f"no latency SLO for '{model}'", hint="pass --slo-ms MS")
-    slo = number(slo, f"SLO of '{model}' (slo_ms)", minimum=0.0, strict=True)
+    slo = bounded(slo, f"SLO of '{model}' (slo_ms)", "latency_ms")
     floor = fam.get("min_accuracy")
     return MixFamilyRequest(
         model, rate, slo, None if floor is None else _accuracy(floor, f"{where}.min_accuracy")
@@ -238,6 +209,7 @@ def _family(fam: Any, where: str, slo_default: Any) -> MixFamilyRequest:
 def _percentile(pct: Any) -> str:
     pct = pct or "p95"
     if isinstance(pct, int | float) and not isinstance(pct, bool):
+        pct = number(pct, "percentile", minimum=0.0, maximum=100.0)
         pct = f"p{round(float(pct) * 100) if pct < 1 else round(float(pct))}"
     if pct not in ("p95", "p99"):
         raise InputError(f"percentile must be p95 or p99, got {pct!r}")
@@ -258,7 +230,7 @@ def _budgets(budgets_in: Any) -> dict[str, float]:
                 raise InputError(
                     f"budget '{key}': not a resource kind or label", hint=_BUDGET_HINT
                 ) from None
-        budgets[key] = number(amount, f"budget '{key}'", minimum=0.0)
+        budgets[key] = bounded(amount, f"budget '{key}' (--budget)", "budget")
     return budgets
 
 
@@ -275,8 +247,7 @@ def _weights(request: dict[str, Any]) -> dict[str, float]:
     """alpha, beta and gamma of the balanced objective (their defaults when absent)."""
     defaults = {"alpha": DEFAULT_ALPHA, "beta": DEFAULT_BETA, "gamma": DEFAULT_GAMMA}
     return {
-        key: number(request.get(key, default), key, minimum=0.0)
-        for key, default in defaults.items()
+        key: bounded(request.get(key, default), key, "weight") for key, default in defaults.items()
     }
 
 
@@ -295,8 +266,8 @@ def _current(current: Any) -> tuple[dict[str, Any], ...]:
                 "model": d.get("model"),
                 "variant": d["variant"],
                 "resource": d["resource"],
-                "count": int(d.get("count") or 1),
-                "batch": int(d.get("batch") or 1),
+                "count": whole(d.get("count") or 1, f"current[{i}].count", "count"),
+                "batch": whole(d.get("batch") or 1, f"current[{i}].batch", "count"),
                 "quota_rps": d.get("quota_rps"),
             }
         )
