@@ -71,6 +71,11 @@ BOUNDS: dict[str, Bound] = {
 }
 
 
+#: the rate a replan plans a model at whose forecast load is (near) zero: a request rate must
+#: be above 0, and a model kept served at a trickle costs its smallest configuration
+MIN_PLANNED_RATE_RPS = 1e-3
+
+
 def number(
     value: Any,
     name: str,
@@ -136,6 +141,22 @@ def whole(value: Any, name: str, quantity: str, *, hint: str | None = None) -> i
 def optional(value: Any, name: str, quantity: str, *, hint: str | None = None) -> float | None:
     """:func:`bounded`, None for None."""
     return None if value is None else bounded(value, name, quantity, hint=hint)
+
+
+def floor_rates(rates: dict[str, float]) -> tuple[dict[str, float], list[str]]:
+    """Forecast rates with those below :data:`MIN_PLANNED_RATE_RPS` raised to it, and a note
+    naming them (a forecast of no load still plans the model, at a trickle)."""
+    low = sorted(name for name, rate in rates.items() if not rate >= MIN_PLANNED_RATE_RPS)
+    out = {
+        name: max(rate, MIN_PLANNED_RATE_RPS) if name not in low else MIN_PLANNED_RATE_RPS
+        for name, rate in rates.items()
+    }
+    notes = (
+        [f"{', '.join(low)}: forecast below {MIN_PLANNED_RATE_RPS:g} req/s, planned at it"]
+        if low
+        else []
+    )
+    return out, notes
 
 
 def split_items(text: str, name: str) -> list[str]:

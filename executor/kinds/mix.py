@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from greenctl.data.limits import floor_rates
 from greenctl.data.plan import Plan
 from greenctl.data.store import Store
 from greenctl.executor.kinds.base import (
@@ -19,6 +20,7 @@ from greenctl.executor.kinds.base import (
     replan_model_rate,
     serving_paths,
 )
+from greenctl.executor.kinds.planning import floor_model_rate
 from greenctl.planner.mix import solve as mix
 from greenctl.planner.mix.model import REFERENCE_CARBON_INTENSITY
 from greenctl.planner.mix.request import MixRequest
@@ -93,7 +95,7 @@ def _mix_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
     is the forecast of its load; several families each take their own."""
     fams = running.request.get("families")
     if not isinstance(fams, list) or not fams:
-        return replan_model_rate(running, signal)
+        return floor_model_rate(replan_model_rate(running, signal))
     request = base_request(running)
     request["carbon_intensity"] = signal.carbon_intensity
     planned = {
@@ -102,6 +104,8 @@ def _mix_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
         if isinstance(f, dict)
     }
     new, forecast, notes = forecast_rates(planned, signal)
+    new, floored = floor_rates(new)
+    notes = [*notes, *floored]
     request["families"] = [
         {**f, "rate_rps": new[str(f.get("model"))]}
         if isinstance(f, dict) and str(f.get("model")) in new
