@@ -15,6 +15,7 @@ from greenctl.cli.common import (
     say,
     store_for,
 )
+from greenctl.data.limits import optional
 
 forecast_app = typer.Typer(
     no_args_is_help=True,
@@ -75,6 +76,7 @@ def forecast_fit(
     """Fit a forecaster, score it on held-out minutes and save it in the store."""
     from greenctl.executor.control import forecasters  # numpy: not for `--help`
 
+    train_days = optional(train_days, "--train-days", "days")
     params = {"epochs": epochs, "window": window, "quantile": quantile, "period": period}
     with store_for(db) as store:
         if forecaster == "lstm" and not json_out:

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 import typer
 from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, store_for
 from greenctl.data.gpulet_import import get_interference_model
+from greenctl.data.limits import whole
 
 interference_app = typer.Typer(
     no_args_is_help=True,
@@ -26,6 +27,7 @@ def interference_fit(
     """Learn c1..c5 from imported co-location measurements; report held-out error; store it."""
     from greenctl.executor.control.interference import fit_and_store  # numpy: not for `--help`
 
+    seed = whole(seed, "--seed", "seed")
     with store_for(db) as store:
         model_id, result = fit_and_store(store, test_fraction=test_fraction, seed=seed)
     doc = {"id": model_id, **result.to_dict()}

@@ -159,6 +159,17 @@ def floor_rates(rates: dict[str, float]) -> tuple[dict[str, float], list[str]]:
     return out, notes
 
 
+def floor_request_rate(request: dict[str, Any]) -> list[str]:
+    """:func:`floor_rates` on a one-model request (``model``, ``rate_rps``), in place; the
+    notes it adds."""
+    rate, model = request.get("rate_rps"), request.get("model")
+    if model is None or isinstance(rate, bool) or not isinstance(rate, int | float):
+        return []
+    new, notes = floor_rates({str(model): float(rate)})
+    request["rate_rps"] = new[str(model)]
+    return notes
+
+
 def split_items(text: str, name: str) -> list[str]:
     """A comma-separated option value as its items, an empty item refused (``1,,2`` is a
     typo, not two items).

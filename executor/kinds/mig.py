@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from greenctl.data.errors import InputError
+from greenctl.data.limits import floor_request_rate
 from greenctl.data.mig_geometry import resolve_gpu
 from greenctl.data.plan import Plan
 from greenctl.data.store import Store
@@ -19,7 +20,6 @@ from greenctl.executor.kinds.base import (
     finite_number,
     replan_model_rate,
 )
-from greenctl.executor.kinds.planning import floor_model_rate
 from greenctl.planner.mig.request import MigRequest
 
 
@@ -65,7 +65,8 @@ def _mig_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
     objective weighs a plan's carbon against BASE's, and BASE priced at the new signal
     itself cancels the signal out of the objective (the plan would follow the load alone).
     A plan made without ``base_carbon_intensity`` keeps the intensity it was planned at."""
-    out = floor_model_rate(replan_model_rate(running, signal))
+    out = replan_model_rate(running, signal)
+    out = replace(out, notes=[*out.notes, *floor_request_rate(out.request)])
     if out.request.get("base_carbon_intensity") is None:
         out.request["base_carbon_intensity"] = running.request.get("carbon_intensity")
     return out

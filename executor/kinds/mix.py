@@ -3,9 +3,10 @@ planned by :mod:`greenctl.planner.mix`."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from greenctl.data.limits import floor_rates
+from greenctl.data.limits import floor_rates, floor_request_rate
 from greenctl.data.plan import Plan
 from greenctl.data.store import Store
 from greenctl.executor.kinds.base import (
@@ -20,7 +21,6 @@ from greenctl.executor.kinds.base import (
     replan_model_rate,
     serving_paths,
 )
-from greenctl.executor.kinds.planning import floor_model_rate
 from greenctl.planner.mix import solve as mix
 from greenctl.planner.mix.model import REFERENCE_CARBON_INTENSITY
 from greenctl.planner.mix.request import MixRequest
@@ -95,7 +95,8 @@ def _mix_replan_request(running: Plan, signal: ReplanSignal) -> ReplanRequest:
     is the forecast of its load; several families each take their own."""
     fams = running.request.get("families")
     if not isinstance(fams, list) or not fams:
-        return floor_model_rate(replan_model_rate(running, signal))
+        out = replan_model_rate(running, signal)
+        return replace(out, notes=[*out.notes, *floor_request_rate(out.request)])
     request = base_request(running)
     request["carbon_intensity"] = signal.carbon_intensity
     planned = {

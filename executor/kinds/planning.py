@@ -14,15 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from greenctl.data import carbon as carbon_signal
 from greenctl.data.errors import InputError
-from greenctl.data.limits import floor_rates
 from greenctl.data.plan import Plan
-from greenctl.executor.kinds.base import (
-    PlanKind,
-    Planned,
-    ReplanRequest,
-    finite_number,
-    get_kind,
-)
+from greenctl.executor.kinds.base import PlanKind, Planned, get_kind
 
 if TYPE_CHECKING:
     from greenctl.data.store import Store
@@ -127,13 +120,3 @@ def plan(
     return plan_problem(
         store, kind, request, region=region, at=at, current=current, carbon=carbon, **options
     )[0]
-
-
-def floor_model_rate(out: ReplanRequest) -> ReplanRequest:
-    """A one-model request's forecast rate raised to the least a request plans at."""
-    rate = finite_number(out.request.get("rate_rps"))
-    if rate is None or out.request.get("model") is None:
-        return out
-    new, notes = floor_rates({str(out.request["model"]): rate})
-    out.request["rate_rps"] = new[str(out.request["model"])]
-    return ReplanRequest(out.request, out.forecast_rps, [*out.notes, *notes])
