@@ -1,9 +1,10 @@
 """The command-line options that several commands share, declared once.
 
 A command names its option by type (``model: ModelOpt``, ``region: RegionOpt = None``), so
-the flag, its short form and its help read the same everywhere. An option whose help means
-something different in one command (``replan --rate MODEL=RPS``, the demo's ``--model``
-scenario) stays declared in that command. ``DbOpt`` and ``JsonOpt`` live in
+the flag, its short form and its help read the same everywhere; where a default differs by
+command, the one help says each. An option that means something else in one command
+(``replan --rate MODEL=RPS``, the demo's ``--model`` scenario) is declared there under its
+own name. ``DbOpt`` and ``JsonOpt`` live in
 :mod:`greenctl.cli.common` beside the store opening they go with, and are re-exported here.
 """
 
@@ -35,7 +36,12 @@ VariantFilterOpt = Annotated[str | None, typer.Option("--variant", help="Only th
 
 RateOpt = Annotated[
     float | None,
-    typer.Option("--rate", help="Poisson request rate, req/s (default: the plan's rate).", min=0.0),
+    typer.Option(
+        "--rate",
+        help="Request rate, req/s, Poisson (default: the plan's rate; a replay's first plan: "
+        "the first forecast).",
+        min=0.0,
+    ),
 ]
 
 RegionOpt = Annotated[

@@ -1,4 +1,6 @@
-"""``greenctl plan``: the group the planners register on, plus ``plan list`` / ``plan show``."""
+"""``greenctl plan``: the group the planners register on, plus ``plan list`` / ``plan show`` and
+``plan run``, which plans any installed kind (one without its own subcommand included) from a
+request file through the one planning twin."""
 
 from __future__ import annotations
 
@@ -7,10 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from greenctl.cli.common import DbOpt, JsonOpt, print_json, render_table, store_for
+from greenctl.cli.common import input_path_str, print_json, render_table, say, store_for
+from greenctl.cli.options import AtOpt, DbOpt, JsonOpt, RegionOpt
 from greenctl.data import plan as plan_docs
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Plan
+from greenctl.executor import kinds
 
 if TYPE_CHECKING:
     from greenctl.data.store import Store
@@ -52,23 +56,74 @@ def plan_show(
     print_json(plan.to_dict())
 
 
-# -- shared by the plan commands ------------------------------------------------------------
+@plan_app.command("run")
+def plan_run(
+    kind: Annotated[
+        str,
+        typer.Option(
+            "--kind",
+            help=f"The plan kind: any installed one ({', '.join(kinds.KINDS)} here).",
+            metavar="K",
+        ),
+    ],
+    request: Annotated[
+        str,
+        typer.Option(
+            "--request",
+            help="JSON file of the kind's request fields (the `request` of its plan document).",
+            parser=input_path_str,
+            metavar="FILE",
+        ),
+    ],
+    region: RegionOpt = None,
+    at: AtOpt = None,
+    current: Annotated[
+        Path | None,
+        typer.Option("--current", help="The plan running now (JSON): kept where it still fits."),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the plan JSON here.")
+    ] = None,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Plan a request of any installed plan kind, save the plan and print it.
 
-RegionOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--region",
-        "-r",
-        help="Carbon intensity from this region's stored signal (see `greenctl carbon "
-        "regions`) when --carbon-intensity is not given.",
-    ),
-]
-AtOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--at", help="With --region: the signal in force at this time (ISO; default now)."
-    ),
-]
+    The kind's typed request checks the file's fields. The carbon intensity is the
+    request's, else --region's signal at --at, as every plan command plans it.
+    """
+    entry = kinds.get_kind(kind)  # an unknown kind is refused naming the installed ones
+    check_writable(output)
+    doc = kinds.read_request(request)
+    running = plan_docs.load_plan_file(current) if current is not None else None
+    with store_for(db) as store:
+        new = kinds.plan(store, entry.name, doc, region=region, at=at, current=running)
+        save_plan(store, new, output)
+    if json_out:
+        print_json(new.to_dict())
+        return
+    render_plan(new)
+    for note in new.extra.get("notes") or []:
+        say(f"note: {note}", err=True, highlight=False)
+    if output is not None:
+        say(f"plan written to {output}", highlight=False)
+
+
+def render_plan(new: Plan) -> None:
+    """A plan of any kind as tables: the figures it predicts, and its deployments."""
+    figures = {k: v for k, v in new.predicted.items() if isinstance(v, int | float | str | None)}
+    render_table(
+        f"plan {new.kind} #{new.id}",
+        ["predicted", "value"],
+        [[k, v] for k, v in figures.items()],
+        caption=carbon_caption(new) or None,
+    )
+    if new.deployments:
+        render_table(
+            "Deployments",
+            ["model", "variant", "resource", "instances", "quota req/s"],
+            [[d.model, d.variant, d.resource, d.count, d.quota_rps] for d in new.deployments],
+        )
 
 
 def check_writable(path: str | Path | None, *, option: str = "-o") -> Path | None:

@@ -4,7 +4,9 @@ signal, what-if, beside baselines.
 ``replay`` is a group: its callback takes the options every kind shares (the traces, the
 window, replan's rules, the baselines, the output) and each kind's subcommand its own planning
 inputs. :class:`ReplayGroup` takes the shared options before or after the subcommand's name,
-reads ``--kind K`` as the subcommand ``K`` and runs ``mix`` when neither is given.
+reads ``--kind K`` as the subcommand ``K`` and runs ``mix`` when neither is given. An
+installed kind that replays but has no subcommand here is replayed by one command for all
+such kinds (``replay K --request FILE``), on the shared options alone.
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ from typing import Annotated, Any
 
 import typer
 from greenctl.cli.common import (
-    DbOpt,
-    JsonOpt,
     console,
     input_path_str,
     print_json,
@@ -26,6 +26,7 @@ from greenctl.cli.common import (
     say,
     store_for,
 )
+from greenctl.cli.options import DbOpt, JsonOpt, RateOpt, RegionOpt
 from greenctl.cli.plan_glet import glet_request
 from greenctl.cli.plan_mig import mig_request
 from greenctl.cli.plan_mix import (
@@ -41,8 +42,9 @@ from greenctl.cli.plan_mix import (
     StrategyOpt,
     mix_request,
 )
-from greenctl.data.errors import InputError
+from greenctl.data.errors import InputError, shown
 from greenctl.data.loop_state import REPLAN_MARGIN, REPLAN_MIN_DWELL, REPLAN_THRESHOLD
+from greenctl.executor.kinds import KINDS, read_request
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
@@ -67,13 +69,34 @@ class ReplayGroup(TyperGroup):
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
         shared = [p for p in self.params if p.expose_value]  # --kind is read by arrange
+        #: the command that replays an installed kind without a subcommand of its own
+        self.installed = typer.main.get_command(installed_app)
         #: the shared options and each kind's own (option name -> takes a value)
         self.shared = _value_options(shared)
         self.own = {name: _value_options(c.params) for name, c in self.commands.items()}
-        every = [p for c in self.commands.values() for p in c.params]
-        for command in self.commands.values():
+        self.own_installed = _value_options(self.installed.params)
+        every = [p for c in (*self.commands.values(), self.installed) for p in c.params]
+        for command in (*self.commands.values(), self.installed):
             command.params = [*command.params, *_aliases(shared, command.params)]
         self.params = [*self.params, *_aliases(every, self.params)]
+
+    def installed_kinds(self) -> list[str]:
+        """The registered kinds that replay and have no subcommand of their own."""
+        return [k for k, r in KINDS.items() if r.replay is not None and k not in self.commands]
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*super().list_commands(ctx), *self.installed_kinds()]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in self.installed_kinds():
+            command = copy.copy(self.installed)
+            command.name = cmd_name
+        return command
+
+    def own_options(self, name: str) -> dict[str, bool]:
+        """The options of the subcommand ``name`` (an installed kind's: the shared command's)."""
+        return self.own.get(name, self.own_installed)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, self.arrange(ctx, args))
@@ -82,6 +105,7 @@ class ReplayGroup(TyperGroup):
         """``args`` as ``[shared options] KIND [KIND's options]`` (class docstring)."""
         helps = set(ctx.help_option_names)
         table = {name: v for own in self.own.values() for name, v in own.items()}
+        table |= self.own_installed
         table |= {**self.shared, "--kind": True}
         front: list[str] = []
         rest: list[str] = []
@@ -112,14 +136,21 @@ class ReplayGroup(TyperGroup):
         return [*front, name, *rest, *helped]
 
     def _kind(self, ctx: Any, name: str | None, kind: str | None) -> str | None:
-        """The subcommand named, by its name or by ``--kind``."""
+        """The subcommand named, by its name or by ``--kind``.
+
+        Raises:
+            InputError: a name that is no installed kind that replays (they are listed).
+        """
+        known = [*self.commands, *self.installed_kinds()]
+        for given, how in ((kind, "--kind"), (name, "replay")):
+            if given is not None and given not in known:
+                raise InputError(
+                    f"{how} {shown(given)}: replay takes {_one_of(known)} (the installed kinds "
+                    "that replay)",
+                    hint=f"for example greenctl replay {known[0]} --help",
+                )
         if kind is None:
             return name
-        if kind not in self.commands:
-            raise InputError(
-                f"--kind {kind}: replay takes {_one_of(self.commands)}",
-                hint=f"for example greenctl replay {next(iter(self.commands))} --help",
-            )
         if name is not None and name != kind:
             raise InputError(
                 f"--kind {kind} and the subcommand {name} disagree",
@@ -132,14 +163,13 @@ class ReplayGroup(TyperGroup):
     ) -> None:
         """An option of another kind's subcommand, given to ``name``'s, is refused naming the
         subcommands it belongs to."""
-        if name not in self.own:
-            return  # click refuses the unknown subcommand
+        own = self.own_options(name)
         i = 0
         while i < len(rest) and rest[i] != "--":
             _, i, flag = _take(rest, i, table)
-            if flag is None or flag in self.own[name]:
+            if flag is None or flag in own:
                 continue
-            owners = [n for n, own in self.own.items() if flag in own]
+            owners = [n for n, other in self.own.items() if flag in other]
             if owners:
                 raise InputError(
                     f"{flag} is an option of {_one_of(f'replay {n}' for n in owners)}, "
@@ -205,6 +235,8 @@ def _one_of(names: Iterable[str]) -> str:
 
 
 replay_app = typer.Typer(cls=ReplayGroup)
+#: the one command of the installed kinds without a subcommand (:meth:`ReplayGroup.get_command`)
+installed_app = typer.Typer()
 
 
 # -- the shared options (replay's own) --------------------------------------------------------
@@ -240,10 +272,6 @@ CarbonIntensityOpt = Annotated[
         "--carbon-intensity",
         help="Constant gCO2/kWh when no --region or --carbon-trace (default 400).",
     ),
-]
-
-RegionOpt = Annotated[
-    str | None, typer.Option("--region", "-r", help="Stored carbon signal region.")
 ]
 
 CarbonTraceOpt = Annotated[
@@ -380,11 +408,6 @@ def replay_group(
 # -- the kinds' own options -------------------------------------------------------------------
 FamilyOpt = Annotated[
     list[str] | None, typer.Option("--model", help="The model family, as plan mix and mig.")
-]
-
-RateOpt = Annotated[
-    float | None,
-    typer.Option("--rate", help="Rate of the first plan (default: the first forecast)."),
 ]
 
 MixSpecOpt = Annotated[
@@ -654,6 +677,39 @@ def replay_geo_cmd(
     _replay(common, "geo", request, {})
 
 
+RequestFileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--request",
+        help="JSON file of the kind's request fields, as plan run --request.",
+        parser=input_path_str,
+        metavar="FILE",
+    ),
+]
+
+
+@installed_app.command(epilog=SHARED)
+def replay_installed_cmd(ctx: typer.Context, request: RequestFileOpt = None) -> None:
+    """Replay a plan of an installed kind through the kind's own replay step.
+
+    The planning inputs are a request file, as plan run --kind K --request FILE takes it;
+    --plan ID starts from a stored plan instead; --carbon-intensity is the request's.
+    """
+    kind = str(ctx.info_name)
+    common = _common(ctx, given=[request])
+    doc = None
+    if common.plan is None:
+        if request is None:
+            raise InputError(
+                f"replay {kind} needs --request FILE or --plan ID",
+                hint=f"the request as `greenctl plan run --kind {kind} --request FILE` takes it",
+            )
+        doc = read_request(request)
+        if common.carbon_intensity is not None:
+            doc["carbon_intensity"] = common.carbon_intensity
+    _replay(common, kind, doc, {})
+
+
 def _common(ctx: typer.Context, *, given: list[Any]) -> ReplayCommon:
     """replay's shared options; the kind's inputs ``given`` are refused beside --plan."""
     common = ctx.find_object(ReplayCommon)
@@ -733,22 +789,23 @@ def _idle_busy(text: str) -> tuple[float, float]:
         ) from None
 
 
-# -- the results, per kind --------------------------------------------------------------------
+# -- the results, per layout (meta.layout: the figures a kind's replay step gives) -----------
 def _render(result: dict[str, Any]) -> None:
     meta = result["meta"]
-    if meta["kind"] == "glet":
-        _render_glet(result)
-    elif meta["kind"] == "geo":
-        _render_geo(result)
+    layout = meta.get("layout")
+    if layout == "models":
+        _render_models(result)
+    elif layout == "sites":
+        _render_sites(result)
     else:
-        _render_mix(result)
+        _render_serving(result)
     for note in meta["notes"]:
         say(f"note: {note}", highlight=False)
     for path in meta.get("files", []):
         say(f"wrote {path}", highlight=False)
 
 
-def _render_glet(result: dict[str, Any]) -> None:
+def _render_models(result: dict[str, Any]) -> None:
     meta = result["meta"]
     names = [m["name"] for m in meta["models"]]
     render_table(
@@ -783,7 +840,7 @@ def _render_glet(result: dict[str, Any]) -> None:
     )
 
 
-def _render_geo(result: dict[str, Any]) -> None:
+def _render_sites(result: dict[str, Any]) -> None:
     meta = result["meta"]
     render_table(
         f"Replay of {meta['family']} (modeled): {meta['hours']:g} h from {meta['start']}, "
@@ -816,7 +873,7 @@ def _render_geo(result: dict[str, Any]) -> None:
     )
 
 
-def _render_mix(result: dict[str, Any]) -> None:
+def _render_serving(result: dict[str, Any]) -> None:
     meta = result["meta"]
     label = f", {str(meta['label']).upper()}" if meta.get("label") else ""
     render_table(

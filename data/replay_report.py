@@ -5,10 +5,10 @@
 - ``intervals.csv``: one row per interval and policy;
 - ``replay.png``: load (actual peak and forecast), carbon intensity, each policy's
   configuration size (its budget units: cores, MIG compute slices, GPUs) with greenctl's
-  changes marked, and SLO violations per interval, over time; for a geo replay the gateways'
-  load, each site's carbon intensity, each policy's carbon per slot and the largest site's
-  carbon so far over the per-site average (the equity the geo planner minimises). Every
-  figure is modeled (the chart says so).
+  changes marked, and SLO violations per interval, over time; for load routed across sites
+  (``meta.layout`` ``sites``) the gateways' load, each site's carbon intensity, each policy's
+  carbon per slot and the largest site's carbon so far over the per-site average (the equity
+  the geo planner minimises). Every figure is modeled (the chart says so).
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def chart_replay(result: dict[str, Any], path: str | Path) -> str:
     import matplotlib.pyplot as plt
 
     meta = result["meta"]
-    if meta.get("kind") == "geo":
-        return _chart_geo(result, path, plt)
+    if meta.get("layout") == "sites":
+        return _chart_sites(result, path, plt)
     every_h = float(meta["every_s"]) / 3600.0
     runs = result["intervals"]
     g = runs["greenctl"]
@@ -134,8 +134,9 @@ def chart_replay(result: dict[str, Any], path: str | Path) -> str:
     return str(path)
 
 
-def _chart_geo(result: dict[str, Any], path: str | Path, plt: Any) -> str:
-    """A geo replay: load, the sites' carbon, carbon per slot and the equity so far."""
+def _chart_sites(result: dict[str, Any], path: str | Path, plt: Any) -> str:
+    """A replay of load routed across sites (``meta.layout`` ``sites``, as a geo plan's):
+    load, the sites' carbon, carbon per slot and the equity so far."""
     meta = result["meta"]
     step_h = float(meta["step_h"])
     runs = result["intervals"]

@@ -707,12 +707,16 @@ def chart_latency(
 
 
 def chart_sites(store: Store, path: str | Path, *, plan_id: int) -> dict[str, Any]:
-    """Per-site carbon and water of a geo plan (and of the other algorithms it compared)."""
+    """Per-site carbon and water of a plan that routes load across sites (its ``extra.sites``,
+    as a geo plan records them; and of the other algorithms it compared)."""
     plt = _pyplot()
     plan = store.get_plan(plan_id)
     sites = plan.extra.get("sites")
-    if plan.kind != "geo" or not isinstance(sites, list) or not sites:
-        raise InputError(f"plan {plan_id} is a {plan.kind} plan, not a geo plan with sites")
+    if not isinstance(sites, list) or not sites or not all(isinstance(s, dict) for s in sites):
+        raise InputError(
+            f"plan {plan_id} is a {plan.kind} plan, not a geo plan with sites",
+            hint="the sites chart draws a plan that routes load across sites (extra.sites)",
+        )
     blocks = plan.extra.get("algorithms") or {plan.extra.get("algorithm", "plan"): {"sites": sites}}
     names = [s["site"] for s in sites]
     fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.9 * len(names) + 3), 7), sharex=True)
@@ -724,7 +728,7 @@ def chart_sites(store: Store, path: str | Path, *, plan_id: int) -> dict[str, An
         axes[1].bar(xs, [by_site[n]["water_l"] for n in names], width=width, label=algo)
     axes[0].set_ylabel("carbon (kg CO2)")
     axes[1].set_ylabel("water (L)")
-    axes[0].set_title(f"Per-site carbon and water of geo plan {plan_id} (modeled)")
+    axes[0].set_title(f"Per-site carbon and water of {plan.kind} plan {plan_id} (modeled)")
     axes[1].set_xticks(range(len(names)), names, rotation=30, ha="right")
     axes[0].legend(fontsize=8, ncol=min(len(blocks), 4))
     for ax in axes:

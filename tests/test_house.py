@@ -54,6 +54,10 @@ HEAVY = (
 
 KIND_NAMES = frozenset({"mix", "mig", "glet", "geo"})
 
+#: Modules outside executor/kinds/ and planner/ that still compare a value with a plan kind's
+#: name ("module:line" of each comparison); the list may only shrink.
+KNOWN_KIND_SWITCHES: frozenset[str] = frozenset()
+
 ISSUE_REFERENCE = re.compile(r"\bissues?\s*#?\d+|\(#\d+\)", re.IGNORECASE)
 
 
@@ -192,3 +196,52 @@ def test_the_registry_is_the_only_list_of_kinds() -> None:
             if len(names) >= 2:
                 lists.append(f"{rel}:{node.lineno}")
     assert lists == []
+
+
+def _kind_names_in(node: ast.expr) -> set[str]:
+    """The plan kinds' names ``node`` is (a string) or holds (a tuple, list or set of them)."""
+    items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+    return {i.value for i in items if isinstance(i, ast.Constant)} & KIND_NAMES
+
+
+def _kind_switches(tree: ast.Module) -> Iterator[int]:
+    """The lines of ``tree`` that compare a value with a kind's name: ``x == "geo"``,
+    ``x != "mix"``, ``x in ("glet", ...)`` or a ``match`` case ``"mig"``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            pairs = zip(
+                [node.left, *node.comparators[:-1]], node.ops, node.comparators, strict=True
+            )
+            for left, op, right in pairs:
+                if isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) and (
+                    _kind_names_in(left) or _kind_names_in(right)
+                ):
+                    yield node.lineno
+                    break
+        elif isinstance(node, ast.MatchValue) and _kind_names_in(node.value):
+            yield node.lineno
+
+
+def test_no_switch_on_a_kind_name_outside_the_kinds_and_planners() -> None:
+    """What differs by kind comes from the kind's module (a field of its record, of its replay
+    step or of what it writes: ``meta.layout``, a plan's ``extra.sites``): no module outside
+    executor/kinds/ and planner/ compares a value with a kind's name."""
+    found = {
+        f"{rel}:{line}"
+        for rel, _, tree in _modules()
+        if not rel.startswith(("executor/kinds/", "planner/"))
+        for line in _kind_switches(tree)
+    }
+    assert found - KNOWN_KIND_SWITCHES == set(), "a kind-name switch: let the kind say it"
+    assert KNOWN_KIND_SWITCHES - found == set(), "gone: drop it from the list"
+
+
+def test_the_kind_switch_finder_finds_them() -> None:
+    tree = ast.parse(
+        'if plan.kind == "geo": pass\n'
+        'ok = kind in ("mix", "mig")\n'
+        'same = "glet" != meta["kind"]\n'
+        'match kind:\n    case "mix":\n        pass\n'
+        'fine = action == "change" or kind == name\n'
+    )
+    assert sorted(_kind_switches(tree)) == [1, 2, 3, 5]

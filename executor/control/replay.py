@@ -6,7 +6,8 @@ kind; the kind's step (:class:`~greenctl.executor.kinds.replaying.ReplayStep`) p
 baselines and accounts figures. Each interval forecasts the load, replans through the very
 decision ``replan`` takes (:func:`greenctl.executor.control.replan.replan_choice`, with dwell),
 pays reconfiguration load time and evaluates actual arrivals on what serves. The result has
-one shape for every kind (:func:`greenctl.data.replay_report.write_replay`); identical HiGHS
+one shape for every kind, its ``meta.layout`` saying which figures it holds
+(:func:`greenctl.data.replay_report.write_replay`); identical HiGHS
 problems are solved once (:func:`greenctl.planner.core.solvers.solve_memo`). See docs/replay.md.
 """
 
@@ -38,6 +39,7 @@ from greenctl.executor.kinds.replaying import (
     Round,
     TraceWindow,
     iso_at,
+    replay_layout,
     replay_step,
     replayed_kinds,
 )
@@ -122,6 +124,7 @@ class ReplayRun:
     stats: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
     greenctl_s: float | None = None
+    layout: str = "serving"  # the result's shape (replay_layout), which its chart follows
     _forecaster: Any = None
 
     def __post_init__(self) -> None:
@@ -160,6 +163,7 @@ class ReplayRun:
             raise InputError(f"a {kind} replay takes no option {unknown[0]!r}")
         chosen = chosen_baselines(kind, step, self.options.baselines, self.notes)
         self.every_s = parse_every(self.options.every)
+        self.layout = replay_layout(kind, step)
         return ReplayInputs(kind, dict(request or {}), first, chosen, self.options), step
 
     # -- what the loop does for every kind (ReplayLoop) -------------------------------------
@@ -271,6 +275,7 @@ class ReplayRun:
             if not given:
                 self.notes.append("water not modeled: pass --wue/--ewif (L/kWh)")
         wall = time.perf_counter() - self.started
+        meta.setdefault("layout", self.layout)
         meta.setdefault("replan", dict(self.stats))
         meta["wall_s"] = round(wall, 3)
         meta.setdefault("wall_greenctl_loop_s", round(self.greenctl_s or wall, 3))

@@ -10,14 +10,17 @@ as a third party's are; :func:`load_kinds` puts them in the registry.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
+from greenctl.data.carbon_io import read_utf8
 from greenctl.data.emissions import plan_carbon
-from greenctl.data.errors import GreenctlError, InputError
+from greenctl.data.errors import FileFormatError, GreenctlError, InputError, shown
 from greenctl.data.plan import (
     KIND_GROUP,
     Plan,
@@ -353,14 +356,31 @@ class PlanKind:
 
     def solve(self, store: Store, request: dict[str, Any], **options: Any) -> Planned:
         """Plan ``request`` with the kind's planner (``options`` as its ``plan`` takes them:
-        ``current``, a baseline, ...).
+        ``current``, a baseline, ...), once :meth:`check_request` accepted it.
 
         Raises:
-            InputError: the kind has no planner.
+            InputError: the kind has no planner, or the request is refused (field named).
         """
         if self.plan is None:
             raise InputError(f"the {self.name} kind has no planner", hint="plan another kind")
+        self.check_request(request)
         return self.plan(store, request, **options)
+
+    def check_request(self, request: Any) -> None:
+        """Refuse a request the kind cannot plan: not an object, or one its typed request
+        (:attr:`request_type`'s ``from_dict``) refuses, naming the field. Every planning
+        caller passes here (:meth:`solve`), an installed kind's included.
+
+        Raises:
+            InputError: as above.
+        """
+        if not isinstance(request, dict):
+            raise InputError(
+                f"a {self.name} request is an object of its fields, not {shown(request)}",
+                hint='for example {"model": "resnet", "rate_rps": 40}',
+            )
+        if self.request_type is not None:
+            self.request_type.from_dict(request)
 
     @property
     def replannable(self) -> bool:
@@ -380,6 +400,45 @@ class PlanKind:
         return InputError(
             f"cannot {action} a {self.name} plan: {self.not_served}", hint=self.not_served_hint
         )
+
+
+#: the largest request file :func:`read_request` reads (a request is a few fields)
+MAX_REQUEST_BYTES = 1 << 20
+
+
+def read_request(path: str | Path) -> dict[str, Any]:
+    """The request document in the JSON file at ``path`` (``plan run --request``): an object
+    of the kind's request fields, which :meth:`PlanKind.check_request` checks when planned.
+
+    Raises:
+        InputError: missing or unreadable. FileFormatError: too large, not UTF-8, invalid
+            JSON (line and column named) or not an object.
+    """
+    p = Path(path)
+    if p.is_file() and p.stat().st_size > MAX_REQUEST_BYTES:
+        raise FileFormatError(
+            str(p), f"too large for a request (at most {MAX_REQUEST_BYTES} bytes)"
+        )
+    text = read_utf8(p, what="request file", hint="name a JSON file of the kind's request")
+    try:
+        doc = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise FileFormatError(
+            str(p), f"invalid JSON: {exc.msg} (column {exc.colno})", line=exc.lineno
+        ) from None
+    except (ValueError, RecursionError) as exc:  # NaN, Infinity, too deep, too many digits
+        raise FileFormatError(str(p), f"invalid JSON: {shown(str(exc), 80)}") from None
+    if not isinstance(doc, dict):
+        raise FileFormatError(
+            str(p),
+            f"a request is a JSON object of its fields, not {shown(doc)}",
+            hint='for example {"model": "resnet", "rate_rps": 40}',
+        )
+    return doc
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a request may hold")
 
 
 # -- the registry -------------------------------------------------------------------------------

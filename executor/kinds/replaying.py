@@ -206,6 +206,36 @@ class ReplayStep:
     default_baselines: tuple[str, ...]
     #: the names of its own options (:attr:`ReplayOptions.kind_options`)
     options: tuple[str, ...] = ()
+    #: the shape of its result, which the chart and the tables follow (:data:`LAYOUTS`);
+    #: None: :func:`replay_layout`'s rule
+    layout: str | None = None
+
+
+#: the shapes of a replay's result: per interval of a serving configuration (load, units,
+#: SLO violations), per model of models sharing GPUs in turn, per slot of load routed
+#: across sites
+LAYOUTS = ("serving", "models", "sites")
+
+
+def replay_layout(kind: str, step: ReplayStep) -> str:
+    """The shape of a ``kind`` replay's result (its ``meta.layout``): the step's own, else
+    ``sites`` for a kind that routes load across sites, ``models`` for one whose models
+    share partitions in turn, else ``serving``.
+
+    Raises:
+        InputError: the step names a layout not in :data:`LAYOUTS`.
+    """
+    if step.layout is not None:
+        if step.layout not in LAYOUTS:
+            raise InputError(
+                f"the {kind} kind's replay step has layout {step.layout!r}",
+                hint=f"a step's layout is one of {', '.join(LAYOUTS)}",
+            )
+        return step.layout
+    record = KINDS[kind]
+    if record.routes is not None:
+        return "sites"
+    return "models" if record.time_shared else "serving"
 
 
 def replay_step(kind: str) -> ReplayStep | None:
