@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from greenctl.data.store import Store
 
 plan_app = typer.Typer(
-    no_args_is_help=True, help="Plan configurations (mix, mig, glet, geo) and list saved plans."
+    no_args_is_help=True,
+    help="Plan configurations (mix, mig, glet, geo; any installed kind with `plan run`) and "
+    "list saved plans.",
 )
 
 

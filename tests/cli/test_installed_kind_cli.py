@@ -248,6 +248,25 @@ def test_replay_runs_an_installed_kind_on_the_shared_options(installed, tiny, cl
     assert "Replay of" in r.output and (tmp_path / "out" / "replay.png").is_file()
 
 
+@pytest.mark.parametrize(
+    ("doc", "words"),
+    [
+        ({"model": "tiny", "rate_rps": -3}, "request.rate_rps must be a number > 0, got -3"),
+        ({"model": "", "rate_rps": 3}, "request.model must be a model family"),
+    ],
+)
+def test_replay_refuses_a_bad_request_file_naming_the_field(
+    installed, tiny, cli, tmp_path, doc, words
+):
+    trace = tmp_path / "load.txt"
+    trace.write_text(" ".join(["100"] * 240))
+    req = _request(tmp_path, doc)
+    out = tmp_path / "out"
+    r = cli("replay", "toy", "--request", req, "--load-trace", trace, "-o", out, "--json")
+    _refused(r, words)
+    assert r.stdout == "" and not out.exists() and tiny.plans() == []
+
+
 def test_replay_help_lists_the_installed_kind(installed, cli):
     r = cli("replay", "--help")
     assert r.exit_code == 0 and "toy" in r.output, r.output
