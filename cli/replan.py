@@ -8,7 +8,7 @@ import shlex
 from typing import Annotated, Any
 
 import typer
-from greenctl.cli.common import ROOT_DB, print_json, render_table, say, store_for
+from greenctl.cli.common import db_option, print_json, render_table, say, store_for
 from greenctl.cli.options import AtOpt, DbOpt, JsonOpt, RegionOpt
 from greenctl.data import reports
 from greenctl.data.errors import InputError
@@ -129,7 +129,7 @@ def _show_history(
     lineage = None
     if plan is not None:
         lineage = lineage_key(plan)
-    with store_for(db) as store:
+    with store_for(db, create=False) as store:  # read-only: nothing created or written
         rows = reports.decisions(store, lineage=lineage, region=region, limit=limit)
     if json_out:
         print_json(rows)
@@ -226,7 +226,7 @@ def cron_install_cmd(
         args = args[1:]
     if args:
         check_greenctl_args(args, root=ctx.find_root().command)
-    db_path = resolve_db_path(db or ROOT_DB.get()).resolve()
+    db_path = resolve_db_path(db_option(db)).resolve()
     line = cron.cron_line(args, every=every, db_path=db_path, log=log, name=name)
     if print_only:
         typer.echo(line)
