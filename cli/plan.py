@@ -4,12 +4,18 @@ request file through the one planning twin."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from greenctl.cli.common import input_path_str, print_json, render_table, say, store_for
+from greenctl.cli.common import (
+    check_writable,
+    input_path_str,
+    print_json,
+    render_table,
+    say,
+    store_for,
+)
 from greenctl.cli.options import AtOpt, DbOpt, JsonOpt, RegionOpt
 from greenctl.data import plan as plan_docs
 from greenctl.data.errors import InputError
@@ -126,29 +132,6 @@ def render_plan(new: Plan) -> None:
             ["model", "variant", "resource", "instances", "quota req/s"],
             [[d.model, d.variant, d.resource, d.count, d.quota_rps] for d in new.deployments],
         )
-
-
-def check_writable(path: str | Path | None, *, option: str = "-o") -> Path | None:
-    """Refuse an output file that cannot be written, before any planning or saving.
-
-    Raises:
-        InputError: the folder is missing or read-only, or the path is a folder.
-    """
-
-    if path is None:
-        return None
-    p = Path(path)
-    folder = p.parent if str(p.parent) else Path(".")
-    if p.is_dir():
-        raise InputError(f"{option} {p} is a folder", hint="name a file, e.g. plan.json")
-    if not folder.is_dir():
-        raise InputError(
-            f"{option} {p}: folder {folder} does not exist",
-            hint="create the folder first or write somewhere else",
-        )
-    if not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise InputError(f"{option} {p} is not writable", hint="write somewhere else")
-    return p
 
 
 def save_plan(store: Store, plan: Plan, output: str | Path | None) -> None:

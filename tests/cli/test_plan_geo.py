@@ -208,13 +208,15 @@ def test_variants_and_min_accuracy(cli, eglb: dict[str, Path], tmp_path: Path) -
 
 
 def test_unwritable_outputs_exit_2_and_save_nothing(
-    cli, eglb: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cli, eglb: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_path: Path
 ) -> None:
     missing = tmp_path / "missing" / "x"
     for opt in ("-o", "--allocations", "--plot"):
         r = cli("plan", "geo", *_args(eglb), "-a", "glb-energy", opt, missing)
         assert r.exit_code == 2, r.output
-        assert f"{opt} {missing}: folder" in " ".join(r.output.split())
+        assert f"{opt} {missing}: the folder {missing.parent} does not exist" in " ".join(
+            r.output.split()
+        )
     r = cli("plan", "geo", *_args(eglb), "-a", "glb-energy", "-o", tmp_path)
     assert r.exit_code == 2 and "is a folder" in r.output
     import greenctl.data.plan as plan_mod
@@ -225,4 +227,5 @@ def test_unwritable_outputs_exit_2_and_save_nothing(
     monkeypatch.setattr(plan_mod, "write_plan_file", fail)
     r = cli("plan", "geo", *_args(eglb), "-a", "glb-energy", "-o", tmp_path / "p.json")
     assert r.exit_code == 2 and "Permission denied" in r.output
-    assert cli("plan", "list", "--json").stdout.strip() == "[]"
+    # nothing saved: the refused command left no store, or one without a plan
+    assert not db_path.exists() or cli("plan", "list", "--json").stdout.strip() == "[]"

@@ -68,7 +68,7 @@ def test_plan_mix_table(cli, tiny_store):
     ("args", "code", "text"),
     [
         (["--model", "zzz", "--rate", "5", "--slo-ms", "60"], 2, "unknown model family 'zzz'"),
-        (["--model", "m", "--rate", "-5", "--slo-ms", "60"], 2, "must be >= 0"),
+        (["--model", "m", "--rate", "-5", "--slo-ms", "60"], 2, "rate of 'm' (rate_rps) must be > 0"),
         (["--model", "m", "--rate", "5", "--slo-ms", "0"], 2, "must be > 0"),
         (["--model", "m", "--rate", "5", "--slo-ms", "60", "--budget", "tpu=2"], 2,
          "unknown resource kind 'tpu'"),

@@ -33,7 +33,7 @@ def test_a_mix_request_round_trips_in_canonical_form():
     ("request_doc", "words"),
     [
         ({"model": "m", "rate_rps": 1, "slo_ms": 5, "nope": 1}, "unknown request field(s): nope"),
-        ({"model": "m", "rate_rps": -1, "slo_ms": 5}, "rate of 'm' (rate_rps) must be >= 0"),
+        ({"model": "m", "rate_rps": -1, "slo_ms": 5}, "rate of 'm' (rate_rps) must be > 0"),
         ({"model": "m", "rate_rps": 1, "slo_ms": 5, "objective": "x"}, "unknown objective 'x'"),
         ({"model": "m", "rate_rps": 1, "slo_ms": 5, "alpha": -1}, "alpha must be >= 0"),
         ({"model": "m", "rate_rps": 1, "slo_ms": 5, "budgets": {"a b": 1}}, "budget 'a b'"),
