@@ -135,8 +135,7 @@ class ReplayRun:
                 raise InputError(
                     f"-o {o.out_dir} is a file", hint="name a folder (created if absent)"
                 )
-        if o.threshold < 0 or o.margin < 0:
-            raise InputError("--threshold and --margin must be >= 0")
+        replan.check_replan_limits(o.threshold, o.margin)  # as replan reads them
 
     @property
     def forecaster_name(self) -> str:
