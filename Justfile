@@ -32,3 +32,7 @@ bench:
 # build the documentation site strictly (a broken link fails) into site/; `mkdocs serve` to browse
 docs:
     mkdocs build --strict
+
+# the fuzzers, deeper: HYPOTHESIS_PROFILE=deep runs 20 times the examples of a CI run
+fuzz *ARGS:
+    HYPOTHESIS_PROFILE=deep GREENCTL_FUZZ_SCALE=20 python -m pytest -q -n 2 -p no:cacheprovider tests/cli/test_cli_fuzz.py tests/data/test_carbon_fuzz.py tests/data/test_geo_fuzz.py tests/data/test_import_fuzz.py tests/data/test_plan_fuzz.py tests/data/test_profile_fuzz.py {{ARGS}}

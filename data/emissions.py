@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from greenctl.data.carbon_io import parse_time
-from greenctl.data.errors import InputError
+from greenctl.data.errors import InputError, shown
 from greenctl.data.plan import Plan
 from greenctl.data.reports import decisions
 from greenctl.data.resources import kind_of
@@ -58,9 +58,20 @@ def plan_carbon(plan: Plan) -> tuple[float | None, float]:
     """The grid intensity (g/kWh, None when the plan has none) and PUE a plan was made with:
     its predicted ``carbon_intensity_g_per_kwh``, else its request's ``carbon_intensity``;
     PUE from its request (1 without)."""
-    value = plan.predicted.get("carbon_intensity_g_per_kwh")
+    field, value = (
+        "predicted.carbon_intensity_g_per_kwh",
+        plan.predicted.get("carbon_intensity_g_per_kwh"),
+    )
     if value is None:
-        value = plan.request.get("carbon_intensity")
+        field, value = "request.carbon_intensity", plan.request.get("carbon_intensity")
+    if value is not None and not (
+        isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf
+    ):
+        raise InputError(
+            f"plan {plan.id if plan.id is not None else '(file)'}: {field} {shown(value)} is "
+            "not a carbon intensity in g/kWh",
+            hint="give a number >= 0, or plan it again (greenctl plan ...)",
+        )
     pue = plan.request.get("pue")
     return (
         None if value is None else float(value),
