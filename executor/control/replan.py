@@ -298,14 +298,12 @@ def replan_choice(
     by more than ``threshold`` from ``reference`` (or there is none), the running plan cannot
     be scored (it cannot carry the load), or the objective improves by more than ``margin``.
     A kind with its own :attr:`~greenctl.executor.kinds.PlanKind.triggers` decides instead of
-    the signal and the margin (a glet plan: its GPU count changes, or more than ``threshold``
-    of its glets move); ``signal`` None: no region (a kind that plans no carbon). ``rates``:
-    models' rates given by name (``--rate NAME=RPS``), over the forecast; ``carbon``: the
-    signal's value and source (:func:`~greenctl.executor.kinds.plan_carbon`), recorded on the
-    new plan.
-
-    The decision of :func:`replan_once` (which adds the store, the dwell and applying) and of
-    the what-if replay (:mod:`greenctl.executor.control.replay`); it writes nothing.
+    signal and margin (a glet plan: its GPU count changes, or more than ``threshold`` of its
+    glets move). ``signal`` None: no region. ``rates``: models' rates by name (``--rate
+    NAME=RPS``), over the forecast; ``carbon``: the signal's value and source
+    (:func:`~greenctl.executor.kinds.plan_carbon`), recorded on the new plan. Shared by
+    :func:`replan_once` and the what-if replay (:mod:`greenctl.executor.control.replay`);
+    writes nothing.
     """
     kind = get_kind(running.kind)
     new, old_obj, note, rewritten = _replan_kind(
@@ -456,12 +454,10 @@ def replan_once(
     """One replanning round (the cron entry point's library twin), as ``options`` ask.
 
     Replan the running plan of ``plan``'s lineage at the carbon signal in force at ``at`` and,
-    with ``forecaster``, the forecast peak load; compare objectives in the same problem and act
-    when :func:`replan_choice` finds a change worth it, respecting ``min_dwell_s`` unless the
-    running plan cannot serve the forecast (:func:`dwell_yields`). With ``apply`` the new plan
-    is applied (``apply_fn``), else saved and proposed; what serves is asked of the backend
-    (:func:`serving_state`). Every round appends a decision record, which is returned
-    (``action``: apply | propose | keep | hold).
+    with ``forecaster``, the forecast peak load; act when :func:`replan_choice` finds a change
+    worth it, respecting ``min_dwell_s`` unless the running plan cannot serve the forecast
+    (:func:`dwell_yields`). ``apply``: apply the new plan (``apply_fn``), else save and propose
+    it. Returns the decision record each round appends (``action``: apply|propose|keep|hold).
 
     Raises:
         LockedError: another replan runs. Other planning or applying errors are raised after a
@@ -827,14 +823,12 @@ def _count_at_signal(
     *,
     record: dict[str, Any] | None = None,
 ) -> str | None:
-    """Make the running deployment count carbon at the intensity ``new`` (the running
-    configuration, replanned at the round's signal) records, when the plan that serves
-    (``serving_id``) counts at another: ``new`` is saved and applied through the apply path
-    (on the backend that runs the plan), which for the same configuration only re-applies
-    the routes, carrying the new ``carbon`` (the local dispatcher hands it to its executors;
-    Ray's group re-applies its routes; nothing restarts). The decision ``record`` then says
-    it was applied (``applied``, ``new_plan_id``) while its action stays ``keep``: no
-    change of plan, so the lineage's running plan, reference signal and dwell stay.
+    """Make the running deployment count carbon at the intensity ``new`` records (the running
+    configuration replanned at the round's signal) when the serving plan (``serving_id``)
+    counts at another. ``new`` is saved and applied through ``apply_fn`` on the plan's
+    backend; for the same configuration that only re-applies the routes with the new
+    ``carbon`` (nothing restarts). ``record`` then says ``applied`` and ``new_plan_id`` while
+    its action stays ``keep``: the lineage's running plan, reference signal and dwell stay.
 
     Returns:
         What was done, for the decision's reason (also when the apply failed: the

@@ -28,16 +28,13 @@ def plan_routes(plan: Plan) -> bool:
 
 
 def routing_table(plan: Plan, store: Store) -> dict[str, Any]:
-    """The router's table for a geo plan: per slot, per gateway, each site's fraction.
-
-    The plan is planned again from its request through the registry of plan kinds (its
-    files, read again: a geo plan records per-site totals, not the per-step flows).
+    """The router's table for a geo plan: per slot, per gateway, each site's fraction, planned
+    again from the plan's request and files (a geo plan records per-site totals, not flows).
 
     Returns:
         ``{"plan_id", "start", "step_h", "times", "sites", "gateways", "allowed": {gw:
         [sites]}, "slots": [{gw: {site: fraction}}], "overall": {gw: {site: fraction}}}``;
-        a gateway without load in a slot is absent from it (the router uses its overall
-        fractions then).
+        a gateway without load in a slot is absent (the router uses its overall fractions).
 
     Raises:
         InputError: not a geo plan, or its files are gone or changed shape.

@@ -1,17 +1,14 @@
 """Apply plans on a Ray cluster with Ray Serve (``greenctl apply --backend ray``).
 
-Each applied plan version is one Serve application (namespace ``greenctl``): a deployment per
-planned (variant, resource), replicas pinned by ``ray_actor_options`` (``num_cpus``,
-``num_gpus``, or a custom resource ``mig-<profile>`` for a MIG instance), plus a group
-deployment that routes by model with the plan's policy. One stable router application on
-``/`` speaks the Open Inference Protocol and forwards to the active version. A new version is
-deployed beside the old, the router switched once it is RUNNING, the old deleted; a failed
-one is deleted and the old keeps serving. A plan with the same replicas is applied in place.
-Replicas count energy with :func:`greenctl.profiler.energy.serving_counter`; the router
-exports energy and carbon at ``GET /metrics`` as the local dispatcher does. MIG nodes must
-declare one custom resource per MIG profile (``ray start --resources``) and expose their
-MIG UUIDs. Logic is in :mod:`~greenctl.executor.deploy.ray_routes`, deployments in
-:mod:`~greenctl.executor.deploy.ray_serve`. Optional extra: ``pip install 'greenctl[ray]'``.
+Each plan version is one Serve application (namespace ``greenctl``): a deployment per planned
+(variant, resource), replicas pinned by ``ray_actor_options`` (``num_cpus``, ``num_gpus``, or
+``mig-<profile>``: MIG nodes declare one custom resource per profile with ``ray start
+--resources`` and expose their MIG UUIDs), and a group deployment routing by model with the
+plan's policy. A stable router application on ``/`` speaks the Open Inference Protocol,
+forwards to the active version and exports energy and carbon at ``GET /metrics``. A new
+version is deployed beside the old and switched to once RUNNING; a failed one is deleted and
+the old keeps serving; same replicas apply in place. Logic: :mod:`~.ray_routes`, deployments:
+:mod:`~.ray_serve`. Optional extra: ``pip install 'greenctl[ray]'``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """The dispatcher's energy and carbon accounting, off the request path.
 
-Every few seconds (``$GREENCTL_ENERGY_SCRAPE_S``, default 2) it reads its executors'
-``/metrics`` and sums per model and source ``greenctl_energy_joules_total`` and
-``greenctl_carbon_grams_total`` over every executor process's counter increase (a restarted
-executor's counter starts from zero again: counted as Prometheus's ``increase()`` counts a
-reset). It hands the running plan's grid intensity and PUE to each executor process
-(``POST /admin/carbon``, with the token its state file holds) that has not been told it, so executors kept by ``replan --apply``
-count carbon at the new plan's intensity without a restart, and restarted ones (started
-with the old command line) too. ``GREENCTL_ENERGY_SCRAPE_S=0`` turns the reading off (the
-Kubernetes export: a Service spreads the reads over its pods, whose counters Prometheus
-scrapes and sums itself).
-
-aiohttp is imported where used: this module is imported for its settings by commands that
-never serve.
+Every ``$GREENCTL_ENERGY_SCRAPE_S`` seconds (default 2; ``0`` turns it off, as the Kubernetes
+export does: Prometheus scrapes the pods and sums itself) it reads its executors' ``/metrics``
+and sums ``greenctl_energy_joules_total`` and ``greenctl_carbon_grams_total`` per model and
+source over each executor process's counter increase (a restarted executor's reset counted as
+Prometheus's ``increase()`` counts it). It tells each executor process the running plan's grid
+intensity and PUE once (``POST /admin/carbon``, with its state file's token), so executors
+kept by ``replan --apply`` or restarted with the old command line count at the new intensity.
+aiohttp is imported where used: commands that never serve import this module for its
+settings.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """The dispatcher's routing table: the executor instances it forwards to, and per model the
-policy that picks among them with its bounded queue.
+policy (:data:`~greenctl.planner.core.policy.POLICIES`) that picks among them:
 
-A model's policy (:data:`~greenctl.planner.core.policy.POLICIES`):
-
-- ``fifo``: a central FIFO queue per model; a request goes to the next instance with a free
-  slot (an instance has ``batch + 1`` slots: it can batch, and never idles waiting for the
-  next request's round trip) (Clover);
-- ``wrr``: smooth weighted round robin by each instance's quota (InfAdapter): the
-  simulator's own :class:`~greenctl.planner.core.policy.SmoothWRR`, skipping instances that are
-  down;
+- ``fifo``: a central FIFO queue; the next instance with a free slot takes a request (an
+  instance has ``batch + 1`` slots, so it never idles waiting for a round trip) (Clover);
+- ``wrr``: the simulator's smooth weighted round robin by quota
+  (:class:`~greenctl.planner.core.policy.SmoothWRR`), skipping instances down (InfAdapter);
 - ``batch``: like ``fifo`` but fills the busiest instance's batch first (gpulet's glets).
 
-The queue is bounded: when full a request gets :class:`QueueFull` (503 with ``Retry-After``).
-While no instance of a model is up but one is being restarted, new requests wait in the
-queue for at most ``restart_wait_s`` (at once when a crash loop's back-off runs past that).
+Queues are bounded (full: :class:`QueueFull`, 503 with ``Retry-After``). While no instance is
+up but one restarts, requests wait ``restart_wait_s`` at most (not at all past a back-off).
 """
 
 from __future__ import annotations

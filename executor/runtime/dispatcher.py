@@ -2,14 +2,12 @@
 
 Run as ``python -m greenctl.executor.runtime.dispatcher --state-file PATH --routes FILE``
 (``greenctl apply`` starts it detached). It forwards ``/v2/models/{name}/...`` to the model's
-instances with the plan's policy through a bounded queue (503 when full), answers
-model-less requests with the preferred variant that meets them, retries once on a dead
-instance, restarts crashed executors with back-off and restarts its supervisor
-(:mod:`greenctl.executor.runtime.supervisor`). Admin endpoints (``/admin/routes``) answer
-only loopback clients with the state file's token. Every ``$GREENCTL_ENERGY_SCRAPE_S``
-seconds it exports its executors' energy and carbon per model. The pieces live in the
-``dispatch_*`` modules (routes, modelless, admin, forward, energy, supervision);
-:class:`Dispatcher` composes them. aiohttp is imported where used, since ``apply`` and
+instances with the plan's policy through a bounded queue (503 when full), answers model-less
+requests with the preferred variant that meets them, retries once on a dead instance,
+restarts crashed executors with back-off and its supervisor, and exports energy and carbon
+per model. Admin endpoints (``/admin/routes``) answer only loopback clients with the state
+file's token. :class:`Dispatcher` composes the ``dispatch_*`` modules (routes, modelless,
+admin, forward, energy, supervision). aiohttp is imported where used: ``apply`` and
 ``export`` import this module only for its settings. See docs/serving.md.
 """
 

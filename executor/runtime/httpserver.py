@@ -1,18 +1,14 @@
-"""A lean HTTP/1.1 server for the executors' and the dispatcher's inbound side.
+"""A lean HTTP/1.1 server for the executors' and the dispatcher's inbound side (why lean and
+its limits: docs/serving.md).
 
-Every request crosses one of these servers twice (dispatcher, then executor), so its CPU is
-serving overhead paid on the models' cores; a general web framework spends most of a small
-request in machinery this module leaves out. It keeps what the Open Inference Protocol needs:
-an :class:`asyncio.BufferedProtocol` per connection parsed by ``httptools`` (keep-alive,
-pipelining, chunked bodies, ``Expect: 100-continue``, ``HEAD``); bodies of known length read
-straight into their own buffer (one copy, by the kernel); a router of ``GET``/``POST`` paths
-with ``{name}`` segments; aiohttp-like :class:`Request` and :class:`Response`.
-Limits against slow or hostile clients are :class:`Server` options (header, body, request,
-keep-alive and send timeouts; max connections, header bytes and body size): beyond them the
-client gets 408/431/413/503 and is closed (a declared body over ``max_body`` is refused as
-soon as its head is in). Malformed requests get 400, handler exceptions a 500 JSON error; a
-refusal is answered after the answers to the requests parsed before it, in order.
-:meth:`Server.shutdown` drains in-flight requests, then closes connections.
+It keeps what the Open Inference Protocol needs: an :class:`asyncio.BufferedProtocol` per
+connection parsed by ``httptools`` (keep-alive, pipelining, chunked bodies, ``Expect:
+100-continue``, ``HEAD``); bodies of known length read straight into their own buffer; a
+router of ``GET``/``POST`` paths with ``{name}`` segments; aiohttp-like :class:`Request` and
+:class:`Response`. Limits are :class:`Server` options: past them the client gets
+408/431/413/503 and is closed (a declared body over ``max_body`` as soon as its head is in).
+Malformed requests get 400, handler exceptions a 500 JSON error, answered in order after the
+requests parsed before. :meth:`Server.shutdown` drains in-flight requests, then closes.
 """
 
 from __future__ import annotations

@@ -1,16 +1,14 @@
 """What the dispatcher needs for model-less requests: each instance's offer in its routing
 table (:mod:`greenctl.planner.core.choice`).
 
-``greenctl apply`` adds, to the routing table it hands the dispatcher, per model the plan's
-preference (``prefer``: ``carbon`` when its kind says its objective weighs carbon, else
-``cost``) and per instance its variant's offer: accuracy, energy, carbon and cost per request
-at the instance's capacity (the evaluation core's accounting at the plan's carbon intensity
-and PUE), and the latency table of its service model (the one the planners and the simulator
-use) with, when the serving path was measured (``greenctl profile serving``), the path's
-overhead that ``predict`` adds to every request (the newest run of the family's variant at
-the measured rate nearest the plan's, :func:`greenctl.executor.runtime.serving.serving_overheads`).
-The dispatcher only reads these; a table without them routes by model and variant name
-only, and a model-less request then finds no variant that meets it.
+``greenctl apply`` adds per model the plan's preference (``prefer``: ``carbon`` when its
+kind's objective weighs carbon, else ``cost``) and per instance its variant's offer: accuracy,
+energy, carbon and cost per request at the instance's capacity (at the plan's carbon intensity
+and PUE), and its service model's latency table plus, when the serving path was measured
+(``greenctl profile serving``), the overhead ``predict`` adds to each request
+(:func:`greenctl.executor.runtime.serving.serving_overheads`). The dispatcher only reads
+these; without them it routes by model and variant name only, and a model-less request finds
+no variant that meets it.
 """
 
 from __future__ import annotations

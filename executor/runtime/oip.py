@@ -284,24 +284,18 @@ def decode_request(
     max_elements: int | None = None,
     limit_hint: str | None = None,
 ) -> tuple[dict[str, Any], list[tuple[str, np.ndarray]]]:
-    """Parse an inference request into its JSON header and named numpy inputs.
-
-    Every malformed request is an :class:`InputError` (what a server answers 400 to): the
-    JSON, each field's type, shapes of whole numbers, data that fills the shape with values
-    of its datatype (``true``/``false`` for ``BOOL`` only, whole numbers for integer types,
-    in range), and binary parts whose ``binary_data_size`` is exactly what the
-    declared shape needs and that together fill the bytes after the JSON header.
-
-    Args:
-        body: the request body.
-        header_length: ``Inference-Header-Content-Length`` (binary tensor extension).
-        max_elements: refuse a tensor with more elements (checked before any data is
-            converted); ``limit_hint`` says where the limit comes from.
+    """Parse an inference request (``body``; ``header_length``: the binary tensor extension's
+    ``Inference-Header-Content-Length``) into its JSON header and named numpy inputs.
+    ``max_elements`` refuses a tensor with more elements before any data is converted
+    (``limit_hint`` says where the limit comes from).
 
     Raises:
-        InputError: the request is malformed; :class:`TensorTooLarge` when a tensor exceeds
-            ``max_elements``.
-    """
+        InputError: the request is malformed (a server answers 400): the JSON, a field's
+            type, a shape not of whole numbers, data not filling the shape with in-range values
+            of its datatype (``true``/``false`` for ``BOOL`` only, whole numbers for integer
+            types), or binary parts whose ``binary_data_size`` is not exactly what the shape
+            needs or that do not fill the bytes after the header. Its subclass
+            :class:`TensorTooLarge`: a tensor over ``max_elements``."""
     # views, not copies: a 224x224 image is 600 KB, and every copy of it is CPU per request
     view = memoryview(body)
     if header_length is not None:

@@ -1,16 +1,14 @@
 """Process and file plumbing shared by apply, the dispatcher and the daemons.
 
-Detached daemons, liveness checks that survive pid reuse and zombies, atomic state files,
-the per-store state directory and the apply lock. No greenctl imports beyond ``data`` and
-:mod:`greenctl.profiler.user_code` (where a user's own modules are found).
+Detached daemons, liveness checks that survive pid reuse and zombies, atomic state files, the
+per-store state directory and the apply lock. Of greenctl it imports only ``data`` and
+:mod:`greenctl.profiler.user_code`.
 
-Daemons are isolated from the folder they are started from: ``python -P`` keeps it off their
-import path (``PYTHONPATH`` still works; ``-I`` would drop it, and greenctl installed with
-``pip install --target`` lives there), they run in their state folder, every relative path
-they are given is made absolute against the caller's folder, and they are told that folder
-explicitly (:data:`~greenctl.profiler.user_code.CALLER_DIR_ENV`) for the user's own model
-modules and loaders. The state folder is 0700, and logs, state files and the store 0600,
-whatever the umask.
+Daemons are isolated from the folder they start from: ``python -P`` keeps it off their import
+path (``PYTHONPATH`` still works; ``-I`` would drop it, and greenctl installed with ``pip
+install --target`` lives there); they run in their state folder, with relative paths made
+absolute, and are told the caller's folder (:data:`~greenctl.profiler.user_code.CALLER_DIR_ENV`)
+for the user's modules and loaders. State folder 0700; logs, state files, store 0600, any umask.
 """
 
 from __future__ import annotations
