@@ -74,6 +74,7 @@ STEP_NAMES = [
     "profile compare-emulated",
     "plan mix",
     "plan mig",
+    "plan run",
     "gpulet import",
     "interference fit",
     "interference show",
@@ -167,6 +168,10 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Step
         "plan", "mig", "--gpu", "H100-80GB", "--gpus", "8", "--model", "efficientnet",
         "--rate", "300", "--carbon-intensity", "250",
     )  # fmt: skip
+    # any installed kind through one command: plan mix's own request, as a file
+    request = (steps["plan mix"].doc or {}).get("request") or {}
+    (work / "request.json").write_text(json.dumps(request))
+    run("plan run", "plan", "run", "--kind", "mix", "--request", str(work / "request.json"))
     # InfAdapter's resnet family is in the store: gpulet's data set goes beside it
     run(
         "gpulet import",
