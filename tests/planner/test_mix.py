@@ -412,7 +412,7 @@ def test_load_tested_capacity_uses_largest_slo_not_above_request():
     ("change", "error", "text"),
     [
         ({"model": "nope"}, NotFoundError, "unknown model family 'nope'"),
-        ({"rate_rps": -1}, InputError, "must be >= 0"),
+        ({"rate_rps": -1}, InputError, "must be > 0"),
         ({"slo_ms": 0}, InputError, "must be > 0"),
         ({"budgets": {"tpu": 2}}, InputError, "budget for unknown resource kind 'tpu'"),
         ({"budgets": {"gpu": 2}}, InputError, "no profile of m uses it"),
