@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import greenctl.cli as greenctl_cli
 import pytest
 from typer.testing import CliRunner
 
@@ -94,13 +95,30 @@ def shared_copy(seeded: Path) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _as_user() -> list[str]:
-    """The prefix that runs greenctl as an ordinary user: none, or setpriv as nobody."""
+@pytest.fixture(scope="session")
+def as_user() -> Iterator[list[str]]:
+    """The prefix that runs greenctl as an ordinary user: none, or setpriv as nobody. As
+    root, the folders above the interpreter and the package that nobody cannot enter (a
+    0700 temporary folder holding the virtual environment) are opened for traversal only
+    (o+x) while the tests run, and closed again after."""
     if os.geteuid() != 0:
-        return []
+        yield []
+        return
     if shutil.which("setpriv") is None:
         pytest.skip("running as root without setpriv: read-only files do not bind")
-    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    opened: list[tuple[Path, int]] = []
+    roots = {Path(sys.prefix).resolve(), Path(greenctl_cli.__file__).resolve().parent}
+    for root in roots:
+        for folder in (root, *root.parents):
+            mode = stat.S_IMODE(folder.stat().st_mode)
+            if not mode & stat.S_IXOTH and all(f != folder for f, _ in opened):
+                os.chmod(folder, mode | stat.S_IXOTH)
+                opened.append((folder, mode))
+    try:
+        yield ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    finally:
+        for folder, mode in reversed(opened):
+            os.chmod(folder, mode)
 
 
 def _greenctl(folder: Path, *args: str, prefix: list[str]) -> subprocess.CompletedProcess:
@@ -177,8 +195,8 @@ WRITE_COMMANDS = {
     [("file", name) for name in WRITE_COMMANDS]
     + [("folder", name) for name in ("plan-mix", "carbon-import", "profile-import", "down")],
 )
-def test_read_only_store_is_refused_before_the_command_acts(shared_copy, how, name):
-    prefix = _as_user()
+def test_read_only_store_is_refused_before_the_command_acts(shared_copy, as_user, how, name):
+    prefix = as_user
     _make_read_only(shared_copy, how, prefix)
     before = _snapshot(shared_copy)
 
@@ -195,8 +213,8 @@ def test_read_only_store_is_refused_before_the_command_acts(shared_copy, how, na
 
 
 @pytest.mark.parametrize("how", ["file", "folder"])
-def test_read_only_store_still_reads_and_stays_as_it_was(shared_copy, how):
-    prefix = _as_user()
+def test_read_only_store_still_reads_and_stays_as_it_was(shared_copy, as_user, how):
+    prefix = as_user
     _make_read_only(shared_copy, how, prefix)
     before = _snapshot(shared_copy)
 
