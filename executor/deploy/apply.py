@@ -32,6 +32,7 @@ from greenctl.executor.deploy.actions import (
     Change,
 )
 from greenctl.executor.deploy.admin import url_of
+from greenctl.executor.deploy.checks import check_apply
 from greenctl.executor.deploy.diff import plan_change
 from greenctl.executor.deploy.instances import InstanceSpec, desired_instances, instance_view
 from greenctl.executor.deploy.processes import SUPERVISOR_MODULE
@@ -72,7 +73,9 @@ def apply_plan(
 
     Raises:
         TypeError: a field :class:`ApplyOptions` does not have.
-        InputError: a plan whose kind does not describe instances (geo), or a bad plan.
+        InputError: a plan whose kind does not describe instances (geo), a bad plan, or an
+            option it cannot run with (a port taken or privileged, a loader that does not
+            import): refused before anything changes.
         InfeasiblePlan / HardwareError: the plan does not fit this machine (nothing changed).
         LockedError: another apply runs.
         ExecutorError: a step failed; every step was undone and the previous configuration
@@ -85,6 +88,7 @@ def apply_plan(
     policy = kind.dispatch_policy(plan, opts.policy)
     for i, d in enumerate(plan.deployments):
         runnable_resource(d.resource, field=f"deployments[{i}].resource")
+    check_apply(plan, store, opts)  # before the lock, the recovery or any process
     state_dir = state_dir_for(store.path)
     with apply_lock(state_dir, wait=opts.wait, timeout_s=opts.lock_timeout_s):
         if not opts.dry_run:  # what an interrupted apply left: routes put back, processes stopped

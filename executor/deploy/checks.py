@@ -1,20 +1,88 @@
-"""Whether a plan can run on this machine, checked before ``apply`` changes anything: its
-variants can be loaded, its GPUs exist and are the models it was planned for, MPS shares
-fit, and a glet plan's executors fit each GPU's memory.
+"""Whether a plan can run on this machine, checked before ``apply`` changes anything: the
+options it runs with (:func:`check_apply`: the dispatcher's address can be bound, the loader
+imports), its variants can be loaded, its GPUs exist and are the models it was planned for,
+MPS shares fit, and a glet plan's executors fit each GPU's memory.
 """
 
 from __future__ import annotations
 
-from greenctl.data.errors import HardwareError, InfeasiblePlan, NotFoundError
+import errno
+import socket
+
+from greenctl.data import deployments
+from greenctl.data.errors import HardwareError, InfeasiblePlan, InputError, NotFoundError, shown
+from greenctl.data.limits import number
 from greenctl.data.plan import Plan
 from greenctl.data.records import Variant
 from greenctl.data.resources import parse_resource
 from greenctl.data.store import Store
 from greenctl.executor.deploy import partition
-from greenctl.executor.deploy.actions import DEFAULT_LOADER
+from greenctl.executor.deploy.actions import DEFAULT_LOADER, ApplyOptions
 from greenctl.executor.deploy.instances import InstanceSpec
+from greenctl.executor.runtime.daemon import resolve_loader
 from greenctl.planner.glet.memory import check_gpu_memory, gpu_needs
 from greenctl.profiler.models import builtin_variant
+
+
+def check_apply(plan: Plan, store: Store, options: ApplyOptions) -> None:
+    """What an apply runs with, checked before it takes the lock or starts anything: the
+    dispatcher's port is a port, its address can be bound now (unless the running
+    dispatcher holds it), and the variant loader imports and names a function.
+
+    Raises:
+        InputError: naming the option (or the plan's field) and the fix.
+    """
+    option, port = "--port", options.port
+    if port is None:
+        option, port = (
+            "the plan's dispatcher.port",
+            (plan.extra.get("dispatcher") or {}).get("port"),
+        )
+    if port is not None:
+        port = int(number(port, option, minimum=0, maximum=65535))
+    if not options.dry_run:
+        disp = deployments.running_dispatcher(store)
+        if disp is None or disp["host"] != options.host or port not in (0, None, disp["port"]):
+            check_address(options.host, port or 0, option=option)
+    try:
+        resolve_loader(options.loader_name)
+    except Exception as exc:  # the user's module ran: whatever it raised is their mistake
+        if isinstance(exc, InputError):
+            why = exc.message
+        else:
+            why = f"importing {shown(options.loader_name)} raised {type(exc).__name__}: {exc}"
+        raise InputError(
+            f"--loader: {why}",
+            hint="give an importable module:function or file.py:function (the folder greenctl "
+            "runs in is searched), or leave --loader out for the built-in catalog",
+        ) from None
+
+
+def check_address(host: str, port: int, *, option: str) -> None:
+    """Whether a dispatcher could listen on ``host:port`` now: bound as its supervisor
+    binds it, then released (port 0: any free port of ``host``).
+
+    Raises:
+        InputError: the host is not an address of this machine, the port is taken, or it
+            is privileged and this user may not bind it.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except (OSError, OverflowError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        if getattr(exc, "errno", None) == errno.EACCES:
+            hint = f"ports below 1024 need privileges; give {option} 1024 or above"
+        elif getattr(exc, "errno", None) == errno.EADDRINUSE:
+            hint = f"another program listens there; give {option} a free port or leave it out"
+        else:
+            hint = "give --host an address of this machine (127.0.0.1 for loopback)"
+        where = f"{option} {port}: cannot bind {shown(host)}:{port}"
+        if not port:
+            where = f"--host {shown(host)}: cannot listen there"
+        raise InputError(f"{where}: {why}", hint=hint) from None
 
 
 def resolve_variants(specs: list[InstanceSpec], store: Store, loader: str) -> dict[str, Variant]:
