@@ -4,9 +4,10 @@ The serving replay (:mod:`greenctl.executor.kinds.serving_replay`) evaluates and
 each second; mix's :data:`BASELINES` run on the same intervals and seconds: ``base`` (most
 accurate variant sized for the peak), ``co2opt`` (least-carbon variant meeting the SLO),
 ``vpa`` (one pod sized by the Kubernetes VPA recommender, :class:`VpaConfig`), and when asked
-``infaas`` (reactive greedy scaling, :data:`INFAAS_DOWN_AFTER`, :data:`INFAAS_LOW_WATER`)
-and ``infadapter`` (InfAdapter's LSTM forecast and ILP, no carbon term; left out without
-history). Each reconfiguration pays the new instances' load time, as greenctl's does.
+``infaas`` (reactive greedy scaling, :data:`INFAAS_DOWN_AFTER`, :data:`INFAAS_LOW_WATER`),
+``infadapter`` (InfAdapter's LSTM forecast and ILP, no carbon term; left out without
+history) and ``msplus`` (InfAdapter's MS+: the same loop restricted to one variant at a
+time, :func:`msplus_steps`). Each reconfiguration pays the new instances' load time.
 Every figure is modeled (profiles, analytic queueing, profiled energy) and labelled so.
 """
 
@@ -39,7 +40,7 @@ from greenctl.planner.core.evaluate import build_instances
 if TYPE_CHECKING:
     from greenctl.data.store import Store
 
-BASELINES = (*STATIC_BASELINES, "vpa", "infaas", "infadapter")
+BASELINES = (*STATIC_BASELINES, "vpa", "infaas", "infadapter", "msplus")
 #: INFaaS-style scaling: scale down after this many intervals under the low-water mark
 INFAAS_DOWN_AFTER = 5
 #: ... of the running configuration's capacity
@@ -286,16 +287,14 @@ def infadapter_forecasts(
 
     Returns:
         (the forecasts, rounded up to whole req/s, or None when there is no LSTM to use;
-        a note saying which LSTM, or why the baseline is left out).
+        which LSTM forecast them, or why there is none to use).
     """
     try:
         f = loop.forecaster(INFADAPTER_FORECASTER)
     except NotFoundError:
         f = None
     if f is not None and not isinstance(f, fc.LSTMForecaster):
-        return None, (
-            f"infadapter: left out, the saved forecaster '{INFADAPTER_FORECASTER}' is no LSTM"
-        )
+        return None, f"the saved forecaster '{INFADAPTER_FORECASTER}' is no LSTM"
     if f is not None:
         how = f"the saved forecaster '{INFADAPTER_FORECASTER}'"
     else:
@@ -303,7 +302,7 @@ def infadapter_forecasts(
         assert isinstance(lstm, fc.LSTMForecaster)
         if history.size <= lstm.window + 1:
             return None, (
-                f"infadapter: left out, InfAdapter's LSTM needs more than {lstm.window + 1} "
+                f"InfAdapter's LSTM needs more than {lstm.window + 1} "
                 f"intervals of the trace before the window to learn from ({history.size} "
                 "here): start later with --from, or save one with `greenctl forecast fit "
                 f"--forecaster lstm --name {INFADAPTER_FORECASTER}`"
@@ -319,7 +318,7 @@ def infadapter_forecasts(
         if peaks.size > 1:
             pred[1:] = np.asarray(f.predict_series(peaks, 1), dtype=float)[: peaks.size - 1]
     pred = np.ceil(np.maximum(pred, 0.0) - 1e-9)
-    return pred, f"infadapter: forecasts by {how}, rounded up to whole req/s"
+    return pred, f"forecasts by {how}, rounded up to whole req/s"
 
 
 def loaded_key(deps: Sequence[Deployment]) -> tuple[Any, ...]:
@@ -334,21 +333,28 @@ def infadapter_steps(
     forecasts: np.ndarray,
     variants: dict[str, Any],
     unmodeled: set[str],
+    *,
+    strategy: str = "ilp",
 ) -> tuple[list[PolicyStep], dict[str, int]]:
-    """InfAdapter's own loop (module docstring) over the intervals' ``forecasts``.
+    """InfAdapter's own loop (module docstring) over the intervals' ``forecasts``; with
+    ``strategy="single"`` its MS+ (:func:`msplus_steps`).
+
+    An interval it cannot plan for keeps the running plan (``ilp``); MS+ (``single``) plans
+    it at its ceiling instead: the most whole req/s one variant carries within the budgets.
 
     Returns:
-        (the steps, ``{"plans", "infeasible"}``: ILP plans made, intervals it could not plan).
+        (the steps, ``{"plans", "infeasible"}``: plans made, intervals it could not plan).
     """
     pk = get_kind(kind)
     base = {k: v for k, v in request.items() if k != "current"}
-    base.update(objective="balanced", gamma=0.0, strategy="ilp")
+    base.update(objective="balanced", gamma=0.0, strategy=strategy)
     # the plan depends on the forecast and on which variants are loaded (InfAdapter's
     # loading term): one plan per pair, as the same inputs give the same plan
     memo: dict[tuple[float, frozenset[str]], Plan | InfeasiblePlan] = {}
     stats = {"plans": 0, "infeasible": 0}
+    ceiling: list[float] = []  # found once: feasibility does not depend on what runs
 
-    def plan_at(rate: float, running: Plan | None) -> Plan | InfeasiblePlan:
+    def solve_at(rate: float, running: Plan | None) -> Plan | InfeasiblePlan:
         loaded = frozenset(d.variant for d in running.deployments) if running else frozenset()
         key = (max(float(rate), 1.0), loaded)
         if key not in memo:
@@ -358,6 +364,16 @@ def infadapter_steps(
             except InfeasiblePlan as exc:
                 memo[key] = exc
         return memo[key]
+
+    def plan_at(rate: float, running: Plan | None) -> Plan | InfeasiblePlan:
+        got = solve_at(rate, running)
+        if isinstance(got, InfeasiblePlan) and strategy == "single":
+            if not ceiling:
+                top = highest_feasible(lambda r: solve_at(r, None), max(rate, 1.0), got)
+                ceiling.append(top)
+            if max(rate, 1.0) > ceiling[0]:
+                return solve_at(ceiling[0], running)
+        return got
 
     first = plan_at(float(forecasts[0]), None)
     if isinstance(first, InfeasiblePlan):
@@ -377,7 +393,42 @@ def infadapter_steps(
             lt = load_time_s(running, new, variants, unmodeled)
             out.append(PolicyStep(new, "change", rate, running, lt))
             running = new
+    if ceiling:  # the intervals MS+ served at its ceiling
+        stats["infeasible"] = int(np.sum(np.maximum(forecasts, 1.0) > ceiling[0]))
     return out, stats
+
+
+def highest_feasible(
+    plan_at: Callable[[float], Plan | InfeasiblePlan], above: float, refusal: InfeasiblePlan
+) -> float:
+    """The most whole req/s below ``above`` that ``plan_at`` can plan (feasibility falls with
+    the rate), by bisection; ``refusal`` is raised when not even 1 req/s can be planned."""
+    lo, hi = 1, max(math.ceil(above) - 1, 1)
+    if isinstance(plan_at(lo), InfeasiblePlan):
+        raise refusal
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if isinstance(plan_at(mid), InfeasiblePlan):
+            hi = mid - 1
+        else:
+            lo = mid
+    return float(lo)
+
+
+def msplus_steps(run: ServingRun, forecasts: np.ndarray) -> tuple[list[PolicyStep], dict[str, int]]:
+    """InfAdapter's MS+ baseline: model switching plus autoscaling, one variant at a time.
+
+    As InfAdapter's code runs it (its adapter with the MS+ solver): every interval, for the
+    same forecast, the one-variant plan (``strategy single``: one variant, its replicas sized
+    to the load within the budgets) that maximises InfAdapter's objective (accuracy - alpha x
+    cost - beta x loading, no carbon term), the running variant counting as loaded. Above
+    what one variant carries within the budgets it serves at that ceiling.
+    """
+    inputs, served = run.inputs, run.served
+    return infadapter_steps(
+        run.store, inputs.kind, family_request(inputs.request), forecasts, served.variants,
+        run.loop.unmodeled, strategy="single",
+    )  # fmt: skip
 
 
 #: the objective each static baseline of a mix plan is planned for
@@ -398,24 +449,36 @@ def mix_static(run: ServingRun, name: str) -> Plan:
     return plan
 
 
+def adapter_forecasts(run: ServingRun) -> tuple[np.ndarray | None, str]:
+    """InfAdapter's LSTM forecasts of the window's intervals (:func:`infadapter_forecasts`)
+    from the trace before it, when the window starts on an interval boundary."""
+    win = run.window
+    first_k = win.first_s // win.every_s
+    aligned = first_k >= 1 and win.first_s % win.every_s == 0
+    history = fc.minute_maxima(win.rps[: win.end_s], interval_s=win.every_s)[:first_k]
+    return infadapter_forecasts(
+        run.loop, history if aligned else np.empty(0), run.peaks, win.every_s
+    )
+
+
 def scaling_baselines(run: ServingRun) -> dict[str, list[PolicyStep]]:
-    """The ``infaas`` and ``infadapter`` policies asked for."""
+    """The ``infaas``, ``infadapter`` and ``msplus`` policies asked for; MS+ plans for
+    InfAdapter's forecasts, or greenctl's (rounded up) where there is no LSTM to use."""
     store, inputs, loop, served = run.store, run.inputs, run.loop, run.served
-    win, peaks, forecasts = run.window, run.peaks, run.forecasts
+    asked = set(inputs.baselines)
     out: dict[str, list[PolicyStep]] = {}
-    if "infaas" in inputs.baselines:
+    if "infaas" in asked:
         out["infaas"] = infaas_steps(
-            store, inputs.kind, family_request(inputs.request), peaks, forecasts, served.table,
-            served.variants, loop.unmodeled,
+            store, inputs.kind, family_request(inputs.request), run.peaks, run.forecasts,
+            served.table, served.variants, loop.unmodeled,
         )  # fmt: skip
-    if "infadapter" in inputs.baselines:
-        first_k = win.first_s // win.every_s
-        aligned = first_k >= 1 and win.first_s % win.every_s == 0
-        history = fc.minute_maxima(win.rps[: win.end_s], interval_s=win.every_s)[:first_k]
-        ia_fc, ia_note = infadapter_forecasts(
-            loop, history if aligned else np.empty(0), peaks, win.every_s
+    if not asked & {"infadapter", "msplus"}:
+        return out
+    ia_fc, how = adapter_forecasts(run)
+    if "infadapter" in asked:
+        loop.notes.append(
+            f"infadapter: {how}" if ia_fc is not None else f"infadapter: left out, {how}"
         )
-        loop.notes.append(ia_note)
         if ia_fc is not None:
             out["infadapter"], ia_stats = infadapter_steps(
                 store, inputs.kind, family_request(inputs.request), ia_fc, served.variants,
@@ -427,6 +490,20 @@ def scaling_baselines(run: ServingRun) -> dict[str, list[PolicyStep]]:
                     f"infadapter: {ia_stats['infeasible']} intervals could not be planned "
                     "for their forecast within the budgets: the running plan served"
                 )
+    if "msplus" in asked:
+        if ia_fc is not None:
+            ms_fc, note = ia_fc, f"msplus: one variant at a time, {how}"
+        else:
+            ms_fc = np.ceil(np.maximum(run.forecasts, 0.0) - 1e-9)
+            note = f"msplus: one variant at a time, for greenctl's forecasts rounded up ({how})"
+        loop.notes.append(note)
+        out["msplus"], ms_stats = msplus_steps(run, ms_fc)
+        loop.stats["msplus_plans"] = ms_stats["plans"]
+        if ms_stats["infeasible"]:
+            loop.notes.append(
+                f"msplus: {ms_stats['infeasible']} intervals forecast more than one variant "
+                "carries within the budgets: it served at that ceiling"
+            )
     return out
 
 
