@@ -118,7 +118,7 @@ def profile_measure(
     if ctx.invoked_subcommand is not None:
         _hand_down(ctx, ctx.invoked_subcommand)
         return
-    from greenctl.profiler.harness import profile  # numpy: not for `--help`
+    from greenctl.profiler.harness import prepare_profile, profile  # numpy: not for `--help`
 
     user = UserModelSpec(model_path, input_shape, accuracy, name, weights)
     options = parse_profile_options(
@@ -126,8 +126,11 @@ def profile_measure(
         duration=duration, requests=requests, warmup=warmup, mps=mps,
         emulate_mig=emulate_mig, user=user,
     )  # fmt: skip
+    # checked against the store as it is (nothing written), so a refused run leaves no trace
+    with store_for(db, create=False, missing_ok=True) as store:
+        prepared = prepare_profile(store, options)
     with store_for(db) as store, _progress_bar() as progress:
-        result = profile(store, options, progress=progress)
+        result = profile(store, prepared=prepared, progress=progress)
     profiles = [p for p, _hw in result.profiles]
     if json_out:
         print_json(

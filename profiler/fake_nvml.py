@@ -104,20 +104,39 @@ class FakeNvml:
 
     @classmethod
     def from_file(cls, path: str | Path, **kw: Any) -> FakeNvml:
-        """Load a description file (raises FileFormatError when it is not valid JSON)."""
+        """Load a description file (``GREENCTL_FAKE_NVML``).
+
+        Raises:
+            FileFormatError: naming the file, when it cannot be read, is not UTF-8 JSON, is
+                not a JSON object, or describes GPUs with fields of the wrong type.
+        """
         p = Path(path)
+        hint = (
+            "GREENCTL_FAKE_NVML names a JSON description of simulated GPUs "
+            '({"gpus": [{"name": "A100-SXM4-40GB", "memory_mb": 40960}]}); unset it to use '
+            "the real NVML"
+        )
         try:
-            desc = json.loads(p.read_text())
+            desc = json.loads(p.read_bytes().decode("utf-8"))
         except OSError as exc:
             raise FileFormatError(
-                str(p), f"cannot read the fake NVML description: {exc.strerror}"
+                str(p), f"cannot read the fake NVML description: {exc.strerror}", hint=hint
+            ) from None
+        except UnicodeDecodeError as exc:
+            raise FileFormatError(
+                str(p), f"the fake NVML description is not UTF-8 text (byte {exc.start})", hint=hint
             ) from None
         except json.JSONDecodeError as exc:
-            raise FileFormatError(str(p), exc.msg, line=exc.lineno) from None
+            raise FileFormatError(str(p), exc.msg, line=exc.lineno, hint=hint) from None
+        if not isinstance(desc, dict):
+            raise FileFormatError(
+                str(p), f"a fake NVML description is a JSON object, got {type(desc).__name__}",
+                hint=hint,
+            )  # fmt: skip
         try:
             return cls(desc, path=p if desc.get("persist") else None, **kw)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise FileFormatError(str(p), f"bad fake NVML description: {exc}") from None
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise FileFormatError(str(p), f"bad fake NVML description: {exc}", hint=hint) from None
 
     # -- simulation controls (tests) -------------------------------------------------------
     def set_power(self, gpu_index: int, power_w: float) -> None:

@@ -34,6 +34,7 @@ from greenctl.profiler import models
 from greenctl.profiler.device import get_backend
 from greenctl.profiler.energy import EnergyMeter, EnergyReading, NvmlEnergyMeter, cpu_meter
 from greenctl.profiler.hw import discover, usable_cores
+from greenctl.profiler.memory import check_memory
 from greenctl.profiler.models import (
     builtin_families,
     builtin_variant,
@@ -722,25 +723,30 @@ def resolve_variants(
     return unique
 
 
-def profile(
+@dataclass
+class ProfilePlan:
+    """A profiling run checked and laid out (:func:`prepare_profile`), not yet measured."""
+
+    options: ProfileOptions
+    inventory: Inventory
+    items: list[RunItem]
+
+
+def prepare_profile(
     store: Store,
     options: ProfileOptions | None = None,
     *,
     inventory: Inventory | None = None,
-    progress: Progress = _noop,
     **choices: Any,
-) -> ProfileResult:
-    """Discover, plan, measure and store (one transaction at the end; nothing on failure).
-
-    ``options`` says what to measure; without it, the keywords named as its fields
-    (``variants=``, ``cpus=``, ``emulate_mig=``, ...) build one. With ``emulate_mig``, every
-    MIG slice of each whole GPU is also emulated as an MPS share (see :func:`plan_runs`),
-    under an MPS daemon that runs already or one started for the run and stopped after it.
+) -> ProfilePlan:
+    """Check a run's choices and lay out its points; reads ``store`` (its variants), writes
+    nothing, so a run it refuses leaves no trace.
 
     Raises:
-        InputError: bad choices (unknown variant, too many cores, --gpus without a GPU,
-            --emulate-mig without --gpus or without ``nvidia-cuda-mps-control``).
-        HardwareError: the hardware or a child run failed, or an MPS child did not reach MPS.
+        InputError: bad choices (unknown variant, an option out of its bound, too many
+            cores, --gpus without a GPU, --emulate-mig without --gpus or without
+            ``nvidia-cuda-mps-control``, a batch that cannot fit its device's memory, a
+            malformed ``GREENCTL_FAKE_NVML`` file).
     """
     opts = options if options is not None else ProfileOptions.of(**choices)
     opts.check()
@@ -755,8 +761,35 @@ def profile(
         mps=opts.mps,
         emulate_mig=opts.emulate_mig,
     )
+    check_memory(items)
     if inv.mps_pipe is None and any(i.mps_client for i in items):
         control_binary()  # missing: an input error now, before anything is measured
+    return ProfilePlan(opts, inv, items)
+
+
+def profile(
+    store: Store,
+    options: ProfileOptions | None = None,
+    *,
+    inventory: Inventory | None = None,
+    progress: Progress = _noop,
+    prepared: ProfilePlan | None = None,
+    **choices: Any,
+) -> ProfileResult:
+    """Discover, plan, measure and store (one transaction at the end; nothing on failure).
+
+    ``options`` says what to measure; without it, the keywords named as its fields
+    (``variants=``, ``cpus=``, ``emulate_mig=``, ...) build one; ``prepared`` is a run
+    :func:`prepare_profile` checked already. With ``emulate_mig``, every MIG slice of each
+    whole GPU is also emulated as an MPS share (see :func:`plan_runs`), under an MPS daemon
+    that runs already or one started for the run and stopped after it.
+
+    Raises:
+        InputError: bad choices (see :func:`prepare_profile`).
+        HardwareError: the hardware or a child run failed, or an MPS child did not reach MPS.
+    """
+    run = prepared or prepare_profile(store, options, inventory=inventory, **choices)
+    opts, inv, items = run.options, run.inventory, run.items
     session_notes: list[str] = []
     result = run_items(
         items,

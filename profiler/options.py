@@ -12,11 +12,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from greenctl.data.errors import InputError
-from greenctl.data.records import Variant
+from greenctl.data.records import MAX_BATCH, Variant
 from greenctl.profiler.models import user_variant
 
 DEFAULT_WARMUP = 3
 DEFAULT_DURATION_S = 1.0
+#: the most one point is measured for: its figures settle within seconds, and a run
+#: measures every (variant, resource, batch) point this long
+MAX_POINT_DURATION_S = 3600.0
+#: the most requests one point is measured with (``--requests``)
+MAX_POINT_REQUESTS = 1_000_000
+#: the most un-timed warm-up batches of one point (``--warmup``)
+MAX_WARMUP = 1000
 
 
 def check_emulate_mig(*, emulate_mig: bool, gpus: bool) -> None:
@@ -75,20 +82,38 @@ class ProfileOptions:
         """Refuse choices no run can carry out (each names its flag and a fix).
 
         Raises:
-            InputError: --emulate-mig without --gpus, a batch size below 1, --requests below
-                1, or no positive --duration when no --requests is given.
+            InputError: --emulate-mig without --gpus; a batch size, --requests, --duration
+                (without --requests) or --warmup outside its bound (:data:`MAX_BATCH`,
+                :data:`MAX_POINT_REQUESTS`, :data:`MAX_POINT_DURATION_S`, :data:`MAX_WARMUP`).
         """
         check_emulate_mig(emulate_mig=self.emulate_mig, gpus=self.gpus)
         for b in self.batches:
-            if int(b) < 1:
+            if not 1 <= int(b) <= MAX_BATCH:
                 raise InputError(
-                    f"--batch {b}: batch sizes must be >= 1", hint="for example --batch 1,2,4,8"
+                    f"--batch {b}: batch sizes must be 1 to {MAX_BATCH} (the largest batch "
+                    "greenctl measures, imports or plans with)",
+                    hint="for example --batch 1,2,4,8",
                 )
-        if self.requests is not None and self.requests < 1:
-            raise InputError(f"--requests {self.requests}: must be >= 1")
-        if self.requests is None and (self.duration_s is None or self.duration_s <= 0):
+        if self.requests is not None and not 1 <= self.requests <= MAX_POINT_REQUESTS:
+            raise InputError(
+                f"--requests {self.requests}: must be 1 to {MAX_POINT_REQUESTS:,} per point",
+                hint="for example --requests 200",
+            )
+        duration = self.duration_s
+        if self.requests is None and not (isinstance(duration, int | float) and duration > 0):
             raise InputError(
                 "--duration must be a positive number of seconds", hint="e.g. --duration 2"
+            )
+        if self.requests is None and duration is not None and duration > MAX_POINT_DURATION_S:
+            raise InputError(
+                f"--duration {duration:g}: at most {MAX_POINT_DURATION_S:g} s per point (a "
+                "point's figures settle within seconds; every point is measured this long)",
+                hint="e.g. --duration 2",
+            )
+        if not 0 <= self.warmup <= MAX_WARMUP:
+            raise InputError(
+                f"--warmup {self.warmup}: must be 0 to {MAX_WARMUP} batches per point",
+                hint=f"the default is {DEFAULT_WARMUP}",
             )
 
 
