@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 from greenctl.data.emissions import routes_carbon
-from greenctl.data.errors import InputError
+from greenctl.data.errors import InputError, shown
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.resources import RESOURCE_KINDS, parse_resource
 from greenctl.executor.deploy.instances import mig_layouts
@@ -138,6 +138,55 @@ def executor_command(dep: Deployment, energy: Sequence[str] = ()) -> list[str]:
     ]
 
 
+#: a DNS-1123 label, what Kubernetes takes as a namespace
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+#: an image reference (the grammar of the container image distribution spec): an optional
+#: registry host[:port], lowercase path components, an optional tag and an optional digest
+IMAGE_REFERENCE = re.compile(
+    rf"(?P<name>(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?/)?{_PATH_PART}"
+    rf"(?:/{_PATH_PART})*)"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
+
+
+def check_namespace(namespace: str) -> str:
+    """``namespace`` if Kubernetes takes it (a DNS-1123 label).
+
+    Raises:
+        InputError: naming --namespace and the rule.
+    """
+    if len(namespace) > 63 or not DNS_LABEL.fullmatch(namespace):
+        raise InputError(
+            f"--namespace {shown(namespace)} is not a Kubernetes namespace: it must be a "
+            "DNS-1123 label (lowercase letters, digits and '-', starting and ending with a "
+            "letter or digit, at most 63 characters)",
+            hint=f"for example --namespace {dns_name(namespace)}",
+        )
+    return namespace
+
+
+def check_image(image: str) -> str:
+    """``image`` if it is an image reference Kubernetes can pull (``[registry[:port]/]path
+    [:tag][@digest]``, the path in lowercase, at most 255 characters before the tag).
+
+    Raises:
+        InputError: naming --image and the rule.
+    """
+    match = IMAGE_REFERENCE.fullmatch(image)
+    if match is None or len(match.group("name")) > 255:
+        raise InputError(
+            f"--image {shown(image)} is not a container image reference: it must be "
+            "[REGISTRY[:PORT]/]PATH[:TAG][@DIGEST], the path lowercase letters and digits "
+            "separated by '.', '_', '__' or '-' (and '/'), the tag at most 128 of letters, "
+            "digits, '_', '.' and '-'",
+            hint=f"for example --image {DEFAULT_IMAGE} or registry.example.com/greenctl:0.1",
+        )
+    return image
+
+
 def build_k8s_export(
     plan: Plan,
     *,
@@ -159,8 +208,11 @@ def build_k8s_export(
     the plan's grid intensity and PUE alone (:func:`carbon_args`).
 
     Raises:
-        InputError: a geo plan, an empty plan or an unmappable resource.
+        InputError: a geo plan, an empty plan, an unmappable resource, or a namespace or
+            image Kubernetes refuses.
     """
+    check_namespace(namespace)
+    check_image(image)
     kind = get_kind(plan.kind)
     if not kind.serves:
         raise kind.refuse("export")
