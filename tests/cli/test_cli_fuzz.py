@@ -12,6 +12,7 @@ Depth: ``HYPOTHESIS_PROFILE=deep`` (``just fuzz``) runs 20 times the examples of
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -45,7 +46,7 @@ def fuzz(examples: int) -> settings:
     )
 
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(300 * DEPTH)
 
 # values at and past the edges of what a field takes, plus text that must never escape
 GARBAGE = [
@@ -232,7 +233,7 @@ def mutated_json(draw: st.DrawFn, text: str) -> str:
         if isinstance(parent, dict) and draw(st.booleans()):
             del parent[path[-1]]
         else:
-            parent[path[-1]] = draw(st.sampled_from(JSON_GARBAGE))
+            parent[path[-1]] = copy.deepcopy(draw(st.sampled_from(JSON_GARBAGE)))
     return json.dumps(doc)
 
 
@@ -277,7 +278,7 @@ def _geo(seeded: Path, which: str, f: str) -> list[str]:
             "-a", "glb-energy"]  # fmt: skip
 
 
-@fuzz(150)
+@fuzz(200)
 @given(name=st.sampled_from(sorted(FILES)), data=st.data())
 def test_a_malformed_file_is_refused_cleanly(work: Workspace, name: str, data: Any) -> None:
     ext, how, commands = FILES[name]
@@ -292,7 +293,7 @@ def test_a_malformed_file_is_refused_cleanly(work: Workspace, name: str, data: A
     work.run(argv)
 
 
-@fuzz(60)
+@fuzz(80)
 @given(blob=st.binary(max_size=300), name=st.sampled_from(sorted(FILES)), data=st.data())
 def test_arbitrary_bytes_are_refused_cleanly(work: Workspace, blob: bytes, name: str, data: Any):
     ext, _, commands = FILES[name]
@@ -373,7 +374,7 @@ OPTIONS: dict[str, tuple[list[str], Callable[..., list[str]]]] = {
 }
 
 
-@fuzz(150)
+@fuzz(200)
 @given(command=st.sampled_from(sorted(OPTIONS)), data=st.data())
 def test_a_bad_option_value_is_refused_cleanly(work: Workspace, command: str, data: Any) -> None:
     options, build = OPTIONS[command]
