@@ -13,7 +13,15 @@ It reports requests sent, answered, failed and retried, every kill with its reco
 (and a summary per kind of process), and checks the target: no request lost (each needs at
 most one retry), every process back, nothing left after ``down``. Exit 0 when met, 1 when not.
 
+Then (unless ``--no-faults``) faults of the commands around the serving plan, each under a
+few seconds of load (:data:`FAULTS`): SIGTERM and kill -9 of an ``apply`` while its executors
+load, a refused plan, an apply whose port another program holds, a ``replan`` on a read-only
+store, and ``apply`` and ``down`` run at once. For each it reports the requests lost, the
+processes left (after the next command recovers what a killed apply left), the store rows
+changed and the command's exit code, against what each must give.
+
     python bench/chaos.py                   # 10 minutes
+    python bench/chaos.py --quick           # 20 s of kills, then the faults (about a minute)
     python bench/chaos.py --duration 120    # two minutes
     python bench/chaos.py --duration 60 --rate 80 --kill-min 1.5 --kill-max 4.5 --settle 5
                                             # the suite's minute (tests/executor/test_chaos.py)
@@ -29,6 +37,7 @@ import os
 import random
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -264,6 +273,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         report["final_state"] = final["state"]
         report["final_problems"] = final["problems"]
         report["requests"] = load.summary()
+        if not args.no_faults:
+            models_served = [f"m{k}" for k in range(models)]
+            report["faults"] = run_faults(Faults(work, store, models_served), url, args)
     finally:
         stopped = down(store)
         report["down_stopped"] = len(stopped["stopped"])
@@ -281,8 +293,182 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         and all(k["recovery_s"] is not None and k["serving_again_s"] is not None for k in kills)
         and report["final_state"] == "serving"
         and not report["left_after_down"]
+        and all(f.get("as_expected", True) for f in report.get("faults", []))
     )
     return report
+
+
+# -- faults of the commands around a serving plan ----------------------------------------------
+#: each fault: what its command must exit with, and the store rows it may change (a failed
+#: apply records its plan and a failed history row; a refusal changes nothing)
+FAULTS: dict[str, dict[str, Any]] = {
+    "sigterm-apply": {"exit": {1}, "rows": 2, "lossless": True},
+    "kill9-apply": {"exit": {-9}, "rows": None, "lossless": True},
+    "refused-plan": {"exit": {2}, "rows": 0, "lossless": True},
+    "port-in-use": {"exit": {2}, "rows": 0, "lossless": True},
+    "readonly-replan": {"exit": {2}, "rows": 0, "lossless": True},
+    "apply-and-down": {"exit": {0}, "rows": None, "lossless": False},
+}
+SLOW_LOADER = """
+import os, time
+
+
+def slow_loader(variant, *, device="cpu"):
+    time.sleep(float(os.environ.get("CHAOS_LOAD_S", "30")))
+    from greenctl.executor.runtime.daemon import noop_loader
+
+    return noop_loader(variant, device=device)
+"""
+
+
+class Faults:
+    """The commands of the faults, run as a user runs them (``greenctl`` in a subprocess)
+    against the chaos store and state folder."""
+
+    def __init__(self, work: Path, store: Any, models: list[str]) -> None:
+        from greenctl.data.plan import Deployment, Plan, write_plan_file
+
+        self.work, self.store, self.models = work, store, models
+        self.state_dir = Path(os.environ["GREENCTL_STATE_DIR"])
+        (work / "chaos_loaders.py").write_text(SLOW_LOADER)
+        self.slow = f"{work / 'chaos_loaders.py'}:slow_loader"
+        self.other = work / "other-plan.json"  # the same models on other variants
+        deps = [Deployment(m, f"w{k}", "cpu:1", count=1, batch=1) for k, m in enumerate(models)]
+        write_plan_file(Plan(kind="mix", deployments=deps), self.other)
+        self.unknown = work / "unknown-variant.json"  # refused: no such variant anywhere
+        write_plan_file(
+            Plan(kind="mix", deployments=[Deployment(models[0], "no-such-variant", "cpu:1")]),
+            self.unknown,
+        )
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "greenctl.cli.main", "--db", str(self.store.path), *args]
+
+    def env(self, load_s: float) -> dict[str, str]:
+        return {**os.environ, "CHAOS_LOAD_S": str(load_s), "COLUMNS": "200"}
+
+    def run(self, *args: str, timeout_s: float = 120.0) -> tuple[int, str]:
+        proc = subprocess.run(self.argv(*args), env=self.env(30), capture_output=True,
+                              text=True, timeout=timeout_s)  # fmt: skip
+        return proc.returncode, error_line(proc.stderr)
+
+    def daemons(self) -> set[int]:
+        from greenctl.executor.runtime.procs import stray_daemons
+
+        return {pid for pid, _ in stray_daemons(self.state_dir, str(self.store.path))}
+
+    def rows(self) -> set[str]:
+        """Every row of the store, as SQL (read-only, beside the running daemons)."""
+        import sqlite3
+
+        conn = sqlite3.connect(f"file:{self.store.path}?mode=ro", uri=True)
+        try:
+            return {line for line in conn.iterdump() if line.startswith("INSERT")}
+        finally:
+            conn.close()
+
+    def signal_apply(self, sig: int) -> tuple[int, str]:
+        """Start applying the other plan with a slow loader; once its executors run, send
+        ``sig`` to the apply and wait for it."""
+        before = self.daemons()
+        proc = subprocess.Popen(self.argv("apply", str(self.other), "--loader", self.slow),
+                                env=self.env(30), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.monotonic() + 60.0
+        while len(self.daemons() - before) < len(self.models) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        return proc.returncode, error_line(err)
+
+    def sigterm_apply(self) -> tuple[int, str]:
+        return self.signal_apply(signal.SIGTERM)
+
+    def kill9_apply(self) -> tuple[int, str]:
+        return self.signal_apply(signal.SIGKILL)
+
+    def refused_plan(self) -> tuple[int, str]:
+        return self.run("apply", str(self.unknown))
+
+    def port_in_use(self) -> tuple[int, str]:
+        import socket
+
+        with socket.socket() as squatter:
+            squatter.bind(("127.0.0.1", 0))
+            squatter.listen(1)
+            port = str(squatter.getsockname()[1])
+            return self.run("apply", str(self.other), "--loader", NOOP, "--port", port)
+
+    def readonly_replan(self) -> tuple[int, str] | None:
+        """``replan`` on the store made read-only (None: it cannot be, for this user)."""
+        path = Path(self.store.path)
+        mode = path.stat().st_mode & 0o777
+        path.chmod(0o444)
+        try:
+            if os.access(path, os.W_OK):  # root: a read-only file is still writable
+                return None
+            return self.run("replan", "--plan", "1", "--region", "CISO")
+        finally:
+            path.chmod(mode)
+
+    def apply_and_down(self) -> tuple[int, str]:
+        """Apply the other plan and, while its executors load, ``down``: down waits for the
+        apply, then stops everything."""
+        proc = subprocess.Popen(self.argv("apply", str(self.other), "--loader", self.slow),
+                                env=self.env(3), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(1.0)
+        rc_down, last = self.run("down")
+        _, err = proc.communicate(timeout=120)
+        notes = [f"apply exit {proc.returncode}, down exit {rc_down}", error_line(err), last]
+        return max(abs(proc.returncode), abs(rc_down)), "; ".join(n for n in notes if n)
+
+
+def error_line(stderr: str) -> str:
+    """The ``Error:`` line of a command's stderr (else its last line)."""
+    lines = stderr.strip().splitlines()
+    return next((ln for ln in lines if ln.startswith("Error:")), lines[-1] if lines else "")
+
+
+def run_faults(faults: Faults, url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each fault under ``args.fault_load`` seconds of load on the serving plan: requests
+    lost, processes left (after a ``status`` that recovers a killed apply's leftovers),
+    store rows changed, exit code, and whether each is what the fault must give."""
+    out = []
+    for n, (name, want) in enumerate(FAULTS.items()):
+        rows, pids = faults.rows(), faults.daemons()
+        load = Load(url, faults.models, args.rate, args.fault_load, args.seed + 100 + n)
+        load.start()
+        time.sleep(0.5)
+        got = getattr(faults, name.replace("-", "_"))()
+        load.join(args.fault_load + 120)
+        if got is None:
+            out.append({"fault": name, "skipped": "the store stays writable for this user"})
+            continue
+        code, last = got
+        orphans = len(faults.daemons() - pids)
+        faults.run("status")  # the next command finishes what a killed apply left
+        left = sorted(faults.daemons() - pids)
+        changed = len(faults.rows() ^ rows)
+        req = load.summary()
+        doc = {
+            "fault": name,
+            "exit_code": code,
+            "requests_sent": req["sent"],
+            "requests_lost": req["failed"],
+            "processes_left": len(left),
+            "orphans_before_recovery": orphans,
+            "store_rows_changed": changed,
+            "message": last[:300],
+        }
+        doc["as_expected"] = bool(
+            code in want["exit"]
+            and (not want["lossless"] or req["failed"] == 0)
+            and not left
+            and (want["rows"] is None or changed == want["rows"])
+        )
+        out.append(doc)
+    return out
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -323,9 +509,22 @@ def print_report(report: dict[str, Any]) -> None:
         f"after the load: {report['final_state']}; down stopped {report['down_stopped']} "
         f"process(es); left running after down: {len(report['left_after_down'])}"
     )
+    if report.get("faults"):
+        print("faults (requests lost / processes left / store rows changed / exit code):")
+    for f in report.get("faults", []):
+        if "skipped" in f:
+            print(f"  {f['fault']:<16} skipped: {f['skipped']}")
+            continue
+        print(
+            f"  {f['fault']:<16} lost {f['requests_lost']:>3} of {f['requests_sent']:<5} "
+            f"left {f['processes_left']} (orphans {f['orphans_before_recovery']} before "
+            f"recovery)  rows {f['store_rows_changed']:>2}  exit {f['exit_code']:>3}  "
+            + ("as expected" if f["as_expected"] else "NOT AS EXPECTED")
+            + (f"  [{f['message']}]" if f["message"] else "")
+        )
     print(
-        "target (no request lost beyond one retry, every process back, nothing left): "
-        + ("MET" if report["target_met"] else "MISSED")
+        "target (no request lost beyond one retry, every process back, nothing left, every "
+        "fault as expected): " + ("MET" if report["target_met"] else "MISSED")
     )
 
 
@@ -343,7 +542,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", default=None, help="folder for the scratch store and state")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument("--no-faults", action="store_true", help="only the kill -9s")
+    p.add_argument("--fault-load", type=float, default=4.0, help="seconds of load per fault")
+    p.add_argument(
+        "--quick", action="store_true", help="20 s of kills (every 1.5-4 s), then the faults"
+    )
     args = p.parse_args(argv)
+    if args.quick:
+        args.duration, args.kill_min, args.kill_max, args.settle = 20.0, 1.5, 4.0, 5.0
     if args.instances < 2:
         print("warning: the target assumes two or more instances per model", file=sys.stderr)
     report = run(args)
