@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from greenctl.data.errors import ExecutorError, InfeasiblePlan, LockedError
+from greenctl.data.errors import ExecutorError, InfeasiblePlan, InputError, LockedError
 from greenctl.data.plan import Deployment, Plan
 
 # real daemons: a hung one must fail the test, not the CI run
@@ -124,7 +124,7 @@ def test_dispatcher_port_taken_rolls_back(serving, monkeypatch):
         squatter.bind(("127.0.0.1", 0))
         squatter.listen(1)
         taken = squatter.getsockname()[1]
-        with pytest.raises(ExecutorError, match=f"cannot bind 127.0.0.1:{taken}"):
+        with pytest.raises(InputError, match=f"cannot bind 127.0.0.1:{taken}"):
             apply_plan(_plan("v2"), store=store, loader=loader, port=taken)
     _still_serving(serving, before)
 
