@@ -1,16 +1,11 @@
 """gpulet's interference model with a per-point self term.
 
-The latency of a model on one MPS partition while the rest of the GPU runs a co-runner,
-relative to its solo latency, is modelled as a self term plus a co-runner term::
-
-    factor = s(point) + c2 L2_other + c4 DRAM_other
-
-where ``s(point)`` is fitted for each measured solo point (model, batch, partition), looked
-up by that point's solo L2 and DRAM utilisation (fractions 0..1); for a point never measured
-beside a co-runner it is gpulet's linear form ``c1 L2_self + c3 DRAM_self + c5``. On gpulet's
-reference data the slowdown is mostly a property of the model's own point, not of the
-co-runner (docs/interference.md). Fitted by least absolute deviations (the measurements hold
-bimodal outliers); planning uses ``self_term`` + ``other_term``, clipped below at 1.
+A model's latency on one MPS partition beside a co-runner, relative to its solo latency, is
+``factor = s(point) + c2 L2_other + c4 DRAM_other``. ``s(point)`` is fitted per measured solo
+point (model, batch, partition), looked up by its solo L2 and DRAM utilisation (0..1); a point
+never measured beside a co-runner uses gpulet's ``c1 L2_self + c3 DRAM_self + c5``. Fitted by
+least absolute deviations (the data hold bimodal outliers); planning uses ``self_term`` +
+``other_term``, clipped below at 1. Why the point dominates: docs/interference.md.
 """
 
 from __future__ import annotations
