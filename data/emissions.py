@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from greenctl.data.carbon_io import parse_time
-from greenctl.data.errors import InputError, shown
+from greenctl.data.errors import InputError
+from greenctl.data.limits import number
 from greenctl.data.plan import Plan
 from greenctl.data.reports import decisions
 from greenctl.data.resources import kind_of
@@ -64,14 +65,9 @@ def plan_carbon(plan: Plan) -> tuple[float | None, float]:
     )
     if value is None:
         field, value = "request.carbon_intensity", plan.request.get("carbon_intensity")
-    if value is not None and not (
-        isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf
-    ):
-        raise InputError(
-            f"plan {plan.id if plan.id is not None else '(file)'}: {field} {shown(value)} is "
-            "not a carbon intensity in g/kWh",
-            hint="give a number >= 0, or plan it again (greenctl plan ...)",
-        )
+    if value is not None:  # a plan file's field: a finite number >= 0
+        where = f"plan {plan.id if plan.id is not None else '(file)'}: {field}"
+        value = number(value, where, minimum=0.0)
     pue = plan.request.get("pue")
     return (
         None if value is None else float(value),

@@ -147,10 +147,7 @@ def floor_rates(rates: dict[str, float]) -> tuple[dict[str, float], list[str]]:
     """Forecast rates with those below :data:`MIN_PLANNED_RATE_RPS` raised to it, and a note
     naming them (a forecast of no load still plans the model, at a trickle)."""
     low = sorted(name for name, rate in rates.items() if not rate >= MIN_PLANNED_RATE_RPS)
-    out = {
-        name: max(rate, MIN_PLANNED_RATE_RPS) if name not in low else MIN_PLANNED_RATE_RPS
-        for name, rate in rates.items()
-    }
+    out = {name: MIN_PLANNED_RATE_RPS if name in low else rate for name, rate in rates.items()}
     notes = (
         [f"{', '.join(low)}: forecast below {MIN_PLANNED_RATE_RPS:g} req/s, planned at it"]
         if low

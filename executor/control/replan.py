@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data import carbon as carbon_signal
-from greenctl.data import loop_state
+from greenctl.data import limits, loop_state
 from greenctl.data.carbon import signal_region
 from greenctl.data.carbon_io import iso, normalise_time, parse_time
 from greenctl.data.emissions import routes_carbon
@@ -73,18 +73,14 @@ def parse_duration(text: str | float | int, *, option: str = "--min-dwell") -> f
 
 
 def check_replan_limits(threshold: float, margin: float) -> None:
-    """Refuse a ``--threshold`` or ``--margin`` that is not a fraction >= 0 (NaN compares
-    false with everything: it would pass every ``<`` check and never trigger).
+    """Refuse a ``--threshold`` or ``--margin`` that is not a finite fraction >= 0 (NaN
+    compares false with everything: it would pass every ``<`` check and never trigger).
 
     Raises:
         InputError: names the option and its value.
     """
     for option, value in (("--threshold", threshold), ("--margin", margin)):
-        if math.isnan(value) or value < 0:
-            raise InputError(
-                f"{option} {value:g} is not a fraction >= 0",
-                hint=f"for example {option} 0.05 (5 %)",
-            )
+        limits.bounded(value, option, "weight", hint=f"for example {option} 0.05 (5 %)")
 
 
 def _resolve_plan(store: Store, plan: str | int) -> tuple[str, Any]:
