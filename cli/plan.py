@@ -165,7 +165,8 @@ def save_plan(store: Store, plan: Plan, output: str | Path | None) -> None:
 
 def carbon_caption(plan: Plan) -> str:
     """One line saying which carbon intensity a plan used and where it came from."""
-    src = plan.extra.get("carbon_source") or {}
+    src = plan.extra.get("carbon_source")
+    src = src if isinstance(src, dict) else {}  # a hand-edited plan file may hold anything
     value = plan.request.get("carbon_intensity")
     kind = src.get("kind")
     text = f"carbon intensity {value:g} gCO2/kWh" if isinstance(value, int | float) else ""

@@ -224,3 +224,14 @@ def test_output_that_cannot_be_written_saves_nothing(cli, tiny_store, tmp_path, 
     assert r.exit_code == 2 and "No space left on device" in r.output
     assert cli("plan", "list", "--json").stdout.strip() == "[]"
     assert not (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.parametrize("source", [-1, "signal", ["x"], None])
+def test_carbon_caption_of_a_hand_edited_source(source):
+    """A plan file's carbon_source that is not an object is shown as no source, not a crash."""
+    from greenctl.cli.plan import carbon_caption
+    from greenctl.data.plan import Plan
+
+    plan = Plan(kind="mix", request={"carbon_intensity": 100.0}, deployments=[])
+    plan.extra["carbon_source"] = source
+    assert carbon_caption(plan).startswith("carbon intensity 100 gCO2/kWh")
