@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from greenctl.cli.common import print_json, render_table, say, store_for
 from greenctl.cli.options import DbOpt, JsonOpt
+from greenctl.data.limits import split_items
 from greenctl.data.mig_geometry import GpuGeometry, layouts_document, resolve_gpu
 from greenctl.data.provenance import store_synthetic
 from greenctl.data.records import Profile
@@ -48,7 +49,11 @@ def mig_layouts(
     compute slices fit; maximal when no further instance can be added.
     """
     geo = resolve_gpu(gpu)
-    names = [p.strip() for p in profiles.split(",") if p.strip()] if profiles else None
+    names = (
+        split_items(profiles, "--profiles", example="1g.5gb,2g.10gb")
+        if profiles is not None
+        else None
+    )
     doc = layouts_document(geo, profiles=names, include_me=me)
     if json_out:
         print_json(doc)

@@ -167,7 +167,7 @@ def floor_request_rate(request: dict[str, Any]) -> list[str]:
     return notes
 
 
-def split_items(text: str, name: str) -> list[str]:
+def split_items(text: str, name: str, *, example: str = "20,40,100") -> list[str]:
     """A comma-separated option value as its items, an empty item refused (``1,,2`` is a
     typo, not two items).
 
@@ -176,10 +176,10 @@ def split_items(text: str, name: str) -> list[str]:
     """
     items = [item.strip() for item in text.split(",")]
     if not any(items):
-        raise InputError(f"{name} is empty", hint=f"give {name} A,B,... (comma-separated)")
+        raise InputError(f"{name} is empty", hint=f"give {name} comma-separated, e.g. {example}")
     if not all(items):
         raise InputError(
             f"{name} {shown(text)} holds an empty item",
-            hint=f"separate the items of {name} with single commas, e.g. 20,40,100",
+            hint=f"separate the items of {name} with single commas, e.g. {example}",
         )
     return items

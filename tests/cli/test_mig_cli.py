@@ -269,3 +269,8 @@ def test_an_export_of_synthetic_rows_re_imports_as_a_no_op(cli, tmp_path, store)
     assert store.profile_count() == count
     # and mig synth again into its own (synthetic) family needs no flag
     assert cli("mig", "synth", "--gpu", "A30", "--family", "albert").exit_code == 0
+
+
+def test_layouts_refuses_an_empty_profile_item(cli):
+    r = cli("mig", "layouts", "--gpu", "A100-40GB", "--profiles", "1g.5gb,,2g.10gb")
+    assert r.exit_code == 2 and "holds an empty item" in r.output and "Traceback" not in r.output
