@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from greenctl.data.errors import InputError
 from greenctl.data.records import Variant
+from greenctl.data.resources import kind_of
 from greenctl.profiler.models import parse_input_shape
 
 if TYPE_CHECKING:
@@ -63,7 +64,8 @@ def check_memory(items: Sequence[RunItem], *, host_mb: float | None = None) -> N
     """
     host = host_mb if host_mb is not None else host_available_mb()
     for item in items:
-        avail = host if item.device == "cpu" else item.hardware.memory_mb
+        on_host = not kind_of(item.resource).accelerator  # the resource table decides
+        avail = host if on_host else item.hardware.memory_mb
         if not avail:
             continue
         per_request = request_input_mb(item.variant)
@@ -73,7 +75,7 @@ def check_memory(items: Sequence[RunItem], *, host_mb: float | None = None) -> N
                 break
             weights = float(item.variant.memory_mb or 0.0)
             fits = int((avail - weights) / per_request) if per_request and avail > weights else 0
-            where = "this machine has available" if item.device == "cpu" else "the device has"
+            where = "this machine has available" if on_host else "the device has"
             raise InputError(
                 f"--batch {b}: one batch of {item.variant.name} on {item.resource} needs at "
                 f"least {need:,.0f} MiB ({per_request:.3g} MiB of input per request x {b}, "
