@@ -1,4 +1,4 @@
-"""Benchmark `plan glet` on the gpulet reference measurements (issue 9).
+"""Benchmark `plan glet` on the gpulet reference measurements.
 
 1. Interference model: fit on the imported co-location measurements, held-out error.
 2. Schedulability (gpulet's experiment): every combination of rates in {0, 100, 200} req/s
@@ -7,12 +7,16 @@
    `glet-core` is gpulet's elastic partitioning alone (gpulet's order, knee partition,
    worst-case co-runner sizing, no portfolio, no consolidation), to show what the rest adds.
 3. Scheduling time per decision: 10 models on 8 GPUs.
-4. A glet replan's decision time (issue 18): `replan` of a 10-model glet plan as its rates
+4. A glet replan's decision time: `replan` of a 10-model glet plan as its rates
    move (a random walk, +-30 % per round): the whole round (lock, store, rewrite, plan, score
    the running layout, gpulet's rule, decision record) against the schedule alone, and how
    often the rule acts and how many glets move.
 
-Run: python bench/bench_glet.py [--k 3] [--quick] [--data DIR]
+5. With ``--gap`` (instead of 2-4): glet's gain over sbp and greedy as the workload moves
+   towards gpulet's (interference off, tight SLOs, more models), and how much splitting a
+   GPU adds by itself on these profiles (docs/interference.md).
+
+Run: python bench/bench_glet.py [--k 3] [--quick] [--gap] [--data DIR]
 SLOs (ms) are a fixed choice per model, between 2.5x and 6x the batch-1 latency on a
 whole GPU; rates are packed at the Poisson 99th percentile of arrivals per duty cycle.
 """
@@ -100,6 +104,11 @@ def main() -> None:
         "--rate-unit", type=float, default=100.0, help="rates are {0, 1, 2} x this (req/s)"
     )
     ap.add_argument("--tol", type=float, default=0.02, help="relative tolerance of the search")
+    ap.add_argument(
+        "--gap",
+        action="store_true",
+        help="only the study of glet's gain over sbp and greedy (docs/interference.md)",
+    )
     args = ap.parse_args()
     k = args.k or (2 if args.quick else 3)
     if not args.data.is_dir():
@@ -126,7 +135,8 @@ def main() -> None:
     print("\n== interference model (held-out latency error, measured data) ==")
     print(
         "coefficients c1..c5 (L2_self, L2_other, DRAM_self, DRAM_other, 1): "
-        + ", ".join(f"{c:+.3f}" for c in fit.model.coefficients)
+        + ", ".join(f"{c:+.3f}" for c in fit.model.linear)
+        + f"; {fit.model.n_points} measured points with their own self term"
     )
     print(
         f"train {fit.n_train}, held out {fit.n_test}; measured slowdown factor mean "
@@ -139,8 +149,12 @@ def main() -> None:
     print(
         f"share within 10.26 %: {e['within_gpulet_10_26pct']:.1%} (gpulet reports 90 %); "
         f"ignoring interference: {e['no_model_within_gpulet_10_26pct']:.1%}, "
-        f"p90 {e['no_model_p90']:.2%}"
+        f"p90 {e['no_model_p90']:.2%}; gpulet's 5-coefficient form on the same split: "
+        f"{e['linear_within_gpulet_10_26pct']:.1%}"
     )
+    if args.gap:
+        gap_study(latency, util, fit.model, k=k, max_gpus=args.max_gpus, unit=args.rate_unit)
+        return
 
     models = ORDER[:k]
 
@@ -251,6 +265,87 @@ def main() -> None:
         f"{len(used)} decisions needed more than 8"
     )
     replan_decisions(args.data, rounds=10 if args.quick else 40)
+
+
+def partition_scaling(latency: dict) -> None:
+    """How much throughput splitting a GPU can add by itself: a batch's solo throughput on
+    p % of the GPU, times 100 / p, over its throughput on the whole GPU (1.0: splitting
+    gains nothing over time-sharing the whole GPU; 2.0 on 50 %: two halves serve twice)."""
+    print("\n-- throughput of 100/p partitions of p % each, relative to the whole GPU --")
+    print(f"{'model':<12} {'batch':>5}" + "".join(f"{f'p={p}':>8}" for p in (20, 40, 50)))
+    for m in ORDER:
+        table = latency.get(m) or {}
+        full = table.get("mps:100") or {}
+        for b in (1, 8, 32):
+            if b not in full:
+                continue
+            cells = [full[b] / (table.get(f"mps:{p}", {}).get(b, float("inf")) * p / 100)
+                     for p in (20, 40, 50)]  # fmt: skip
+            print(f"{m:<12} {b:>5}" + "".join(f"{c:>8.2f}" for c in cells))
+
+
+def gap_study(latency: dict, util: dict, imodel, *, k: int, max_gpus: int, unit: float) -> None:
+    """glet's largest schedulable rate over sbp's and greedy's (mean over scenarios) as the
+    workload moves towards gpulet's: interference off, SLOs tightened, more models."""
+    import random
+
+    def slo_of(m: str, scale: float) -> float:
+        one = latency[m]["mps:100"][1]
+        return max(SLO_MS[m] * scale, 2.2 * one)  # still feasible alone at batch 1
+
+    _, c2, _, c4, _ = imodel.linear
+    # the co-runner's load alone: factor 1 beside the lightest co-runner measured, growing
+    # with the co-runner's L2 and DRAM use by the fitted c2, c4 (no per-point offset)
+    lightest = min(imodel.other_term(a / 100, b / 100) for a, b in util.values())
+    load_only = type(imodel)((0.0, c2, 0.0, c4, 1.0 - lightest))
+    chosen = {"on": imodel, "off": None, "load": load_only}
+
+    def ratios(models: list[str], slo_scale: float, interference: str, sample: int | None):
+        combos = [c for c in itertools.product((0, unit, 2 * unit), repeat=len(models)) if any(c)]
+        if sample and len(combos) > sample:
+            combos = random.Random(0).sample(combos, sample)
+        got: dict[str, list[float]] = {"glet": [], "sbp": [], "greedy": []}
+        for combo in combos:
+
+            def make(s: float, combo: tuple = combo) -> Compiled:
+                gm = [
+                    GletModel(m, r * s, slo_of(m, slo_scale))
+                    for m, r in zip(models, combo, strict=True)
+                    if r > 0
+                ]
+                return Compiled(
+                    GletProblem(
+                        models=gm,
+                        latency_ms=latency,
+                        max_gpus=max_gpus,
+                        interference=chosen[interference],
+                        utilisation=util,
+                    )
+                )
+
+            for a in got:
+                got[a].append(max_scale(make, a, max_gpus, 0.0, 0.02))
+        g = statistics.mean(got["glet"])
+        return g / statistics.mean(got["sbp"]), g / statistics.mean(got["greedy"]), len(combos)
+
+    print("\n== what separates glet from sbp and greedy (max rate, mean over scenarios) ==")
+    print(f"{'workload':<58} {'scen.':>5} {'vs sbp':>8} {'vs greedy':>10}")
+    few, six = ORDER[:k], ORDER[:6]
+    cases = [
+        (f"{k} models, SLOs as benchmarked, interference on", few, 1.0, "on", None),
+        (f"{k} models, interference off", few, 1.0, "off", None),
+        (f"{k} models, interference of the co-runner's load only", few, 1.0, "load", None),
+        (f"{k} models, SLOs x 0.5 (floor 2.2 x batch-1 latency)", few, 0.5, "on", None),
+        (f"{k} models, SLOs x 0.5, interference off", few, 0.5, "off", None),
+        ("6 models, SLOs x 0.5, interference on (40 scenarios)", six, 0.5, "on", 40),
+        ("6 models, SLOs x 0.5, interference off", six, 0.5, "off", 40),
+        ("6 models, SLOs x 0.5, co-runner's load only", six, 0.5, "load", 40),
+    ]
+    for label, models, scale, inter, sample in cases:
+        vs_sbp, vs_greedy, n = ratios(models, scale, inter, sample)
+        print(f"{label:<58} {n:>5} {vs_sbp:>7.3f}x {vs_greedy:>9.3f}x", flush=True)
+    print("(gpulet paper: +61.7 % over sbp, +81.2 % over greedy)")
+    partition_scaling(latency)
 
 
 def replan_decisions(data: Path, *, rounds: int) -> None:

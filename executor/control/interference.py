@@ -13,14 +13,14 @@ from greenctl.data.gpulet_import import (
     save_interference_model,
 )
 from greenctl.data.store import Store
-from greenctl.planner.core.interference import FEATURES, fit_interference
+from greenctl.planner.core.interference import MODEL_KIND, feature_names, fit_interference
 
 
 def fit_and_store(
     store: Store, *, test_fraction: float = 0.2, seed: int = 0, source: str | None = None
 ) -> tuple[int, Any]:
-    """Fit c1..c5 on the imported co-locations (holding ``test_fraction`` out, split with
-    ``seed``) and store the model; returns its id and the fit
+    """Fit the interference model on the imported co-locations (holding ``test_fraction``
+    out, split with ``seed``) and store it, every number named; returns its id and the fit
     (:class:`~greenctl.planner.core.interference.FitResult`)."""
     result = fit_interference(
         load_colocations(store),
@@ -32,10 +32,11 @@ def fit_and_store(
     model_id = save_interference_model(
         store,
         coefficients=list(result.model.coefficients),
-        features=FEATURES,
+        features=feature_names(result.model, result.points),
         n_train=result.n_train,
         n_test=result.n_test,
         errors={**result.errors, "measured_factor": result.measured_factor},
         source=source or f"colocations (test fraction {test_fraction}, seed {seed})",
+        kind=MODEL_KIND,
     )
     return model_id, result
