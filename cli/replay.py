@@ -324,7 +324,7 @@ BaselineOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--baseline",
-        help="base | co2opt | vpa | infaas | infadapter | none; repeatable (default base, "
+        help="base | co2opt | vpa | infaas | infadapter | msplus | none; repeatable (default base, "
         "co2opt, vpa); "
         "glet: base; geo: offline | nearest | glb-energy (default offline, nearest).",
     ),

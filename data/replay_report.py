@@ -25,6 +25,8 @@ COLOURS = {
     "co2opt": "tab:orange",
     "vpa": "tab:blue",
     "infaas": "tab:purple",
+    "infadapter": "tab:cyan",
+    "msplus": "tab:brown",
     "offline": "tab:gray",
     "nearest": "tab:red",
     "glb-energy": "tab:orange",
