@@ -1,21 +1,27 @@
-"""Dispatcher overhead: latency through the dispatcher vs calling an executor directly.
+"""Dispatcher overhead: latency and CPU through the dispatcher vs nginx and vs calling an
+executor directly.
 
 Starts a real executor daemon with the no-op model (it returns its input) and a real
 dispatcher (both detached processes on loopback, via ``apply_plan``), then sends the same
-open-loop Poisson load (aiohttp client, keep-alive connections kept open throughout) at
-``--rate`` req/s to the executor directly, through the dispatcher, and through a bytes-only
-TCP relay (a third arm: the cost of any extra process hop on this host, with no HTTP parsing
-or routing at all).
+open-loop Poisson load (aiohttp client, keep-alive connections kept open throughout) at each
+of ``--rates`` req/s to the executor directly, through the dispatcher, through a bytes-only
+TCP relay (the cost of any extra process hop on this host, with no HTTP parsing or routing
+at all) and, when nginx is installed, through nginx (the peer: ``proxy_pass`` to the same
+executor, one worker, upstream keep-alive; skipped with a message when it is absent).
 
-The arms take turns in short slices (``--slice`` seconds), each block of three slices in a
-fresh random order, so that the host's slow drifts and its bursts of stalls fall on every arm
-alike. The added latency (dispatcher minus direct, at p50/p95/p99 of the pooled requests)
-comes with a 95 % bootstrap interval over blocks, and the verdict on the issue's target
-(p99 added <= 1 ms at 1,000 req/s) is read off that interval: meets when all of it lies at or
-below 1 ms, MISSES when all of it lies above, INCONCLUSIVE otherwise.
+The arms take turns in short slices (``--slice`` seconds), each block of slices in a fresh
+random order, so that the host's slow drifts and its bursts of stalls fall on every arm
+alike. The added latency (an arm minus direct, at p50/p95/p99 of the pooled requests) comes
+with a 95 % bootstrap interval over blocks. Against nginx the targets are: the dispatcher's
+CPU per request (process CPU time over the requests of its slices) at most 2x nginx's
+(master and worker), and its added p50 and p99 at most nginx's + 0.1 ms, read off the
+interval of (dispatcher - nginx): meets when all of it lies at or below 0.1 ms, MISSES when
+all of it lies above, INCONCLUSIVE otherwise. Without nginx, the verdict is on p99 added
+<= 1 ms at 1,000 req/s.
 
-    python bench/bench_dispatcher.py            # 1,000 req/s, 24 blocks of 1 s slices, wrr and fifo
+    python bench/bench_dispatcher.py            # 500 and 1,000 req/s, 24 blocks of 1 s slices, wrr and fifo
     python bench/bench_dispatcher.py --quick    # 4 blocks, wrr only
+    python bench/bench_dispatcher.py --no-nginx # without the nginx arm
 
 ``--upstream`` measures the dispatcher's upstream client alone (``executor/runtime/upstream.py``,
 dispatcher -> executor) against another revision's, in one run: both clients in this
@@ -43,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-ARMS = ("direct", "relay", "dispatcher")
+ARMS = ("direct", "relay", "dispatcher", "nginx")
 
 
 @dataclass
@@ -54,6 +60,16 @@ class Slices:
     bad: dict[str, int]  # requests that failed
     sent: dict[str, int]
     cpu: dict[str, dict[str, float]]  # CPU seconds of each process during the arm's slices
+
+
+def cpu_of(pids: int | tuple[int, ...]) -> float:
+    """CPU seconds used so far by a process, or summed over a group (nginx's master and
+    worker); a process gone counts nothing."""
+    total = 0.0
+    for pid in (pids,) if isinstance(pids, int) else pids:
+        with contextlib.suppress(OSError):
+            total += cpu_s(pid)
+    return total
 
 
 def cpu_s(pid: int) -> float:
@@ -310,10 +326,14 @@ def upstream_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_relay(direct_url: str) -> tuple[subprocess.Popen[bytes], str]:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return int(s.getsockname()[1])
+
+
+def start_relay(direct_url: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
     target = direct_url.split("//", 1)[1]
     proc = subprocess.Popen(
         [sys.executable, __file__, "--relay-serve", str(port), target], stdout=subprocess.PIPE
@@ -323,17 +343,96 @@ def start_relay(direct_url: str) -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
+#: nginx as the peer reverse proxy: one worker, HTTP/1.1 keep-alive to the executor, logs
+#: and temp files in its own directory (``{dir}``); what a user would put in front of the
+#: executors instead of the dispatcher
+NGINX_CONF = """\
+{user}daemon off;
+master_process on;
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log {dir}/access.log;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    client_max_body_size 64m;
+    keepalive_requests 1000000;
+    upstream executor {{
+        server {target};
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port} backlog=2048;
+        location / {{
+            proxy_pass http://executor;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"""
+
+
+def start_nginx(direct_url: str) -> tuple[subprocess.Popen[bytes], str, tuple[int, ...]] | None:
+    """nginx proxying to ``direct_url`` (config :data:`NGINX_CONF`): the process, its URL and
+    its pids (master and worker); None, after saying why, when nginx is not installed or
+    does not start."""
+    import shutil
+    import time
+
+    exe = shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None
+    )
+    if exe is None:
+        print("# nginx arm skipped: nginx is not installed (Debian: apt-get install nginx)")
+        return None
+    where = Path(tempfile.mkdtemp(prefix="greenctl-bench-nginx-"))
+    port = free_port()
+    conf = where / "nginx.conf"
+    conf.write_text(
+        NGINX_CONF.format(
+            user="user root;\n" if os.geteuid() == 0 else "",  # workers write its temp dir
+            dir=where,
+            target=direct_url.split("//", 1)[1],
+            port=port,
+        )
+    )
+    proc = subprocess.Popen(
+        [exe, "-p", str(where), "-c", str(conf), "-e", str(where / "error.log")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            if children:
+                return proc, f"http://127.0.0.1:{port}", (proc.pid, *map(int, children))
+        time.sleep(0.05)
+    proc.kill()
+    _, err = proc.communicate()
+    log = (where / "error.log").read_text() if (where / "error.log").exists() else ""
+    print(f"# nginx arm skipped: nginx did not start: {(err.decode() + log).strip()[-300:]}")
+    return None
+
+
 def drive(
     urls: dict[str, str],
     *,
     rate: float,
     slice_s: float,
     blocks: int,
-    pids: dict[str, int],
+    pids: dict[str, int] | dict[str, int | tuple[int, ...]],
     seed: int = 0,
 ) -> Slices:
     """Interleaved slices over kept-open sessions: per arm, each block's latencies (ms), the
-    failed and sent counts, and each process's CPU seconds spent in that arm's slices."""
+    failed and sent counts, and each process's (or group's) CPU seconds spent in that arm's
+    slices."""
     import random
 
     from greenctl.executor.runtime.loadgen import (
@@ -362,12 +461,12 @@ def drive(
                 rng.shuffle(order)
                 for arm in order:
                     times = arrival_times(duration_s=slice_s, rate_rps=rate, seed=seed + k)
-                    before = {name: cpu_s(pid) for name, pid in pids.items()}
+                    before = {name: cpu_of(pid) for name, pid in pids.items()}
                     got, _server, codes, _took = await send_load(
                         sessions[arm], urls[arm], "noop", times, body, headers
                     )
                     for name, pid in pids.items():
-                        cpu[arm][name] += cpu_s(pid) - before[name]
+                        cpu[arm][name] += cpu_of(pid) - before[name]
                     lat[arm].append(np.asarray(got))
                     sent[arm] += len(times)
                     bad[arm] += len(times) - codes.get("200", 0)
@@ -400,6 +499,126 @@ def added_interval(
     return point, lo, hi
 
 
+def verdict(lo: float, hi: float, target: float, what: str) -> str:
+    """Whether a 95 % interval lies within ``target``: meets, MISSES or INCONCLUSIVE."""
+    if hi <= target:
+        return f"meets {what}"
+    if lo > target:
+        return f"MISSES {what}"
+    return f"INCONCLUSIVE on {what} (the interval straddles it)"
+
+
+def report(label: str, got: Slices, slice_s: float) -> None:
+    """The table rows of one policy at one rate: each arm's latency, the added latency of
+    the dispatcher (and nginx), and CPU per request, with the verdicts on the targets."""
+    lat, bad, sent, cpu = got.lat, got.bad, got.sent, got.cpu
+    pooled = {arm: np.percentile(np.concatenate(v), [50, 95, 99]) for arm, v in lat.items()}
+
+    def row(arm: str, values: np.ndarray, note: str = "") -> None:
+        print(
+            f"{label:<12} {arm:<11} {'':>9} {'':>7} "
+            + " ".join(f"{v:>8.3f}" for v in values)
+            + (f"   {note}" if note else "")
+        )
+
+    for arm in (a for a in ARMS if a in lat):
+        p50, p95, p99 = pooled[arm]
+        print(
+            f"{label:<12} {arm:<11} {sent[arm]:>9} {bad[arm]:>7} {p50:>8.3f} {p95:>8.3f} {p99:>8.3f}"
+        )
+    queues = pooled["direct"][0] > 5.0  # a no-op answers in well under 1 ms unless the box queues
+    added, lo, hi = added_interval(lat["direct"], lat["dispatcher"])
+    row(
+        "added",
+        added,
+        f"dispatcher - direct (p99 {lo[2]:.2f}..{hi[2]:.2f}); p99 ratio "
+        f"{pooled['dispatcher'][2] / pooled['direct'][2]:.2f}x"
+        + ("" if "nginx" in lat else f"; {verdict(lo[2], hi[2], 1.0, 'the <= 1 ms p99 target')}"),
+    )
+    floor, flo, fhi = added_interval(lat["direct"], lat["relay"], seed=1)
+    row("relay hop", floor, f"a bytes-only extra hop (p99 {flo[2]:.2f}..{fhi[2]:.2f})")
+    per = {"dispatcher": cpu["dispatcher"]["dispatcher"] / max(sent["dispatcher"], 1)}
+    per["relay"] = cpu["relay"]["relay"] / max(sent["relay"], 1)
+    executor = cpu["dispatcher"]["executor"] / max(sent["dispatcher"], 1)
+    if "nginx" in lat:
+        per["nginx"] = cpu["nginx"]["nginx"] / max(sent["nginx"], 1)
+        nadded, _, _ = added_interval(lat["direct"], lat["nginx"], seed=3)
+        row("nginx added", nadded, "nginx - direct")
+        over, olo, ohi = added_interval(lat["nginx"], lat["dispatcher"], seed=2)
+        row(
+            "over nginx",
+            over,
+            f"dispatcher - nginx: p50 {olo[0]:.2f}..{ohi[0]:.2f}, p99 {olo[2]:.2f}..{ohi[2]:.2f}",
+        )
+        if queues:
+            print(f"{label:<12} INCONCLUSIVE: the direct arm itself queues (too few idle cores)")
+        else:
+            print(f"{label:<12} p50: {verdict(olo[0], ohi[0], 0.1, 'nginx + 0.1 ms')}")
+            print(f"{label:<12} p99: {verdict(olo[2], ohi[2], 0.1, 'nginx + 0.1 ms')}")
+    cpu_line = (
+        f"{label:<12} CPU per request: dispatcher {per['dispatcher'] * 1e6:.0f} us, "
+        f"relay {per['relay'] * 1e6:.0f} us"
+    )
+    if "nginx" in per:
+        ratio = per["dispatcher"] / max(per["nginx"], 1e-9)
+        cpu_line += (
+            f", nginx {per['nginx'] * 1e6:.0f} us; dispatcher/nginx {ratio:.2f}x "
+            f"({'meets' if ratio <= 2.0 else 'MISSES'} <= 2x)"
+        )
+    print(cpu_line + f"; executor {executor * 1e6:.0f} us (the dispatcher's requests)")
+    print(f"{label:<12} {len(lat['direct'])} blocks of {slice_s:g} s slices per arm")
+
+
+def measure(args: argparse.Namespace) -> list[tuple[str, Slices]]:
+    """Apply the no-op plan under each policy and drive every arm at each rate."""
+    from greenctl.data.plan import Deployment, Plan
+    from greenctl.data.store import open_store
+    from greenctl.executor.deploy.apply import apply_plan, down, status
+
+    store = open_store()
+    rates = [float(r) for r in args.rates.split(",")]
+    rows = []
+    try:
+        for policy in args.policies.split(","):
+            deployment = Deployment(
+                model="noop", variant="noop", resource="cpu:1", count=1, batch=1,
+                quota_rps=max(rates),
+            )  # fmt: skip
+            res = apply_plan(
+                Plan(kind="mix", deployments=[deployment]),
+                store=store,
+                loader="greenctl.executor.runtime.daemon:noop_loader",
+                policy=policy,
+                max_queue=4096,
+                max_wait_ms=0.0,
+            )
+            st = status(store)
+            direct = st["instances"][0]["url"]
+            pids: dict[str, int | tuple[int, ...]] = {
+                "executor": st["instances"][0]["pid"],
+                "dispatcher": st["dispatcher"]["pid"],
+            }
+            relay_proc, relay = start_relay(direct)
+            pids["relay"] = relay_proc.pid
+            urls = {"direct": direct, "relay": relay, "dispatcher": res.dispatcher_url or ""}
+            nginx = None if args.no_nginx else start_nginx(direct)
+            if nginx is not None:
+                urls["nginx"], pids["nginx"] = nginx[1], nginx[2]
+            try:
+                for rate in rates:
+                    got = drive(urls, rate=rate, slice_s=args.slice, blocks=args.blocks, pids=pids)
+                    rows.append((f"{policy} {rate:.0f}/s", got))
+            finally:
+                for proc in (relay_proc, *(() if nginx is None else (nginx[0],))):
+                    proc.terminate()
+                    proc.wait()
+                down(store)
+    finally:
+        with contextlib.suppress(Exception):
+            down(store)
+    return rows
+
+
 def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--relay-serve":
         return relay_main(int(sys.argv[2]), sys.argv[3])
@@ -408,11 +627,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--rate", type=float, default=1000.0, help="offered load, req/s")
+    ap.add_argument("--rates", default="500,1000", help="offered loads, req/s (comma-separated)")
     ap.add_argument("--slice", type=float, default=1.0, help="seconds of one arm's turn")
     ap.add_argument("--blocks", type=int, default=24, help="turns of every arm (random order)")
     ap.add_argument("--policies", default="wrr,fifo", help="dispatch policies to measure")
     ap.add_argument("--quick", action="store_true", help="4 blocks, wrr only")
+    ap.add_argument("--no-nginx", action="store_true", help="leave out the nginx arm")
     up = ap.add_argument_group("--upstream: the upstream client alone, against a revision")
     up.add_argument("--upstream", action="store_true", help="measure the upstream client only")
     up.add_argument("--baseline", default=UPSTREAM_BASELINE, help="git revision to compare with")
@@ -434,109 +654,22 @@ def main() -> int:
     os.environ["GREENCTL_DB"] = str(tmp / "bench.db")
     os.environ["GREENCTL_STATE_DIR"] = str(tmp / "state")
     os.environ["GREENCTL_NOOP_SERVICE_MS"] = "0"
-    from greenctl.data.plan import Deployment, Plan
-    from greenctl.data.store import open_store
-    from greenctl.executor.deploy.apply import apply_plan, down, status
-
-    store = open_store()
     print(
-        f"# dispatcher overhead, no-op model, open-loop Poisson at {args.rate:.0f} req/s on loopback"
+        f"# dispatcher overhead, no-op model, open-loop Poisson at {args.rates} req/s on loopback"
     )
+    loads = [os.getloadavg()[0]]
+    rows = measure(args)
+    loads.append(os.getloadavg()[0])
     print(
-        f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; python {sys.version.split()[0]}"
+        f"# {os.cpu_count()} CPUs, load average {loads[0]:.2f} before, {loads[1]:.2f} after; "
+        f"python {sys.version.split()[0]}"
     )
-    rows = []
-    try:
-        for policy in args.policies.split(","):
-            plan = Plan(
-                kind="mix",
-                deployments=[
-                    Deployment(
-                        model="noop",
-                        variant="noop",
-                        resource="cpu:1",
-                        count=1,
-                        batch=1,
-                        quota_rps=args.rate,
-                    )
-                ],
-            )
-            res = apply_plan(
-                plan,
-                store=store,
-                loader="greenctl.executor.runtime.daemon:noop_loader",
-                policy=policy,
-                max_queue=4096,
-                max_wait_ms=0.0,
-            )
-            front = res.dispatcher_url or ""
-            st = status(store)
-            direct = st["instances"][0]["url"]
-            pids = {"executor": st["instances"][0]["pid"], "dispatcher": st["dispatcher"]["pid"]}
-            relay_proc, relay = start_relay(direct)
-            pids["relay"] = relay_proc.pid
-            urls = {"direct": direct, "relay": relay, "dispatcher": front}
-            got = drive(urls, rate=args.rate, slice_s=args.slice, blocks=args.blocks, pids=pids)
-            rows.append((policy, got))
-            relay_proc.terminate()
-            relay_proc.wait()
-            down(store)
-    finally:
-        with contextlib.suppress(Exception):
-            down(store)
     print()
     print(
-        f"{'policy':<7} {'arm':<11} {'requests':>9} {'failed':>7} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}"
+        f"{'policy rate':<12} {'arm':<11} {'requests':>9} {'failed':>7} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}"
     )
-    for policy, got in rows:
-        lat, bad, sent, cpu = got.lat, got.bad, got.sent, got.cpu
-        pooled = {arm: np.percentile(np.concatenate(v), [50, 95, 99]) for arm, v in lat.items()}
-        for arm in ARMS:
-            p50, p95, p99 = pooled[arm]
-            print(
-                f"{policy:<7} {arm:<11} {sent[arm]:>9} {bad[arm]:>7} {p50:>8.3f} {p95:>8.3f} {p99:>8.3f}"
-            )
-        added, lo, hi = added_interval(lat["direct"], lat["dispatcher"])
-        if pooled["direct"][0] > 5.0:  # a no-op answers in well under 1 ms unless the box queues
-            verdict = "INCONCLUSIVE (the direct arm itself queues: too few idle cores)"
-        elif hi[2] <= 1.0:
-            verdict = "meets the <= 1 ms p99 target"
-        elif lo[2] > 1.0:
-            verdict = "MISSES the <= 1 ms p99 target"
-        else:
-            verdict = "INCONCLUSIVE: the interval straddles the 1 ms p99 target"
-        print(
-            f"{policy:<7} {'added':<11} {'':>9} {'':>7} {added[0]:>8.3f} {added[1]:>8.3f} {added[2]:>8.3f}"
-            f"   p99 ratio {pooled['dispatcher'][2] / pooled['direct'][2]:.2f}x; {verdict}"
-        )
-        print(
-            f"{policy:<7} {'  95% CI':<11} {'':>9} {'':>7} "
-            + " ".join(f"{f'{a:.2f}..{b:.2f}':>8}" for a, b in zip(lo, hi, strict=True))
-            + f"   bootstrap over {len(lat['direct'])} blocks of {args.slice:g} s slices"
-        )
-        floor, flo, fhi = added_interval(lat["direct"], lat["relay"], seed=1)
-        over, olo, ohi = added_interval(lat["relay"], lat["dispatcher"], seed=2)
-        print(
-            f"{policy:<7} {'relay hop':<11} {'':>9} {'':>7} {floor[0]:>8.3f} {floor[1]:>8.3f} {floor[2]:>8.3f}"
-            f"   what a bytes-only extra hop adds on this host (p99 {flo[2]:.2f}..{fhi[2]:.2f})"
-        )
-        print(
-            f"{policy:<7} {'over relay':<11} {'':>9} {'':>7} {over[0]:>8.3f} {over[1]:>8.3f} {over[2]:>8.3f}"
-            f"   the dispatcher's own part: parsing, routing, policy (p99 {olo[2]:.2f}..{ohi[2]:.2f})"
-        )
-        per = {
-            name: cpu[arm][name] / max(sent[arm], 1)
-            for arm, name in (
-                ("dispatcher", "dispatcher"),
-                ("dispatcher", "executor"),
-                ("relay", "relay"),
-            )
-        }
-        print(
-            f"{policy:<7} CPU per request: dispatcher {per['dispatcher'] * 1e6:.0f} us, "
-            f"executor {per['executor'] * 1e6:.0f} us (same requests); "
-            f"relay {per['relay'] * 1e6:.0f} us"
-        )
+    for label, got in rows:
+        report(label, got, args.slice)
     return 0
 
 
