@@ -11,7 +11,8 @@ import typer
 from greenctl.cli.common import db_option, print_json, render_table, say, store_for
 from greenctl.cli.options import AtOpt, DbOpt, JsonOpt, RegionOpt
 from greenctl.data import reports
-from greenctl.data.errors import InputError
+from greenctl.data.errors import InputError, shown
+from greenctl.data.limits import BOUNDS
 from greenctl.data.loop_state import (
     REPLAN_MARGIN,
     REPLAN_MIN_DWELL,
@@ -175,9 +176,10 @@ def _parse_rates(items: list[str] | None) -> dict[str, float]:
             rps = float(value) if sep else math.nan
         except ValueError:
             rps = math.nan
-        if not name or not math.isfinite(rps) or rps < 0:
+        if not name or not math.isfinite(rps) or not 0 <= rps <= BOUNDS["rate_rps"].high:
             raise InputError(
-                f"--rate '{item}' is not MODEL=RPS with a rate >= 0",
+                f"--rate {shown(item)} is not MODEL=RPS with a rate >= 0 and "
+                f"<= {BOUNDS['rate_rps'].high:g}",
                 hint="for example --rate resnet50=400 (a model of the plan, or its family)",
             )
         if name in out:

@@ -44,6 +44,9 @@ BOUNDS: dict[str, Bound] = {
     "budget": Bound(0.0, 1e6),
     # a weight or a price of the objective (per kg, per litre, per unit of cost)
     "weight": Bound(0.0, 1e6),
+    # a step size or a cap the step is scaled by (eGLB's eta, z_max): above 0, as 0 stops
+    # the duals moving (fairness off is --mu-carbon 0 --mu-water 0)
+    "step": Bound(0.0, 1e6, above=True),
     # a share: an accuracy floor, a held-out fraction, a quantile, a lambda
     "fraction": Bound(0.0, 1.0),
     # spare capacity as a multiple of the rate

@@ -33,8 +33,8 @@ OPTIONS = {
 _NUMBERS = {
     "mu_carbon_usd_per_kg": ("--mu-carbon", "weight"),
     "mu_water_usd_per_l": ("--mu-water", "weight"),
-    "eta": ("--eta", "weight"),
-    "z_max_usd": ("--z-max", "weight"),
+    "eta": ("--eta", "step"),
+    "z_max_usd": ("--z-max", "step"),
     "horizon": ("--horizon", "count"),
     "weight_carbon_usd_per_kg": ("--weight-carbon", "weight"),
     "weight_water_usd_per_l": ("--weight-water", "weight"),

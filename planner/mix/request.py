@@ -207,7 +207,7 @@ def _family(fam: Any, where: str, slo_default: Any) -> MixFamilyRequest:
 
 
 def _percentile(pct: Any) -> str:
-    pct = pct or "p95"
+    pct = "p95" if pct is None else pct
     if isinstance(pct, int | float) and not isinstance(pct, bool):
         pct = number(pct, "percentile", minimum=0.0, maximum=100.0)
         pct = f"p{round(float(pct) * 100) if pct < 1 else round(float(pct))}"

@@ -610,6 +610,7 @@ def test_a_glet_plan_is_replanned_at_given_rates_without_a_region(cli, gpulet):
         ("resnet50", "is not MODEL=RPS"),
         ("resnet50=-1", "is not MODEL=RPS"),
         ("resnet50=x", "is not MODEL=RPS"),
+        ("resnet50=1e308", "<= 1e+06"),
         ("bert=10", "the plan serves no model 'bert'"),
     ):
         r = cli("replan", "--plan", planned["id"], "--rate", bad, "--min-dwell", "0")

@@ -37,6 +37,7 @@ def test_a_mix_request_round_trips_in_canonical_form():
         ({"model": "m", "rate_rps": 1, "slo_ms": 5, "objective": "x"}, "unknown objective 'x'"),
         ({"model": "m", "rate_rps": 1, "slo_ms": 5, "alpha": -1}, "alpha must be >= 0"),
         ({"model": "m", "rate_rps": 1, "slo_ms": 5, "budgets": {"a b": 1}}, "budget 'a b'"),
+        ({"model": "m", "rate_rps": 1, "slo_ms": 5, "percentile": ""}, "must be p95 or p99"),
     ],
 )
 def test_a_bad_mix_request_names_the_field(request_doc, words):
@@ -132,3 +133,7 @@ def test_a_geo_request_maps_its_options_to_run_geo():
     assert GeoRequest.from_dict(typed.to_dict()) == typed
     with pytest.raises(InputError, match=r"request\.eta"):
         GeoRequest.from_dict({"sites": "s.csv", "demand": "d.csv", "eta": "fast"})
+    # a step of 0 stops the duals moving: refused, naming the option
+    for key, flag in (("eta", "--eta"), ("z_max_usd", "--z-max")):
+        with pytest.raises(InputError, match=f"request\\.{key} \\({flag}\\) must be > 0"):
+            GeoRequest.from_dict({"sites": "s.csv", "demand": "d.csv", key: 0})
