@@ -1,10 +1,11 @@
-"""Issue 18 (glet): a glet plan applied on the fake NVML (real executor daemons and
+"""A glet plan applied on the fake NVML (real executor daemons and
 dispatcher) is replanned from the rates its dispatcher measured and reorganised, the glets
 that stay kept running where they are."""
 
 from __future__ import annotations
 
 import json
+import re
 import stat
 import threading
 from pathlib import Path
@@ -205,6 +206,10 @@ def _scaled(factor: float, **each: float) -> dict[str, float]:
     return {m["name"]: m["rate_rps"] * each.get(m["name"], factor) for m in MODELS}
 
 
+def _models(factor: float) -> list[dict[str, object]]:
+    return [{**m, "rate_rps": m["rate_rps"] * factor} for m in MODELS]
+
+
 def _planned(store, *, max_gpus: int = 4):
     plan, _ = get_kind("glet").plan(store, {"models": MODELS, "max_gpus": max_gpus})
     store.save_plan(plan)
@@ -214,13 +219,15 @@ def _planned(store, *, max_gpus: int = 4):
 
 def test_rate_noise_the_running_layout_carries_changes_nothing(gpulet):
     plan = _planned(gpulet)
+    # noise within +-20 % for which the best new schedule differs from the running one (some
+    # glets would move) on as many GPUs: the running layout carries it, so nothing changes
     for rates in (
-        _scaled(1.0, resnet50=1.05, vgg16=0.9, inception=0.95),
+        _scaled(1.0, resnet50=1.05, vgg16=0.95, inception=0.9),
         _scaled(1.0, resnet50=0.92, vgg16=1.04, inception=0.8),
     ):
         d = replan.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=rates)
-        # (the rule before changed the plan when more than 5 % of its glets would move)
-        assert d["action"] in ("hold", "keep") and d["new_plan_id"] is None, d["reason"]
+        assert d["action"] == "hold" and d["new_plan_id"] is None, d["reason"]
+        assert re.search(r"GPUs 2 -> 2 with .*, [1-3] of 3 glets would move", d["reason"])
         assert "the running layout carries the new rates: a change must save a GPU" in d["reason"]
 
 
@@ -228,22 +235,26 @@ def test_a_dip_keeps_its_gpus_and_a_real_fall_gives_one_back_with_headroom(gpule
     from greenctl.executor.kinds import GLET_REPLAN_HEADROOM
 
     plan = _planned(gpulet)
-    # at half the load one GPU would do, but not with the headroom: hysteresis, no change
+    # at 65 % of the load one GPU would do (it carries up to about 70 %), but not with the
+    # headroom (65 % x 1.3 = 85 %): hysteresis, no change
+    alone, _ = get_kind("glet").plan(gpulet, {"models": _models(0.65), "max_gpus": 4})
+    assert alone.predicted["gpus"] == 1
+    d = replan.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.65))
+    assert d["action"] == "hold" and d["new_plan_id"] is None, d["reason"]
+    assert "GPUs 2 -> 2 with the rates + 30 % headroom" in d["reason"]
+    # at half the load one GPU carries the rates + the headroom (65 %): the GPU goes back
     d = replan.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.5))
-    assert d["new_plan_id"] is None, d["reason"]  # (before: GPUs 2 -> 1, a change)
-    # at 30 % one GPU carries the rates + the headroom: the GPU goes back
-    d = replan.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.3))
     assert d["action"] == "propose", d["reason"]
     assert "GPUs 2 -> 1 with the rates + 30 % headroom: saves 1 GPU (50 % > 5 %)" in d["reason"]
     new = gpulet.get_plan(d["new_plan_id"])
     assert new.predicted["gpus"] == 1 and new.request["rate_headroom"] == GLET_REPLAN_HEADROOM
     # the plan routes and records the rates themselves; only the packing has room
-    want = _scaled(0.3)
+    want = _scaled(0.5)
     assert {m["name"]: m["rate_rps"] for m in new.request["models"]} == pytest.approx(want)
     assert {p["model"]: p["rate_rps"] for p in new.predicted["per_model"]} == pytest.approx(want)
     # a threshold above the share saved keeps the GPUs (1 of 2 is 50 %)
     d = replan.replan_once(
-        gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.3), threshold=0.6
+        gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(0.5), threshold=0.6
     )
     assert d["new_plan_id"] is None and "is 50 % (<= 60 %)" in d["reason"]
 
@@ -253,7 +264,7 @@ def test_doubled_rates_force_a_change_packed_with_headroom_or_without_when_none_
     d = replan.replan_once(gpulet, plan=str(plan.id), min_dwell_s=0, rates=_scaled(2.0))
     assert d["action"] == "propose", d["reason"]
     assert d["old_objective"] is None  # the running layout cannot carry the doubled load
-    assert "misses an SLO at the new load" in d["reason"] or "does not" in d["reason"]
+    assert re.search(r"misses an SLO at the new load|cannot carry the new load", d["reason"])
     new = gpulet.get_plan(d["new_plan_id"])
     assert new.request["rate_headroom"] == 0.3 and new.predicted["gpus"] == 3
     # within 2 GPUs there is no room for the headroom: planned at the rates, noted
