@@ -6,7 +6,8 @@
    and the largest rate scale each one can schedule (binary search), relative to `ideal`.
    `glet-core` is gpulet's elastic partitioning alone (gpulet's order, knee partition,
    worst-case co-runner sizing, no portfolio, no consolidation), to show what the rest adds.
-3. Scheduling time per decision: 10 models on 8 GPUs.
+3. Scheduling time per decision: 10 models on 8 GPUs, and fleets of 30 x 24 and 100 x 64
+   (synthetic models, each a reference model's profiles under its own name).
 4. A glet replan's decision time: `replan` of a 10-model glet plan as its rates
    move (a random walk, +-30 % per round): the whole round (lock, store, rewrite, plan, score
    the running layout, gpulet's rule, decision record) against the schedule alone, and how
@@ -16,7 +17,7 @@
    towards gpulet's (interference off, tight SLOs, more models), and how much splitting a
    GPU adds by itself on these profiles (docs/interference.md).
 
-Run: python bench/bench_glet.py [--k 3] [--quick] [--gap] [--data DIR]
+Run: python bench/bench_glet.py [--k 3] [--quick] [--gap | --timing] [--data DIR]
 SLOs (ms) are a fixed choice per model, between 2.5x and 6x the batch-1 latency on a
 whole GPU; rates are packed at the Poisson 99th percentile of arrivals per duty cycle.
 """
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
+import random
 import statistics
 import sys
 import tempfile
@@ -109,6 +112,9 @@ def main() -> None:
         action="store_true",
         help="only the study of glet's gain over sbp and greedy (docs/interference.md)",
     )
+    ap.add_argument(
+        "--timing", action="store_true", help="only the decision times at each size (section 3)"
+    )
     args = ap.parse_args()
     k = args.k or (2 if args.quick else 3)
     if not args.data.is_dir():
@@ -154,6 +160,9 @@ def main() -> None:
     )
     if args.gap:
         gap_study(latency, util, fit.model, k=k, max_gpus=args.max_gpus, unit=args.rate_unit)
+        return
+    if args.timing:
+        decision_times(latency, util, fit.model, quick=args.quick)
         return
 
     models = ORDER[:k]
@@ -228,43 +237,81 @@ def main() -> None:
             f", vs greedy: {statistics.mean(ratio[a]) / statistics.mean(ratio['greedy']):.3f}x"
         )
 
-    print("\n== scheduling time per decision: 10 models on 8 GPUs ==")
-    import random
-
-    rng = random.Random(7)
-    decisions = 10 if args.quick else 40
-    times: dict[str, list[float]] = {"glet": [], "sbp": [], "greedy": []}
-    cpu: dict[str, list[float]] = {"glet": [], "sbp": [], "greedy": []}
-    used = []
-    for _ in range(decisions):
-        rates = {m: float(rng.choice([50, 100, 200, 400, 600])) for m in ORDER}
-        for a in times:
-            t, tc = time.perf_counter(), time.process_time()
-            c = problem(rates, max_gpus=8)
-            s = schedule(c, a, 8)
-            cpu[a].append((time.process_time() - tc) * 1000)
-            times[a].append((time.perf_counter() - t) * 1000)
-            if a == "glet":
-                used.append(s.used_gpus if s else None)
-    print(
-        "(one decision = build the problem from profiles + schedule; wall clock and CPU time"
-        " of this process, the machine may be shared)"
-    )
-    for a, ts in times.items():
-        ts.sort()
-        cs = sorted(cpu[a])
-        print(
-            f"{a:<7} wall median {statistics.median(ts):7.2f} ms  p95 "
-            f"{ts[int(0.95 * (len(ts) - 1))]:7.2f} ms | CPU median {statistics.median(cs):7.2f}"
-            f" ms  p95 {cs[int(0.95 * (len(cs) - 1))]:7.2f} ms  max {cs[-1]:7.2f} ms"
-        )
-    print("target: glet well under 100 ms per decision")
-    feasible = [u for u in used if u is not None]
-    print(
-        f"glet used {min(feasible)}-{max(feasible)} GPUs; {len(used) - len(feasible)} of "
-        f"{len(used)} decisions needed more than 8"
-    )
+    decision_times(latency, util, fit.model, quick=args.quick)
     replan_decisions(args.data, rounds=10 if args.quick else 40)
+
+
+#: (models, GPUs) a decision is timed at: the reference models themselves, then fleets of
+#: synthetic models (each the profiles and utilisation of reference model ``i mod 10``)
+SIZES = ((10, 8), (30, 24), (100, 64))
+
+
+def fleet(n: int, rng: random.Random) -> list[GletModel]:
+    """``n`` models: model ``i`` is reference model ``ORDER[i % 10]`` (its profiles,
+    utilisation and SLO) under its own name, at a rate drawn from 50-600 req/s."""
+    return [
+        GletModel(
+            ORDER[i % len(ORDER)] if n <= len(ORDER) else f"{ORDER[i % len(ORDER)]}-{i}",
+            float(rng.choice([50, 100, 200, 400, 600])),
+            SLO_MS[ORDER[i % len(ORDER)]],
+            variant=ORDER[i % len(ORDER)],
+        )
+        for i in range(n)
+    ]
+
+
+def decision_times(latency: dict, util: dict, imodel, *, quick: bool) -> None:
+    """Wall and CPU time of one decision (build the problem from the profiles + schedule)
+    per algorithm at each of :data:`SIZES`, with the machine's load beside them."""
+    print("\n== scheduling time per decision (modeled problem from the measured profiles) ==")
+    print(
+        "(one decision = build the problem + schedule; wall clock and CPU time of this "
+        "process; the machine may be shared: its load is printed with each size)"
+    )
+    print(
+        f"{'size':<16} {'algorithm':<8} {'wall p50':>9} {'p95':>8} {'CPU p50':>9} {'p95':>8}"
+        f" {'GPUs':>7} {'load':>5}"
+    )
+    for n, gpus in SIZES:
+        rng = random.Random(7)
+        decisions = (10 if n <= 10 else 3) if quick else (40 if n <= 10 else 10)
+        wall: dict[str, list[float]] = {"glet": [], "sbp": [], "greedy": []}
+        cpu: dict[str, list[float]] = {a: [] for a in wall}
+        used: dict[str, list[int | None]] = {a: [] for a in wall}
+        for _ in range(decisions):
+            models = fleet(n, rng)
+            for a in wall:
+                t, tc = time.perf_counter(), time.process_time()
+                c = Compiled(
+                    GletProblem(
+                        models=models,
+                        latency_ms=latency,
+                        max_gpus=gpus,
+                        interference=imodel,
+                        utilisation=util,
+                    )
+                )
+                s = schedule(c, a, gpus)
+                cpu[a].append((time.process_time() - tc) * 1000)
+                wall[a].append((time.perf_counter() - t) * 1000)
+                used[a].append(s.used_gpus if s else None)
+        load = os.getloadavg()[0]
+        for a in wall:
+            ws, cs = sorted(wall[a]), sorted(cpu[a])
+            ok = [u for u in used[a] if u is not None]
+            span = f"{min(ok)}-{max(ok)}" if ok else "-"
+            print(
+                f"{f'{n} x {gpus} GPUs':<16} {a:<8} {statistics.median(ws):7.1f}ms "
+                f"{_p95(ws):6.1f}ms {statistics.median(cs):7.1f}ms {_p95(cs):6.1f}ms "
+                f"{span:>7} {load:>5.1f}"
+                + (f"  ({len(used[a]) - len(ok)}/{decisions} need > {gpus} GPUs)"
+                   if len(ok) < len(used[a]) else "")
+            )  # fmt: skip
+    print("target: glet under 1 s per decision at 100 models x 64 GPUs")
+
+
+def _p95(sorted_ms: list[float]) -> float:
+    return sorted_ms[int(0.95 * (len(sorted_ms) - 1))]
 
 
 def partition_scaling(latency: dict) -> None:
@@ -287,7 +334,6 @@ def partition_scaling(latency: dict) -> None:
 def gap_study(latency: dict, util: dict, imodel, *, k: int, max_gpus: int, unit: float) -> None:
     """glet's largest schedulable rate over sbp's and greedy's (mean over scenarios) as the
     workload moves towards gpulet's: interference off, SLOs tightened, more models."""
-    import random
 
     def slo_of(m: str, scale: float) -> float:
         one = latency[m]["mps:100"][1]
@@ -350,7 +396,6 @@ def gap_study(latency: dict, util: dict, imodel, *, k: int, max_gpus: int, unit:
 
 def replan_decisions(data: Path, *, rounds: int) -> None:
     """Time `greenctl replan` of a glet plan (the library twin, no apply) as rates move."""
-    import random
 
     from greenctl.executor.control import replan
     from greenctl.executor.control.interference import fit_and_store

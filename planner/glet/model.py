@@ -183,6 +183,8 @@ class Compiled:
             [[self.bmean(b) for b in self.batches[i][j]] for j in range(self.n_parts)]
             for i in range(self.n)
         ]
+        # the same in ms of a 1 req/s stream (a cycle's candidate lengths: divided by a rate)
+        self.means_ms = [[[1000.0 * mb for mb in row] for row in rows] for rows in self.means]
         self._setup_interference()
         self._setup_memory()
         self._cap_cache: dict[tuple[int, int, float | None], float] = {}
@@ -400,10 +402,12 @@ class Compiled:
             bs = self.batches[i][j]
             if not bs:
                 return None
-            cands.extend(1000.0 * mb / r for mb in self.means[i][j])
+            cands += [x / r for x in self.means_ms[i][j]]
         cands.sort()
         tables = [(self.means[i][j], self.leffs(i, j, w), r) for i, r in entries]
-        for dc in cands:
+        n = 0
+        while n < len(cands):
+            dc = cands[n]
             ks: list[int] = []
             ls: list[float] = []
             total = 0.0
@@ -424,6 +428,8 @@ class Compiled:
                 return None  # latency only grows with the cycle
             if total <= dc + EPS:
                 return (total, ks, ls)
+            # the runs only grow with the cycle: no cycle shorter than them can hold them
+            n = bisect.bisect_left(cands, total - 2 * EPS, n + 1)
         return None
 
     def bmean(self, batch: int) -> float:
@@ -443,6 +449,11 @@ class Glet:
 
     j: int
     entries: list[tuple[int, float]] = field(default_factory=list)
+    #: (entries, co-runner term, load) of the last :func:`glet_load`: entries lists are
+    #: replaced, never changed in place, so the same list object means the same load
+    load_memo: tuple[Any, float | None, float] | None = field(
+        default=None, compare=False, repr=False
+    )
 
 
 @dataclass
@@ -464,8 +475,10 @@ class State:
         self.gpus: list[Gpu] = []
 
     def copy(self) -> State:
+        """An independent copy: its glets are new objects; their entries lists (replaced,
+        never changed in place) and remembered loads are shared."""
         s = State(self.c, self.max_gpus, assume=self.assume)
-        s.gpus = [Gpu([Glet(g.j, list(g.entries)) for g in gpu.glets]) for gpu in self.gpus]
+        s.gpus = [Gpu([Glet(g.j, g.entries, g.load_memo) for g in gpu.glets]) for gpu in self.gpus]
         return s
 
     @property
@@ -564,6 +577,22 @@ def model_order(c: Compiled, how: str) -> list[int]:
     if how == "demand_desc":
         return sorted(idx, key=lambda i: (-c.rate[i] / max(solo_cap(c, i, c.full), EPS), i))
     raise ValueError(how)
+
+
+def glet_load(c: Compiled, g: Glet, w: float | None) -> float:
+    """The share of a duty cycle glet ``g``'s models busy beside co-runner term ``w``
+    (``sum rate / capacity``, what :meth:`Compiled.config` checks first; inf when one
+    cannot be served there), remembered while the glet's entries and ``w`` stay."""
+    memo = g.load_memo
+    if memo is not None and memo[0] is g.entries and memo[1] == w:
+        return memo[2]
+    load = 0.0
+    for i, r in g.entries:
+        if r > EPS:
+            cap = c.cap(i, g.j, w)
+            load += r / cap if cap > 0 else math.inf
+    g.load_memo = (g.entries, w, load)
+    return load
 
 
 def add_entry(entries: list[tuple[int, float]], i: int, rate: float) -> list[tuple[int, float]]:

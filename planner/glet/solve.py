@@ -31,6 +31,7 @@ from greenctl.planner.glet.model import (
     Gpu,
     State,
     add_entry,
+    glet_load,
     model_order,
     poisson_batch_mean,
     solo_cap,
@@ -92,8 +93,16 @@ def _try_merge(state: State, i: int, rate: float) -> bool:
             if g.entries:
                 cands.append((state.c.units[g.j], gi, li))
     cands.sort()
+    c = state.c
     for _, gi, li in cands:
         glet = state.gpus[gi].glets[li]
+        # what the duty-cycle rule checks first (the cycle's busy share), from the glet's
+        # remembered load: most glets of a large schedule fail it, and it is cheap. The
+        # margin keeps it exact: only glets the whole check refuses are passed over
+        w = state.w_for(gi, li, assume_worst=True)
+        cap = c.cap(i, glet.j, w)
+        if cap <= 0 or glet_load(c, glet, w) + rate / cap > 1 + 1e-6:
+            continue
         merged = add_entry(glet.entries, i, rate)
         if state.check_with(gi, li, merged):
             glet.entries = merged
