@@ -116,6 +116,55 @@ def feature_names(model: InterferenceModel, points: Sequence[str]) -> list[str]:
     return names[: len(model.coefficients)]
 
 
+@dataclass(frozen=True)
+class PointTerm:
+    """One measured point's fitted self term and its lookup key (solo utilisation, 0..1)."""
+
+    point: str
+    model: str
+    batch: int | None
+    partition: int | None
+    l2_self: float
+    dram_self: float
+    term: float
+
+
+def model_terms(doc: Mapping[str, Any]) -> tuple[tuple[float, ...], list[PointTerm]]:
+    """gpulet's ``c1..c5`` and the per-point self terms of a fitted model's document, as
+    ``interference fit`` returns it (``self_terms``) or as the store keeps it (one flat
+    ``coefficients`` list named by ``features``). A point named ``MODEL:bB:pP`` is split
+    into its model, batch and partition; another name keeps them None."""
+    coef = [float(c) for c in doc.get("coefficients") or []]
+    linear = tuple(coef[:5])
+    if doc.get("self_terms") is not None:
+        rows = [
+            (str(t.get("point")), float(t["l2_self"]), float(t["dram_self"]), float(t["term"]))
+            for t in doc["self_terms"]
+        ]
+    else:
+        names = list(doc.get("features") or [])
+        rows = []
+        for n, i in enumerate(range(5, len(coef) - 2, 3)):
+            name = names[i] if i < len(names) else f"point {n + 1} l2_self"
+            rows.append((name.removesuffix(" l2_self"), coef[i], coef[i + 1], coef[i + 2]))
+    out = []
+    for name, l2, dram, term in rows:
+        model, b, p = [*name.rsplit(":", 2), "", ""][:3]
+        whole = b[1:].isdigit() and p[1:].isdigit() and b[:1] == "b" and p[:1] == "p"
+        out.append(
+            PointTerm(
+                name,
+                model if whole else name,
+                int(b[1:]) if whole else None,
+                int(p[1:]) if whole else None,
+                l2,
+                dram,
+                term,
+            )
+        )
+    return linear, out
+
+
 @dataclass
 class FitResult:
     """A fitted model and its held-out error distribution (relative latency error)."""
@@ -133,6 +182,7 @@ class FitResult:
     def to_dict(self) -> dict[str, Any]:
         triples = self.model.coefficients[5:]
         return {
+            "kind": MODEL_KIND,
             "coefficients": list(self.model.linear),
             "features": FEATURES,
             "self_terms": [
