@@ -10,6 +10,7 @@ import typer
 from greenctl.cli.common import (
     DbOpt,
     JsonOpt,
+    check_writable_folder,
     console,
     fmt,
     input_path,
@@ -17,6 +18,7 @@ from greenctl.cli.common import (
     render_table,
     say,
     store_for,
+    undone_on_failure,
 )
 from greenctl.cli.plan import check_writable, plan_app, save_plan
 from greenctl.data.errors import InputError
@@ -98,11 +100,11 @@ MinAccuracyOpt = Annotated[
     typer.Option("--min-accuracy", help="Lowest load-weighted mean accuracy (0-1) with variants."),
 ]
 AllocationsOpt = Annotated[
-    Path | None,
+    str | None,
     typer.Option("--allocations", help="Write time,gateway,site,load_mw for non-zero flows."),
 ]
 PlotOpt = Annotated[
-    Path | None,
+    str | None,
     typer.Option("--plot", help="PNG chart of per-site carbon and water per algorithm."),
 ]
 OutputOpt = Annotated[
@@ -151,8 +153,8 @@ def plan_geo_cmd(
     from greenctl.data.geo_io import write_allocations
 
     check_writable(output)
-    check_writable(allocations, option="--allocations")
-    check_writable(plot, option="--plot")
+    allocations_to = check_writable(allocations, option="--allocations")
+    plot_to = check_writable(plot, option="--plot")
     if variants is not None and family is not None:
         raise InputError(
             "give variants as a file (--variants) or from the store (--family), not both"
@@ -178,15 +180,15 @@ def plan_geo_cmd(
     }
     with store_for(db) as store:
         plan, run = plan_problem(store, "geo", request)
-        if allocations is not None:
-            write_allocations(allocations, run.allocation_rows())
-        if plot is not None:
-            _plot(run, plot)
+        if allocations_to is not None:
+            write_allocations(allocations_to, run.allocation_rows())
+        if plot_to is not None:
+            _plot(run, plot_to)
         save_plan(store, plan, output)
     if json_out:
         print_json(run.plan.to_dict())
         return
-    _render(run, allocations=allocations, plot=plot)
+    _render(run, allocations=allocations_to, plot=plot_to)
 
 
 def _render(run: GeoRun, *, allocations: Path | None, plot: Path | None) -> None:
@@ -304,9 +306,9 @@ def convert_eglb_cmd(
             parser=input_path,
         ),
     ] = None,
-    out_dir: Annotated[Path, typer.Option("--output", "-o", help="Folder for the CSVs.")] = Path(
-        "eglb-csv"
-    ),
+    out_dir: Annotated[
+        str, typer.Option("--output", "-o", help="Folder for the CSVs.")
+    ] = "eglb-csv",
     routes: Annotated[
         str, typer.Option("--routes", help="all (no routes file) or partial (the authors' mask).")
     ] = "all",
@@ -322,7 +324,9 @@ def convert_eglb_cmd(
     """
     from greenctl.data.eglb_convert import convert_eglb
 
-    paths = convert_eglb(src_dir, out_dir, steps=steps, routes=routes)
+    folder = check_writable_folder(out_dir, option="-o")
+    with undone_on_failure(folder):
+        paths = convert_eglb(src_dir, folder, steps=steps, routes=routes)
     if json_out:
         print_json({k: str(v) for k, v in paths.items()})
         return

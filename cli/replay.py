@@ -13,18 +13,21 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from greenctl.cli.common import (
+    check_writable_folder,
     console,
     input_path_str,
     print_json,
     render_table,
     say,
     store_for,
+    undone_on_failure,
 )
 from greenctl.cli.options import DbOpt, JsonOpt, RateOpt, RegionOpt
 from greenctl.cli.plan_glet import glet_request
@@ -736,7 +739,8 @@ def _replay(
     )
     task = bar.add_task("replay", total=1.0)
     c = common
-    with store_for(c.db) as store, bar:
+    out = check_writable_folder(c.output, option="-o") if c.output is not None else None
+    with store_for(c.db) as store, bar, undone_on_failure(out) if out else nullcontext():
         result = replay.replay(
             store, kind=kind, request=request, plan=c.plan, load_trace=c.load_trace,
             region=c.region, carbon_trace=c.carbon_trace, start=c.start, hours=c.hours,

@@ -313,11 +313,24 @@ FILE_OUTPUTS = {
         "-o",
     ),
     "profile-export": (["profile", "export", "-o"], "-o"),
+    "plan-geo-allocations": (
+        ["plan", "geo", "--sites", "{w}/sites.csv", "--demand", "{w}/demand.csv", "--allocations"],
+        "--allocations",
+    ),
+    "plan-geo-plot": (
+        ["plan", "geo", "--sites", "{w}/sites.csv", "--demand", "{w}/demand.csv", "--plot"],
+        "--plot",
+    ),
 }
 FOLDER_OUTPUTS = {
     "report-charts": (["report", "charts", "--plan", "1", "--region", "CISO", "--out"], "--out"),
     "export-k8s": (["export", "k8s", "1", "-o"], "-o"),
     "export-envoy": (["export", "envoy", "{w}/plan.json", "-o"], "-o"),
+    "geo-convert-eglb": (["geo", "convert-eglb", "--steps", "2", "-o"], "-o"),
+    "replay": (
+        ["replay", "--plan", "1", "--load-trace", "bundled:twitter", "--hours", "0.1", "-o"],
+        "-o",
+    ),
 }
 ROOT = f"/greenctl-test-{uuid.uuid4().hex[:8]}"
 BAD_PATHS = {
@@ -332,7 +345,8 @@ BAD_PATHS = {
 def work(seeded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A copy of the seeded store beside a file and a folder, the command's folder."""
     shutil.copy2(seeded / "greenctl.db", tmp_path / "greenctl.db")
-    shutil.copy2(seeded / "plan.json", tmp_path / "plan.json")
+    for name in ("plan.json", "sites.csv", "demand.csv"):
+        shutil.copy2(seeded / name, tmp_path / name)
     (tmp_path / "afile").write_text("a file\n")
     (tmp_path / "adir").mkdir()
     monkeypatch.setenv("GREENCTL_DB", str(tmp_path / "greenctl.db"))
