@@ -148,6 +148,7 @@ COMMAND_MODULES = [
     "greenctl.cli.mig",
     "greenctl.cli.plan_mig",
     "greenctl.cli.plan_mix",
+    "greenctl.cli.variants",
 ]
 
 

@@ -14,6 +14,7 @@ from greenctl.data.emulation import compare_emulated
 from greenctl.data.errors import InputError
 from greenctl.data.records import MPS_EMULATED, estimate_caption, is_estimate
 from greenctl.profiler.energy import model_caption
+from greenctl.profiler.models import model_file
 from greenctl.profiler.options import UserModelSpec, parse_profile_options
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -353,14 +354,16 @@ def profile_show(
     with store_for(db, create=False) as store:
         v = store.get_variant(variant)
         profiles = store.latest_profiles(variant=variant)
+    file = model_file(v)  # the ONNX, TorchScript or weights file it runs
     if json_out:
-        print_json({"variant": asdict(v), "profiles": [asdict(p) for p in profiles]})
+        print_json({"variant": asdict(v), "file": file, "profiles": [asdict(p) for p in profiles]})
         return
     estimates = any(is_estimate(p.source) for p in profiles)
+    facts = [v.accuracy, v.accuracy_metric, v.accuracy_source, v.params, v.memory_mb]
     render_table(
         f"{v.name} ({v.family})",
-        ["accuracy", "metric", "source", "params", "memory MB", "load s"],
-        [[v.accuracy, v.accuracy_metric, v.accuracy_source, v.params, v.memory_mb, v.load_time_s]],
+        ["accuracy", "metric", "source", "params", "memory MB", "load s", "file"],
+        [[*facts, v.load_time_s, file]],
     )
     headers = [
         "resource",

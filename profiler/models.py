@@ -6,7 +6,9 @@ random weights, carry the published ImageNet top-1 accuracy of trained weights: 
 ``tiny`` has three small 3x32x32 classifiers for tests and demos, with illustrative
 accuracies. User models (``Variant.source``): ``module:pkg.mod:callable`` returning an
 ``nn.Module`` (optional ``;weights=PATH``, loaded with ``weights_only=True``) or
-``torchscript:PATH``. torch is imported lazily, inside functions.
+``torchscript:PATH``, either with an optional ``;dtype=float16|bfloat16`` (run in that
+precision, float32 in and out), or ``onnx:PATH`` (run by ONNX Runtime,
+:mod:`greenctl.profiler.onnx_engine`). torch is imported lazily, inside functions.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from greenctl.data.errors import HardwareError, InputError, NotFoundError
 from greenctl.data.records import Variant
+from greenctl.profiler.onnx_engine import PLATFORM, onnx_path, open_session
 from greenctl.profiler.user_code import import_user_module
 
 if TYPE_CHECKING:
@@ -369,32 +372,83 @@ class LoadedModel:
         return out  # type: ignore[no-any-return]
 
 
-def _import_callable(spec: str) -> Any:
+@dataclass
+class OnnxModel(LoadedModel):
+    """An ONNX Runtime session as a loaded model: numpy arrays in and out; ``module`` holds
+    the graph's weights (``parameters()``), as a torch module's would."""
+
+    session: Any = None
+    input_name: str = "input"
+    numpy_native: ClassVar[bool] = True
+    platform: ClassVar[str] = PLATFORM
+
+    def example(self, batch: int) -> Any:
+        """A random float32 input batch of ``batch`` requests (seeded: the same every call)."""
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        return rng.random((batch, *self.input_shape), dtype=np.float32)
+
+    def run(self, x: Any) -> Any:
+        """One batch through the session; its first output, on the host."""
+        import numpy as np
+
+        if hasattr(x, "detach"):
+            x = x.detach().to("cpu").numpy()
+        arr = np.ascontiguousarray(x, dtype=np.float32)
+        return np.asarray(self.session.run(None, {self.input_name: arr})[0])
+
+
+def load_onnx(variant: Variant, shape: tuple[int, ...], *, device: str = "cpu") -> OnnxModel:
+    """``variant``'s ONNX file in an ONNX Runtime session on ``device``.
+
+    Raises:
+        InputError: the file is missing (names the variant and how to regenerate it) or
+            cannot be loaded.
+        HardwareError: a CUDA device without CUDA support in onnxruntime.
+    """
+    t0 = time.perf_counter()
+    session, input_name, weights = open_session(variant, device=device)
+    loaded = OnnxModel(variant, weights, shape, device, session=session, input_name=input_name)
+    loaded.load_time_s = time.perf_counter() - t0
+    return loaded
+
+
+def import_callable(spec: str, *, option: str = "--model-path") -> Any:
+    """The callable ``module:attr`` names, imported from the user's folder (see
+    :func:`~greenctl.profiler.user_code.import_user_module`).
+
+    Raises:
+        InputError: not ``module:callable``, the module cannot be imported (or raised while
+            importing), it has no such attribute, or the attribute is not callable; the
+            message names ``option``.
+    """
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise InputError(
-            f"'{spec}' is not module:callable", hint="for example --model-path mypkg.models:build"
+            f"{option} '{spec}' is not module:callable",
+            hint=f"for example {option} mypkg.models:build",
         )
     try:
         # a module in the folder greenctl runs in (a daemon's caller's, given explicitly)
         mod = import_user_module(mod_name)
     except ImportError as exc:
         raise InputError(
-            f"cannot import module '{mod_name}': {exc}",
+            f"{option}: cannot import module '{mod_name}': {exc}",
             hint="run greenctl from the folder holding the module, or install it",
         ) from None
     except Exception as exc:  # the user's module failed while importing (SyntaxError, ...)
         raise InputError(
-            f"importing module '{mod_name}' failed: {one_line_error(exc)}",
+            f"{option}: importing module '{mod_name}' failed: {one_line_error(exc)}",
             hint=f"fix the module so that `python -c 'import {mod_name}'` works",
         ) from None
     obj = mod
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise InputError(f"module '{mod_name}' has no attribute '{attr}'")
+            raise InputError(f"{option}: module '{mod_name}' has no attribute '{attr}'")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise InputError(f"'{spec}' is not callable")
+        raise InputError(f"{option}: '{spec}' is not callable")
     return obj
 
 
@@ -413,7 +467,7 @@ def user_model_source(path: str, *, weights: str | None = None) -> str:
         if weights:
             raise InputError("--weights applies to module:callable models, not TorchScript files")
         return f"torchscript:{p.resolve()}"
-    _import_callable(path)  # fail early with a clear message
+    import_callable(path)  # fail early with a clear message
     if weights:
         if not Path(weights).is_file():
             raise InputError(f"weights file '{weights}' does not exist")
@@ -421,12 +475,79 @@ def user_model_source(path: str, *, weights: str | None = None) -> str:
     return f"module:{path}"
 
 
-def _build(variant: Variant) -> Any:
+#: precisions a torch variant may run in (``;dtype=NAME`` of its source), by their names
+DTYPES = ("float16", "bfloat16")
+
+
+def source_options(source: str) -> tuple[str, dict[str, str]]:
+    """``module:m:f;weights=W;dtype=float16`` -> (``module:m:f``, {weights: W, dtype: ...})."""
+    head, *parts = source.split(";")
+    opts = {}
+    for part in parts:
+        key, _, value = part.partition("=")
+        opts[key.strip()] = value
+    return head, opts
+
+
+def with_dtype(source: str, dtype: str) -> str:
+    """``source`` run in precision ``dtype`` (one of :data:`DTYPES`)."""
+    return f"{source};dtype={dtype}"
+
+
+def model_file(variant: Variant) -> str | None:
+    """The file a variant runs: its ONNX or TorchScript file, else its weights file; None
+    for built-in variants and models without one."""
+    head, opts = source_options(variant.source or "builtin")
+    for prefix in ("onnx:", "torchscript:"):
+        if head.startswith(prefix):
+            return head.removeprefix(prefix)
+    return opts.get("weights")
+
+
+def build_module(variant: Variant) -> Any:
+    """The torch module of a built-in, ``module:`` or ``torchscript:`` variant (on the CPU,
+    in its ``;dtype=`` precision).
+
+    Raises:
+        InputError: the model cannot be built or loaded (names which and why).
+    """
+    head, opts = source_options(variant.source or "builtin")
+    module = _build(variant.name, head, opts.get("weights"))
+    dtype = opts.get("dtype")
+    if dtype is None:
+        return module
+    if dtype not in DTYPES:
+        raise InputError(
+            f"variant '{variant.name}': dtype '{dtype}' is not one of {', '.join(DTYPES)}"
+        )
+    return _in_precision(module, dtype)
+
+
+def _in_precision(module: Any, dtype: str) -> Any:
+    """``module`` with weights in ``dtype``, taking and answering float32 (as requests do)."""
     import torch
 
-    src = variant.source or "builtin"
+    kind = getattr(torch, dtype)
+
+    class InPrecision(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = module.to(kind)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.inner(x.to(kind))
+            if isinstance(out, list | tuple):
+                out = out[0]
+            return out.float()  # type: ignore[no-any-return]
+
+    return InPrecision()
+
+
+def _build(name: str, src: str, weights: str | None) -> Any:
+    import torch
+
     if src == "builtin":
-        return build_builtin(variant.name)
+        return build_builtin(name)
     if src.startswith("torchscript:"):
         path = src.removeprefix("torchscript:")
         try:
@@ -437,8 +558,8 @@ def _build(variant: Variant) -> Any:
                 hint="save it with torch.jit.script(model).save(PATH) or torch.jit.trace",
             ) from None
     if src.startswith("module:"):
-        spec, _, opts = src.removeprefix("module:").partition(";")
-        builder = _import_callable(spec)
+        spec = src.removeprefix("module:")
+        builder = import_callable(spec)
         try:
             module = builder()
         except Exception as exc:  # the user's code: any error is theirs to fix
@@ -448,32 +569,35 @@ def _build(variant: Variant) -> Any:
             ) from None
         if not isinstance(module, torch.nn.Module):
             raise InputError(f"'{spec}' returned {type(module).__name__}, not a torch nn.Module")
-        if opts.startswith("weights="):
-            path = opts.removeprefix("weights=")
+        if weights is not None:
             try:
-                state = torch.load(path, map_location="cpu", weights_only=True)
+                state = torch.load(weights, map_location="cpu", weights_only=True)
                 module.load_state_dict(state)
             except (RuntimeError, OSError, ValueError, pickle.UnpicklingError) as exc:
                 raise InputError(
-                    f"cannot load weights '{path}': {str(exc).splitlines()[0]}",
+                    f"cannot load weights '{weights}': {str(exc).splitlines()[0]}",
                     hint="save a state dict with torch.save(model.state_dict(), PATH)",
                 ) from None
         return module
     raise InputError(
-        f"variant '{variant.name}' has source '{src}', which greenctl cannot load",
+        f"variant '{name}' has source '{src}', which greenctl cannot load",
         hint="imported variants have no model; profile a built-in or --model-path model",
     )
 
 
 def load_model(variant: Variant, *, device: str = "cpu") -> LoadedModel:
-    """Build or load ``variant``'s model in eval mode on ``device``.
+    """Build or load ``variant``'s model in eval mode on ``device``: a torch module, or an
+    ONNX Runtime session for an ``onnx:`` source (same ``example()``/``run()`` interface).
 
     Raises:
         InputError: the model cannot be built/loaded (message says which and why).
-        HardwareError: ``device`` is a CUDA device but torch has no CUDA.
+        HardwareError: ``device`` is a CUDA device but torch (or onnxruntime) has no CUDA.
     """
     import torch
 
+    shape = parse_input_shape(variant.input_shape, option="input_shape")
+    if onnx_path(variant.source) is not None:
+        return load_onnx(variant, shape, device=device)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise HardwareError(
             f"cannot use {device}: this torch build has no CUDA or no GPU is visible",
@@ -481,8 +605,7 @@ def load_model(variant: Variant, *, device: str = "cpu") -> LoadedModel:
             "https://download.pytorch.org/whl/cu124)",
         )
     t0 = time.perf_counter()
-    module = _build(variant).eval().to(device)
-    shape = parse_input_shape(variant.input_shape, option="input_shape")
+    module = build_module(variant).eval().to(device)
     loaded = LoadedModel(variant, module, shape, device)
     loaded.load_time_s = time.perf_counter() - t0
     return loaded
