@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from greenctl.data import deployments
-from greenctl.data.errors import ExecutorError, InputError
+from greenctl.data.errors import ExecutorError, InputError, shown
 from greenctl.data.plan import Plan
 from greenctl.data.store import Store
 from greenctl.executor.deploy import apply as local
@@ -108,6 +108,12 @@ class LocalBackend:
     )
 
     def __init__(self, address: str | None = None, options: Mapping[str, Any] | None = None):
+        if address is not None:
+            raise InputError(
+                f"--address {shown(address)} names a Ray cluster; the local backend runs on "
+                "this machine",
+                hint="drop --address, or give --backend ray with it",
+            )
         self.address: str | None = None  # this machine
         self.options = dict(options or {})
 
@@ -294,14 +300,16 @@ def backend_for(store: Store, name: str | None = None, *, address: str | None = 
     plan (:func:`recorded_backend`), else ``local``.
 
     Raises:
-        InputError: an unknown ``name``.
+        InputError: an unknown ``name``, or an ``address`` given to the local backend.
     """
     if name is not None:
         return get_backend(name, address=address)
     recorded = recorded_backend(store)
     if recorded is None:
-        return get_backend(DEFAULT)
-    if address is not None and recorded.name == "ray":
+        return get_backend(DEFAULT, address=address)
+    if address is not None:
+        if recorded.name != "ray":
+            get_backend(recorded.name, address=address)  # refuses the address it cannot use
         recorded.address = address
     return recorded
 
