@@ -41,6 +41,10 @@ _FORWARD_HEADERS = (
     "Content-Encoding",
     "Accept-Encoding",
 )
+#: each with the key it is stored under in a received request's headers
+_FORWARD_KEYS = tuple((h, h.lower()) for h in _FORWARD_HEADERS)
+#: the executor's timing headers, as sent on and as the upstream client keys them
+_TIMING_KEYS = tuple((h, h.lower()) for h in oip.TIMING_HEADERS)
 #: the response header naming the variant that served a request
 VARIANT_HEADER = "Greenctl-Variant"
 
@@ -144,7 +148,7 @@ class Forwarding(RoutingTable):
         if route is None:
             return bad
         body = await request.read()
-        headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
+        headers = _forwarded(request.headers)
         try:
             req = requirements_of(body, headers.get(HEADER_LENGTH))
         except InputError as exc:
@@ -199,8 +203,8 @@ class Forwarding(RoutingTable):
                 data, head_len = name_variant(data, head_len, b.variant, route.name, variant)
             if head_len is not None:
                 out_headers[HEADER_LENGTH] = head_len
-            for name in oip.TIMING_HEADERS:  # the executor's own timing, passed on
-                if (value := rh.get(name.lower())) is not None:
+            for name, key in _TIMING_KEYS:  # the executor's own timing, passed on
+                if (value := rh.get(key)) is not None:
                     out_headers[name] = value
             if b.variant is not None:
                 out_headers[VARIANT_HEADER] = b.variant
@@ -223,3 +227,12 @@ class Forwarding(RoutingTable):
         for route in self.routes.values():
             if b in route.backends:
                 route.fail_waiters()
+
+
+def _forwarded(got: Any) -> dict[str, str]:
+    """The request headers an executor is sent (:data:`_FORWARD_HEADERS` that came)."""
+    if isinstance(got, hs.Headers):  # stored lower-cased: plain lookups
+        found = ((name, dict.get(got, key)) for name, key in _FORWARD_KEYS)
+    else:
+        found = ((name, got.get(name)) for name, _ in _FORWARD_KEYS)
+    return {name: value for name, value in found if value is not None}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from typing import Any
 
 from greenctl.data.errors import InputError
@@ -76,6 +77,8 @@ ANY = Requirements()
 #: must not pass silently as a request without requirements)
 _OURS = ("slo", "latency", "accuracy", "carbon", "energy", "cost", "variant", "greenctl")
 _OURS_BYTES = tuple(w.encode() for w in _OURS)
+#: finds any of them in one pass (on every request's path)
+_OURS_RX = re.compile(b"|".join(re.escape(w) for w in _OURS_BYTES))
 #: above this size a request's JSON is not parsed whole to find its parameters: each
 #: parameters object is, read from at most ``_WINDOW`` bytes
 _PARSE_LIMIT = 8192
@@ -96,11 +99,13 @@ def requirements_of(body: bytes, header_length: str | None) -> Requirements | No
     """
     head = body
     if header_length is not None:
-        with contextlib.suppress(ValueError):
+        try:  # noqa: SIM105 (on every request's path: a plain try costs less)
             head = body[: int(header_length)]
+        except ValueError:
+            pass
     params: list[Any] = []
     if len(head) <= _PARSE_LIMIT:
-        if b'"parameters"' not in head or not any(w in head for w in _OURS_BYTES):
+        if b'"parameters"' not in head or _OURS_RX.search(head) is None:
             return None
         try:
             doc = json.loads(head)
@@ -112,7 +117,7 @@ def requirements_of(body: bytes, header_length: str | None) -> Requirements | No
         at = head.find(b'"parameters"')
         while at >= 0:
             window = head[at + 12 : at + 12 + _WINDOW]
-            if any(w in window for w in _OURS_BYTES):
+            if _OURS_RX.search(window) is not None:
                 text = window.decode("utf-8", errors="replace").lstrip()
                 with contextlib.suppress(ValueError, RecursionError):
                     params.append(decoder.raw_decode(text.removeprefix(":").lstrip())[0])

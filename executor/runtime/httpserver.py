@@ -32,12 +32,21 @@ import httptools
 Handler = Callable[["Request"], Awaitable["Response"]]
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
+#: each known status's line and the start of the Content-Length header
+_STATUS_LINES = {k: f"HTTP/1.1 {k} {v}\r\nContent-Length: " for k, v in _REASONS.items()}
 _MAX_PIPELINED = 64  # requests parsed ahead of the one being answered, per connection
 _READ_BYTES = 64 * 1024  # the buffer a connection receives heads (and parsed bodies) into
 _HEAD_END = b"\r\n\r\n"
 #: body buffers a server keeps for reuse (:class:`_BodyBuffers`), at most this many bytes
 _SPARE_BYTES = 64 * 1024 * 1024
 _SPARE_COUNT = 64
+#: a body up to this size that came whole with its head is read by the parser
+_INLINE_BODY = 16 * 1024
+#: header names as received -> as stored (lower-cased text), for the names clients send
+_NAMES: dict[bytes, str] = {}
+_NAMES_MAX = 512
+#: dynamic routes' matches a router remembers (cleared when full)
+_MATCHED_MAX = 1024
 
 
 class Headers(dict[str, str]):
@@ -118,12 +127,19 @@ class Response:
         self.body = body
 
     def encode(self, *, keep_alive: bool, head_only: bool = False) -> bytes:
-        lines = [f"HTTP/1.1 {self.status} {_REASONS.get(self.status, 'Unknown')}"]
-        lines.append(f"Content-Length: {len(self.body)}")
-        lines.extend(f"{k}: {v}" for k, v in self.headers.items())
-        if not keep_alive:
-            lines.append("Connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        status = self.status
+        first = _STATUS_LINES.get(status)
+        if first is None:
+            first = f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\nContent-Length: "
+        head = "".join(
+            [
+                first,
+                str(len(self.body)),
+                "\r\n",
+                *[f"{k}: {v}\r\n" for k, v in self.headers.items()],
+                "\r\n" if keep_alive else "Connection: close\r\n\r\n",
+            ]
+        ).encode("latin-1")
         return head if head_only else head + self.body
 
 
@@ -172,6 +188,8 @@ class Router:
         self._static: dict[tuple[str, str], Handler] = {}
         self._dynamic: list[tuple[str, re.Pattern[str], Handler]] = []
         self._paths: dict[str, set[str]] = collections.defaultdict(set)
+        #: (method, path) -> the handler and parameters a dynamic route matched (bounded)
+        self._matched: dict[tuple[str, str], tuple[Handler, dict[str, str]]] = {}
 
     def add_get(self, path: str, handler: Handler) -> None:
         self._add("GET", path, handler)
@@ -181,6 +199,7 @@ class Router:
 
     def _add(self, method: str, path: str, handler: Handler) -> None:
         self._paths[path].add(method)
+        self._matched.clear()
         if "{" not in path:
             self._static[(method, path)] = handler
             return
@@ -194,13 +213,20 @@ class Router:
         handler = self._static.get((lookup, path))
         if handler is not None:
             return handler, {}, set()
+        hit = self._matched.get((lookup, path))
+        if hit is not None:
+            return hit[0], dict(hit[1]), set()
         allowed: set[str] = set()
         for m, rx, h in self._dynamic:
             match = rx.match(path)
             if match is None:
                 continue
             if m == lookup:
-                return h, match.groupdict(), set()
+                params = match.groupdict()
+                if len(self._matched) >= _MATCHED_MAX:
+                    self._matched.clear()
+                self._matched[(lookup, path)] = (h, dict(params))
+                return h, params, set()
             allowed.add(m)
         for m in ("GET", "POST"):
             if (m, path) in self._static:
@@ -373,7 +399,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._tail = b""
             pos = end
             if self.head_done and not (self.closing or self.refusing):
-                self._start_body()
+                self._start_body(n - pos)
 
     def _head_end(self, raw: bytes | bytearray, pos: int, n: int) -> int:
         """Where the head being received ends in ``raw[pos:n]`` (past its ``CRLF CRLF``,
@@ -386,9 +412,11 @@ class _Connection(asyncio.BufferedProtocol):
         at = raw.find(_HEAD_END, pos, n)
         return at + 4 if at >= 0 else -1
 
-    def _start_body(self) -> None:
+    def _start_body(self, ready: int) -> None:
         """The head is in: read a body of known length into a buffer of its own; anything
-        else (no body, chunked, over ``max_body``, already partly parsed) stays the parser's."""
+        else (no body, chunked, over ``max_body``, already partly parsed, or a small one
+        whose ``ready`` bytes are all in this read: one copy either way, and the parser
+        goes on with the next request) stays the parser's."""
         headers = self._headers
         length = dict.get(headers, "content-length")
         if (
@@ -397,6 +425,7 @@ class _Connection(asyncio.BufferedProtocol):
             or not (length.isascii() and length.isdigit() and len(length) <= 18)
             or dict.get(headers, "transfer-encoding") is not None
             or not 0 < int(length) <= self.server.max_body
+            or int(length) <= min(ready, _INLINE_BODY)
         ):
             return
         self._into = self.server.body_buffers.take(int(length))
@@ -450,11 +479,18 @@ class _Connection(asyncio.BufferedProtocol):
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_head(len(name) + len(value) + 4)
-        key = name.decode("latin-1").lower()
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > self.server.max_header_bytes:
+            self._count_head(0)  # raises: the 431 refusal
+        key = _NAMES.get(name)
+        if key is None:
+            key = name.decode("latin-1").lower()
+            if len(_NAMES) < _NAMES_MAX and len(name) <= 64:
+                _NAMES[name] = key
         text = value.decode("latin-1")
-        old = dict.get(self._headers, key)
-        dict.__setitem__(self._headers, key, text if old is None else f"{old}, {text}")
+        headers = self._headers
+        old = dict.get(headers, key)
+        dict.__setitem__(headers, key, text if old is None else f"{old}, {text}")
 
     def on_headers_complete(self) -> None:
         self.head_done = True

@@ -4,6 +4,7 @@ exposition_formats/), the energy and carbon series and their sums over executors
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 import threading
@@ -20,11 +21,11 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def bucket_index(bounds: tuple[float, ...], value: float) -> int:
-    """The index of the first bound ``value`` fits under (``len(bounds)``: the +Inf bucket)."""
-    for i, b in enumerate(bounds):
-        if value <= b:
-            return i
-    return len(bounds)
+    """The index of the first bound ``value`` fits under (``len(bounds)``: the +Inf bucket,
+    NaN's too); ``bounds`` ascend."""
+    if value != value:  # NaN fits under no bound
+        return len(bounds)
+    return bisect.bisect_left(bounds, value)
 
 
 def histogram_lines(

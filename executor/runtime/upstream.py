@@ -35,34 +35,45 @@ class _Conn(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self.buf += data
         self.got_bytes = True
         fut = self.fut
         if fut is None or fut.done():
+            self.buf += data
             return
-        end = self.buf.find(b"\r\n\r\n")
+        # a whole answer in one read (the common case) is parsed where it came
+        buf = data if not self.buf else self.buf + data
+        end = buf.find(b"\r\n\r\n")
         if end < 0:
+            self._keep(buf, data)
             return
-        lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
+        lines = buf[:end].decode("latin-1").split("\r\n")
         try:
             status = int(lines[0].split(" ", 2)[1])
         except (IndexError, ValueError):
             self._fail("malformed status line")
             return
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            key, _, value = line.partition(":")
-            headers[key.strip().lower()] = value.strip()
+        headers = {
+            key.strip().lower(): value.strip()
+            for key, _, value in (line.partition(":") for line in lines[1:])
+        }
         length = headers.get("content-length")
         if length is None or not length.isdigit():
             self._fail("response without Content-Length")
             return
         total = end + 4 + int(length)
-        if len(self.buf) < total:
+        if len(buf) < total:
+            self._keep(buf, data)
             return
-        body = bytes(self.buf[end + 4 : total])
-        del self.buf[:total]
+        body = bytes(buf[end + 4 : total])
+        self.buf = bytearray(buf[total:]) if len(buf) > total else bytearray()
         fut.set_result((status, headers, body))
+
+    def _keep(self, buf: bytes | bytearray, data: bytes) -> None:
+        """Hold the incomplete answer ``buf`` (``data`` is what came last) for more bytes."""
+        if buf is data:
+            self.buf += data
+        else:
+            self.buf = buf  # type: ignore[assignment]
 
     def _fail(self, why: str) -> None:
         if self.fut is not None and not self.fut.done():
@@ -87,6 +98,7 @@ class UpstreamPool:
         parts = urlsplit(url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
+        self.host_line = f"Host: {self.host}:{self.port}\r\n"
         self.idle: collections.deque[_Conn] = collections.deque()
 
     async def _connect(self) -> _Conn:
@@ -125,10 +137,14 @@ class UpstreamPool:
         fut: asyncio.Future[tuple[int, dict[str, str], bytes]] = loop.create_future()
         conn.fut = fut
         conn.got_bytes = False
-        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-            f"Content-Length: {len(body)}\r\n{extra}\r\n"
+        head = "".join(
+            [
+                f"POST {path} HTTP/1.1\r\n",
+                self.host_line,
+                f"Content-Length: {len(body)}\r\n",
+                *[f"{k}: {v}\r\n" for k, v in headers.items()],
+                "\r\n",
+            ]
         ).encode("latin-1")
         assert conn.transport is not None
         _write(conn.transport, head, body)
