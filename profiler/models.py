@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from greenctl.data.errors import HardwareError, InputError, NotFoundError
 from greenctl.data.records import Variant
-from greenctl.profiler.onnx_engine import PLATFORM, onnx_path, open_session
+from greenctl.profiler.onnx_engine import PLATFORM, onnx_path, open_session, require_file
 from greenctl.profiler.user_code import import_user_module
 
 if TYPE_CHECKING:
@@ -502,6 +502,25 @@ def model_file(variant: Variant) -> str | None:
         if head.startswith(prefix):
             return head.removeprefix(prefix)
     return opts.get("weights")
+
+
+def check_model_file(variant: Variant) -> None:
+    """Refuse a variant whose ONNX or TorchScript file is gone, before anything starts it.
+
+    Raises:
+        InputError: names the variant, the file and how to make it again.
+    """
+    if onnx_path(variant.source) is not None:
+        require_file(variant)
+        return
+    head, _opts = source_options(variant.source or "builtin")
+    path = head.removeprefix("torchscript:")
+    if head.startswith("torchscript:") and not Path(path).is_file():
+        raise InputError(
+            f"variant '{variant.name}' runs the TorchScript file {path}, which does not exist",
+            hint="restore the file, or profile the model again from where it now is "
+            "(greenctl profile --model-path FILE)",
+        )
 
 
 def build_module(variant: Variant) -> Any:

@@ -92,6 +92,23 @@ def _providers(device: str) -> list[Any]:
     return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
 
 
+def require_file(variant: Variant) -> Path:
+    """The ONNX file an ``onnx:`` variant runs, which must exist.
+
+    Raises:
+        InputError: it is gone; names the variant, the file and how to make it again.
+    """
+    path = onnx_path(variant.source)
+    assert path is not None
+    if not path.is_file():
+        raise InputError(
+            f"variant '{variant.name}' runs the file {path}, which does not exist",
+            hint=f"generate the variants of family '{variant.family}' again: greenctl variants "
+            f"generate --name {variant.family} --model-path ... --input-shape ... --eval ...",
+        )
+    return path
+
+
 def open_session(variant: Variant, *, device: str = "cpu") -> tuple[Any, str, OnnxGraph]:
     """Open ``variant``'s ONNX file in an ONNX Runtime session on ``device``; returns the
     session, its input's name and the graph's weights.
@@ -103,14 +120,7 @@ def open_session(variant: Variant, *, device: str = "cpu") -> tuple[Any, str, On
     """
     import onnxruntime as ort
 
-    path = onnx_path(variant.source)
-    assert path is not None
-    if not path.is_file():
-        raise InputError(
-            f"variant '{variant.name}' runs the file {path}, which does not exist",
-            hint=f"generate the variants of family '{variant.family}' again: greenctl variants "
-            f"generate --name {variant.family} --model-path ... --input-shape ... --eval ...",
-        )
+    path = require_file(variant)
     options = ort.SessionOptions()
     options.intra_op_num_threads = _threads()
     options.inter_op_num_threads = 1

@@ -261,7 +261,7 @@ def test_a_models_folder_that_cannot_be_made_is_refused_before_work(cli, tmp_pat
 def test_a_missing_generated_file_names_the_variant_and_the_fix(tmp_path):
     from greenctl.data.errors import InputError
     from greenctl.data.records import Variant
-    from greenctl.profiler.models import load_model
+    from greenctl.profiler.models import check_model_file, load_model
 
     gone = Variant(
         name="x-onnx", family="x", source=f"onnx:{tmp_path / 'gone.onnx'}", input_shape="3"
@@ -269,3 +269,6 @@ def test_a_missing_generated_file_names_the_variant_and_the_fix(tmp_path):
     with pytest.raises(InputError, match="variant 'x-onnx' runs the file") as info:
         load_model(gone)
     assert "greenctl variants generate --name x" in (info.value.hint or "")
+    with pytest.raises(InputError, match="variant 'x-onnx' runs the file"):
+        check_model_file(gone)
+    check_model_file(Variant(name="tiny-s", family="tiny"))  # built in: no file to check
