@@ -15,10 +15,13 @@ import difflib
 import json
 import os
 import re
+import secrets
 import sqlite3
+import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from greenctl.data import migrations
@@ -36,8 +39,27 @@ from greenctl.data.records import (
     utcnow_iso,
 )
 
-if TYPE_CHECKING:  # sqlite-utils imports pandas and numpy: load it only when a store opens
+if TYPE_CHECKING:  # sqlite-utils costs start-up time: load it only when a store opens
     import sqlite_utils
+
+
+def _sqlite_utils() -> ModuleType:
+    """``sqlite_utils``, imported without pandas unless pandas is loaded already.
+
+    sqlite-utils imports pandas whenever it is installed, only to map ``pandas.Timestamp``
+    values to TEXT columns; the store never writes one, and pandas would cost a cold command
+    about half a second. While it imports, ``import pandas`` raises ImportError, which
+    sqlite-utils treats as pandas being absent.
+    """
+    hide = "sqlite_utils.db" not in sys.modules and "pandas" not in sys.modules
+    if hide:
+        sys.modules["pandas"] = None  # type: ignore[assignment]
+    try:
+        import sqlite_utils
+    finally:
+        if hide and "pandas" in sys.modules and sys.modules["pandas"] is None:
+            del sys.modules["pandas"]
+    return sqlite_utils
 
 
 def default_db_path() -> Path:
@@ -91,6 +113,10 @@ def resource_order(label: str) -> tuple[Any, ...]:
 class Store:
     """An open greenctl store. Use :func:`open_store`.
 
+    Reads go through sqlite3 alone (:meth:`rows`); :attr:`db`, the sqlite-utils view of the
+    same connection that most writes use, is made on first use, so that a command that only
+    reads never imports sqlite-utils (and the numpy it loads).
+
     Used as a context manager (``with open_store(...) as store``), it closes the store on
     leaving, turns an SQLite fault of the file (read-only, locked, disk full, not a store)
     into greenctl's error, and, when the block is refused (exit code 2), undoes what opening
@@ -98,21 +124,61 @@ class Store:
     initialised is emptied again.
     """
 
-    def __init__(self, db: sqlite_utils.Database, path: Path, *, made: str | None = None) -> None:
-        self.db = db
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        path: Path,
+        *,
+        made: str | None = None,
+        db: sqlite_utils.Database | None = None,
+    ) -> None:
+        self.conn = conn
         self.path = path
         #: what opening did to the file, undone on a refusal: "created" or "initialised"
         self.made = made
+        self._db = db
 
     # -- plumbing -------------------------------------------------------------------------
+    @property
+    def db(self) -> sqlite_utils.Database:
+        """The store's connection as a sqlite-utils database (made on first use)."""
+        if self._db is None:
+            self._db = _database(self.conn)
+        return self._db
+
+    def rows(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
+        """The rows of one query, each a dict by column name, through sqlite3 alone."""
+        cursor = self.conn.execute(sql, list(params))
+        keys = [d[0] for d in cursor.description]
+        return [dict(zip(keys, row, strict=True)) for row in cursor]
+
     @contextmanager
     def transaction(self) -> Iterator[Store]:
-        """One atomic unit of writes; nested calls become savepoints."""
-        with self.db.atomic():
+        """One atomic unit of writes; nested calls (and sqlite-utils' ``atomic()`` inside)
+        become savepoints. An error rolls the unit back and propagates."""
+        conn = self.conn
+        if conn.in_transaction:
+            savepoint = f"greenctl_{secrets.token_hex(8)}"
+            conn.execute(f"savepoint {savepoint}")
+            try:
+                yield self
+            except BaseException:
+                if conn.in_transaction:  # a trigger's RAISE(ROLLBACK) may have ended it
+                    conn.execute(f"rollback to savepoint {savepoint}")
+                    conn.execute(f"release savepoint {savepoint}")
+                raise
+            conn.execute(f"release savepoint {savepoint}")
+            return
+        conn.execute("begin")
+        try:
             yield self
+            conn.execute("commit")
+        except BaseException:
+            conn.rollback()
+            raise
 
     def close(self) -> None:
-        self.db.close()
+        self.conn.close()
 
     def __enter__(self) -> Store:
         return self
@@ -132,7 +198,7 @@ class Store:
         _undo_file(self.path, made)
 
     def applied_migrations(self) -> list[str]:
-        return [r["name"] for r in self.db.table("migrations").rows_where(order_by="name")]
+        return [r["name"] for r in self.rows("select name from migrations order by name")]
 
     # -- hardware -------------------------------------------------------------------------
     def add_hardware(self, hw: Hardware) -> int:
@@ -148,9 +214,7 @@ class Store:
         return row_id(self.db.table("hardware").insert(row).last_pk)
 
     def hardware(self) -> list[Hardware]:
-        return [
-            row_to_record(Hardware, r) for r in self.db.table("hardware").rows_where(order_by="id")
-        ]
+        return [row_to_record(Hardware, r) for r in self.rows("select * from hardware order by id")]
 
     # -- variants -------------------------------------------------------------------------
     def upsert_variant(self, variant: Variant) -> None:
@@ -164,27 +228,24 @@ class Store:
 
     def get_variant(self, name: str) -> Variant:
         """Raises NotFoundError naming the known variants."""
-        rows = list(self.db.table("variants").rows_where("name = ?", [name], limit=1))
+        rows = self.rows("select * from variants where name = ? limit 1", [name])
         if not rows:
-            known = [
-                r["name"]
-                for r in self.db.table("variants").rows_where(order_by="name", select="name")
-            ]
+            known = [r["name"] for r in self.rows("select name from variants order by name")]
             hint = f"known variants: {', '.join(known)}" if known else "profile or import it first"
             raise NotFoundError(f"unknown variant '{name}'", hint=hint)
         return row_to_record(Variant, rows[0])
 
     def variants(self, family: str | None = None) -> list[Variant]:
         if family is None:
-            rows = self.db.table("variants").rows_where(order_by="family, name")
+            rows = self.rows("select * from variants order by family, name")
         else:
-            rows = self.db.table("variants").rows_where("family = ?", [family], order_by="name")
+            rows = self.rows("select * from variants where family = ? order by name", [family])
         return [row_to_record(Variant, r) for r in rows]
 
     def require_family(self, family: str) -> None:
         """Raises NotFoundError naming the known families (and a close one) unless ``family``
         has variants."""
-        if not self.db.table("variants").count_where("family = ?", [family]):
+        if not self.rows("select 1 from variants where family = ? limit 1", [family]):
             known = self.families()
             hint = f"known families: {', '.join(known)}" if known else "profile or import it first"
             close = difflib.get_close_matches(family, known, n=1)
@@ -194,8 +255,7 @@ class Store:
 
     def families(self) -> list[str]:
         return [
-            r["family"]
-            for r in self.db.query("select distinct family from variants order by family")
+            r["family"] for r in self.rows("select distinct family from variants order by family")
         ]
 
     # -- profiles -------------------------------------------------------------------------
@@ -233,7 +293,7 @@ class Store:
               {where})
             where _rank = 1
         """
-        found = [row_to_record(Profile, r) for r in self.db.query(sql, params)]
+        found = [row_to_record(Profile, r) for r in self.rows(sql, params)]
         return sorted(found, key=_profile_order)
 
     def profile_history(
@@ -248,7 +308,7 @@ class Store:
         (what :meth:`latest_profiles` returns) first."""
         where, params = _profile_filter(variant, family, resource, hardware)
         sql = f"select p.* from profiles p join variants v on v.name = p.variant {where}"
-        rows = [row_to_record(Profile, r) for r in self.db.query(sql, params)]
+        rows = [row_to_record(Profile, r) for r in self.rows(sql, params)]
         rows.sort(key=point_preference, reverse=True)
         return sorted(rows, key=_point_order)  # stable: best first within a point
 
@@ -268,69 +328,54 @@ class Store:
         row.pop("hardware_id", None)
         if same_time:
             where = " and ".join(f"[{k}] is ?" for k in row)
-            return bool(self.db.table("profiles").count_where(where, list(row.values())))
+            return bool(self.rows(f"select 1 from profiles where {where} limit 1", row.values()))
         row.pop("created_at")
         point = ("variant", "resource", "batch", "hardware", "capacity_slo_ms")
         where = " and ".join(f"[{k}] is ?" for k in point)
         where += f" and {source_rank_sql('[source]')} = ?"
-        latest = list(
-            self.db.table("profiles").rows_where(
-                where,
-                [row[k] for k in point] + [source_rank(profile.source)],
-                order_by="created_at desc, id desc",
-                limit=1,
-            )
+        latest = self.rows(
+            f"select * from profiles where {where} order by created_at desc, id desc limit 1",
+            [row[k] for k in point] + [source_rank(profile.source)],
         )
         return bool(latest) and all(latest[0].get(k) == v for k, v in row.items())
 
     def profile_count(self) -> int:
-        return self.db.table("profiles").count
+        return int(self.rows("select count(*) as n from profiles")[0]["n"])
 
     # -- plans and runs -------------------------------------------------------------------
     def save_plan(self, plan: Plan, *, source: str = "planner") -> int:
         """Store a plan document; sets and returns ``plan.id``."""
         objective = plan.predicted.get("objective")
+        score = float(objective) if isinstance(objective, int | float) else None
         with self.transaction():
-            pk = (
-                self.db.table("plans")
-                .insert(
-                    {
-                        "kind": plan.kind,
-                        "created_at": plan.created_at,
-                        "schema": "greenctl.plan/v1",
-                        "objective": float(objective)
-                        if isinstance(objective, int | float)
-                        else None,
-                        "source": source,
-                        "document": "{}",
-                    }
-                )
-                .last_pk
+            cursor = self.conn.execute(
+                "insert into plans (kind, created_at, schema, objective, source, document) "
+                "values (?, ?, ?, ?, ?, '{}')",
+                [plan.kind, plan.created_at, "greenctl.plan/v1", score, source],
             )
-            plan.id = row_id(pk)
-            self.db.table("plans").update(plan.id, {"document": plan.to_json(indent=None)})
+            plan.id = row_id(cursor.lastrowid)
+            self.conn.execute(
+                "update plans set document = ? where id = ?",
+                [plan.to_json(indent=None), plan.id],
+            )
         return plan.id
 
     def get_plan(self, plan_id: int) -> Plan:
-        import sqlite_utils
-
-        try:
-            row = self.db.table("plans").get(plan_id)
-        except sqlite_utils.db.NotFoundError:
+        found = self.rows("select document from plans where id = ?", [plan_id])
+        if not found:
             raise NotFoundError(
                 f"no plan with id {plan_id} in the store", hint="`greenctl plan list` shows them"
-            ) from None
-        plan = Plan.from_dict(json.loads(row["document"]), source=f"plan {plan_id}")
+            )
+        plan = Plan.from_dict(json.loads(found[0]["document"]), source=f"plan {plan_id}")
         plan.id = plan_id
         return plan
 
     def plans(self, kind: str | None = None) -> list[dict[str, Any]]:
         """Plan rows (without documents), newest first."""
-        where, params = ("kind = ?", [kind]) if kind else (None, [])
-        return list(
-            self.db.table("plans").rows_where(
-                where, params, order_by="id desc", select="id, kind, created_at, objective, source"
-            )
+        where, params = ("where kind = ?", [kind]) if kind else ("", [])
+        return self.rows(
+            f"select id, kind, created_at, objective, source from plans {where} order by id desc",
+            params,
         )
 
     def add_run(
@@ -451,8 +496,8 @@ def open_store(
             # runs: owner-only whatever the umask (SQLite gives its -wal/-shm files this mode)
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             made = "created"
-        database = _connect(path, in_memory=in_memory, writes=create)
-        store = Store(database, path, made=made)
+        conn, database = _connect(path, in_memory=in_memory, writes=create)
+        store = Store(conn, path, made=made, db=database)
     except sqlite3.Error as exc:
         _undo_file(path, made)
         raise store_fault(exc, path) or StoreError(
@@ -468,14 +513,15 @@ def open_store(
     return store
 
 
-def _connect(path: Path, *, in_memory: bool, writes: bool) -> sqlite_utils.Database:
+def _connect(
+    path: Path, *, in_memory: bool, writes: bool
+) -> tuple[sqlite3.Connection, sqlite_utils.Database | None]:
     """The migrated database at ``path`` (or an empty one in memory); WAL mode when written.
+    With it, the sqlite-utils database that migrating it made (None when nothing was due).
 
     A reader of a store whose folder it cannot write (SQLite could make no -shm file there)
     opens the file immutable when no WAL file holds pages: nothing can change it meanwhile.
     """
-    import sqlite_utils
-
     immutable = (
         not in_memory
         and not writes
@@ -489,22 +535,33 @@ def _connect(path: Path, *, in_memory: bool, writes: bool) -> sqlite_utils.Datab
         conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
     else:
         conn = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False)
-    database = sqlite_utils.Database(conn)
     try:
-        tables = [] if in_memory else database.table_names()
+        conn.execute("pragma recursive_triggers = on")  # as sqlite-utils sets it
+        tables = [] if in_memory else _table_names(conn)
         if tables and "migrations" not in tables:
             raise InputError(
                 f"{path} is an SQLite database but not a greenctl store",
                 hint="pass the right --db, or a new file for a new store",
             )
-        if not in_memory and not immutable and (writes or os.access(path, os.W_OK)):
-            database.enable_wal()
-        database.execute("pragma foreign_keys = on")
-        _migrate(database)
+        wal = not in_memory and not immutable and (writes or os.access(path, os.W_OK))
+        if wal and conn.execute("pragma journal_mode").fetchone()[0] != "wal":
+            conn.execute("pragma journal_mode = wal")
+        conn.execute("pragma foreign_keys = on")
+        database = _migrate(conn)
     except BaseException:
-        database.close()
+        conn.close()
         raise
-    return database
+    return conn, database
+
+
+def _database(conn: sqlite3.Connection) -> sqlite_utils.Database:
+    """``conn`` as a sqlite-utils database, without sqlite-utils plugins (an installed one
+    would load every entry point and could change the store's connection)."""
+    return _sqlite_utils().Database(conn, execute_plugins=False)
+
+
+def _table_names(conn: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")]
 
 
 def _is_empty(path: Path) -> bool:
@@ -607,10 +664,10 @@ def store_fault(exc: BaseException | None, path: Path) -> GreenctlError | None:
     return None
 
 
-def _migrate(db: sqlite_utils.Database) -> None:
-    if "migrations" not in db.table_names():
-        db.table("migrations").create({"name": str, "applied_at": str}, pk="name")
-    done = {r["name"] for r in db.table("migrations").rows}
+def _migrate(conn: sqlite3.Connection) -> sqlite_utils.Database | None:
+    """Apply the migrations not applied yet; the sqlite-utils database that did it, if any."""
+    fresh = "migrations" not in _table_names(conn)
+    done = set() if fresh else {r[0] for r in conn.execute("select name from migrations")}
     known = migrations.discover()
     unknown = done - {name for name, _ in known}
     if unknown:
@@ -618,9 +675,14 @@ def _migrate(db: sqlite_utils.Database) -> None:
             f"the store has migrations this greenctl does not know: {', '.join(sorted(unknown))}",
             hint="upgrade greenctl, or use another --db",
         )
-    for name, up in known:
-        if name in done:
-            continue
+    due = [(name, up) for name, up in known if name not in done]
+    if not due:
+        return None
+    db = _database(conn)
+    if fresh:
+        db.table("migrations").create({"name": str, "applied_at": str}, pk="name")
+    for name, up in due:
         with db.atomic():
             up(db)
             db.table("migrations").insert({"name": name, "applied_at": utcnow_iso()})
+    return db
