@@ -100,8 +100,10 @@ def apply_cmd(
     """Make a plan real: partitions, executor daemons and a dispatcher, with rollback; a geo
     plan: a geo router forwarding each request to a site (--site NAME=URL)."""
     from greenctl.executor.deploy.backends import backend_for, get_backend  # numpy
+    from greenctl.executor.deploy.checks import check_apply_values
     from greenctl.executor.deploy.georouter_table import plan_routes
 
+    check_apply_values(host=host, verify_duration_s=verify_duration, http_port=ray_http_port)
     plan = load_plan_file(plan_file)
     if plan_routes(plan) or site:
         _apply_geo(plan, site, gateway=gateway, at=at, host=host, port=port, db=db,

@@ -11,7 +11,7 @@ from greenctl.cli.common import console, input_path, print_json, render_table, s
 from greenctl.cli.options import DbOpt, JsonOpt, RateOpt
 from greenctl.cli.plan import carbon_caption
 from greenctl.data.errors import InputError
-from greenctl.data.limits import whole
+from greenctl.data.limits import optional, whole
 from greenctl.data.plan import Plan, load_plan_file
 from greenctl.executor.kinds import get_kind
 
@@ -127,6 +127,7 @@ def simulate_cmd(
     if duration is not None and requests is not None:
         raise InputError("give --duration or --requests, not both")
     seed = whole(seed, "--seed", "seed")
+    rate = optional(rate, "--rate", "rate_rps")
     plan = load_plan_file(plan_file)
     kind = get_kind(plan.kind)
     if not kind.serves:

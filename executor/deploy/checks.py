@@ -11,7 +11,7 @@ import socket
 
 from greenctl.data import deployments
 from greenctl.data.errors import HardwareError, InfeasiblePlan, InputError, NotFoundError, shown
-from greenctl.data.limits import number
+from greenctl.data.limits import bounded, number
 from greenctl.data.plan import Plan
 from greenctl.data.records import Variant
 from greenctl.data.resources import parse_resource
@@ -56,6 +56,19 @@ def check_apply(plan: Plan, store: Store, options: ApplyOptions) -> None:
             hint="give an importable module:function or file.py:function (the folder greenctl "
             "runs in is searched), or leave --loader out for the built-in catalog",
         ) from None
+
+
+def check_apply_values(*, host: str, verify_duration_s: float, http_port: int) -> None:
+    """The apply options that are plain values, checked before anything is read, a dry run's
+    included: a host, a verification time, a Ray proxy port.
+
+    Raises:
+        InputError: naming the option and the value it takes.
+    """
+    if not host.strip():
+        raise InputError("--host is empty", hint="give an address of this machine, e.g. 127.0.0.1")
+    bounded(verify_duration_s, "--verify-duration", "duration_s")
+    number(http_port, "--ray-http-port", minimum=1, maximum=65535)
 
 
 def check_address(host: str, port: int, *, option: str) -> None:

@@ -88,6 +88,23 @@ def test_bad_inputs_exit_2(cli, tmp_path, state_dir):
     assert r.exit_code == 2
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--host", "", "--host is empty"),
+        ("--verify-duration", "-1", "--verify-duration must be >= 0"),
+        ("--verify-duration", "nan", "--verify-duration must be a finite number"),
+        ("--ray-http-port", "-1", "--ray-http-port must be >= 1"),
+    ],
+)
+def test_apply_option_values_are_refused_even_in_a_dry_run(cli, plan_file, state_dir, store,
+                                                           option, value, says):  # fmt: skip
+    before = store.db.execute("select count(*) from executor_apply_history").fetchone()
+    r = cli("apply", plan_file, "--dry-run", "--loader", NOOP, option, value)
+    assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+    assert store.db.execute("select count(*) from executor_apply_history").fetchone() == before
+
+
 def test_apply_status_loadgen_verify_down(cli, plan_file, state_dir, store):
     from greenctl.executor.runtime.procs import is_alive
 

@@ -206,7 +206,10 @@ def test_simulate_refuses_a_model_that_is_not_the_variants_family(cli, plan_file
 
 def test_simulate_refuses_runs_too_long_to_hold(cli, plan_file):
     _refused(cli("simulate", plan_file, "--requests", "100000000000"), "--requests", "--analytic")
-    _refused(cli("simulate", plan_file, "--rate", "1e9", "--duration", "1000"), "--duration")
+    _refused(cli("simulate", plan_file, "--rate", "1e6", "--duration", "100000"), "--duration")
+    # a rate beyond the rate bound, or none at all, is refused by the option's name
+    _refused(cli("simulate", plan_file, "--rate", "1e308"), "--rate must be <= 1e+06")
+    _refused(cli("simulate", plan_file, "--rate", "0"), "--rate must be > 0")
 
 
 def test_simulate_predicts_other_resource_kinds(cli, store, tmp_path):
