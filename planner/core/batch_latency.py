@@ -132,29 +132,56 @@ def dynamic_batch(rate_rps: float, service: BatchService) -> BatchPrediction | N
 
 
 def _poisson_pmf(k: np.ndarray, mu: float | np.ndarray) -> np.ndarray:
-    """P(Poisson(mu) = k), broadcasting ``k`` against ``mu``."""
-    from scipy.special import gammaln
-
+    """P(Poisson(mu) = k) for whole ``k >= 0``, broadcasting ``k`` against ``mu``."""
     k = np.asarray(k, dtype=float)
     mu = np.asarray(mu, dtype=float)
     with np.errstate(divide="ignore"):
-        logp = k * np.log(np.maximum(mu, 1e-300)) - mu - gammaln(k + 1.0)
+        logp = k * np.log(np.maximum(mu, 1e-300)) - mu - _log_factorial(k)
     out = np.exp(logp)
     return np.where(mu > 0, out, (k == 0).astype(float))
+
+
+def _log_factorial(k: np.ndarray) -> np.ndarray:
+    """``log(k!)`` of whole ``k >= 0``, elementwise: ``math.lgamma`` once per value up to the
+    largest (the counts here are ranges of a few hundred at most), so no scipy is needed."""
+    whole = k.astype(int)
+    if k.size and (whole.min() < 0 or not np.array_equal(whole, k)):
+        raise ValueError("log-factorial of a value that is not a whole number >= 0")
+    top = int(whole.max()) if k.size else 0
+    return np.array([math.lgamma(n + 1.0) for n in range(top + 1)])[whole]
+
+
+def _at_least(k: int, x: float) -> float:
+    """P(Poisson(x) >= k) for a whole ``k >= 1`` (the regularised lower incomplete gamma
+    P(k, x)), summed on the side with the smaller mass so that nothing cancels."""
+    if x <= 0:
+        return 0.0
+    log_x = math.log(x)
+
+    def term(j: int) -> float:
+        return math.exp(j * log_x - x - math.lgamma(j + 1.0))
+
+    if x >= k:  # P(N < k) <= about one half: its complement loses nothing
+        return max(0.0, 1.0 - math.fsum(term(j) for j in range(k)))
+    total, j = 0.0, k
+    while True:  # terms fall by x / (j + 1) < 1 from j = k on
+        t = term(j)
+        total += t
+        if t <= total * 1e-17 or t == 0.0:
+            return total
+        j += 1
 
 
 def _fill_time_ms(k: int, lam: float, limit_ms: float) -> float:
     """The mean time until the ``k``-th of Poisson(``lam``/ms) arrivals, given it comes
     within ``limit_ms`` (how long a batch that fills in its window waited to fill)."""
-    from scipy.special import gammainc
-
     if k <= 0 or lam <= 0 or limit_ms <= 0:
         return 0.0
     x = lam * limit_ms
-    pk = float(gammainc(k, x))
+    pk = _at_least(k, x)
     if pk <= 1e-300:
         return limit_ms
-    return min(limit_ms, k / lam * float(gammainc(k + 1, x)) / pk)
+    return min(limit_ms, k / lam * _at_least(k + 1, x) / pk)
 
 
 def _window_sizes(lam: float, window_ms: float, top: int) -> np.ndarray:

@@ -41,6 +41,25 @@ _GL_X = (_gl_x + 1.0) / 2.0
 _GL_W = _gl_w / 2.0
 _Z_LO = -7.0  # Phi(-7) ~ 1e-12: the lognormal's mass below it is negligible
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_SQRT_HALF = math.sqrt(0.5)
+#: arrays up to this size take :func:`ndtr`'s per-element path, which needs no scipy
+_SMALL_NDTR = 64
+
+
+def ndtr(x: np.ndarray | float) -> np.ndarray:
+    """The standard normal CDF, elementwise.
+
+    Small arrays (planning evaluates a handful of times) go through ``math.erfc`` (within
+    1e-13 relative of scipy's, deep tail included), so that planning does not import scipy,
+    about half a second of a cold command; larger ones through ``scipy.special.ndtr``.
+    """
+    a = np.asarray(x, dtype=float)
+    if a.size > _SMALL_NDTR:
+        from scipy.special import ndtr as vectorised  # lazy: scipy is a heavy import
+
+        return np.asarray(vectorised(a), dtype=float)
+    values = [0.5 * math.erfc(-v * _SQRT_HALF) for v in a.ravel().tolist()]
+    return np.array(values, dtype=float).reshape(a.shape)
 
 
 @dataclass(frozen=True)
@@ -192,8 +211,6 @@ class ServiceTime:
         if self.kind == "exponential":
             out[pos] = np.exp(-x[pos] / self.scale_ms)
             return out
-        from scipy.special import ndtr  # lazy: scipy is a heavy import
-
         out[pos] = ndtr(-(np.log(x[pos] / self.scale_ms)) / self.sigma)
         return out
 
@@ -229,8 +246,6 @@ class ServiceTime:
             safe = np.where(near, 1.0, d)
             general = (m * th * np.exp(-x / m) - np.exp(-th * x)) / safe
             return np.where(near, (1.0 + x / m) * np.exp(-x / m), general)
-        from scipy.special import ndtr
-
         pos = x > 0
         out = np.ones_like(t)
         if not pos.any():
@@ -263,8 +278,6 @@ class ServiceTime:
         if self.kind == "deterministic":
             return np.full(np.shape(z), self.shift_ms)
         if self.kind == "exponential":
-            from scipy.special import ndtr
-
             return self.shift_ms - self.scale_ms * np.log(ndtr(-np.asarray(z)))
         return self.shift_ms + self.scale_ms * np.exp(self.sigma * np.asarray(z))
 
@@ -446,8 +459,6 @@ def lognormal_terms(
     """``P(S_i > t)`` and ``P(Exp(theta) + S_i > t - delay)`` for several lognormal service
     times at once, each shaped ``(len(services), len(t))``: the vectorised form of
     :meth:`ServiceTime.sf` and :meth:`ServiceTime.exp_smoothed_sf` for mixtures."""
-    from scipy.special import ndtr
-
     shift = np.array([s.shift_ms for s in services])[:, None]
     scale = np.array([s.scale_ms for s in services])[:, None]
     sigma = np.array([s.sigma for s in services])[:, None]
