@@ -63,7 +63,7 @@ FORMATS = ("torch", "onnx", "int8", "fp16", "bf16")
 GPU_FORMATS = {"fp16": DTYPES[0], "bf16": DTYPES[1]}
 ONNX_FORMATS = ("onnx", "int8")
 #: evaluation samples the int8 quantizer calibrates activation ranges on
-CALIBRATION_SAMPLES = 256
+CALIBRATION_SAMPLES = 64
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
