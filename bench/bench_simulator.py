@@ -11,6 +11,15 @@
    utilisations 10..95 % for c in {1, 2, 4, 8} identical instances, with the max error up
    to 85 % utilisation (target 10 %); then the same for wrr and batch.
 4. Trace replay: hours of the Twitter requests-per-second trace through wrr.
+5. Peers (``--peers-only`` runs just this): ciw and SimPy (the ``bench`` extra) on the same
+   queues as greenctl's simulator, Poisson arrivals and exponential service at M/M/10,
+   rho 0.8: one FIFO queue (closed form Erlang C), and round robin over ten one-server
+   queues (closed form: each server is E_10/M/1, GI/M/1 with Erlang-10 interarrivals). ciw's
+   round robin is a zero-time dispatcher node routing by ``ciw.routing.Cycle``; SimPy's a
+   source handing request k to server k mod 10; greenctl's ``wrr_queues`` with equal shares.
+   Per arm: CPU per request, the mean wait and its error against the closed form, and the
+   peer's CPU per request over greenctl's. A peer not installed is skipped, with how to
+   install it.
 
 Times are wall-clock (``perf_counter``) and CPU (``process_time``) of this one process; on
 a shared machine CPU time is the steadier figure.
@@ -290,16 +299,149 @@ def bench_trace(hours: float) -> None:
     )
 
 
+def _erlang_k_m1_wait_ms(lam: float, mu: float, k: int) -> float:
+    """Mean wait of a GI/M/1 queue whose interarrival is Erlang-``k`` with phase rate ``lam``
+    (every k-th request of a Poisson stream: round robin over k servers): ``W = sigma /
+    (mu (1 - sigma))``, ``sigma`` the root in (0, 1) of ``sigma = (lam / (lam + mu (1 -
+    sigma)))^k`` (bisection: the function crosses from above once)."""
+    lo, hi = 0.0, 1.0 - 1e-12
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if (lam / (lam + mu * (1.0 - mid))) ** k - mid > 0:
+            lo = mid
+        else:
+            hi = mid
+    sigma = (lo + hi) / 2
+    return sigma / (mu * (1.0 - sigma))
+
+
+def _ciw_mean_wait(lam: float, mu: float, c: int, n: int, round_robin: bool) -> float:
+    """ciw: one c-server FIFO node, or a zero-time dispatcher cycling over c one-server nodes."""
+    import ciw
+
+    if round_robin:
+        network = ciw.create_network(
+            arrival_distributions=[ciw.dists.Exponential(lam)] + [None] * c,
+            service_distributions=[ciw.dists.Deterministic(0.0)] + [ciw.dists.Exponential(mu)] * c,
+            number_of_servers=[float("inf")] + [1] * c,
+            routing=ciw.routing.NetworkRouting(
+                routers=[ciw.routing.Cycle(list(range(2, c + 2)))] + [ciw.routing.Leave()] * c
+            ),
+        )
+    else:
+        network = ciw.create_network(
+            arrival_distributions=[ciw.dists.Exponential(lam)],
+            service_distributions=[ciw.dists.Exponential(mu)],
+            number_of_servers=[c],
+        )
+    ciw.seed(7)
+    sim = ciw.Simulation(network)
+    sim.simulate_until_max_customers(n, method="Finish")
+    records = [r for r in sim.get_all_records() if r.node > (1 if round_robin else 0)]
+    records.sort(key=lambda r: r.arrival_date)
+    waits = [r.waiting_time for r in records[len(records) // 100 :]]
+    return float(np.mean(waits))
+
+
+def _simpy_mean_wait(lam: float, mu: float, c: int, n: int, round_robin: bool) -> float:
+    """SimPy: a source process, one process per request, Resource(c) or c Resource(1)."""
+    import random
+
+    import simpy
+
+    env = simpy.Environment()
+    rng = random.Random(7)
+    waits: list[float] = []
+    pool = [simpy.Resource(env, 1) for _ in range(c)] if round_robin else [simpy.Resource(env, c)]
+
+    def request(server: Any) -> Any:
+        t = env.now
+        with server.request() as req:
+            yield req
+            waits.append(env.now - t)
+            yield env.timeout(rng.expovariate(mu))
+
+    def source() -> Any:
+        for k in range(n):
+            yield env.timeout(rng.expovariate(lam))
+            env.process(request(pool[k % len(pool)]))
+
+    env.process(source())
+    env.run()
+    return float(np.mean(waits[n // 100 :]))
+
+
+def _greenctl_mean_wait(lam: float, mu: float, c: int, n: int, round_robin: bool) -> float:
+    """greenctl's simulator: Poisson arrivals, then fifo_queue or wrr_queues (equal shares)."""
+    arrivals = poisson_arrivals(lam * 1000.0, n=n, seed=7) * 1000.0  # ms
+    services = [ServiceTime.exponential(1.0 / mu)] * c
+    # another seed than the arrivals': the same stream would tie each service time to the
+    # gap before its request (a long service behind a long gap: waits far below M/M/c's)
+    rng = np.random.default_rng(8)
+    if round_robin:
+        run = wrr_queues(arrivals, services, [1.0 / c] * c, rng)
+    else:
+        run = fifo_queue(arrivals, services, rng)
+    return float(np.mean(run.wait_ms[n // 100 :]))
+
+
+def bench_peers(n: int, n_peer: int, c: int = 10, rho: float = 0.8) -> None:
+    """greenctl's simulator beside ciw and SimPy and the closed forms (module docstring, 5)."""
+    mu = 0.1  # per ms: a 10 ms mean service
+    lam = rho * c * mu
+    erlang = queueing.erlang_c(c, lam / mu) / (c * mu - lam)
+    rr = _erlang_k_m1_wait_ms(lam, mu, c)
+    print(
+        f"\n== Peers: M/M/{c}, rho {rho:g} (10 ms mean service, {lam * 1000:g} req/s); "
+        f"greenctl {n:,} requests, ciw and SimPy {n_peer:,}; 1 % warm-up dropped"
+    )
+    print(
+        f"{'queue':13s} {'arm':9s} {'cpu s':>7s} {'us/req':>8s} {'mean wait ms':>13s} "
+        f"{'vs closed':>9s} {'us/req / greenctl':>18s}"
+    )
+    arms: list[tuple[str, Callable[..., float], str]] = [
+        ("greenctl", _greenctl_mean_wait, ""),
+        ("ciw", _ciw_mean_wait, "ciw"),
+        ("SimPy", _simpy_mean_wait, "simpy"),
+    ]
+    for label, closed, round_robin in (("FIFO", erlang, False), ("round robin", rr, True)):
+        form = "Erlang C" if not round_robin else f"E_{c}/M/1 per server, GI/M/1"
+        print(f"{label:13s} {'closed':9s} {'':>7s} {'':>8s} {closed:13.3f}   ({form})")
+        base = None
+        for name, fn, module in arms:
+            if module:
+                try:
+                    __import__(module)
+                except ImportError:
+                    print(f"{'':13s} {name:9s} skipped: not installed (pip install "
+                          f"'greenctl[bench]', or pip install {module})")  # fmt: skip
+                    continue
+            count = n if not module else n_peer
+            wait, _, cpu = timed(lambda fn=fn, k=count, rr=round_robin: fn(lam, mu, c, k, rr))
+            per = cpu / count * 1e6
+            base = per if base is None else base
+            print(
+                f"{'':13s} {name:9s} {cpu:7.2f} {per:8.2f} {wait:13.3f} "
+                f"{(wait - closed) / closed:+9.1%} {per / base:17.1f}x"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller runs (about 20 s)")
+    parser.add_argument("--peers-only", action="store_true", help="only the ciw/SimPy peers")
     args = parser.parse_args(argv)
     n = 200_000 if args.quick else 1_000_000
+    n_peer = 20_000 if args.quick else 100_000
+    if args.peers_only:
+        bench_peers(n, n_peer)
+        return 0
     bench_simulator(n, 20_000 if args.quick else 100_000)
     bench_analytic(200 if args.quick else 1000)
     bench_accuracy(50_000 if args.quick else 200_000)
     bench_other_policies(50_000 if args.quick else 200_000)
     bench_trace(1.0 if args.quick else 6.0)
+    bench_peers(n, n_peer)
     return 0
 
 
