@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from greenctl.data.errors import InputError
+from greenctl.data.limits import BOUNDS, number, split_items, whole
 from greenctl.data.records import MAX_BATCH, Variant
 from greenctl.profiler.models import user_variant
 
@@ -147,20 +148,15 @@ def parse_int_list(text: str, *, option: str) -> list[int]:
     """Parse ``1,2,4`` into ints >= 1, or fail naming the option.
 
     Raises:
-        InputError: a part that is not a whole number >= 1, or no part at all.
+        InputError: a part that is not a whole number >= 1, an empty part, or no part at all.
     """
     out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
+    for part in split_items(text, option, example="1,2,4"):
         if not part.isdigit() or int(part) < 1:
             raise InputError(
                 f"{option}: '{part}' is not a whole number >= 1", hint=f"for example {option} 1,2,4"
             )
         out.append(int(part))
-    if not out:
-        raise InputError(f"{option} needs at least one value", hint=f"for example {option} 1,2,4")
     return out
 
 
@@ -186,13 +182,14 @@ def parse_profile_options(
     Raises:
         InputError: a bad combination or value, naming its flag and a fix.
     """
-    names = tuple(n.strip() for v in variants for n in v.split(",") if n.strip())
+    names = tuple(n for v in variants for n in split_items(v, "--variant", example="tiny-s,tiny-m"))
     if duration is not None and requests is not None:
         raise InputError("give either --duration or --requests, not both")
-    if requests is not None and requests < 1:
-        raise InputError(f"--requests {requests}: must be >= 1", hint="for example --requests 50")
-    if duration is not None and duration <= 0:
-        raise InputError(f"--duration {duration}: must be > 0 seconds", hint="e.g. --duration 2")
+    if requests is not None:
+        requests = whole(requests, "--requests", "count")
+    if duration is not None:
+        duration = number(duration, "--duration", minimum=0.0, strict=True,
+                          maximum=BOUNDS["duration_s"].high)  # fmt: skip
     user = user or UserModelSpec()
     user.check()
     check_emulate_mig(emulate_mig=emulate_mig, gpus=gpus)

@@ -33,8 +33,8 @@ def test_the_command_line_text_becomes_options():
     ("kwargs", "says"),
     [
         ({"duration": 1.0, "requests": 5}, "either --duration or --requests"),
-        ({"requests": 0}, "--requests 0"),
-        ({"duration": -1.0}, "--duration -1.0"),
+        ({"requests": 0}, "--requests must be >= 1, got 0"),
+        ({"duration": -1.0}, "--duration must be > 0, got -1"),
         ({"user": UserModelSpec(input_shape="3,32,32")}, "--input-shape only applies"),
         ({"emulate_mig": True}, "--emulate-mig needs --gpus"),
         ({"cpus": "none"}, "--cpus none"),
@@ -48,9 +48,17 @@ def test_bad_choices_are_refused_naming_the_flag(kwargs, says):
 
 
 def test_int_lists_need_a_whole_number_each():
-    assert parse_int_list(" 1, 2,,4 ", option="--cpus") == [1, 2, 4]
-    with pytest.raises(InputError, match="needs at least one value"):
+    assert parse_int_list(" 1, 2, 4 ", option="--cpus") == [1, 2, 4]
+    # an empty item is a typo, not a separator: refused as data.limits.split_items says
+    with pytest.raises(InputError, match="--batch 1,,2 holds an empty item"):
+        parse_int_list("1,,2", option="--batch")
+    with pytest.raises(InputError, match="--cpus is empty"):
         parse_int_list(" , ", option="--cpus")
+    for kwargs in ({"variants": ["tiny-s,"]}, {"mps": "25,", "gpus": True}):
+        with pytest.raises(InputError, match="holds an empty item"):
+            parse_profile_options(**kwargs)
+    with pytest.raises(InputError, match="--duration must be > 0"):
+        parse_profile_options(variants=["tiny-s"], duration=0.0)
     with pytest.raises(InputError, match="'0' is not a whole number"):
         parse_int_list("0", option="--batch")
 
