@@ -272,3 +272,26 @@ def test_a_missing_generated_file_names_the_variant_and_the_fix(tmp_path):
     with pytest.raises(InputError, match="variant 'x-onnx' runs the file"):
         check_model_file(gone)
     check_model_file(Variant(name="tiny-s", family="tiny"))  # built in: no file to check
+
+
+def test_a_half_precision_source_takes_and_answers_float32(mod):
+    """``;dtype=bfloat16`` (what NAME-bf16 runs on a GPU) on the CPU: weights in bfloat16,
+    requests and answers in float32, close to the fp32 model's."""
+    import torch
+    from greenctl.data.records import Variant
+    from greenctl.profiler.models import build_module, load_model, model_file, with_dtype
+
+    fp32 = Variant(name="h", family="h", source=f"module:{mod}:build", input_shape="3,8,8")
+    half = Variant(**{**fp32.__dict__, "source": with_dtype(fp32.source, "bfloat16")})
+    loaded = load_model(half)
+    x = loaded.example(4)
+    out = loaded.run(x)
+    assert out.dtype == torch.float32 and out.shape == (4, 5)
+    assert next(loaded.module.parameters()).dtype == torch.bfloat16
+    with torch.no_grad():
+        ref = build_module(fp32).eval()(x)
+    assert torch.allclose(out, ref, atol=0.05)
+    assert model_file(half) is None
+    bad = Variant(**{**fp32.__dict__, "name": "h8", "source": f"{fp32.source};dtype=int3"})
+    with pytest.raises(Exception, match="dtype 'int3' is not one of float16, bfloat16"):
+        load_model(bad)
