@@ -278,6 +278,7 @@ def test_a_half_precision_source_takes_and_answers_float32(mod):
     """``;dtype=bfloat16`` (what NAME-bf16 runs on a GPU) on the CPU: weights in bfloat16,
     requests and answers in float32, close to the fp32 model's."""
     import torch
+    from greenctl.data.errors import InputError
     from greenctl.data.records import Variant
     from greenctl.profiler.models import build_module, load_model, model_file, with_dtype
 
@@ -293,5 +294,5 @@ def test_a_half_precision_source_takes_and_answers_float32(mod):
     assert torch.allclose(out, ref, atol=0.05)
     assert model_file(half) is None
     bad = Variant(**{**fp32.__dict__, "name": "h8", "source": f"{fp32.source};dtype=int3"})
-    with pytest.raises(Exception, match="dtype 'int3' is not one of float16, bfloat16"):
+    with pytest.raises(InputError, match="dtype 'int3' is not one of float16, bfloat16"):
         load_model(bad)
