@@ -106,12 +106,13 @@ def variants_generate(
     options = parse_profile_options(
         cpus=cpus, gpus=gpus, batch=batch, duration=duration, requests=requests, warmup=warmup
     )
-    plan = prepare_generate(
-        name=name, model_path=model_path, input_shape=input_shape, eval_spec=eval_spec,
-        options=options, metric=metric, formats=formats, weights=weights,
-    )  # fmt: skip
+    # the store and its models folder are checked first: a refusal comes before any work
     with store_for(db) as store:
         folder = check_writable_folder(models_dir(store.path), option="--db (its models folder)")
+        plan = prepare_generate(
+            name=name, model_path=model_path, input_shape=input_shape, eval_spec=eval_spec,
+            options=options, metric=metric, formats=formats, weights=weights,
+        )  # fmt: skip
         with undone_on_failure(folder), _status() as progress:
             result = generate(store, plan, folder=folder, progress=progress)
     if json_out:

@@ -258,6 +258,18 @@ def test_a_models_folder_that_cannot_be_made_is_refused_before_work(cli, tmp_pat
     assert not db.exists()  # the store it would have created is not left behind
 
 
+def test_a_store_in_a_missing_folder_is_refused(cli, tmp_path, mod):
+    db = tmp_path / "nowhere" / "g.db"
+    r = cli(
+        "variants", "generate", "--model-path", f"{mod}:build", "--eval", f"{mod}:evaluate",
+        "--name", "nf", *OPTS, "--db", str(db),
+    )  # fmt: skip
+    assert r.exit_code == 2, r.output
+    (line,) = [x for x in r.output.splitlines() if x.startswith("Error:")]
+    assert "nowhere" in line and "does not exist" in line
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_a_missing_generated_file_names_the_variant_and_the_fix(tmp_path):
     from greenctl.data.errors import InputError
     from greenctl.data.records import Variant
