@@ -244,10 +244,12 @@ class ModelRoute:
                 within ``restart_wait_s``.
         """
         if self.policy == "wrr":
-            if (
-                sum(b.inflight for b in self.backends)
-                >= sum(b.slots for b in self.backends if b.up) + self.max_queue
-            ):
+            held, room = 0, self.max_queue
+            for b in self.backends:  # (one pass: this runs on every request)
+                held += b.inflight
+                if b.up:
+                    room += b.slots
+            if held >= room:
                 raise QueueFull(f"model '{self.name}' is at capacity; retry later")
             b = self._pick_wrr(exclude)
             if b is None and not self.any_up():  # wait for one to come back

@@ -475,7 +475,9 @@ class _Connection(asyncio.BufferedProtocol):
             raise ValueError(self._refusal[1])  # stops the parser: data_received answers
 
     def on_url(self, url: bytes) -> None:
-        self._count_head(len(url))
+        self._head_size += len(url)
+        if self._head_size > self.server.max_header_bytes:
+            self._count_head(0)  # raises: the 431 refusal
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
