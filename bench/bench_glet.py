@@ -43,7 +43,7 @@ from greenctl.data.gpulet_import import (
     load_utilisation,
 )
 from greenctl.data.store import open_store
-from greenctl.planner.core.interference import fit_interference
+from greenctl.planner.core.interference import InterferenceModel, build_samples, fit_interference
 from greenctl.planner.glet.solve import Compiled, GletModel, GletProblem, run_elastic, schedule
 
 DATA = path_of("gpulet")
@@ -113,6 +113,12 @@ def main() -> None:
         help="only the study of glet's gain over sbp and greedy (docs/interference.md)",
     )
     ap.add_argument(
+        "--gpulet-form",
+        action="store_true",
+        help="plan with gpulet's five-coefficient model (least squares on every measurement) "
+        "instead of the fitted per-point one",
+    )
+    ap.add_argument(
         "--timing", action="store_true", help="only the decision times at each size (section 3)"
     )
     args = ap.parse_args()
@@ -128,6 +134,7 @@ def main() -> None:
         fit = fit_interference(
             load_colocations(store), load_solo_latency(store), load_utilisation(store)
         )
+        imodel = gpulet_form(store) if args.gpulet_form else fit.model
         latency = load_latency_table(store, ORDER)
         util = load_utilisation(store)
         store.close()
@@ -158,11 +165,16 @@ def main() -> None:
         f"p90 {e['no_model_p90']:.2%}; gpulet's 5-coefficient form on the same split: "
         f"{e['linear_within_gpulet_10_26pct']:.1%}"
     )
+    if args.gpulet_form:
+        print(
+            "planned below with gpulet's five-coefficient form (least squares, all data): "
+            + ", ".join(f"{c:+.3f}" for c in imodel.linear)
+        )
     if args.gap:
-        gap_study(latency, util, fit.model, k=k, max_gpus=args.max_gpus, unit=args.rate_unit)
+        gap_study(latency, util, imodel, k=k, max_gpus=args.max_gpus, unit=args.rate_unit)
         return
     if args.timing:
-        decision_times(latency, util, fit.model, quick=args.quick)
+        decision_times(latency, util, imodel, quick=args.quick)
         return
 
     models = ORDER[:k]
@@ -173,7 +185,7 @@ def main() -> None:
                 models=[GletModel(m, r * scale, SLO_MS[m]) for m, r in rates.items() if r > 0],
                 latency_ms=latency,
                 max_gpus=max_gpus,
-                interference=fit.model,
+                interference=imodel,
                 utilisation=util,
             )
         )
@@ -184,7 +196,8 @@ def main() -> None:
         if any(combo)
     ]
     print(
-        f"\n== schedulability: {len(scenarios)} scenarios (3^{k} - 1), rates in "
+        f"\n== schedulability (modeled: measured profiles, fitted interference): "
+        f"{len(scenarios)} scenarios (3^{k} - 1), rates in "
         f"{{0, {args.rate_unit:g}, {2 * args.rate_unit:g}}} req/s over {', '.join(models)}"
         f", within {args.max_gpus} GPUs =="
     )
@@ -233,12 +246,24 @@ def main() -> None:
     )
     for a in ("glet", "glet-core"):
         print(
-            f"{a} max rate vs sbp: {statistics.mean(ratio[a]) / statistics.mean(ratio['sbp']):.3f}x"
+            f"{a} modeled max rate vs sbp: "
+            f"{statistics.mean(ratio[a]) / statistics.mean(ratio['sbp']):.3f}x"
             f", vs greedy: {statistics.mean(ratio[a]) / statistics.mean(ratio['greedy']):.3f}x"
         )
 
-    decision_times(latency, util, fit.model, quick=args.quick)
+    decision_times(latency, util, imodel, quick=args.quick)
     replan_decisions(args.data, rounds=10 if args.quick else 40)
+
+
+def gpulet_form(store) -> InterferenceModel:
+    """gpulet's own model: c1..c5 by least squares on every co-location measurement."""
+    import numpy as np
+
+    x, y, *_ = build_samples(
+        load_colocations(store), load_solo_latency(store), load_utilisation(store)
+    )
+    coef = np.linalg.lstsq(x, y, rcond=None)[0]
+    return InterferenceModel(tuple(float(c) for c in coef))
 
 
 #: (models, GPUs) a decision is timed at: the reference models themselves, then fleets of
@@ -374,7 +399,7 @@ def gap_study(latency: dict, util: dict, imodel, *, k: int, max_gpus: int, unit:
         g = statistics.mean(got["glet"])
         return g / statistics.mean(got["sbp"]), g / statistics.mean(got["greedy"]), len(combos)
 
-    print("\n== what separates glet from sbp and greedy (max rate, mean over scenarios) ==")
+    print("\n== what separates glet from sbp and greedy (modeled max rate, mean over scenarios) ==")
     print(f"{'workload':<58} {'scen.':>5} {'vs sbp':>8} {'vs greedy':>10}")
     few, six = ORDER[:k], ORDER[:6]
     cases = [

@@ -397,40 +397,39 @@ class Compiled:
     def _config(
         self, j: int, entries: list[tuple[int, float]], w: float | None
     ) -> tuple[float, list[int], list[float]] | None:
-        cands: list[float] = []
-        for i, r in entries:
-            bs = self.batches[i][j]
-            if not bs:
-                return None
-            cands += [x / r for x in self.means_ms[i][j]]
-        cands.sort()
+        """The shortest candidate cycle (one that fills some model's batch exactly) that
+        holds every model's batch run and keeps ``cycle + run <= SLO``; None if none does."""
+        if any(not self.batches[i][j] for i, _ in entries):
+            return None
         tables = [(self.means[i][j], self.leffs(i, j, w), r) for i, r in entries]
+        # the shortest candidate first: most glets that fail, fail there, before the others
+        # are listed and sorted
+        dc = min(self.means_ms[i][j][0] / r for i, r in entries)
+        cands: list[float] | None = None
         n = 0
-        while n < len(cands):
-            dc = cands[n]
+        while True:
             ks: list[int] = []
             ls: list[float] = []
             total = 0.0
-            ok = True
             for means, lf, r in tables:
-                need = r * dc / 1000.0 - 1e-7
-                k = bisect.bisect_left(means, need)
+                k = bisect.bisect_left(means, r * dc / 1000.0 - 1e-7)
                 if k >= len(means):
-                    ok = False
-                    break
+                    return None  # a larger cycle needs an even larger batch
                 le = lf[k]
                 ks.append(k)
                 ls.append(le)
                 total += le
-            if not ok:
-                return None  # a larger cycle needs an even larger batch
             if any(total + le > self.slo[i] + EPS for (i, _), le in zip(entries, ls, strict=True)):
                 return None  # latency only grows with the cycle
             if total <= dc + EPS:
                 return (total, ks, ls)
+            if cands is None:
+                cands = sorted(x / r for i, r in entries for x in self.means_ms[i][j])
             # the runs only grow with the cycle: no cycle shorter than them can hold them
             n = bisect.bisect_left(cands, total - 2 * EPS, n + 1)
-        return None
+            if n >= len(cands):
+                return None
+            dc = cands[n]
 
     def bmean(self, batch: int) -> float:
         """Mean arrivals per cycle a batch of ``batch`` can take (see poisson_batch_mean)."""

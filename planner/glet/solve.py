@@ -334,6 +334,11 @@ def widen(state: State) -> State:
     return state
 
 
+def _layout_key(s: State) -> tuple[Any, ...]:
+    """A schedule's glets and their entries, GPU by GPU: equal keys, equal schedules."""
+    return tuple(tuple((g.j, tuple(g.entries)) for g in gpu.glets) for gpu in s.gpus)
+
+
 def _score(s: State) -> tuple[int, int]:
     units = sum(s.c.units[g.j] for gpu in s.gpus for g in gpu.glets if g.entries)
     return (s.used_gpus, units)
@@ -360,11 +365,14 @@ def run_algorithm(c: Compiled, algorithm: str, max_gpus: int) -> State | None:
         tries = [run_elastic(c, max_gpus, **kw) for kw in GLET_PORTFOLIO]
         tries.append(run_sbp(c, max_gpus))
         tries.append(run_elastic(c, max_gpus, order="demand_desc", merge=False, knee=False))
+        seen: set[tuple[Any, ...]] = set()  # two orders often build one schedule
         for s in tries:
-            if s is not None:
-                s = _in_memory(consolidate(s))
-                if s is not None and (best is None or _score(s) < _score(best)):
-                    best = s
+            if s is None or _layout_key(s) in seen:
+                continue  # consolidated already (the same schedule consolidates the same)
+            seen.add(_layout_key(s))
+            s = _in_memory(consolidate(s))
+            if s is not None and (best is None or _score(s) < _score(best)):
+                best = s
         return None if best is None else (_in_memory(widen(best.copy())) or best)
     if algorithm == "ideal":
         # the exhaustive search starts from glet's schedule, so it is never worse
