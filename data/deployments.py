@@ -31,12 +31,18 @@ def _first(rows: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     return next(iter(rows), None)
 
 
+def _in_states(store: Store, table: str, states: Iterable[str]) -> list[dict[str, Any]]:
+    """The rows of ``table`` (one of this module's, never user text) whose ``state`` is any
+    of ``states``, by id."""
+    wanted = list(states)
+    marks = ", ".join("?" for _ in wanted)
+    return store.rows(f"select * from [{table}] where state in ({marks}) order by id", wanted)
+
+
 # -- executor instances -----------------------------------------------------------------------
 def ready_instances(store: Store) -> list[dict[str, Any]]:
     """The executor instances recorded as ``ready`` (as the last apply left them), by id."""
-    return list(
-        store.db.table("executor_instances").rows_where("state = ?", [READY], order_by="id")
-    )
+    return store.rows("select * from executor_instances where state = ? order by id", [READY])
 
 
 def instance_row(store: Store, instance_id: str) -> dict[str, Any]:
@@ -83,13 +89,7 @@ def retire_instance(store: Store, instance_id: str) -> None:
 
 def instances_in(store: Store, states: Iterable[str]) -> list[dict[str, Any]]:
     """The instances in any of ``states``, by id."""
-    wanted = list(states)
-    marks = ", ".join("?" for _ in wanted)
-    return list(
-        store.db.table("executor_instances").rows_where(
-            f"state in ({marks})", wanted, order_by="id"
-        )
-    )
+    return _in_states(store, "executor_instances", states)
 
 
 def reassign_instance(
@@ -141,35 +141,26 @@ def record_restart(
 
 def restart_count(store: Store) -> int:
     """Every restart the supervisors recorded."""
-    return int(store.db.table("executor_restarts").count)
+    return int(store.rows("select count(*) as n from executor_restarts")[0]["n"])
 
 
 # -- the dispatcher ---------------------------------------------------------------------------
 def running_dispatcher(store: Store) -> dict[str, Any] | None:
     """The newest dispatcher recorded as ``running`` (as apply recorded it), or None."""
-    if "executor_dispatcher" not in store.db.table_names():
+    if not store.has_table("executor_dispatcher"):
         return None
-    return _first(
-        store.db.table("executor_dispatcher").rows_where(
-            "state = ?", [RUNNING], order_by="id desc", limit=1
-        )
-    )
+    sql = "select * from executor_dispatcher where state = ? order by id desc limit 1"
+    return _first(store.rows(sql, [RUNNING]))
 
 
 def running_dispatchers(store: Store) -> list[dict[str, Any]]:
     """Every dispatcher recorded as ``running`` (``down`` stops them all)."""
-    return list(store.db.table("executor_dispatcher").rows_where("state = ?", [RUNNING]))
+    return store.rows("select * from executor_dispatcher where state = ?", [RUNNING])
 
 
 def dispatchers_in(store: Store, states: Iterable[str]) -> list[dict[str, Any]]:
     """The dispatchers in any of ``states``, oldest first."""
-    wanted = list(states)
-    marks = ", ".join("?" for _ in wanted)
-    return list(
-        store.db.table("executor_dispatcher").rows_where(
-            f"state in ({marks})", wanted, order_by="id"
-        )
-    )
+    return _in_states(store, "executor_dispatcher", states)
 
 
 def journal_dispatcher(store: Store, row: dict[str, Any]) -> int:
@@ -268,40 +259,34 @@ def finish_apply(
 
 def open_applies(store: Store) -> list[dict[str, Any]]:
     """Apply records still ``running``: under the apply lock, applies that died unfinished."""
-    return list(
-        store.db.table("executor_apply_history").rows_where(
-            "status = ?", ["running"], order_by="id"
-        )
-    )
+    sql = "select * from executor_apply_history where status = ? order by id"
+    return store.rows(sql, ["running"])
 
 
 def unsettled(store: Store) -> bool:
     """Whether an apply left work behind: an apply record still ``running``, or an instance
     or dispatcher ``starting`` or ``stopping`` (cheap; ``status`` asks before locking)."""
-    if "executor_instances" not in store.db.table_names():
+    if not store.has_table("executor_instances"):
         return False
     states = [STARTING, STOPPING]
     return bool(
-        store.db.table("executor_apply_history").count_where("status = ?", ["running"])
-        or store.db.table("executor_instances").count_where("state in (?, ?)", states)
-        or store.db.table("executor_dispatcher").count_where("state in (?, ?)", states)
-        or bool(routers_in(store, states))
+        store.rows("select 1 from executor_apply_history where status = 'running' limit 1")
+        or _in_states(store, "executor_instances", states)
+        or _in_states(store, "executor_dispatcher", states)
+        or routers_in(store, states)
     )
 
 
 def last_apply(store: Store) -> dict[str, Any] | None:
     """The newest apply record, or None."""
-    return _first(store.db.table("executor_apply_history").rows_where(order_by="id desc", limit=1))
+    return _first(store.rows("select * from executor_apply_history order by id desc limit 1"))
 
 
 # -- MIG checkpoints --------------------------------------------------------------------------
 def has_open_mig_checkpoint(store: Store, gpu_index: int) -> bool:
     """Whether GPU ``gpu_index``'s layout before greenctl changed it is kept (not restored)."""
-    return bool(
-        store.db.table("executor_mig_checkpoints").count_where(
-            "gpu_index = ? and restored_at is null", [gpu_index]
-        )
-    )
+    sql = "select 1 from executor_mig_checkpoints where gpu_index = ? and restored_at is null"
+    return bool(store.rows(sql, [gpu_index]))
 
 
 def add_mig_checkpoint(
@@ -326,8 +311,8 @@ def add_mig_checkpoint(
 
 def open_mig_checkpoints(store: Store) -> list[dict[str, Any]]:
     """The kept layouts not yet restored, oldest first (``layout`` decoded)."""
-    rows = store.db.table("executor_mig_checkpoints").rows_where(
-        "restored_at is null", order_by="id"
+    rows = store.rows(
+        "select * from executor_mig_checkpoints where restored_at is null order by id"
     )
     return [{**row, "layout": json.loads(row["layout"])} for row in rows]
 
@@ -339,9 +324,8 @@ def mark_mig_checkpoint_restored(store: Store, checkpoint_id: int) -> None:
 # -- services (the MPS control daemon) ---------------------------------------------------------
 def service_running(store: Store, name: str) -> bool:
     """Whether apply recorded the service ``name`` (e.g. ``mps-control``) as running."""
-    return bool(
-        store.db.table("executor_services").count_where("name = ? and state = ?", [name, RUNNING])
-    )
+    sql = "select 1 from executor_services where name = ? and state = ?"
+    return bool(store.rows(sql, [name, RUNNING]))
 
 
 def start_service(store: Store, name: str, *, info: dict[str, Any], pid: int | None = None) -> None:
@@ -380,12 +364,12 @@ def record_ray_app(store: Store, *, plan_id: int | None, address: str, app: str,
 
 def active_ray_app(store: Store) -> dict[str, Any] | None:
     """The Serve application greenctl last applied and has not taken down, or None."""
-    return _first(store.db.table("ray_apps").rows_where("active = 1", order_by="id desc", limit=1))
+    return _first(store.rows("select * from ray_apps where active = 1 order by id desc limit 1"))
 
 
 def last_ray_app(store: Store) -> dict[str, Any] | None:
     """The Serve application greenctl applied last (active or not), or None."""
-    return _first(store.db.table("ray_apps").rows_where(order_by="id desc", limit=1))
+    return _first(store.rows("select * from ray_apps order by id desc limit 1"))
 
 
 def deactivate_ray_apps(store: Store) -> None:
@@ -442,23 +426,18 @@ def _backend_row(row: dict[str, Any] | None) -> dict[str, Any] | None:
 def running_backend(store: Store) -> dict[str, Any] | None:
     """The newest backend record still running (``backend, address, plan_id, options,
     applied_at``), or None: nothing applied, or everything taken down."""
-    if "backend_applies" not in store.db.table_names():
+    if not store.has_table("backend_applies"):
         return None
-    return _backend_row(
-        _first(
-            store.db.table("backend_applies").rows_where(
-                "state = ?", [RUNNING], order_by="id desc", limit=1
-            )
-        )
-    )
+    sql = "select * from backend_applies where state = ? order by id desc limit 1"
+    return _backend_row(_first(store.rows(sql, [RUNNING])))
 
 
 def last_backend(store: Store) -> dict[str, Any] | None:
     """The newest backend record of any state (where a plan ran last), or None."""
-    if "backend_applies" not in store.db.table_names():
+    if not store.has_table("backend_applies"):
         return None
     return _backend_row(
-        _first(store.db.table("backend_applies").rows_where(order_by="id desc", limit=1))
+        _first(store.rows("select * from backend_applies order by id desc limit 1"))
     )
 
 
@@ -511,13 +490,9 @@ def end_router(store: Store, router_id: int) -> None:
 
 def routers_in(store: Store, states: Iterable[str]) -> list[dict[str, Any]]:
     """The geo routers in any of ``states``, oldest first."""
-    if "geo_routers" not in store.db.table_names():
+    if not store.has_table("geo_routers"):
         return []
-    wanted = list(states)
-    marks = ", ".join("?" for _ in wanted)
-    return list(
-        store.db.table("geo_routers").rows_where(f"state in ({marks})", wanted, order_by="id")
-    )
+    return _in_states(store, "geo_routers", states)
 
 
 def running_router(store: Store) -> dict[str, Any] | None:

@@ -152,6 +152,11 @@ class Store:
         keys = [d[0] for d in cursor.description]
         return [dict(zip(keys, row, strict=True)) for row in cursor]
 
+    def has_table(self, name: str) -> bool:
+        """Whether the store holds a table ``name``."""
+        sql = "select 1 from sqlite_master where type = 'table' and name = ?"
+        return bool(self.rows(sql, [name]))
+
     @contextmanager
     def transaction(self) -> Iterator[Store]:
         """One atomic unit of writes; nested calls (and sqlite-utils' ``atomic()`` inside)
