@@ -216,7 +216,9 @@ class Forwarding(RoutingTable):
         """Count an answer by model and status code (and an answered one's latency)."""
         self.requests[(model, code)] += 1
         if code == "200":
-            counts = self.latency_counts.setdefault(model, [0] * (len(LATENCY_BUCKETS_S) + 1))
+            counts = self.latency_counts.get(model)
+            if counts is None:
+                counts = self.latency_counts[model] = [0] * (len(LATENCY_BUCKETS_S) + 1)
             dt = time.perf_counter() - t0
             counts[bucket_index(LATENCY_BUCKETS_S, dt)] += 1
             self.latency_sum[model] += dt
