@@ -12,7 +12,7 @@ Figures it gives are modeled, not measured.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 
 from greenctl.data.batching import executor_batching
@@ -84,7 +84,6 @@ def load_test_service_ms(rate_rps: float, latency_ms: float, q: float) -> float:
     for name, value in (("capacity_rps", rate_rps), ("latency", latency_ms)):
         if not (math.isfinite(value) and value > 0):
             raise InputError(f"a load test's {name} must be a positive number, got {value}")
-    from scipy.optimize import brentq
 
     def spare(service_ms: float) -> float:  # non-increasing in the service time
         cap = capacity_at_slo(
@@ -100,7 +99,7 @@ def load_test_service_ms(rate_rps: float, latency_ms: float, q: float) -> float:
         return hi
     # Brent's method on the crossing (about 12 capacity searches where bisection took 30),
     # then the largest service time on the feasible side of it
-    root = float(brentq(spare, lo, hi, xtol=1e-12, rtol=1e-10))
+    root = brent_root(spare, lo, hi, xtol=1e-12, rtol=1e-10)
     while root > lo and spare(root) < 0:
         root *= 1.0 - 1e-9
     return root
@@ -125,3 +124,53 @@ def batch_service(
         (int(n), service_time(p)) for n, p in sorted(rows.items()) if 1 <= int(n) <= batch
     )
     return BatchService(points, executor_batching(resource, batch, max_wait_ms=max_wait_ms))
+
+
+def brent_root(
+    f: Callable[[float], float], a: float, b: float, *, xtol: float, rtol: float, steps: int = 100
+) -> float:
+    """A root of ``f`` between ``a`` and ``b``, where ``f`` changes sign, by Brent's method.
+
+    The iteration of ``scipy.optimize.brentq`` (its C code, step for step, so the same
+    root), in plain Python: planning would otherwise import scipy.optimize, most of a
+    second of a cold command, for a dozen evaluations of ``f``.
+    """
+    xpre, xcur = a, b
+    fpre, fcur = f(xpre), f(xcur)
+    if fpre == 0:
+        return xpre
+    if fcur == 0:
+        return xcur
+    if math.copysign(1.0, fpre) == math.copysign(1.0, fcur):
+        raise ValueError("f(a) and f(b) must have different signs")
+    xblk = fblk = spre = scur = 0.0
+    for _ in range(steps):
+        if fpre != 0 and fcur != 0 and math.copysign(1.0, fpre) != math.copysign(1.0, fcur):
+            xblk, fblk = xpre, fpre
+            spre = scur = xcur - xpre
+        if abs(fblk) < abs(fcur):  # keep the best guess in xcur
+            xpre, xcur, xblk = xcur, xblk, xcur
+            fpre, fcur, fblk = fcur, fblk, fcur
+        delta = (xtol + rtol * abs(xcur)) / 2
+        sbis = (xblk - xcur) / 2
+        if fcur == 0 or abs(sbis) < delta:
+            return xcur
+        step = sbis  # bisect unless interpolation takes a good short step
+        if abs(spre) > delta and abs(fcur) < abs(fpre):
+            if xpre == xblk:  # secant
+                stry = -fcur * (xcur - xpre) / (fcur - fpre)
+            else:  # inverse quadratic
+                dpre = (fpre - fcur) / (xpre - xcur)
+                dblk = (fblk - fcur) / (xblk - xcur)
+                stry = -fcur * (fblk * dblk - fpre * dpre) / (dblk * dpre * (fblk - fpre))
+            if 2 * abs(stry) < min(abs(spre), 3 * abs(sbis) - delta):
+                spre, step = scur, stry
+            else:
+                spre = sbis
+        else:
+            spre = sbis
+        scur = step
+        xpre, fpre = xcur, fcur
+        xcur += scur if abs(scur) > delta else math.copysign(delta, sbis)
+        fcur = f(xcur)
+    return xcur
