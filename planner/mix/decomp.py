@@ -231,9 +231,11 @@ class _Decomposition:
     ) -> tuple[list[float], float | None, list[float] | None]:
         """The shared budget rows' prices: the LP relaxation's duals (and its bound, plan)."""
         lam = [0.0] * self.nk
+        self.lp_dual: list[float] | None = None
         if not self.nk:
             return lam, None, None
         lp = mix_model.solve_highs(self.model, time_limit_s, relax=True)
+        self.lp_dual = lp.row_dual if mix_model.LP_FIRST else None
         if lp.status == "infeasible":
             raise _infeasible(solve_s=round(lp.seconds, 4))
         if lp.row_dual is None or lp.status != "optimal":
@@ -421,6 +423,7 @@ class _Decomposition:
                 finish_proof(
                     self.problem, self.terms, self.pool, self.keys, self.budgets,
                     model=self.model, inc=self.inc, ld=self.best_ld, lam=self.lam,
+                    lp_dual=self.lp_dual,
                     info={"lp_s": round(self.lp_s, 4), "price_rounds": self.cg,
                           "prices_s": round(self.cg_s, 4), "rounds": self.rounds,
                           "t0": self.t0, "deadline": self.deadline, "unit": self.unit},

@@ -53,11 +53,13 @@ def finish_proof(
     lam: list[float],
     info: dict[str, Any],
     alloc: Allocation,
+    lp_dual: list[float] | None = None,
 ) -> tuple[Allocation, dict[str, Any]]:
     """The result when the pool's best plan already meets the Lagrangian bound.
 
     With a tie-break objective :func:`tie_break_stage` picks the best tie-break among
-    plans within the joint ILP's tolerance of the optimum.
+    plans within the joint ILP's tolerance of the optimum (``lp_dual``: the LP relaxation's
+    row duals of ``model``, which bound the columns the tie-break may move).
     """
     t0, deadline, unit = info.pop("t0"), info.pop("deadline"), info.pop("unit")
     second = tie_break(problem.objective)
@@ -67,7 +69,7 @@ def finish_proof(
         alloc, info["tie_break"] = tie_break_stage(
             problem, terms, pool, keys, budgets, model=model,
             rhs=inc + mix_model.TIE_BREAK_REL_TOL * abs(inc), alloc=alloc,
-            seconds=time.perf_counter() - t0, deadline=deadline,
+            seconds=time.perf_counter() - t0, deadline=deadline, lp_dual=lp_dual,
         )  # fmt: skip
     gap = max(inc - ld, 0.0) / max(abs(inc), 1e-12)
     out: dict[str, Any] = {
@@ -116,6 +118,7 @@ def tie_break_stage(
     alloc: Allocation,
     seconds: float,
     deadline: float,
+    lp_dual: list[float] | None = None,
 ) -> tuple[Allocation, dict[str, Any]]:
     """The joint ILP's tie-break after the primary optimum is proven.
 
@@ -147,6 +150,8 @@ def tie_break_stage(
     m2, lay2 = mix_model.build_model(problem, terms, single=False, objective=second)
     idx = [i for i, c in enumerate(model.cost) if c != 0]
     m2.row(idx, [model.cost[i] for i in idx], -math.inf, rhs)
+    if lp_dual is not None:  # what every plan within rhs can move (reduced-cost fixing)
+        m2.lb, m2.ub = mix_model.implied_bounds(model, lp_dual, rhs)
     start = mix_model.warm_start(problem, terms, lay2, len(m2.cost), alloc)
     # at most as long again as the proof took (>= 0.5 s): the joint ILP allows twice its
     # primary solve (>= 1 s), which here would triple a sub-second answer for a tie-break

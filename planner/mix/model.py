@@ -644,6 +644,89 @@ def solve_highs(
     return SolveResult(status, x, obj, bound, gap, seconds, build)
 
 
+#: Solve the LP relaxation before a mix ILP: a rounded LP plan that meets its bound is the
+#: proven optimum (:func:`rounded_solution`), and its duals bound what a tie-break may move
+#: (:func:`implied_bounds`). Off: the ILPs alone (the benchmark's comparison).
+LP_FIRST = True
+
+
+def rounded_solution(model: Model, x: Sequence[float]) -> tuple[list[float], float] | None:
+    """The LP relaxation's solution ``x`` with its integer columns rounded up, and its
+    value, when that satisfies every row and bound (None otherwise).
+
+    Rounding counts and indicators up keeps ``q <= capacity x n`` and ``n <= u x s``; only a
+    budget row (or a bound) can break, which the check catches. When the value meets the
+    LP bound within the gap tolerance the rounded plan is a proven optimum, no search needed.
+    """
+    out = list(x)
+    for j, integer in enumerate(model.integer):
+        if integer:
+            out[j] = float(math.ceil(out[j] - 1e-9))
+            if out[j] > model.ub[j] + 1e-9:
+                return None
+        elif out[j] < model.lb[j] - 1e-9 or out[j] > model.ub[j] + 1e-9:
+            return None
+    for idx, coef, lo, hi in model.rows:
+        v = sum(out[j] * a for j, a in zip(idx, coef, strict=True))
+        if v < lo - 1e-7 * max(1.0, abs(lo)) or v > hi + 1e-7 * max(1.0, abs(hi)):
+            return None
+    return out, math.fsum(c * v for c, v in zip(model.cost, out, strict=True))
+
+
+def implied_bounds(
+    model: Model, row_dual: Sequence[float], rhs: float
+) -> tuple[list[float], list[float]]:
+    """Column bounds every solution with ``cost . x <= rhs`` satisfies (reduced-cost fixing).
+
+    Any row prices ``y`` (sign-clipped to the rows' finite sides) give the Lagrangian bound
+    ``cost . x >= L(y) + sum_j |d_j| x (distance of x_j from its cheaper bound)`` with
+    ``d = cost - A^T y``; so column ``j`` stays within ``(rhs - L) / |d_j|`` of that bound.
+    Valid for any ``y``; the LP relaxation's duals make it tight. The tie-break ILP gets
+    these bounds: with the primary optimum fixed, most quotas can only move by slivers (a
+    sliver under the MIP's feasibility tolerance counts as none).
+    """
+    d = list(model.cost)
+    low = 0.0
+    for (idx, coef, lo, hi), y in zip(model.rows, row_dual, strict=True):
+        y = float(y)
+        if (y > 0 and math.isinf(lo)) or (y < 0 and math.isinf(hi)):
+            y = 0.0
+        if y == 0.0:
+            continue
+        low += y * (lo if y > 0 else hi)
+        for j, a in zip(idx, coef, strict=True):
+            d[j] -= y * a
+    for j, dj in enumerate(d):
+        if dj != 0.0:
+            end = model.lb[j] if dj > 0 else model.ub[j]
+            if math.isinf(end):
+                return list(model.lb), list(model.ub)
+            low += dj * end
+    slack = rhs - low + 1e-9 * max(1.0, abs(rhs), abs(low))
+    lb, ub = list(model.lb), list(model.ub)
+    if slack < 0:  # no solution meets rhs: leave the ILP to say so
+        return lb, ub
+    for j, dj in enumerate(d):
+        # a continuous column's room below the MIP's feasibility tolerance (of its range) is
+        # none: HiGHS would otherwise fill it by stretching a row (a quota on no instance)
+        snap = 0.0 if model.integer[j] else 1e-6 * max(1.0, model.ub[j] - model.lb[j])
+        if dj > 0:
+            top = lb[j] + slack / dj
+            if model.integer[j]:
+                top = math.floor(top + 1e-9)
+            elif top - lb[j] < snap:
+                top = lb[j]
+            ub[j] = max(min(ub[j], top), lb[j])
+        elif dj < 0:
+            bottom = ub[j] - slack / -dj
+            if model.integer[j]:
+                bottom = math.ceil(bottom - 1e-9)
+            elif ub[j] - bottom < snap:
+                bottom = ub[j]
+            lb[j] = min(max(lb[j], bottom), ub[j])
+    return lb, ub
+
+
 def _solve_cbc(model: Model, time_limit_s: float | None) -> SolveResult:
     """CBC through pulp (a separate process reading an MPS file)."""
     import pulp

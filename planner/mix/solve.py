@@ -21,6 +21,7 @@ from greenctl.data.errors import InfeasiblePlan, InputError
 from greenctl.data.plan import Plan
 from greenctl.planner.core import solvers
 from greenctl.planner.mix import decomp as mix_decomp
+from greenctl.planner.mix import model as mix_model
 from greenctl.planner.mix.document import scaling_actions, to_plan
 from greenctl.planner.mix.model import (
     DEFAULT_ALPHA,
@@ -45,9 +46,11 @@ from greenctl.planner.mix.model import (
     evaluate_allocation,
     extract,
     greedy,
+    implied_bounds,
     is_maximise,
     objective_terms,
     objective_unit,
+    rounded_solution,
     solve,
     solve_highs,
     warm_start,
@@ -187,6 +190,8 @@ def _solve_exact(
     if len(infos) == 1 and "objective_bound" in infos[0]:
         merged["objective_bound"] = infos[0]["objective_bound"]
     merged["warm_start"] = infos[0].get("warm_start")
+    if infos[0].get("proof"):
+        merged["proof"] = infos[0]["proof"]
     if lagrangian is not None and alloc and merged["status"] != "optimal":
         # the decomposition's Lagrangian bound holds for the whole problem: report the
         # tighter of the two proven bounds and the gap to it
@@ -225,8 +230,13 @@ def _solve_group(
     if 1e-2 <= unit <= 1e2:  # O(1) already; rescaling it changes HiGHS's search for nothing
         unit = 1.0
     model.cost = [c / unit for c in model.cost]
-    start = None if single else warm_start(problem, terms, lay, len(model.cost), start_alloc)
-    res = solve(model, solver=solver, time_limit_s=time_limit_s, start=start)
+    res, lp_dual = None, None
+    if solver == "highs" and mix_model.LP_FIRST:
+        res, lp_dual = _lp_first(model, time_limit_s)
+    start = None
+    if res is None:
+        start = None if single else warm_start(problem, terms, lay, len(model.cost), start_alloc)
+        res = solve(model, solver=solver, time_limit_s=time_limit_s, start=start)
     info: dict[str, Any] = {
         "name": solver,
         "status": res.status,
@@ -240,6 +250,8 @@ def _solve_group(
             None if start is None else "greedy" if start_alloc is None else "decomposition"
         ),
     }
+    if start is None and res.status == "optimal" and lp_dual is not None and not single:
+        info["proof"] = "the LP relaxation's plan, counts rounded up, meets its bound"
     if res.bound is not None and math.isfinite(res.bound):
         # the proven bound on the objective, in the objective's own sense
         bound = res.bound * unit
@@ -260,6 +272,8 @@ def _solve_group(
         m2, lay2 = build_model(problem, terms, single=single, objective=secondary, subset=group)
         idx = [i for i, c in enumerate(model.cost) if c != 0]
         m2.row(idx, [model.cost[i] / unit for i in idx], -math.inf, (primary + tol) / unit)
+        if lp_dual is not None:  # the LP's reduced costs bound what the tie-break may move
+            m2.lb, m2.ub = implied_bounds(model, lp_dual, primary + tol)
         # The tie-break never costs more than the primary solve took (at least 1 s).
         left = max(1.0, 2.0 * res.seconds)
         if time_limit_s is not None:
@@ -272,6 +286,25 @@ def _solve_group(
         if res2.x is not None and res2.status in ("optimal", "time_limit"):
             alloc = extract(problem, lay2, res2.x)
     return alloc, info
+
+
+def _lp_first(
+    model: Model, time_limit_s: float | None
+) -> tuple[SolveResult | None, list[float] | None]:
+    """The LP relaxation before the ILP: its row duals (they bound the tie-break's columns,
+    :func:`implied_bounds`) and, when its plan with counts rounded up is feasible and meets
+    the LP bound within the gap tolerance, that plan as the proven optimum (no search)."""
+    lp = solve_highs(model, time_limit_s, relax=True)
+    if lp.status != "optimal" or lp.x is None or lp.objective is None:
+        return None, None
+    got = rounded_solution(model, lp.x)
+    if got is not None:
+        x, value = got
+        diff = max(value - lp.objective, 0.0)
+        gap = diff / max(abs(value), 1e-12)
+        if gap <= MIP_REL_GAP or diff <= 1e-9:
+            return SolveResult("optimal", x, value, lp.objective, gap, lp.seconds), lp.row_dual
+    return None, lp.row_dual
 
 
 # --------------------------------------------------------------------------------------------
