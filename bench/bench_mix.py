@@ -1,6 +1,6 @@
 """Benchmarks of ``greenctl plan mix``: InfAdapter's point, the 100-family scale case, one family.
 
-Run: ``python bench/bench_mix.py [--quick] [--time-limit S]``.
+Run: ``python bench/bench_mix.py [--quick] [--time-limit S] [--single] [--scale-only]``.
 
 (a) InfAdapter's point on the real ResNet CPU profiles (``bench/infadapter_import.py``):
     75 req/s, SLO 750 ms at p99, budgets of 8, 14 and 20 cores; the mixed plan (exact ILP,
@@ -11,10 +11,12 @@ Run: ``python bench/bench_mix.py [--quick] [--time-limit S]``.
     a cpu and a mig budget, per objective and budget regime (balanced generous and tight,
     accuracy generous and tight, cost and carbon with --min-accuracy 0.7, balanced without
     budgets): ilp (the default path: the exact Lagrangian decomposition of
-    ``planner/mix/decomp.py`` where it applies, else the joint ILP) beside ilp-joint (the
-    joint ILP alone, time-limited, greedy warm start: the old path) vs greedy vs single, with
-    solve time, when the optimum was proven, objective, each plan's own proven gap and its
-    gap to the tighter proven bound of the two exact paths, and the load average.
+    ``planner/mix/decomp.py`` where it applies, else the joint ILP; the LP relaxation first)
+    beside ilp-nolp (the same without the LP relaxation first), ilp-joint (the joint ILP
+    alone, time-limited, greedy warm start) and greedy (``--single``: the single-variant
+    baseline too), with wall and CPU seconds, when the optimum was proven, objective, each
+    plan's own proven gap and its gap to the tighter proven bound of the exact paths, the
+    load average; then a summary per objective.
 (c) One family: the InfAdapter family and one synthetic family, median plan time.
 
 All figures are wall-clock on this machine in this run; the machine's load average is
@@ -37,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from greenctl.data.errors import InfeasiblePlan
 from greenctl.data.records import Profile, Variant
 from greenctl.planner.mix import decomp as mix_decomp
+from greenctl.planner.mix import model as mix_model
 from greenctl.planner.mix import solve as mix
 from greenctl.planner.mix.solve import build_mix_problem, is_maximise, plan_mix
 
@@ -108,18 +111,23 @@ def synthetic(
 
 
 def _run(problem: Any, strategy: str, time_limit: float | None) -> dict[str, Any]:
-    """One plan; strategy ``ilp-joint`` is the ILP with the decomposition switched off."""
-    joint = strategy == "ilp-joint"
-    saved = mix.DECOMPOSITION
-    mix.DECOMPOSITION = not joint
-    t0 = time.perf_counter()
+    """One plan, its wall and CPU seconds; ``ilp-joint`` is the ILP with the decomposition
+    switched off, ``ilp-nolp`` the default path without the LP relaxation first
+    (``model.LP_FIRST``: no rounded-LP proof, no reduced-cost bounds on the tie-break)."""
+    saved = mix.DECOMPOSITION, mix_model.LP_FIRST
+    mix.DECOMPOSITION = strategy != "ilp-joint"
+    mix_model.LP_FIRST = strategy != "ilp-nolp"
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
-        plan = plan_mix(problem, strategy="ilp" if joint else strategy, time_limit_s=time_limit)
+        plan = plan_mix(
+            problem, strategy="ilp" if strategy.startswith("ilp") else strategy,
+            time_limit_s=time_limit,
+        )  # fmt: skip
     except InfeasiblePlan as exc:
         return {"error": exc.message, "s": time.perf_counter() - t0}
     finally:
-        mix.DECOMPOSITION = saved
-    return {"plan": plan, "s": time.perf_counter() - t0}
+        mix.DECOMPOSITION, mix_model.LP_FIRST = saved
+    return {"plan": plan, "s": time.perf_counter() - t0, "cpu": time.process_time() - c0}
 
 
 def bench_infadapter(quick: bool) -> None:
@@ -177,6 +185,8 @@ def _describe(strategy: str, plan: Any, problem: Any) -> str:
             if why and mix_decomp.applicable(problem, single=False, solver="highs")
             else " (decomposition not applicable)"
         )
+    if info.get("proof"):
+        text += f" ({info['proof']})"
     if info.get("bound_source"):
         text += f", bound from the {info['bound_source']}"
     tb = info.get("tie_break")
@@ -185,7 +195,7 @@ def _describe(strategy: str, plan: Any, problem: Any) -> str:
     return text
 
 
-def bench_scale(quick: bool, time_limit: float) -> None:
+def bench_scale(quick: bool, time_limit: float, with_single: bool = False) -> None:
     n_fam = 30 if quick else 100
     variants, profiles, fams = synthetic(n_fam)
     total = sum(f["rate_rps"] for f in fams)
@@ -214,12 +224,17 @@ def bench_scale(quick: bool, time_limit: float) -> None:
     ]
     if quick:
         cases = cases[:3]
-    strategies = ("ilp", "ilp-joint") if quick else ("ilp", "ilp-joint", "greedy", "single")
+    strategies: tuple[str, ...] = ("ilp", "ilp-nolp", "ilp-joint", "greedy")
+    if quick:
+        strategies = ("ilp", "ilp-nolp", "ilp-joint")
+    if with_single:
+        strategies = (*strategies, "single")
     print(
-        f"{'case':>20} {'strategy':>9} {'status':>11} {'seconds':>8} {'proven':>7} "
+        f"{'case':>20} {'strategy':>9} {'status':>11} {'seconds':>8} {'cpu s':>6} {'proven':>7} "
         f"{'objective':>12} {'gap':>9} {'to best':>9} {'load':>5}  method"
     )
     ratios = []
+    summary = []
     for label, objective, budgets, floor in cases:
         req: dict[str, Any] = {"families": fams, "slo_ms": 500, "percentile": "p99",
                                "objective": objective, "budgets": budgets}  # fmt: skip
@@ -263,8 +278,8 @@ def bench_scale(quick: bool, time_limit: float) -> None:
             ptxt = f"{proven:.3f}" if proven is not None else "-"
             print(
                 f"{label:>20} {strategy:>9} {info.get('status', '-'):>11} {r['s']:>8.3f} "
-                f"{ptxt:>7} {value:>12.6g} {gap:>9} {to_best:>9} {r['load']:>5.1f}  "
-                f"{r['describe']}"
+                f"{r['cpu']:>6.2f} {ptxt:>7} {value:>12.6g} {gap:>9} {to_best:>9} "
+                f"{r['load']:>5.1f}  {r['describe']}"
             )
         if "plan" in results["ilp"] and "plan" in results["ilp-joint"]:
             ratio = results["ilp-joint"]["s"] / results["ilp"]["s"]
@@ -275,7 +290,47 @@ def bench_scale(quick: bool, time_limit: float) -> None:
                 if bound is not None
                 else f"{'':>20} ilp-joint / ilp time = {ratio:.1f}x"
             )
+        summary.append((label, results, bound, objective))
+    _summary(summary)
     print()
+
+
+def _summary(rows: list[tuple[str, dict[str, Any], float | None, str]]) -> None:
+    """Per case: the default path's wall and CPU seconds, whether its plan meets the best
+    proven bound (optimal: gap 0 to it), its tie-break's status, and its time against the
+    joint ILP's and against itself without the LP relaxation first."""
+    print(
+        "\n    summary: ilp (the default path); optimal = its plan meets the best proven bound "
+        "of the exact paths within the gap tolerance"
+    )
+    print(
+        f"{'case':>20} {'wall s':>7} {'cpu s':>6} {'<= 1 s':>6} {'optimal':>7} "
+        f"{'tie-break':>26} {'joint/ilp':>9} {'nolp/ilp':>8}"
+    )
+    for label, results, bound, objective in rows:
+        r = results.get("ilp", {})
+        if "plan" not in r:
+            print(f"{label:>20} {'-':>7}  {r.get('error', '')}")
+            continue
+        info = r["plan"].extra["solver"]
+        value = r["plan"].predicted["objective"]
+        ok = info.get("status") == "optimal"
+        if bound is not None:
+            diff = (bound - value) if is_maximise(objective) else (value - bound)
+            ok = ok and diff <= mix.MIP_REL_GAP * max(abs(bound), 1e-12)
+        tb = (info.get("tie_break") or {}).get("status", "-")
+
+        print(
+            f"{label:>20} {r['s']:>7.3f} {r['cpu']:>6.2f} {'yes' if r['s'] <= 1.0 else 'no':>6} "
+            f"{'yes' if ok else 'no':>7} {tb[:26]:>26} {_ratio(results, 'ilp-joint'):>9} "
+            f"{_ratio(results, 'ilp-nolp'):>8}"
+        )
+
+
+def _ratio(results: dict[str, Any], other: str) -> str:
+    """``other``'s wall time over the default path's, in one run."""
+    o, r = results.get(other, {}), results["ilp"]
+    return f"{o['s'] / r['s']:.1f}x" if "plan" in o else "-"
 
 
 def bench_one_family(quick: bool) -> None:
@@ -333,12 +388,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="plan mix benchmarks")
     ap.add_argument("--quick", action="store_true", help="30 families, fewer cases and repeats")
     ap.add_argument("--time-limit", type=float, default=None, help="ILP time limit (s)")
+    ap.add_argument("--single", action="store_true", help="also the single-variant baseline")
+    ap.add_argument("--scale-only", action="store_true", help="only (b), the 100 families")
     args = ap.parse_args(argv)
     limit = args.time_limit if args.time_limit is not None else (3.0 if args.quick else 10.0)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
-    bench_infadapter(args.quick)
-    bench_one_family(args.quick)
-    bench_scale(args.quick, limit)
+    if not args.scale_only:
+        bench_infadapter(args.quick)
+        bench_one_family(args.quick)
+    bench_scale(args.quick, limit, args.single)
     return 0
 
 
