@@ -308,3 +308,28 @@ def test_a_half_precision_source_takes_and_answers_float32(mod):
     bad = Variant(**{**fp32.__dict__, "name": "h8", "source": f"{fp32.source};dtype=int3"})
     with pytest.raises(InputError, match="dtype 'int3' is not one of float16, bfloat16"):
         load_model(bad)
+
+
+def test_a_torchscript_file_generates_the_same_onnx_file(cli, store, mod, tmp_path):
+    """A TorchScript file exports to the ONNX bytes the module does: one content-addressed
+    file serves both families."""
+    import importlib
+
+    import torch
+
+    ts = tmp_path / "model.pt"
+    torch.jit.script(importlib.import_module(mod).build().eval()).save(str(ts))
+    files = {}
+    for name, path in (("fromts", str(ts)), ("frommod", f"{mod}:build")):
+        r = cli(
+            "variants", "generate", "--model-path", path, "--eval", f"{mod}:evaluate",
+            "--name", name, *OPTS, "--formats", "torch,onnx", "--json",
+        )  # fmt: skip
+        assert r.exit_code == 0, r.output
+        made = {v["name"]: v for v in json.loads(r.stdout)["variants"]}
+        assert made[f"{name}-onnx"]["accuracy"] == 0.5
+        files[name] = made[f"{name}-onnx"]["file"]
+    assert made["frommod-torch"]["source"].startswith("module:")
+    assert files["fromts"] == files["frommod"]
+    assert store.get_variant("fromts-torch").source == f"torchscript:{ts.resolve()}"
+    assert store.get_variant("fromts-onnx").source == store.get_variant("frommod-onnx").source
