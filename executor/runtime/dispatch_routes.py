@@ -245,10 +245,10 @@ class ModelRoute:
         """
         if self.policy == "wrr":
             held, room = 0, self.max_queue
-            for b in self.backends:  # (one pass: this runs on every request)
-                held += b.inflight
-                if b.up:
-                    room += b.slots
+            for x in self.backends:  # (one pass: this runs on every request)
+                held += x.inflight
+                if x.up:
+                    room += x.slots
             if held >= room:
                 raise QueueFull(f"model '{self.name}' is at capacity; retry later")
             b = self._pick_wrr(exclude)
