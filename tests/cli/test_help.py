@@ -1,11 +1,14 @@
-"""Every command and group has help text, and --help works without torch or NVML."""
+"""Every command and group has help text, and --help works without torch or NVML; cold
+everyday commands (plan mix, reading the store) load nothing heavy they do not use."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import pytest
 from greenctl.cli.main import app
+from greenctl.data.records import Profile, Variant
 from typer.main import get_command
 
 
@@ -46,3 +49,85 @@ def test_unknown_plan_id_is_a_clear_error(cli, store):
     result = cli("plan", "show", "42")
     assert result.exit_code == 2
     assert "no plan with id 42" in result.output
+
+
+#: what a cold everyday command must not load: none of them uses these
+_NOT_COLD = ("pandas", "scipy", "matplotlib", "torch", "onnxruntime", "ray")
+
+#: runs ``greenctl ARGV`` as the entry point does, then names the modules it loaded
+_PROBE = (
+    "import sys\n"
+    "from greenctl.cli.main import main\n"
+    "sys.argv = ['greenctl', *sys.argv[1:]]\n"
+    "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code or 0\nelse:\n    code = 0\n"
+    "names = sorted({m.split('.')[0] for m in sys.modules})\n"
+    "print('exit', code, 'loaded', ','.join(names), file=sys.stderr)\n"
+)
+
+
+def _cold(*argv: str) -> tuple[int, set[str]]:
+    """(exit code, top-level modules loaded) of a fresh ``greenctl argv`` process."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, timeout=120
+    )
+    assert "Traceback" not in out.stderr, out.stderr
+    last = out.stderr.strip().splitlines()[-1].split()
+    assert last[0] == "exit" and last[2] == "loaded", out.stderr
+    return int(last[1]), set(last[3].split(","))
+
+
+@pytest.fixture
+def planning_store(store, cli):
+    """Family ``c`` measured at batch 1 to 8 on one core (the dynamic-batching and lognormal
+    paths), family ``d`` load-tested on two cores (the load-test path), and a carbon trace."""
+    store.upsert_variant(Variant("c-small", "c", accuracy=0.70, load_time_s=1.0))
+    store.upsert_variant(Variant("c-big", "c", accuracy=0.80, load_time_s=2.0))
+    store.upsert_variant(Variant("d-one", "d", accuracy=0.75, load_time_s=1.0))
+    rows = [
+        Profile(
+            variant=name,
+            resource="cpu:1",
+            batch=b,
+            throughput_rps=1000.0 * b / (base * b**0.7),
+            latency_p50_ms=base * b**0.7,
+            latency_p95_ms=1.6 * base * b**0.7,
+            latency_p99_ms=1.9 * base * b**0.7,
+            energy_j=0.02,
+        )
+        for name, base in (("c-small", 4.0), ("c-big", 9.0))
+        for b in (1, 2, 4, 8)
+    ]
+    tested = dict(capacity_rps=90.0, capacity_slo_ms=40.0)
+    rows.append(Profile("d-one", "cpu:2", 1, 150.0, 8.0, None, 30.0, energy_j=0.03, **tested))
+    store.add_profiles(rows)
+    assert cli("carbon", "import", "bundled:clover-ciso-march").exit_code == 0
+    return store
+
+
+def test_plan_mix_cold_imports_no_scipy_pandas_or_plotting(planning_store, tmp_path):
+    """Planning a CPU family loads no scipy (its normal CDF, Poisson terms and root finder
+    are computed exactly without it), no pandas (the store reads through sqlite3) and no
+    plotting or ML framework."""
+    at = ("--region", "CISO", "--at", "2021-03-01T08:00:00Z")
+    for model, budget in (("c", "cpu=2"), ("d", "cpu=8")):
+        code, loaded = _cold(
+            "plan", "mix", "--model", model, "--rate", "40", "--slo-ms", "100",
+            "--budget", budget, *at, "-o", str(tmp_path / f"{model}.json"),
+        )  # fmt: skip
+        assert code == 0
+        assert (tmp_path / f"{model}.json").exists()
+        assert loaded.isdisjoint(_NOT_COLD), (model, sorted(loaded & set(_NOT_COLD)))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("profile", "list"), ("plan", "list"), ("status", "--json")],
+    ids=["profile-list", "plan-list", "status"],
+)
+def test_reading_the_store_cold_imports_no_sqlite_utils(planning_store, argv):
+    """A command that only reads the store loads neither sqlite-utils (nor, through it,
+    pandas and numpy) nor anything else heavy."""
+    code, loaded = _cold(*argv)
+    assert code in (0, 1)  # status exits 1 when nothing serves
+    heavy = loaded & {*_NOT_COLD, "sqlite_utils"}
+    assert heavy == set(), sorted(heavy)
