@@ -231,7 +231,8 @@ def _solve_group(
         unit = 1.0
     model.cost = [c / unit for c in model.cost]
     res, lp_dual = None, None
-    if solver == "highs" and mix_model.LP_FIRST:
+    if solver == "highs" and mix_model.LP_FIRST and len(group) > 1:
+        # (one family's ILP takes milliseconds: an LP first would only add to them)
         res, lp_dual = _lp_first(model, time_limit_s)
     start = None
     if res is None:
