@@ -196,3 +196,26 @@ def test_an_upstream_answer_without_length_is_an_upstream_error() -> None:
         return "no error"
 
     assert _run(scenario()) == "response without Content-Length"
+
+
+def test_repeated_request_headers_are_joined_in_order_and_looked_up_in_any_case() -> None:
+    async def scenario() -> bytes:
+        router = hs.Router()
+
+        async def show(request: hs.Request) -> hs.Response:
+            return hs.json_response([request.headers.get("X-Tag"), request.headers["accept"]])
+
+        router.add_get("/show", show)
+        server = hs.Server(router)
+        port = await server.start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"GET /show HTTP/1.1\r\nHost: h\r\nX-Tag: one\r\nAccept: */*\r\nx-tag: one\r\n"
+            b"X-TAG: three\r\n\r\n"
+        )
+        _, body = await _answer(reader)
+        writer.close()
+        await server.shutdown()
+        return body
+
+    assert _run(scenario()) == b'["one, one, three", "*/*"]'
