@@ -490,9 +490,9 @@ class _Connection(asyncio.BufferedProtocol):
             if len(_NAMES) < _NAMES_MAX and len(name) <= 64:
                 _NAMES[name] = key
         text = value.decode("latin-1")
-        old = dict.setdefault(self._headers, key, text)
-        if old is not text:  # a repeated header: its values joined, in order
-            dict.__setitem__(self._headers, key, f"{old}, {text}")
+        headers = self._headers
+        old = dict.get(headers, key)
+        dict.__setitem__(headers, key, text if old is None else f"{old}, {text}")
 
     def on_headers_complete(self) -> None:
         self.head_done = True

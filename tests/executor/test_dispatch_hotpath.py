@@ -203,7 +203,9 @@ def test_repeated_request_headers_are_joined_in_order_and_looked_up_in_any_case(
         router = hs.Router()
 
         async def show(request: hs.Request) -> hs.Response:
-            return hs.json_response([request.headers.get("X-Tag"), request.headers["accept"]])
+            return hs.json_response(
+                [request.headers.get("X-Tag"), request.headers["accept"], request.headers["x-1"]]
+            )
 
         router.add_get("/show", show)
         server = hs.Server(router)
@@ -211,11 +213,11 @@ def test_repeated_request_headers_are_joined_in_order_and_looked_up_in_any_case(
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(
             b"GET /show HTTP/1.1\r\nHost: h\r\nX-Tag: one\r\nAccept: */*\r\nx-tag: one\r\n"
-            b"X-TAG: three\r\n\r\n"
+            b"X-TAG: three\r\nX-1: 1\r\nX-1: 1\r\nX-1:\r\n\r\n"
         )
         _, body = await _answer(reader)
         writer.close()
         await server.shutdown()
         return body
 
-    assert _run(scenario()) == b'["one, one, three", "*/*"]'
+    assert _run(scenario()) == b'["one, one, three", "*/*", "1, 1, "]'
