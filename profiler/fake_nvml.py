@@ -133,6 +133,13 @@ class FakeNvml:
                 str(p), f"a fake NVML description is a JSON object, got {type(desc).__name__}",
                 hint=hint,
             )  # fmt: skip
+        if not desc.keys() & {"gpus", "errors"} or not isinstance(desc.get("gpus", []), list):
+            raise FileFormatError(
+                str(p),
+                "a fake NVML description needs 'gpus', a list (empty: no GPU), or the 'errors' "
+                "NVML raises",
+                hint=hint,
+            )
         try:
             return cls(desc, path=p if desc.get("persist") else None, **kw)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:

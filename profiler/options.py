@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from greenctl.data.errors import InputError
-from greenctl.data.limits import BOUNDS, number, split_items, whole
+from greenctl.data.limits import split_items
 from greenctl.data.records import MAX_BATCH, Variant
 from greenctl.profiler.models import user_variant
 
@@ -185,11 +185,6 @@ def parse_profile_options(
     names = tuple(n for v in variants for n in split_items(v, "--variant", example="tiny-s,tiny-m"))
     if duration is not None and requests is not None:
         raise InputError("give either --duration or --requests, not both")
-    if requests is not None:
-        requests = whole(requests, "--requests", "count")
-    if duration is not None:
-        duration = number(duration, "--duration", minimum=0.0, strict=True,
-                          maximum=BOUNDS["duration_s"].high)  # fmt: skip
     user = user or UserModelSpec()
     user.check()
     check_emulate_mig(emulate_mig=emulate_mig, gpus=gpus)
@@ -214,7 +209,7 @@ def parse_profile_options(
             family=model,
             weights=user.weights,
         )
-    return ProfileOptions(
+    options = ProfileOptions(
         variants=names,
         family=None if own is not None else model,
         user=own,
@@ -227,3 +222,5 @@ def parse_profile_options(
         mps=mps_list,
         emulate_mig=emulate_mig,
     )
+    options.check()
+    return options

@@ -158,14 +158,20 @@ def check_namespace(namespace: str) -> str:
     Raises:
         InputError: naming --namespace and the rule.
     """
-    if len(namespace) > 63 or not DNS_LABEL.fullmatch(namespace):
+    return check_label(namespace, "--namespace", "a Kubernetes namespace")
+
+
+def check_label(value: str, option: str, what: str) -> str:
+    """``value`` if it is a DNS-1123 label (what Kubernetes takes as a namespace or as the
+    base of object names), else an error naming ``option`` with a label that would do."""
+    if len(value) > 63 or not DNS_LABEL.fullmatch(value):
         raise InputError(
-            f"--namespace {shown(namespace)} is not a Kubernetes namespace: it must be a "
-            "DNS-1123 label (lowercase letters, digits and '-', starting and ending with a "
-            "letter or digit, at most 63 characters)",
-            hint=f"for example --namespace {dns_name(namespace)}",
+            f"{option} {shown(value)} is not {what}: it must be a DNS-1123 label (lowercase "
+            "letters, digits and '-', starting and ending with a letter or digit, at most 63 "
+            "characters)",
+            hint=f"for example {option} {dns_name(value)}",
         )
-    return namespace
+    return value
 
 
 def check_image(image: str) -> str:
@@ -213,6 +219,8 @@ def build_k8s_export(
     """
     check_namespace(namespace)
     check_image(image)
+    if name is not None:
+        check_label(name, "--name", "a base name Kubernetes takes")
     kind = get_kind(plan.kind)
     if not kind.serves:
         raise kind.refuse("export")

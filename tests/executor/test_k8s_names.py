@@ -66,6 +66,8 @@ def test_images_kubernetes_refuses(image):
         ("--namespace", "n" * 64, "at most 63 characters"),
         ("--image", "Registry/Greenctl:latest", "not a container image reference"),
         ("--image", "greenctl:bad tag", "not a container image reference"),
+        ("--name", "Bad Name", "not a base name Kubernetes takes"),
+        ("--name", "", "DNS-1123 label"),
     ],
 )
 def test_the_cli_refuses_and_writes_nothing(cli, db_path, tmp_path, plan_file, option, value,

@@ -109,6 +109,8 @@ def test_the_memory_estimate_is_input_times_batch_plus_weights():
         (b'{"gpus": ["A100"]}', "bad fake NVML description"),
         (b'{"gpus": [{"name": "x", "memory_mb": "lots"}]}', "bad fake NVML description"),
         (b"{not json", "line 1"),
+        (b"{}", "needs 'gpus', a list"),
+        (b'{"gpus": "x"}', "needs 'gpus', a list"),
     ],
 )
 def test_a_fake_nvml_file_that_is_not_a_description(cli, db_path, tmp_path, monkeypatch, content,
