@@ -47,6 +47,8 @@ def fit_forecaster(
     Returns:
         ``{"name", "kind", "trained_on", "train_minutes", "test_minutes", "metrics"}``.
     """
+    if name is not None and not name.strip():
+        raise InputError("--name is empty", hint="name the forecaster, or leave --name out")
     minutes, source = _history(store, trace=trace, model=model)
     f = fc.make_forecaster(kind, **(params or {}))
     n = minutes.size

@@ -93,6 +93,7 @@ CASES = [
     ("simulate-negative-seed", ["simulate", "{root}/mix.json", "--seed", "-1"], ["--seed"]),
     ("simulate-empty-plan", ["simulate", "{root}/object.json"], ["object.json"]),
     ("forecast-nan-days", ["forecast", "fit", "-f", "last", "--trace", "bundled:twitter", "--train-days", "nan"], ["--train-days"]),
+    ("forecast-empty-name", ["forecast", "fit", "-f", "last", "--trace", "bundled:twitter", "--name", ""], ["--name is empty"]),
     ("interference-nan-fraction", ["interference", "fit", "--test-fraction", "nan"], ["--test-fraction"]),
     # usage errors: click's, printed as greenctl's Error line with a hint
     ("usage-bad-type", [*MIX, "--rate", "abc"], ["--rate", "greenctl plan mix --help"]),
