@@ -191,7 +191,7 @@ def _solve_exact(
         merged["objective_bound"] = infos[0]["objective_bound"]
     merged["warm_start"] = infos[0].get("warm_start")
     if infos[0].get("proof"):
-        merged["proof"] = infos[0]["proof"]
+        merged["proof"], merged["proven_s"] = infos[0]["proof"], infos[0]["proven_s"]
     if lagrangian is not None and alloc and merged["status"] != "optimal":
         # the decomposition's Lagrangian bound holds for the whole problem: report the
         # tighter of the two proven bounds and the gap to it
@@ -253,6 +253,7 @@ def _solve_group(
     }
     if start is None and res.status == "optimal" and lp_dual is not None and not single:
         info["proof"] = "the LP relaxation's plan, counts rounded up, meets its bound"
+        info["proven_s"] = round(res.seconds, 4)
     if res.bound is not None and math.isfinite(res.bound):
         # the proven bound on the objective, in the objective's own sense
         bound = res.bound * unit
