@@ -12,10 +12,10 @@ command leaves no store it created (or initialised from an empty file) behind.
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import os
 import re
-import secrets
 import sqlite3
 import sys
 from collections.abc import Iterable, Iterator
@@ -41,6 +41,9 @@ from greenctl.data.records import (
 
 if TYPE_CHECKING:  # sqlite-utils costs start-up time: load it only when a store opens
     import sqlite_utils
+
+#: names of nested transactions' savepoints, unique in the process
+_SAVEPOINTS = itertools.count(1)
 
 
 def _sqlite_utils() -> ModuleType:
@@ -163,7 +166,7 @@ class Store:
         become savepoints. An error rolls the unit back and propagates."""
         conn = self.conn
         if conn.in_transaction:
-            savepoint = f"greenctl_{secrets.token_hex(8)}"
+            savepoint = f"greenctl_{next(_SAVEPOINTS)}"
             conn.execute(f"savepoint {savepoint}")
             try:
                 yield self
