@@ -227,7 +227,7 @@ def measure(
     on_gpu = loaded.device.startswith("cuda")
     runs: Any = loaded
     x: Any
-    if on_gpu and pipeline_enabled():
+    if on_gpu and pipeline_enabled() and not getattr(loaded, "numpy_native", False):
         # the executors' runner (greenctl.profiler.runner): the batch's copy to the GPU, its
         # graph replay and the copy back, as a served batch of this size runs
         runs = CudaRunner(loaded, sizes=[batch], depth=1)

@@ -21,7 +21,7 @@ from greenctl.executor.deploy.actions import DEFAULT_LOADER, ApplyOptions
 from greenctl.executor.deploy.instances import InstanceSpec
 from greenctl.executor.runtime.daemon import resolve_loader
 from greenctl.planner.glet.memory import check_gpu_memory, gpu_needs
-from greenctl.profiler.models import builtin_variant
+from greenctl.profiler.models import builtin_variant, check_model_file
 
 
 def check_apply(plan: Plan, store: Store, options: ApplyOptions) -> None:
@@ -111,6 +111,8 @@ def resolve_variants(specs: list[InstanceSpec], store: Store, loader: str) -> di
             continue
         try:
             out[s.variant] = store.get_variant(s.variant)
+            if loader == DEFAULT_LOADER:
+                check_model_file(out[s.variant])  # a generated file gone: refused before a start
             continue
         except NotFoundError:
             pass

@@ -102,12 +102,12 @@ class ReplicaServer:
     async def infer_batch(self, inputs: list[Any]) -> list[Any]:
         """One batch of requests' rows (Serve's dynamic batching calls it)."""
         import numpy as np
-        import torch
+        from greenctl.profiler.runner import run_eager
 
         counts = [len(x) for x in inputs]
-        x = torch.from_numpy(np.concatenate(inputs).astype(np.float32))
+        arr = np.concatenate(inputs).astype(np.float32)
         t0 = time.perf_counter()
-        out = self.loaded.run(x).cpu().numpy()
+        out = run_eager(self.loaded, arr, numpy_native=getattr(self.loaded, "numpy_native", False))
         if self.energy is not None:
             self.energy.ran(time.perf_counter() - t0, sum(counts))
         parts, start = [], 0

@@ -56,7 +56,7 @@ def output_elements_of(variant: Variant) -> int:
     """Elements per row of ``variant``'s output (loads it on the CPU and runs one row)."""
     loaded = load_model(variant, device="cpu")
     out = loaded.run(loaded.example(1))
-    return max(int(out.numel() if hasattr(out, "numel") else len(out)), 1)
+    return max(int(math.prod(tuple(out.shape))), 1)  # one row: torch tensor or numpy array
 
 
 def _cpu_s(pid: int | None) -> float | None:

@@ -538,7 +538,8 @@ class ExecutorServer:
             {
                 "name": self.model,
                 "versions": ["1"],
-                "platform": "pytorch_torchscript" if not self.batcher.numpy_native else "python",
+                "platform": getattr(self.batcher.loaded, "platform", None)
+                or ("pytorch_torchscript" if not self.batcher.numpy_native else "python"),
                 "inputs": [
                     {
                         "name": INPUT_NAME,

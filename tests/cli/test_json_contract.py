@@ -99,6 +99,7 @@ STEP_NAMES = [
     "replay glet",
     "replay geo",
     "profile (measure)",
+    "variants generate",
     "plan mix tiny",
     "apply --dry-run",
     "apply",
@@ -112,6 +113,24 @@ STEP_NAMES = [
     "profile serving",
     "demo",
 ]
+
+
+#: a user's model module for `variants generate`: a seeded small CNN and one batch of labels
+VGEN = """
+import torch
+
+
+def build():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(4 * 8 * 8, 5)
+    )
+
+
+def evaluate():
+    torch.manual_seed(1)
+    return [(torch.rand(8, 3, 8, 8), torch.arange(8) % 5)]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -234,6 +253,12 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Step
     run(
         "profile (measure)",
         "profile", "--variant", "tiny-s", "--batch", "1", "--duration", "0.3",
+    )  # fmt: skip
+    (work / "vgen.py").write_text(VGEN)
+    run(
+        "variants generate",
+        "variants", "generate", "--model-path", "vgen:build", "--input-shape", "3,8,8",
+        "--eval", "vgen:evaluate", "--name", "vgen", "--batch", "1", "--requests", "3",
     )  # fmt: skip
     run(
         "plan mix tiny",
