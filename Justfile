@@ -36,3 +36,7 @@ docs:
 # the fuzzers, deeper: HYPOTHESIS_PROFILE=deep runs 20 times the examples of a CI run
 fuzz *ARGS:
     HYPOTHESIS_PROFILE=deep GREENCTL_FUZZ_SCALE=20 python -m pytest -q -n 2 -p no:cacheprovider tests/cli/test_cli_fuzz.py tests/data/test_carbon_fuzz.py tests/data/test_geo_fuzz.py tests/data/test_import_fuzz.py tests/data/test_plan_fuzz.py tests/data/test_profile_fuzz.py {{ARGS}}
+
+# the five papers' headline figures (docs/reproductions.md): its benches, about 5 minutes on 2 cores
+reproduce *ARGS:
+    python bench/reproduce.py {{ARGS}}
