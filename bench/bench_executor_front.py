@@ -18,6 +18,8 @@ send) and the batcher's coroutine, what limits an accelerator instance's rate.
     python bench/bench_executor_front.py                  # 8 blocks of 3 s slices
     python bench/bench_executor_front.py --quick          # 3 blocks of 2 s
     python bench/bench_executor_front.py --baseline REV   # another revision as the baseline
+    python bench/bench_executor_front.py --input-shape 4 --output-elements 0 --batch 1
+        # a tiny echo (the dispatcher bench's no-op executor): the batcher's own cost
 """
 
 from __future__ import annotations
@@ -67,13 +69,14 @@ def export_revision(rev: str, into: Path) -> Path:
     return into
 
 
-def start_executor(name: str, workdir: Path, pythonpath: Path | None, batch: int) -> tuple[subprocess.Popen, str]:  # fmt: skip
+def start_executor(name: str, workdir: Path, pythonpath: Path | None, batch: int,
+                   shape: str = "3,224,224", outputs: int = 1000) -> tuple[subprocess.Popen, str]:  # fmt: skip
     state = workdir / f"{name}.json"
     state.unlink(missing_ok=True)
-    env = dict(os.environ, GREENCTL_NOOP_OUTPUT_ELEMENTS="1000", GREENCTL_NOOP_SERVICE_MS="0")
+    env = dict(os.environ, GREENCTL_NOOP_OUTPUT_ELEMENTS=str(outputs), GREENCTL_NOOP_SERVICE_MS="0")
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
-    variant = {"name": "front-bench", "family": "front", "input_shape": "3,224,224"}
+    variant = {"name": "front-bench", "family": "front", "input_shape": shape}
     log = open(workdir / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
     proc = subprocess.Popen(
         [sys.executable, "-m", "greenctl.executor.runtime.daemon", "--model", "front", "--variant",
@@ -176,6 +179,10 @@ def main() -> int:
     ap.add_argument("--slice", type=float, default=3.0, help="seconds per slice")
     ap.add_argument("--outstanding", type=int, default=4, help="requests in flight")
     ap.add_argument("--batch", type=int, default=8, help="the executors' largest batch")
+    ap.add_argument("--input-shape", default="3,224,224", help="the no-op model's row shape")
+    ap.add_argument(
+        "--output-elements", type=int, default=1000, help="elements per output row (0: echo)"
+    )
     ap.add_argument("--quick", action="store_true", help="3 blocks of 2 s slices")
     ap.add_argument("--json", default=None, help="write the figures here too")
     args = ap.parse_args()
@@ -192,7 +199,9 @@ def main() -> int:
         base_tree = export_revision(rev, tmp / "baseline")
         urls = {}
         for arm, path in (("baseline", base_tree), ("current", None)):
-            procs[arm], urls[arm] = start_executor(arm, tmp, path, args.batch)
+            procs[arm], urls[arm] = start_executor(
+                arm, tmp, path, args.batch, args.input_shape, args.output_elements
+            )
         ctx = mp.get_context("spawn")
         ours, theirs = ctx.Pipe()
         client = ctx.Process(target=client_main, args=(theirs, urls, args.outstanding))

@@ -76,6 +76,12 @@ TOKEN_ENV = "GREENCTL_EXECUTOR_TOKEN"
 #: at least this many rows): a request runs as one batch, so the limit bounds how long one
 #: request holds the executor (a 2,000-row request held one for 7.8 s)
 ROWS_PER_BATCH_LIMIT = 8
+#: a numpy-native model whose batches take less than this runs them on the event loop: a
+#: hop to the worker thread and back (two cross-thread wake-ups, ~80 us of CPU on a 2-core
+#: VM) would cost more than the run; a torch model always keeps its thread
+INLINE_MAX_S = 1e-4
+#: inline batches whose median decides whether a model stays on the loop
+INLINE_WINDOW = 16
 
 
 # -- models ------------------------------------------------------------------------------
@@ -271,6 +277,41 @@ class Batcher:
         self.wait_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer-wait")
         self.numpy_native = bool(getattr(loaded, "numpy_native", False))
         self.in_flight: set[asyncio.Task[None]] = set()
+        #: the runner finishes a batch at submit (its wait returns at once): no second hop
+        self.eager = isinstance(self.runner, EagerRunner)
+        #: run batches on the event loop itself (set by :meth:`calibrate`, never for torch)
+        self.inline = False
+        self.inline_runs: collections.deque[float] = collections.deque(maxlen=INLINE_WINDOW)
+
+    def calibrate(self, example: Callable[[int], np.ndarray], rounds: int = 5) -> float | None:
+        """Time the costliest batch (``max_batch`` one-row requests, copied together) and
+        decide whether batches run on the event loop: only a numpy-native model whose
+        median batch takes under :data:`INLINE_MAX_S` (a no-op, a lookup), for which the
+        worker thread's two wake-ups cost more than the run. Returns that median (s), None
+        for a model that keeps its thread whatever it takes."""
+        if not (self.eager and self.numpy_native):
+            return None
+        parts = [example(1) for _ in range(self.max_batch)]
+        times = []
+        for _ in range(max(1, rounds)):
+            t0 = time.perf_counter()
+            self.runner.wait(self.runner.submit(parts))
+            times.append(time.perf_counter() - t0)
+        median = sorted(times)[len(times) // 2]
+        self.inline = median < INLINE_MAX_S
+        return median
+
+    def _run_inline(self, parts: list[np.ndarray]) -> Any:
+        """Run a batch on the loop; a model that turns out slower (the median of its last
+        :data:`INLINE_WINDOW` batches over :data:`INLINE_MAX_S`) goes back to the thread."""
+        t0 = time.perf_counter()
+        try:
+            return self.runner.submit(parts)
+        finally:
+            runs = self.inline_runs
+            runs.append(time.perf_counter() - t0)
+            if len(runs) == runs.maxlen and sorted(runs)[len(runs) // 2] > INLINE_MAX_S:
+                self.inline = False
 
     async def submit(self, arr: np.ndarray) -> np.ndarray:
         return (await self.submit_timed(arr))[0]
@@ -312,6 +353,9 @@ class Batcher:
                         break
                     items.append(item)
                     rows += item.rows
+                if self.eager:
+                    await self._run_eager(items, rows)
+                    continue
                 await slots.acquire()  # at most `depth` batches in flight
                 started = time.perf_counter()
                 try:
@@ -329,6 +373,23 @@ class Batcher:
             for task in list(self.in_flight):
                 task.cancel()
 
+    async def _run_eager(self, items: list[_Item], rows: int) -> None:
+        """Run a batch on a runner that finishes it at submit: on the loop when
+        :attr:`inline`, else one hop to the worker thread and back; then answer it."""
+        parts = [i.arr for i in items]
+        started = time.perf_counter()
+        try:
+            if self.inline:
+                ticket = self._run_inline(parts)
+            else:
+                loop = asyncio.get_running_loop()
+                ticket = await loop.run_in_executor(self.pool, self.runner.submit, parts)
+            out, ran = self.runner.wait(ticket)
+        except Exception as exc:  # a failing batch fails its requests, not the daemon
+            self._fail(items, exc)
+            return
+        self._deliver(items, out, ran, started, rows)
+
     async def _finish(
         self,
         items: list[_Item],
@@ -345,6 +406,12 @@ class Batcher:
             return
         finally:
             slots.release()
+        self._deliver(items, out, ran, started, rows)
+
+    def _deliver(
+        self, items: list[_Item], out: np.ndarray, ran: float, started: float, rows: int
+    ) -> None:
+        """Count the batch and hand each request its rows of the output."""
         self.metrics.observe_batch(rows, ran)
         start = 0
         for i in items:
@@ -473,6 +540,10 @@ class ExecutorServer:
         if getattr(self.runner, "graph_error", None):
             self.warmup["graph_error"] = self.runner.graph_error
         out = self.runner.run(host_example(self.loaded, 1))
+        self.warmup["inline_batch_s"] = self.batcher.calibrate(
+            lambda b: host_example(self.loaded, b)
+        )
+        self.warmup["inline"] = self.batcher.inline
         self.output_shape = tuple(int(d) for d in out.shape[1:])
         self.output_dtype = oip.oip_datatype(out)
 
