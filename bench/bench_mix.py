@@ -193,8 +193,15 @@ def _describe(strategy: str, plan: Any, problem: Any) -> str:
         text += f", bound from the {info['bound_source']}"
     tb = info.get("tie_break")
     if tb:
-        text += f", tie-break {tb.get('objective')}: {tb.get('status')}"
+        text += f", tie-break {tb.get('objective')}: {_tie_break(tb)}"
     return text
+
+
+def _tie_break(tb: dict[str, Any]) -> str:
+    """The tie-break's status and the budget it had (what was left of the planning budget,
+    ``model.PLANNING_BUDGET_S``, once the optimum was proven)."""
+    budget = tb.get("budget_s")
+    return f"{tb.get('status')}" + (f" ({budget:.2f} s)" if budget is not None else "")
 
 
 def bench_scale(quick: bool, time_limit: float, with_single: bool = False) -> None:
@@ -299,16 +306,19 @@ def bench_scale(quick: bool, time_limit: float, with_single: bool = False) -> No
 
 
 def _summary(rows: list[tuple[str, dict[str, Any], float | None, str]]) -> None:
-    """Per case: the default path's wall and CPU seconds, whether its plan meets the best
-    proven bound (optimal: gap 0 to it), its tie-break's status, and its time against the
-    joint ILP's and against itself without the LP relaxation first."""
+    """Per case: the default path's wall and CPU seconds, when its optimum was proven,
+    whether its plan meets the best proven bound (optimal: gap 0 to it), its tie-break's
+    status and budget, and its time against the joint ILP's and against itself without the
+    LP relaxation first."""
     print(
         "\n    summary: ilp (the default path); optimal = its plan meets the best proven bound "
-        "of the exact paths within the gap tolerance"
+        "of the exact paths within the gap tolerance; the tie-break gets what is left of a "
+        f"{mix_model.PLANNING_BUDGET_S:g} s planning budget once the optimum is proven (at "
+        f"least {mix_model.TIE_BREAK_MIN_S:g} s) and keeps its best plan when it stops there"
     )
     print(
-        f"{'case':>20} {'wall s':>7} {'cpu s':>6} {'<= 1 s':>6} {'optimal':>7} "
-        f"{'tie-break':>26} {'joint/ilp':>9} {'nolp/ilp':>8}"
+        f"{'case':>20} {'wall s':>7} {'cpu s':>6} {'proven':>6} {'<= 1 s':>6} {'optimal':>7} "
+        f"{'tie-break (its budget)':>30} {'joint/ilp':>9} {'nolp/ilp':>8}"
     )
     for label, results, bound, objective in rows:
         r = results.get("ilp", {})
@@ -321,12 +331,13 @@ def _summary(rows: list[tuple[str, dict[str, Any], float | None, str]]) -> None:
         if bound is not None:
             diff = (bound - value) if is_maximise(objective) else (value - bound)
             ok = ok and diff <= mix.MIP_REL_GAP * max(abs(bound), 1e-12)
-        tb = (info.get("tie_break") or {}).get("status", "-")
-
+        tb = _tie_break(info["tie_break"]) if info.get("tie_break") else "-"
+        proven = info.get("proven_s")
+        ptxt = f"{proven:.3f}" if proven is not None else "-"
         print(
-            f"{label:>20} {r['s']:>7.3f} {r['cpu']:>6.2f} {'yes' if r['s'] <= 1.0 else 'no':>6} "
-            f"{'yes' if ok else 'no':>7} {tb[:26]:>26} {_ratio(results, 'ilp-joint'):>9} "
-            f"{_ratio(results, 'ilp-nolp'):>8}"
+            f"{label:>20} {r['s']:>7.3f} {r['cpu']:>6.2f} {ptxt:>6} "
+            f"{'yes' if r['s'] <= 1.0 else 'no':>6} {'yes' if ok else 'no':>7} {tb[:30]:>30} "
+            f"{_ratio(results, 'ilp-joint'):>9} {_ratio(results, 'ilp-nolp'):>8}"
         )
 
 

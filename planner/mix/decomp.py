@@ -140,14 +140,15 @@ def _seed_factors(nk: int) -> list[tuple[float, ...]]:
 
 
 def solve_decomposed(
-    problem: MixProblem, terms: Terms, *, time_limit_s: float | None
+    problem: MixProblem, terms: Terms, *, time_limit_s: float | None, started: float | None = None
 ) -> tuple[Allocation, dict[str, Any]] | Fallback:
     """Solve ``problem`` exactly by Lagrangian decomposition, or say why it gives up.
 
     Prices come from the LP relaxation's budget duals refined by column generation; then every
     plan within ``Delta = INC - LD`` of each family's priced optimum enters a master MILP over
     the shared budgets. "Hard" families (over :data:`MAX_NODES` or :data:`MAX_PLANS`) enter
-    with their full ILP rows, keeping the argument exact (docs/models.md).
+    with their full ILP rows, keeping the argument exact (docs/models.md). The tie-break
+    gets what is left of the planning budget since ``started`` (default: now).
 
     Returns:
         (allocation, solver info) with ``status`` ``optimal`` (proven gap <= MIP_REL_GAP) or
@@ -155,7 +156,7 @@ def solve_decomposed(
         plan and the best bound) to let the caller run the joint ILP.
     """
     try:
-        run = _Decomposition(problem, terms, time_limit_s)
+        run = _Decomposition(problem, terms, time_limit_s, started)
         run.seed_pool()
         run.price_rounds()
         return run.prove()
@@ -186,9 +187,12 @@ class _Decomposition:
     prices, each family's options, load and floor, the pool of plans found, and the best
     bound, prices and plan so far."""
 
-    def __init__(self, problem: MixProblem, terms: Terms, time_limit_s: float | None) -> None:
+    def __init__(
+        self, problem: MixProblem, terms: Terms, time_limit_s: float | None, started: float | None
+    ) -> None:
         self.problem, self.terms = problem, terms
         self.t0 = time.perf_counter()
+        self.started = self.t0 if started is None else started
         self.rounds: list[dict[str, Any]] = []
         self.budget_s = BUDGET_S if time_limit_s is None else min(BUDGET_S, 0.6 * time_limit_s)
         self.deadline = self.t0 + self.budget_s
@@ -426,7 +430,8 @@ class _Decomposition:
                     lp_dual=self.lp_dual,
                     info={"lp_s": round(self.lp_s, 4), "price_rounds": self.cg,
                           "prices_s": round(self.cg_s, 4), "rounds": self.rounds,
-                          "t0": self.t0, "deadline": self.deadline, "unit": self.unit},
+                          "t0": self.t0, "started": self.started,
+                          "deadline": self.deadline, "unit": self.unit},
                     alloc=self.incumbent,
                 )
             )  # fmt: skip
@@ -572,7 +577,7 @@ class _Decomposition:
             proven_s = time.perf_counter() - self.t0
             tb: dict[str, Any] | None = None
             if self.second is not None:
-                alloc, tb = self._tie_break(master, cols, mlay, hard, inc + tie_tol, alloc)
+                alloc, tb = self._tie_break(master, cols, mlay, hard, inc + tie_tol, res.x)
             return alloc, self._info(master, gap, proven, proven_s, tb)
         raise self.give_up("no proof after the last round")
 
@@ -593,10 +598,11 @@ class _Decomposition:
         mlay: Any,
         hard: dict[int, float],
         rhs: float,
-        alloc: Allocation,
+        x0: list[float],
     ) -> tuple[Allocation, dict[str, Any]]:
         """The joint ILP's tie-break: the best secondary among plans within ``rhs`` (hard
-        families' own columns carry their primary and secondary costs)."""
+        families' own columns carry their primary and secondary costs), started from the
+        proven master plan ``x0`` and kept when it stops at its budget without a better one."""
         assert self.second is not None
         sec_cost = [0.0] * len(master.cost)
         if hard:
@@ -614,12 +620,16 @@ class _Decomposition:
         )
         for j in range(len(master.cost)):
             master.cost[j] = cols[j][1].second if j in cols else sec_cost[j]
-        left = max(self.deadline - time.perf_counter(), 0.05)
-        res2 = mix_model.solve_highs(master, left, rel_gap=MASTER_REL_GAP)
-        tb = {"objective": self.second, "status": res2.status}
-        if res2.x is not None and res2.status in ("optimal", "time_limit"):
-            alloc = self._allocation(res2.x, cols, mlay, hard)
-        return alloc, tb
+        left = mix_model.tie_break_seconds(self.started, self.deadline - time.perf_counter())
+        res2 = mix_model.solve_highs(master, left, x0, rel_gap=MASTER_REL_GAP)
+        tb = {
+            "objective": self.second,
+            "status": mix_model.TIE_BREAK_STATUS.get(res2.status, res2.status),
+            "budget_s": round(left, 4),
+            "solve_s": round(res2.seconds, 4),
+        }
+        best = res2.x if res2.x is not None and res2.status in ("optimal", "time_limit") else x0
+        return self._allocation(best, cols, mlay, hard), tb
 
     def _info(
         self, master: Any, gap: float, proven: float, proven_s: float, tb: dict[str, Any] | None

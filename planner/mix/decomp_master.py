@@ -18,6 +18,9 @@ from greenctl.planner.mix.model import Allocation, MixProblem, Terms
 
 #: The master's relative gap tolerance (below the plan's, which it must meet).
 MASTER_REL_GAP = 1e-7
+#: Below this much of its budget left (s) the tie-break's full ILP is not started: building
+#: the 100-family model alone takes about that long.
+MIN_STAGE_S = 0.02
 
 
 @dataclass
@@ -62,6 +65,7 @@ def finish_proof(
     row duals of ``model``, which bound the columns the tie-break may move).
     """
     t0, deadline, unit = info.pop("t0"), info.pop("deadline"), info.pop("unit")
+    started = info.pop("started")
     second = tie_break(problem.objective)
     maximise = mix_model.is_maximise(problem.objective)
     info["proven_s"] = round(time.perf_counter() - t0, 4)
@@ -69,7 +73,7 @@ def finish_proof(
         alloc, info["tie_break"] = tie_break_stage(
             problem, terms, pool, keys, budgets, model=model,
             rhs=inc + mix_model.TIE_BREAK_REL_TOL * abs(inc), alloc=alloc,
-            seconds=time.perf_counter() - t0, deadline=deadline, lp_dual=lp_dual,
+            started=started, deadline=deadline, lp_dual=lp_dual,
         )  # fmt: skip
     gap = max(inc - ld, 0.0) / max(abs(inc), 1e-12)
     out: dict[str, Any] = {
@@ -116,7 +120,7 @@ def tie_break_stage(
     model: Any,
     rhs: float,
     alloc: Allocation,
-    seconds: float,
+    started: float,
     deadline: float,
     lp_dual: list[float] | None = None,
 ) -> tuple[Allocation, dict[str, Any]]:
@@ -124,8 +128,9 @@ def tie_break_stage(
 
     First the best tie-break over the priced plans (a master MILP with the row ``primary
     <= rhs``: the optimum plus the joint ILP's tolerance), then, as the joint ILP does, the
-    full tie-break ILP warm-started with it, for as long as the proof took (at least 0.5 s,
-    at most the time left). Its status labels how far the tie-break is proven.
+    full tie-break ILP warm-started with it; both within what is left of the planning budget
+    since ``started`` (:func:`~greenctl.planner.mix.model.tie_break_seconds`). Its status
+    says whether it finished or stopped at that budget with its best plan.
     """
     second = tie_break(problem.objective)
     # objective: the tie-break cost; the row: the primary cost
@@ -143,21 +148,25 @@ def tie_break_stage(
         diff = (proven["objective"] - value) if maximise else (value - proven["objective"])
         return diff <= limit
 
-    got, _ = master_with_row(problem, terms, swapped, keys, budgets, rhs, deadline)
+    budget = mix_model.tie_break_seconds(started, deadline - time.perf_counter())
+    until = time.perf_counter() + budget
+    got, _ = master_with_row(problem, terms, swapped, keys, budgets, rhs, until, start=alloc)
     if got is not None and acceptable(got):
         alloc = got
-    info: dict[str, Any] = {"objective": second, "status": "best over the priced plans"}
+    info: dict[str, Any] = {"objective": second, "budget_s": round(budget, 4)}
+    left = until - time.perf_counter()
+    if left < MIN_STAGE_S:  # the budget went on the priced plans: the best among them
+        info["status"] = mix_model.TIE_BREAK_STATUS["time_limit"]
+        info["stage"] = "the master over the priced plans"
+        return alloc, info
     m2, lay2 = mix_model.build_model(problem, terms, single=False, objective=second)
     idx = [i for i, c in enumerate(model.cost) if c != 0]
     m2.row(idx, [model.cost[i] for i in idx], -math.inf, rhs)
     if lp_dual is not None:  # what every plan within rhs can move (reduced-cost fixing)
         m2.lb, m2.ub = mix_model.implied_bounds(model, lp_dual, rhs)
     start = mix_model.warm_start(problem, terms, lay2, len(m2.cost), alloc)
-    # at most as long again as the proof took (>= 0.5 s): the joint ILP allows twice its
-    # primary solve (>= 1 s), which here would triple a sub-second answer for a tie-break
-    left = min(max(0.5, seconds), max(deadline - time.perf_counter(), 0.1))
-    res = mix_model.solve_highs(m2, left, start)
-    info["status"] = res.status
+    res = mix_model.solve_highs(m2, max(until - time.perf_counter(), MIN_STAGE_S), start)
+    info["status"] = mix_model.TIE_BREAK_STATUS.get(res.status, res.status)
     info["solve_s"] = round(res.seconds, 4)
     if res.x is not None and res.status in ("optimal", "time_limit"):
         cand = mix_model.extract(problem, lay2, res.x)
@@ -176,13 +185,24 @@ def master_with_row(
     budgets: tuple[float, ...],
     rhs: float,
     deadline: float,
+    *,
+    start: Allocation | None = None,
 ) -> tuple[Allocation | None, float | None]:
-    """The master MILP over ``results`` with the row ``sum second <= rhs``."""
+    """The master MILP over ``results`` with the row ``sum second <= rhs``, started from
+    ``start`` when each family's plan in it is among ``results`` (stopped at ``deadline``,
+    its answer is then never worse than ``start``)."""
     master, cols, _ = build_master(problem, terms, results, [], keys, budgets)
     idx = list(cols)
     master.row(idx, [cols[j][1].second for j in idx], -math.inf, rhs)
+    x0: list[float] | None = None
+    if start is not None:
+        x0 = [0.0] * len(master.cost)
+        for j, (fi, plan) in cols.items():
+            x0[j] = 1.0 if dict(plan.counts) == start.get(fi) else 0.0
+        if sum(x0) != len(results):
+            x0 = None
     left = max(deadline - time.perf_counter(), 0.05)
-    res = mix_model.solve_highs(master, left, rel_gap=MASTER_REL_GAP)
+    res = mix_model.solve_highs(master, left, x0, rel_gap=MASTER_REL_GAP)
     if res.x is None or res.objective is None:
         return None, None
     xs = res.x

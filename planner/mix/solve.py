@@ -31,6 +31,7 @@ from greenctl.planner.mix.model import (
     PERCENTILES,
     REFERENCE_CARBON_INTENSITY,
     TIE_BREAK_REL_TOL,
+    TIE_BREAK_STATUS,
     Allocation,
     Layout,
     MixFamily,
@@ -53,6 +54,7 @@ from greenctl.planner.mix.model import (
     rounded_solution,
     solve,
     solve_highs,
+    tie_break_seconds,
     warm_start,
 )
 from greenctl.planner.mix.options import (
@@ -128,6 +130,7 @@ def _solve_exact(
     single: bool,
     solver: str,
     time_limit_s: float | None,
+    started: float | None = None,
 ) -> tuple[Allocation, dict[str, Any]]:
     """Solve every independent group of families exactly; merge the allocations.
 
@@ -135,12 +138,16 @@ def _solve_exact(
     :mod:`greenctl.planner.mix.decomp` first; the joint ILP runs when it does not apply or
     gives up (``DECOMPOSITION = False`` forces the joint ILP), warm-started with its best
     plan, reports the tighter of its own bound and the decomposition's, and says why the
-    decomposition gave up (``decomposition_fallback``).
+    decomposition gave up (``decomposition_fallback``). A tie-break gets what is left of
+    the planning budget since ``started`` (default: now; :func:`tie_break_seconds`).
     """
+    started = time.perf_counter() if started is None else started
     fallback: mix_decomp.Fallback | None = None
     if DECOMPOSITION and mix_decomp.applicable(problem, single=single, solver=solver):
         t0 = time.perf_counter()
-        out = mix_decomp.solve_decomposed(problem, terms, time_limit_s=time_limit_s)
+        out = mix_decomp.solve_decomposed(
+            problem, terms, time_limit_s=time_limit_s, started=started
+        )
         if not isinstance(out, mix_decomp.Fallback):
             return out
         fallback = out
@@ -164,6 +171,7 @@ def _solve_exact(
             solver=solver,
             time_limit_s=time_limit_s,
             start_alloc=start_alloc,
+            started=started,
         )
         infos.append(info)
         if not part:
@@ -219,10 +227,13 @@ def _solve_group(
     solver: str,
     time_limit_s: float | None,
     start_alloc: Allocation | None = None,
+    started: float | None = None,
 ) -> tuple[Allocation, dict[str, Any]]:
     """One ILP over the families in ``group``, warm-started (by ``start_alloc`` when given,
-    else greedily), then tie-broken without giving up the primary optimum; the allocation
-    (empty when no plan was found) and the solver's report."""
+    else greedily), then tie-broken without giving up the primary optimum, within what is
+    left of the planning budget since ``started``; the allocation (empty when no plan was
+    found) and the solver's report."""
+    started = time.perf_counter() if started is None else started
     model, lay = build_model(problem, terms, single=single, subset=group)
     # In units of the objective's size: carbon per request (~1e-5 g) met HiGHS's absolute
     # MIP gap (1e-9) at 1e-4 relative and stopped "optimal" with a gap of up to 1%.
@@ -276,14 +287,18 @@ def _solve_group(
         m2.row(idx, [model.cost[i] / unit for i in idx], -math.inf, (primary + tol) / unit)
         if lp_dual is not None:  # the LP's reduced costs bound what the tie-break may move
             m2.lb, m2.ub = implied_bounds(model, lp_dual, primary + tol)
-        # The tie-break never costs more than the primary solve took (at least 1 s).
-        left = max(1.0, 2.0 * res.seconds)
-        if time_limit_s is not None:
-            left = min(left, max(time_limit_s - res.seconds, 0.1))
+        # what is left of the planning budget: the optimum is proven, the tie-break refines
+        limit = None if time_limit_s is None else time_limit_s - res.seconds
+        left = tie_break_seconds(started, limit)
         # the primary plan starts it (without one HiGHS may find none in the time left)
         start2 = warm_start(problem, terms, lay2, len(m2.cost), alloc)
         res2 = solve(m2, solver=solver, time_limit_s=left, start=start2)
-        info["tie_break"] = {"objective": secondary, "status": res2.status}
+        info["tie_break"] = {
+            "objective": secondary,
+            "status": TIE_BREAK_STATUS.get(res2.status, res2.status),
+            "budget_s": round(left, 4),
+            "solve_s": round(res2.seconds, 4),
+        }
         info["solve_s"] = round(res.seconds + res2.seconds, 4)
         if res2.x is not None and res2.status in ("optimal", "time_limit"):
             alloc = extract(problem, lay2, res2.x)
@@ -449,7 +464,7 @@ def plan_mix(
     terms = objective_terms(problem)
     if any(not f.options for f in problem.families):
         raise _diagnose(problem, solver, terms)
-    alloc, info = _solve_once(problem, terms, strategy, solver, time_limit_s)
+    alloc, info = _solve_once(problem, terms, strategy, solver, time_limit_s, started=t0)
     # Batching options are priced at one rate per instance (their energy per request falls
     # as their batches fill): re-price those the plan uses at the rates it gives them and
     # solve again, until the plan prices every instance at its own rate (then the energy
@@ -463,7 +478,7 @@ def plan_mix(
         if time_limit_s is not None:
             left = max(time_limit_s - (time.perf_counter() - t0), 0.1)
         try:
-            alloc, info = _solve_once(problem, terms, strategy, solver, left)
+            alloc, info = _solve_once(problem, terms, strategy, solver, left, started=t0)
         except InfeasiblePlan:  # e.g. out of time: keep the plan, now priced at its rates
             break
         if _alloc_key(alloc) in seen:
@@ -513,15 +528,19 @@ def _solve_once(
     strategy: str,
     solver: str,
     time_limit_s: float | None,
+    *,
+    started: float | None = None,
 ) -> tuple[Allocation, dict[str, Any]]:
-    """One solve of ``problem`` with ``terms`` by ``strategy``; raises InfeasiblePlan."""
+    """One solve of ``problem`` with ``terms`` by ``strategy`` (a tie-break within the
+    planning budget since ``started``); raises InfeasiblePlan."""
     if strategy == "greedy":
         alloc = greedy(problem, terms)
         info: dict[str, Any] = {"name": "greedy", "status": "heuristic", "gap": None}
     else:
         alloc, info = _solve_exact(
-            problem, terms, single=strategy == "single", solver=solver, time_limit_s=time_limit_s
-        )
+            problem, terms, single=strategy == "single", solver=solver,
+            time_limit_s=time_limit_s, started=started,
+        )  # fmt: skip
         if not alloc:
             if info["status"] == "time_limit_no_solution":
                 raise InfeasiblePlan(
