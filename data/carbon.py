@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from greenctl.data.store import Store
 
 COLUMNS = ("time", "region", "carbon_g_per_kwh", "kind", "source")
+_SELECT = ", ".join(COLUMNS)
 
 
 def _time_arg(value: str | None, option: str) -> str | None:
@@ -28,11 +29,9 @@ def _time_arg(value: str | None, option: str) -> str | None:
 
 def regions(store: Store) -> list[dict[str, Any]]:
     """Regions with signals: ``region, kind, rows, first, last``."""
-    return list(
-        store.db.query(
-            "select region, kind, count(*) as rows, min(time) as first, max(time) as last "
-            "from carbon_signals group by region, kind order by region, kind"
-        )
+    return store.rows(
+        "select region, kind, count(*) as rows, min(time) as first, max(time) as last "
+        "from carbon_signals group by region, kind order by region, kind"
     )
 
 
@@ -41,7 +40,7 @@ def _require_region(store: Store, region: str, kind: str | None) -> None:
     if kind:
         where += " and kind = ?"
         params.append(kind)
-    if not store.db.table("carbon_signals").count_where(where, params):
+    if not store.rows(f"select 1 from carbon_signals where {where} limit 1", params):
         known = sorted({r["region"] for r in regions(store)})
         hint = (
             f"regions with signals: {', '.join(known)}"
@@ -77,10 +76,10 @@ def series(
     if kind:
         clauses.append("kind = ?")
         params.append(kind)
-    rows = store.db.table("carbon_signals").rows_where(
-        " and ".join(clauses), params, order_by="time, kind", select=", ".join(COLUMNS)
+    return store.rows(
+        f"select {_SELECT} from carbon_signals where {' and '.join(clauses)} order by time, kind",
+        params,
     )
-    return [dict(r) for r in rows]
 
 
 def value_at(store: Store, region: str, at: str, *, kind: str | None = None) -> dict[str, Any]:
@@ -95,14 +94,10 @@ def value_at(store: Store, region: str, at: str, *, kind: str | None = None) -> 
     if kind:
         clauses.append("kind = ?")
         params.append(kind)
-    rows = list(
-        store.db.table("carbon_signals").rows_where(
-            " and ".join(clauses),
-            params,
-            order_by="time desc, kind",
-            limit=1,
-            select=", ".join(COLUMNS),
-        )
+    rows = store.rows(
+        f"select {_SELECT} from carbon_signals where {' and '.join(clauses)} "
+        "order by time desc, kind limit 1",
+        params,
     )
     if not rows:
         first = series(store, region, kind=kind)[0]["time"]
@@ -119,14 +114,10 @@ def latest(store: Store, region: str, *, kind: str | None = None) -> dict[str, A
     if kind:
         where += " and kind = ?"
         params.append(kind)
-    row = next(
-        iter(
-            store.db.table("carbon_signals").rows_where(
-                where, params, order_by="time desc, kind", limit=1, select=", ".join(COLUMNS)
-            )
-        )
-    )
-    return dict(row)
+    return store.rows(
+        f"select {_SELECT} from carbon_signals where {where} order by time desc, kind limit 1",
+        params,
+    )[0]
 
 
 def now(

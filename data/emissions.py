@@ -224,7 +224,7 @@ def verify_rows(store: Store, *, plan_id: int | None = None) -> list[dict[str, A
         params.append(plan_id)
     out = []
     plans: dict[int, Plan] = {}
-    for r in store.db.table("runs").rows_where(where, params, order_by="id"):
+    for r in store.rows(f"select * from runs where {where} order by id", params):
         if r["plan_id"] is None:
             continue
         plan = plans.get(r["plan_id"]) or store.get_plan(r["plan_id"])

@@ -144,7 +144,7 @@ def _newest_per_source(
         params.append(variant)
     sql += " order by p.created_at, p.id"
     out: dict[tuple[str, str, int, str, str], Profile] = {}
-    for row in store.db.query(sql, params):
+    for row in store.rows(sql, params):
         p: Profile = row_to_record(Profile, row)
         out[(p.variant, p.resource, p.batch, str(p.hardware), p.source)] = p  # newest wins
     return out

@@ -479,7 +479,7 @@ def load_utilisation(store: Store) -> dict[tuple[str, int, int], tuple[float, fl
             float(r["l2_util_pct"]),
             float(r["dram_util_pct"]),
         )
-        for r in store.db.table("utilisations").rows
+        for r in store.rows("select * from utilisations")
     }
 
 
@@ -496,8 +496,9 @@ def load_colocations(store: Store) -> list[ColocationRow]:
             latency_ms=float(r["latency_ms"]),
             valid=True,
         )
-        for r in store.db.table("colocations").rows_where(
-            order_by="model, partition, batch, corunner_model, corunner_batch"
+        for r in store.rows(
+            "select * from colocations "
+            "order by model, partition, batch, corunner_model, corunner_batch"
         )
     ]
 
@@ -552,11 +553,10 @@ def get_interference_model(store: Store, model_id: int | None = None) -> dict[st
     Raises:
         NotFoundError: none stored, or no model with that id.
     """
-    table = store.db.table("interference_models")
     if model_id is None:
-        rows = list(table.rows_where(order_by="id desc", limit=1))
+        rows = store.rows("select * from interference_models order by id desc limit 1")
     else:
-        rows = list(table.rows_where("id = ?", [model_id], limit=1))
+        rows = store.rows("select * from interference_models where id = ? limit 1", [model_id])
     if not rows:
         raise NotFoundError(
             "no interference model in the store"
@@ -582,7 +582,7 @@ def interference_models(store: Store) -> list[dict[str, Any]]:
     """All stored interference models, newest first (without errors detail)."""
     return [
         get_interference_model(store, int(r["id"]))
-        for r in store.db.table("interference_models").rows_where(order_by="id desc", select="id")
+        for r in store.rows("select id from interference_models order by id desc")
     ]
 
 
@@ -597,7 +597,7 @@ def resolve_variant(store: Store, name: str) -> str:
     Raises:
         NotFoundError: neither, or an ambiguous family (the message lists the choices).
     """
-    if store.db.table("variants").count_where("name = ?", [name]):
+    if store.rows("select 1 from variants where name = ? limit 1", [name]):
         return name
     members = [v.name for v in store.variants(name)]
     if len(members) == 1:

@@ -46,7 +46,7 @@ def add_load_rows(store: Store, rows: Iterable[dict[str, Any]]) -> None:
 def load_minute_peaks(store: Store, *, model: str | None = None) -> list[float]:
     """The measured load's per-minute maxima, oldest first (one model, or all)."""
     where, params = ("model = ?", [model]) if model is not None else ("1 = 1", [])
-    rows = store.db.query(
+    rows = store.rows(
         f"select substr(time, 1, 16) as minute, max(rate_rps) as peak from load_history "
         f"where {where} group by minute order by minute",
         params,
@@ -62,20 +62,20 @@ def save_forecaster(store: Store, row: dict[str, Any]) -> None:
 
 def forecaster_row(store: Store, name: str) -> dict[str, Any] | None:
     """The saved forecaster called ``name``, or None."""
-    rows = list(store.db.table("forecasters").rows_where("name = ?", [name], limit=1))
+    rows = store.rows("select * from forecasters where name = ? limit 1", [name])
     return rows[0] if rows else None
 
 
 def forecaster_rows(store: Store) -> list[dict[str, Any]]:
     """Every saved forecaster, by name."""
-    return list(store.db.table("forecasters").rows_where(order_by="name"))
+    return store.rows("select * from forecasters order by name")
 
 
 # -- plans and decisions ----------------------------------------------------------------------
 def plan_documents(store: Store, *, source: str, kind: str) -> Iterator[tuple[int, str]]:
     """``(id, document JSON)`` of the stored plans of one source and kind, oldest first."""
-    for row in store.db.table("plans").rows_where(
-        "source = ? and kind = ?", [source, kind], order_by="id"
+    for row in store.rows(
+        "select id, document from plans where source = ? and kind = ? order by id", [source, kind]
     ):
         yield int(row["id"]), row["document"]
 
@@ -89,21 +89,19 @@ def lineage_new_plan_ids(store: Store, lineage: str) -> set[int]:
     """Every plan the rounds of ``lineage`` made (applied or proposed)."""
     return {
         int(row["new_plan_id"])
-        for row in store.db.table("decisions").rows_where(
-            "lineage = ? and new_plan_id is not null", [lineage], select="new_plan_id"
+        for row in store.rows(
+            "select new_plan_id from decisions where lineage = ? and new_plan_id is not null",
+            [lineage],
         )
     }
 
 
 def last_applied_decision(store: Store, lineage: str) -> dict[str, Any] | None:
     """The newest decision of ``lineage`` that applied a plan, or None."""
-    rows = list(
-        store.db.table("decisions").rows_where(
-            "lineage = ? and action = 'apply' and applied = 1",
-            [lineage],
-            order_by="id desc",
-            limit=1,
-        )
+    rows = store.rows(
+        "select * from decisions where lineage = ? and action = 'apply' and applied = 1 "
+        "order by id desc limit 1",
+        [lineage],
     )
     return rows[0] if rows else None
 
@@ -111,10 +109,8 @@ def last_applied_decision(store: Store, lineage: str) -> dict[str, Any] | None:
 # -- the dispatcher's counters (the running dispatcher itself: data/deployments.py) -----------
 def load_counter(store: Store, *, source: str, model: str) -> dict[str, Any] | None:
     """The last request count read from ``source`` for ``model`` (``time, count``), or None."""
-    rows = list(
-        store.db.table("load_counters").rows_where(
-            "source = ? and model = ?", [source, model], limit=1
-        )
+    rows = store.rows(
+        "select * from load_counters where source = ? and model = ? limit 1", [source, model]
     )
     return rows[0] if rows else None
 
@@ -142,14 +138,12 @@ def add_geo_step(store: Store, row: dict[str, Any]) -> int:
 
 def last_geo_step(store: Store, lineage: str) -> dict[str, Any] | None:
     """The newest online step of ``lineage`` (``state`` and ``fractions`` decoded), or None."""
-    rows = list(
-        store.db.table("geo_online_steps").rows_where(
-            "lineage = ?", [lineage], order_by="id desc", limit=1
-        )
+    rows = store.rows(
+        "select * from geo_online_steps where lineage = ? order by id desc limit 1", [lineage]
     )
     if not rows:
         return None
-    row = dict(rows[0])
+    row = rows[0]
     row["state"] = json.loads(row["state"])
     row["fractions"] = json.loads(row["fractions"] or "{}")
     return row

@@ -562,7 +562,7 @@ def import_parsed(store: Store, parsed: ParsedProfiles, *, merge: bool = False) 
     for row in rows:
         name = row.profile.variant
         if name not in variants:
-            if store.db.table("variants").count_where("name = ?", [name]):
+            if store.rows("select 1 from variants where name = ? limit 1", [name]):
                 variants[name] = store.get_variant(name)
             elif row.model is None:
                 raise FileFormatError(
@@ -642,7 +642,7 @@ def profile_rows(
             sql += " where " + " and ".join(clauses)
         sql += " order by p.variant, p.resource, p.batch, p.created_at, p.id"
 
-        profiles = [row_to_record(Profile, r) for r in store.db.query(sql, params)]
+        profiles = [row_to_record(Profile, r) for r in store.rows(sql, params)]
     else:
         profiles = store.latest_profiles(family=family, variant=variant)
     cache: dict[str, Variant] = {}

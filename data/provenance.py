@@ -71,13 +71,13 @@ def stored_datasets(
     """
     names = set(variants)
     out: dict[str, Any] = {"variants": {}, "families": {}}
-    for r in store.db.query("select name, family from variants"):
+    for r in store.rows("select name, family from variants"):
         if r["name"] in names:
             out["variants"][r["name"]] = (r["family"], set())
     fams = set(families) | {fam for fam, _ in out["variants"].values()}
     if not fams:
         return out
-    rows = store.db.query(
+    rows = store.rows(
         "select distinct v.family as family, p.variant as variant, p.hardware as hardware, "
         "p.source as source from profiles p join variants v on v.name = p.variant"
     )

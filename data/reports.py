@@ -130,22 +130,17 @@ def export_rows(
     cols = COLUMNS[what]
     rows: list[dict[str, Any]]
     if what == "profiles":
-        rows = [
-            dict(r)
-            for r in store.db.query(
-                "select p.*, v.family from profiles p left join variants v on v.name = p.variant "
-                "order by p.variant, p.resource, p.batch, p.id"
-            )
-        ]
+        rows = store.rows(
+            "select p.*, v.family from profiles p left join variants v on v.name = p.variant "
+            "order by p.variant, p.resource, p.batch, p.id"
+        )
     elif what == "plans":
         rows = [_plan_row(store, r["id"], r["source"]) for r in reversed(store.plans())]
         if plan_id is not None:
             rows = [r for r in rows if r["id"] == plan_id]
     elif what == "runs":
-        where, params = ("plan_id = ?", [plan_id]) if plan_id is not None else (None, [])
-        rows = [
-            _run_row(r) for r in store.db.table("runs").rows_where(where, params, order_by="id")
-        ]
+        where, params = ("where plan_id = ?", [plan_id]) if plan_id is not None else ("", [])
+        rows = [_run_row(r) for r in store.rows(f"select * from runs {where} order by id", params)]
     elif what == "decisions":
         lineage = f"plan:{plan_id}" if plan_id is not None else None
         rows = decisions(store, lineage=lineage, region=region, start=start, end=end)
@@ -180,8 +175,8 @@ def decisions(
     if end:
         clauses.append("coalesce(at, time) <= ?")
         params.append(end)
-    where = " and ".join(clauses) or None
-    rows = [dict(r) for r in store.db.table("decisions").rows_where(where, params, order_by="id")]
+    where = ("where " + " and ".join(clauses)) if clauses else ""
+    rows = store.rows(f"select * from decisions {where} order by id", params)
     if limit is not None:
         rows = rows[-limit:]
     for r in rows:

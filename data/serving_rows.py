@@ -26,7 +26,7 @@ def serving_profile_rows(store: Store, *, variant: str | None = None) -> list[di
         sql += " where variant = ?"
         params.append(variant)
     sql += " order by created_at desc, id desc"
-    return list(store.db.query(sql, params))
+    return store.rows(sql, params)
 
 
 def family_serving_rows(
@@ -35,11 +35,9 @@ def family_serving_rows(
     """A family's measurements on ``path`` (``dispatcher`` or ``direct``), newest first;
     ``stand_in`` keeps only ``model`` or ``noop`` runs (None: either; rows without one count
     as ``noop``)."""
-    return list(
-        store.db.query(
-            "select * from serving_profiles where path = ? and family = ? "
-            "and coalesce(stand_in, 'noop') = coalesce(?, stand_in, 'noop') "
-            "order by created_at desc, id desc",
-            [path, family, stand_in],
-        )
+    return store.rows(
+        "select * from serving_profiles where path = ? and family = ? "
+        "and coalesce(stand_in, 'noop') = coalesce(?, stand_in, 'noop') "
+        "order by created_at desc, id desc",
+        [path, family, stand_in],
     )
