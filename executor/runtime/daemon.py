@@ -30,9 +30,8 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from greenctl.data.errors import InputError, NotFoundError, shown
 from greenctl.data.records import Variant
 from greenctl.data.resources import kind_of
@@ -56,14 +55,10 @@ from greenctl.executor.runtime.procs import (
 )
 from greenctl.profiler.energy import serving_counter
 from greenctl.profiler.models import ensure_builtin_variant
-from greenctl.profiler.runner import (
-    GPU_WARMUP_S,
-    EagerRunner,
-    host_example,
-    make_runner,
-    run_eager,
-)
 from greenctl.profiler.user_code import caller_dir, import_user_module, user_path
+
+if TYPE_CHECKING:  # numpy and the runners load with the model (`status` imports this module)
+    import numpy as np
 
 DEFAULT_LOADER = "greenctl.profiler.models:load_model"
 NOOP_LOADER = "greenctl.executor.runtime.daemon:noop_loader"
@@ -107,9 +102,13 @@ class NoopModel:
         self.output_elements = output_elements
 
     def example(self, batch: int) -> np.ndarray:
+        import numpy as np
+
         return np.zeros((batch, *self.input_shape), dtype=np.float32)
 
     def run(self, x: np.ndarray) -> np.ndarray:
+        import numpy as np
+
         if self.service_s:
             time.sleep(self.service_s)
         if self.output_elements:
@@ -191,6 +190,8 @@ class Metrics:
     def quantile_ms(self, q: float) -> float | None:
         if not self.window:
             return None
+        import numpy as np
+
         return float(np.quantile(np.fromiter(self.window, float), q) * 1000.0)
 
     def render(self, labels: str) -> str:
@@ -270,6 +271,8 @@ class Batcher:
         self.max_batch = max(1, max_batch)
         self.max_wait_s = max(0.0, max_wait_s)
         self.metrics = metrics
+        from greenctl.profiler.runner import EagerRunner
+
         self.runner = runner if runner is not None else EagerRunner(loaded)
         self.depth = max(1, int(getattr(self.runner, "depth", 1)))
         self.queue: asyncio.Queue[_Item] = asyncio.Queue()
@@ -438,6 +441,8 @@ def default_max_rows(max_batch: int) -> int:
 
 def run_model(loaded: Any, arr: np.ndarray, *, numpy_native: bool) -> np.ndarray:
     """Run one batch through a LoadedModel eagerly (see :func:`greenctl.profiler.runner.run_eager`)."""
+    from greenctl.profiler.runner import run_eager
+
     return run_eager(loaded, arr, numpy_native=numpy_native)
 
 
@@ -507,6 +512,9 @@ class ExecutorServer:
         self.metrics = Metrics()
         # the runner the profiler measures with: on a GPU, graphs of every batch size it will
         # run, pinned buffers and a stream (made here, before serving)
+        import numpy as np
+        from greenctl.profiler.runner import make_runner
+
         self.runner = runner if runner is not None else make_runner(loaded, max_batch=max_batch)
         self.batcher = Batcher(
             loaded,
@@ -520,6 +528,7 @@ class ExecutorServer:
         self.max_rows = max(1, max_rows) if max_rows else default_max_rows(max_batch)
         example = np.asarray(_to_numpy(loaded.example(1)))
         self.input_dtype = example.dtype
+        self.input_datatype = oip.oip_datatype(example)
         self.output_shape: tuple[int, ...] = ()
         self.output_dtype = "FP32"
         self.ready = False
@@ -528,6 +537,8 @@ class ExecutorServer:
     def warm_up(self, rounds: int = 3) -> None:
         """Run every batch size the runner will serve (on a GPU, then the largest one until
         its time settles, at least ``GPU_WARMUP_S``) so the first requests are not slow."""
+        from greenctl.profiler.runner import GPU_WARMUP_S, host_example
+
         on_gpu = str(getattr(self.loaded, "device", "cpu")).startswith("cuda")
         sizes = list(getattr(self.runner, "sizes", None) or sorted({self.batcher.max_batch, 1}))
         doc = self.runner.warm_up(
@@ -614,7 +625,7 @@ class ExecutorServer:
                 "inputs": [
                     {
                         "name": INPUT_NAME,
-                        "datatype": oip.oip_datatype(np.zeros(0, self.input_dtype)),
+                        "datatype": self.input_datatype,
                         "shape": [-1, *self.input_shape],
                     }
                 ],
@@ -701,6 +712,8 @@ class ExecutorServer:
         if rows > self.max_rows:
             raise self._too_many_rows(rows, hint)
         if arr.dtype != self.input_dtype:
+            import numpy as np
+
             with np.errstate(all="ignore"):
                 arr = arr.astype(self.input_dtype)
         return doc, arr, squeeze

@@ -20,13 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import numpy as np
 from greenctl.data.errors import ExecutorError, InputError
-from greenctl.data.traces import read_rps_trace
 from greenctl.executor.runtime import oip
 from greenctl.executor.runtime.procs import run_async, settle_heap
-from greenctl.planner.core.loads import check_arrivals
 
 
 @dataclass
@@ -95,6 +91,8 @@ def read_trace(path: str | Path) -> list[float]:
         InputError / FileFormatError: a missing or binary file, or a value that is not a
         number >= 0 (naming the line).
     """
+    from greenctl.data.traces import read_rps_trace
+
     return [float(v) for v in read_rps_trace(path)]
 
 
@@ -144,6 +142,8 @@ def arrival_times(
     seed: int = 0,
 ) -> list[float]:
     """Poisson send times (seconds from start) for a fixed rate or a per-second trace."""
+    import numpy as np
+
     rng = random.Random(seed)
     times: list[float] = []
     if trace is not None:
@@ -181,6 +181,8 @@ def model_input(
     Raises:
         InputError: the endpoint does not answer or does not serve ``model``.
     """
+    import numpy as np
+
     url = f"{check_endpoint(endpoint).rstrip('/')}/v2/models/{check_model_name(model)}"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
@@ -215,6 +217,7 @@ def model_input(
 def open_session(connections: int = 256, timeout_s: float = 30.0) -> Any:
     """An aiohttp client session with keep-alive connections, as the load generator uses
     (call inside a running event loop; close it when done)."""
+    import aiohttp
 
     connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=30)
     return aiohttp.ClientSession(
@@ -245,6 +248,7 @@ async def send_load(
     :class:`RequestOutcome` is appended there. ``lags_ms``: how late (ms) the sender began
     each request after its scheduled time is appended there (the client's own backlog).
     """
+    import aiohttp
 
     fresh: Any = None  # the session retries go through: a new connection each
 
@@ -348,6 +352,8 @@ def latency_breakdown(
     receive, decode and encode); p50, p95 and p99 of each over the requests whose answer
     carried both headers (``timed``). Percentiles of the parts do not add up to the
     latency's. None when no answer was timed (a server that is not a greenctl executor)."""
+    import numpy as np
+
     rows = [
         (lat, q, r)
         for lat, (q, r, _) in zip(latencies_ms, server, strict=True)
@@ -400,6 +406,9 @@ def run_load(
     Raises:
         InputError: bad rate/trace, or the endpoint does not serve the model.
     """
+    import numpy as np
+    from greenctl.planner.core.loads import check_arrivals
+
     check_endpoint(endpoint)
     check_model_name(model)
     if not (math.isfinite(duration_s) and duration_s > 0):

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from greenctl.data.errors import InputError, shown
+
+if TYPE_CHECKING:  # numpy loads with the first tensor: `greenctl status` needs none
+    import numpy as np
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 #: greenctl's executors answer with their own timing of a request (ms): time queued for a
@@ -41,15 +43,15 @@ DTYPES: dict[str, str] = {
     "FP32": "float32",
     "FP64": "float64",
 }
-_NP_TO_OIP = {np.dtype(v).str.lstrip("<>|="): k for k, v in DTYPES.items()}
+_NAME_TO_OIP = {v: k for k, v in DTYPES.items()}
 
 
 def oip_datatype(arr: np.ndarray) -> str:
     """The OIP datatype name of a numpy array (``float32`` -> ``FP32``)."""
-    key = arr.dtype.str.lstrip("<>|=")
-    if key not in _NP_TO_OIP:
+    key = arr.dtype.name  # either byte order
+    if key not in _NAME_TO_OIP:
         raise InputError(f"tensor dtype {arr.dtype} has no Open Inference Protocol datatype")
-    return _NP_TO_OIP[key]
+    return _NAME_TO_OIP[key]
 
 
 #: the most dimensions a tensor may have (numpy's portable limit)
@@ -128,6 +130,8 @@ def _json_tensor(data: Any, dtype_name: str, label: str, bools: bool) -> np.ndar
     strings, nulls, booleans for a number type (``bools``: the JSON names ``true`` or
     ``false`` somewhere) or numbers for ``BOOL``, fractions for a whole type, numbers out of
     range (JSON's ``1e400`` parses as infinity). ``label`` names the input in messages."""
+    import numpy as np
+
     if not isinstance(data, list):
         raise InputError(f"{label}.data must be a list of {dtype_name} values")
     try:
@@ -224,6 +228,8 @@ def _input_tensor(
     Raises:
         InputError: the input is malformed (see :func:`decode_request`).
     """
+    import numpy as np
+
     name, dtype_name, shape, count = _input_spec(item, i, max_elements, limit_hint)
     dtype = np.dtype(DTYPES[dtype_name]).newbyteorder("<")
     size = _object(item.get("parameters"), f"inputs[{i}].parameters").get("binary_data_size")
@@ -341,6 +347,8 @@ def encode_response(
     model_version: str | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """Build an inference response body and its extra headers."""
+    import numpy as np
+
     request = request or {}
     wanted = {o.get("name") for o in request.get("outputs") or [] if isinstance(o, dict)}
     doc: dict[str, Any] = {"model_name": model_name}
@@ -383,6 +391,8 @@ def encode_request(
     request_id: str | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """Build an inference request (what an OIP client sends)."""
+    import numpy as np
+
     doc: dict[str, Any] = {}
     if request_id is not None:
         doc["id"] = request_id

@@ -131,3 +131,22 @@ def test_reading_the_store_cold_imports_no_sqlite_utils(planning_store, argv):
     assert code in (0, 1)  # status exits 1 when nothing serves
     heavy = loaded & {*_NOT_COLD, "sqlite_utils"}
     assert heavy == set(), sorted(heavy)
+
+
+def test_status_cold_loads_no_http_client_and_the_serving_modules_no_numpy(planning_store):
+    """``status`` only reads the store and asks running processes: it loads no aiohttp (the
+    load generator's client) and nothing heavy, and the modules it imports for their
+    constants and helpers (the OIP codec, the load generator) load numpy only with the
+    first tensor or load they handle."""
+    code, loaded = _cold("status", "--json")
+    assert code in (0, 1)  # 1: nothing serves
+    heavy = loaded & {*_NOT_COLD, "sqlite_utils", "aiohttp"}
+    assert heavy == set(), sorted(heavy)
+    probe = (
+        "import sys\n"
+        "import greenctl.executor.runtime.oip, greenctl.executor.runtime.loadgen\n"
+        "print(','.join(m for m in ('numpy', 'aiohttp') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"loaded at import: {out.stdout}"
