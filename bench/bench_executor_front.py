@@ -20,6 +20,8 @@ send) and the batcher's coroutine, what limits an accelerator instance's rate.
     python bench/bench_executor_front.py --baseline REV   # another revision as the baseline
     python bench/bench_executor_front.py --input-shape 4 --output-elements 0 --batch 1
         # a tiny echo (the dispatcher bench's no-op executor): the batcher's own cost
+    python bench/bench_executor_front.py --input-shape 4 --output-elements 0 --batch 1 --service-ms 0.5
+        # ... with a model slow enough to keep the worker thread
 """
 
 from __future__ import annotations
@@ -70,10 +72,14 @@ def export_revision(rev: str, into: Path) -> Path:
 
 
 def start_executor(name: str, workdir: Path, pythonpath: Path | None, batch: int,
-                   shape: str = "3,224,224", outputs: int = 1000) -> tuple[subprocess.Popen, str]:  # fmt: skip
+                   shape: str = "3,224,224", outputs: int = 1000, service_ms: float = 0.0) -> tuple[subprocess.Popen, str]:  # fmt: skip
     state = workdir / f"{name}.json"
     state.unlink(missing_ok=True)
-    env = dict(os.environ, GREENCTL_NOOP_OUTPUT_ELEMENTS=str(outputs), GREENCTL_NOOP_SERVICE_MS="0")
+    env = dict(
+        os.environ,
+        GREENCTL_NOOP_OUTPUT_ELEMENTS=str(outputs),
+        GREENCTL_NOOP_SERVICE_MS=str(service_ms),
+    )
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     variant = {"name": "front-bench", "family": "front", "input_shape": shape}
@@ -183,6 +189,10 @@ def main() -> int:
     ap.add_argument(
         "--output-elements", type=int, default=1000, help="elements per output row (0: echo)"
     )
+    ap.add_argument(
+        "--service-ms", type=float, default=0.0,
+        help="the no-op model sleeps this long per batch (a model on the worker thread)",
+    )  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="3 blocks of 2 s slices")
     ap.add_argument("--json", default=None, help="write the figures here too")
     args = ap.parse_args()
@@ -200,7 +210,7 @@ def main() -> int:
         urls = {}
         for arm, path in (("baseline", base_tree), ("current", None)):
             procs[arm], urls[arm] = start_executor(
-                arm, tmp, path, args.batch, args.input_shape, args.output_elements
+                arm, tmp, path, args.batch, args.input_shape, args.output_elements, args.service_ms
             )
         ctx = mp.get_context("spawn")
         ours, theirs = ctx.Pipe()
