@@ -384,10 +384,60 @@ RAW_STORE_CALLS = frozenset(
 )
 
 
+#: the store's own raw accessors (plain SQL, the sqlite3 connection), for data/ alone
+RAW_STORE_ACCESSORS = frozenset({"rows", "has_table", "conn"})
+
+
+def _store_names(tree: ast.AST) -> set[str]:
+    """Names a module binds to a store: parameters and variables annotated ``Store``, and
+    what ``open_store(...)`` is assigned to (``x = open_store()``, ``with ... as x``)."""
+
+    def is_store_type(node: ast.expr | None) -> bool:
+        return node is not None and any(
+            (isinstance(n, ast.Name) and n.id == "Store")
+            or (isinstance(n, ast.Attribute) and n.attr == "Store")
+            or (isinstance(n, ast.Constant) and n.value in ("Store", "Store | None"))
+            for n in ast.walk(node)
+        )
+
+    def opens(node: ast.expr | None) -> bool:
+        func = node.func if isinstance(node, ast.Call) else None
+        return isinstance(func, ast.Name | ast.Attribute) and (
+            getattr(func, "id", None) == "open_store" or getattr(func, "attr", None) == "open_store"
+        )
+
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and is_store_type(node.annotation):
+            names.add(node.arg)
+        elif isinstance(node, ast.AnnAssign) and is_store_type(node.annotation):
+            names |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Assign) and opens(node.value):
+            names |= {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.withitem) and opens(node.context_expr) and node.optional_vars:
+            names |= {n.id for n in ast.walk(node.optional_vars) if isinstance(n, ast.Name)}
+    return names
+
+
+def _is_store(node: ast.expr, names: set[str]) -> bool:
+    """Whether ``node`` reads as a store: a name bound to one, or any name or attribute
+    called ``*store*`` (``store``, ``self.store``, ``ctx.store``)."""
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+    return isinstance(name, str) and (name in names or "store" in name.lower())
+
+
 def _raw_store_calls(tree: ast.AST) -> Iterator[tuple[int, str]]:
     """``x.db.table(...)``-style uses: a raw-store attribute of ``<anything>.db`` or of a
-    name ``db``, and imports of sqlite3 / sqlite_utils."""
+    name ``db``; the store's raw accessors (``store.rows(...)``, ``store.has_table(...)``,
+    ``store.conn``); imports of sqlite3 / sqlite_utils."""
+    names = _store_names(tree)
     for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in RAW_STORE_ACCESSORS
+            and _is_store(node.value, names)
+        ):
+            yield node.lineno, f"store.{node.attr}"
         if isinstance(node, ast.Attribute) and node.attr in RAW_STORE_CALLS:
             inner = node.value
             if (isinstance(inner, ast.Attribute) and inner.attr == "db") or (
@@ -427,10 +477,25 @@ def test_the_raw_store_call_finder_finds_them() -> None:
         "import sqlite3\n"
         "open_store(self.db)\n"  # a path called db is not a store call
         "args.db\n"
+        "store.rows('select 1')\n"
+        "self.store.has_table('x')\n"
+        "scratch = open_store(path)\n"
+        "scratch.conn.commit()\n"
+        "def f(s: Store, t: 'Store | None') -> None:\n"
+        "    s.rows('select 1'), t.conn\n"
+        "with open_store() as st:\n"
+        "    st.has_table('x')\n"
+        "table.rows, faults.rows(), sock.conn\n"  # rows of something else are not the store's
     )
     assert sorted(_raw_store_calls(tree)) == [
         (1, "db.table"),
         (2, "db.query"),
         (3, "db.execute"),
         (4, "import sqlite3"),
+        (7, "store.rows"),
+        (8, "store.has_table"),
+        (10, "store.conn"),
+        (12, "store.conn"),
+        (12, "store.rows"),
+        (14, "store.has_table"),
     ]

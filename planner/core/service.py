@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from functools import lru_cache
+from functools import cache
 
 from greenctl.data.batching import executor_batching
 from greenctl.data.errors import InputError
@@ -71,12 +71,17 @@ def service_time(profile: Profile) -> ServiceTime:
     return ServiceTime.deterministic(batch_ms)
 
 
-@lru_cache(maxsize=4096)
+@cache
 def load_test_service_ms(rate_rps: float, latency_ms: float, q: float) -> float:
     """The deterministic service time (ms) whose single-server queue fed Poisson arrivals at
     ``rate_rps`` has its ``q`` latency quantile at ``latency_ms`` (the largest such: the
     capacity at a latency falls as the service time grows, so the crossing is found by
     Brent's method).
+
+    Cached without a bound: each key comes from one stored load-test row (its capacity per
+    batch, latency and quantile), so the cache holds at most one small entry per such row
+    read, and a second plan over a fleet (thousands of rows) reuses every answer where a
+    bounded cache smaller than the fleet would evict each before its reuse.
 
     Raises:
         InputError: a rate or latency that is not a positive number.
