@@ -6,9 +6,11 @@ cores or uses the CUDA environment its spawner set, loads and warms the variant,
 the Open Inference Protocol (KServe v2 REST, JSON and Triton binary tensors) on loopback,
 Prometheus ``/metrics`` (energy, power and carbon: :func:`energy_export`) and ``POST
 /admin/carbon`` (:meth:`ExecutorServer.admin_carbon`) for loopback clients with its token
-(``$GREENCTL_EXECUTOR_TOKEN`` from its launcher, else a random one; in its state file). Requests are batched up to
-``--batch`` rows within ``--max-wait-ms`` and run in one worker thread. When ready it writes
-its pid and port to ``--state-file`` (``{"error": ...}`` on failure). See docs/serving.md.
+(``$GREENCTL_EXECUTOR_TOKEN`` from its launcher, else a random one; in its state file).
+Requests are batched up to ``--batch`` rows within ``--max-wait-ms`` and run in one worker
+thread (on the event loop for a numpy model cheaper than that hop: :meth:`Batcher.calibrate`).
+When ready it writes its pid and port to ``--state-file`` (``{"error": ...}`` on failure).
+See docs/serving.md.
 """
 
 from __future__ import annotations
