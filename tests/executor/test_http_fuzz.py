@@ -222,7 +222,8 @@ def _request(draw: st.DrawFn) -> Sent:
         framed = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
         headers["Transfer-Encoding"] = "chunked"
         head = F.request_bytes(method, path, b"", headers)
-        head = head.replace(b"Content-Length: 0\r\n", b"")
+        # the whole header line only: "Inference-Header-Content-Length: 0" stays whole
+        head = head.replace(b"\r\nContent-Length: 0\r\n", b"\r\n")
         return Sent(head + framed, method, closes)
     headers["Content-Length"] = str(len(body))
     return Sent(F.request_bytes(method, path, body, headers), method, closes)
