@@ -7,10 +7,9 @@ the Open Inference Protocol (KServe v2 REST, JSON and Triton binary tensors) on 
 Prometheus ``/metrics`` (energy, power and carbon: :func:`energy_export`) and ``POST
 /admin/carbon`` (:meth:`ExecutorServer.admin_carbon`) for loopback clients with its token
 (``$GREENCTL_EXECUTOR_TOKEN`` from its launcher, else a random one; in its state file).
-Requests are batched up to ``--batch`` rows within ``--max-wait-ms`` and run in one worker
-thread (on the event loop for a numpy model cheaper than that hop: :meth:`Batcher.calibrate`).
-When ready it writes its pid and port to ``--state-file`` (``{"error": ...}`` on failure).
-See docs/serving.md.
+Requests are batched up to ``--batch`` rows within ``--max-wait-ms`` and run in a worker
+thread (on the loop for a numpy model cheaper than that hop: :meth:`Batcher.calibrate`).
+When ready it writes its pid and port to ``--state-file``. See docs/serving.md.
 """
 
 from __future__ import annotations

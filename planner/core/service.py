@@ -78,10 +78,8 @@ def load_test_service_ms(rate_rps: float, latency_ms: float, q: float) -> float:
     capacity at a latency falls as the service time grows, so the crossing is found by
     Brent's method).
 
-    Cached without a bound: each key comes from one stored load-test row (its capacity per
-    batch, latency and quantile), so the cache holds at most one small entry per such row
-    read, and a second plan over a fleet (thousands of rows) reuses every answer where a
-    bounded cache smaller than the fleet would evict each before its reuse.
+    Cached without a bound: each key is one stored load-test row's figures, so the cache
+    grows only with the rows read, and a second plan over a fleet reuses every answer.
 
     Raises:
         InputError: a rate or latency that is not a positive number.

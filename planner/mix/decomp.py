@@ -145,10 +145,9 @@ def solve_decomposed(
     """Solve ``problem`` exactly by Lagrangian decomposition, or say why it gives up.
 
     Prices come from the LP relaxation's budget duals refined by column generation; then every
-    plan within ``Delta = INC - LD`` of each family's priced optimum enters a master MILP over
-    the shared budgets. "Hard" families (over :data:`MAX_NODES` or :data:`MAX_PLANS`) enter
-    with their full ILP rows, keeping the argument exact (docs/models.md). The tie-break
-    gets what is left of the planning budget since ``started`` (default: now).
+    plan within ``Delta = INC - LD`` of each family's priced optimum enters a master MILP
+    over the shared budgets; "hard" families enter with their full ILP rows (docs/models.md).
+    The tie-break gets what is left of the planning budget since ``started``.
 
     Returns:
         (allocation, solver info) with ``status`` ``optimal`` (proven gap <= MIP_REL_GAP) or
