@@ -4,9 +4,8 @@ Run as ``python -m greenctl.executor.runtime.daemon --model M --variant V --reso
 --port 0 --state-file PATH`` (``greenctl apply`` starts it detached). It pins itself to its
 cores or uses the CUDA environment its spawner set, loads and warms the variant, then serves
 the Open Inference Protocol (KServe v2 REST, JSON and Triton binary tensors) on loopback,
-Prometheus ``/metrics`` (energy, power and carbon: :func:`energy_export`) and ``POST
-/admin/carbon`` (:meth:`ExecutorServer.admin_carbon`) for loopback clients with its token
-(``$GREENCTL_EXECUTOR_TOKEN`` from its launcher, else a random one; in its state file).
+Prometheus ``/metrics`` (energy, power, carbon) and ``POST /admin/carbon`` for loopback
+clients with its token (``$GREENCTL_EXECUTOR_TOKEN``, else a random one in its state file).
 Requests are batched up to ``--batch`` rows within ``--max-wait-ms`` and run in a worker
 thread (on the loop for a numpy model cheaper than that hop: :meth:`Batcher.calibrate`).
 When ready it writes its pid and port to ``--state-file``. See docs/serving.md.
