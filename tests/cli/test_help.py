@@ -67,13 +67,20 @@ _PROBE = (
 
 def _cold(*argv: str) -> tuple[int, set[str]]:
     """(exit code, top-level modules loaded) of a fresh ``greenctl argv`` process."""
+    code, _out, _err, loaded = _cold_run(*argv)
+    return code, loaded
+
+
+def _cold_run(*argv: str) -> tuple[int, str, str, set[str]]:
+    """(exit code, stdout, stderr, top-level modules loaded) of a fresh ``greenctl argv``."""
     out = subprocess.run(
         [sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, timeout=120
     )
     assert "Traceback" not in out.stderr, out.stderr
-    last = out.stderr.strip().splitlines()[-1].split()
-    assert last[0] == "exit" and last[2] == "loaded", out.stderr
-    return int(last[1]), set(last[3].split(","))
+    *text, last = out.stderr.strip().splitlines()
+    words = last.split()
+    assert words[0] == "exit" and words[2] == "loaded", out.stderr
+    return int(words[1]), out.stdout, "\n".join(text), set(words[3].split(","))
 
 
 @pytest.fixture
@@ -116,7 +123,8 @@ def test_plan_mix_cold_imports_no_scipy_pandas_or_plotting(planning_store, tmp_p
         )  # fmt: skip
         assert code == 0
         assert (tmp_path / f"{model}.json").exists()
-        assert loaded.isdisjoint(_NOT_COLD), (model, sorted(loaded & set(_NOT_COLD)))
+        heavy = loaded & {*_NOT_COLD, "sqlite_utils"}  # the store read through sqlite3
+        assert heavy == set(), (model, sorted(heavy))
 
 
 @pytest.mark.parametrize(
@@ -150,3 +158,41 @@ def test_status_cold_loads_no_http_client_and_the_serving_modules_no_numpy(plann
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"loaded at import: {out.stdout}"
+
+
+AT = "2021-03-01T08:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (("carbon", "regions"), "CISO"),
+        (("carbon", "regions", "--json"), '"region": "CISO"'),
+        (("carbon", "show", "--region", "CISO", "--at", AT), "314.22"),
+        (("carbon", "show", "--region", "CISO", "--json"), '"carbon_g_per_kwh"'),
+        (("carbon", "now", "--region", "CISO"), "CISO"),
+    ],
+    ids=["regions", "regions-json", "show-at", "show-series", "now"],
+)
+def test_carbon_reads_cold_load_no_sqlite_utils(planning_store, argv, shown):
+    """The carbon commands that only read signals load no sqlite-utils, pandas or scipy."""
+    code, out, err, loaded = _cold_run(*argv)
+    assert code == 0, err
+    assert shown in out
+    heavy = loaded & {*_NOT_COLD, "sqlite_utils"}
+    assert heavy == set(), sorted(heavy)
+
+
+def test_an_unknown_region_is_refused_cold(planning_store):
+    """The refusal reads the store the same way: a clear error naming the known regions."""
+    code, _, err, loaded = _cold_run("carbon", "show", "--region", "NOPE", "--at", AT)
+    assert code == 2
+    assert "Error: no carbon signal for region 'NOPE'" in err and "CISO" in err
+    assert "sqlite_utils" not in loaded
+
+
+def test_the_probe_sees_sqlite_utils_when_a_command_writes(planning_store):
+    """A command that writes through sqlite-utils shows it loaded: the probe can fail."""
+    code, _, err, loaded = _cold_run("carbon", "import", "bundled:clover-ciso-march")
+    assert code == 0, err
+    assert "sqlite_utils" in loaded
