@@ -35,7 +35,6 @@ how many of greenctl's violations fall in intervals where ``--min-dwell`` held a
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import tempfile
@@ -115,17 +114,9 @@ def errors(trace: str, train_days: float, epochs: int) -> dict[str, Any]:
 
 
 def _store(folder: Path) -> Any:
-    from greenctl.data.store import open_store
+    import infadapter_import  # bench/, the script's own folder
 
-    spec = importlib.util.spec_from_file_location(
-        "infadapter_import", HERE / "infadapter_import.py"
-    )
-    assert spec is not None and spec.loader is not None
-    conv = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conv)
-    store = open_store(folder / "bench.db")
-    conv.load_into_store(store)
-    return store
+    return infadapter_import.open_bench_store(folder / "bench.db")
 
 
 def replays(trace: str, train_days: float, epochs: int, hours: float) -> dict[str, Any]:

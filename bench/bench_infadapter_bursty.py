@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import importlib.util
 import os
 import sys
 import tempfile
@@ -58,17 +57,9 @@ PAPER = {"violations_fewer_pct": 65.0, "cost_lower_pct": 33.0}
 
 def _store(folder: Path) -> Any:
     """A store holding InfAdapter's ResNet CPU profiles."""
-    from greenctl.data.store import open_store
+    import infadapter_import  # bench/, the script's own folder
 
-    spec = importlib.util.spec_from_file_location(
-        "infadapter_import", HERE / "infadapter_import.py"
-    )
-    assert spec is not None and spec.loader is not None
-    conv = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conv)
-    store = open_store(folder / "bench.db")
-    conv.load_into_store(store)
-    return store
+    return infadapter_import.open_bench_store(folder / "bench.db")
 
 
 def _trace(folder: Path, history_days: float) -> tuple[Path, int]:

@@ -44,7 +44,6 @@ Run: ``python bench/bench_replay.py [--quick] [--forecaster last]``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import tempfile
@@ -68,17 +67,9 @@ REQUEST = {
 
 
 def _store(folder: Path) -> Any:
-    from greenctl.data.store import open_store
+    import infadapter_import  # bench/, the script's own folder
 
-    spec = importlib.util.spec_from_file_location(
-        "infadapter_import", HERE / "infadapter_import.py"
-    )
-    assert spec is not None and spec.loader is not None
-    conv = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conv)
-    store = open_store(folder / "bench.db")
-    conv.load_into_store(store)
-    return store
+    return infadapter_import.open_bench_store(folder / "bench.db")
 
 
 def _load() -> str:

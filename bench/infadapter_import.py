@@ -154,6 +154,16 @@ def load_into_store(store: Any, source: str | Path = SOURCE) -> int:
     return len(profiles)
 
 
+def open_bench_store(path: str | Path) -> Any:
+    """A new greenctl store at ``path`` holding InfAdapter's ResNet CPU profiles (the store
+    the replay, forecast and bursty-load benches plan over)."""
+    from greenctl.data.store import open_store
+
+    store = open_store(path)
+    load_into_store(store)
+    return store
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", default=str(SOURCE), help="InfAdapter capacity CSV")
