@@ -41,6 +41,23 @@ def pids_mentioning():
 
 
 @pytest.fixture
+def resnet(store):
+    """InfAdapter's ResNet CPU profiles (third-party measurements) in the test store, as
+    ``bench/infadapter_import.py`` converts them."""
+    import importlib.util
+
+    from greenctl.data.bundled import path_of
+
+    bench = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
+    spec = importlib.util.spec_from_file_location("infadapter_import", bench)
+    assert spec is not None and spec.loader is not None
+    conv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conv)
+    conv.load_into_store(store, path_of("infadapter"))
+    return store
+
+
+@pytest.fixture
 def run_store(store, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """The test's store; at teardown ``down`` runs and any daemon left over is killed."""
     state_dir = tmp_path / "state"

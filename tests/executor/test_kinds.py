@@ -3,28 +3,13 @@ through one entry per kind; a kind registered at run time works through all of t
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-from greenctl.data.bundled import path_of
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.executor.control import history, replan
 from greenctl.executor.kinds import GLET_REPLAN_HEADROOM, KINDS, PlanKind, get_kind, register
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
-
-
-@pytest.fixture
-def resnet(store):
-    spec = importlib.util.spec_from_file_location("infadapter_import", BENCH)
-    assert spec is not None and spec.loader is not None
-    conv = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conv)
-    conv.load_into_store(store, path_of("infadapter"))
-    return store
 
 
 def test_replan_at_the_same_signal_finds_the_commands_plan(cli, resnet):

@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from greenctl.data.bundled import path_of
 from greenctl.executor.control import replay as rp
 from greenctl.executor.kinds import mix_replay
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
 ARGS = ("--model", "resnet", "--slo-ms", "750", "--percentile", "p99", "--budget", "cpu=20")
-
-
-@pytest.fixture
-def resnet(store):
-    """InfAdapter's ResNet CPU profiles (third-party measurements) in the test store."""
-    spec = importlib.util.spec_from_file_location("infadapter_import", BENCH)
-    assert spec is not None and spec.loader is not None
-    conv = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conv)
-    conv.load_into_store(store, path_of("infadapter"))
-    return store
 
 
 @pytest.fixture

@@ -3,30 +3,14 @@ the default forecaster, and the exactness of the solver memo a replay runs under
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
-import pytest
-from greenctl.data.bundled import path_of
 from greenctl.executor.control import forecasters
 from greenctl.executor.control import replay as rp
 from greenctl.executor.kinds import get_kind, mix_replay, serving_replay
 from greenctl.planner.core import forecast as fc
 from greenctl.planner.core import solvers
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
-
-
-@pytest.fixture
-def resnet(store):
-    """InfAdapter's ResNet CPU profiles (third-party measurements) in the test store."""
-    spec = importlib.util.spec_from_file_location("infadapter_import", BENCH)
-    assert spec is not None and spec.loader is not None
-    conv = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conv)
-    conv.load_into_store(store, path_of("infadapter"))
-    return store
 
 
 def _trace(tmp_path: Path, minutes: list[float], name: str = "t.txt") -> Path:

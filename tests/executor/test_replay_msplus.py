@@ -4,30 +4,15 @@ objective, on InfAdapter's ResNet CPU profiles (third-party measurements)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
-import pytest
-from greenctl.data.bundled import path_of
 from greenctl.executor.control import replay as rp
 from greenctl.executor.kinds import get_kind, mix_replay, serving_replay
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "infadapter_import.py"
 STEP = [20.0] * 4 + [120.0] * 4 + [20.0] * 2  # 10 minutes: a step up and down
 HISTORY = [20.0, 40.0, 80.0, 120.0, 80.0, 40.0] * 5  # 30 minutes of a cycle
-
-
-@pytest.fixture
-def resnet(store):
-    """InfAdapter's ResNet CPU profiles in the test store."""
-    spec = importlib.util.spec_from_file_location("infadapter_import", BENCH)
-    assert spec is not None and spec.loader is not None
-    conv = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conv)
-    conv.load_into_store(store, path_of("infadapter"))
-    return store
 
 
 def _trace(tmp_path: Path, minutes: list[float]) -> Path:
