@@ -48,6 +48,18 @@ def cli():
     return invoke
 
 
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding a 40k-parameter Llama with random weights and its word-level
+    tokenizer, made here (nothing downloaded): the LLM tests' model."""
+    pytest.importorskip("transformers")
+    from greenctl.profiler.llm_models import random_llama
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    random_llama(folder, "tiny")
+    return folder
+
+
 @pytest.fixture
 def gpulet(store):
     """The test's store with gpulet's bundled measurements (profiles, utilisation) and an
