@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
         sys.argv = ["transformers", *rest]
     else:
-        from llama_cpp.server.__main__ import main as engine_main  # type: ignore[import-not-found]
+        from llama_cpp.server.__main__ import main as engine_main  # type: ignore[import-not-found,no-redef]
 
         sys.argv = ["llama_cpp.server", *rest]
     result = engine_main()
