@@ -71,8 +71,9 @@ def build_mix_problem(
     notes: list[str] = []
     all_sizes: dict[tuple[str, str], dict[int, Profile]] = {}
     stage = _dispatcher_stage(serving, req, by_family, notes)
+    rows_of = _profiles_by_family(by_family, profiles)
     families = [
-        _family(fam, req, by_family, profiles, serving, stage, all_sizes, notes)
+        _family(fam, req, by_family, rows_of[fam["model"]], serving, stage, all_sizes, notes)
         for fam in req["families"]
     ]
     costless = sum(1 for f in families for o in f.options if not o.priced)
@@ -134,6 +135,21 @@ def _variants_by_family(
     return by_family
 
 
+def _profiles_by_family(
+    by_family: Mapping[str, Sequence[Variant]], profiles: Sequence[Profile]
+) -> dict[str, list[Profile]]:
+    """Each family's profiles (those of its variants), in their given order: one pass over
+    the profiles instead of one per family."""
+    at: dict[str, list[int]] = {}
+    for i, p in enumerate(profiles):
+        at.setdefault(p.variant, []).append(i)
+    out = {}
+    for fam, vs in by_family.items():
+        picked = {i for v in vs for i in at.get(v.name, ())}
+        out[fam] = [profiles[i] for i in sorted(picked)]
+    return out
+
+
 def _dispatcher_stage(
     serving: Mapping[str, ServingPath | Sequence[float]] | None,
     req: dict[str, Any],
@@ -174,8 +190,9 @@ def _family(
     all_sizes: dict[tuple[str, str], dict[int, Profile]],
     notes: list[str],
 ) -> MixFamily:
-    """One requested family with its eligible options (dominated ones pruned); the sizes
-    behind its batching options into ``all_sizes``, what the plan should say into ``notes``."""
+    """One requested family with its eligible options (dominated ones pruned) from its
+    ``profiles``; the sizes behind its batching options into ``all_sizes``, what the plan
+    should say into ``notes``."""
     q = PERCENTILES[req["percentile"]]
     path_ms = path_quantile((serving or {}).get(fam["model"]), q, stage)
     if path_ms > 0:
@@ -281,8 +298,11 @@ def _option_profiles(
         for o in f.options
         if o.profile is not None
     }
+    by_key: dict[tuple[str, str], list[MixOption]] = {}
+    for o in (o for f in families for o in f.options):
+        by_key.setdefault((o.variant, o.resource), []).append(o)
     for key, rows_at in all_sizes.items():
-        for o in (o for f in families for o in f.options if (o.variant, o.resource) == key):
+        for o in by_key.get(key, ()):
             for n, row in rows_at.items():
                 if n < o.batch:
                     option_profiles.setdefault((o.variant, o.resource, n), row)
