@@ -48,7 +48,7 @@ def simulate(
     *,
     duration_s: float = 3600.0,
     seed: int = 0,
-    arrivals: Sequence[float] | None = None,
+    arrivals: Sequence[float] | np.ndarray | None = None,
     slo_ms: tuple[float, float] | None = None,
 ) -> SimResult:
     """Serve ``duration_s`` of Poisson arrivals at the tiers' summed rate (or the trace's
