@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from greenctl.cli.common import err_console, print_json, render_table, store_for
 from greenctl.cli.options import DbOpt, JsonOpt, ModelFilterOpt, VariantFilterOpt
+from greenctl.cli.profile_llm import register as register_llm
 from greenctl.data.emulation import compare_emulated
 from greenctl.data.errors import InputError
 from greenctl.data.records import MPS_EMULATED, estimate_caption, is_estimate
@@ -478,6 +479,9 @@ def profile_compare_emulated(
     )
     for note in report.notes:
         err_console.print(f"note: {note}", markup=False, highlight=False)
+
+
+register_llm(profile_app, _progress_bar)
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,8 @@ A variant's quality (declared by the user, 0..1) is its ``variants.accuracy`` wi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,10 +27,32 @@ if TYPE_CHECKING:
 
 #: the engines ``greenctl profile llm`` drives or reaches
 LLM_ENGINES = ("transformers", "llama.cpp", "openai")
+#: the percentiles every LLM latency and token-count summary reports
+PERCENTILES = (50, 95, 99)
+#: ``energy_method`` of a server nothing here can meter (a remote endpoint): no J/token
+UNKNOWN_ENERGY = "unknown"
 #: the metric a declared LLM quality is stored under (``variants.accuracy_metric``)
 QUALITY_METRIC = "quality"
 #: ``variants.source`` of an LLM variant
 LLM_SOURCE = "llm"
+
+
+def percentiles(values: Sequence[float], *, scale: float = 1.0) -> dict[str, float]:
+    """``{"p50", "p95", "p99"}`` of ``values`` times ``scale``; empty for no values.
+
+    Linear interpolation between the two nearest ranks (numpy's default method), in plain
+    Python so that the store's readers do not load numpy. The one percentile rule of LLM
+    figures: stream timings, trace summaries and the stored profile rows.
+    """
+    ordered = sorted(float(v) * scale for v in values)
+    if not ordered:
+        return {}
+    out = {}
+    for q in PERCENTILES:
+        pos = (len(ordered) - 1) * q / 100.0
+        lo, hi = math.floor(pos), math.ceil(pos)
+        out[f"p{q}"] = ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    return out
 
 
 @dataclass
@@ -58,7 +81,7 @@ class LLMProfile:
     idle_power_w: float | None = None
     prefill_j_per_token: float | None = None  # per prompt token
     decode_j_per_token: float | None = None  # per output token
-    energy_method: str = "modeled"  # nvml | rapl | modeled (ENERGY_METHODS)
+    energy_method: str = "modeled"  # nvml | rapl | modeled (ENERGY_METHODS) | UNKNOWN_ENERGY
     hardware: str | None = None
     cost_per_hour: float | None = None
     workload: str | None = None  # JSON: what was asked (tokens, chat, endpoint or model dir)

@@ -25,6 +25,7 @@ import numpy as np
 from greenctl.data import bundled
 from greenctl.data.errors import FileFormatError, InputError, shown
 from greenctl.data.limits import BOUNDS, bounded, number, whole
+from greenctl.data.llm_profiles import PERCENTILES, percentiles
 
 #: the columns of each schema: (time, prompt tokens, output tokens)
 AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -33,6 +34,8 @@ HINT = (
     "an LLM trace is a CSV with the Azure LLM trace's columns (TIMESTAMP, ContextTokens, "
     "GeneratedTokens) or BurstGPT's (Timestamp, Model, Request tokens, Response tokens, ...)"
 )
+#: the summary of no values (an empty trace)
+_NO_PERCENTILES = {f"p{q}": 0.0 for q in PERCENTILES}
 #: the most tokens one request may state (prompt or output); more is a unit mistake
 MAX_TOKENS = 10_000_000
 
@@ -66,9 +69,8 @@ class LLMTrace:
         """Count, span, rate and the token counts' mean and percentiles."""
 
         def stats(values: np.ndarray) -> dict[str, float]:
-            p50, p95, p99 = np.percentile(values, [50, 95, 99]) if values.size else (0, 0, 0)
             mean = float(values.mean()) if values.size else 0.0
-            return {"mean": mean, "p50": float(p50), "p95": float(p95), "p99": float(p99)}
+            return {"mean": mean, **(percentiles(values.tolist()) or _NO_PERCENTILES)}
 
         return {
             "source": self.source,

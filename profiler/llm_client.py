@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from greenctl.data.errors import HardwareError, InputError
+from greenctl.data.llm_profiles import percentiles
 
 #: the word a prompt repeats: one token in every common tokenizer
 PROMPT_WORD = "hello"
@@ -199,23 +200,16 @@ def measure(
 def summarise(
     timings: list[StreamTiming], *, errors: int, concurrency: int, wall_s: float
 ) -> ConcurrencyResult:
-    """The percentiles and rates of a set of timed streams."""
-    import numpy as np
-
-    def pct(values: list[float]) -> dict[str, float]:
-        if not values:
-            return {}
-        p50, p95, p99 = np.percentile(np.asarray(values) * 1000.0, [50, 95, 99])
-        return {"p50": float(p50), "p95": float(p95), "p99": float(p99)}
-
+    """The percentiles (:func:`~greenctl.data.llm_profiles.percentiles`, in ms) and rates
+    of a set of timed streams."""
     prompts = [t.prompt_tokens for t in timings if t.prompt_tokens is not None]
     tokens = sum(t.output_tokens for t in timings)
     return ConcurrencyResult(
         concurrency=concurrency,
         requests=len(timings),
         errors=errors,
-        ttft_ms=pct([t.ttft_s for t in timings]),
-        tpot_ms=pct([t.tpot_s for t in timings if t.tpot_s is not None]),
+        ttft_ms=percentiles([t.ttft_s for t in timings], scale=1000.0),
+        tpot_ms=percentiles([t.tpot_s for t in timings if t.tpot_s is not None], scale=1000.0),
         output_tokens_per_s=tokens / wall_s,
         requests_per_s=len(timings) / wall_s,
         mean_prompt_tokens=sum(prompts) / len(prompts) if prompts else None,

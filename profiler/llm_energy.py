@@ -1,0 +1,120 @@
+"""Energy of an LLM engine while it serves: which meter reads it, and the split of a
+measured window into joules per prompt token (prefill) and per output token (decode).
+
+Sources, in order: NVML when the engine runs on a GPU (its whole-GPU counter), RAPL where
+this user can read it (by the engine's share of the cores), else the CPU power model of
+:mod:`greenctl.profiler.energy` fed by the CPU time of the engine's process tree (read from
+``/proc``), stored as ``modeled`` and labelled as such wherever shown. A server greenctl only
+reaches (``openai``) has no process here: without a GPU to read, its energy is unknown.
+
+The phase split: a prefill-only pass (``max_tokens`` 1) at the same concurrency gives the
+joules of a request's prompt, divided by its prompt tokens; the full run's energy minus
+that prefill energy of each of its requests, divided by the tokens generated, is the decode
+joules per token (the first token, made by the prefill pass too, is in the prefill figure),
+so that ``prompt x prefill + output x decode`` is the measured energy of a request. Both
+include the resource's idle power while serving, as every greenctl profile's energy does.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from greenctl.data.errors import HardwareError
+from greenctl.profiler.energy import EnergyMeter, EnergyReading, ModeledCpuMeter, NvmlEnergyMeter
+from greenctl.profiler.energy import cpu_meter as rapl_or_model_meter
+from greenctl.profiler.hw import rapl_files, usable_cores
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, user + system CPU seconds) of a process, None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(b")") + 2 :].split()  # after the command name, which may hold spaces
+    # state ppid ... utime (14th field of the line, 12th after the name) stime
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and every process below it.
+
+    Children that have ended are lost unless their parent waited for them; an engine's
+    worker processes live as long as it does, so a window's difference is what it used.
+    """
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            found = _stat(int(entry.name))
+            if found is not None:
+                stats[int(entry.name)] = found
+    children: dict[int, list[int]] = {}
+    for child, (parent, _cpu) in stats.items():
+        children.setdefault(parent, []).append(child)
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        if p in stats:
+            total += stats[p][1]
+            todo.extend(children.get(p, []))
+    return total
+
+
+@dataclass(frozen=True)
+class PhaseEnergy:
+    """Joules per token of each phase, from one full run and one prefill-only pass."""
+
+    prefill_j_per_token: float | None
+    decode_j_per_token: float | None
+
+
+def engine_meter(
+    *, pid: int | None, cores: int, gpu_index: int | None, backend: object | None = None
+) -> EnergyMeter | None:
+    """The meter of an engine: NVML on GPU ``gpu_index``, else RAPL or the modeled CPU fed
+    by process ``pid``'s tree on ``cores`` cores; None when nothing can say (a remote
+    server on no GPU of this machine).
+
+    Raises:
+        HardwareError: ``gpu_index`` given but NVML is not there.
+    """
+    if gpu_index is not None:
+        from greenctl.profiler.device import get_backend, no_gpu_reason
+
+        gpus = backend if backend is not None else get_backend()
+        if gpus is None:
+            raise HardwareError(f"--gpu {gpu_index}: no NVML here ({no_gpu_reason()})")
+        return NvmlEnergyMeter(gpus, gpu_index)  # type: ignore[arg-type]
+    if pid is None:
+        return None
+    files = rapl_files()
+    if files:
+        return rapl_or_model_meter(cores, total_cores=len(usable_cores()), rapl=files)
+    return ModeledCpuMeter(cores, cpu_clock=lambda: tree_cpu_seconds(pid))
+
+
+def split_phases(
+    full: EnergyReading,
+    *,
+    requests: int,
+    prompt_tokens: float,
+    output_tokens: float,
+    prefill: EnergyReading,
+    prefill_requests: int,
+) -> PhaseEnergy:
+    """Prefill and decode joules per token of a full run (``requests`` of ``prompt_tokens``
+    in and ``output_tokens`` out on average) given a prefill-only pass of
+    ``prefill_requests`` requests of the same prompt (module docstring)."""
+    if prefill_requests <= 0 or prompt_tokens <= 0:
+        return PhaseEnergy(None, None)
+    per_prompt_j = prefill.energy_j / prefill_requests
+    prefill_j = per_prompt_j / prompt_tokens
+    decode_tokens = requests * output_tokens
+    if decode_tokens <= 0:
+        return PhaseEnergy(prefill_j, None)
+    decode_j = max(full.energy_j - requests * per_prompt_j, 0.0) / decode_tokens
+    return PhaseEnergy(prefill_j, decode_j)
