@@ -6,6 +6,9 @@ Run: ``python bench/bench_mix.py [--quick] [--time-limit S] [--single] [--scale-
     75 req/s, SLO 750 ms at p99, budgets of 8, 14 and 20 cores; the mixed plan (exact ILP,
     objective ``accuracy``) against the best single-variant plan (``--strategy single``) and
     the greedy baseline.
+(b0) Problem build at that scale: load-tested service times in closed form, cold and warm
+    caches, against the search they replace on the first families, with how far the
+    options' energy terms moved.
 (b) Scale: a synthetic, seeded instance (documented in :func:`synthetic`) of 100 model
     families x 10 variants x 6 resource sizes (cpu:1/2/4/8, mig:1g.10gb, mig:3g.40gb) sharing
     a cpu and a mig budget, per objective and budget regime (balanced generous and tight,
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import os
 import random
 import statistics
@@ -39,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from greenctl.data.errors import InfeasiblePlan
 from greenctl.data.records import Profile, Variant
+from greenctl.planner.core import queueing, service
 from greenctl.planner.mix import decomp as mix_decomp
 from greenctl.planner.mix import model as mix_model
 from greenctl.planner.mix import solve as mix
@@ -202,6 +207,67 @@ def _tie_break(tb: dict[str, Any]) -> str:
     ``model.PLANNING_BUDGET_S``, once the optimum was proven)."""
     budget = tb.get("budget_s")
     return f"{tb.get('status')}" + (f" ({budget:.2f} s)" if budget is not None else "")
+
+
+def _timed_build(req: dict[str, Any], variants: Any, profiles: Any) -> tuple[Any, float, float]:
+    """A build of ``req``'s problem, its wall and CPU seconds."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    problem = build_mix_problem(req, variants, profiles)
+    return problem, time.perf_counter() - t0, time.process_time() - c0
+
+
+def _cold() -> None:
+    """Empty the caches a build fills: the load tests' service times, capacities."""
+    service.load_test_service_ms.cache_clear()
+    service._md1_levels.cache_clear()
+    queueing.capacity_at_slo.cache_clear()
+
+
+def bench_build(quick: bool) -> None:
+    """Problem build at scale: the closed-form service times of load tests (cold and warm
+    caches) against the search they replace (``service.searched_service_ms``, Brent's
+    method on ``capacity_at_slo``), on a prefix of the families (that path takes ~0.3 s
+    per family), with the largest relative difference in the options' energy terms."""
+    n_fam, n_search = (30, 3) if quick else (100, 10)
+    variants, profiles, fams = synthetic(n_fam)
+    total = sum(f["rate_rps"] for f in fams)
+    budgets = {"cpu": round(total / 60 * 12), "mig": round(total / 60 * 2)}
+    req = {"families": fams, "slo_ms": 500, "percentile": "p99", "budgets": budgets}
+    print(f"(b0) problem build: {n_fam} families x 10 variants x 6 sizes, load-tested rows")
+    _cold()
+    _, cold_s, cold_cpu = _timed_build(req, variants, profiles)
+    print(f"  closed form, cold caches: {cold_s:.3f} s ({cold_cpu:.2f} CPU s), load "
+          f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+    _, warm_s, warm_cpu = _timed_build(req, variants, profiles)
+    print(f"  closed form, warm caches: {warm_s:.3f} s ({warm_cpu:.2f} CPU s), load "
+          f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+    sub = {**req, "families": fams[:n_search]}
+    _cold()
+    closed, sub_s, sub_cpu = _timed_build(sub, variants, profiles)
+    saved = service.load_test_service_ms
+    service.load_test_service_ms = functools.cache(service.searched_service_ms)
+    try:
+        _cold()
+        searched, search_s, search_cpu = _timed_build(sub, variants, profiles)
+    finally:
+        service.load_test_service_ms = saved
+    diff = max(
+        (abs(a.energy_j_per_request - b.energy_j_per_request) / abs(b.energy_j_per_request)
+         for fa, fb in zip(closed.families, searched.families, strict=True)
+         for a, b in zip(fa.options, fb.options, strict=True)
+         if a.energy_j_per_request and b.energy_j_per_request),
+        default=0.0,
+    )  # fmt: skip
+    per = search_s / n_search
+    print(
+        f"  search (the path replaced), first {n_search} families: {search_s:.3f} s "
+        f"({search_cpu:.2f} CPU s; {per:.3f} s per family, ~{per * n_fam:.1f} s for "
+        f"{n_fam}), load {os.getloadavg()[0]:.1f}\n"
+        f"  closed form on the same {n_search}, cold: {sub_s:.3f} s ({sub_cpu:.2f} CPU s): "
+        f"{search_s / sub_s:.0f}x faster in wall, {search_cpu / max(sub_cpu, 1e-9):.0f}x in "
+        f"CPU; energy terms differ by at most {diff:.2g} (relative)"
+    )
+    print()
 
 
 def bench_scale(quick: bool, time_limit: float, with_single: bool = False) -> None:
@@ -435,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.scale_only:
         bench_infadapter(args.quick)
         bench_one_family(args.quick)
+    bench_build(args.quick)
     bench_scale(args.quick, limit, args.single)
     return 0
 
