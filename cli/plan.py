@@ -17,6 +17,7 @@ from greenctl.cli.common import (
     store_for,
 )
 from greenctl.cli.options import AtOpt, DbOpt, JsonOpt, RegionOpt
+from greenctl.cli.plan_llm import register as register_llm
 from greenctl.data import plan as plan_docs
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Plan
@@ -184,3 +185,4 @@ def carbon_caption(plan: Plan) -> str:
 
 def register(app: typer.Typer) -> None:
     app.add_typer(plan_app, name="plan")
+    register_llm(plan_app, save_plan=save_plan, carbon_caption=carbon_caption)

@@ -5,9 +5,8 @@ TPOT SLOs, planned by :mod:`greenctl.planner.llm` on the store's LLM profiles.""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from greenctl.data.emissions import plan_carbon
 from greenctl.data.errors import InputError
 from greenctl.data.limits import floor_request_rate
@@ -27,7 +26,10 @@ from greenctl.executor.kinds.base import (
 from greenctl.planner.llm import solve as llm
 from greenctl.planner.llm.model import QUANTILE, operating_point
 from greenctl.planner.llm.request import REFERENCE_CARBON_INTENSITY, LLMRequest
-from greenctl.planner.llm.sim import SimTier, simulate
+
+if TYPE_CHECKING:
+    import numpy as np
+    from greenctl.planner.llm.sim import SimTier
 
 #: requests a prediction simulates when no duration is given
 SIM_REQUESTS = 20_000
@@ -118,6 +120,9 @@ def predict(
     ``trace_scale``; default the planned rate): the simulator of :mod:`greenctl.planner.llm.sim`
     on its tiers' profiled curves (``analytic``: the queueing model alone), with energy,
     carbon and cost by the planner's accounting at the tiers' operating points."""
+    import numpy as np  # numpy: not at start-up, where the kinds are loaded
+    from greenctl.planner.llm.sim import SimTier, simulate
+
     problem = build(store, plan.request)
     req = problem.request
     curves = {(c.variant, c.resource): c for c in problem.curves}
@@ -203,6 +208,8 @@ def predict(
 
 def _trace_arrivals(options: dict[str, Any], rng: np.random.Generator) -> np.ndarray | None:
     """Arrival times (s) of a per-second rate trace (times its scale): Poisson in each second."""
+    import numpy as np
+
     trace = options.get("trace")
     if trace is None or not len(trace):
         return None
