@@ -35,6 +35,7 @@ from greenctl.executor.deploy.admin import url_of
 from greenctl.executor.deploy.checks import check_apply
 from greenctl.executor.deploy.diff import plan_change
 from greenctl.executor.deploy.instances import InstanceSpec, desired_instances, instance_view
+from greenctl.executor.deploy.llm_plan import check_engines
 from greenctl.executor.deploy.processes import SUPERVISOR_MODULE
 from greenctl.executor.deploy.status import status
 from greenctl.executor.deploy.steps import Interrupted, SignalGuard, execute
@@ -89,6 +90,7 @@ def apply_plan(
     for i, d in enumerate(plan.deployments):
         runnable_resource(d.resource, field=f"deployments[{i}].resource")
     check_apply(plan, store, opts)  # before the lock, the recovery or any process
+    check_engines(plan, store)  # an LLM tier's engine and model folder
     state_dir = state_dir_for(store.path)
     with apply_lock(state_dir, wait=opts.wait, timeout_s=opts.lock_timeout_s):
         if not opts.dry_run:  # what an interrupted apply left: routes put back, processes stopped

@@ -7,6 +7,7 @@ executor whose key the plan still wants keeps running.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.resources import PIN_GPU, PIN_MIG_INSTANCE, parse_resource
+from greenctl.executor.deploy.llm_plan import plan_engines
 from greenctl.executor.deploy.partition import MigSlot
 
 
@@ -32,9 +34,14 @@ class InstanceSpec:
     #: ``duty_cycle_ms``), as ``simulate`` predicts it; None: apply's ``max_wait_ms``. Not
     #: part of the key: a kept glet keeps its executor (and wait) when only its cycle moves
     max_wait_ms: float | None = None
+    #: an LLM tier's engine and model path (:mod:`~greenctl.executor.deploy.llm_plan`): the
+    #: key names them instead of the batch, so an engine stays when only its slots move
+    engine: tuple[str, str] | None = None
 
     @property
     def key(self) -> str:
+        if self.engine is not None:
+            return f"{self.model}|{self.variant}|{self.resource}|{':'.join(self.engine)}"
         where = ""
         if self.mig is not None:
             where = f"mig{self.mig.gpu}:{self.mig.profile}@{self.mig.start}"
@@ -56,8 +63,9 @@ def desired_instances(plan: Plan) -> list[InstanceSpec]:
     """Expand a plan into one spec per executor instance.
 
     MIG plans with a ``gpus`` list place one executor on each listed GPU instance; other
-    deployments give ``count`` instances each.
+    deployments give ``count`` instances each, an LLM tier's each with its engine.
     """
+    engines = plan_engines(plan)
     specs: list[InstanceSpec] = []
     mig_deps: dict[tuple[str, str], Deployment] = {}
     gpus = plan.extra.get("gpus") if isinstance(plan.extra.get("gpus"), list) else None
@@ -67,7 +75,9 @@ def desired_instances(plan: Plan) -> list[InstanceSpec]:
         if r.spec.pinning == PIN_MIG_INSTANCE and gpus and not glet_slots:
             mig_deps[(d.variant, r.size)] = d
             continue
-        specs += _deployment_instances(d)
+        specs += [
+            dataclasses.replace(s, engine=engines.get(d.variant)) for s in _deployment_instances(d)
+        ]
     if gpus:
         specs += _layout_instances(gpus, mig_deps)
     return specs

@@ -6,6 +6,7 @@ it (it restarts them), and the problems in words.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from typing import Any
 
@@ -60,6 +61,7 @@ def status(store: Store, *, timeout_s: float = 1.0) -> dict[str, Any]:
     else:
         state = "degraded" if problems else "serving"
     last = deployments.last_apply(store)
+    tiers = llm_tiers(instances, routed)
     return {
         "backend": BACKEND,
         "state": state,
@@ -74,7 +76,37 @@ def status(store: Store, *, timeout_s: float = 1.0) -> dict[str, Any]:
         },
         "apply_running": apply_running,
         "recovered": recovered,
+        **({"llm": {"tiers": tiers}} if tiers else {}),
     }
+
+
+def llm_tiers(
+    instances: list[dict[str, Any]], routed: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The LLM tiers that run: per tier its engine, share, quality, predicted p95 TTFT and
+    instances (as the dispatcher routes them, else as they were started)."""
+    out: dict[str, dict[str, Any]] = {}
+    for view in instances:
+        llm = (routed.get(view["id"]) or {}).get("llm") or view.get("engine") or {}
+        if not view.get("engine"):
+            continue
+        tier = out.setdefault(
+            view["variant"],
+            {
+                "variant": view["variant"],
+                "model": view["model"],
+                "engine": view["engine"]["engine"],
+                "model_path": view["engine"]["model"],
+                "share": llm.get("share"),
+                "quality": llm.get("quality"),
+                "ttft_p95_ms": llm.get("ttft_p95_ms"),
+                "instances": 0,
+                "ready": 0,
+            },
+        )
+        tier["instances"] += 1
+        tier["ready"] += int(bool(view["ready"]))
+    return list(out.values())
 
 
 def _dispatcher_view(
@@ -160,7 +192,10 @@ def _instance_view(
         view["restarts"] = max(view["restarts"], int(b.get("restarts") or 0))
     view["url"] = url
     view["alive"] = is_alive(pid, ticks)
-    view["ready"] = view["alive"] and get_ok(url + "/v2/health/ready", timeout_s)
+    engine = json.loads(row.get("spawn") or "{}").get("llm")  # an LLM tier's engine
+    view["engine"] = engine
+    ready_path = "/v1/models" if engine else "/v2/health/ready"
+    view["ready"] = view["alive"] and get_ok(url + ready_path, timeout_s)
     view.update(_live_figures(url, timeout_s) if view["alive"] else _NO_FIGURES)
     view["p95"] = view["p95_ms"]  # the field name scripts read; milliseconds
     failures = int((b or {}).get("failures") or 0)

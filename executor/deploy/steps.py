@@ -37,6 +37,7 @@ from greenctl.executor.deploy.actions import (
 from greenctl.executor.deploy.admin import admin, routes_doc, strip_runtime, url_of
 from greenctl.executor.deploy.diff import mig_slots
 from greenctl.executor.deploy.instances import InstanceSpec, instance_view
+from greenctl.executor.deploy.llm_plan import add_llm_routes, llm_spawn
 from greenctl.executor.deploy.processes import (
     Undo,
     executor_spawn,
@@ -356,21 +357,31 @@ def _journal_executor(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Record a new executor as ``starting`` (with how it starts) and how to undo it."""
     opts = run.options
-    spawn = executor_spawn(
-        s,
-        inst_id,
-        cores,
-        state_dir=run.state_dir,
-        store=run.store,
-        loader=opts.loader_name,
-        max_wait_ms=opts.max_wait_ms,
-        mps_env=run.mps_env,
-        ready_timeout_s=opts.ready_timeout_s,
-    )
-    spawn["argv"] += ["--variant-json", json.dumps(asdict(run.change.variants[s.variant]))]
-    spawn["argv"] += executor_energy_args(  # its energy and carbon counters' figures
-        run.store, run.plan, variant=s.variant, resource=s.resource, batch=s.batch
-    )
+    if s.engine is not None:  # an LLM tier: its engine is the executor
+        spawn = llm_spawn(
+            s,
+            inst_id,
+            cores,
+            state_dir=run.state_dir,
+            store=run.store,
+            ready_timeout_s=opts.ready_timeout_s,
+        )
+    else:
+        spawn = executor_spawn(
+            s,
+            inst_id,
+            cores,
+            state_dir=run.state_dir,
+            store=run.store,
+            loader=opts.loader_name,
+            max_wait_ms=opts.max_wait_ms,
+            mps_env=run.mps_env,
+            ready_timeout_s=opts.ready_timeout_s,
+        )
+        spawn["argv"] += ["--variant-json", json.dumps(asdict(run.change.variants[s.variant]))]
+        spawn["argv"] += executor_energy_args(  # its energy and carbon counters' figures
+            run.store, run.plan, variant=s.variant, resource=s.resource, batch=s.batch
+        )
     row = {
         "id": inst_id,
         "apply_id": run.history_id,
@@ -400,6 +411,7 @@ def switch_routes(run: Rollout) -> None:
     final = [{**row, "quota_rps": row["_spec"].quota_rps} for row in change.kept] + run.new_rows
     routes = routes_doc(final, change.policy, opts.max_queue, run.history_id)
     routes = add_offers(routes, final, run.store, run.plan, max_wait_ms=opts.max_wait_ms)
+    routes = add_llm_routes(routes, final, run.plan, run.store)  # tiers' shares and figures
     routes["carbon"] = routes_carbon(run.plan)  # exported, and handed to executors
     target = run.target
     previous = None if run.new_disp is not None else admin(target, "GET")

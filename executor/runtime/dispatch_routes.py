@@ -66,6 +66,8 @@ class Backend:
         self.pid: int | None = spec.get("pid")
         self.pid_start: str | None = spec.get("pid_start")
         self.spawn: dict[str, Any] | None = spec.get("spawn")
+        #: an LLM engine's tier figures and model name (:mod:`~greenctl.executor.runtime.llm_front`)
+        self.llm: dict[str, Any] | None = spec.get("llm") or (self.spawn or {}).get("llm")
         self.inflight = 0
         self.up = True
         self.restarting = False
@@ -83,6 +85,7 @@ class Backend:
         self.weight = float(spec.get("weight") or 1.0)
         self.slots = max(1, int(spec.get("slots") or 1))
         self.spawn = spec.get("spawn")
+        self.llm = spec.get("llm") or (self.spawn or {}).get("llm")
         self.variant = spec.get("variant", self.variant)
         self.offer_doc = spec.get("offer", self.offer_doc)
         self.offer = offer_of(self.variant, self.offer_doc)
@@ -120,6 +123,8 @@ class Backend:
             doc["variant"] = self.variant
         if self.offer_doc is not None:
             doc["offer"] = self.offer_doc
+        if self.llm is not None:
+            doc["llm"] = self.llm
         if runtime:
             retry = self.retry_in_s()
             doc.update(
@@ -201,6 +206,11 @@ class ModelRoute:
         if self.policy == "batch":
             return max(free, key=lambda x: (x.inflight, -x.slots))
         return min(free, key=lambda x: x.inflight / x.slots)
+
+    def pick_wrr(self, exclude: set[str]) -> Backend | None:
+        """The next instance by weighted round robin among those up and not in ``exclude``
+        (its slot not taken), or None."""
+        return self._pick_wrr(exclude)
 
     def _pick_wrr(self, exclude: set[str]) -> Backend | None:
         live = {k for k, b in enumerate(self.backends) if b.up and b.id not in exclude}

@@ -32,10 +32,9 @@ from greenctl.executor.runtime.dispatch_admin import table_carbon
 from greenctl.executor.runtime.dispatch_energy import (
     ENERGY_SCRAPE_ENV,
     ENERGY_SCRAPE_S,
-    EnergyAccounting,
     energy_scrape_s,
 )
-from greenctl.executor.runtime.dispatch_forward import VARIANT_HEADER, Forwarding
+from greenctl.executor.runtime.dispatch_forward import VARIANT_HEADER
 from greenctl.executor.runtime.dispatch_modelless import NoVariant, name_variant, requirements_of
 from greenctl.executor.runtime.dispatch_routes import (
     RESTART_WAIT_S,
@@ -44,9 +43,12 @@ from greenctl.executor.runtime.dispatch_routes import (
     QueueFull,
 )
 from greenctl.executor.runtime.dispatch_supervision import ExecutorSupervision
+from greenctl.executor.runtime.llm_front import OpenAIFront
+from greenctl.executor.runtime.llm_stream import StreamingServer
 from greenctl.executor.runtime.metrics import (
     LATENCY_BUCKETS_S,
     histogram_lines,
+    llm_token_lines,
     model_energy_lines,
 )
 from greenctl.executor.runtime.procs import (
@@ -79,8 +81,9 @@ __all__ = [
 TOKEN_HEADER = hs.TOKEN_HEADER
 
 
-class Dispatcher(Forwarding, EnergyAccounting, ExecutorSupervision):
-    """The dispatcher process: routing table, forwarding, metrics, energy and the supervisor."""
+class Dispatcher(OpenAIFront, ExecutorSupervision):
+    """The dispatcher process: routing table, forwarding (OIP and OpenAI's), metrics, energy
+    and the supervisor."""
 
     def __init__(
         self,
@@ -115,6 +118,7 @@ class Dispatcher(Forwarding, EnergyAccounting, ExecutorSupervision):
             model_meta=self.model_meta, model_ready=self.model_ready, infer=self.infer,
             metrics=self.metrics_page,
         )  # fmt: skip
+        self.add_openai_routes(router)
         router.add_get("/admin/routes", self.admin_get)
         router.add_post("/admin/routes", self.admin_set)
         return router
@@ -130,7 +134,7 @@ class Dispatcher(Forwarding, EnergyAccounting, ExecutorSupervision):
         """
         import aiohttp
 
-        server = hs.Server(self.router())
+        server = StreamingServer(self.router())  # the OpenAI front streams tokens
         bound = await server.start(host, port, sock=sock)
         # cold paths only (metadata, health checks); inference uses the lean upstream pools
         self.session = aiohttp.ClientSession(
@@ -196,7 +200,24 @@ class Dispatcher(Forwarding, EnergyAccounting, ExecutorSupervision):
         ]
         intensity = None if self.carbon is None else self.carbon["carbon_g_per_kwh"]
         lines += model_energy_lines(self.energy.totals, intensity)
+        lines += llm_token_lines(self.llm_tokens)
         return hs.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def _healthy(self, url: str) -> bool:
+        """Whether an instance answers its readiness check: an LLM engine OpenAI's model
+        list, an executor the protocol's ready check."""
+        engine = any(b.llm and b.url == url for r in self.routes.values() for b in r.backends)
+        if not engine:
+            return await super()._healthy(url)
+        import aiohttp
+
+        try:
+            async with self.session.get(
+                url + "/v1/models", timeout=aiohttp.ClientTimeout(total=1.0)
+            ) as resp:
+                return bool(resp.status == 200)
+        except Exception:
+            return False
 
     async def executor_env(self, b: Backend) -> dict[str, str]:
         """The environment ``b``'s executor restarts with: the one it was started with and,

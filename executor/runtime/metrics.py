@@ -84,6 +84,9 @@ ENERGY_TOTAL = "greenctl_energy_joules_total"
 CARBON_TOTAL = "greenctl_carbon_grams_total"
 POWER = "greenctl_power_watts"
 GRID_INTENSITY = "greenctl_grid_intensity_grams_per_kwh"
+#: tokens an LLM tier served, labelled ``variant`` and ``phase`` (``prefill``: prompt tokens,
+#: ``decode``: output tokens)
+LLM_TOKENS = "greenctl_llm_tokens_total"
 
 
 def carbon_g(energy_j: float, carbon_g_per_kwh: float, pue: float = 1.0) -> float:
@@ -303,4 +306,18 @@ def model_energy_lines(
         lines.append(f"# greenctl: no {GRID_INTENSITY}: the running plan has no grid intensity")
     else:
         lines.append(f"{GRID_INTENSITY} {carbon_g_per_kwh:g}")
+    return lines
+
+
+def llm_token_lines(counts: dict[tuple[str, str], int]) -> list[str]:
+    """The dispatcher's token counter: per LLM tier (``variant``) and ``phase``."""
+    if not counts:
+        return []
+    lines = [
+        f"# HELP {LLM_TOKENS} Tokens served per LLM tier and phase (prefill: prompt tokens, "
+        "decode: output tokens), as the engines reported them.",
+        f"# TYPE {LLM_TOKENS} counter",
+    ]
+    for (variant, phase), n in sorted(counts.items()):
+        lines.append(f'{LLM_TOKENS}{{variant="{variant}",phase="{phase}"}} {n}')
     return lines
