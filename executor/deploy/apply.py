@@ -19,7 +19,7 @@ import os
 from typing import Any
 
 from greenctl.data import deployments
-from greenctl.data.errors import ExecutorError
+from greenctl.data.errors import ExecutorError, InputError
 from greenctl.data.plan import Plan
 from greenctl.data.resources import runnable_resource
 from greenctl.data.store import Store
@@ -90,7 +90,13 @@ def apply_plan(
     for i, d in enumerate(plan.deployments):
         runnable_resource(d.resource, field=f"deployments[{i}].resource")
     check_apply(plan, store, opts)  # before the lock, the recovery or any process
-    check_engines(plan, store)  # an LLM tier's engine and model folder
+    if check_engines(plan, store) and opts.verify:  # an LLM tier's engine and model folder
+        raise InputError(
+            "--verify measures a plan with Open Inference Protocol requests; an LLM plan's "
+            "tiers answer OpenAI's API",
+            hint="apply without --verify, then measure the dispatcher's OpenAI front: "
+            "greenctl profile llm --engine openai --endpoint URL",
+        )
     state_dir = state_dir_for(store.path)
     with apply_lock(state_dir, wait=opts.wait, timeout_s=opts.lock_timeout_s):
         if not opts.dry_run:  # what an interrupted apply left: routes put back, processes stopped

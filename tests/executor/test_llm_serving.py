@@ -210,3 +210,14 @@ def test_a_plan_whose_model_folder_is_gone_starts_nothing(cli, run_store, tmp_pa
     assert leftovers() == []
     doc = json.loads(cli("status", "--json").stdout)
     assert doc["instances"] == [] and doc["dispatcher"] is None, doc
+
+
+def test_verify_is_refused_for_an_llm_plan(cli, run_store, tiny_llama, tmp_path, leftovers):
+    """--verify measures OIP requests, which engines do not answer: refused before a start."""
+    _store_tiers(run_store, tiny_llama)
+    plan_file = tmp_path / "plan.json"
+    write_plan_file(_plan(tiny_llama), plan_file)
+    r = cli("apply", plan_file, "--verify")
+    assert r.exit_code == 2 and r.output.startswith("Error: --verify"), r.output
+    assert "greenctl profile llm --engine openai" in r.output, r.output
+    assert leftovers() == []
