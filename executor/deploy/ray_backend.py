@@ -3,12 +3,12 @@
 Each plan version is one Serve application (namespace ``greenctl``): a deployment per planned
 (variant, resource), replicas pinned by ``ray_actor_options`` (``num_cpus``, ``num_gpus``, or
 ``mig-<profile>``: MIG nodes declare one custom resource per profile with ``ray start
---resources`` and expose their MIG UUIDs), and a group deployment routing by model with the
-plan's policy. A stable router application on ``/`` speaks the Open Inference Protocol,
-forwards to the active version and exports energy and carbon at ``GET /metrics``. A new
-version is deployed beside the old and switched to once RUNNING; a failed one is deleted and
-the old keeps serving; same replicas apply in place. Logic: :mod:`~.ray_routes`, deployments:
-:mod:`~.ray_serve`. Optional extra: ``pip install 'greenctl[ray]'``.
+--resources`` and expose their MIG UUIDs), and a group deployment holding the plan's routes
+and energy sums. A stable router application serves the Open Inference Protocol over HTTP
+itself (Serve's proxy is off), routes by model straight to the active version's replicas and
+exports energy and carbon at ``GET /metrics``. A new version is deployed beside the old and
+switched to once RUNNING; a failed one is deleted and the old keeps serving; same replicas
+apply in place. Logic: :mod:`~.ray_routes`, deployments: :mod:`~.ray_serve`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from greenctl.executor.deploy.ray_routes import (
     RouteEntry,
     energy_spec,
 )
-from greenctl.executor.deploy.ray_serve import serve_classes
+from greenctl.executor.deploy.ray_serve import replica_ongoing, serve_classes
 from greenctl.executor.kinds import get_kind
 from greenctl.executor.runtime.offers import instance_offers
 from greenctl.profiler.models import builtin_variant, builtin_variants
@@ -396,6 +396,8 @@ def _reroute(
     try:
         handle = serve.get_app_handle(previous)
         result.changed = bool(handle.configure.remote(doc).result(timeout_s=run.timeout_s))
+        # the router routes with the version's routes: it reads them again
+        serve.get_app_handle(ROUTER_APP).switch.remote(previous).result(timeout_s=run.timeout_s)
     except Exception as exc:
         raise ExecutorError(
             f"re-applying the routes of {previous} on Ray failed: {exc}",
@@ -413,13 +415,14 @@ def _deploy(run: _RayApply, serve: Any, previous: str | None) -> None:
     """
     plan, store, result = run.plan, run.store, run.result
     app = result.app
-    serve.start(http_options={"host": "127.0.0.1", "port": run.http_port})
+    serve.start(proxy_location="Disabled")  # the router serves HTTP itself
     replica_cls, group_cls, router_cls = serve_classes()
     variants = _variants(store, plan)
     handles = [
         replica_cls.options(
             name=deployment_name(dep),
             num_replicas=dep.count,
+            max_ongoing_requests=replica_ongoing(dep.batch),
             ray_actor_options=actor_options(dep.resource),
         ).bind(variants[dep.variant], dep.batch, run.max_wait_ms, energy_spec(store, plan, dep))
         for dep in plan.deployments
@@ -444,13 +447,41 @@ def _deploy(run: _RayApply, serve: Any, previous: str | None) -> None:
             f"deploying the plan on Ray failed: {exc}",
             hint=f"the previous version ({previous or 'none'}) keeps serving; see `ray status` and the Serve logs",
         ) from None
-    if ROUTER_APP not in serve.status().applications:
-        serve.run(router_cls.bind(), name=ROUTER_APP, route_prefix="/", blocking=False)
-        _wait_running(serve, ROUTER_APP, timeout_s=run.timeout_s)
+    try:
+        _start_router(run, serve, router_cls)
+    except Exception as exc:
+        serve.delete(app)
+        result.actions.append(f"rolled back: deleted {app}; {previous or 'nothing'} keeps serving")
+        raise ExecutorError(
+            f"starting the Ray router on 127.0.0.1:{run.http_port} failed: {exc}",
+            hint="is the port taken? pass another --ray-http-port",
+        ) from None
     serve.get_app_handle(ROUTER_APP).switch.remote(app).result(timeout_s=run.timeout_s)
     if previous:
         serve.delete(previous)
         result.actions.append(f"deleted previous version {previous}")
+
+
+def _start_router(run: _RayApply, serve: Any, router_cls: Any) -> None:
+    """The stable endpoint, started once: the router replica serves HTTP on loopback at the
+    apply's port, on this node; the result's URL is where it listens."""
+    if ROUTER_APP not in serve.status().applications:
+        import ray
+
+        options: dict[str, Any] = {"num_cpus": 0}
+        here = ray.get_runtime_context().get_node_id()
+        ip = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == here), None)
+        if ip is not None:  # pinned where 127.0.0.1 means this machine
+            options["resources"] = {f"node:{ip}": 0.001}
+        bound = router_cls.options(ray_actor_options=options).bind("127.0.0.1", run.http_port)
+        serve.run(bound, name=ROUTER_APP, route_prefix=None, blocking=False)
+        try:
+            _wait_running(serve, ROUTER_APP, timeout_s=run.timeout_s)
+        except ExecutorError:
+            serve.delete(ROUTER_APP)
+            raise
+    port = serve.get_app_handle(ROUTER_APP).address.remote().result(timeout_s=run.timeout_s)
+    run.result.url = f"http://127.0.0.1:{port}"
 
 
 def _plan_routes(

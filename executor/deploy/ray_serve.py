@@ -1,6 +1,8 @@
-"""The Ray Serve deployments of ``apply --backend ray``: a replica per planned instance, a
-group per plan version (its routing, :class:`~greenctl.executor.deploy.ray_routes.PlanRoutes`)
-and the stable router speaking the Open Inference Protocol.
+"""The Ray Serve deployments of ``apply --backend ray``: a replica per planned instance
+(dynamically batched), a group per plan version (its routes, and its energy sums:
+:class:`~greenctl.executor.deploy.ray_routes.PlanRoutes`) and the stable router, which serves
+the Open Inference Protocol over HTTP itself and sends each request straight to a replica
+(one Ray hop: no Serve proxy, no group, on the request path).
 
 The classes are plain Python here; :func:`serve_classes` makes them Serve deployments, so
 importing this module never needs Ray.
@@ -16,6 +18,8 @@ from typing import Any
 from greenctl.data.errors import InputError
 from greenctl.data.records import Variant
 from greenctl.executor.deploy.ray_routes import PlanRoutes, ReplicaEnergy
+from greenctl.executor.runtime import httpserver as hs
+from greenctl.executor.runtime import oip
 from greenctl.executor.runtime.daemon import INPUT_NAME, OUTPUT_NAME, model_rows
 from greenctl.executor.runtime.dispatcher import (
     ENERGY_SCRAPE_S,
@@ -31,6 +35,12 @@ from greenctl.executor.runtime.oip import (
     header_length,
 )
 from greenctl.profiler.models import load_model
+
+
+def replica_ongoing(batch: int) -> int:
+    """Requests a replica of ``batch`` takes at once: a full batch forming while one runs, so
+    that the router never waits for room."""
+    return max(2 * max(batch, 1), 8)
 
 
 def serve_classes() -> tuple[Any, Any, Any]:
@@ -124,8 +134,9 @@ class ReplicaServer:
 
 
 class GroupServer:
-    """One plan version's routing (:class:`PlanRoutes`): by model with the plan's policy,
-    model-less requests by their requirements; and its replicas' energy sums."""
+    """One plan version: its routes (what the router routes with, :meth:`spec`), its
+    replicas' deployments, and their energy sums (:class:`PlanRoutes`, off the request
+    path)."""
 
     def __init__(
         self,
@@ -141,13 +152,21 @@ class GroupServer:
             carbon=config.get("carbon"),
             interval_s=energy_scrape_s() or ENERGY_SCRAPE_S,
         )
-        self.handles = handles
+        self.doc = {"routes": routes, "policy": policy, **config}
+        self.deployments = [str(h.deployment_name) for h in handles]
+
+    def spec(self) -> dict[str, Any]:
+        """The routes in force (``routes``, ``policy``, ``prefer``, ``carbon``) and the
+        replicas' deployment names by handle index (``deployments``)."""
+        return {**self.doc, "deployments": self.deployments}
 
     def models(self) -> dict[str, Any]:
         return self.table.models()
 
     def configure(self, doc: dict[str, Any]) -> bool:
-        return self.table.configure(doc)
+        changed = self.table.configure(doc)
+        self.doc.update({k: v for k, v in doc.items() if k in ("routes", *ROUTE_KEYS)})
+        return changed
 
     def report(self, doc: dict[str, Any]) -> None:
         self.table.report(doc)
@@ -155,10 +174,69 @@ class GroupServer:
     def metrics(self) -> str:
         return self.table.metrics_text()
 
+
+#: what a routes document may set beside its routes (:meth:`PlanRoutes.configure`)
+ROUTE_KEYS = ("policy", "prefer", "carbon")
+
+
+class RouterServer:
+    """The stable Open Inference Protocol endpoint, served by the router replica itself
+    (greenctl's lean HTTP server on ``host:port``, Serve's proxy not in the path): each
+    request is routed with the active plan version's routes straight to its replicas'
+    deployments, one hop; the version's group is asked only for its energy series."""
+
+    async def __init__(self, host: str, port: int) -> None:  # type: ignore[misc]  # Serve awaits it
+        self.app: str | None = None
+        self.group: Any = None  # the active version's group (energy series)
+        self.table: PlanRoutes | None = None
+        self.replicas: list[Any] = []  # handles, by the routes' handle index
+        self.models: dict[str, Any] = {}
+        self.variant_of: dict[str, str] = {}  # a variant's name -> its model
+        router = hs.Router()
+        oip.add_protocol_routes(
+            router, server_meta=self.server_meta, live=self.live, ready=self.ready,
+            model_meta=self.model_meta, model_ready=self.model_ready, infer=self.infer,
+            metrics=self.metrics,
+        )  # fmt: skip
+        self.server = hs.Server(router)
+        self.port = await self.server.start(host, port)
+
+    async def switch(self, app: str) -> dict[str, Any]:
+        """Route with ``app``'s routes (again, after its group is reconfigured)."""
+        from ray import serve
+
+        group = serve.get_app_handle(app)
+        spec = await group.spec.remote()
+        self.replicas = [
+            serve.get_deployment_handle(name, app, _check_exists=False, _record_telemetry=False)
+            for name in spec["deployments"]
+        ]
+        self.table = PlanRoutes(
+            spec["routes"],
+            spec["policy"],
+            prefer=spec.get("prefer"),
+            carbon=spec.get("carbon"),
+        )
+        self.models = self.table.models()
+        self.variant_of = {
+            e["variant"]: m for m, es in self.models.items() for e in es if e["variant"] != m
+        }
+        self.group, self.app = group, app
+        return self.models
+
+    def active(self) -> str | None:
+        return self.app
+
+    def address(self) -> int:
+        """The port the endpoint listens on."""
+        return self.port
+
     async def route(
         self, model: str, rows: Any, variant: str | None = None, req: Any = None
     ) -> tuple[int, str | None, Any]:
         """``(200, variant, outputs)``, or ``(status, None, error document)``."""
+        if self.table is None:
+            return 503, None, {"error": "no plan version is active"}
         try:
             entry = self.table.pick(model, variant, req)
         except KeyError:
@@ -167,85 +245,43 @@ class GroupServer:
             return 422, None, none.doc()
         entry.take()
         try:
-            served, out = await self.handles[entry.index].infer.remote(rows)
+            served, out = await self.replicas[entry.index].infer.remote(rows)
         finally:
             entry.give()
         return 200, served, out
 
-    async def infer(self, model: str, rows: Any) -> tuple[str, Any]:
-        code, variant, out = await self.route(model, rows)
-        if code != 200:
-            raise KeyError(model)
-        return variant or "", out
+    async def server_meta(self, request: hs.Request) -> hs.Response:
+        return hs.json_response({"name": "greenctl", "version": "1", "extensions": []})
 
+    async def live(self, request: hs.Request) -> hs.Response:
+        return hs.json_response({"live": True})
 
-class RouterServer:
-    """The stable Open Inference Protocol endpoint; forwards to the active plan version."""
+    async def ready(self, request: hs.Request) -> hs.Response:
+        ready = self.app is not None
+        return hs.json_response({"ready": ready}, status=200 if ready else 503)
 
-    def __init__(self) -> None:
-        self.app: str | None = None
-        self.models: dict[str, Any] = {}
-        self.variant_of: dict[str, str] = {}  # a variant's name -> its model
+    def _model_of(self, name: str) -> tuple[str | None, str | None]:
+        """``(model, variant)`` a path's name means: a model (variant None), a variant by
+        its own name, or neither (None, None)."""
+        if name in self.variant_of:
+            return self.variant_of[name], name
+        return (name, None) if name in self.models else (None, None)
 
-    async def switch(self, app: str) -> dict[str, Any]:
-        from ray import serve
+    async def model_meta(self, request: hs.Request) -> hs.Response:
+        name = request.match_info["name"]
+        model, variant = self._model_of(name)
+        if model is None:
+            return hs.json_response({"error": f"unknown model '{name}'"}, status=404)
+        doc = self._model_doc(model)
+        if variant is not None:  # as the local dispatcher answers
+            doc.update(name=name, parameters={"family": model})
+        return hs.json_response(doc)
 
-        handle = serve.get_app_handle(app)
-        self.models = await handle.models.remote()
-        self.variant_of = {
-            e["variant"]: m for m, es in self.models.items() for e in es if e["variant"] != m
-        }
-        self.app = app
-        return self.models
-
-    def active(self) -> str | None:
-        return self.app
-
-    async def __call__(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse
-
-        path = request.url.path.rstrip("/")
-        parts = path.split("/")
-        if path in ("/v2/health/live",):
-            return JSONResponse({"live": True})
-        if path == "/v2/health/ready":
-            return JSONResponse(
-                {"ready": self.app is not None}, status_code=200 if self.app else 503
-            )
-        if path == "/v2":
-            return JSONResponse({"name": "greenctl", "version": "1", "extensions": []})
-        if path == "/metrics" and request.method == "GET":
-            return await self._metrics()
-        if len(parts) >= 4 and parts[1] == "v2" and parts[2] == "models":
-            answer = await self._model_call(parts, request)
-            if answer is not None:
-                return answer
-        return JSONResponse({"error": f"no route {request.method} {path}"}, status_code=404)
-
-    async def _model_call(self, parts: list[str], request: Any) -> Any:
-        """``/v2/models/{name}[/ready|/infer]``: a model, or a variant by its own name;
-        None for a path of neither."""
-        from starlette.responses import JSONResponse
-
-        model = parts[3]
-        if model in self.variant_of and len(parts) == 4 and request.method == "GET":
-            doc = self._model_doc(self.variant_of[model])  # as the local dispatcher answers
-            doc.update(name=model, parameters={"family": self.variant_of[model]})
-            return JSONResponse(doc)
-        if model in self.variant_of and len(parts) == 5 and parts[4] == "ready":
-            return JSONResponse({"name": model, "ready": True})
-        named = model in self.variant_of and len(parts) == 5 and parts[4] == "infer"
-        if named and request.method == "POST":  # a variant's own name: it alone
-            return await self._infer(self.variant_of[model], request, variant=model)
-        if model not in self.models:
-            return JSONResponse({"error": f"unknown model '{model}'"}, status_code=404)
-        if len(parts) == 4 and request.method == "GET":
-            return JSONResponse(self._model_doc(model))
-        if len(parts) == 5 and parts[4] == "ready":
-            return JSONResponse({"name": model, "ready": True})
-        if len(parts) == 5 and parts[4] == "infer" and request.method == "POST":
-            return await self._infer(model, request)
-        return None
+    async def model_ready(self, request: hs.Request) -> hs.Response:
+        name = request.match_info["name"]
+        if self._model_of(name)[0] is None:
+            return hs.json_response({"error": f"unknown model '{name}'"}, status=404)
+        return hs.json_response({"name": name, "ready": True})
 
     def _model_doc(self, model: str) -> dict[str, Any]:
         """A model's metadata (its variants, and the Open Inference Protocol tensors)."""
@@ -264,45 +300,35 @@ class RouterServer:
             "outputs": [{"name": OUTPUT_NAME, "datatype": "FP32", "shape": [-1, -1]}],
         }
 
-    async def _metrics(self) -> Any:
+    async def metrics(self, request: hs.Request) -> hs.Response:
         """The active version's energy and carbon series (:class:`PlanRoutes`)."""
-        from ray import serve
-        from starlette.responses import Response
-
         text = "# greenctl: no plan version is active\n"
-        if self.app is not None:
-            text = await serve.get_app_handle(self.app).metrics.remote()
-        return Response(text, media_type="text/plain; version=0.0.4")
+        if self.group is not None:
+            text = await self.group.metrics.remote()
+        return hs.Response(text=text, content_type="text/plain; version=0.0.4")
 
-    async def _infer(self, model: str, request: Any, *, variant: str | None = None) -> Any:
-        from ray import serve
-        from starlette.responses import JSONResponse, Response
-
+    async def infer(self, request: hs.Request) -> hs.Response:
+        """Decode the request's tensor once, route it, and answer the replica's rows."""
+        name = request.match_info["name"]
+        model, variant = self._model_of(name)
+        if model is None:
+            return hs.json_response({"error": f"unknown model '{name}'"}, status=404)
         header = request.headers.get(HEADER_LENGTH)
-        raw = await request.body()
+        raw = bytes(request.body)
         try:
             req = requirements_of(raw, header)  # as the local dispatcher reads them
-        except InputError as exc:
-            return JSONResponse({"error": exc.message}, status_code=400)
-        try:
             doc, tensors = decode_request(raw, header_length(header))
             entries = self.models[model]
             shape = next((e for e in entries if e["variant"] == variant), entries[0])["input_shape"]
-            rows, squeeze = model_rows(variant or model, doc, tensors, shape)
-            rows = rows.astype("float32")
+            rows, squeeze = model_rows(name, doc, tensors, shape)
+            rows = rows.astype("float32", copy=False)
         except InputError as exc:
-            return JSONResponse({"error": exc.message}, status_code=400)
-        assert self.app is not None
-        code, served, out = await serve.get_app_handle(self.app).route.remote(
-            model, rows, variant, req
-        )
+            return hs.json_response({"error": exc.message}, status=400)
+        code, served, out = await self.route(model, rows, variant, req)
         if code != 200:
-            return JSONResponse(out, status_code=code)
+            return hs.json_response(out, status=code)
         body, headers = encode_response(
-            variant or model,
-            [(OUTPUT_NAME, out[0] if squeeze else out)],
-            request=doc,
-            model_version=served,
+            name, [(OUTPUT_NAME, out[0] if squeeze else out)], request=doc, model_version=served
         )
         if req is not None or variant is not None:  # say which variant served it
             n = int(headers.get(HEADER_LENGTH) or len(body))
@@ -313,4 +339,4 @@ class RouterServer:
             if HEADER_LENGTH in headers:
                 headers[HEADER_LENGTH] = str(len(new))
         headers[VARIANT_HEADER] = str(served)
-        return Response(body, headers=headers)
+        return hs.Response(body=body, headers=headers)
