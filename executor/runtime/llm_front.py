@@ -296,6 +296,7 @@ class OpenAIFront(Forwarding, EnergyAccounting):
     ) -> AsyncIterator[bytes]:
         """The engine's events, each rewritten as it comes; counted when it ends."""
         tail = b""
+        done = False
         try:
             async for piece in resp.content.iter_any():
                 tail += piece.replace(b"\r\n", b"\n")
@@ -306,8 +307,12 @@ class OpenAIFront(Forwarding, EnergyAccounting):
                         yield out + b"\n\n"
             if tail.strip() and (out := ex.event(tail.rstrip(b"\n"))) is not None:
                 yield out + b"\n\n"
+            done = True
         finally:
-            resp.release()
+            if done:
+                resp.release()
+            else:  # the client left (or the engine broke): the engine's answer is dropped
+                resp.close()
             route.release(b)
             self._served(route.name, b, ex)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -154,6 +155,24 @@ def test_llm_plan_served_end_to_end(run_store, tiny_llama, leftovers):
     assert headers["Greenctl-Variant"] == "tl-big"
     assert events[-1]["usage"]["completion_tokens"] > 0, events
 
+    # a client that leaves mid-stream: its slot is freed, the tiers serve on
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({
+        "model": FAMILY, "prompt": "hello", "max_tokens": 400, "stream": True}),
+        {"Content-Type": "application/json"})  # fmt: skip
+    assert conn.getresponse().read1(64)
+    conn.close()
+    disp = deployments.running_dispatcher(run_store)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        inflight = [b["inflight"] for m in admin(disp, "GET")["models"].values()
+                    for b in m["instances"]]  # fmt: skip
+        if not any(inflight):
+            break
+        time.sleep(0.2)
+    assert not any(inflight), inflight
+
     # requirements: only tiers meeting them serve; none: 422 naming the closest; bad: 400
     for _ in range(3):
         code, doc, headers = _post(url + "/v1/completions", {
@@ -220,4 +239,32 @@ def test_verify_is_refused_for_an_llm_plan(cli, run_store, tiny_llama, tmp_path,
     r = cli("apply", plan_file, "--verify")
     assert r.exit_code == 2 and r.output.startswith("Error: --verify"), r.output
     assert "greenctl profile llm --engine openai" in r.output, r.output
+    assert leftovers() == []
+
+
+def test_a_killed_engine_is_restarted_and_serves_again(run_store, tiny_llama, leftovers):
+    """kill -9 of an engine: the supervisor starts it again (a new port), the dispatcher
+    routes to it once it answers, and the tier serves again."""
+    import os
+    import signal
+
+    from greenctl.data import deployments
+    from greenctl.executor.deploy.apply import apply_plan, down, status
+
+    _store_tiers(run_store, tiny_llama)
+    url = apply_plan(_plan(tiny_llama), store=run_store).dispatcher_url
+    row = next(r for r in deployments.ready_instances(run_store) if r["variant"] == "tl-small")
+    os.kill(row["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    view: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        view = next(i for i in status(run_store)["instances"] if i["id"] == row["id"])
+        if view["ready"] and view["pid"] != row["pid"] and view["restarts"] >= 1:
+            break
+        time.sleep(0.5)
+    assert view["ready"] and view["pid"] != row["pid"], view
+    code, doc, headers = _post(url + "/v1/completions", {"model": "tl-small", "prompt": "hi",
+                                                         "max_tokens": 2})  # fmt: skip
+    assert code == 200 and headers["Greenctl-Variant"] == "tl-small", doc
+    down(run_store)
     assert leftovers() == []
