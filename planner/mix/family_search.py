@@ -169,8 +169,18 @@ def family_plans(
             # the bound only grows with j (fewer options left): stop at the first failure
             if slack + rest * top_gap[j] < -ftol:
                 return  # the floor is out of reach with options j.. (less accurate later)
-            lb = bound2(j, rest, slack)
-            if not (suffix_vars[j] & used):
+            if fmu > 0:
+                lb = bound2(j, rest, slack)
+            else:  # cover_cost inlined (the hot loop)
+                cc0 = cum_cap[j]
+                at0 = bisect.bisect_left(cc0, rest - 1e-9)
+                if at0 == len(cc0):
+                    lb = math.inf
+                elif at0:
+                    lb = cum_cost[j][at0 - 1] + rates[j][at0] * (rest - cc0[at0 - 1])
+                else:
+                    lb = rates[j][0] * rest
+            if suffix_vars[j].isdisjoint(used):
                 lb += suffix_start[j]
             if priced + lb > thresh[0]:
                 return
@@ -184,7 +194,7 @@ def family_plans(
                     top = min(top, math.floor((budgets[k] - use[k]) / o.usage[k] + 1e-9))
             cu = used | {o.variant}
             sv = suffix_vars[j + 1]
-            extra = 0.0 if sv & cu else suffix_start[j + 1]
+            extra = suffix_start[j + 1] if sv.isdisjoint(cu) else 0.0
             # the children's bound, inlined (the hot loop): covers of options j+1..
             cc1, co1, rs1 = cum_cap[j + 1], cum_cost[j + 1], rates[j + 1]
             ncc1 = len(cc1)
