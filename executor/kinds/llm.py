@@ -223,6 +223,7 @@ def _trace_arrivals(options: dict[str, Any], rng: np.random.Generator) -> np.nda
 #: the kind, as the registry holds it
 KIND = PlanKind(
     "llm",
+    replay="greenctl.executor.kinds.llm_replay:STEP",
     order=50,
     default_policy="wrr",  # requests follow the tiers' shares
     plan=_plan,

@@ -185,6 +185,31 @@ def operating_point(tier: TierCurve, rate_rps: float, percentile: str) -> Operat
     )
 
 
+def slo_miss(tier: TierCurve, rate_rps: float, ttft_ms: float, tpot_ms: float) -> float:
+    """The fraction of requests over either SLO at ``rate_rps``: over the streams an arrival
+    finds, the chance its TTFT or its TPOT (drawn apart) misses; arrivals past the profiled
+    concurrency miss."""
+    miss = 0.0
+    for k, p in streams_law(tier, rate_rps):
+        pt = tier.at(k + 1)
+        if pt is None:
+            miss += p
+            continue
+        ok = _below(ttft_ms, pt.ttft_ms, pt.ttft_sigma) * _below(tpot_ms, pt.tpot_ms, pt.tpot_sigma)
+        miss += p * (1 - ok)
+    return min(max(miss, 0.0), 1.0)
+
+
+def _below(limit: float, median: float, sigma: float) -> float:
+    """P(X <= limit) of a lognormal of ``median`` and ``sigma``."""
+    if limit <= 0:
+        return 0.0
+    z = math.log(limit) - lognormal_mu(median)
+    if sigma <= 1e-12:
+        return 1.0 if z >= 0 else 0.0
+    return 0.5 * (1 + math.erf(z / (sigma * math.sqrt(2))))
+
+
 def streams_law(tier: TierCurve, rate_rps: float) -> list[tuple[int, float]]:
     """``(k, P(k))``: the streams an arrival finds at ``rate_rps`` (req/s), the stationary
     law of a birth-death queue where each of ``k`` streams ends at rate ``1 / T(k)`` (``T``
