@@ -306,3 +306,14 @@ def test_the_balanced_weights_are_the_mix_kinds() -> None:
         mix.DEFAULT_GAMMA,
         mix.REFERENCE_CARBON_INTENSITY,
     )
+
+
+def test_slo_misses_grow_with_the_load() -> None:
+    from greenctl.planner.llm.model import slo_miss
+
+    c = curve()
+    assert slo_miss(c, 1e-9, 1e6, 1e6) == pytest.approx(0.0, abs=1e-9)
+    # at no load the TTFT SLO at the profile's p95 at one stream: 5 % miss
+    assert slo_miss(c, 1e-9, 120 * 1.4, 1e6) == pytest.approx(0.05, abs=1e-3)
+    misses = [slo_miss(c, r, 800, 60) for r in (0.5, 1.5, 2.5, 4.0)]
+    assert misses == sorted(misses) and misses[-1] > 0.05
