@@ -30,6 +30,7 @@ from greenctl.data.errors import ExecutorError, GreenctlError, InputError
 from greenctl.data.plan import Deployment, Plan, check_families
 from greenctl.data.resources import parse_resource
 from greenctl.data.store import Store
+from greenctl.executor.deploy.checks import check_address
 from greenctl.executor.deploy.ray_routes import (
     PlanRoutes,
     ReplicaEnergy,
@@ -354,6 +355,8 @@ def apply_ray(
     from ray import serve
 
     previous = _active_app(serve)  # (serve.status() reads; it starts nothing)
+    if previous is not None:  # the router listens where it was started
+        result.url = _router_url(serve, timeout_s=timeout_s)
     if previous == app:
         result.changed = False
         result.actions = ["the running plan version is this plan: nothing to do"]
@@ -371,6 +374,8 @@ def apply_ray(
     if previous is not None and order is not None:  # the very replicas: its routes only
         return _reroute(run, serve, previous, order, dry_run=dry_run)
     _check_cluster(ray, plan)
+    if previous is None and ROUTER_APP not in serve.status().applications:
+        _check_router_port(address, http_port)
     if dry_run:  # a dry run leaves the cluster as it was: Serve is not started
         return result
     _deploy(run, serve, previous)
@@ -480,8 +485,24 @@ def _start_router(run: _RayApply, serve: Any, router_cls: Any) -> None:
         except ExecutorError:
             serve.delete(ROUTER_APP)
             raise
-    port = serve.get_app_handle(ROUTER_APP).address.remote().result(timeout_s=run.timeout_s)
-    run.result.url = f"http://127.0.0.1:{port}"
+    run.result.url = _router_url(serve, timeout_s=run.timeout_s)
+
+
+def _router_url(serve: Any, *, timeout_s: float) -> str:
+    """Where the running router listens."""
+    port = serve.get_app_handle(ROUTER_APP).address.remote().result(timeout_s=timeout_s)
+    return f"http://127.0.0.1:{port}"
+
+
+def _check_router_port(address: str, http_port: int) -> None:
+    """The router will listen on ``127.0.0.1:http_port`` of this machine: refused before
+    anything is deployed when the port is taken (a Ray Client's router runs elsewhere).
+
+    Raises:
+        InputError: naming ``--ray-http-port``.
+    """
+    if not address.startswith("ray://"):
+        check_address("127.0.0.1", http_port, option="--ray-http-port")
 
 
 def _plan_routes(
