@@ -1,16 +1,13 @@
 """The replay step of an llm plan: greenctl's replanning over a load trace and a carbon
-signal (a carbon-aware plan's tier shares follow the signal) beside three baselines, each
-sized for the window's peak and kept:
+signal (a carbon-aware plan's tier shares follow it) beside three baselines sized for the
+window's peak and kept: ``largest`` (every request on the highest-quality tier), ``smallest``
+(on the lowest-quality tier meeting the SLOs) and ``static`` (a carbon plan's shares at
+greenctl's own average quality: the same quality all day, which Quality Time's shifting is
+measured against).
 
-- ``largest``: every request on the highest-quality tier;
-- ``smallest``: every request on the lowest-quality tier that meets the SLOs;
-- ``static``: the shares a carbon plan gives at greenctl's own average quality, held (the
-  same quality served all day, which Quality Time's shifting is measured against).
-
-Each second of an interval is evaluated by the llm queueing model at its own rate (steady
-state): the fraction of requests over either SLO, quality, energy (idle watts of every
-instance plus each tier's energy above idle at its operating point), carbon and cost, summed
-as the other serving kinds' replays sum them. Every figure is modeled.
+Each second is evaluated by the llm queueing model at its own rate (steady state): requests
+over either SLO, quality, energy (idle watts plus each tier's energy above idle at its
+operating point), carbon and cost, summed as the serving replays sum them. All modeled.
 """
 
 from __future__ import annotations

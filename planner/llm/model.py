@@ -1,18 +1,13 @@
 """The queueing model of one LLM instance on its profiled batching curve.
 
-A profile run measured an instance at a few concurrencies ``c`` (``c`` streams kept in
-flight): TTFT and TPOT percentiles and requests/s. Serving an open stream of ``rate`` req/s,
-a request holds its stream for ``T(k) = TTFT(k) + (M-1) TPOT(k)`` at ``k`` streams (``M``
-output tokens), and the streams an arrival finds follow the birth-death law where each of
-``k`` streams ends at rate ``1 / T(k)``: Little's ``c = rate x T`` on the curve, Poisson
-(the infinite-server queue's law) when the curve is flat. Its TTFT and TPOT follow the curve at
-``k + 1`` streams (linear between profiled concurrencies, each a lognormal fitted to the p50
-and the tail percentile), so a percentile of the plan is the percentile of that mixture.
-Beyond the largest profiled concurrency nothing is trusted: arrivals that would find more
-streams count as missing the SLO, and a load whose percentile falls there is infeasible.
-
-Lengths other than profiled: TTFT scales with the prompt tokens (prefill is linear in them),
-TPOT stays per token, and a request's time scales with its output tokens through ``M``.
+A profile measured an instance at a few concurrencies (streams in flight): TTFT and TPOT
+percentiles and requests/s. A request holds its stream for ``T(k) = TTFT(k) + (M-1) TPOT(k)``
+at ``k`` streams (``M`` output tokens; linear between profiled points), and the streams an
+arrival finds follow the birth-death law where each of ``k`` streams ends at rate ``1/T(k)``
+(Poisson, Little's ``c = rate x T``, on a flat curve). Each point is a lognormal fitted to
+its p50 and tail, and a percentile is that of their mixture; past the largest profiled
+concurrency nothing is trusted (such arrivals miss). Other lengths: TTFT scales with the
+prompt tokens, TPOT stays per token, a request's time follows ``M`` (docs/llm-planning.md).
 """
 
 from __future__ import annotations
