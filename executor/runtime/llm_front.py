@@ -118,11 +118,16 @@ def _ms(value: Any) -> str:
 class _Exchange:
     """One request's answer on its way back: the tier named in it, tokens counted."""
 
-    def __init__(self, tier: str, asked_usage: bool) -> None:
+    def __init__(self, tier: str, asked_usage: bool, served: str | None = None) -> None:
         self.tier = tier
         self.asked_usage = asked_usage  # the client asked for usage itself
         self.usage: dict[str, Any] = {}
         self.pieces = 0
+        # an event's model as the engine writes it, and as the client reads it: swapped as
+        # bytes (no JSON parsed per token)
+        name = json.dumps(served).encode() if served else None
+        self._swap = [(b'"model":' + s + name, b'"model":' + s + json.dumps(tier).encode())
+                      for s in (b"", b" ")] if name else []  # fmt: skip
 
     def answer(self, doc: Any) -> Any:
         """A whole answer (or one streamed event's JSON), its tokens noted; None: an event
@@ -145,7 +150,13 @@ class _Exchange:
         return doc
 
     def event(self, raw: bytes) -> bytes | None:
-        """One server-sent event rewritten (None: dropped)."""
+        """One server-sent event rewritten (None: dropped). An event of tokens without
+        ``usage`` has only its model swapped; the others are parsed."""
+        if b'"usage"' not in raw:
+            for old, new in self._swap:
+                if old in raw:
+                    self.pieces += raw.count(b"data:")
+                    return raw.replace(old, new)
         lines = raw.split(b"\n")
         out = []
         for line in lines:
@@ -271,7 +282,7 @@ class OpenAIFront(Forwarding, EnergyAccounting):
                     continue
                 self._count(route.name, "502", t0)
                 return openai_error(502, f"instance {b.id} of '{route.name}' failed: {exc}")
-            ex = _Exchange(str(b.variant), asked or not stream)
+            ex = _Exchange(str(b.variant), asked or not stream, llm.get("served_model"))
             self._count(route.name, str(resp.status), t0)
             headers = {VARIANT_HEADER: str(b.variant)}
             if stream and resp.status == 200:
