@@ -93,38 +93,29 @@ def check_engines(plan: Plan, store: Store) -> dict[str, tuple[str, str]]:
 
 
 def llm_spawn(
-    spec: Any,
-    inst_id: str,
-    cores: list[int],
-    *,
-    state_dir: Path,
-    store: Store,
-    ready_timeout_s: float,
+    spawn: dict[str, Any], spec: Any, inst_id: str, cores: list[int], *, store: Store
 ) -> dict[str, Any]:
-    """How to start the engine executor of an instance spec with an ``engine`` (argv,
-    environment, state and log files), pinned to ``cores``; ``llm`` says what it serves."""
+    """An executor's spawn document (:func:`~greenctl.executor.deploy.processes.executor_spawn`:
+    its state and log files, and the environment that pins it to its GPU or slice) made to
+    start the engine of an instance spec with an ``engine``, pinned to ``cores``; ``llm``
+    says what it serves. On a CPU resource the engine sees no GPU."""
+    from greenctl.data.resources import parse_resource
     from greenctl.executor.runtime.llm_executor import MODULE
     from greenctl.executor.runtime.procs import python_module_argv
 
     engine, model_path = spec.engine
-    state_file = state_dir / f"executor-{inst_id}.json"
-    if state_file.exists():
-        state_file.unlink()
-    argv = python_module_argv(
+    timeout_s = float(spawn["ready_timeout_s"])
+    spawn["argv"] = python_module_argv(
         MODULE,
         *("--engine", engine, "--model-path", model_path, "--variant", spec.variant),
         *("--cores", ",".join(map(str, cores)), "--host", "127.0.0.1"),
-        *("--state-file", str(state_file), "--db", str(store.path)),
-        *("--instance-id", inst_id, "--ready-timeout-s", f"{ready_timeout_s:g}"),
+        *("--state-file", spawn["state_file"], "--db", str(store.path)),
+        *("--instance-id", inst_id, "--ready-timeout-s", f"{timeout_s:g}"),
     )
-    return {
-        "argv": argv,
-        "env": {"GREENCTL_DB": str(store.path), "GREENCTL_STATE_DIR": str(state_dir)},
-        "state_file": str(state_file),
-        "log_file": str(state_dir / f"executor-{inst_id}.log"),
-        "ready_timeout_s": ready_timeout_s,
-        "llm": {"engine": engine, "model": model_path, "tier": spec.variant},
-    }
+    if not parse_resource(spec.resource).spec.accelerator:
+        spawn["env"]["CUDA_VISIBLE_DEVICES"] = ""
+    spawn["llm"] = {"engine": engine, "model": model_path, "tier": spec.variant}
+    return spawn
 
 
 def tier_figures(plan: Plan, store: Store) -> dict[str, dict[str, Any]]:

@@ -357,27 +357,20 @@ def _journal_executor(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Record a new executor as ``starting`` (with how it starts) and how to undo it."""
     opts = run.options
+    spawn = executor_spawn(
+        s,
+        inst_id,
+        cores,
+        state_dir=run.state_dir,
+        store=run.store,
+        loader=opts.loader_name,
+        max_wait_ms=opts.max_wait_ms,
+        mps_env=run.mps_env,
+        ready_timeout_s=opts.ready_timeout_s,
+    )
     if s.engine is not None:  # an LLM tier: its engine is the executor
-        spawn = llm_spawn(
-            s,
-            inst_id,
-            cores,
-            state_dir=run.state_dir,
-            store=run.store,
-            ready_timeout_s=opts.ready_timeout_s,
-        )
+        spawn = llm_spawn(spawn, s, inst_id, cores, store=run.store)
     else:
-        spawn = executor_spawn(
-            s,
-            inst_id,
-            cores,
-            state_dir=run.state_dir,
-            store=run.store,
-            loader=opts.loader_name,
-            max_wait_ms=opts.max_wait_ms,
-            mps_env=run.mps_env,
-            ready_timeout_s=opts.ready_timeout_s,
-        )
         spawn["argv"] += ["--variant-json", json.dumps(asdict(run.change.variants[s.variant]))]
         spawn["argv"] += executor_energy_args(  # its energy and carbon counters' figures
             run.store, run.plan, variant=s.variant, resource=s.resource, batch=s.batch
@@ -393,7 +386,7 @@ def _journal_executor(
         "quota_rps": s.quota_rps,
         "key": s.key,
         "cores": json.dumps(cores),
-        "device": spawn["env"].get("CUDA_VISIBLE_DEVICES"),
+        "device": spawn["env"].get("CUDA_VISIBLE_DEVICES") or None,
         "spawn": json.dumps(spawn),
         "restarts": 0,
     }
