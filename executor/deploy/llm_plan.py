@@ -114,7 +114,12 @@ def llm_spawn(
     )
     if not parse_resource(spec.resource).spec.accelerator:
         spawn["env"]["CUDA_VISIBLE_DEVICES"] = ""
-    spawn["llm"] = {"engine": engine, "model": model_path, "tier": spec.variant}
+    spawn["llm"] = {  # what the dispatcher knows of it from its spawn alone
+        "engine": engine,
+        "model": model_path,
+        "tier": spec.variant,
+        "served_model": model_path,  # the name the engine answers to (engine_command's)
+    }
     return spawn
 
 
@@ -194,4 +199,21 @@ def add_llm_routes(
             engine, path = engines[tier]
             inst["llm"] = {**fig, "engine": engine, "served_model": path}
             inst["weight"] = max(float(fig.get("share") or 0.0), 1e-9) / counts[tier]
+    return routes
+
+
+def carry_llm(previous: dict[str, Any], routes: dict[str, Any]) -> dict[str, Any]:
+    """``routes`` (rebuilt from the store's rows) with each engine instance's ``llm`` figures
+    and weight as ``previous`` (the table the dispatcher serves now) had them."""
+    known = {
+        b.get("id"): b
+        for m in (previous.get("models") or {}).values()
+        for b in m.get("instances") or []
+    }
+    for model in (routes.get("models") or {}).values():
+        for inst in model["instances"]:
+            before = known.get(inst["id"]) or {}
+            if before.get("llm") is not None:
+                inst.setdefault("llm", before["llm"])
+                inst["weight"] = before.get("weight", inst["weight"])
     return routes

@@ -19,6 +19,7 @@ from greenctl.executor.deploy import partition
 from greenctl.executor.deploy.actions import BACKEND, MPS_SERVICE
 from greenctl.executor.deploy.admin import admin, routed_ids, routes_doc
 from greenctl.executor.deploy.georouter_procs import recover_routers, stop_routers
+from greenctl.executor.deploy.llm_plan import carry_llm
 from greenctl.executor.deploy.processes import (
     dispatcher_process,
     instance_processes,
@@ -94,7 +95,8 @@ def _resync_routes(store: Store) -> list[dict[str, Any]]:
     policy = str(first.get("policy") or "fifo")
     max_queue = int(first.get("max_queue") or 256)
     routes = routes_doc(rows, policy, max_queue, disp.get("apply_id"))
-    admin(disp, "POST", carry_offers(doc, routes))  # keeps the model-less offers
+    routes = carry_llm(doc, carry_offers(doc, routes))  # keeps the offers and LLM tiers
+    admin(disp, "POST", routes)
     return [{"action": "restore-routes", "instances": [r["id"] for r in rows]}]
 
 

@@ -268,3 +268,18 @@ def test_a_killed_engine_is_restarted_and_serves_again(run_store, tiny_llama, le
     assert code == 200 and headers["Greenctl-Variant"] == "tl-small", doc
     down(run_store)
     assert leftovers() == []
+
+
+def test_routes_rebuilt_from_rows_keep_the_tiers_figures():
+    """A table rebuilt from the store's rows (after a killed apply) keeps what the running
+    one said of each engine instance: its tier's figures and share-weight."""
+    from greenctl.executor.deploy.llm_plan import carry_llm
+
+    fig = {"share": 0.8, "quality": 0.6, "served_model": "/m", "decode_j_per_token": 0.05}
+    previous = {"models": {FAMILY: {"instances": [
+        {"id": "1-0", "weight": 0.8, "llm": fig}, {"id": "1-1", "weight": 1.0}]}}}  # fmt: skip
+    rebuilt = {"models": {FAMILY: {"instances": [
+        {"id": "1-0", "weight": 1.6}, {"id": "1-1", "weight": 3.0}, {"id": "2-0", "weight": 1}]}}}  # fmt: skip
+    out = carry_llm(previous, rebuilt)["models"][FAMILY]["instances"]
+    assert out[0] == {"id": "1-0", "weight": 0.8, "llm": fig}
+    assert out[1] == {"id": "1-1", "weight": 3.0} and out[2] == {"id": "2-0", "weight": 1}
