@@ -83,7 +83,7 @@ def test_each_subcommand_lists_its_own_options(cli, kind, own, others):
         (["--kind", "glet", "--sites", "s.csv"], "--sites is an option of replay geo"),
         (["geo", "--budget", "cpu=2"], "--budget is an option of replay mix"),
         (["--plan", "3", "--model-trace", "a=b.txt"], "--model-trace is an option of replay glet"),
-        (["--kind", "tpu"], "--kind tpu: replay takes mix, mig, glet or geo"),
+        (["--kind", "tpu"], "--kind tpu: replay takes mix, mig, glet, geo or llm"),
         (["glet", "--kind", "geo"], "disagree"),
         (["--kind"], "requires an argument"),
     ],

@@ -31,7 +31,7 @@ def test_replan_at_the_same_signal_finds_the_commands_plan(cli, resnet):
 
 
 def test_replan_asks_the_registry_which_kinds_it_can_replan(store):
-    assert {k for k, v in KINDS.items() if v.replannable} == {"mix", "mig", "glet", "geo"}
+    assert {k for k, v in KINDS.items() if v.replannable} == {"mix", "mig", "glet", "geo", "llm"}
     with pytest.raises(InputError, match=r"(?s)unknown plan kind 'nope'.*glet"):
         get_kind("nope")
 

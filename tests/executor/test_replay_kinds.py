@@ -258,4 +258,4 @@ def test_geo_bad_input_exits_2_naming_the_option(store, tmp_path, cli, extra, op
 def test_the_kinds_replay_defaults_are_their_own():
     defaults = {k: replay_step(k).default_baselines for k in ("glet", "geo")}
     assert defaults == {"glet": ("base",), "geo": ("offline", "nearest")}
-    assert set(rp.REPLAYED) == {"mix", "mig", "glet", "geo"}
+    assert set(rp.REPLAYED) == {"mix", "mig", "glet", "geo", "llm"}

@@ -146,7 +146,7 @@ def test_the_kind_is_gone_with_its_package(installed, tiny, tmp_path):
     sys.path.remove(str(installed))
     load_kinds()
     assert "toy" not in KINDS and "toy" not in plan_kinds()
-    assert list(KINDS) == ["mix", "mig", "glet", "geo"]
+    assert list(KINDS) == ["mix", "mig", "glet", "geo", "llm"]
     with pytest.raises(InputError, match="unknown plan kind 'toy'"):
         get_kind("toy")
     with pytest.raises(FileFormatError, match="field 'kind' is 'toy'"):
