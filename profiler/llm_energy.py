@@ -1,18 +1,14 @@
-"""Energy of an LLM engine while it serves: which meter reads it, and the split of a
-measured window into joules per prompt token (prefill) and per output token (decode).
+"""Energy of an LLM engine while it serves: the meter that reads it, and the split of a
+window into joules per prompt token (prefill) and per output token (decode).
 
-Sources, in order: NVML when the engine runs on a GPU (its whole-GPU counter), RAPL where
-this user can read it (by the engine's share of the cores), else the CPU power model of
-:mod:`greenctl.profiler.energy` fed by the CPU time of the engine's process tree (read from
-``/proc``), stored as ``modeled`` and labelled as such wherever shown. A server greenctl only
-reaches (``openai``) has no process here: without a GPU to read, its energy is unknown.
-
-The phase split: a prefill-only pass (``max_tokens`` 1) at the same concurrency gives the
-joules of a request's prompt, divided by its prompt tokens; the full run's energy minus
-that prefill energy of each of its requests, divided by the tokens generated, is the decode
-joules per token (the first token, made by the prefill pass too, is in the prefill figure),
-so that ``prompt x prefill + output x decode`` is the measured energy of a request. Both
-include the resource's idle power while serving, as every greenctl profile's energy does.
+Sources, in order: NVML when the engine runs on a GPU, RAPL where readable (the engine's
+share of the cores), else the CPU power model of :mod:`greenctl.profiler.energy` fed by the
+CPU time of the engine's process tree (``/proc``), stored and labelled ``modeled``. A server
+greenctl only reaches (``openai``) on no GPU of this machine: energy unknown.
+Split: a prefill-only pass (``max_tokens`` 1) gives a prompt's joules (with its first
+token) per prompt token; the full run's energy less that per request, over the tokens made,
+is decode J/token, so ``prompt x prefill + output x decode`` is a request's measured energy.
+Both include the resource's idle power while serving, as every greenctl profile's does.
 """
 
 from __future__ import annotations
