@@ -155,8 +155,21 @@ def test_llm_plan_served_end_to_end(run_store, tiny_llama, leftovers):
     assert headers["Greenctl-Variant"] == "tl-big"
     assert events[-1]["usage"]["completion_tokens"] > 0, events
 
-    # a client that leaves mid-stream: its slot is freed, the tiers serve on
+    # one keep-alive connection: a stream, then a whole answer, then a stream again (each
+    # stream ends with its last chunk, so the next answer on the connection is whole)
     host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    for stream in (True, False, True):
+        conn.request("POST", "/v1/completions", json.dumps({
+            "model": FAMILY, "prompt": "hello", "max_tokens": 3, "stream": stream}),
+            {"Content-Type": "application/json"})  # fmt: skip
+        resp = conn.getresponse()
+        body = resp.read()
+        assert resp.status == 200, body
+        assert (b"data:" in body) == stream, body
+    conn.close()
+
+    # a client that leaves mid-stream: its slot is freed, the tiers serve on
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
     conn.request("POST", "/v1/completions", json.dumps({
         "model": FAMILY, "prompt": "hello", "max_tokens": 400, "stream": True}),
