@@ -1,8 +1,8 @@
 """The Ray Serve deployments of ``apply --backend ray``: a replica per planned instance
 (dynamically batched), a group per plan version (its routes, and its energy sums:
 :class:`~greenctl.executor.deploy.ray_routes.PlanRoutes`) and the stable router, which serves
-the Open Inference Protocol over HTTP itself and sends each request straight to a replica
-(one Ray hop: no Serve proxy, no group, on the request path).
+the Open Inference Protocol over HTTP itself and forwards each request's body straight to a
+replica, which decodes and answers it (one Ray hop: no Serve proxy, no group, on the path).
 
 The classes are plain Python here; :func:`serve_classes` makes them Serve deployments, so
 importing this module never needs Ray.
@@ -76,6 +76,7 @@ class ReplicaServer:
     ) -> None:
         self.loaded = load_model(Variant(**variant))
         self.variant = variant["name"]
+        self.shape = list(self.loaded.input_shape)
         self.infer_batch.set_max_batch_size(max(1, batch))  # type: ignore[attr-defined]
         self.infer_batch.set_batch_wait_timeout_s(max_wait_ms / 1000.0)  # type: ignore[attr-defined]
         self.loaded.run(self.loaded.example(1))  # warm-up
@@ -126,11 +127,40 @@ class ReplicaServer:
             start += n
         return parts
 
-    async def infer(self, rows: Any) -> tuple[str, Any]:
-        return self.variant, await self.infer_batch(rows)
-
-    def input_shape(self) -> list[int]:
-        return list(self.loaded.input_shape)
+    async def answer(
+        self, name: str, raw: bytes, header: str | None, tag: bool
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """One Open Inference Protocol request to ``name`` (this replica's model, or its
+        variant by name), as its body came: ``(status, body, headers)``. The tensor is
+        decoded here, once, and the answer encoded here (the router only forwards bytes);
+        ``tag`` says which variant served it in the answer's ``parameters``."""
+        try:
+            doc, tensors = decode_request(raw, header_length(header))
+            rows, squeeze = model_rows(name, doc, tensors, self.shape)
+        except InputError as exc:
+            return (
+                400,
+                json.dumps({"error": exc.message}).encode(),
+                {"Content-Type": "application/json"},
+            )
+        one: Any = self.infer_batch  # Serve's batching: one request's rows in, its outputs out
+        out = await one(rows.astype("float32", copy=False))
+        body, headers = encode_response(
+            name,
+            [(OUTPUT_NAME, out[0] if squeeze else out)],
+            request=doc,
+            model_version=self.variant,
+        )
+        if tag:
+            n = int(headers.get(HEADER_LENGTH) or len(body))
+            head = json.loads(body[:n])
+            head["parameters"] = {"variant": self.variant}
+            new = json.dumps(head, separators=(",", ":")).encode()
+            body = new + body[n:]
+            if HEADER_LENGTH in headers:
+                headers[HEADER_LENGTH] = str(len(new))
+        headers[VARIANT_HEADER] = self.variant
+        return 200, body, headers
 
 
 class GroupServer:
@@ -182,8 +212,9 @@ ROUTE_KEYS = ("policy", "prefer", "carbon")
 class RouterServer:
     """The stable Open Inference Protocol endpoint, served by the router replica itself
     (greenctl's lean HTTP server on ``host:port``, Serve's proxy not in the path): each
-    request is routed with the active plan version's routes straight to its replicas'
-    deployments, one hop; the version's group is asked only for its energy series."""
+    request is routed with the active plan version's routes and its body forwarded as it
+    came to a replica of the chosen deployment (:meth:`ReplicaServer.answer`), one hop; the
+    version's group is asked only for its energy series."""
 
     async def __init__(self, host: str, port: int) -> None:  # type: ignore[misc]  # Serve awaits it
         self.app: str | None = None
@@ -230,25 +261,6 @@ class RouterServer:
     def address(self) -> int:
         """The port the endpoint listens on."""
         return self.port
-
-    async def route(
-        self, model: str, rows: Any, variant: str | None = None, req: Any = None
-    ) -> tuple[int, str | None, Any]:
-        """``(200, variant, outputs)``, or ``(status, None, error document)``."""
-        if self.table is None:
-            return 503, None, {"error": "no plan version is active"}
-        try:
-            entry = self.table.pick(model, variant, req)
-        except KeyError:
-            return 404, None, {"error": f"unknown model '{variant or model}'"}
-        except NoVariant as none:
-            return 422, None, none.doc()
-        entry.take()
-        try:
-            served, out = await self.replicas[entry.index].infer.remote(rows)
-        finally:
-            entry.give()
-        return 200, served, out
 
     async def server_meta(self, request: hs.Request) -> hs.Response:
         return hs.json_response({"name": "greenctl", "version": "1", "extensions": []})
@@ -308,35 +320,27 @@ class RouterServer:
         return hs.Response(text=text, content_type="text/plain; version=0.0.4")
 
     async def infer(self, request: hs.Request) -> hs.Response:
-        """Decode the request's tensor once, route it, and answer the replica's rows."""
+        """Route a request with the plan's policy, or the model-less choice for its
+        requirements, and forward its body as it came to a replica of that deployment."""
         name = request.match_info["name"]
         model, variant = self._model_of(name)
-        if model is None:
+        if model is None or self.table is None:
             return hs.json_response({"error": f"unknown model '{name}'"}, status=404)
         header = request.headers.get(HEADER_LENGTH)
         raw = bytes(request.body)
         try:
             req = requirements_of(raw, header)  # as the local dispatcher reads them
-            doc, tensors = decode_request(raw, header_length(header))
-            entries = self.models[model]
-            shape = next((e for e in entries if e["variant"] == variant), entries[0])["input_shape"]
-            rows, squeeze = model_rows(name, doc, tensors, shape)
-            rows = rows.astype("float32", copy=False)
+            entry = self.table.pick(model, variant, req)
         except InputError as exc:
             return hs.json_response({"error": exc.message}, status=400)
-        code, served, out = await self.route(model, rows, variant, req)
-        if code != 200:
-            return hs.json_response(out, status=code)
-        body, headers = encode_response(
-            name, [(OUTPUT_NAME, out[0] if squeeze else out)], request=doc, model_version=served
-        )
-        if req is not None or variant is not None:  # say which variant served it
-            n = int(headers.get(HEADER_LENGTH) or len(body))
-            head = json.loads(body[:n])
-            head["parameters"] = {"variant": served}
-            new = json.dumps(head, separators=(",", ":")).encode()
-            body = new + body[n:]
-            if HEADER_LENGTH in headers:
-                headers[HEADER_LENGTH] = str(len(new))
-        headers[VARIANT_HEADER] = str(served)
-        return hs.Response(body=body, headers=headers)
+        except NoVariant as none:
+            return hs.json_response(none.doc(), status=422)
+        entry.take()
+        try:
+            tag = req is not None or variant is not None  # say which variant served it
+            code, body, headers = await self.replicas[entry.index].answer.remote(
+                name, raw, header, tag
+            )
+        finally:
+            entry.give()
+        return hs.Response(status=code, body=body, headers=headers)
