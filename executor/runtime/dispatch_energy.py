@@ -101,7 +101,7 @@ class EnergyAccounting(RoutingTable):
             (route.name, b, self._process(b))
             for route in self.routes.values()
             for b in route.backends
-            if b.up and not b.restarting
+            if b.up and not b.restarting and b.llm is None  # an LLM engine's: from its tokens
         ]
         timeout = aiohttp.ClientTimeout(total=max(1.0, self.energy_interval_s))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import socket
@@ -109,6 +110,10 @@ def _watch(command: llm_engines.EngineCommand, args: argparse.Namespace, host: s
     print(f"{args.engine} engine of {args.variant} ready at {command.endpoint}", flush=True)
 
 
+def _not_per_request(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("[Request received]")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cores = [int(c) for c in args.cores.split(",") if c.strip()]
@@ -125,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         write_json_atomic(Path(args.state_file), doc)
         return 3
     os.environ.update(command.env)  # before the engine imports torch (thread counts)
+    # no access log: a line per request would grow the log without bound (the dispatcher
+    # counts requests); a logger's filters outlive the engine's logging configuration
+    logging.getLogger("uvicorn.access").addFilter(lambda record: False)
+    for name in ("completion", "chat_completion", "response"):  # transformers' per request
+        logging.getLogger(f"transformers.cli.serving.{name}").addFilter(_not_per_request)
     threading.Thread(target=_watch, args=(command, args, host), name="ready", daemon=True).start()
     head = command.argv.index("-m") + 2  # python -m greenctl.profiler.llm_engines ARGS
     try:
