@@ -90,8 +90,10 @@ class LLMProfileRequest:
 
     def __post_init__(self) -> None:
         if self.engine not in LLM_ENGINES:
-            raise InputError(f"--engine {shown(self.engine)} is not an LLM engine greenctl knows",
-                             hint="--engine " + "|".join(LLM_ENGINES))  # fmt: skip
+            raise InputError(
+                f"--engine {shown(self.engine)} is not an LLM engine greenctl knows",
+                hint="--engine " + "|".join(LLM_ENGINES),
+            )
         for flag, text in (("--name", self.name), ("--family", self.family)):
             problem = name_problem(text.strip()) or ("is empty" if not text.strip() else None)
             if problem:
@@ -99,8 +101,12 @@ class LLMProfileRequest:
                     f"{flag} '{shown(text)}' {problem}", hint="a short name, e.g. llama-s"
                 )
         self.name, self.family = self.name.strip(), self.family.strip()
-        self.quality = bounded(self.quality, "--quality", "fraction",
-                               hint="--quality is the variant's quality in 0..1, e.g. 0.7")  # fmt: skip
+        self.quality = bounded(
+            self.quality,
+            "--quality",
+            "fraction",
+            hint="--quality is the variant's quality in 0..1, e.g. 0.7",
+        )
         self.prompt_tokens = whole(self.prompt_tokens, "--prompt-tokens", "count")
         self.output_tokens = whole(self.output_tokens, "--output-tokens", "count")
         self.duration_s = bounded(self.duration_s, "--duration", "time_limit_s")
@@ -111,44 +117,65 @@ class LLMProfileRequest:
         )
         levels = parse_int_list(text, option="--concurrency")
         if max(levels) > MAX_CONCURRENCY:
-            raise InputError(f"--concurrency {max(levels)} is more than {MAX_CONCURRENCY} streams",
-                             hint="for example --concurrency 1,4,16")  # fmt: skip
+            raise InputError(
+                f"--concurrency {max(levels)} is more than {MAX_CONCURRENCY} streams",
+                hint="for example --concurrency 1,4,16",
+            )
         self.concurrency = tuple(sorted(set(levels)))
+        if self.gpu is not None and self.gpu < 0:
+            raise InputError(
+                f"--gpu {self.gpu} is not a GPU index", hint="--gpu 0 for the first GPU"
+            )
         self._check_target()
 
     def _check_target(self) -> None:
         """The engine's model or endpoint, and the options that go with it."""
         if self.engine == "openai":
             if self.endpoint is None or self.model_dir is not None:
-                raise InputError("--engine openai profiles a server you run: give --endpoint "
-                                 "(and no --model-dir)", hint="--endpoint http://127.0.0.1:8000")  # fmt: skip
+                raise InputError(
+                    "--engine openai profiles a server you run: give --endpoint "
+                    "(and no --model-dir)",
+                    hint="--endpoint http://127.0.0.1:8000",
+                )
             if not self.endpoint.startswith(("http://", "https://")):
-                raise InputError(f"--endpoint {shown(self.endpoint)} is not an http(s) URL",
-                                 hint="for example --endpoint http://127.0.0.1:8000")  # fmt: skip
+                raise InputError(
+                    f"--endpoint {shown(self.endpoint)} is not an http(s) URL",
+                    hint="for example --endpoint http://127.0.0.1:8000",
+                )
             self.endpoint = self.endpoint.rstrip("/").removesuffix("/v1")  # the server's base
             if self.cpus is not None:
-                raise InputError("--cpus applies to engines greenctl starts, not --engine openai",
-                                 hint="leave out --cpus (the server you run has its own)")  # fmt: skip
+                raise InputError(
+                    "--cpus applies to engines greenctl starts, not --engine openai",
+                    hint="leave out --cpus (the server you run has its own)",
+                )
             return
         if self.model_dir is None or self.endpoint is not None:
-            raise InputError(f"--engine {self.engine} serves a model greenctl starts: give "
-                             "--model-dir (and no --endpoint)",
-                             hint="--model-dir FOLDER (a GGUF file for llama.cpp)")  # fmt: skip
+            raise InputError(
+                f"--engine {self.engine} serves a model greenctl starts: give "
+                "--model-dir (and no --endpoint)",
+                hint="--model-dir FOLDER (a GGUF file for llama.cpp)",
+            )
         if self.model is not None:
-            raise InputError("--model names the model of an --endpoint (--engine openai)",
-                             hint="leave out --model: greenctl names the model it serves")  # fmt: skip
+            raise InputError(
+                "--model names the model of an --endpoint (--engine openai)",
+                hint="leave out --model: greenctl names the model it serves",
+            )
         try:
             llm_engines.check_model(self.engine, self.model_dir)
         except InputError as exc:
             raise InputError(f"--model-dir: {exc.message}", hint=exc.hint) from None
         if self.engine == "llama.cpp" and importlib.util.find_spec("llama_cpp") is None:
-            raise InputError("--engine llama.cpp: llama-cpp-python is not installed",
-                             hint=llm_engines.INSTALL_HINT["llama.cpp"])  # fmt: skip
+            raise InputError(
+                "--engine llama.cpp: llama-cpp-python is not installed",
+                hint=llm_engines.INSTALL_HINT["llama.cpp"],
+            )
         self.cpus = 1 if self.cpus is None else whole(self.cpus, "--cpus", "count")
         avail = usable_cores()
-        if self.gpu is None and self.cpus > len(avail):
-            raise InputError(f"--cpus {self.cpus} asks for more cores than this process may use "
-                             f"({len(avail)})", hint=f"use --cpus up to {len(avail)}")  # fmt: skip
+        if self.cpus > len(avail):
+            raise InputError(
+                f"--cpus {self.cpus} asks for more cores than this process may use ({len(avail)})",
+                hint=f"use --cpus up to {len(avail)}",
+            )
 
     @property
     def levels(self) -> tuple[int, ...]:
@@ -159,11 +186,19 @@ class LLMProfileRequest:
         """The workload description stored with every row: what a server must be asked and
         how an engine is started again (its engine and model path, or its endpoint)."""
         model = str(Path(self.model_dir).resolve()) if self.model_dir is not None else None
-        return {"engine": self.engine, "model": model, "endpoint": self.endpoint,
-                "served_model": served_model, "prompt_tokens": self.prompt_tokens,
-                "output_tokens": self.output_tokens, "chat": self.chat, "cpus": self.cpus,
-                "gpu": self.gpu, "duration_s": self.duration_s,
-                "phases": "prefill-only pass (max_tokens 1) at each concurrency"}  # fmt: skip
+        return {
+            "engine": self.engine,
+            "model": model,
+            "endpoint": self.endpoint,
+            "served_model": served_model,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "chat": self.chat,
+            "cpus": self.cpus,
+            "gpu": self.gpu,
+            "duration_s": self.duration_s,
+            "phases": "prefill-only pass (max_tokens 1) at each concurrency",
+        }
 
 
 @dataclass
@@ -222,18 +257,23 @@ def _gpu_info(index: int) -> tuple[str, str]:
     """(``gpu:MODEL`` resource, GPU name) of GPU ``index``.
 
     Raises:
-        HardwareError: no NVML, or no such GPU.
+        InputError: no NVML here, or no such GPU.
     """
     from greenctl.profiler.device import get_backend, no_gpu_reason
 
     backend = get_backend()
     if backend is None:
-        raise HardwareError(f"--gpu {index}: no NVML here ({no_gpu_reason()})")
+        raise InputError(
+            f"--gpu {index}: no GPU greenctl can read here ({no_gpu_reason()})",
+            hint="leave out --gpu to profile on the CPU",
+        )
     for g in backend.gpus():
         if g.index == index:
             return f"gpu:{g.label}", g.name
-    raise InputError(f"--gpu {index}: there is no GPU {index}",
-                     hint=f"GPUs here: {', '.join(str(g.index) for g in backend.gpus()) or 'none'}")  # fmt: skip
+    raise InputError(
+        f"--gpu {index}: there is no GPU {index}",
+        hint=f"GPUs here: {', '.join(str(g.index) for g in backend.gpus()) or 'none'}",
+    )
 
 
 def _remote_resource(endpoint: str) -> str:
@@ -255,20 +295,27 @@ def _served(request: LLMProfileRequest) -> Iterator[_Target]:
                 f"--endpoint {shown(endpoint)} lists no model", hint="give --model NAME"
             )
         meter = engine_meter(pid=None, cores=0, gpu_index=request.gpu)
-        yield _Target(endpoint, model, gpu[0] if gpu else _remote_resource(endpoint),
-                      gpu[1] if gpu else None, meter)  # fmt: skip
+        yield _Target(
+            endpoint,
+            model,
+            gpu[0] if gpu else _remote_resource(endpoint),
+            gpu[1] if gpu else None,
+            meter,
+        )
         return
-    cores = [] if gpu else usable_cores()[: int(request.cpus or 1)]
-    command = llm_engines.engine_command(request.engine, str(request.model_dir),
-                                         port=_free_port(), cores=cores)  # fmt: skip
+    cores = usable_cores()[: int(request.cpus or 1)]  # a GPU engine's host threads too
+    command = llm_engines.engine_command(
+        request.engine, str(request.model_dir), port=_free_port(), cores=cores
+    )
     command.env["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(request.gpu)
     running = llm_engines.start(command)
     log = _drain(running.proc.stderr)
     try:
         meter = engine_meter(pid=running.proc.pid, cores=len(cores), gpu_index=request.gpu)
         resource = gpu[0] if gpu else f"cpu:{len(cores)}"
-        yield _Target(command.endpoint, command.model, resource,
-                      gpu[1] if gpu else _cpu_name(), meter)  # fmt: skip
+        yield _Target(
+            command.endpoint, command.model, resource, gpu[1] if gpu else _cpu_name(), meter
+        )
     except HardwareError as exc:
         tail = " | ".join(line.strip() for line in list(log)[-3:])
         raise HardwareError(
@@ -316,8 +363,9 @@ def _reach(endpoint: str) -> list[str]:
         raise InputError(message, hint=exc.hint) from None
 
 
-def _metered(meter: EnergyMeter | None, work: Callable[[], ConcurrencyResult]
-             ) -> tuple[ConcurrencyResult, EnergyReading | None]:  # fmt: skip
+def _metered(
+    meter: EnergyMeter | None, work: Callable[[], ConcurrencyResult]
+) -> tuple[ConcurrencyResult, EnergyReading | None]:
     """Run ``work`` inside ``meter``'s window (no meter: no reading)."""
     if meter is None:
         return work(), None
@@ -335,33 +383,56 @@ def _idle_power(meter: EnergyMeter | None, seconds: float) -> float | None:
     return meter.stop(requests=0).power_w
 
 
-def _row(request: LLMProfileRequest, target: _Target, run: tuple[str, str], full: ConcurrencyResult,
-         energy: tuple[EnergyReading | None, ConcurrencyResult, EnergyReading | None],
-         idle_w: float | None) -> LLMProfile:  # fmt: skip
+def _row(
+    request: LLMProfileRequest,
+    target: _Target,
+    run: tuple[str, str],
+    full: ConcurrencyResult,
+    energy: tuple[EnergyReading | None, ConcurrencyResult, EnergyReading | None],
+    idle_w: float | None,
+) -> LLMProfile:
     """The stored row of one concurrency level (``run``: the run's id and time, shared by
     its rows: the store reads a profile as the rows of its newest run)."""
     full_e, prefill, prefill_e = energy
     prompt = full.mean_prompt_tokens or float(request.prompt_tokens)
     phases = None
     if full_e is not None and prefill_e is not None:
-        phases = split_phases(full_e, requests=full.requests, prompt_tokens=prompt,
-                              output_tokens=full.mean_output_tokens, prefill=prefill_e,
-                              prefill_requests=prefill.requests)  # fmt: skip
+        phases = split_phases(
+            full_e,
+            requests=full.requests,
+            prompt_tokens=prompt,
+            output_tokens=full.mean_output_tokens,
+            prefill=prefill_e,
+            prefill_requests=prefill.requests,
+        )
     return LLMProfile(
-        variant=request.name, resource=target.resource, engine=request.engine,
-        concurrency=full.concurrency, run_id=run[0], created_at=run[1], prompt_tokens=prompt,
-        output_tokens=full.mean_output_tokens, requests=full.requests, errors=full.errors,
+        variant=request.name,
+        resource=target.resource,
+        engine=request.engine,
+        concurrency=full.concurrency,
+        run_id=run[0],
+        created_at=run[1],
+        prompt_tokens=prompt,
+        output_tokens=full.mean_output_tokens,
+        requests=full.requests,
+        errors=full.errors,
         duration_s=full.requests / full.requests_per_s,
-        ttft_p50_ms=full.ttft_ms.get("p50"), ttft_p95_ms=full.ttft_ms.get("p95"),
-        ttft_p99_ms=full.ttft_ms.get("p99"), tpot_p50_ms=full.tpot_ms.get("p50"),
-        tpot_p95_ms=full.tpot_ms.get("p95"), tpot_p99_ms=full.tpot_ms.get("p99"),
-        output_tokens_per_s=full.output_tokens_per_s, requests_per_s=full.requests_per_s,
-        power_w=full_e.power_w if full_e else None, idle_power_w=idle_w,
+        ttft_p50_ms=full.ttft_ms.get("p50"),
+        ttft_p95_ms=full.ttft_ms.get("p95"),
+        ttft_p99_ms=full.ttft_ms.get("p99"),
+        tpot_p50_ms=full.tpot_ms.get("p50"),
+        tpot_p95_ms=full.tpot_ms.get("p95"),
+        tpot_p99_ms=full.tpot_ms.get("p99"),
+        output_tokens_per_s=full.output_tokens_per_s,
+        requests_per_s=full.requests_per_s,
+        power_w=full_e.power_w if full_e else None,
+        idle_power_w=idle_w,
         prefill_j_per_token=phases.prefill_j_per_token if phases else None,
         decode_j_per_token=phases.decode_j_per_token if phases else None,
         energy_method=target.meter.method if target.meter else UNKNOWN_ENERGY,
-        hardware=target.hardware, workload=json.dumps(request.workload(target.model)),
-    )  # fmt: skip
+        hardware=target.hardware,
+        workload=json.dumps(request.workload(target.model)),
+    )
 
 
 def _measure_levels(
@@ -370,9 +441,15 @@ def _measure_levels(
     """Warm up, read idle power, then measure each concurrency (full run and prefill pass)."""
 
     def run(concurrency: int, output_tokens: int, duration_s: float) -> ConcurrencyResult:
-        return measure(target.endpoint, target.model, prompt_tokens=request.prompt_tokens,
-                       output_tokens=output_tokens, concurrency=concurrency,
-                       duration_s=duration_s, chat=request.chat)  # fmt: skip
+        return measure(
+            target.endpoint,
+            target.model,
+            prompt_tokens=request.prompt_tokens,
+            output_tokens=output_tokens,
+            concurrency=concurrency,
+            duration_s=duration_s,
+            chat=request.chat,
+        )
 
     progress("warming up", 0.0)
     run(1, request.output_tokens, min(request.duration_s, WARMUP_S))
@@ -408,9 +485,19 @@ def profile_llm(
 
     notes = [n for n in [busy_note(len(usable_cores()))] if n]
     if target.meter is None:
-        notes.append("energy unknown: the server runs elsewhere and no --gpu of this machine "
-                     "was named to read it by NVML")  # fmt: skip
+        notes.append(
+            "energy unknown: the server runs elsewhere and no --gpu of this machine "
+            "was named to read it by NVML"
+        )
     add_llm_profiles(store, llm_variant(request.name, request.family, request.quality), rows)
-    return LLMProfileRun(request.name, request.family, request.quality, target.resource,
-                         request.engine, target.meter.method if target.meter else UNKNOWN_ENERGY, rows,
-                         notes, time.perf_counter() - t0)  # fmt: skip
+    return LLMProfileRun(
+        request.name,
+        request.family,
+        request.quality,
+        target.resource,
+        request.engine,
+        target.meter.method if target.meter else UNKNOWN_ENERGY,
+        rows,
+        notes,
+        time.perf_counter() - t0,
+    )

@@ -150,6 +150,7 @@ def test_the_meter_is_nvml_on_a_gpu_and_none_for_a_remote_server(monkeypatch):
         ({"cpus": 4096}, "--cpus"),
         ({"endpoint": "http://127.0.0.1:1"}, "--model-dir"),
         ({"model": "m"}, "--model"),
+        ({"gpu": -1}, "--gpu"),
     ],
 )
 def test_a_bad_request_names_its_flag(tiny_llama, change, flag):
@@ -175,6 +176,13 @@ def test_the_target_must_fit_the_engine(tmp_path):
         with pytest.raises(InputError, match="llama-cpp-python is not installed") as err:
             _request(gguf, engine="llama.cpp")
         assert "greenctl[llamacpp]" in str(err.value.hint)
+
+
+def test_a_gpu_that_is_not_here_is_refused_before_anything_starts(store, tiny_llama, monkeypatch):
+    monkeypatch.setenv("GREENCTL_FAKE_NVML", str(FAKE_NVML))
+    with pytest.raises(InputError, match="--gpu 9: there is no GPU 9"):
+        profile_llm(store, _request(tiny_llama, gpu=9))
+    assert _llm_rows(store) == 0 and store.variants() == []
 
 
 def test_a_name_of_another_family_or_kind_is_refused_and_nothing_starts(store, tiny_llama):
