@@ -124,7 +124,8 @@ def test_the_cpu_meter_follows_the_engines_processes_not_this_one():
     if method == "modeled":  # RAPL reads the package whatever runs: only the model follows
         model = ModeledCpuMeter(1)
         assert idle_w == pytest.approx(model.power_at(0.0), abs=0.5)
-        assert busy_w > model.power_at(0.3)  # a spinning process, even on a loaded machine
+        # a spinning process: busy however loaded the machine is (its share of a core)
+        assert busy_w > model.power_at(0.05) and busy_w > idle_w
 
 
 def test_the_meter_is_nvml_on_a_gpu_and_none_for_a_remote_server(monkeypatch):
