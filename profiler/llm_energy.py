@@ -69,11 +69,12 @@ class PhaseEnergy:
 
 
 def engine_meter(
-    *, pid: int | None, cores: int, gpu_index: int | None, backend: object | None = None
+    *, pid: int | None, cores: int, gpu_index: int | None, rapl: list[str] | None = None
 ) -> EnergyMeter | None:
-    """The meter of an engine: NVML on GPU ``gpu_index``, else RAPL or the modeled CPU fed
-    by process ``pid``'s tree on ``cores`` cores; None when nothing can say (a remote
-    server on no GPU of this machine).
+    """The meter of an engine: NVML on GPU ``gpu_index``, else RAPL (``rapl``: the counter
+    files, default :func:`~greenctl.profiler.hw.rapl_files`) or the modeled CPU fed by process
+    ``pid``'s tree on ``cores`` cores; None when nothing can say (a remote server on no GPU
+    of this machine).
 
     Raises:
         HardwareError: ``gpu_index`` given but NVML is not there.
@@ -81,13 +82,13 @@ def engine_meter(
     if gpu_index is not None:
         from greenctl.profiler.device import get_backend, no_gpu_reason
 
-        gpus = backend if backend is not None else get_backend()
-        if gpus is None:
+        backend = get_backend()
+        if backend is None:
             raise HardwareError(f"--gpu {gpu_index}: no NVML here ({no_gpu_reason()})")
-        return NvmlEnergyMeter(gpus, gpu_index)  # type: ignore[arg-type]
+        return NvmlEnergyMeter(backend, gpu_index)
     if pid is None:
         return None
-    files = rapl_files()
+    files = rapl_files() if rapl is None else rapl
     if files:
         return rapl_or_model_meter(cores, total_cores=len(usable_cores()), rapl=files)
     return ModeledCpuMeter(cores, cpu_clock=lambda: tree_cpu_seconds(pid))

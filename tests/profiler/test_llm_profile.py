@@ -21,8 +21,8 @@ from greenctl.data.llm_profiles import LLMProfile, latest_llm_profiles, percenti
 from greenctl.data.llm_traces import synthetic_llm_trace
 from greenctl.data.records import Variant
 from greenctl.profiler import llm_engines
-from greenctl.profiler.energy import EnergyReading, ModeledCpuMeter
-from greenctl.profiler.hw import rapl_files
+from greenctl.profiler.energy import EnergyReading, ModeledCpuMeter, RaplMeter
+from greenctl.profiler.hw import rapl_files, usable_cores
 from greenctl.profiler.llm_client import StreamTiming, summarise
 from greenctl.profiler.llm_energy import engine_meter, split_phases, tree_cpu_seconds
 from greenctl.profiler.llm_profile import LLMProfileRequest, profile_llm
@@ -128,6 +128,16 @@ def test_the_cpu_meter_follows_the_engines_processes_not_this_one():
         assert busy_w > model.power_at(0.05) and busy_w > idle_w
 
 
+def test_readable_rapl_counters_are_read_before_the_model(tmp_path):
+    counter = tmp_path / "intel-rapl:0" / "energy_uj"
+    counter.parent.mkdir()
+    counter.write_text("1000000\n")
+    meter = engine_meter(pid=1, cores=1, gpu_index=None, rapl=[str(counter)])
+    assert isinstance(meter, RaplMeter) and meter.share == pytest.approx(1 / len(usable_cores()))
+    modeled = engine_meter(pid=1, cores=1, gpu_index=None, rapl=[])
+    assert isinstance(modeled, ModeledCpuMeter)
+
+
 def test_the_meter_is_nvml_on_a_gpu_and_none_for_a_remote_server(monkeypatch):
     assert engine_meter(pid=None, cores=0, gpu_index=None) is None
     monkeypatch.setenv("GREENCTL_FAKE_NVML", str(FAKE_NVML))
@@ -211,6 +221,12 @@ def test_a_started_engine_is_profiled_at_each_concurrency_and_stored_as_one_run(
         assert r.energy_method == ("rapl" if rapl_files() else "modeled")
         assert r.prefill_j_per_token > 0 and r.decode_j_per_token > 0
         assert r.power_w >= r.idle_power_w > 0
+        # the split gives back the run's energy per request (its window: the client's wall
+        # time and the setting up of its connections)
+        per_request = r.power_w * r.duration_s / r.requests
+        assert r.joules_per_request(r.prompt_tokens, r.output_tokens) == pytest.approx(
+            per_request, rel=0.25
+        )
         work = r.workload_dict
         assert work["engine"] == "transformers" and work["endpoint"] is None
         assert work["model"] == str(tiny_llama.resolve())
