@@ -530,6 +530,7 @@ def _plan_routes(
                     int(x) for x in str(variants[dep.variant]["input_shape"] or "").split(",") if x
                 ],
                 "replicas": dep.count,
+                "batch": dep.batch,
                 "weight": float(dep.quota_rps if dep.quota_rps is not None else dep.count),
                 "offer": offers[(dep.variant, dep.resource, dep.batch)].to_dict(),
             }

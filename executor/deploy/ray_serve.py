@@ -10,6 +10,7 @@ importing this module never needs Ray.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -57,10 +58,16 @@ def serve_classes() -> tuple[Any, Any, Any]:
             ReplicaServer.infer_batch
         )
 
+    # no line per request: Serve's access log costs a replica as much as decoding a tensor
+    logs = {"enable_access_log": False, "log_level": "WARNING"}
     no_cpu = {"num_cpus": 0}
-    group = serve.deployment(name="Group", num_replicas=1, ray_actor_options=no_cpu)
-    router = serve.deployment(name="Router", num_replicas=1, ray_actor_options=no_cpu)
-    return serve.deployment(Replica), group(GroupServer), router(RouterServer)
+    group = serve.deployment(
+        name="Group", num_replicas=1, ray_actor_options=no_cpu, logging_config=logs
+    )
+    router = serve.deployment(
+        name="Router", num_replicas=1, ray_actor_options=no_cpu, logging_config=logs
+    )
+    return serve.deployment(logging_config=logs)(Replica), group(GroupServer), router(RouterServer)
 
 
 class ReplicaServer:
@@ -126,6 +133,10 @@ class ReplicaServer:
             parts.append(out[start : start + n])
             start += n
         return parts
+
+    async def answer_all(self, requests: list[tuple[Any, ...]]) -> list[Any]:
+        """Several requests' :meth:`answer`, batched together by Serve's batching."""
+        return list(await asyncio.gather(*(self.answer(*r) for r in requests)))
 
     async def answer(
         self, name: str, raw: bytes, header: str | None, tag: bool
@@ -209,6 +220,50 @@ class GroupServer:
 ROUTE_KEYS = ("policy", "prefer", "carbon")
 
 
+class Sender:
+    """The requests a router sends one deployment, grouped: at most ``calls`` Ray calls in
+    flight (one running and one forming per replica), and the requests that arrive meanwhile
+    go together, up to ``most`` (the plan's batch), in the next call
+    (:meth:`ReplicaServer.answer_all`). No timer: a request to an idle deployment goes at
+    once; under load one Ray call carries a batch instead of a request."""
+
+    def __init__(self, handle: Any, *, calls: int = 2, most: int = 1) -> None:
+        self.handle, self.calls, self.most = handle, calls, most
+        self.waiting: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self.inflight = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def send(self, *args: Any) -> Any:
+        """``args`` answered by :meth:`ReplicaServer.answer`."""
+        done = asyncio.get_running_loop().create_future()
+        self.waiting.append((args, done))
+        self._pump()
+        return await done
+
+    def _pump(self) -> None:
+        while self.waiting and self.inflight < self.calls:
+            group, self.waiting = self.waiting[: self.most], self.waiting[self.most :]
+            self.inflight += 1
+            task = asyncio.get_running_loop().create_task(self._call(group))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _call(self, group: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+        try:
+            answers = await self.handle.answer_all.remote([args for args, _ in group])
+        except Exception as exc:  # each request of the call fails with it
+            for _, done in group:
+                if not done.done():
+                    done.set_exception(exc)
+        else:
+            for (_, done), answer in zip(group, answers, strict=True):
+                if not done.done():  # (a client gone meanwhile cancelled its own)
+                    done.set_result(answer)
+        finally:
+            self.inflight -= 1
+            self._pump()
+
+
 class RouterServer:
     """The stable Open Inference Protocol endpoint, served by the router replica itself
     (greenctl's lean HTTP server on ``host:port``, Serve's proxy not in the path): each
@@ -238,10 +293,17 @@ class RouterServer:
 
         group = serve.get_app_handle(app)
         spec = await group.spec.remote()
-        self.replicas = [
+        handles = [
             serve.get_deployment_handle(name, app, _check_exists=False, _record_telemetry=False)
             for name in spec["deployments"]
         ]
+        self.replicas = [Sender(h) for h in handles]
+        for doc in (d for ds in spec["routes"].values() for d in ds):
+            self.replicas[int(doc["handle_index"])] = Sender(
+                handles[int(doc["handle_index"])],
+                calls=2 * max(int(doc.get("replicas") or 1), 1),
+                most=max(int(doc.get("batch") or 1), 1),
+            )
         self.table = PlanRoutes(
             spec["routes"],
             spec["policy"],
@@ -338,9 +400,7 @@ class RouterServer:
         entry.take()
         try:
             tag = req is not None or variant is not None  # say which variant served it
-            code, body, headers = await self.replicas[entry.index].answer.remote(
-                name, raw, header, tag
-            )
+            code, body, headers = await self.replicas[entry.index].send(name, raw, header, tag)
         finally:
             entry.give()
         return hs.Response(status=code, body=body, headers=headers)

@@ -4,6 +4,7 @@ port it was started with."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -98,3 +99,72 @@ def test_a_taken_port_is_refused_and_the_router_keeps_its_port(cluster, store, c
         time.sleep(0.5)
     else:
         pytest.fail(f"{first.url} still answers after down")
+
+
+# -- the router's grouping of requests per deployment (plain asyncio, no Ray) -----------------
+class _Replica:
+    """A deployment handle's stand-in: records each call's requests and answers them when
+    ``gate`` opens (a request ``boom`` fails its whole call)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[tuple]] = []
+        self.gate = asyncio.Event()
+        self.answer_all = self
+
+    def remote(self, requests: list[tuple]):
+        self.calls.append(list(requests))
+
+        async def answer() -> list:
+            await self.gate.wait()
+            if any(r[0] == "boom" for r in requests):
+                raise RuntimeError("the replica died")
+            return [("ok", r) for r in requests]
+
+        return answer()
+
+
+async def _settle() -> None:
+    """Let every ready task run (sends queue, calls start)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+def test_sender_sends_an_idle_request_at_once_and_groups_those_that_wait():
+    from greenctl.executor.deploy.ray_serve import Sender
+
+    async def main() -> None:
+        replica = _Replica()
+        sender = Sender(replica, calls=1, most=3)
+        first = asyncio.ensure_future(sender.send("a"))
+        await _settle()
+        assert replica.calls == [[("a",)]]  # nothing in flight: it goes alone, at once
+        rest = [asyncio.ensure_future(sender.send(x)) for x in "bcde"]
+        await _settle()
+        assert len(replica.calls) == 1  # one call in flight at most: the rest wait
+        replica.gate.set()
+        assert await asyncio.gather(first, *rest) == [("ok", (x,)) for x in "abcde"]
+        assert replica.calls == [[("a",)], [("b",), ("c",), ("d",)], [("e",)]]
+
+    asyncio.run(main())
+
+
+def test_sender_fails_each_request_of_a_failed_call_and_goes_on():
+    from greenctl.executor.deploy.ray_serve import Sender
+
+    async def main() -> None:
+        replica = _Replica()
+        sender = Sender(replica, calls=1, most=2)
+        first = asyncio.ensure_future(sender.send("a"))
+        await _settle()
+        grouped = [asyncio.ensure_future(sender.send(x)) for x in ("boom", "b")]
+        await _settle()  # both wait for the call in flight
+        replica.gate.set()
+        assert await first == ("ok", ("a",))
+        for request in grouped:
+            with pytest.raises(RuntimeError, match="replica died"):
+                await request
+        assert replica.calls[1] == [("boom",), ("b",)]
+        assert await sender.send("c") == ("ok", ("c",))  # the failed call freed its slot
+        assert sender.inflight == 0 and not sender.waiting
+
+    asyncio.run(main())
