@@ -13,17 +13,22 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from greenctl.data.errors import HardwareError, InputError, shown
 
 #: engines greenctl can start (``openai`` is reached, not started)
 STARTABLE = ("transformers", "llama.cpp")
+#: how many of an engine's last log lines are kept for error messages
+LOG_LINES = 40
 #: what each engine needs installed, for the hint when it is missing
 INSTALL_HINT = {
     "transformers": "pip install 'greenctl[llm]'",
@@ -48,7 +53,13 @@ class RunningEngine:
 
     command: EngineCommand
     proc: subprocess.Popen[bytes]
-    log: list[str] = field(default_factory=list)
+    #: its last log lines, read as they come (an engine that logs every request blocks
+    #: once a pipe nobody reads is full)
+    log: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
+
+    def log_tail(self, lines: int = 3) -> str:
+        """Its last ``lines`` log lines on one line (empty: it logged nothing)."""
+        return " | ".join(line.strip() for line in list(self.log)[-lines:])
 
 
 def check_model(engine: str, model: str | Path) -> Path:
@@ -63,7 +74,7 @@ def check_model(engine: str, model: str | Path) -> Path:
         if not p.is_dir() or not (p / "config.json").is_file():
             raise InputError(
                 f"{shown(str(p))} is not a transformers model folder (no config.json)",
-                hint="name a folder written by save_pretrained (greenctl llm tiny-model makes one)",
+                hint="name a folder written by save_pretrained (profiler.llm_models.random_llama makes one)",
             )
     elif engine == "llama.cpp":
         if not p.is_file() or p.read_bytes()[:4] != b"GGUF":
@@ -110,12 +121,32 @@ def start(command: EngineCommand, *, timeout_s: float = 180.0) -> RunningEngine:
         stderr=subprocess.PIPE,
     )
     running = RunningEngine(command, proc)
+    _drain(proc.stderr, running.log)
     try:
         wait_ready(command.endpoint, proc=proc, timeout_s=timeout_s, what=command.engine)
+    except HardwareError as exc:
+        stop(running)
+        raise HardwareError(
+            f"{exc.message} (engine log: {running.log_tail() or 'empty'})", hint=exc.hint
+        ) from None
     except BaseException:
         stop(running)
         raise
     return running
+
+
+def _drain(stream: IO[bytes] | None, into: deque[str]) -> None:
+    """Read an engine's log into ``into`` as it comes, on a thread of its own."""
+
+    def read() -> None:
+        try:
+            for raw in iter(stream.readline, b""):  # type: ignore[union-attr]
+                into.append(raw.decode(errors="replace"))
+        except (OSError, ValueError):  # closed when the engine is stopped
+            return
+
+    if stream is not None:
+        threading.Thread(target=read, daemon=True, name="engine-log").start()
 
 
 def wait_ready(
@@ -144,8 +175,7 @@ def wait_ready(
         except OSError:
             pass
         if proc is not None and proc.poll() is not None:
-            tail = proc.stderr.read().decode(errors="replace")[-1500:] if proc.stderr else ""
-            raise HardwareError(f"{what} exited with code {proc.returncode}: {tail.strip()}")
+            raise HardwareError(f"{what} exited with code {proc.returncode}")
         if time.monotonic() > deadline:
             raise HardwareError(
                 f"{what} at {endpoint} did not answer in {timeout_s:g} s",

@@ -16,16 +16,14 @@ import importlib.util
 import json
 import re
 import socket
-import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from greenctl.data.errors import HardwareError, InputError, NotFoundError, shown
 from greenctl.data.limits import bounded, whole
@@ -57,8 +55,6 @@ WARMUP_S = 2.0
 IDLE_S = 2.0
 #: how long a server the user runs (``--endpoint``) has to answer ``GET /v1/models``
 ENDPOINT_TIMEOUT_S = 5.0
-#: lines of a started engine's log kept for an error message
-LOG_LINES = 50
 #: the most streams one concurrency level keeps in flight
 MAX_CONCURRENCY = 1024
 
@@ -309,7 +305,6 @@ def _served(request: LLMProfileRequest) -> Iterator[_Target]:
     )
     command.env["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(request.gpu)
     running = llm_engines.start(command)
-    log = _drain(running.proc.stderr)
     try:
         meter = engine_meter(pid=running.proc.pid, cores=len(cores), gpu_index=request.gpu)
         resource = gpu[0] if gpu else f"cpu:{len(cores)}"
@@ -317,29 +312,11 @@ def _served(request: LLMProfileRequest) -> Iterator[_Target]:
             command.endpoint, command.model, resource, gpu[1] if gpu else _cpu_name(), meter
         )
     except HardwareError as exc:
-        tail = " | ".join(line.strip() for line in list(log)[-3:])
         raise HardwareError(
-            f"{exc.message} (engine log: {tail or 'empty'})", hint=exc.hint
+            f"{exc.message} (engine log: {running.log_tail() or 'empty'})", hint=exc.hint
         ) from None
     finally:
         llm_engines.stop(running)
-
-
-def _drain(stream: IO[bytes] | None) -> deque[str]:
-    """Read an engine's log as it comes, keeping its last lines: an engine that logs every
-    request (``transformers serve`` does) blocks once a pipe nobody reads is full."""
-    tail: deque[str] = deque(maxlen=LOG_LINES)
-
-    def read() -> None:
-        try:
-            for raw in iter(stream.readline, b""):  # type: ignore[union-attr]
-                tail.append(raw.decode(errors="replace"))
-        except (OSError, ValueError):  # closed when the engine is stopped
-            return
-
-    if stream is not None:
-        threading.Thread(target=read, daemon=True, name="engine-log").start()
-    return tail
 
 
 def _cpu_name() -> str | None:

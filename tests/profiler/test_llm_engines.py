@@ -68,3 +68,10 @@ def test_a_server_that_is_not_openai_is_named():
         server.shutdown()
     with pytest.raises(HardwareError, match="did not answer"):
         llm_engines.wait_ready(f"http://127.0.0.1:{_free_port()}", timeout_s=1)
+
+
+def test_an_engine_that_exits_is_named_with_its_log(tmp_path: Path):
+    (tmp_path / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    command = llm_engines.engine_command("transformers", tmp_path, port=_free_port())
+    with pytest.raises(HardwareError, match=r"exited with code .*engine log: (?!empty)"):
+        llm_engines.start(command, timeout_s=120)
