@@ -311,11 +311,14 @@ class OpenAIFront(Forwarding, EnergyAccounting):
         try:
             async for piece in resp.content.iter_any():
                 tail += piece.replace(b"\r\n", b"\n")
+                outs = []  # the events of one read go out as one chunk
                 while (i := tail.find(b"\n\n")) >= 0:
                     event, tail = tail[:i], tail[i + 2 :]
                     out = ex.event(event)
                     if out is not None:
-                        yield out + b"\n\n"
+                        outs += (out, b"\n\n")
+                if outs:
+                    yield b"".join(outs)
             if tail.strip() and (out := ex.event(tail.rstrip(b"\n"))) is not None:
                 yield out + b"\n\n"
             done = True
