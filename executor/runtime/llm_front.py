@@ -311,7 +311,7 @@ class OpenAIFront(Forwarding, EnergyAccounting):
         try:
             async for piece in resp.content.iter_any():
                 tail += piece.replace(b"\r\n", b"\n")
-                outs = []  # the events of one read go out as one chunk
+                outs: list[bytes] = []  # the events of one read go out as one chunk
                 while (i := tail.find(b"\n\n")) >= 0:
                     event, tail = tail[:i], tail[i + 2 :]
                     out = ex.event(event)
