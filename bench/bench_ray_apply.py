@@ -4,10 +4,11 @@ and concurrent throughput through each backend's Open Inference Protocol endpoin
 Starts a throw-away single-node Ray cluster on loopback, applies a tiny-family plan with
 ``apply_ray`` (one replica, then a scaled version) and the same plans locally (executor
 daemons + dispatcher), and after each apply sends the same requests to both endpoints: one
-client in sequence (p50, p99), then ``--clients`` keep-alive clients back to back (req/s).
+client in sequence (p50, p99), then ``--clients`` keep-alive clients back to back (req/s),
+in interleaved rounds of both arms.
 Prints each figure side by side with its ratio to the local backend, and the load average.
 
-    python bench/bench_ray_apply.py [--replicas 2] [--requests 300] [--seconds 5]
+    python bench/bench_ray_apply.py [--replicas 2] [--requests 300] [--seconds 6] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ class Client:
         self.conn.close()
 
 
-def sequential_ms(url: str, model: str, requests: int) -> tuple[float, float]:
-    """(p50, p99) ms of ``requests`` requests sent one after the other (after a warm-up)."""
+def sequential_ms(url: str, model: str, requests: int) -> list[float]:
+    """Milliseconds of each of ``requests`` requests sent one after the other (after a
+    warm-up)."""
     client = Client(url, model, _body())
     try:
         for _ in range(20):
@@ -78,8 +80,7 @@ def sequential_ms(url: str, model: str, requests: int) -> tuple[float, float]:
             times.append(1000.0 * (time.perf_counter() - t))
     finally:
         client.close()
-    cuts = statistics.quantiles(times, n=100)
-    return cuts[49], cuts[98]
+    return times
 
 
 def concurrent_rps(url: str, model: str, clients: int, seconds: float) -> float:
@@ -118,10 +119,21 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _measure(url: str, args: argparse.Namespace) -> dict[str, float]:
-    p50, p99 = sequential_ms(url, "tiny", args.requests)
-    rps = concurrent_rps(url, "tiny", args.clients, args.seconds)
-    return {"p50": p50, "p99": p99, "rps": rps}
+def _measure(urls: dict[str, str], args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Each endpoint's sequential p50 and p99 and concurrent req/s, measured in
+    ``args.rounds`` interleaved rounds (the host's load drifts: each arm gets its share of
+    it); the latencies pooled, the req/s the median of the rounds'."""
+    times: dict[str, list[float]] = {arm: [] for arm in urls}
+    rps: dict[str, list[float]] = {arm: [] for arm in urls}
+    for _ in range(args.rounds):
+        for arm, url in urls.items():
+            times[arm] += sequential_ms(url, "tiny", max(args.requests // args.rounds, 10))
+            rps[arm].append(concurrent_rps(url, "tiny", args.clients, args.seconds / args.rounds))
+    out = {}
+    for arm in urls:
+        cuts = statistics.quantiles(times[arm], n=100)
+        out[arm] = {"p50": cuts[49], "p99": cuts[98], "rps": statistics.median(rps[arm])}
+    return out
 
 
 def _start_head(ray_bin: str, port: int, cpus: int, env: dict[str, str]) -> int:
@@ -173,7 +185,8 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=2, help="replicas of the scaled plan")
     ap.add_argument("--requests", type=int, default=300, help="sequential requests per arm")
     ap.add_argument("--clients", type=int, default=8, help="concurrent clients")
-    ap.add_argument("--seconds", type=float, default=5.0, help="concurrent run per arm")
+    ap.add_argument("--seconds", type=float, default=6.0, help="concurrent run per arm")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of both arms")
     args = ap.parse_args()
     from greenctl.data.plan import Deployment, Plan
     from greenctl.data.store import open_store
@@ -210,8 +223,8 @@ def main() -> None:
                 local_s = time.perf_counter() - t
                 assert local_url is not None
                 rows.append((name, "apply s", ray_s, local_s, load))
-                ray_m = _measure(ray_url, args)
-                local_m = _measure(local_url, args)
+                measured = _measure({"ray": ray_url, "local": local_url}, args)
+                ray_m, local_m = measured["ray"], measured["local"]
                 load = _load()
                 rows.append((name, "sequential p50 ms", ray_m["p50"], local_m["p50"], load))
                 rows.append((name, "sequential p99 ms", ray_m["p99"], local_m["p99"], load))
