@@ -33,7 +33,7 @@ from greenctl.data.records import Hardware, Profile, Variant
 from greenctl.profiler import models
 from greenctl.profiler.device import get_backend
 from greenctl.profiler.energy import EnergyMeter, EnergyReading, NvmlEnergyMeter, cpu_meter
-from greenctl.profiler.hw import discover, usable_cores
+from greenctl.profiler.hw import choose_cores, discover, usable_cores
 from greenctl.profiler.memory import check_memory
 from greenctl.profiler.models import (
     builtin_families,
@@ -91,13 +91,8 @@ def cpu_slice(cores: int) -> Iterator[list[int]]:
     """
     import torch
 
-    avail = usable_cores()
-    if cores > len(avail):
-        raise InputError(
-            f"cpu:{cores} asks for {cores} cores but this process may use {len(avail)}",
-            hint=f"use --cpus with values up to {len(avail)}",
-        )
-    chosen = avail[:cores]
+    full = set(usable_cores())  # before pinning: a thread started meanwhile gets these back
+    chosen = choose_cores(cores)
     old_threads = torch.get_num_threads()
     can_pin = hasattr(os, "sched_setaffinity")
     old_masks: dict[int, set[int]] = {}
@@ -114,7 +109,6 @@ def cpu_slice(cores: int) -> Iterator[list[int]]:
     finally:
         torch.set_num_threads(old_threads)
         if can_pin:
-            full = set(avail)
             for tid in _thread_ids():
                 try:
                     os.sched_setaffinity(tid, old_masks.get(tid, full))

@@ -16,7 +16,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from greenctl.data.errors import HardwareError
+from greenctl.data.errors import HardwareError, InputError
 from greenctl.data.records import Hardware
 from greenctl.profiler.device import GpuBackend, MigInstance, get_backend, no_gpu_reason
 
@@ -103,6 +103,22 @@ def usable_cores() -> list[int]:
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))
     return list(range(os.cpu_count() or 1))
+
+
+def choose_cores(n: int, *, flag: str = "--cpus") -> list[int]:
+    """The ``n`` cores a measurement of ``cpu:n`` runs on: the first ``n`` this process may
+    use, the one rule every profiler pins by.
+
+    Raises:
+        InputError: more cores than this process may use (``flag`` named in the fix).
+    """
+    avail = usable_cores()
+    if n > len(avail):
+        raise InputError(
+            f"cpu:{n} asks for {n} cores but this process may use {len(avail)}",
+            hint=f"use {flag} with values up to {len(avail)}",
+        )
+    return avail[:n]
 
 
 def cpu_info() -> CpuInfo:

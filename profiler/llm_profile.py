@@ -38,7 +38,7 @@ from greenctl.data.llm_profiles import (
 from greenctl.data.records import name_problem, utcnow_iso
 from greenctl.profiler import llm_engines
 from greenctl.profiler.energy import EnergyMeter, EnergyReading
-from greenctl.profiler.hw import usable_cores
+from greenctl.profiler.hw import choose_cores, usable_cores
 from greenctl.profiler.llm_client import ConcurrencyResult, measure
 from greenctl.profiler.llm_energy import engine_meter, split_phases
 from greenctl.profiler.options import parse_int_list
@@ -166,12 +166,10 @@ class LLMProfileRequest:
                 hint=llm_engines.INSTALL_HINT["llama.cpp"],
             )
         self.cpus = 1 if self.cpus is None else whole(self.cpus, "--cpus", "count")
-        avail = usable_cores()
-        if self.cpus > len(avail):
-            raise InputError(
-                f"--cpus {self.cpus} asks for more cores than this process may use ({len(avail)})",
-                hint=f"use --cpus up to {len(avail)}",
-            )
+        try:
+            choose_cores(self.cpus)
+        except InputError as exc:
+            raise InputError(f"--cpus {self.cpus}: {exc.message}", hint=exc.hint) from None
 
     @property
     def levels(self) -> tuple[int, ...]:
@@ -299,7 +297,7 @@ def _served(request: LLMProfileRequest) -> Iterator[_Target]:
             meter,
         )
         return
-    cores = usable_cores()[: int(request.cpus or 1)]  # a GPU engine's host threads too
+    cores = choose_cores(int(request.cpus or 1))  # a GPU engine's host threads too
     command = llm_engines.engine_command(
         request.engine, str(request.model_dir), port=_free_port(), cores=cores
     )
