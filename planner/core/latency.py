@@ -46,15 +46,16 @@ _SQRT_HALF = math.sqrt(0.5)
 _SMALL_NDTR = 64
 
 
-def ndtr(x: np.ndarray | float) -> np.ndarray:
+def ndtr(x: np.ndarray | float, *, erfc: bool = False) -> np.ndarray:
     """The standard normal CDF, elementwise.
 
     Small arrays (planning evaluates a handful of times) go through ``math.erfc`` (within
     1e-13 relative of scipy's, deep tail included), so that planning does not import scipy,
-    about half a second of a cold command; larger ones through ``scipy.special.ndtr``.
+    about half a second of a cold command; larger ones through ``scipy.special.ndtr``,
+    unless ``erfc`` (the values a small array would get, at any size).
     """
     a = np.asarray(x, dtype=float)
-    if a.size > _SMALL_NDTR:
+    if a.size > _SMALL_NDTR and not erfc:
         from scipy.special import ndtr as vectorised  # lazy: scipy is a heavy import
 
         return np.asarray(vectorised(a), dtype=float)
@@ -246,24 +247,7 @@ class ServiceTime:
             safe = np.where(near, 1.0, d)
             general = (m * th * np.exp(-x / m) - np.exp(-th * x)) / safe
             return np.where(near, (1.0 + x / m) * np.exp(-x / m), general)
-        pos = x > 0
-        out = np.ones_like(t)
-        if not pos.any():
-            return out
-        xp = x[pos]
-        # S - shift = scale * exp(sigma Z): integrate over z in (Z_LO, z(t)) where the
-        # integrand exp(-theta (x - y(z))) phi(z) is smooth.
-        zx = np.log(xp / self.scale_ms) / self.sigma
-        # beyond |z| = 7 the normal density is < 1e-11: clip the range to keep the
-        # quadrature on the bump (a tiny sigma would otherwise stretch it)
-        span = np.clip(zx, _Z_LO, -_Z_LO) - _Z_LO
-        z = _Z_LO + span[:, None] * _GL_X[None, :]
-        y = self.scale_ms * np.exp(self.sigma * z)
-        # nodes above x sit only where span is 0 (x below the clipped range): keep their
-        # exponent <= 0 so that 0 x inf does not make a NaN
-        f = np.exp(np.minimum(-th[pos][:, None] * (xp[:, None] - y), 0.0) - 0.5 * z * z)
-        out[pos] = ndtr(-zx) + span * (f @ _GL_W) * _INV_SQRT_2PI
-        return out
+        return lognormal_smoothed_sf(x, th, self.scale_ms, self.sigma)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` independent service times in ms drawn with ``rng``."""
@@ -412,9 +396,11 @@ def _fit_capped(p50: float, p95: float) -> ServiceTime | None:
     return ServiceTime.lognormal(median_ms=m, sigma=SIGMA_MAX, shift_ms=p50 - m)
 
 
+@lru_cache(maxsize=65536)
 def _fit_three(p50: float, p95: float, p99: float) -> ServiceTime | None:
     """Shifted lognormal through p50, p95 and p99, or None when none exists with shift >= 0;
     when the exact one is wider than ``SIGMA_MAX``, the one of that width through p50 and p95.
+    Cached: a plan fits each profile row several times (sizing, energy, prediction).
 
     With ``m = exp(mu)``: ``p95 - p50 = m (e^{s z95} - 1)``, ``p99 - p50 = m (e^{s z99} - 1)``;
     the ratio of the two gaps is increasing in ``s`` from ``z99 / z95`` (s -> 0), so ``s``
@@ -451,6 +437,46 @@ def _fit_three(p50: float, p95: float, p99: float) -> ServiceTime | None:
     if shift < 0:
         return None
     return ServiceTime.lognormal(median_ms=median, sigma=sigma, shift_ms=shift)
+
+
+def lognormal_smoothed_sf(
+    x: np.ndarray,
+    theta: np.ndarray,
+    scale: float | np.ndarray,
+    sigma: float | np.ndarray,
+    *,
+    erfc: bool = False,
+) -> np.ndarray:
+    """:meth:`ServiceTime.exp_smoothed_sf` of lognormal service at ``x = max(t - shift, 0)``:
+    ``scale`` and ``sigma`` a lognormal's, or arrays shaped like ``x`` (one lognormal per
+    point, for searches over many services at once); ``erfc``: see :func:`ndtr`.
+
+    ``P(S > t)`` exactly plus a 32-point Gauss-Legendre integral over the normal variable
+    below ``t``'s (error ~1e-9).
+    """
+    pos = x > 0
+    out = np.ones_like(x)
+    if not pos.any():
+        return out
+    xp = x[pos]
+    sc = scale[pos] if isinstance(scale, np.ndarray) else scale
+    sg = sigma[pos] if isinstance(sigma, np.ndarray) else sigma
+    # S - shift = scale * exp(sigma Z): integrate over z in (Z_LO, z(t)) where the
+    # integrand exp(-theta (x - y(z))) phi(z) is smooth.
+    zx = np.log(xp / sc) / sg
+    # beyond |z| = 7 the normal density is < 1e-11: clip the range to keep the
+    # quadrature on the bump (a tiny sigma would otherwise stretch it)
+    span = np.clip(zx, _Z_LO, -_Z_LO) - _Z_LO
+    z = _Z_LO + span[:, None] * _GL_X[None, :]
+    if isinstance(sc, np.ndarray):
+        y = sc[:, None] * np.exp(np.asarray(sg)[:, None] * z)
+    else:
+        y = sc * np.exp(sg * z)
+    # nodes above x sit only where span is 0 (x below the clipped range): keep their
+    # exponent <= 0 so that 0 x inf does not make a NaN
+    f = np.exp(np.minimum(-theta[pos][:, None] * (xp[:, None] - y), 0.0) - 0.5 * z * z)
+    out[pos] = ndtr(-zx, erfc=erfc) + span * (f @ _GL_W) * _INV_SQRT_2PI
+    return out
 
 
 def lognormal_terms(

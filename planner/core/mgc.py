@@ -123,10 +123,11 @@ def wait_time(
 
 
 def wait_arrays(
-    rates_rps: np.ndarray, moments: tuple[float, float, float], servers: int, ca2: float
+    rates_rps: np.ndarray, moments: tuple[Any, Any, Any], servers: int, ca2: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`wait_time` for many rates at once: (P(wait), delay, exponential mean), with
-    an infinite delay where the rate reaches capacity."""
+    an infinite delay where the rate reaches capacity. The moments may be arrays that
+    broadcast against the rates (one service per row)."""
     mean, m2, m3 = moments
     lam = np.maximum(np.asarray(rates_rps, dtype=float), 0.0) / 1000.0
     a = lam * mean
@@ -136,9 +137,9 @@ def wait_arrays(
     for k in range(1, servers + 1):
         b = a_s * b / (k + a_s * b)
     c_prob = np.where(stable, servers * b / (servers - a_s * (1.0 - b)), 1.0)
-    scv = max(m2 / (mean * mean) - 1.0, 0.0)
+    scv = np.maximum(m2 / (mean * mean) - 1.0, 0.0)
     slack = np.where(stable, servers / mean - lam, 1.0)
-    cond_mean = max(ca2 + scv, 1e-12) / 2.0 / slack
+    cond_mean = np.maximum(ca2 + scv, 1e-12) / 2.0 / slack
     rho = np.clip(a_s / servers, 1e-9, 1.0 - 1e-9)
     m1_1 = m2 / (2.0 * mean * (1.0 - rho))
     m2_1 = 2.0 * rho * m1_1 * m1_1 + m3 / (3.0 * mean * (1.0 - rho))

@@ -12,6 +12,7 @@ quantile such as 0.95; a latency is ``math.inf`` when the offered load reaches t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -25,7 +26,7 @@ from greenctl.planner.core.batch_latency import (
     batch_model,
     dynamic_batch,
 )
-from greenctl.planner.core.latency import ServiceTime
+from greenctl.planner.core.latency import ServiceTime, lognormal_smoothed_sf
 from greenctl.planner.core.mgc import (
     LatencyModel,
     WaitTime,
@@ -63,6 +64,7 @@ __all__ = [
     "batch_capacity_rps",
     "batch_latency_quantile_ms",
     "batch_model",
+    "capacities_at_slo",
     "capacity_at_slo",
     "dynamic_batch",
     "erlang_c",
@@ -146,3 +148,67 @@ def capacity_at_slo(
         j = int(np.argmax(bad)) if bad.any() else 15
         lo, hi = float(rates[j]), float(rates[j + 1])
     return lo
+
+
+def capacities_at_slo(
+    services: Sequence[ServiceTime], slo_ms: Sequence[float], percentile: float = 0.95
+) -> list[float]:
+    """:func:`capacity_at_slo` of many single servers (Poisson arrivals, no executor front),
+    ``services[k]`` within ``slo_ms[k]``: one vectorised grid search over all of them for
+    deterministic and lognormal service (others one by one, cached).
+
+    The same grid, tail tests and rounding as the one-server search, so the same
+    capacities (to the last bits of the quadrature's sums); a mix problem over thousands
+    of latency profiles sizes them in a few array passes instead of thousands of searches.
+    """
+    check_quantile(percentile)
+    out = [0.0] * len(services)
+    rows: list[int] = []
+    for k, (s, limit) in enumerate(zip(services, slo_ms, strict=True)):
+        if s.quantile(percentile) > limit:
+            continue
+        if s.kind == "exponential":
+            out[k] = capacity_at_slo(s, slo_ms=float(limit), percentile=percentile)
+        else:
+            rows.append(k)
+    if not rows:
+        return out
+    svc = [services[k] for k in rows]
+    slo = np.array([float(slo_ms[k]) for k in rows])[:, None]
+    mean = np.array([s.mean_ms for s in svc])[:, None]
+    moments = (mean, np.array([s.moment(2) for s in svc])[:, None],
+               np.array([s.moment(3) for s in svc])[:, None])  # fmt: skip
+    sf_slo = np.array(
+        [float(s.sf(np.array([float(slo_ms[k])]))[0]) for s, k in zip(svc, rows, strict=True)]
+    )
+    logn = np.array([s.kind == "lognormal" for s in svc])
+    shift = np.array([s.shift_ms for s in svc])[:, None]
+    scale = np.array([s.scale_ms if s.kind == "lognormal" else 1.0 for s in svc])[:, None]
+    sigma = np.array([s.sigma if s.kind == "lognormal" else 1.0 for s in svc])[:, None]
+    target = 1.0 - percentile
+    at = np.arange(len(rows))
+    lo, hi = np.zeros(len(rows)), 1000.0 / mean[:, 0]
+    for _ in range(4):
+        rates = np.linspace(lo, hi, 17, axis=1)
+        inner = rates[:, 1:-1]
+        c_prob, delay, exp_mean = wait_arrays(inner, moments, 1, 1.0)
+        finite = np.isfinite(delay)
+        smoothed = np.ones(inner.shape)
+        theta = 1.0 / exp_mean
+        x = np.maximum((slo - delay) - shift, 0.0)
+        det = finite & ~logn[:, None]
+        smoothed[det] = np.exp(-theta[det] * x[det])
+        ln = finite & logn[:, None]
+        if ln.any():
+            shape = np.broadcast_to
+            smoothed[ln] = lognormal_smoothed_sf(
+                x[ln], theta[ln], shape(scale, x.shape)[ln], shape(sigma, x.shape)[ln], erfc=True
+            )
+        tails = (1.0 - c_prob) * sf_slo[:, None] + c_prob * smoothed
+        tails[~finite] = 1.0
+        bad = tails > target
+        j = np.where(bad.any(axis=1), np.argmax(bad, axis=1), 15)
+        lo, hi = rates[at, j], rates[at, j + 1]
+    for i, k in enumerate(rows):
+        out[k] = float(lo[i])
+    return out

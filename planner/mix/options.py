@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "budget_usage",
+    "latency_capacities",
     "lowest_reachable_slo",
     "make_option",
     "operating_point",
@@ -75,6 +76,7 @@ def _capacity_from_latency(
     path: ServingPath | Sequence[float] | None = None,
     res: Resource | None = None,
     sizes: Mapping[int, Profile] | None = None,
+    known: Mapping[tuple[ServiceTime, float], float] | None = None,
 ) -> tuple[float, float, str]:
     """Capacity (rps) of one instance at the SLO, from its latency profile.
 
@@ -110,8 +112,10 @@ def _capacity_from_latency(
     lat = float(service.quantile(q))
     if lat > slo_ms:
         return 0.0, lat, source
-    cap = capacity_at_slo(service, servers=1, slo_ms=slo_ms, percentile=q, front_ms=front)
-    return max(float(cap), 0.0), lat, source
+    got = (known or {}).get((service, slo_ms)) if front <= 0 else None
+    if got is None:
+        got = capacity_at_slo(service, servers=1, slo_ms=slo_ms, percentile=q, front_ms=front)
+    return max(float(got), 0.0), lat, source
 
 
 def served_service_of(
@@ -202,8 +206,47 @@ def size_row(rows: list[Profile], slo_ms: float) -> Profile:
     row = load_test_row(rows, slo_ms)
     if row is not None and (row.capacity_rps or 0) > 0:
         return row
+    return _plain_row(rows)
+
+
+def _plain_row(rows: list[Profile]) -> Profile:
+    """The newest plain measurement of rows (any row when all are load tests): the row a
+    latency-derived option is sized from."""
     plain = [p for p in rows if p.capacity_slo_ms is None] or rows
     return max(plain, key=lambda p: (p.created_at or "", p.id or 0))
+
+
+def latency_capacities(
+    wanted: Sequence[tuple[Resource, list[Profile], float, ServingPath | Sequence[float] | None]],
+    slo_ms: float,
+    q: float,
+) -> dict[tuple[ServiceTime, float], float]:
+    """The one-server capacities :func:`make_option` will ask the queueing model for, all in
+    one vectorised search (``queueing.capacities_at_slo``), keyed by (service, SLO budget).
+
+    ``wanted``: per (variant, resource, batch) its resource, rows, serving path latency
+    (``path_ms``) and path. Options sized otherwise (load-tested, batching, behind an
+    executor front) are left out; :func:`make_option` computes any capacity not here.
+    """
+    from greenctl.planner.core.evaluate import front_cpu_ms
+    from greenctl.planner.core.queueing import capacities_at_slo
+    from greenctl.planner.core.service import load_test_row
+
+    keys: dict[tuple[ServiceTime, float], None] = {}
+    for res, rows, path_ms, path in wanted:
+        budget = slo_ms - path_ms
+        base = _plain_row(rows)
+        if load_test_row(rows, slo_ms) is not None or base.batch > 1 or budget <= 0:
+            continue
+        if front_cpu_ms(path, res.label) > 0:
+            continue
+        try:
+            service = served_service_of(path, res, base)[0]
+        except InputError:
+            continue  # make_option reports it
+        keys[(service, budget)] = None
+    caps = capacities_at_slo([s for s, _ in keys], [b for _, b in keys], q)
+    return dict(zip(keys, caps, strict=True))
 
 
 def make_option(
@@ -219,6 +262,7 @@ def make_option(
     path_ms: float = 0.0,
     path: ServingPath | Sequence[float] | None = None,
     sizes: Mapping[int, Profile] | None = None,
+    known: Mapping[tuple[ServiceTime, float], float] | None = None,
 ) -> MixOption | str:
     """The option for one (variant, resource, batch), or why it is not eligible.
 
@@ -229,12 +273,12 @@ def make_option(
     latency profile must meet the SLO less that (load-tested capacities were measured
     through a real server and keep the whole SLO). ``path``: the serving path itself; on
     CPU its served run time and executor CPU lengthen the service (:func:`served_service_of`).
+    ``known``: capacities computed beforehand (:func:`latency_capacities`).
     """
     from greenctl.planner.core.service import load_test_row
 
     row = load_test_row(rows, slo_ms)  # the rule the simulator picks with, too
-    plain = [p for p in rows if p.capacity_slo_ms is None] or rows
-    base = max(plain, key=lambda p: (p.created_at or "", p.id or 0))
+    base = _plain_row(rows)
     cost, priced = hourly_cost(
         res.label, next((p.cost_per_hour for p in rows if p.cost_per_hour is not None), None)
     )
@@ -268,7 +312,7 @@ def make_option(
     if budget <= 0:
         return f"the serving path alone takes {path_ms:.4g} ms at {pct}"
     cap, lat, source = _capacity_from_latency(
-        base, slo_ms=budget, q=q, path=path, res=res, sizes=sizes
+        base, slo_ms=budget, q=q, path=path, res=res, sizes=sizes, known=known
     )
     if lat > budget:
         if path_ms > 0:

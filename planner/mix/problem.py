@@ -19,6 +19,7 @@ from greenctl.data.resources import KNOWN_KINDS, parse_resource
 from greenctl.planner.mix.model import PERCENTILES, MixFamily, MixOption, MixProblem, MixVariant
 from greenctl.planner.mix.options import (
     budget_usage,
+    latency_capacities,
     lowest_reachable_slo,
     make_option,
     operating_point,
@@ -223,10 +224,25 @@ def _family(
         sizes.setdefault((vname, label, hw), {})[batch] = size_row(rows, fam["slo_ms"])
         all_sizes.setdefault((vname, label), {})[batch] = sizes[(vname, label, hw)][batch]
     options, ineligible = [], []
-    for (vname, label, batch, hw), rows in sorted(
-        groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or "")
-    ):
+    ordered = sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or ""))
+    # each option's serving path and its latency at the percentile
+    paths = []
+    for (vname, label, _, _), _ in ordered:
         own = (serving or {}).get(f"{vname}@{label}") or (serving or {}).get(vname)
+        paths.append(
+            (path_quantile(own, q, stage), own)
+            if own is not None
+            else (path_ms, (serving or {}).get(fam["model"]))
+        )
+    known = latency_capacities(
+        [
+            (parse_resource(k[1]), rows, pm, pp)
+            for (k, rows), (pm, pp) in zip(ordered, paths, strict=True)
+        ],
+        fam["slo_ms"],
+        q,
+    )
+    for ((vname, label, batch, hw), rows), (own_ms, own_path) in zip(ordered, paths, strict=True):
         opt = make_option(
             vname,
             parse_resource(label),
@@ -236,9 +252,10 @@ def _family(
             fam["slo_ms"],
             req["percentile"],
             q,
-            path_ms=path_quantile(own, q, stage) if own is not None else path_ms,
-            path=own if own is not None else (serving or {}).get(fam["model"]),
+            path_ms=own_ms,
+            path=own_path,
             sizes=sizes[(vname, label, hw)],
+            known=known,
         )
         if isinstance(opt, str):
             ineligible.append(f"{vname} on {label} batch {batch}: {opt}")

@@ -7,7 +7,7 @@ import random
 import pytest
 from greenctl.data.errors import InputError
 from greenctl.planner.core.latency import ServiceTime
-from greenctl.planner.core.queueing import capacity_at_slo
+from greenctl.planner.core.queueing import capacities_at_slo, capacity_at_slo
 from greenctl.planner.core.service import load_test_service_ms, searched_service_ms
 
 
@@ -57,3 +57,37 @@ def test_median_load_tests_stay_feasible(case: tuple[float, float, float]) -> No
 def test_a_load_test_needs_positive_numbers(bad: tuple[float, float]) -> None:
     with pytest.raises(InputError, match="must be a positive number"):
         load_test_service_ms(bad[0], bad[1], 0.99)
+
+
+def _services(seed: int, n: int) -> tuple[list[ServiceTime], list[float]]:
+    rng = random.Random(seed)
+    out, slos = [], []
+    for _ in range(n):
+        p50 = rng.uniform(1.0, 300.0)
+        pick = rng.random()
+        if pick < 0.3:
+            s = ServiceTime.from_percentiles(p50, p50 * rng.uniform(1.05, 2.0))
+        elif pick < 0.6:
+            s = ServiceTime.from_percentiles(
+                p50, p50 * rng.uniform(1.05, 1.6), p50 * rng.uniform(1.7, 3.0)
+            )
+        elif pick < 0.9:
+            s = ServiceTime.deterministic(p50)
+        else:
+            s = ServiceTime.exponential(p50)
+        out.append(s)
+        slos.append(rng.uniform(0.5, 10.0) * p50)
+    return out, slos
+
+
+@pytest.mark.parametrize("q", [0.5, 0.95, 0.99])
+def test_many_capacities_at_once_are_each_ones(q: float) -> None:
+    """The vectorised search gives every service the capacity of its own search (some
+    services miss the SLO alone: 0)."""
+    services, slos = _services(11, 300)
+    many = capacities_at_slo(services, slos, q)
+    one = [
+        capacity_at_slo(s, slo_ms=slo, percentile=q) for s, slo in zip(services, slos, strict=True)
+    ]
+    assert many == one
+    assert 0 < sum(c > 0 for c in one) < len(one)

@@ -41,3 +41,32 @@ def test_each_family_is_built_from_its_own_profiles_only() -> None:
         assert _shape(got) == _shape(alone.families[0])
         mine = {k: v for k, v in together.profiles.items() if k[0].startswith(got.name + "_")}
         assert mine == alone.profiles
+
+
+def test_latency_profiles_are_sized_by_their_own_queue() -> None:
+    """Options of plain latency rows (no load test), sized in one vectorised search, get
+    the one-server capacity of their own service time at the SLO."""
+    import dataclasses
+
+    from greenctl.planner.core.queueing import capacity_at_slo
+    from greenctl.planner.core.service import service_time
+
+    variants, profiles, fams = _synthetic(2, variants=3, seed=7)
+    plain = [
+        dataclasses.replace(
+            p,
+            capacity_rps=None,
+            capacity_slo_ms=None,
+            latency_p50_ms=p.latency_p99_ms / 2,
+            latency_p95_ms=p.latency_p99_ms * 0.8,
+        )
+        for p in profiles
+    ]
+    req = {"families": fams, "slo_ms": 500, "percentile": "p99", "budgets": {"cpu": 400}}
+    problem = build_mix_problem(req, variants, plain)
+    options = [o for f in problem.families for o in f.options]
+    assert options
+    for o in options:
+        assert o.capacity_source == "queueing"
+        svc = service_time(o.profile)
+        assert o.capacity_rps == capacity_at_slo(svc, slo_ms=500.0, percentile=0.99)
