@@ -8,7 +8,8 @@ Run: ``python bench/bench_mix.py [--quick] [--time-limit S] [--single] [--scale-
     the greedy baseline.
 (b0) Problem build at that scale: load-tested service times in closed form, cold and warm
     caches, against the search they replace on the first families, with how far the
-    options' energy terms moved.
+    options' energy terms moved; the fleet from plain latency rows, its options sized in
+    one vectorised search per family against one search per option.
 (b) Scale: a synthetic, seeded instance (documented in :func:`synthetic`) of 100 model
     families x 10 variants x 6 resource sizes (cpu:1/2/4/8, mig:1g.10gb, mig:3g.40gb) sharing
     a cpu and a mig budget, per objective and budget regime (balanced generous and tight,
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import functools
 import os
 import random
@@ -46,6 +48,7 @@ from greenctl.data.records import Profile, Variant
 from greenctl.planner.core import queueing, service
 from greenctl.planner.mix import decomp as mix_decomp
 from greenctl.planner.mix import model as mix_model
+from greenctl.planner.mix import problem as mix_problem
 from greenctl.planner.mix import solve as mix
 from greenctl.planner.mix.request import MixRequest
 from greenctl.planner.mix.solve import build_mix_problem, is_maximise, plan_mix
@@ -267,7 +270,40 @@ def bench_build(quick: bool) -> None:
         f"{search_s / sub_s:.0f}x faster in wall, {search_cpu / max(sub_cpu, 1e-9):.0f}x in "
         f"CPU; energy terms differ by at most {diff:.2g} (relative)"
     )
+    _bench_latency_rows(req, variants, profiles, n_fam)
     print()
+
+
+def _bench_latency_rows(req: dict[str, Any], variants: Any, profiles: Any, n_fam: int) -> None:
+    """The same fleet from plain latency rows (no load test: p50 = p99 / 2, p95 = 0.8 p99):
+    every family's options sized in one vectorised capacity search against one search per
+    option (``problem.latency_capacities`` switched off), capacity caches emptied before
+    each (the latency fits stay cached for the second: the ratio errs low)."""
+    plain = [
+        dataclasses.replace(
+            p, capacity_rps=None, capacity_slo_ms=None,
+            latency_p50_ms=p.latency_p99_ms / 2, latency_p95_ms=p.latency_p99_ms * 0.8,
+        )
+        for p in profiles
+    ]  # fmt: skip
+    queueing.capacity_at_slo.cache_clear()
+    batched, b_s, b_cpu = _timed_build(req, variants, plain)
+    saved = mix_problem.latency_capacities
+    mix_problem.latency_capacities = lambda *a, **k: {}
+    try:
+        queueing.capacity_at_slo.cache_clear()
+        single, s_s, s_cpu = _timed_build(req, variants, plain)
+    finally:
+        mix_problem.latency_capacities = saved
+    same = [o.capacity_rps for f in batched.families for o in f.options] == [
+        o.capacity_rps for f in single.families for o in f.options
+    ]
+    print(
+        f"  plain latency rows, {n_fam} families: one search per option {s_s:.3f} s "
+        f"({s_cpu:.2f} CPU s), vectorised {b_s:.3f} s ({b_cpu:.2f} CPU s): "
+        f"{s_cpu / max(b_cpu, 1e-9):.1f}x in CPU; capacities {'identical' if same else 'DIFFER'}"
+        f", load {os.getloadavg()[0]:.1f}"
+    )
 
 
 def bench_scale(quick: bool, time_limit: float, with_single: bool = False) -> None:
