@@ -112,6 +112,8 @@ STEP_NAMES = [
     "down",
     "profile serving",
     "demo",
+    "profile llm",
+    "plan llm",
 ]
 
 
@@ -301,7 +303,27 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Step
     # measured serving path alone can exceed the 100 ms SLO (exit 3); either way the contract
     # holds: one document on success, nothing on stdout on failure
     run("demo", "demo", "--quick", "--model", "tiny", "--out", str(work / "demo"), ok=None)
+    _llm_steps(run, work)
     yield steps
+
+
+def _llm_steps(run, work: Path) -> None:
+    """An LLM tier profiled on a real engine (the tiny random Llama), then planned."""
+    from greenctl.profiler.llm_models import random_llama
+
+    random_llama(work / "llama", "tiny")
+    run(
+        "profile llm",
+        "profile", "llm", "--engine", "transformers", "--model-dir", str(work / "llama"),
+        "--name", "llama-t", "--family", "llama", "--quality", "0.5", "--concurrency", "1,2",
+        "--duration", "1", "--prompt-tokens", "16", "--output-tokens", "8",
+    )  # fmt: skip
+    run(
+        "plan llm",
+        "plan", "llm", "--model", "llama", "--rate", "0.5", "--ttft-ms", "5000",
+        "--tpot-ms", "1000", "--prompt-tokens", "16", "--output-tokens", "8",
+        "--budget", "cpu=1",
+    )  # fmt: skip
 
 
 def _gpulet_models(doc: object) -> list[str]:
