@@ -125,7 +125,8 @@ def llm_spawn(
 
 def tier_figures(plan: Plan, store: Store) -> dict[str, dict[str, Any]]:
     """Per tier, what the dispatcher routes and counts with: its share, quality, predicted
-    p95 TTFT, and joules per prompt (prefill) and output (decode) token. Joules per token
+    TTFT (``ttft_ms``, at the request's ``percentile``), and joules per prompt (prefill) and
+    output (decode) token. Joules per token
     come from the tier's newest profile on its resource at the concurrency nearest the
     planned one; without them, the plan's joules per request spread evenly over the
     request's tokens. All are estimates (``energy_method`` says of what)."""
@@ -133,6 +134,7 @@ def tier_figures(plan: Plan, store: Store) -> dict[str, dict[str, Any]]:
     raw_shares = section.get("shares")
     shares: dict[str, Any] = raw_shares if isinstance(raw_shares, dict) else {}
     tiers = {str(t.get("variant")): t for t in section.get("tiers") or [] if isinstance(t, dict)}
+    pct = str(plan.request.get("percentile") or "p95")  # the tiers' figures are at it
     tokens = _number(plan.request.get("prompt_tokens"), 0.0) + _number(
         plan.request.get("output_tokens"), 0.0
     )
@@ -144,7 +146,8 @@ def tier_figures(plan: Plan, store: Store) -> dict[str, dict[str, Any]]:
         fig: dict[str, Any] = {
             "share": _number(shares.get(d.variant), _number(t.get("share"), 1.0)),
             "quality": t.get("quality"),
-            "ttft_p95_ms": t.get("ttft_p95_ms"),
+            "ttft_ms": t.get(f"ttft_{pct}_ms", t.get("ttft_p95_ms")),
+            "percentile": pct,
             "prefill_j_per_token": None,
             "decode_j_per_token": None,
             "energy_method": "modeled",

@@ -83,7 +83,8 @@ def status(store: Store, *, timeout_s: float = 1.0) -> dict[str, Any]:
 def llm_tiers(
     instances: list[dict[str, Any]], routed: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """The LLM tiers that run: per tier its engine, share, quality, predicted p95 TTFT and
+    """The LLM tiers that run: per tier its engine, share, quality, predicted TTFT (at the
+    plan's percentile) and
     instances (as the dispatcher routes them, else as they were started)."""
     out: dict[str, dict[str, Any]] = {}
     for view in instances:
@@ -99,7 +100,8 @@ def llm_tiers(
                 "model_path": view["engine"]["model"],
                 "share": llm.get("share"),
                 "quality": llm.get("quality"),
-                "ttft_p95_ms": llm.get("ttft_p95_ms"),
+                "ttft_ms": llm.get("ttft_ms"),
+                "percentile": llm.get("percentile"),
                 "instances": 0,
                 "ready": 0,
             },

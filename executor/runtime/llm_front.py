@@ -1,15 +1,13 @@
-"""The dispatcher's OpenAI front for LLM tiers: ``/v1/chat/completions`` and
-``/v1/completions`` (streamed or not) and ``/v1/models``, beside the Open Inference Protocol.
+"""The dispatcher's OpenAI front for LLM tiers: ``/v1/chat/completions``, ``/v1/completions``
+(streamed or not) and ``/v1/models``, beside the Open Inference Protocol.
 
-A request's ``model`` names a plan's family (its tiers share the requests by the plan's
-``llm.shares``, the smooth weighted round robin of
-:class:`~greenctl.planner.core.policy.SmoothWRR` over the instances, each weighted by its
-tier's share) or one tier. It may state ``max_ttft_ms`` and ``min_quality`` (checked by the
-rule model-less requests use, :func:`~greenctl.planner.core.choice.check_requirement`): only
-tiers whose predicted p95 TTFT and quality meet them share it; none: 422 naming the
-closest. The body goes to the chosen engine with the engine's own model name, and its answer
-comes back (chunk by chunk when streamed) naming the tier. Tokens are counted per tier and
-phase from the engine's ``usage`` (asked for when streaming; else the streamed pieces), and
+A request's ``model`` names a family, whose tiers share requests by the plan's ``llm.shares``
+(:class:`~greenctl.planner.core.policy.SmoothWRR` over instances weighted by their tier's
+share), or one tier. ``max_ttft_ms`` and ``min_quality`` (checked as model-less requirements
+are, :func:`~greenctl.planner.core.choice.check_requirement`) leave only the tiers whose
+predicted TTFT (at the plan's percentile) and quality meet them; none: 422 naming the closest.
+The engine gets its own model name; its answer comes back naming the tier, streamed chunk by
+chunk. Tokens count per tier and phase from the engine's ``usage`` (else the streamed pieces),
 energy and carbon from them by the tier's joules per token (labelled ``modeled``).
 """
 
@@ -75,7 +73,7 @@ def meets(figures: dict[str, Any], req: dict[str, float]) -> float:
     """How far a tier is from meeting ``req``: 0 when it meets it, else the relative
     shortfalls added up (infinite where a figure is unknown)."""
     gap = 0.0
-    for key, figure in (("max_ttft_ms", "ttft_p95_ms"), ("min_quality", "quality")):
+    for key, figure in (("max_ttft_ms", "ttft_ms"), ("min_quality", "quality")):
         if key not in req:
             continue
         value, bound = figures.get(figure), req[key]
@@ -107,7 +105,8 @@ def eligible(route: ModelRoute, tier: str | None, req: dict[str, float]) -> set[
     stated = " and ".join(f"{k}={v:g}" for k, v in req.items())
     raise NoTier(
         f"no tier of '{tier or route.name}' meets {stated}: the closest is '{near}' "
-        f"(predicted p95 TTFT {_ms(fig.get('ttft_p95_ms'))}, quality {fig.get('quality')})"
+        f"(predicted {fig.get('percentile') or 'p95'} TTFT {_ms(fig.get('ttft_ms'))}, "
+        f"quality {fig.get('quality')})"
     )
 
 

@@ -194,6 +194,7 @@ def test_llm_plan_served_end_to_end(run_store, tiny_llama, leftovers):
     code, doc, _ = _post(url + "/v1/completions", {
         "model": FAMILY, "prompt": "hi", "max_tokens": 2, "max_ttft_ms": 100})  # fmt: skip
     assert code == 422 and "the closest is 'tl-small'" in doc["error"]["message"], doc
+    assert "predicted p95 TTFT 120 ms" in doc["error"]["message"], doc
     code, doc, _ = _post(url + "/v1/completions", {"model": FAMILY, "prompt": "hi",
                                                    "min_quality": 2})  # fmt: skip
     assert code == 400 and doc["error"]["param"] == "min_quality", doc
@@ -296,3 +297,27 @@ def test_routes_rebuilt_from_rows_keep_the_tiers_figures():
     out = carry_llm(previous, rebuilt)["models"][FAMILY]["instances"]
     assert out[0] == {"id": "1-0", "weight": 0.8, "llm": fig}
     assert out[1] == {"id": "1-1", "weight": 3.0} and out[2] == {"id": "2-0", "weight": 1}
+
+
+def test_tier_figures_at_the_plans_percentile(store, tmp_path):
+    """The dispatcher's figures of a tier: TTFT at the request's percentile, joules per token
+    from the profile row at the concurrency nearest the planned one (its method kept)."""
+    from greenctl.executor.deploy.llm_plan import tier_figures
+
+    rows = [
+        LLMProfile(variant="t", resource="cpu:1", engine="transformers", concurrency=c,
+                   run_id="r", prefill_j_per_token=pre, decode_j_per_token=dec,
+                   energy_method="rapl")
+        for c, pre, dec in ((1, 0.01, 0.1), (4, 0.02, 0.2))
+    ]  # fmt: skip
+    add_llm_profiles(store, llm_variant("t", FAMILY, 0.7), rows)
+    plan = Plan.from_dict({
+        "schema": "greenctl.plan/v1", "kind": "llm",
+        "request": {"model": FAMILY, "rate_rps": 1.0, "percentile": "p99"},
+        "deployments": [{"model": FAMILY, "variant": "t", "resource": "cpu:1", "batch": 4}],
+        "llm": {"shares": {"t": 1.0}, "tiers": [{"variant": "t", "concurrency": 3.2,
+                "ttft_p99_ms": 321.0, "quality": 0.7}]}})  # fmt: skip
+    fig = tier_figures(plan, store)["t"]
+    assert fig["ttft_ms"] == 321.0 and fig["percentile"] == "p99"
+    assert (fig["prefill_j_per_token"], fig["decode_j_per_token"]) == (0.02, 0.2)
+    assert fig["energy_method"] == "rapl" and fig["share"] == 1.0 and fig["quality"] == 0.7
