@@ -95,7 +95,7 @@ def register(app: typer.Typer, progress_bar: ProgressBar) -> None:
             str | None,
             typer.Option("--endpoint", help="Base URL of an OpenAI-compatible server (openai)."),
         ] = None,
-        model: Annotated[
+        served_model: Annotated[
             str | None,
             typer.Option(
                 "--model", help="Model name requests to --endpoint ask (default: its first)."
@@ -143,7 +143,7 @@ def register(app: typer.Typer, progress_bar: ProgressBar) -> None:
 
         request = LLMProfileRequest(
             engine=engine, name=name, family=family, quality=quality, model_dir=model_dir,
-            endpoint=endpoint, model=model, cpus=cpus, gpu=gpu, prompt_tokens=prompt_tokens,
+            endpoint=endpoint, model=served_model, cpus=cpus, gpu=gpu, prompt_tokens=prompt_tokens,
             output_tokens=output_tokens, concurrency=concurrency, duration_s=duration, chat=chat,
         )  # fmt: skip
         # checked against the store as it is (nothing written), so a refused run leaves no trace

@@ -133,3 +133,13 @@ def test_a_name_of_another_kinds_variant_leaves_the_store_as_it_was(
     assert r.exit_code == 2
     assert r.output.startswith("Error: --name resnet18 is already a variant of family resnet")
     assert _variants(db_path) == before and _llm_rows(db_path) == []
+
+
+def test_profiles_model_filter_is_not_handed_to_the_endpoints_model_name(cli, db_path):
+    """`profile --model F` filters families; `profile llm --model` names an endpoint's model."""
+    r = cli(
+        "profile", "--model", "resnet", "llm", "--engine", "openai", "--endpoint",
+        "http://127.0.0.1:9", "--name", "a", "--family", "b", "--quality", "0.5",
+    )  # fmt: skip
+    assert r.exit_code == 2
+    assert "`greenctl profile --model` does not apply to `profile llm`" in r.output
