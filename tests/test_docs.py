@@ -132,6 +132,11 @@ def _root() -> Any:
     return typer.main.get_command(app)
 
 
+def click_context(cmd: Any) -> Any:
+    """A context for asking a group about its subcommands (the group's own click)."""
+    return cmd.context_class(cmd)
+
+
 def _resolve(root: Any, words: list[str]) -> tuple[Any, list[str]]:
     """The subcommand a command line names, and the option names it uses."""
     cmd, i = root, 0
@@ -144,7 +149,8 @@ def _resolve(root: Any, words: list[str]) -> tuple[Any, list[str]]:
         elif w.startswith("-"):
             options.append(w.split("=")[0])
         elif getattr(cmd, "commands", None) is not None and not options:
-            sub = cmd.commands.get(w)
+            # get_command, not the static table: a group may make its subcommands (replay K)
+            sub = cmd.get_command(click_context(cmd), w)
             if sub is None and getattr(cmd, "invoke_without_command", False):
                 break
             assert sub is not None, f"unknown command `{' '.join([*path, w])}`"
