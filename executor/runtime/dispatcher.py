@@ -44,7 +44,6 @@ from greenctl.executor.runtime.dispatch_routes import (
 )
 from greenctl.executor.runtime.dispatch_supervision import ExecutorSupervision
 from greenctl.executor.runtime.llm_front import OpenAIFront
-from greenctl.executor.runtime.llm_stream import StreamingServer
 from greenctl.executor.runtime.metrics import (
     LATENCY_BUCKETS_S,
     histogram_lines,
@@ -134,7 +133,7 @@ class Dispatcher(OpenAIFront, ExecutorSupervision):
         """
         import aiohttp
 
-        server = StreamingServer(self.router())  # the OpenAI front streams tokens
+        server = hs.Server(self.router())
         bound = await server.start(host, port, sock=sock)
         # cold paths only (metadata, health checks); inference uses the lean upstream pools
         self.session = aiohttp.ClientSession(

@@ -23,7 +23,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -141,6 +141,34 @@ class Response:
             ]
         ).encode("latin-1")
         return head if head_only else head + self.body
+
+
+class StreamResponse(Response):
+    """A response whose body comes piece by piece (``chunks``, an async iterator of bytes:
+    server-sent events), each sent as it arrives with chunked transfer encoding; the
+    iterator is closed when the stream ends, however it ends. While a stream runs its
+    connection answers nothing else (pipelined requests wait, in order); a client that goes
+    away ends it."""
+
+    __slots__ = ("chunks",)
+
+    def __init__(
+        self,
+        chunks: AsyncIterator[bytes],
+        *,
+        status: int = 200,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(status=status, headers=headers)
+        self.chunks = chunks
+
+    def head(self, *, keep_alive: bool) -> bytes:
+        """The status line and headers."""
+        lines = [f"HTTP/1.1 {self.status} {_REASONS.get(self.status, 'Unknown')}"]
+        lines += ["Transfer-Encoding: chunked", *[f"{k}: {v}" for k, v in self.headers.items()]]
+        if not keep_alive:
+            lines.append("Connection: close")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 #: The header an admin request carries its daemon's token in (dispatcher, executor, geo router).
@@ -592,6 +620,11 @@ class _Connection(asyncio.BufferedProtocol):
         if isinstance(response, _Refusal):
             self._refuse_now(response)
             return
+        if isinstance(response, StreamResponse):  # sent as it comes; then the next answer
+            task = self.server.loop.create_task(self._stream(response, keep_alive, head))
+            self.server.tasks.add(task)
+            task.add_done_callback(self.server.tasks.discard)
+            return
         self.transport.write(response.encode(keep_alive=keep_alive, head_only=head))
         self.idle_since = time.monotonic()
         if not keep_alive:
@@ -601,6 +634,40 @@ class _Connection(asyncio.BufferedProtocol):
             self.busy = False
             return
         self._next()
+
+    async def _stream(self, response: StreamResponse, keep_alive: bool, head: bool) -> None:
+        """Send a :class:`StreamResponse`: its head, each piece as it comes, the last chunk;
+        then the next answer (or close). A source that breaks mid-stream cuts it (closed)."""
+        chunks = response.chunks
+        try:
+            if self.closing:
+                return
+            self.transport.write(response.head(keep_alive=keep_alive))
+            if head:
+                return
+            try:
+                async for piece in chunks:
+                    if self.closing:
+                        return
+                    if piece:
+                        self.transport.write(b"%x\r\n%b\r\n" % (len(piece), piece))
+                    while self.write_stalled_since is not None and not self.closing:
+                        await asyncio.sleep(0.005)  # the client reads slower than it comes
+            except Exception as exc:
+                print(f"httpserver: a stream ended early: {exc!r}", file=sys.stderr, flush=True)
+                self.close()
+                return
+            if not self.closing:
+                self.transport.write(b"0\r\n\r\n")
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        self.idle_since = time.monotonic()
+        if not keep_alive:
+            self.close()
+        elif not self.closing:
+            self._next()
 
     def _fail(self, status: int, why: str) -> None:
         """Refuse what is being received with ``status`` and close; requests parsed before it

@@ -26,7 +26,6 @@ from greenctl.executor.runtime import httpserver as hs
 from greenctl.executor.runtime.dispatch_energy import EnergyAccounting
 from greenctl.executor.runtime.dispatch_forward import VARIANT_HEADER, Forwarding
 from greenctl.executor.runtime.dispatch_routes import Backend, ModelRoute
-from greenctl.executor.runtime.llm_stream import StreamResponse
 from greenctl.executor.runtime.metrics import CARBON_TOTAL, ENERGY_TOTAL, carbon_g
 from greenctl.planner.core.choice import check_requirement
 
@@ -287,7 +286,7 @@ class OpenAIFront(Forwarding, EnergyAccounting):
             if stream and resp.status == 200:
                 headers["Content-Type"] = resp.headers.get("Content-Type", "text/event-stream")
                 headers["Cache-Control"] = "no-cache"
-                return StreamResponse(self._relay(route, b, resp, ex), headers=headers)
+                return hs.StreamResponse(self._relay(route, b, resp, ex), headers=headers)
             try:
                 data = await resp.read()
             finally:
