@@ -43,6 +43,7 @@ DAEMON_MODULES = (
     "greenctl.executor.runtime.dispatcher",
     "greenctl.executor.runtime.supervisor",
     "greenctl.executor.deploy.georouter",
+    "greenctl.executor.runtime.llm_executor",
 )
 #: options of daemon command lines whose values are paths (made absolute when built)
 PATH_OPTIONS = ("--db", "--state-file", "--routes")
