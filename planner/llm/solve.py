@@ -312,6 +312,8 @@ def plan_llm(problem: LLMProblem) -> Plan:
             },
         )
     extra = {
+        # requests follow the tiers' shares, whatever concurrency an engine batches to
+        "policy": "wrr",
         "llm": {"shares": shares, "engines": engines, "tiers": ev["tiers"]},
         "capacity": [
             {

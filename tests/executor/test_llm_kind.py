@@ -121,3 +121,17 @@ def test_predict_simulates_the_plan(llm_store) -> None:
     # three times the load on the same instances: past what was profiled
     over = kind.predict(llm_store, new, rate_rps=9.0, n_requests=20_000)
     assert over["overloaded"] and over["slo_violation_frac"] > 0.05
+
+
+def test_an_llm_plan_is_served_and_simulated_by_its_shares(store):
+    """Requests follow the tiers' shares (wrr), not the batching an engine's concurrency
+    would pick by the policy rule."""
+    from greenctl.executor.kinds import get_kind, plan
+
+    from tests.planner.llm.rows import add_family
+
+    add_family(store)
+    made = plan(store, "llm", {"model": "llm", "rate_rps": 3.0, "ttft_ms": 800, "tpot_ms": 60,
+                               "budget": {"cpu": 8}})  # fmt: skip
+    assert max(d.batch for d in made.deployments) > 1
+    assert get_kind("llm").dispatch_policy(made) == "wrr"
