@@ -224,6 +224,8 @@ def build_k8s_export(
     kind = get_kind(plan.kind)
     if not kind.serves:
         raise kind.refuse("export")
+    if kind.local_engines:
+        raise kind.refuse_elsewhere("Kubernetes export")
     if not plan.deployments:
         raise InputError("the plan has no deployments to export")
     if gpus_per_node < 1:

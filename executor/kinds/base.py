@@ -332,6 +332,10 @@ class PlanKind:
     #: expansion (:func:`greenctl.executor.deploy.instances.desired_instances`: ``count`` instances of
     #: each deployment, MIG layouts slot by slot)
     instances: Callable[[Plan], list[Any]] | None = None
+    #: its instances are model servers of their own (LLM engines) that only the local
+    #: backend starts: the Ray backend and the Kubernetes export, which run greenctl's
+    #: executor daemons, refuse its plans (:meth:`refuse_elsewhere`)
+    local_engines: bool = False
     #: several models of one plan share a partition in turn (glet duty cycles): their MPS
     #: shares on one GPU may add up past 100 %
     time_shared: bool = False
@@ -394,6 +398,15 @@ class PlanKind:
             InputError: ``override`` or the plan's own choice is not a policy.
         """
         return plan_policy(plan, override, kind_default=self.default_policy)
+
+    def refuse_elsewhere(self, where: str) -> InputError:
+        """The error of ``where`` (the Kubernetes export, the Ray backend) for a plan whose
+        instances only the local backend starts (:attr:`local_engines`)."""
+        return InputError(
+            f"the {where} cannot take {self.name} plans: their instances are engines that "
+            "only the local backend starts",
+            hint="apply it on this machine: greenctl apply PLAN",
+        )
 
     def refuse(self, action: str) -> InputError:
         """The error for ``action`` (``simulate``, ``apply``, ...) on a plan of this kind."""

@@ -135,3 +135,20 @@ def test_an_llm_plan_is_served_and_simulated_by_its_shares(store):
                                "budget": {"cpu": 8}})  # fmt: skip
     assert max(d.batch for d in made.deployments) > 1
     assert get_kind("llm").dispatch_policy(made) == "wrr"
+
+
+def test_kubernetes_export_refuses_an_llm_plan(store, cli, tmp_path):
+    from greenctl.data.plan import write_plan_file
+    from greenctl.executor.kinds import plan
+
+    from tests.planner.llm.rows import add_family
+
+    add_family(store)
+    made = plan(store, "llm", {"model": "llm", "rate_rps": 3.0, "ttft_ms": 800, "tpot_ms": 60,
+                               "budget": {"cpu": 8}})  # fmt: skip
+    path = tmp_path / "p.json"
+    write_plan_file(made, path)
+    r = cli("export", "k8s", path, "-o", tmp_path / "k8s")
+    assert r.exit_code == 2, r.output
+    assert "the Kubernetes export cannot take llm plans" in r.output
+    assert "greenctl apply PLAN" in r.output and not (tmp_path / "k8s").exists()
