@@ -134,11 +134,12 @@ def apply_cmd(
     if runner.name == "ray":
         _print_ray_apply(result, dry_run=dry_run)
     else:
-        _print_apply(result, dry_run=dry_run)
+        _print_apply(result, dry_run=dry_run, openai="llm" in plan.extra)
 
 
-def _print_apply(result: Any, *, dry_run: bool) -> None:
-    """What a local apply did (or would do), its dispatcher, warnings and verification."""
+def _print_apply(result: Any, *, dry_run: bool, openai: bool = False) -> None:
+    """What a local apply did (or would do), its dispatcher (``openai``: its OpenAI API
+    too, for a plan of LLM tiers), warnings and verification."""
     if not result.changed:
         console.print("Nothing to do: the plan is already running.")
     else:
@@ -148,6 +149,8 @@ def _print_apply(result: Any, *, dry_run: bool) -> None:
         )
     if result.dispatcher_url and not dry_run:
         say(f"Dispatcher: {result.dispatcher_url}  (Open Inference Protocol v2)")
+        if openai:
+            say(f"OpenAI API: {result.dispatcher_url}/v1  (chat/completions, completions)")
     for w in result.warnings:
         say(("warning:", "yellow"), f" {w}", err=True)
     if result.verify:
@@ -338,7 +341,30 @@ def _print_status(doc: dict[str, Any]) -> None:
         ],
         caption="p95 over each instance's last 4096 requests, measured inside the executor",
     )
+    if doc.get("llm"):
+        _print_llm_tiers(doc["llm"]["tiers"])
     say(f"State: {doc['state']}", style="bold" if doc["state"] == "serving" else "bold red")
+
+
+def _print_llm_tiers(tiers: list[dict[str, Any]]) -> None:
+    """The LLM tiers the dispatcher routes to, with the plan's shares and predictions."""
+
+    def num(v: Any, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    render_table(
+        "LLM tiers",
+        ["variant", "engine", "share", "quality", "TTFT ms (predicted)", "instances", "ready"],
+        [
+            [
+                t["variant"], t["engine"], num(t["share"], ".2f"), num(t["quality"], ".2f"),
+                f"{num(t['ttft_ms'], '.0f')} {t.get('percentile') or ''}".strip(),
+                t["instances"], t["ready"],
+            ]
+            for t in tiers
+        ],
+        caption="OpenAI API at the dispatcher's /v1; requests follow the shares",
+    )  # fmt: skip
 
 
 def _print_geo(geo: dict[str, Any]) -> None:

@@ -84,8 +84,7 @@ def llm_tiers(
     instances: list[dict[str, Any]], routed: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """The LLM tiers that run: per tier its engine, share, quality, predicted TTFT (at the
-    plan's percentile) and
-    instances (as the dispatcher routes them, else as they were started)."""
+    plan's percentile) and instances (as the dispatcher routes them, else as started)."""
     out: dict[str, dict[str, Any]] = {}
     for view in instances:
         llm = (routed.get(view["id"]) or {}).get("llm") or view.get("engine") or {}

@@ -66,9 +66,10 @@ def test_profile_plan_apply_stream_metrics_down(cli, state_dir, tiny_llama, tmp_
     assert plan["kind"] == "llm" and plan["llm"]["shares"] == {"tl": 1.0}
     assert plan["predicted"]["ttft_p95_ms"] <= 5000
 
-    r = cli("apply", plan_file, "--json")
+    r = cli("apply", plan_file)
     assert r.exit_code == 0, r.output
-    url = json.loads(r.stdout)["dispatcher"]["url"]
+    assert "OpenAI API: http://" in r.output
+    url = r.output.split("OpenAI API: ")[1].split()[0].removesuffix("/v1")
 
     body = {"model": "tinyllm", "messages": [{"role": "user", "content": "w1 w2 w3"}],
             "max_tokens": 6, "stream": True}  # fmt: skip
@@ -96,6 +97,8 @@ def test_profile_plan_apply_stream_metrics_down(cli, state_dir, tiny_llama, tmp_
     r = cli("status", "--json")
     assert r.exit_code == 0, r.output
     assert [t["variant"] for t in json.loads(r.stdout)["llm"]["tiers"]] == ["tl"]
+    r = cli("status")
+    assert r.exit_code == 0 and "LLM tiers" in r.output and "transformers" in r.output
 
     r = cli("down")
     assert r.exit_code == 0, r.output
