@@ -37,7 +37,7 @@ from greenctl.executor.deploy.ray_routes import (
     RouteEntry,
     energy_spec,
 )
-from greenctl.executor.deploy.ray_serve import replica_ongoing, serve_classes
+from greenctl.executor.deploy.ray_serve import VERSION_PREFIX, replica_ongoing, serve_classes
 from greenctl.executor.kinds import get_kind
 from greenctl.executor.runtime.offers import instance_offers
 from greenctl.profiler.models import builtin_variant, builtin_variants
@@ -224,7 +224,7 @@ def _app_name(plan: Plan) -> str:
     digest = hashlib.sha1(
         json.dumps([d.to_dict() for d in plan.deployments], sort_keys=True).encode()
     ).hexdigest()[:8]
-    return f"greenctl-p{plan.id if plan.id is not None else 0}-{digest}"
+    return f"{VERSION_PREFIX}{plan.id if plan.id is not None else 0}-{digest}"
 
 
 def _variants(store: Store, plan: Plan) -> dict[str, dict[str, Any]]:

@@ -220,6 +220,10 @@ class GroupServer:
 ROUTE_KEYS = ("policy", "prefer", "carbon")
 
 
+#: how the Serve applications of plan versions are named (``greenctl-p<plan id>-<digest>``)
+VERSION_PREFIX = "greenctl-p"
+
+
 class Sender:
     """The requests a router sends one deployment, grouped: at most ``calls`` Ray calls in
     flight (one running and one forming per replica), and the requests that arrive meanwhile
@@ -286,6 +290,20 @@ class RouterServer:
         )  # fmt: skip
         self.server = hs.Server(router)
         self.port = await self.server.start(host, port)
+        await self._resume()
+
+    async def _resume(self) -> None:
+        """A router Serve restarted routes again with the one plan version running (none
+        chosen while two run: the apply switching between them says which)."""
+        from ray import serve
+
+        versions = [
+            name
+            for name, app in serve.status().applications.items()
+            if name.startswith(VERSION_PREFIX) and str(app.status).endswith("RUNNING")
+        ]
+        if len(versions) == 1:
+            await self.switch(versions[0])
 
     async def switch(self, app: str) -> dict[str, Any]:
         """Route with ``app``'s routes (again, after its group is reconfigured)."""

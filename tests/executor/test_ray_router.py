@@ -1,6 +1,7 @@
 """The Ray router's own HTTP endpoint, against a real local Ray cluster (slow): a taken
-``--ray-http-port`` is refused before anything is deployed, and the router answers on the
-port it was started with."""
+``--ray-http-port`` is refused before anything is deployed, the router answers on the
+port it was started with and, restarted by Serve, routes again; and its grouping of requests
+(plain asyncio)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,30 @@ def _infer(url: str) -> tuple[int, dict]:
         return resp.status, json.loads(resp.read())
 
 
+def _answers(url: str, want: bool, within_s: float = 120.0) -> bool:
+    """Whether ``url`` comes to answer 200 (``want``) or to fail (not ``want``) in time."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            ok = _get(url)[0] == 200
+        except OSError:
+            ok = False
+        if ok == want:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _kill_the_router() -> None:
+    """Kill the router's replica actor (as a crash would)."""
+    import ray
+
+    names = [a for a in ray.util.list_named_actors(all_namespaces=True)
+             if "greenctl-router" in a["name"] and "Router" in a["name"]]  # fmt: skip
+    assert len(names) == 1, names
+    ray.kill(ray.get_actor(names[0]["name"], namespace=names[0]["namespace"]), no_restart=True)
+
+
 @pytest.mark.slow
 def test_a_taken_port_is_refused_and_the_router_keeps_its_port(cluster, store, cli, tmp_path):
     from greenctl.executor.deploy.ray_backend import apply_ray, down_ray
@@ -88,6 +113,11 @@ def test_a_taken_port_is_refused_and_the_router_keeps_its_port(cluster, store, c
         )
         assert second.url == first.url and second.app != first.app
         assert _infer(second.url)[0] == 200
+        _kill_the_router()  # Serve starts another: it routes with the version running again
+        assert _answers(f"{second.url}/v2/health/live", False), "the killed router answers"
+        assert _answers(f"{second.url}/v2/health/ready", True), "no router after 120 s"
+        code, doc = _infer(second.url)
+        assert code == 200 and doc["model_version"] == "tiny-s"
     finally:
         down_ray(store=store, address=cluster)
     deadline = time.monotonic() + 60
