@@ -39,8 +39,8 @@ from greenctl.profiler.models import load_model
 
 
 def replica_ongoing(batch: int) -> int:
-    """Requests a replica of ``batch`` takes at once: a full batch forming while one runs, so
-    that the router never waits for room."""
+    """Calls a replica of ``batch`` takes at once: more than the router's :class:`Sender`
+    sends it (two), so that Serve never holds one back for room."""
     return max(2 * max(batch, 1), 8)
 
 
@@ -279,7 +279,7 @@ class RouterServer:
         self.app: str | None = None
         self.group: Any = None  # the active version's group (energy series)
         self.table: PlanRoutes | None = None
-        self.replicas: list[Any] = []  # handles, by the routes' handle index
+        self.replicas: list[Sender] = []  # each deployment's, by the routes' handle index
         self.models: dict[str, Any] = {}
         self.variant_of: dict[str, str] = {}  # a variant's name -> its model
         router = hs.Router()
@@ -312,7 +312,7 @@ class RouterServer:
         group = serve.get_app_handle(app)
         spec = await group.spec.remote()
         handles = [
-            serve.get_deployment_handle(name, app, _check_exists=False, _record_telemetry=False)
+            serve.get_deployment_handle(name, app, _check_exists=False)  # (no blocking lookup)
             for name in spec["deployments"]
         ]
         self.replicas = [Sender(h) for h in handles]
