@@ -63,7 +63,7 @@ VerifyDurationOpt = Annotated[
     float, typer.Option("--verify-duration", help="Seconds of verification load.")
 ]
 RayHttpPortOpt = Annotated[
-    int, typer.Option("--ray-http-port", help="HTTP port of Ray Serve's proxy (--backend ray).")
+    int, typer.Option("--ray-http-port", help="HTTP port of the Ray router (--backend ray).")
 ]
 SiteOpt = Annotated[
     list[str] | None,

@@ -60,7 +60,7 @@ def check_apply(plan: Plan, store: Store, options: ApplyOptions) -> None:
 
 def check_apply_values(*, host: str, verify_duration_s: float, http_port: int) -> None:
     """The apply options that are plain values, checked before anything is read, a dry run's
-    included: a host, a verification time, a Ray proxy port.
+    included: a host, a verification time, the Ray router's port.
 
     Raises:
         InputError: naming the option and the value it takes.

@@ -338,6 +338,8 @@ def apply_ray(
     kind = get_kind(plan.kind)
     if not kind.serves:
         raise kind.refuse("apply")
+    if kind.local_engines:
+        raise kind.refuse_elsewhere("Ray backend")
     if not plan.deployments:
         raise InputError("the plan has no deployments")
     _check_families(plan, store)

@@ -152,3 +152,17 @@ def test_kubernetes_export_refuses_an_llm_plan(store, cli, tmp_path):
     assert r.exit_code == 2, r.output
     assert "the Kubernetes export cannot take llm plans" in r.output
     assert "greenctl apply PLAN" in r.output and not (tmp_path / "k8s").exists()
+
+
+def test_the_ray_backend_refuses_an_llm_plan_before_reaching_a_cluster(store):
+    from greenctl.data.errors import InputError
+    from greenctl.executor.deploy.ray_backend import apply_ray
+    from greenctl.executor.kinds import plan
+
+    from tests.planner.llm.rows import add_family
+
+    add_family(store)
+    made = plan(store, "llm", {"model": "llm", "rate_rps": 3.0, "ttft_ms": 800, "tpot_ms": 60,
+                               "budget": {"cpu": 8}})  # fmt: skip
+    with pytest.raises(InputError, match="the Ray backend cannot take llm plans"):
+        apply_ray(made, store=store, address="127.0.0.1:1")
