@@ -14,13 +14,11 @@ from greenctl.data.carbon_io import carbon_option
 from greenctl.data.errors import InputError, shown
 from greenctl.data.limits import bounded, optional
 from greenctl.data.resources import KNOWN_KINDS
-
-#: the balanced objective's weights of resources (alpha) and carbon (gamma) and the intensity
-#: its carbon term is normalised at (g/kWh): the mix kind's values (planner/mix/model.py; a
-#: planner imports no other planner, and a test keeps the two equal)
-DEFAULT_ALPHA = 0.05
-DEFAULT_GAMMA = 0.05
-REFERENCE_CARBON_INTENSITY = 400.0
+from greenctl.planner.core.balanced import (
+    DEFAULT_ALPHA,
+    DEFAULT_GAMMA,
+    REFERENCE_CARBON_INTENSITY,
+)
 
 OBJECTIVES = ("carbon", "energy", "cost", "balanced")
 PERCENTILES = ("p50", "p95", "p99")

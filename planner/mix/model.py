@@ -20,17 +20,15 @@ from greenctl.data.errors import InfeasiblePlan
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
 from greenctl.planner.core import solvers
+from greenctl.planner.core.balanced import (
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
+    DEFAULT_GAMMA,
+    REFERENCE_CARBON_INTENSITY,
+)
 
 PERCENTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
 
-#: Defaults of the balanced objective (InfAdapter's alpha/beta; gamma chosen so that a plan
-#: with the reference plan's carbon costs as much as 0.05 of accuracy).
-DEFAULT_ALPHA = 0.05
-DEFAULT_BETA = 0.001
-DEFAULT_GAMMA = 0.05
-#: Carbon intensity the balanced objective's CC term is normalised at (gCO2/kWh), an
-#: order-of-magnitude world grid average; a grid dirtier than this weighs carbon more.
-REFERENCE_CARBON_INTENSITY = 400.0
 
 #: Relative MIP gap at which a plan counts as optimal (HiGHS's default is 1e-4).
 MIP_REL_GAP = 1e-6

@@ -297,17 +297,6 @@ def test_an_allocation_over_capacity_is_seen_by_the_simulator() -> None:
     assert Allocation((1,), (1.0,)).counts == (1,)
 
 
-def test_the_balanced_weights_are_the_mix_kinds() -> None:
-    from greenctl.planner.llm import request as llm
-    from greenctl.planner.mix import model as mix
-
-    assert (llm.DEFAULT_ALPHA, llm.DEFAULT_GAMMA, llm.REFERENCE_CARBON_INTENSITY) == (
-        mix.DEFAULT_ALPHA,
-        mix.DEFAULT_GAMMA,
-        mix.REFERENCE_CARBON_INTENSITY,
-    )
-
-
 def test_slo_misses_grow_with_the_load() -> None:
     from greenctl.planner.llm.model import slo_miss
 
