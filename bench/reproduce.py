@@ -1,9 +1,9 @@
-"""Reproduce the five papers' headline figures: each paper's benches, one run.
+"""Reproduce the papers' headline figures: each paper's benches, one run.
 
     python bench/reproduce.py [--only NAME] [--out DIR] [--list]
 
 Runs, one after another, the benches that ``docs/reproductions.md`` quotes (Clover, gpulet,
-eGLB, InfAdapter, INFaaS), each with a time limit (quick modes where a full run is long),
+eGLB, InfAdapter, INFaaS, Quality Time), each with a time limit (quick modes where a full run is long),
 and writes each bench's whole output to ``DIR/<name>.txt`` (default ``bench/results/reproduce-<date>``)
 with the machine's load before and after it. It prints one line per bench (exit code, wall
 time, load) and exits 1 when a bench fails or runs past its limit. The whole run is sized for
@@ -43,6 +43,7 @@ BENCHES = (
     Bench("infadapter-bursty", "InfAdapter", ("bench_infadapter_bursty.py",), 300),
     Bench("infaas-loadchange", "INFaaS", ("bench_infaas_loadchange.py",), 120),
     Bench("infaas-variants", "INFaaS", ("bench_variants.py", "--duration", "1"), 120),
+    Bench("quality-time", "Quality Time", ("bench_llm_quality_time.py", "--duration", "3"), 240),
 )
 
 
@@ -82,7 +83,7 @@ def main() -> int:
     chosen = [b for b in BENCHES if args.only is None or args.only in b.name]
     if args.list or not chosen:
         for b in BENCHES:
-            print(f"{b.name:22} {b.paper:11} python bench/{' '.join(b.argv)}")
+            print(f"{b.name:22} {b.paper:12} python bench/{' '.join(b.argv)}")
         return 0 if args.list else 2
     out_dir = args.out or HERE / "results" / f"reproduce-{dt.date.today().isoformat()}"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -94,7 +95,7 @@ def main() -> int:
         code, wall = run(bench, out_dir)
         total += wall
         state = "ok" if code == 0 else ("past its limit" if code == 124 else f"exit {code}")
-        print(f"  {bench.paper:11} {bench.name:22} {wall:7.1f} s  load {load():>5}  {state}")
+        print(f"  {bench.paper:12} {bench.name:22} {wall:7.1f} s  load {load():>5}  {state}")
         if code != 0:
             failed.append(bench.name)
     print(f"{total:.0f} s in all; outputs in {out_dir}")
