@@ -376,10 +376,10 @@ def apply_ray(
     if previous is not None and order is not None:  # the very replicas: its routes only
         return _reroute(run, serve, previous, order, dry_run=dry_run)
     _check_cluster(ray, plan)
+    if dry_run:  # a dry run leaves the cluster as it was: Serve is not started or asked
+        return result
     if previous is None and ROUTER_APP not in serve.status().applications:
         _check_router_port(address, http_port)
-    if dry_run:  # a dry run leaves the cluster as it was: Serve is not started
-        return result
     _deploy(run, serve, previous)
     return run.record(app)
 

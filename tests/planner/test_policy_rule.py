@@ -20,6 +20,7 @@ from greenctl.data.plan import PLAN_KINDS, Deployment, Plan
 from greenctl.executor.deploy import ray_backend
 from greenctl.executor.deploy.apply import apply_plan
 from greenctl.executor.deploy.k8s_export import build_k8s_export
+from greenctl.executor.kinds import get_kind
 from greenctl.executor.runtime.dispatcher import ModelRoute
 from greenctl.planner.core import simulator
 from greenctl.planner.core.policy import POLICIES, SmoothWRR, default_policy, plan_policy
@@ -80,6 +81,10 @@ def _choices(plan: Plan, override: str | None, store: Any, spied: dict[str, str]
         out["apply"] = str(
             apply_plan(plan, store=store, dry_run=True, loader=NOOP, policy=override).policy
         )
+        if get_kind(plan.kind).local_engines:  # engines only the local backend starts
+            with pytest.raises(InputError, match="cannot take"):
+                build_k8s_export(plan, policy=override)
+            return out
         mig = {"version": "v1", "mig-configs": {}} if plan.kind == "mig" else None
         docs = build_k8s_export(plan, policy=override, mig_config=mig).files["dispatcher.yaml"]
         routes = json.loads(
