@@ -105,10 +105,9 @@ def load_test_service_ms(rate_rps: float, latency_ms: float, q: float) -> float:
     :func:`capacity_at_slo` reaches ``rate_rps`` (:func:`searched_service_ms`, found here
     in closed form on that search's grid, then 1e-9 to the feasible side).
 
-    That capacity is ``1000 k / (65536 s)`` with k the highest grid level that holds at
-    ``L / s`` (:func:`_md1_levels`), so ``s* = max_i min(L / X_i, 1000 i / (65536 rate))``:
-    the first term falls with i, the second rises, and the crossing is where
-    ``rho_i X_i`` passes ``L rate / 1000``. Cached: one entry per load-test row read.
+    That capacity is ``1000 k / (65536 s)`` with k the highest grid level holding at
+    ``L / s`` (:func:`_md1_levels`), so ``s* = max_i min(L / X_i, 1000 i / (65536 rate))``,
+    found where ``rho_i X_i`` passes ``L rate / 1000``. Cached per load-test row.
 
     Raises:
         InputError: a rate or latency that is not a positive number.

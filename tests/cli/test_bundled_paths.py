@@ -27,7 +27,7 @@ INPUTS = {
     ("plan geo", "sites", "--sites"), ("plan geo", "demand", "--demand"),
     ("plan geo", "routes", "--routes"), ("plan mix", "spec", "--spec"),
     ("plan glet", "spec", "--spec"), ("plan mig", "current", "--current"),
-    ("plan run", "request", "--request"),
+    ("plan run", "request", "--request"), ("plan llm", "trace", "--trace"),
     ("forecast fit", "trace", "--trace"), ("forecast predict", "trace", "--trace"),
     ("replay", "load_trace", "--load-trace"), ("replay", "carbon_trace", "--carbon-trace"),
     ("replay mix", "spec", "--spec"), ("replay glet", "spec", "--spec"),
