@@ -22,6 +22,7 @@ __all__ = [
     "JsonOpt",
     "ModelFilterOpt",
     "ModelOpt",
+    "PlanCarbonIntensityOpt",
     "RateOpt",
     "RegionFilterOpt",
     "RegionOpt",
@@ -59,6 +60,15 @@ AtOpt = Annotated[
         "--at",
         help="Use the carbon signal (and a geo plan's slot) in force at this time "
         "(ISO; default now).",
+    ),
+]
+#: the grid intensity a planner plans at (plan mix, plan llm)
+PlanCarbonIntensityOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--carbon-intensity",
+        help="Grid carbon intensity in gCO2/kWh (default: the --region signal, else the "
+        "only region's, else the reference 400).",
     ),
 ]
 FromOpt = Annotated[str | None, typer.Option("--from", help="First time (ISO UTC).")]

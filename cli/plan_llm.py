@@ -15,7 +15,7 @@ from greenctl.cli.common import (
     say,
     store_for,
 )
-from greenctl.cli.options import AtOpt, DbOpt, JsonOpt, RegionOpt
+from greenctl.cli.options import AtOpt, DbOpt, JsonOpt, PlanCarbonIntensityOpt, RegionOpt
 from greenctl.data.errors import InputError
 from greenctl.executor.kinds import get_kind, plan, plan_carbon
 
@@ -111,14 +111,7 @@ def plan_llm_cmd(
         str | None,
         typer.Option("--objective", help="carbon (default) | energy | cost | balanced."),
     ] = None,
-    carbon_intensity: Annotated[
-        float | None,
-        typer.Option(
-            "--carbon-intensity",
-            help="Grid carbon intensity in gCO2/kWh (default: the --region signal, else the "
-            "only region's, else the reference 400).",
-        ),
-    ] = None,
+    carbon_intensity: PlanCarbonIntensityOpt = None,
     region: RegionOpt = None,
     at: AtOpt = None,
     output: Annotated[

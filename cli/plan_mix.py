@@ -15,6 +15,7 @@ from greenctl.cli.common import (
     say,
     store_for,
 )
+from greenctl.cli.options import PlanCarbonIntensityOpt
 from greenctl.cli.plan import AtOpt, RegionOpt, carbon_caption, check_writable, plan_app, save_plan
 from greenctl.data.errors import InputError
 from greenctl.data.plan import load_plan_file
@@ -145,14 +146,7 @@ def plan_mix_cmd(
     alpha: AlphaOpt = None,
     beta: BetaOpt = None,
     gamma: GammaOpt = None,
-    carbon_intensity: Annotated[
-        float | None,
-        typer.Option(
-            "--carbon-intensity",
-            help="Grid carbon intensity in gCO2/kWh (default: the --region signal, else the "
-            "only region's, else the reference 400).",
-        ),
-    ] = None,
+    carbon_intensity: PlanCarbonIntensityOpt = None,
     region: RegionOpt = None,
     at: AtOpt = None,
     headroom: HeadroomOpt = None,
