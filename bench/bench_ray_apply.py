@@ -14,12 +14,10 @@ Prints each figure side by side with its ratio to the local backend, and the loa
 from __future__ import annotations
 
 import argparse
-import contextlib
 import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -154,18 +152,11 @@ def _start_head(ray_bin: str, port: int, cpus: int, env: dict[str, str]) -> int:
 
 
 def _stop_session(sid: int) -> None:
-    """Kill the processes of session ``sid``, this bench's Ray head (`ray stop` would stop
-    every Ray cluster on the machine)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == sid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGKILL)
+    """Kill the processes of session ``sid`` (`ray stop` would stop every Ray cluster on the
+    machine)."""
+    from greenctl.executor.runtime.procs import kill_session
+
+    kill_session(sid)
 
 
 def _print(cluster_s: float, rows: list[tuple[str, str, float, float, str]]) -> None:

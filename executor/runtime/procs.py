@@ -130,6 +130,24 @@ def _stat_fields(pid: int) -> list[bytes]:
     return data.rpartition(b")")[2].split()
 
 
+def kill_session(sid: int) -> list[int]:
+    """SIGKILL every process of session ``sid`` (a daemon started with its own session, such
+    as a Ray head, and whatever it forked); the pids killed."""
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            session = int(_stat_fields(int(entry.name))[3])  # state, ppid, pgrp, session
+        except (OSError, IndexError, ValueError):
+            continue
+        if session == sid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    return killed
+
+
 def proc_start_ticks(pid: int) -> str | None:
     """The start time of ``pid`` in clock ticks since boot (Linux), or None if unknown."""
     try:

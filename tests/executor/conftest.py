@@ -118,18 +118,11 @@ def _start_node(cmd: list[str]) -> int:
 
 
 def _stop_session(sid: int) -> None:
-    """Kill the processes of session ``sid``: one node of one test cluster (`ray stop` would
-    stop every cluster on the machine, other test modules' included)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == sid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGKILL)
+    """Kill the processes of session ``sid`` (`ray stop` would stop every Ray cluster on the
+    machine)."""
+    from greenctl.executor.runtime.procs import kill_session
+
+    kill_session(sid)
 
 
 @contextlib.contextmanager

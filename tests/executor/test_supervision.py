@@ -398,3 +398,22 @@ def test_a_dispatcher_running_before_the_upgrade_is_still_stopped(run_store, tmp
     doc = down(run_store)
     assert {"dispatcher": doc["stopped"][0]["dispatcher"], "pid": old.pid} == doc["stopped"][0]
     assert old.wait(10) is not None
+
+
+def test_kill_session_kills_a_session_and_what_it_forked_only():
+    from greenctl.executor.runtime.procs import is_alive, kill_session
+
+    outside = subprocess.Popen(["sleep", "60"])
+    leader = subprocess.Popen(["bash", "-c", "sleep 60 & sleep 60"], start_new_session=True)
+    try:
+        children = Path(f"/proc/{leader.pid}/task/{leader.pid}/children")
+        deadline = time.monotonic() + 10
+        while len(children.read_text().split()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # bash has forked both sleeps
+        killed = kill_session(leader.pid)
+        assert leader.pid in killed and len(killed) == 3, killed
+        assert leader.wait(timeout=10) == -signal.SIGKILL
+        assert is_alive(outside.pid)
+    finally:
+        outside.kill()
+        outside.wait()
