@@ -15,6 +15,9 @@ from typing import Any
 
 from greenctl.data.errors import InputError, shown
 
+#: the latency percentiles an SLO is stated at, and their quantiles
+SLO_QUANTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
+
 
 @dataclass(frozen=True)
 class Bound:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from greenctl.data.limits import SLO_QUANTILES
 from greenctl.data.records import (
     Variant,
     record_to_row,
@@ -27,8 +28,8 @@ if TYPE_CHECKING:
 
 #: the engines ``greenctl profile llm`` drives or reaches
 LLM_ENGINES = ("transformers", "llama.cpp", "openai")
-#: the percentiles every LLM latency and token-count summary reports
-PERCENTILES = (50, 95, 99)
+#: the percentiles every LLM latency and token-count summary reports (the SLO percentiles)
+PERCENTILES = tuple(round(100 * q) for q in SLO_QUANTILES.values())
 #: ``energy_method`` of a server nothing here can meter (a remote endpoint): no J/token
 UNKNOWN_ENERGY = "unknown"
 #: the metric a declared LLM quality is stored under (``variants.accuracy_metric``)

@@ -17,11 +17,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from greenctl.data.limits import SLO_QUANTILES
 from greenctl.data.llm_profiles import LLMProfile
 
 #: the standard normal quantile of each percentile (a lognormal's spread is fitted with it)
 Z = {"p50": 0.0, "p95": 1.6448536269514722, "p99": 2.3263478740408408}
-QUANTILE = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
+QUANTILE = SLO_QUANTILES  # the SLO percentiles' quantiles, by name
 #: the Poisson tail left out of the arrival-concurrency law
 _TAIL = 1e-9
 

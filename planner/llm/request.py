@@ -12,7 +12,7 @@ from typing import Any
 
 from greenctl.data.carbon_io import carbon_option
 from greenctl.data.errors import InputError, shown
-from greenctl.data.limits import bounded, optional
+from greenctl.data.limits import SLO_QUANTILES, bounded, optional
 from greenctl.data.resources import KNOWN_KINDS
 from greenctl.planner.core.balanced import (
     DEFAULT_ALPHA,
@@ -21,7 +21,7 @@ from greenctl.planner.core.balanced import (
 )
 
 OBJECTIVES = ("carbon", "energy", "cost", "balanced")
-PERCENTILES = ("p50", "p95", "p99")
+PERCENTILES = tuple(SLO_QUANTILES)
 #: the budgets an LLM plan takes: whole cores or whole GPUs
 BUDGET_KINDS = ("cpu", "gpu")
 #: every field a request may hold

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from greenctl.data.errors import InfeasiblePlan
+from greenctl.data.limits import SLO_QUANTILES
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
 from greenctl.planner.core import solvers
@@ -27,7 +28,7 @@ from greenctl.planner.core.balanced import (
     REFERENCE_CARBON_INTENSITY,
 )
 
-PERCENTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
+PERCENTILES = SLO_QUANTILES  # the names the mix planner's callers import
 
 
 #: Relative MIP gap at which a plan counts as optimal (HiGHS's default is 1e-4).
