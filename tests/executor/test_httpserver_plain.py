@@ -6,12 +6,16 @@ waiting (its ``finally`` runs)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from greenctl.executor.runtime import httpserver as hs
 
+T = TypeVar("T")
 
-def _run(coro: object) -> object:
-    return asyncio.run(asyncio.wait_for(coro, 20))  # type: ignore[arg-type]
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, 20))
 
 
 async def _answers(reader: asyncio.StreamReader, n: int) -> list[tuple[int, bytes]]:
@@ -67,7 +71,7 @@ def test_plain_handlers_await_futures_fail_with_500_and_pipeline_in_order() -> N
         await server.shutdown()
         return mixed, run, left
 
-    mixed, run, left = _run(scenario())  # type: ignore[misc]
+    mixed, run, left = _run(scenario())
     assert [s for s, _ in mixed] == [200, 200, 500, 200]
     assert mixed[0][1] == b"1" and mixed[1][1] == b"2" and mixed[3][1] == b"4"
     assert b"internal error: KeyError" in mixed[2][1]
@@ -103,5 +107,5 @@ def test_shutdown_stops_a_plain_handler_still_waiting() -> None:
         writer.close()
         return finished.done(), len(server.driven)
 
-    finished, left = _run(scenario())  # type: ignore[misc]
+    finished, left = _run(scenario())
     assert finished and left == 0
