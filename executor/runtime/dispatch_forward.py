@@ -139,7 +139,6 @@ class Forwarding(RoutingTable):
             {"name": variant or route.name, "ready": ok}, status=200 if ok else 503
         )
 
-    @hs.plain_awaits
     async def infer(self, request: Any) -> Any:
         """Forward an inference request to the instance its model's policy (or the
         model-less choice) picks, retrying once on another when the connection fails;

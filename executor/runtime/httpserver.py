@@ -295,57 +295,6 @@ class _BodyBuffers:
         return bytearray(size)
 
 
-def plain_awaits(handler: Any) -> Any:
-    """Mark a handler that awaits only futures and coroutines built on them (no
-    ``asyncio.timeout``, ``current_task`` or anything else that needs a Task): the server
-    runs it as a callback chain (:class:`_Step`), which costs less per request than a Task
-    and starts it at once instead of on the loop's next pass."""
-    handler.plain_awaits = True
-    return handler
-
-
-#: handlers a connection runs inside one another (pipelined answers ready at once) before
-#: the next one waits for the loop
-_MAX_DEPTH = 8
-
-
-class _Step:
-    """Drives one request's handler coroutine without a Task: each future it awaits wakes
-    it through a done callback; its answer (or a 500 for an exception) is sent when it
-    returns. A bare ``yield`` (``asyncio.sleep(0)``) resumes on the loop's next pass."""
-
-    __slots__ = ("conn", "coro")
-
-    def __init__(self, conn: _Connection, coro: Any) -> None:
-        self.conn = conn
-        self.coro = coro
-
-    def run(self, error: BaseException | None = None) -> None:
-        try:
-            awaited = self.coro.send(None) if error is None else self.coro.throw(error)
-        except (StopIteration, asyncio.CancelledError):  # _run sent the answer, or was stopped
-            self.conn.server.driven.discard(self)
-            return
-        except BaseException:
-            self.conn.server.driven.discard(self)
-            raise
-        if awaited is None:
-            self.conn.server.loop.call_soon(self.run)
-        elif getattr(awaited, "_asyncio_future_blocking", False):
-            awaited._asyncio_future_blocking = False
-            awaited.add_done_callback(self._wake)
-        else:
-            self.run(RuntimeError(f"a plain_awaits handler awaited {awaited!r}"))
-
-    def _wake(self, _future: Any) -> None:
-        self.run()
-
-    def cancel(self) -> None:
-        """Stop the handler where it waits (its ``finally`` blocks run)."""
-        self.conn.server.driven.discard(self)
-        self.coro.close()
-
-
 class _Connection(asyncio.BufferedProtocol):
     """One client connection: parse requests, run handlers one at a time, answer in order.
 
@@ -390,7 +339,6 @@ class _Connection(asyncio.BufferedProtocol):
         self._into: bytearray | None = None  # the body being read straight into its buffer
         self._into_view: memoryview | None = None
         self._got = 0
-        self.depth = 0  # handlers running inside one another (:data:`_MAX_DEPTH`)
 
     # -- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -635,31 +583,12 @@ class _Connection(asyncio.BufferedProtocol):
         if isinstance(item, Response):
             self._send(item, keep_alive, head)
             return
-        found = self.server.router.resolve(item.method, item.path)
-        if getattr(found[0], "plain_awaits", False):
-            step = _Step(self, self._run(item, keep_alive, head, found))
-            self.server.driven.add(step)
-            if self.depth < _MAX_DEPTH:  # answered at once when it need not wait
-                self.depth += 1
-                try:
-                    step.run()
-                finally:
-                    self.depth -= 1
-            else:  # a run of pipelined requests answered at once: unwind the stack
-                self.server.loop.call_soon(step.run)
-            return
-        task = self.server.loop.create_task(self._run(item, keep_alive, head, found))
+        task = self.server.loop.create_task(self._run(item, keep_alive, head))
         self.server.tasks.add(task)
         task.add_done_callback(self.server.tasks.discard)
 
-    async def _run(
-        self,
-        request: Request,
-        keep_alive: bool,
-        head: bool,
-        found: tuple[Handler | None, dict[str, str], set[str]],
-    ) -> None:
-        handler, params, allowed = found
+    async def _run(self, request: Request, keep_alive: bool, head: bool) -> None:
+        handler, params, allowed = self.server.router.resolve(request.method, request.path)
         if handler is None:
             if allowed:
                 if "GET" in allowed:
@@ -841,7 +770,6 @@ class Server:
         self.max_header_bytes = max_header_bytes
         self.connections: set[_Connection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
-        self.driven: set[_Step] = set()  # handlers run without a Task, in flight
         # what every connection receives into (the loop runs one read at a time, and each is
         # parsed or copied out before the next): heads, and bodies the parser reads
         self.read_buffer = bytearray(_READ_BYTES)
@@ -917,15 +845,10 @@ class Server:
         for conn in list(self.connections):
             if not conn.busy:
                 conn.close()
-        deadline = self.loop.time() + timeout_s
         if self.tasks:
             await asyncio.wait(set(self.tasks), timeout=timeout_s)
-        while self.driven and self.loop.time() < deadline:
-            await asyncio.sleep(0.01)
         for task in list(self.tasks):
             task.cancel()
-        for step in list(self.driven):
-            step.cancel()
         for conn in list(self.connections):
             conn.close()
         if self._server is not None:

@@ -91,39 +91,6 @@ class _Conn(asyncio.Protocol):
             self.fut.set_exception(UpstreamError(f"connection lost: {exc or 'closed by peer'}"))
 
 
-#: how often a pool checks its requests' deadlines (a timeout fires up to this much late)
-TICK_S = 0.05
-
-_Answer = asyncio.Future[tuple[int, dict[str, str], bytes]]
-
-
-class _Deadlines:
-    """The timeouts of a pool's requests in flight, checked every :data:`TICK_S` by one
-    timer armed while any is due: cheaper than a timer started and cancelled per request."""
-
-    def __init__(self) -> None:
-        self.due: dict[_Answer, float] = {}
-        self.armed_on: asyncio.AbstractEventLoop | None = None  # the loop the timer runs on
-
-    def add(self, loop: asyncio.AbstractEventLoop, fut: _Answer, timeout_s: float) -> None:
-        self.due[fut] = loop.time() + timeout_s
-        if self.armed_on is not loop:
-            self.armed_on = loop
-            loop.call_later(min(TICK_S, timeout_s), self._check, loop)
-
-    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
-        now = loop.time()
-        late = [fut for fut, at in self.due.items() if at <= now]
-        for fut in late:
-            del self.due[fut]
-            _expire(fut)
-        if self.due:
-            soonest = min(self.due.values()) - now
-            loop.call_later(max(0.0, min(TICK_S, soonest)), self._check, loop)
-        else:
-            self.armed_on = None
-
-
 class UpstreamPool:
     """Idle keep-alive connections to one executor."""
 
@@ -133,7 +100,6 @@ class UpstreamPool:
         self.port = parts.port or 80
         self.host_line = f"Host: {self.host}:{self.port}\r\n"
         self.idle: collections.deque[_Conn] = collections.deque()
-        self.deadlines = _Deadlines()
 
     async def _connect(self) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -182,14 +148,14 @@ class UpstreamPool:
         ).encode("latin-1")
         assert conn.transport is not None
         _write(conn.transport, head, body)
-        self.deadlines.add(loop, fut, timeout_s)
+        timer = loop.call_later(timeout_s, _expire, fut)
         try:
             status, out_headers, out_body = await fut
         except BaseException:
             conn.close()  # a late answer on this socket would confuse the next request
             raise
         finally:
-            self.deadlines.due.pop(fut, None)
+            timer.cancel()
             conn.fut = None
         if out_headers.get("connection", "").lower() == "close":
             conn.close()
