@@ -1,0 +1,55 @@
+"""The optional llama.cpp engine (the llamacpp extra): a random-weight Llama written as GGUF
+here is served by llama-cpp-python's server, streamed, and profiled by ``profile llm``.
+Skipped where llama-cpp-python is not installed (it builds llama.cpp from source)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+from greenctl.profiler import llm_engines
+from greenctl.profiler.llm_client import measure
+from greenctl.profiler.llm_models import random_llama_gguf
+
+pytest.importorskip("llama_cpp.server")
+pytest.importorskip("gguf")
+pytestmark = pytest.mark.timeout(300)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    random_llama_gguf(path, "tiny")
+    return path
+
+
+def test_a_gguf_model_is_served_and_streamed(gguf_file: Path):
+    command = llm_engines.engine_command("llama.cpp", gguf_file, port=_free_port(), cores=[0])
+    running = llm_engines.start(command, timeout_s=120)
+    try:
+        r = measure(command.endpoint, command.model, prompt_tokens=16, output_tokens=8,
+                    concurrency=1, duration_s=2.0)  # fmt: skip
+        assert r.requests >= 1 and r.errors == 0
+        assert r.ttft_ms["p50"] > 0 and r.output_tokens_per_s > 0
+    finally:
+        llm_engines.stop(running)
+
+
+def test_profile_llm_measures_the_llama_cpp_engine(cli, db_path, gguf_file: Path):
+    r = cli(
+        "profile", "llm", "--engine", "llama.cpp", "--model-dir", gguf_file, "--name", "gg",
+        "--family", "ggf", "--quality", "0.5", "--concurrency", "1", "--duration", "1",
+        "--prompt-tokens", "16", "--output-tokens", "8", "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["profiles"]
+    assert [row["engine"] for row in rows] == ["llama.cpp"]
+    assert rows[0]["ttft_p50_ms"] > 0 and rows[0]["decode_j_per_token"] > 0
