@@ -17,6 +17,7 @@ import collections
 import contextlib
 import json
 import math
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -113,6 +114,10 @@ def _ms(value: Any) -> str:
     return f"{value:.4g} ms" if isinstance(value, int | float) else "unknown"
 
 
+#: a streamed event's text, not empty (a role or finish event carries none): one piece
+_PIECE = re.compile(rb'"(?:content|text)":\s*"(?!")')
+
+
 class _Exchange:
     """One request's answer on its way back: the tier named in it, tokens counted."""
 
@@ -153,7 +158,7 @@ class _Exchange:
         if b'"usage"' not in raw:
             for old, new in self._swap:
                 if old in raw:
-                    self.pieces += raw.count(b"data:")
+                    self.pieces += len(_PIECE.findall(raw))
                     return raw.replace(old, new)
         lines = raw.split(b"\n")
         out = []

@@ -321,3 +321,21 @@ def test_tier_figures_at_the_plans_percentile(store, tmp_path):
     assert fig["ttft_ms"] == 321.0 and fig["percentile"] == "p99"
     assert (fig["prefill_j_per_token"], fig["decode_j_per_token"]) == (0.02, 0.2)
     assert fig["energy_method"] == "rapl" and fig["share"] == 1.0 and fig["quality"] == 0.7
+
+
+def test_streamed_pieces_count_only_events_with_text():
+    """Without the engine's usage, output tokens are the events that carry text: a role
+    event and a finish event carry none."""
+    from greenctl.executor.runtime.llm_front import _Exchange
+
+    ex = _Exchange("tier", asked_usage=False, served="/models/m")
+    events = [
+        b'data: {"choices":[{"delta":{"role":"assistant"},"index":0}],"model":"/models/m"}\n\n',
+        b'data: {"choices":[{"delta":{"content":"w1"},"index":0}],"model":"/models/m"}\n\n'
+        b'data: {"choices":[{"delta":{"content": " w2"},"index":0}],"model":"/models/m"}\n\n',
+        b'data: {"choices":[{"delta":{"content":""},"finish_reason":"length"}],'
+        b'"model":"/models/m"}\n\n',
+    ]
+    out = [ex.event(e) for e in events]
+    assert all(o is not None and b'"model":"tier"' in o for o in out)
+    assert ex.tokens() == (0, 2)
