@@ -88,6 +88,9 @@ class RoutingTable:
         self.closing = False
         #: restarts under way, per instance (a table that drops the instance calls it off)
         self.restart_tasks: dict[Backend, asyncio.Task[None]] = {}
+        #: set when the supervision loop should look at once: an instance is suspected, a
+        #: watched process exited, or the table changed
+        self.recheck = asyncio.Event()
 
     def stopping(self) -> bool:
         """Whether this dispatcher stops, or its pair is being stopped (``down``): then
@@ -125,6 +128,7 @@ class RoutingTable:
                 if variant not in new:
                     self.variant_routes.setdefault(variant, route)
         self.generation = doc.get("generation")
+        self.recheck.set()  # watch the new table's processes
         kept = {b for r in new.values() for b in r.backends}
         for b, task in list(self.restart_tasks.items()):
             if b not in kept:

@@ -226,6 +226,7 @@ class Forwarding(RoutingTable):
     def _suspect(self, b: Backend) -> None:
         """A connection to ``b`` failed: stop routing to it until the supervisor checks it."""
         b.up = False
+        self.recheck.set()
         for route in self.routes.values():
             if b in route.backends:
                 route.fail_waiters()

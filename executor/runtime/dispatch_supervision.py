@@ -38,6 +38,55 @@ from greenctl.executor.runtime.procs import (
 from greenctl.executor.runtime.supervisor import supervisor_argv
 from greenctl.executor.runtime.upstream import UpstreamPool
 
+#: seconds between the supervision loop's looks while all is well: a watched process's exit,
+#: a suspected instance or a new table wakes it sooner
+IDLE_LOOK_S = 1.0
+
+
+class ProcessWatch:
+    """Process descriptors (pidfds) of the processes a dispatcher supervises, registered with
+    the event loop: a watched process's exit sets ``wake`` at once, so the supervision loop
+    need not poll ``/proc`` several times a second to notice it. Where pidfds are missing
+    (an old kernel) or a process cannot be watched, ``unwatched`` says so: the loop polls."""
+
+    def __init__(self, wake: asyncio.Event) -> None:
+        self.wake = wake
+        self.fds: dict[int, int] = {}  # pid -> its pidfd
+        self.unwatched = False
+
+    def sync(self, pids: set[int]) -> None:
+        """Watch exactly ``pids``."""
+        loop = asyncio.get_running_loop()
+        for pid in set(self.fds) - pids:
+            self._forget(loop, pid)
+        self.unwatched = False
+        for pid in pids - set(self.fds):
+            try:
+                fd = os.pidfd_open(pid)
+            except (AttributeError, OSError):  # no pidfds here, or it is gone already
+                self.unwatched = True
+                continue
+            self.fds[pid] = fd
+            loop.add_reader(fd, self._exited, pid)
+
+    def _exited(self, pid: int) -> None:
+        """``pid`` exited: wake the loop (once: its descriptor stays readable)."""
+        asyncio.get_running_loop().remove_reader(self.fds[pid])
+        self.wake.set()
+
+    def _forget(self, loop: asyncio.AbstractEventLoop, pid: int) -> None:
+        fd = self.fds.pop(pid)
+        loop.remove_reader(fd)
+        os.close(fd)
+
+    def close(self) -> None:
+        """Stop watching (the loop may be closing: descriptors are closed regardless)."""
+        for pid in list(self.fds):
+            fd = self.fds.pop(pid)
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
 
 class ExecutorSupervision(RoutingTable):
     """Restarts the routing table's crashed executors and the pair's supervisor."""
@@ -61,28 +110,65 @@ class ExecutorSupervision(RoutingTable):
     async def supervise(self, interval_s: float = 0.1) -> None:
         """Restart crashed executors (backing off while they keep crashing), bring
         suspected-but-alive ones back after a health check, and restart the supervisor of
-        this dispatcher's pair when it dies."""
-        while True:
+        this dispatcher's pair when it dies.
+
+        It looks every ``interval_s`` while something needs it (an instance down, a process
+        it cannot watch); else it sleeps until a watched process exits, an instance is
+        suspected or the table changes, or :data:`IDLE_LOOK_S` passes: an idle dispatcher
+        does not wake ten times a second."""
+        watch = ProcessWatch(self.recheck)
+        try:
+            while True:
+                watch.sync(self._watched_pids())
+                await self._until_due(watch, interval_s)
+                await self._look()
+        finally:
+            watch.close()
+
+    def _watched_pids(self) -> set[int]:
+        """The processes whose exit wakes the loop: each instance's not being restarted,
+        and the pair's supervisor."""
+        pids = {
+            b.pid for r in self.routes.values() for b in r.backends if b.pid and not b.restarting
+        }
+        if self.pair is not None and self.supervisor_pid:
+            pids.add(self.supervisor_pid)
+        return pids
+
+    async def _until_due(self, watch: ProcessWatch, interval_s: float) -> None:
+        """Wait for the next look: ``interval_s`` while an instance is down or a process
+        is not watched, else until :attr:`recheck` is set or :data:`IDLE_LOOK_S` passes."""
+        urgent = watch.unwatched or any(
+            not b.up and not b.restarting for r in self.routes.values() for b in r.backends
+        )
+        if urgent:
             await asyncio.sleep(interval_s)
-            for child in list(self.children):  # reap executors we restarted
-                if child.poll() is not None:
-                    self.children.remove(child)
-            if self.stopping():
-                continue
-            if self.pair is not None:
-                await self._watch_supervisor()
-            for route in list(self.routes.values()):
-                for b in list(route.backends):
-                    if b.restarting:
-                        continue
-                    if not is_alive(b.pid, b.pid_start):
-                        if b.recoverable:
-                            self._schedule_restart(route, b)
-                    elif not b.up and await self._healthy(b.url):
-                        b.up = True
-                        route.wake()
-                    elif b.failures and time.monotonic() - b.started_at >= STABLE_S:
-                        b.failures = 0  # up a while: the crash loop is over
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.recheck.wait(), IDLE_LOOK_S)
+        self.recheck.clear()
+
+    async def _look(self) -> None:
+        """One pass: reap, then restart, health-check or forgive each instance."""
+        for child in list(self.children):  # reap executors we restarted
+            if child.poll() is not None:
+                self.children.remove(child)
+        if self.stopping():
+            return
+        if self.pair is not None:
+            await self._watch_supervisor()
+        for route in list(self.routes.values()):
+            for b in list(route.backends):
+                if b.restarting:
+                    continue
+                if not is_alive(b.pid, b.pid_start):
+                    if b.recoverable:
+                        self._schedule_restart(route, b)
+                elif not b.up and await self._healthy(b.url):
+                    b.up = True
+                    route.wake()
+                elif b.failures and time.monotonic() - b.started_at >= STABLE_S:
+                    b.failures = 0  # up a while: the crash loop is over
 
     def _schedule_restart(self, route: ModelRoute, b: Backend) -> None:
         """Take ``b`` out of routing and restart it: at once, or after the back-off of a
