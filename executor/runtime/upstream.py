@@ -100,9 +100,12 @@ class UpstreamPool:
         self.port = parts.port or 80
         self.host_line = f"Host: {self.host}:{self.port}\r\n"
         self.idle: collections.deque[_Conn] = collections.deque()
+        #: the event loop the pool serves, taken on its first request (asking asyncio for
+        #: the running loop costs a system call: it checks the process id each time)
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     async def _connect(self) -> _Conn:
-        loop = asyncio.get_running_loop()
+        loop = self._loop()
         try:
             _, proto = await loop.create_connection(_Conn, self.host, self.port)
         except OSError as exc:
@@ -130,10 +133,16 @@ class UpstreamPool:
                 # a stale idle connection closed under us: one fresh try on this instance
         return await self._send(await self._connect(), path, body, headers, timeout_s)
 
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            loop = self.loop = asyncio.get_running_loop()
+        return loop
+
     async def _send(
         self, conn: _Conn, path: str, body: bytes, headers: dict[str, str], timeout_s: float
     ) -> tuple[int, dict[str, str], bytes]:
-        loop = asyncio.get_running_loop()
+        loop = self._loop()
         fut: asyncio.Future[tuple[int, dict[str, str], bytes]] = loop.create_future()
         conn.fut = fut
         conn.got_bytes = False
