@@ -24,8 +24,11 @@ from greenctl.executor.runtime import oip
 from greenctl.executor.runtime.daemon import INPUT_NAME, OUTPUT_NAME, model_rows
 from greenctl.executor.runtime.dispatcher import (
     ENERGY_SCRAPE_S,
+    MAX_QUEUE,
     VARIANT_HEADER,
     NoVariant,
+    QueueFull,
+    busy_response,
     energy_scrape_s,
     requirements_of,
 )
@@ -229,16 +232,26 @@ class Sender:
     flight (one running and one forming per replica), and the requests that arrive meanwhile
     go together, up to ``most`` (the plan's batch), in the next call
     (:meth:`ReplicaServer.answer_all`). No timer: a request to an idle deployment goes at
-    once; under load one Ray call carries a batch instead of a request."""
+    once; under load one Ray call carries a batch instead of a request. At most ``limit``
+    requests wait (the local dispatcher's queue bound): past it a request is refused
+    (:class:`QueueFull`, answered 503) rather than held without end."""
 
-    def __init__(self, handle: Any, *, calls: int = 2, most: int = 1) -> None:
-        self.handle, self.calls, self.most = handle, calls, most
+    def __init__(
+        self, handle: Any, *, calls: int = 2, most: int = 1, limit: int = MAX_QUEUE
+    ) -> None:
+        self.handle, self.calls, self.most, self.limit = handle, calls, most, limit
         self.waiting: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
         self.inflight = 0
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def send(self, *args: Any) -> Any:
-        """``args`` answered by :meth:`ReplicaServer.answer`."""
+        """``args`` answered by :meth:`ReplicaServer.answer`.
+
+        Raises:
+            QueueFull: ``limit`` requests wait already.
+        """
+        if len(self.waiting) >= self.limit:
+            raise QueueFull(f"{self.limit} requests wait for this deployment; retry later")
         done = asyncio.get_running_loop().create_future()
         self.waiting.append((args, done))
         self._pump()
@@ -419,6 +432,8 @@ class RouterServer:
         try:
             tag = req is not None or variant is not None  # say which variant served it
             code, body, headers = await self.replicas[entry.index].send(name, raw, header, tag)
+        except QueueFull as full:
+            return busy_response(full, model)
         finally:
             entry.give()
         return hs.Response(status=code, body=body, headers=headers)

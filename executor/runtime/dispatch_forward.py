@@ -166,11 +166,7 @@ class Forwarding(RoutingTable):
             except QueueFull as full:
                 self.rejected += 1
                 self._count(route.name, "503", t0)
-                return hs.json_response(
-                    {"error": full.reason or f"model '{route.name}' is at capacity; retry later"},
-                    status=503,
-                    headers={"Retry-After": str(max(1, math.ceil(full.retry_after_s)))},
-                )
+                return busy_response(full, route.name)
             except NoVariant as none:
                 if attempt:  # the instance chosen first failed, and no other one meets it
                     self._count(route.name, "502", t0)
@@ -230,6 +226,15 @@ class Forwarding(RoutingTable):
         for route in self.routes.values():
             if b in route.backends:
                 route.fail_waiters()
+
+
+def busy_response(full: QueueFull, model: str) -> hs.Response:
+    """The 503 a request gets when ``model`` cannot take it now, with ``Retry-After``."""
+    return hs.json_response(
+        {"error": full.reason or f"model '{model}' is at capacity; retry later"},
+        status=503,
+        headers={"Retry-After": str(max(1, math.ceil(full.retry_after_s)))},
+    )
 
 
 def _forwarded(got: Any) -> dict[str, str]:

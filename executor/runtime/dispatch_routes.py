@@ -30,6 +30,10 @@ from greenctl.planner.core.policy import POLICIES, SmoothWRR
 RESTART_WAIT_S = 10.0
 
 
+#: requests a model's queue holds before new ones are answered 503 (``--max-queue``)
+MAX_QUEUE = 256
+
+
 class QueueFull(Exception):
     """No instance can take the request now: the model's bounded queue is full, or none of
     its instances is up and none comes back soon enough (``reason`` says which)."""

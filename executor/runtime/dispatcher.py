@@ -34,9 +34,10 @@ from greenctl.executor.runtime.dispatch_energy import (
     ENERGY_SCRAPE_S,
     energy_scrape_s,
 )
-from greenctl.executor.runtime.dispatch_forward import VARIANT_HEADER
+from greenctl.executor.runtime.dispatch_forward import VARIANT_HEADER, busy_response
 from greenctl.executor.runtime.dispatch_modelless import NoVariant, name_variant, requirements_of
 from greenctl.executor.runtime.dispatch_routes import (
+    MAX_QUEUE,
     RESTART_WAIT_S,
     Backend,
     ModelRoute,
@@ -61,6 +62,7 @@ from greenctl.executor.runtime.procs import (
 __all__ = [
     "ENERGY_SCRAPE_ENV",
     "ENERGY_SCRAPE_S",
+    "MAX_QUEUE",
     "RESTART_WAIT_S",
     "TOKEN_HEADER",
     "VARIANT_HEADER",
@@ -70,6 +72,7 @@ __all__ = [
     "NoVariant",
     "QueueFull",
     "build_parser",
+    "busy_response",
     "energy_scrape_s",
     "main",
     "name_variant",
@@ -250,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         "every change (a dispatcher that replaces this one starts from it)",
     )
     p.add_argument("--db", default=None, help="greenctl store (records supervisor restarts)")
-    p.add_argument("--max-queue", type=int, default=256, help="queued requests per model")
+    p.add_argument("--max-queue", type=int, default=MAX_QUEUE, help="queued requests per model")
     p.add_argument("--timeout-s", type=float, default=60.0, help="per-request upstream timeout")
     p.add_argument(
         "--restart-wait-s",
