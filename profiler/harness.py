@@ -43,6 +43,7 @@ from greenctl.profiler.models import (
 )
 from greenctl.profiler.mps import control_binary, mps_session
 from greenctl.profiler.options import DEFAULT_DURATION_S, DEFAULT_WARMUP, ProfileOptions
+from greenctl.profiler.progress import Progress, no_progress
 from greenctl.profiler.run_plan import RunItem, group_items, plan_runs
 from greenctl.profiler.runner import (
     GPU_REWARM_S,
@@ -57,8 +58,6 @@ if TYPE_CHECKING:
     from greenctl.profiler.hw import Inventory
     from greenctl.profiler.models import LoadedModel
 
-Progress = Callable[[str, float], None]
-
 MIN_BATCHES = 3
 #: Requests measured one at a time after an idle gap (the open-loop, low-load case).
 DEFAULT_ISOLATED = 20
@@ -66,10 +65,6 @@ ISOLATED_GAP_S = 0.02
 CHILD_TIMEOUT_S = 3600
 #: CUDA devices this process has measured on (see ``measure``: the first point warms longer)
 _WARM_DEVICES: set[str] = set()
-
-
-def _noop(_msg: str, _frac: float) -> None:
-    return None
 
 
 # -- CPU slices -------------------------------------------------------------------------------
@@ -196,7 +191,7 @@ def measure(
     meter: EnergyMeter | None = None,
     baseline_rss_mb: float | None = None,
     isolated: int = DEFAULT_ISOLATED,
-    progress: Progress = _noop,
+    progress: Progress = no_progress,
 ) -> Measurement:
     """Measure one batch size of a loaded model on its current device and CPU slice.
 
@@ -370,7 +365,7 @@ def make_meter(spec: dict[str, Any]) -> tuple[EnergyMeter | None, Callable[[], N
 
 
 def measure_variant(
-    spec: dict[str, Any], *, progress: Progress = _noop
+    spec: dict[str, Any], *, progress: Progress = no_progress
 ) -> tuple[list[Measurement], float | None, dict[str, Any]]:
     """Measure every batch of one run item *in this process* (used directly for CPUs and by
     the child for GPUs). Returns (measurements, load_time_s, variant facts)."""
@@ -425,7 +420,7 @@ def run_child(
     spec: dict[str, Any],
     *,
     timeout_s: float = CHILD_TIMEOUT_S,
-    progress: Progress = _noop,
+    progress: Progress = no_progress,
     what: str | None = None,
 ) -> tuple[list[Measurement], dict[str, Any]]:
     """Run one item (or, with ``spec["items"]``, a group of items of ``item``'s resource and
@@ -540,7 +535,7 @@ def run_items(
     duration_s: float | None = DEFAULT_DURATION_S,
     requests: int | None = None,
     warmup: int = DEFAULT_WARMUP,
-    progress: Progress = _noop,
+    progress: Progress = no_progress,
     mps_pipe: str | None = None,
     notes: list[str] | None = None,
 ) -> ProfileResult:
@@ -766,7 +761,7 @@ def profile(
     options: ProfileOptions | None = None,
     *,
     inventory: Inventory | None = None,
-    progress: Progress = _noop,
+    progress: Progress = no_progress,
     prepared: ProfilePlan | None = None,
     **choices: Any,
 ) -> ProfileResult:
@@ -818,7 +813,7 @@ def busy_note(usable_cores: int) -> str | None:
     )
 
 
-def child_main(stdin_text: str, *, progress: Progress = _noop) -> str:
+def child_main(stdin_text: str, *, progress: Progress = no_progress) -> str:
     """The child-process entry: JSON spec in, JSON measurements out.
 
     The spec is one run item's (:meth:`RunItem.to_spec`) or ``{"items": [spec, ...]}``: run

@@ -42,11 +42,10 @@ from greenctl.profiler.hw import choose_cores, usable_cores
 from greenctl.profiler.llm_client import ConcurrencyResult, measure
 from greenctl.profiler.llm_energy import engine_meter, split_phases
 from greenctl.profiler.options import parse_int_list
+from greenctl.profiler.progress import Progress, no_progress
 
 if TYPE_CHECKING:
     from greenctl.data.store import Store
-
-Progress = Callable[[str, float], None]
 
 DEFAULT_DURATION_S = 10.0
 #: the longest warm-up (one stream at a time) before anything is timed
@@ -57,10 +56,6 @@ IDLE_S = 2.0
 ENDPOINT_TIMEOUT_S = 5.0
 #: the most streams one concurrency level keeps in flight
 MAX_CONCURRENCY = 1024
-
-
-def _noop(_msg: str, _frac: float) -> None:
-    return None
 
 
 @dataclass
@@ -442,7 +437,7 @@ def _measure_levels(
 
 
 def profile_llm(
-    store: Store, request: LLMProfileRequest, *, progress: Progress = _noop
+    store: Store, request: LLMProfileRequest, *, progress: Progress = no_progress
 ) -> LLMProfileRun:
     """Measure ``request``'s variant at each concurrency and store its rows (one transaction,
     after every level is measured: an error stores nothing).
