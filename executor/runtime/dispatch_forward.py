@@ -147,7 +147,7 @@ class Forwarding(RoutingTable):
         route, variant, bad = self._route(request)
         if route is None:
             return bad
-        body = await request.read()
+        body = request.body
         headers = _forwarded(request.headers)
         try:
             req = requirements_of(body, headers.get(HEADER_LENGTH))
@@ -239,8 +239,10 @@ def busy_response(full: QueueFull, model: str) -> hs.Response:
 
 def _forwarded(got: Any) -> dict[str, str]:
     """The request headers an executor is sent (:data:`_FORWARD_HEADERS` that came)."""
-    if isinstance(got, hs.Headers):  # stored lower-cased: plain lookups
-        found = ((name, dict.get(got, key)) for name, key in _FORWARD_KEYS)
-    else:
-        found = ((name, got.get(name)) for name, _ in _FORWARD_KEYS)
-    return {name: value for name, value in found if value is not None}
+    out = {}
+    plain = isinstance(got, hs.Headers)  # stored lower-cased: plain lookups
+    for name, key in _FORWARD_KEYS:
+        value = dict.get(got, key) if plain else got.get(name)
+        if value is not None:
+            out[name] = value
+    return out

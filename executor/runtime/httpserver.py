@@ -557,9 +557,13 @@ class _Connection(asyncio.BufferedProtocol):
         self.head_done = False
         self.idle_since = time.monotonic()
         self._body = []
-        url = httptools.parse_url(self._url)
-        path = (url.path or b"/").decode("latin-1")
-        query = (url.query or b"").decode("latin-1")
+        raw = self._url
+        if raw[:1] == b"/" and b"?" not in raw and b"#" not in raw:  # most: a bare path
+            path, query = raw.decode("latin-1"), ""
+        else:
+            url = httptools.parse_url(raw)
+            path = (url.path or b"/").decode("latin-1")
+            query = (url.query or b"").decode("latin-1")
         item = Request(method, path, query, self._headers, body, self.remote)
         self.pending.append((item, keep_alive, method == "HEAD"))
         if len(self.pending) > _MAX_PIPELINED and not self.paused:
