@@ -15,7 +15,8 @@ from typing import Any
 
 from greenctl.data.errors import InputError, shown
 
-#: the latency percentiles an SLO is stated at, and their quantiles
+#: the latency percentiles an SLO is stated at, and their quantiles: the one table of them
+#: (profiles record latencies at each; planners, simulations and reports read them by name)
 SLO_QUANTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
 
 

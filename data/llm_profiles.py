@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 
 #: the engines ``greenctl profile llm`` drives or reaches
 LLM_ENGINES = ("transformers", "llama.cpp", "openai")
-#: the percentiles every LLM latency and token-count summary reports (the SLO percentiles)
-PERCENTILES = tuple(round(100 * q) for q in SLO_QUANTILES.values())
 #: ``energy_method`` of a server nothing here can meter (a remote endpoint): no J/token
 UNKNOWN_ENERGY = "unknown"
 #: the metric a declared LLM quality is stored under (``variants.accuracy_metric``)
@@ -39,7 +37,8 @@ LLM_SOURCE = "llm"
 
 
 def percentiles(values: Sequence[float], *, scale: float = 1.0) -> dict[str, float]:
-    """``{"p50", "p95", "p99"}`` of ``values`` times ``scale``; empty for no values.
+    """The SLO percentiles (:data:`~greenctl.data.limits.SLO_QUANTILES`: ``p50``, ``p95``,
+    ``p99``) of ``values`` times ``scale``; empty for no values.
 
     Linear interpolation between the two nearest ranks (numpy's default method), in plain
     Python so that the store's readers do not load numpy. The one percentile rule of LLM
@@ -49,10 +48,10 @@ def percentiles(values: Sequence[float], *, scale: float = 1.0) -> dict[str, flo
     if not ordered:
         return {}
     out = {}
-    for q in PERCENTILES:
-        pos = (len(ordered) - 1) * q / 100.0
+    for name, q in SLO_QUANTILES.items():
+        pos = (len(ordered) - 1) * round(100 * q) / 100.0  # in whole percents: exact ranks
         lo, hi = math.floor(pos), math.ceil(pos)
-        out[f"p{q}"] = ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+        out[name] = ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
     return out
 
 

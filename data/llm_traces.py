@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 from greenctl.data import bundled
 from greenctl.data.errors import FileFormatError, InputError, shown
-from greenctl.data.limits import BOUNDS, bounded, number, whole
-from greenctl.data.llm_profiles import PERCENTILES, percentiles
+from greenctl.data.limits import BOUNDS, SLO_QUANTILES, bounded, number, whole
+from greenctl.data.llm_profiles import percentiles
 
 #: the columns of each schema: (time, prompt tokens, output tokens)
 AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -35,7 +35,7 @@ HINT = (
     "GeneratedTokens) or BurstGPT's (Timestamp, Model, Request tokens, Response tokens, ...)"
 )
 #: the summary of no values (an empty trace)
-_NO_PERCENTILES = {f"p{q}": 0.0 for q in PERCENTILES}
+_NO_PERCENTILES = dict.fromkeys(SLO_QUANTILES, 0.0)
 #: the most tokens one request may state (prompt or output); more is a unit mistake
 MAX_TOKENS = 10_000_000
 

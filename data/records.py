@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from greenctl.data.limits import SLO_QUANTILES
+
 # Names (variants, families, resources, hardware labels) are short identifiers shown in
 # tables and plan documents; anything longer is a pasted blob, not a name.
 MAX_NAME_CHARS = 200
@@ -244,7 +246,7 @@ class Profile:
 
     def _percentiles(self, prefix: str) -> dict[str, float]:
         out = {}
-        for key in ("p50", "p95", "p99"):
+        for key in SLO_QUANTILES:  # a column per SLO percentile
             value = getattr(self, f"{prefix}_{key}_ms")
             if value is not None:
                 out[key] = float(value)

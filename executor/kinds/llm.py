@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from greenctl.data.emissions import plan_carbon
 from greenctl.data.errors import InputError
-from greenctl.data.limits import floor_request_rate
+from greenctl.data.limits import SLO_QUANTILES, floor_request_rate
 from greenctl.data.llm_profiles import latest_llm_profiles, llm_families
 from greenctl.data.plan import Plan
 from greenctl.data.resources import hourly_cost
@@ -24,7 +24,7 @@ from greenctl.executor.kinds.base import (
     replan_model_rate,
 )
 from greenctl.planner.llm import solve as llm
-from greenctl.planner.llm.model import QUANTILE, operating_point
+from greenctl.planner.llm.model import operating_point
 from greenctl.planner.llm.request import REFERENCE_CARBON_INTENSITY, LLMRequest
 
 if TYPE_CHECKING:
@@ -189,7 +189,7 @@ def predict(
                 f"tpot_{pct}_ms": sim.tpot_ms,
                 **{f"{p}_ms": v for p, v in sim.latency_ms.items()},
                 "slo_violation_frac": sim.slo_violation_frac,
-                "overloaded": sim.beyond > 1 - QUANTILE[pct],
+                "overloaded": sim.beyond > 1 - SLO_QUANTILES[pct],
                 "requests": sim.requests,
             }
         )

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from greenctl.data.errors import ExecutorError, InputError
+from greenctl.data.limits import SLO_QUANTILES
 from greenctl.executor.runtime import oip
 from greenctl.executor.runtime.procs import run_async, settle_heap
 
@@ -370,8 +371,8 @@ def latency_breakdown(
     out: dict[str, Any] = {
         name: dict(
             zip(
-                ("p50", "p95", "p99"),
-                (float(x) for x in np.percentile(v, [50, 95, 99])),
+                SLO_QUANTILES,
+                (float(x) for x in np.quantile(v, list(SLO_QUANTILES.values()))),
                 strict=True,
             )
         )

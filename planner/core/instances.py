@@ -168,6 +168,7 @@ def warm_service(inst: Instance, rate_rps: float, busy_frac: float) -> ServiceTi
     Profiles without isolated latencies (imported, older) keep their service time.
     """
     hot, cold = inst.profile.latency_ms, inst.profile.isolated_ms
+    # the points ServiceTime.from_percentiles fits, in the order of its parameters
     keys = [k for k in ("p50", "p95", "p99") if k in hot and k in cold]
     if "p50" not in keys or cold["p50"] <= hot["p50"]:
         return inst.service

@@ -22,7 +22,6 @@ from greenctl.data.llm_profiles import LLMProfile
 
 #: the standard normal quantile of each percentile (a lognormal's spread is fitted with it)
 Z = {"p50": 0.0, "p95": 1.6448536269514722, "p99": 2.3263478740408408}
-QUANTILE = SLO_QUANTILES  # the SLO percentiles' quantiles, by name
 #: the Poisson tail left out of the arrival-concurrency law
 _TAIL = 1e-9
 
@@ -160,7 +159,7 @@ def tier_curve(
 def operating_point(tier: TierCurve, rate_rps: float, percentile: str) -> OperatingPoint | None:
     """What one instance of ``tier`` does at ``rate_rps`` (req/s); None when the load drives
     the percentile's arrivals past the largest profiled concurrency (not trusted)."""
-    q = QUANTILE[percentile]
+    q = SLO_QUANTILES[percentile]
     law = streams_law(tier, rate_rps)
     c = sum(k * p for k, p in law)
     comps: list[tuple[float, CurvePoint | None]] = [(p, tier.at(k + 1)) for k, p in law]

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from greenctl.planner.llm.model import QUANTILE, TierCurve, lognormal_mu
+from greenctl.data.limits import SLO_QUANTILES
+from greenctl.planner.llm.model import TierCurve, lognormal_mu
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def simulate(
         hold_ms = ttft[i] + max(tier.curve.output_tokens - 1, 0) * tpot[i]
         whole[i] = hold_ms
         heapq.heappush(heap, float(now) + hold_ms / 1000.0)
-    q = 100 * QUANTILE[percentile]
+    q = 100 * SLO_QUANTILES[percentile]
     per_tier = {}
     for ti, t in enumerate(live):
         mine = tier_of == ti
@@ -107,7 +108,7 @@ def simulate(
         tpot_ms=_pct(tpot, q),
         beyond=float(np.isinf(ttft).mean()) if len(times) else 0.0,
         tiers=per_tier,
-        latency_ms={p: _pct(whole, 100 * QUANTILE[p]) for p in QUANTILE},
+        latency_ms={p: _pct(whole, 100 * at) for p, at in SLO_QUANTILES.items()},
         slo_violation_frac=None
         if slo_ms is None or not len(times)
         else float(((ttft > slo_ms[0]) | (tpot > slo_ms[1])).mean()),

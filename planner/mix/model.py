@@ -28,7 +28,8 @@ from greenctl.planner.core.balanced import (
     REFERENCE_CARBON_INTENSITY,
 )
 
-PERCENTILES = SLO_QUANTILES  # the names the mix planner's callers import
+#: :data:`~greenctl.data.limits.SLO_QUANTILES` under the name ``planner.mix.solve`` re-exports
+PERCENTILES = SLO_QUANTILES
 
 
 #: Relative MIP gap at which a plan counts as optimal (HiGHS's default is 1e-4).
@@ -158,7 +159,7 @@ class MixProblem:
 
     @property
     def quantile(self) -> float:
-        return PERCENTILES[self.percentile]
+        return SLO_QUANTILES[self.percentile]
 
     @property
     def intensity(self) -> float:

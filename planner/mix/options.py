@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from greenctl.data.errors import InputError
+from greenctl.data.limits import SLO_QUANTILES
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
 from greenctl.data.resources import Resource, hourly_cost
@@ -60,7 +61,7 @@ def budget_usage(resource: Resource, budgets: dict[str, float]) -> dict[str, flo
 
 def _percentile_latency(p: Profile, pct: str) -> float | None:
     """The profile's latency at ``pct``, else the nearest higher percentile recorded."""
-    order = ["p50", "p95", "p99"]
+    order = list(SLO_QUANTILES)
     lat = p.latency_ms
     for key in order[order.index(pct) :]:
         if key in lat:

@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from greenctl.data.errors import InfeasiblePlan, InputError, NotFoundError
+from greenctl.data.limits import SLO_QUANTILES
 from greenctl.data.plan import Deployment
 from greenctl.data.records import Profile, Variant
 from greenctl.data.resources import KNOWN_KINDS, parse_resource
-from greenctl.planner.mix.model import PERCENTILES, MixFamily, MixOption, MixProblem, MixVariant
+from greenctl.planner.mix.model import MixFamily, MixOption, MixProblem, MixVariant
 from greenctl.planner.mix.options import (
     budget_usage,
     latency_capacities,
@@ -194,7 +195,7 @@ def _family(
     """One requested family with its eligible options (dominated ones pruned) from its
     ``profiles``; the sizes behind its batching options into ``all_sizes``, what the plan
     should say into ``notes``."""
-    q = PERCENTILES[req["percentile"]]
+    q = SLO_QUANTILES[req["percentile"]]
     path_ms = path_quantile((serving or {}).get(fam["model"]), q, stage)
     if path_ms > 0:
         notes.append(
