@@ -11,7 +11,7 @@ from greenctl.cli.common import console, input_path, print_json, render_table, s
 from greenctl.cli.options import DbOpt, JsonOpt, RateOpt
 from greenctl.cli.plan import carbon_caption
 from greenctl.data.errors import InputError
-from greenctl.data.limits import optional, whole
+from greenctl.data.limits import SLO_QUANTILES, optional, whole
 from greenctl.data.plan import Plan, load_plan_file
 from greenctl.executor.kinds import get_kind
 
@@ -22,6 +22,9 @@ _ROWS = (
     ("p50_ms", "latency p50", "ms"),
     ("p95_ms", "latency p95", "ms"),
     ("p99_ms", "latency p99", "ms"),
+    # an llm plan's: at the percentile its request states
+    *((f"ttft_{p}_ms", f"time to first token {p}", "ms") for p in SLO_QUANTILES),
+    *((f"tpot_{p}_ms", f"time per output token {p}", "ms") for p in SLO_QUANTILES),
     ("slo_violation_frac", "SLO violations", "fraction"),
     ("accuracy", "accuracy (request-weighted)", ""),
     ("power_w", "average power", "W"),
