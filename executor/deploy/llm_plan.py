@@ -3,10 +3,11 @@ section: ``engines``, ``shares``, ``tiers``): which engine each tier runs, how i
 starts (:mod:`greenctl.executor.runtime.llm_executor`), and what the dispatcher is told of
 each instance (its tier's share, quality, predicted TTFT and joules per token).
 
-A plan needs engines when it names them, or when one of its variants is an LLM tier (stored
-by ``greenctl profile llm``); the kind's name is not compared. A tier's engine is started
-from its model folder (``llm.engines.TIER.model``); an ``openai`` tier (a server the user
-runs, profiled black-box) is refused: greenctl serves only engines it starts and stops.
+Which tiers run engines is one rule (:func:`engine_tiers`), the kind's name not compared; a
+kind whose planner names every tier's engine says so for the other backends
+(:attr:`~greenctl.executor.kinds.PlanKind.local_engines`). An engine starts from its model
+folder (``llm.engines.TIER.model``); an ``openai`` tier (a server the user runs, profiled
+black-box) is refused: greenctl serves only engines it starts and stops.
 """
 
 from __future__ import annotations
@@ -43,24 +44,38 @@ def plan_engines(plan: Plan) -> dict[str, tuple[str, str]]:
     return out
 
 
+def names_engines(plan: Plan) -> bool:
+    """Whether ``plan`` names engines for its tiers (an ``llm.engines`` entry, checked by
+    :func:`check_engines`): then every tier it deploys runs one."""
+    return llm_section(plan).get("engines") is not None
+
+
+def engine_tiers(plan: Plan, store: Store) -> list[str]:
+    """The tiers of ``plan`` served by an engine greenctl starts, which only the local
+    backend does: all of them when the plan :func:`names_engines`, else those that are LLM
+    variants in ``store``; in deployment order."""
+    every = names_engines(plan)
+    llm_tiers = set() if every else {v.name for v in store.variants() if v.source == LLM_SOURCE}
+    return list(
+        dict.fromkeys(d.variant for d in plan.deployments if every or d.variant in llm_tiers)
+    )
+
+
 def check_engines(plan: Plan, store: Store) -> dict[str, tuple[str, str]]:
-    """The engine of every tier the plan deploys, checked before anything starts: a tier
-    that is an LLM variant (or any tier of a plan with ``llm.engines``) needs an engine
-    greenctl starts and a model it serves. Returns :func:`plan_engines`.
+    """The engine of every tier the plan deploys, checked before anything starts: each of
+    :func:`engine_tiers` needs an engine greenctl starts and a model it serves. Returns
+    :func:`plan_engines`.
 
     Raises:
         InputError: naming ``llm.engines.TIER`` (or its ``model``) and the fix.
     """
-    section = llm_section(plan)
-    raw = section.get("engines")
-    llm_tiers = {v.name for v in store.variants() if v.source == LLM_SOURCE}
-    needs = [d.variant for d in plan.deployments if raw is not None or d.variant in llm_tiers]
+    raw = llm_section(plan).get("engines")
     if raw is not None and not isinstance(raw, dict):
         raise InputError(
             f"the plan's llm.engines must be an object of tiers, not {shown(raw)}",
             hint='for example {"TIER": {"engine": "transformers", "model": "/path/to/folder"}}',
         )
-    for tier in dict.fromkeys(needs):
+    for tier in engine_tiers(plan, store):
         field = f"llm.engines.{tier}"
         doc = (raw or {}).get(tier)
         if not isinstance(doc, dict):

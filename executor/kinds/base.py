@@ -334,7 +334,10 @@ class PlanKind:
     instances: Callable[[Plan], list[Any]] | None = None
     #: its instances are model servers of their own (LLM engines) that only the local
     #: backend starts: the Ray backend and the Kubernetes export, which run greenctl's
-    #: executor daemons, refuse its plans (:meth:`refuse_elsewhere`)
+    #: executor daemons, refuse its plans (:meth:`refuse_elsewhere`). Which tiers ``apply``
+    #: starts as engines is the plan's own rule
+    #: (:func:`~greenctl.executor.deploy.llm_plan.engine_tiers`): set this on a kind whose
+    #: planner names engines for every tier
     local_engines: bool = False
     #: several models of one plan share a partition in turn (glet duty cycles): their MPS
     #: shares on one GPU may add up past 100 %

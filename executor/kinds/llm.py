@@ -237,5 +237,5 @@ KIND = PlanKind(
         request.get("reference_carbon_intensity") or REFERENCE_CARBON_INTENSITY
     ),
     predict=predict,
-    local_engines=True,  # transformers serve / llama.cpp processes, started by apply here
+    local_engines=True,  # its planner names every tier's engine (llm_plan.engine_tiers)
 )
