@@ -50,12 +50,11 @@ from greenctl.profiler.onnx_engine import (
     quantize_int8,
 )
 from greenctl.profiler.options import ProfileOptions
+from greenctl.profiler.progress import Progress, no_progress
 
 if TYPE_CHECKING:
     from greenctl.data.store import Store
     from greenctl.profiler.hw import Inventory
-
-Progress = Callable[[str, float], None]
 
 #: every format, in the order they are made; the suffix of its variant's name
 FORMATS = ("torch", "onnx", "int8", "fp16", "bf16")
@@ -65,10 +64,6 @@ ONNX_FORMATS = ("onnx", "int8")
 #: evaluation samples the int8 quantizer calibrates activation ranges on
 CALIBRATION_SAMPLES = 64
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-def _noop(_msg: str, _frac: float) -> None:
-    return None
 
 
 def models_dir(store_path: Path) -> Path:
@@ -311,7 +306,7 @@ def _device(fmt: str) -> str:
 
 
 def make_variants(
-    plan: GeneratePlan, folder: Path, result: GenerateResult, *, progress: Progress = _noop
+    plan: GeneratePlan, folder: Path, result: GenerateResult, *, progress: Progress = no_progress
 ) -> None:
     """Make every format's variant into ``result``, write its file into ``folder`` and
     measure its accuracy; a format that fails (export, quantization, loading, running) is
@@ -348,7 +343,7 @@ def _reason(exc: BaseException) -> str:
 
 
 def profile_variants(
-    store: Store, plan: GeneratePlan, made: GenerateResult, *, progress: Progress = _noop
+    store: Store, plan: GeneratePlan, made: GenerateResult, *, progress: Progress = no_progress
 ) -> None:
     """Profile every made variant with the profiler's harness (the options of ``greenctl
     profile``), then store variants and profiles in one transaction. A variant whose
@@ -396,7 +391,11 @@ def _options_for(opts: ProfileOptions, item: GeneratedVariant) -> ProfileOptions
 
 
 def generate(
-    store: Store, plan: GeneratePlan, *, folder: Path | None = None, progress: Progress = _noop
+    store: Store,
+    plan: GeneratePlan,
+    *,
+    folder: Path | None = None,
+    progress: Progress = no_progress,
 ) -> GenerateResult:
     """Make, evaluate, write, profile and store the variants of ``plan``.
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -26,6 +25,7 @@ from greenctl.executor.deploy.serving_measure import measure_serving
 from greenctl.executor.runtime.serving import save_serving
 from greenctl.planner.core.forecast import DEFAULT_FORECASTER
 from greenctl.profiler.harness import profile
+from greenctl.profiler.progress import Progress, no_progress
 
 DEMO_REGION = "CISO"
 DEMO_TRACE = "clover-ciso-march"
@@ -89,11 +89,6 @@ DEMO_RATE_MARGIN = 0.8
 #: The demo's simulated period and its replanning step, hours (quick, full)
 DEMO_HOURS = (12.0, 24.0)
 DEMO_STEP_H = (3.0, 2.0)
-DemoProgress = Callable[[str, float], None]
-
-
-def _quiet(_msg: str, _frac: float) -> None:
-    return None
 
 
 @dataclass
@@ -108,7 +103,7 @@ class _Demo:
     slo_ms: float
     load_s: float
     summary: dict[str, Any]
-    progress: DemoProgress
+    progress: Progress
 
     def mode(self, key: str) -> Any:
         """The scenario's setting ``key`` for this mode (quick or full)."""
@@ -123,7 +118,7 @@ def run_demo(
     model: str | None = None,
     rate_rps: float | None = None,
     slo_ms: float | None = None,
-    progress: DemoProgress = _quiet,
+    progress: Progress = no_progress,
 ) -> dict[str, Any]:
     """The whole loop on embedded defaults (``greenctl demo``).
 

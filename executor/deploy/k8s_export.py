@@ -28,6 +28,7 @@ from greenctl.data.errors import InputError, shown
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.resources import RESOURCE_KINDS, parse_resource
 from greenctl.executor.deploy.instances import mig_layouts
+from greenctl.executor.deploy.llm_plan import names_engines
 from greenctl.executor.kinds import get_kind
 from greenctl.executor.runtime.dispatcher import ENERGY_SCRAPE_ENV
 
@@ -224,7 +225,7 @@ def build_k8s_export(
     kind = get_kind(plan.kind)
     if not kind.serves:
         raise kind.refuse("export")
-    if kind.local_engines:
+    if kind.local_engines or names_engines(plan):
         raise kind.refuse_elsewhere("Kubernetes export")
     if not plan.deployments:
         raise InputError("the plan has no deployments to export")

@@ -31,6 +31,7 @@ from greenctl.data.plan import Deployment, Plan, check_families
 from greenctl.data.resources import parse_resource
 from greenctl.data.store import Store
 from greenctl.executor.deploy.checks import check_address
+from greenctl.executor.deploy.llm_plan import engine_tiers
 from greenctl.executor.deploy.ray_routes import (
     PlanRoutes,
     ReplicaEnergy,
@@ -338,7 +339,7 @@ def apply_ray(
     kind = get_kind(plan.kind)
     if not kind.serves:
         raise kind.refuse("apply")
-    if kind.local_engines:
+    if kind.local_engines or engine_tiers(plan, store):
         raise kind.refuse_elsewhere("Ray backend")
     if not plan.deployments:
         raise InputError("the plan has no deployments")

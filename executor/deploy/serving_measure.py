@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,12 +44,7 @@ from greenctl.executor.runtime.serving import (
 from greenctl.profiler.harness import resolve_variants
 from greenctl.profiler.hw import cpu_info
 from greenctl.profiler.models import load_model
-
-Progress = Callable[[str, float], None]
-
-
-def _noop(_msg: str, _frac: float) -> None:
-    pass
+from greenctl.profiler.progress import Progress, no_progress
 
 
 def output_elements_of(variant: Variant) -> int:
@@ -171,7 +166,7 @@ def measure_serving(
     *,
     variant: str,
     options: ServingOptions | None = None,
-    progress: Progress = _noop,
+    progress: Progress = no_progress,
     **fields: Any,
 ) -> list[ServingMeasurement]:
     """Measure the serving path for ``variant``'s tensor shapes at each rate (nothing saved).

@@ -54,3 +54,27 @@ def test_apply_refuses_an_llm_tier_without_its_engine(store, cli, tmp_path) -> N
     assert "Error: the plan deploys LLM tier llm-medium but names no engine for it" in r.output
     assert "(llm.engines.llm-medium)" in r.output and "Traceback" not in r.output
     assert (store.plans(None), store.path.read_bytes()) == before
+
+
+def test_a_plan_of_another_kind_with_llm_tiers_is_refused_away_from_this_machine(
+    store, cli, tmp_path
+) -> None:
+    """Only the local backend starts engines: the Ray backend refuses a mix plan whose tier
+    is an LLM variant (before reaching any cluster), the Kubernetes export one that names
+    engines."""
+    import pytest
+    from greenctl.data.errors import InputError
+    from greenctl.executor.deploy.ray_backend import apply_ray
+
+    add_family(store, tiers=("llm-small",))
+    mixed = _mix_plan("llm-small")
+    with pytest.raises(InputError, match="the Ray backend cannot take mix plans"):
+        apply_ray(mixed, store=store, address="127.0.0.1:1")
+    engines = {"llm-small": {"engine": "transformers", "model_dir": "m"}}
+    named = Plan.from_dict({**mixed.to_dict(), "llm": {"engines": engines}})
+    path = tmp_path / "named.json"
+    write_plan_file(named, path)
+    r = cli("export", "k8s", path, "-o", tmp_path / "k8s")
+    assert r.exit_code == 2, r.output
+    assert "the Kubernetes export cannot take mix plans" in r.output
+    assert not (tmp_path / "k8s").exists()
