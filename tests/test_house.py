@@ -28,10 +28,6 @@ MAX_FOLDER_SHARE = 0.2
 
 #: Functions allowed past :data:`MAX_FUNCTION_LINES` ("module:function" -> why); at most ten.
 LONG_FUNCTIONS: dict[str, str] = {
-    "planner/mix/family_search.py:family_plans": "one branch-and-bound over a family's options,"
-    " whose bound and incumbent the hot loop shares",
-    "planner/mix/family_search.py:grouped_optimum": "one exact search over grouped options,"
-    " its pruning state local to the loop",
     "planner/core/batch_latency.py:_pipelined_batching": "one fixed-point solve of a pipelined"
     " batch queue; its steps share the iterate",
     "planner/core/batch_latency.py:_eager_batching": "one fixed-point solve of an eager batch"

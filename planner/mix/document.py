@@ -23,6 +23,26 @@ from greenctl.planner.mix.problem import dispatcher_of
 __all__ = ["scaling_actions", "to_plan"]
 
 
+#: how far (relative) a model's quotas may miss its load and still be the load, off by a
+#: solver's feasibility tolerance
+QUOTA_TOLERANCE = 1e-5
+
+
+def rounded_quotas(quotas: list[float], load: float, digits: int = 6) -> list[float]:
+    """A model's ``quotas`` for the plan document: scaled to add up to its ``load`` when a
+    solver's tolerance left them a hair short or over (a plan that serves less than the
+    load keeps its quotas), and rounded to ``digits``, the largest taking what the rounding
+    moved (each rounding alone drifts the sum by up to half a unit per deployment)."""
+    total = sum(quotas)
+    if total > 0 and abs(total - load) <= QUOTA_TOLERANCE * max(1.0, load):
+        quotas = [q * load / total for q in quotas]
+    out = [round(q, digits) for q in quotas]
+    if out:
+        big = max(range(len(out)), key=out.__getitem__)
+        out[big] = round(out[big] + round(sum(quotas), digits) - sum(out), digits)
+    return out
+
+
 def to_plan(
     problem: MixProblem,
     alloc: Allocation,
@@ -37,21 +57,20 @@ def to_plan(
     metrics = evaluate_allocation(problem, alloc, terms)
     deployments = []
     for fi, fam in enumerate(problem.families):
-        for oi in sorted(alloc.get(fi, {}), key=lambda i: fam.options[i].key[:3]):
-            n, qq = alloc[fi][oi]
-            if n <= 0:
-                continue
-            o = fam.options[oi]
-            deployments.append(
-                Deployment(
-                    model=fam.name,
-                    variant=o.variant,
-                    resource=o.resource,
-                    count=int(n),
-                    batch=o.batch,
-                    quota_rps=round(qq, 6),
-                )
+        placed = [
+            (fam.options[oi], int(n), qq)
+            for oi in sorted(alloc.get(fi, {}), key=lambda i: fam.options[i].key[:3])
+            for n, qq in [alloc[fi][oi]]
+            if n > 0
+        ]
+        quotas = rounded_quotas([qq for _, _, qq in placed], fam.load_rps(problem.headroom))
+        deployments += [
+            Deployment(
+                model=fam.name, variant=o.variant, resource=o.resource, count=n, batch=o.batch,
+                quota_rps=q,
             )
+            for (o, n, _), q in zip(placed, quotas, strict=True)
+        ]  # fmt: skip
     total_rate = sum(f.rate_rps for f in problem.families)
     lat_key = f"{problem.percentile}_ms"
     predicted: dict[str, Any] = {
