@@ -28,10 +28,6 @@ from greenctl.planner.core.balanced import (
     REFERENCE_CARBON_INTENSITY,
 )
 
-#: :data:`~greenctl.data.limits.SLO_QUANTILES` under the name ``planner.mix.solve`` re-exports
-PERCENTILES = SLO_QUANTILES
-
-
 #: Relative MIP gap at which a plan counts as optimal (HiGHS's default is 1e-4).
 MIP_REL_GAP = 1e-6
 #: How much of the primary optimum (relative) the tie-break may give up.
