@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections import Counter
 from pathlib import Path
 
@@ -10,6 +11,17 @@ import pytest
 from typer.testing import CliRunner
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now: bound to port 0, read, released.
+
+    The one helper every test module uses to pick a port (``from tests.conftest import
+    free_port``); another program may take the port before the caller binds it.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,8 @@ from typing import Any
 
 import pytest
 import typer
+
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -53,12 +54,6 @@ def tour_lines() -> list[tuple[str, str]]:
     return lines
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _greenctl() -> str:
     exe = Path(sys.executable).parent / "greenctl"
     return str(exe) if exe.exists() else "greenctl"
@@ -73,7 +68,7 @@ def test_readme_tour_runs_in_order(tmp_path: Path) -> None:
     assert names[-1] == "down", "the tour ends with `greenctl down`"
     env = dict(os.environ, GREENCTL_DB=str(tmp_path / "tour.db"), COLUMNS="80")
     env.pop("GREENCTL_STATE_DIR", None)
-    port = str(_free_port())
+    port = str(free_port())
     exe = _greenctl()
 
     def run(cmd: str) -> str:

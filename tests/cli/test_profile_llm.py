@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from greenctl.profiler.hw import rapl_files
 
+from tests.conftest import free_port
+
 pytestmark = pytest.mark.timeout(300)
 SHORT = ("--duration", "1", "--prompt-tokens", "16", "--output-tokens", "8")
 
@@ -109,11 +111,7 @@ def test_a_missing_llama_cpp_names_its_extra(cli, db_path, tmp_path):
 
 
 def test_an_endpoint_with_nothing_behind_it_is_refused_by_flag(cli, db_path):
-    import socket
-
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there
     r = cli("profile", "llm", "--engine", "openai", "--endpoint", f"http://127.0.0.1:{port}",
             "--name", "t", "--family", "llama", "--quality", "0.5")  # fmt: skip
     assert r.exit_code == 2, r.output

@@ -7,12 +7,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import free_port
 
 HERE = Path(__file__).resolve().parent
 NOOP = "greenctl.executor.runtime.daemon:noop_loader"
@@ -97,13 +98,6 @@ RAY_SETTINGS = {
     "RAY_AUTH_MODE": "disabled",
     "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
 }
-
-
-def free_port() -> int:
-    """A loopback TCP port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start_node(cmd: list[str]) -> int:

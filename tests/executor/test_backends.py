@@ -15,6 +15,8 @@ from greenctl.data.records import Profile, Variant
 from greenctl.executor.control import replan
 from greenctl.executor.deploy import backends, ray_backend
 
+from tests.conftest import free_port
+
 # real daemons: a hung one must fail the test, not the CI run
 pytestmark = pytest.mark.timeout(180)
 
@@ -101,14 +103,6 @@ def test_a_local_apply_records_its_backend_and_down_clears_it(cli, run_store, pl
     assert not backends.serving(run_store).live
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def no_ray_init(monkeypatch):
     def refuse():
@@ -118,7 +112,7 @@ def no_ray_init(monkeypatch):
 
 
 def test_status_and_down_ask_the_recorded_ray_cluster(cli, store, no_ray_init):
-    address = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
     with store.transaction():
         deployments.record_ray_app(
             store, plan_id=1, address=address, app="greenctl-p1-x", url="http://127.0.0.1:1"

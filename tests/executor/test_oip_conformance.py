@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -26,6 +25,8 @@ import pytest
 from greenctl.data.plan import Deployment, Plan
 from greenctl.data.records import Profile, Variant
 
+from tests.conftest import free_port
+
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
@@ -35,12 +36,6 @@ pytestmark = pytest.mark.timeout(300)
 NOOP = "greenctl.executor.runtime.daemon:noop_loader"
 FRONTS = ("dispatcher", "executor", "georouter", "ray")
 T0 = "2024-01-01T00:30:00Z"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _geo_plan(store: Any, folder: Path) -> Plan:
@@ -139,7 +134,7 @@ def ray_front(
                 ],
             )
             store.save_plan(plan)
-            applied = apply_ray(plan, store=store, address=address, http_port=_free_port())
+            applied = apply_ray(plan, store=store, address=address, http_port=free_port())
             yield applied.url, "tiny", "tiny-s"
         finally:
             with contextlib.suppress(Exception):

@@ -18,11 +18,7 @@ from greenctl.executor.deploy.ray_backend import actor_options, apply_ray, statu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.conftest import free_port
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +32,7 @@ def cluster(ray_cluster_of):
 def http_port() -> int:
     """Serve's HTTP proxy port, one per cluster: once Serve runs, a later `serve.start` keeps
     the port it started with, so every test on the module's cluster uses the same one."""
-    return _free_port()
+    return free_port()
 
 
 def _infer(url: str, model: str, rows: int = 2) -> dict:
@@ -234,7 +230,7 @@ def no_ray_init(monkeypatch):
 
 @pytest.fixture
 def closed_port() -> int:
-    return _free_port()  # bound and released: nothing listens there
+    return free_port()  # bound and released: nothing listens there
 
 
 @pytest.fixture

@@ -16,11 +16,7 @@ import pytest
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.conftest import free_port
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +94,7 @@ def test_a_taken_port_is_refused_and_the_router_keeps_its_port(cluster, store, c
 
     assert not [a for a in serve.status().applications if a.startswith("greenctl-")]
 
-    port = _free_port()
+    port = free_port()
     try:
         first = apply_ray(_plan(1), store=store, address=cluster, http_port=port, timeout_s=120)
         assert first.url == f"http://127.0.0.1:{port}"
@@ -109,7 +105,7 @@ def test_a_taken_port_is_refused_and_the_router_keeps_its_port(cluster, store, c
         assert code == 200 and doc["model_version"] == "tiny-s"
         # a later apply naming another port: the router answers where it listens
         second = apply_ray(
-            _plan(2, count=2), store=store, address=cluster, http_port=_free_port(), timeout_s=120
+            _plan(2, count=2), store=store, address=cluster, http_port=free_port(), timeout_s=120
         )
         assert second.url == first.url and second.app != first.app
         assert _infer(second.url)[0] == 200

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ from greenctl.data import carbon_io
 from greenctl.data.plan import write_plan_file
 from greenctl.data.records import Profile, Variant
 from greenctl.executor.control import replan as replan_mod
+
+from tests.conftest import free_port
 
 # real daemons: a hung one must fail the test, not the CI run
 pytestmark = pytest.mark.timeout(180)
@@ -141,12 +142,6 @@ def test_a_keep_that_applied_says_so_and_one_that_did_not_says_nothing_was(run_s
         _says_what_happened({**row, "applied": bool(row["applied"])})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def ray_cluster(ray_cluster_of) -> Iterator[str]:
     """A local Ray cluster (one head on loopback, no token): its address."""
@@ -166,7 +161,7 @@ def test_a_keep_on_ray_records_what_it_applied(ray_cluster, store):
         store,
         [carbon_io.CarbonPoint("NEAR", T.format(h, 0), v) for h, v in ((0, 124.57), (1, 126.0))],
     )
-    apply_ray(store.get_plan(pid), store=store, address=ray_cluster, http_port=_free_port(),
+    apply_ray(store.get_plan(pid), store=store, address=ray_cluster, http_port=free_port(),
               timeout_s=180)  # fmt: skip
     try:
         d = replan_mod.replan_once(

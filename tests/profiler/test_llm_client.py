@@ -3,7 +3,6 @@ the CPU) serving a tiny Llama with random weights made here, nothing downloaded.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,21 +11,17 @@ from greenctl.data.errors import HardwareError, InputError
 from greenctl.profiler import llm_engines
 from greenctl.profiler.llm_client import Refused, measure
 
+from tests.conftest import free_port
+
 pytest.importorskip("transformers")
 pytest.importorskip("fastapi")
 pytestmark = pytest.mark.timeout(300)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def engine(tiny_llama: Path) -> Iterator[tuple[str, str]]:
     """(endpoint, model) of a running `transformers serve`, stopped after the module."""
-    command = llm_engines.engine_command("transformers", tiny_llama, port=_free_port())
+    command = llm_engines.engine_command("transformers", tiny_llama, port=free_port())
     running = llm_engines.start(command, timeout_s=120)
     try:
         yield command.endpoint, command.model
@@ -60,6 +55,6 @@ def test_a_refusal_or_no_server_stops_at_once(engine):
     with pytest.raises(Refused, match="answered 4"):
         measure(endpoint, "no-such-model", concurrency=3, duration_s=30.0)
     with pytest.raises(HardwareError, match="cannot connect"):
-        measure(f"http://127.0.0.1:{_free_port()}", "m", duration_s=30.0)
+        measure(f"http://127.0.0.1:{free_port()}", "m", duration_s=30.0)
     with pytest.raises(InputError, match="not an http"):
         measure("127.0.0.1:8000", "m")

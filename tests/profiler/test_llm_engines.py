@@ -5,7 +5,6 @@ refused by name."""
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -14,13 +13,9 @@ import pytest
 from greenctl.data.errors import HardwareError, InputError
 from greenctl.profiler import llm_engines
 
+from tests.conftest import free_port
+
 pytestmark = pytest.mark.timeout(300)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_folder_that_is_not_a_model_is_refused(tmp_path: Path):
@@ -36,9 +31,7 @@ def test_a_folder_that_is_not_a_model_is_refused(tmp_path: Path):
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity here")
 def test_the_engine_serves_pinned_to_its_cores(tiny_llama: Path):
     core = min(os.sched_getaffinity(0))
-    command = llm_engines.engine_command(
-        "transformers", tiny_llama, port=_free_port(), cores=[core]
-    )
+    command = llm_engines.engine_command("transformers", tiny_llama, port=free_port(), cores=[core])
     running = llm_engines.start(command, timeout_s=120)
     try:
         assert os.sched_getaffinity(running.proc.pid) == {core}
@@ -67,11 +60,11 @@ def test_a_server_that_is_not_openai_is_named():
     finally:
         server.shutdown()
     with pytest.raises(HardwareError, match="did not answer"):
-        llm_engines.wait_ready(f"http://127.0.0.1:{_free_port()}", timeout_s=1)
+        llm_engines.wait_ready(f"http://127.0.0.1:{free_port()}", timeout_s=1)
 
 
 def test_an_engine_that_exits_is_named_with_its_log(tmp_path: Path):
     (tmp_path / "config.json").write_text('{"model_type": "no-such-architecture"}')
-    command = llm_engines.engine_command("transformers", tmp_path, port=_free_port())
+    command = llm_engines.engine_command("transformers", tmp_path, port=free_port())
     with pytest.raises(HardwareError, match=r"exited with code .*engine log: (?!empty)"):
         llm_engines.start(command, timeout_s=120)

@@ -5,7 +5,6 @@ Skipped where llama-cpp-python is not installed (it builds llama.cpp from source
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -13,15 +12,11 @@ from greenctl.profiler import llm_engines
 from greenctl.profiler.llm_client import measure
 from greenctl.profiler.llm_models import random_llama_gguf
 
+from tests.conftest import free_port
+
 pytest.importorskip("llama_cpp.server")
 pytest.importorskip("gguf")
 pytestmark = pytest.mark.timeout(300)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +27,7 @@ def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_gguf_model_is_served_and_streamed(gguf_file: Path):
-    command = llm_engines.engine_command("llama.cpp", gguf_file, port=_free_port(), cores=[0])
+    command = llm_engines.engine_command("llama.cpp", gguf_file, port=free_port(), cores=[0])
     running = llm_engines.start(command, timeout_s=120)
     try:
         r = measure(command.endpoint, command.model, prompt_tokens=16, output_tokens=8,

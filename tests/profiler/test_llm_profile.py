@@ -5,7 +5,6 @@ tiny Llama made here (started by greenctl, and reached black-box as an OpenAI en
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -27,14 +26,10 @@ from greenctl.profiler.llm_client import StreamTiming, summarise
 from greenctl.profiler.llm_energy import engine_meter, split_phases, tree_cpu_seconds
 from greenctl.profiler.llm_profile import LLMProfileRequest, profile_llm
 
+from tests.conftest import free_port
+
 pytestmark = pytest.mark.timeout(300)
 FAKE_NVML = Path(__file__).with_name("fake_a100.json")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _request(model_dir: Path | str | None = None, **kw) -> LLMProfileRequest:
@@ -236,7 +231,7 @@ def test_a_started_engine_is_profiled_at_each_concurrency_and_stored_as_one_run(
 @pytest.fixture(scope="module")
 def served(tiny_llama: Path) -> Iterator[str]:
     """The endpoint of a `transformers serve` greenctl did not start for the profile."""
-    command = llm_engines.engine_command("transformers", tiny_llama, port=_free_port())
+    command = llm_engines.engine_command("transformers", tiny_llama, port=free_port())
     running = llm_engines.start(command, timeout_s=120)
     try:
         yield command.endpoint
