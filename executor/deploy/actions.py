@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from greenctl.data.batching import DEFAULT_MAX_WAIT_MS
 from greenctl.executor.deploy.instances import InstanceSpec
+from greenctl.executor.runtime.dispatch_routes import MAX_QUEUE
 
 DEFAULT_LOADER = "greenctl.profiler.models:load_model"
 #: the backend this apply is (:mod:`greenctl.executor.deploy.backends`), as the store records it
@@ -37,7 +38,7 @@ class ApplyOptions:
     host: str = "127.0.0.1"
     port: int | None = None
     cores: list[int] | None = None
-    max_queue: int = 256
+    max_queue: int = MAX_QUEUE
     max_wait_ms: float = DEFAULT_MAX_WAIT_MS
     ready_timeout_s: float = 120.0
     verify_duration_s: float = 10.0

@@ -27,6 +27,7 @@ from greenctl.executor.deploy.processes import (
     stop_pair,
     touch_stop_file,
 )
+from greenctl.executor.runtime.dispatch_routes import MAX_QUEUE
 from greenctl.executor.runtime.offers import carry_offers
 from greenctl.executor.runtime.procs import (
     apply_lock,
@@ -93,7 +94,7 @@ def _resync_routes(store: Store) -> list[dict[str, Any]]:
     models: dict[str, Any] = doc.get("models") or {}
     first: dict[str, Any] = next(iter(models.values()), {})
     policy = str(first.get("policy") or "fifo")
-    max_queue = int(first.get("max_queue") or 256)
+    max_queue = int(first.get("max_queue") or MAX_QUEUE)
     routes = routes_doc(rows, policy, max_queue, disp.get("apply_id"))
     routes = carry_llm(doc, carry_offers(doc, routes))  # keeps the offers and LLM tiers
     admin(disp, "POST", routes)

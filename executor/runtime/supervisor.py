@@ -151,12 +151,13 @@ class Supervisor:
             "greenctl.executor.runtime.dispatcher",
             "--host", str(pair["host"]), "--port", str(self.port),
             "--state-file", str(state_file), "--db", self.db,
-            "--max-queue", str(pair.get("max_queue") or 256),
             "--timeout-s", str(pair.get("timeout_s") or 60.0),
             "--listen-fd", str(fd), "--routes-state", str(pair["routes_file"]),
             "--pair", self.pair_file,
             "--supervisor-pid", str(os.getpid()),
             "--supervisor-ticks", str(proc_start_ticks(os.getpid()) or ""),
+            # without one in the pair, the dispatcher's own default bound
+            *(("--max-queue", str(pair["max_queue"])) if pair.get("max_queue") else ()),
         )  # fmt: skip
         try:
             proc = spawn_detached(
