@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def listening_port() -> Iterator[int]:
+    """A loopback port another program listens on while the block runs (what a command
+    asked to bind it must refuse, or a probe must find open)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        yield int(s.getsockname()[1])
 
 
 @pytest.fixture(autouse=True)

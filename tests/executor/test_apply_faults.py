@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import threading
 import time
 import urllib.request
@@ -15,6 +14,8 @@ from pathlib import Path
 import pytest
 from greenctl.data.errors import ExecutorError, InfeasiblePlan, InputError, LockedError
 from greenctl.data.plan import Deployment, Plan
+
+from tests.conftest import listening_port
 
 # real daemons: a hung one must fail the test, not the CI run
 pytestmark = pytest.mark.timeout(180)
@@ -120,12 +121,11 @@ def test_dispatcher_port_taken_rolls_back(serving, monkeypatch):
     monkeypatch.delenv("GREENCTL_STATE_DIR", raising=False)
     store, _, loader, alive = serving
     before = (_snapshot(store), alive())
-    with socket.socket() as squatter:
-        squatter.bind(("127.0.0.1", 0))
-        squatter.listen(1)
-        taken = squatter.getsockname()[1]
-        with pytest.raises(InputError, match=f"cannot bind 127.0.0.1:{taken}"):
-            apply_plan(_plan("v2"), store=store, loader=loader, port=taken)
+    with (
+        listening_port() as taken,
+        pytest.raises(InputError, match=f"cannot bind 127.0.0.1:{taken}"),
+    ):
+        apply_plan(_plan("v2"), store=store, loader=loader, port=taken)
     _still_serving(serving, before)
 
 

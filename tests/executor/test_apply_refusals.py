@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from greenctl.data.plan import Deployment, Plan, write_plan_file
+
+from tests.conftest import listening_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -61,10 +62,8 @@ def seeded(run_store, db_path: Path) -> Iterator[Path]:
 @pytest.fixture
 def squatter() -> Iterator[int]:
     """A loopback port another program listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(1)
-        yield int(s.getsockname()[1])
+    with listening_port() as port:
+        yield port
 
 
 @pytest.fixture
@@ -197,10 +196,7 @@ def test_a_port_taken_at_launch_is_undone(cli, seeded, tmp_path, leftovers, monk
     from greenctl.executor.deploy import apply as apply_module
 
     monkeypatch.setattr(apply_module, "check_apply", lambda *a, **k: None)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(1)
-        port = s.getsockname()[1]
+    with listening_port() as port:
         r = cli("apply", _plan(tmp_path), "--loader", NOOP, "--port", str(port))
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert f"cannot bind 127.0.0.1:{port}" in r.output and "undid" in r.output, r.output

@@ -4,7 +4,6 @@ local Ray cluster (a head and a second node on this machine; slow)."""
 from __future__ import annotations
 
 import json
-import socket
 import urllib.error
 import urllib.request
 from typing import Any
@@ -18,7 +17,7 @@ from greenctl.executor.deploy.ray_backend import actor_options, apply_ray, statu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import free_port
+from tests.conftest import free_port, listening_port
 
 
 @pytest.fixture(scope="module")
@@ -316,11 +315,9 @@ def test_status_with_nothing_applied_says_so(cli, no_ray_init):
 
 
 def test_probe_accepts_a_listening_address():
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        ray_backend.probe_address(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=2)
-        ray_backend.probe_address(f"ray://127.0.0.1:{server.getsockname()[1]}", timeout_s=2)
+    with listening_port() as port:
+        ray_backend.probe_address(f"127.0.0.1:{port}", timeout_s=2)
+        ray_backend.probe_address(f"ray://127.0.0.1:{port}", timeout_s=2)
 
 
 @settings(max_examples=400, deadline=None)

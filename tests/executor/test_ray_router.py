@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +15,7 @@ import pytest
 from greenctl.data.errors import InputError
 from greenctl.data.plan import Deployment, Plan
 
-from tests.conftest import free_port
+from tests.conftest import free_port, listening_port
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +79,7 @@ def test_a_taken_port_is_refused_and_the_router_keeps_its_port(cluster, store, c
 
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(_plan(1).to_json())
-    with socket.socket() as held:  # another program listens on the port asked for
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        taken = held.getsockname()[1]
+    with listening_port() as taken:  # another program listens on the port asked for
         r = cli("apply", plan_file, "--backend", "ray", "--address", cluster,
                 "--ray-http-port", taken)  # fmt: skip
         assert r.exit_code == 2, r.output
