@@ -77,11 +77,20 @@ def check_model(engine: str, model: str | Path) -> Path:
                 hint="name a folder written by save_pretrained (profiler.llm_models.random_llama makes one)",
             )
     elif engine == "llama.cpp":
-        if not p.is_file() or p.read_bytes()[:4] != b"GGUF":
+        if not p.is_file() or _magic(p) != b"GGUF":
             raise InputError(f"{shown(str(p))} is not a GGUF model file", hint="name a .gguf file")
     else:
         raise InputError(f"greenctl does not start {engine!r} engines", hint=", ".join(STARTABLE))
     return p
+
+
+def _magic(path: Path) -> bytes:
+    """A file's first four bytes (a GGUF model is gigabytes: not read whole to check them)."""
+    try:
+        with path.open("rb") as f:
+            return f.read(4)
+    except OSError:
+        return b""
 
 
 def engine_command(
@@ -103,7 +112,10 @@ def engine_command(
         args = ["serve", str(path), "--host", host, "--port", str(port), "--log-level", "warning"]
     else:
         threads = ["--n_threads", str(len(cores))] if cores else []
-        args = ["--model", str(path), "--host", host, "--port", str(port), *threads]
+        # its server runs one request at a time; by default a request that arrives meanwhile
+        # ends the running stream, which a profile at concurrency > 1 would count as done
+        queue = ["--interrupt_requests", "False"]
+        args = ["--model", str(path), "--host", host, "--port", str(port), *threads, *queue]
     return EngineCommand(engine, [*head, *args], env, f"http://{host}:{port}", str(path))
 
 

@@ -29,6 +29,18 @@ def test_a_folder_that_is_not_a_model_is_refused(tmp_path: Path):
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity here")
+def test_llama_cpp_queues_concurrent_requests_instead_of_cutting_the_running_one(tmp_path: Path):
+    """llama-cpp-python's server runs one request at a time and, by default, ends the
+    running stream when another arrives: a profile at concurrency 4 would count cut streams
+    of one token as finished requests. The engine is started with that off."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    argv = llm_engines.engine_command("llama.cpp", model, port=1, cores=[0]).argv
+    at = argv.index("--interrupt_requests")
+    assert argv[at + 1] == "False"
+    assert argv[argv.index("--n_threads") + 1] == "1"
+
+
 def test_the_engine_serves_pinned_to_its_cores(tiny_llama: Path):
     core = min(os.sched_getaffinity(0))
     command = llm_engines.engine_command("transformers", tiny_llama, port=free_port(), cores=[core])

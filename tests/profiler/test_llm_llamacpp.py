@@ -48,3 +48,21 @@ def test_profile_llm_measures_the_llama_cpp_engine(cli, db_path, gguf_file: Path
     rows = json.loads(r.stdout)["profiles"]
     assert [row["engine"] for row in rows] == ["llama.cpp"]
     assert rows[0]["ttft_p50_ms"] > 0 and rows[0]["decode_j_per_token"] > 0
+
+
+def test_concurrent_streams_each_get_every_token(gguf_file: Path):
+    """At concurrency 4 each request streams all its tokens (they wait their turn), so the
+    profile's row at 4 is a row of whole requests."""
+    command = llm_engines.engine_command("llama.cpp", gguf_file, port=free_port(), cores=[0])
+    running = llm_engines.start(command, timeout_s=120)
+    try:
+        alone, four = (
+            measure(command.endpoint, command.model, prompt_tokens=16, output_tokens=8,
+                    concurrency=c, duration_s=seconds)
+            for c, seconds in ((1, 1.5), (4, 3.0))
+        )  # fmt: skip
+        assert four.requests >= 4 and four.errors == 0
+        assert alone.mean_output_tokens > 4  # (a cut stream counts one)
+        assert four.mean_output_tokens == pytest.approx(alone.mean_output_tokens)
+    finally:
+        llm_engines.stop(running)
