@@ -436,6 +436,27 @@ def _measure_levels(
     return rows
 
 
+#: a level whose requests streamed less than this share of the tokens asked is noted
+SHORT_STREAMS = 0.9
+
+
+def short_stream_notes(rows: list[LLMProfile], asked: int) -> list[str]:
+    """A note per concurrency whose streams ended well short of the ``asked`` tokens while
+    the lowest level's did not: a server that ends a running stream when another request
+    comes (llama-cpp-python's default) makes such rows, and their per-token figures."""
+    first = rows[0].output_tokens if rows else None
+    if first is None or first < SHORT_STREAMS * asked:
+        return []  # short from the start: the model's own stop, not the concurrency
+    return [
+        f"at concurrency {row.concurrency} requests streamed {row.output_tokens:.1f} of "
+        f"{asked} tokens on average (at {rows[0].concurrency}: {first:.1f}): the server may "
+        "end a running stream when another request arrives; its figures at that "
+        "concurrency are not of whole requests"
+        for row in rows[1:]
+        if row.output_tokens is not None and row.output_tokens < SHORT_STREAMS * asked
+    ]
+
+
 def profile_llm(
     store: Store, request: LLMProfileRequest, *, progress: Progress = no_progress
 ) -> LLMProfileRun:
@@ -459,6 +480,7 @@ def profile_llm(
             "energy unknown: the server runs elsewhere and no --gpu of this machine "
             "was named to read it by NVML"
         )
+    notes += short_stream_notes(rows, request.output_tokens)
     add_llm_profiles(store, llm_variant(request.name, request.family, request.quality), rows)
     return LLMProfileRun(
         request.name,

@@ -285,3 +285,20 @@ def test_a_server_that_is_not_openais_is_refused_by_flag(store):
     finally:
         server.shutdown()
     assert _llm_rows(store) == 0
+
+
+def test_levels_whose_streams_were_cut_short_are_noted() -> None:
+    """A server that ends a running stream when another request arrives makes rows of
+    one-token requests at concurrency > 1: the run says so, naming the level."""
+    from greenctl.data.llm_profiles import LLMProfile
+    from greenctl.profiler.llm_profile import short_stream_notes
+
+    def row(c: int, tokens: float | None) -> LLMProfile:
+        return LLMProfile("v", "cpu:1", "openai", c, "run", output_tokens=tokens)
+
+    notes = short_stream_notes([row(1, 32.0), row(4, 1.01), row(8, 31.5)], 32)
+    assert len(notes) == 1
+    assert "at concurrency 4 requests streamed 1.0 of 32 tokens" in notes[0]
+    assert short_stream_notes([row(1, 12.0), row(4, 1.0)], 32) == []  # the model stops early
+    assert short_stream_notes([row(1, 32.0), row(4, None)], 32) == []
+    assert short_stream_notes([], 32) == []
