@@ -274,8 +274,9 @@ def test_a_killed_dispatcher_serves_again_on_its_port_and_a_killed_supervisor_re
 
     # both at once: nothing brings them back; status says so and exits non-zero
     disp, sup = st["dispatcher"]["pid"], st["dispatcher"]["supervisor"]["pid"]
-    os.kill(sup, signal.SIGKILL)
-    os.kill(disp, signal.SIGKILL)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):  # stopped first: each wakes when the other dies
+        for pid in (sup, disp):
+            os.kill(pid, sig)
     time.sleep(1.0)
     st = status(run_store)
     assert st["state"] == "down" and any("dispatcher" in p for p in st["problems"])
