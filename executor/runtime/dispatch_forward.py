@@ -45,6 +45,8 @@ _FORWARD_HEADERS = (
 _FORWARD_KEYS = tuple((h, h.lower()) for h in _FORWARD_HEADERS)
 #: the executor's timing headers, as sent on and as the upstream client keys them
 _TIMING_KEYS = tuple((h, h.lower()) for h in oip.TIMING_HEADERS)
+#: no instance excluded (a first attempt)
+_NO_INSTANCE: frozenset[str] = frozenset()
 #: the response header naming the variant that served a request
 VARIANT_HEADER = "Greenctl-Variant"
 
@@ -139,6 +141,59 @@ class Forwarding(RoutingTable):
             {"name": variant or route.name, "ready": ok}, status=200 if ok else 503
         )
 
+    def infer_now(self, request: Any, reply: hs.Reply) -> None:
+        """Forward an inference request without a task (a :class:`~.httpserver.Direct`
+        handler): when its model's policy has an instance free now and a pooled connection
+        to it is open, the request goes out here and the answer is sent from the upstream
+        connection's callback. Anything else (a request that waits in the queue, a
+        model-less one, a new connection, a retry) is the same request on :meth:`_forward`.
+        """
+        t0 = time.perf_counter()
+        route, variant, bad = self._route(request)
+        if route is None:
+            reply(bad)
+            return
+        headers = _forwarded(request.headers)
+        try:
+            req = requirements_of(request.body, headers.get(HEADER_LENGTH))
+        except InputError as exc:
+            reply(self._bad_request(route, exc, t0))
+            return
+        if req is not None or variant is not None:  # model-less: chosen by what it needs
+            reply(self._forward(request, route, variant, req, headers, t0))
+            return
+        try:
+            b = route.take(_NO_INSTANCE)
+        except QueueFull as full:
+            reply(self._busy(route, full, t0))
+            return
+        if b is None:  # it waits in the queue
+            reply(self._forward(request, route, None, None, headers, t0))
+            return
+        conn = b.pool.take_idle()
+        if conn is None:  # a new connection to open first
+            reply(self._forward(request, route, None, None, headers, t0, held=b))
+            return
+
+        def answered(status: int, rh: dict[str, str], data: bytes) -> None:
+            route.release(b)
+            reply(self._answer(route, None, b, False, status, rh, data, t0))
+
+        def failed(exc: UpstreamError, stale: bool) -> None:
+            if stale:  # an idle connection the executor closed: the same instance, afresh
+                reply(self._forward(request, route, None, None, headers, t0, held=b))
+                return
+            tried = {b.id}
+            again = self._retries(route, b, exc, 0, tried, False)
+            route.release(b)
+            if again:
+                reply(self._forward(request, route, None, None, headers, t0, attempt=1,
+                                    tried=tried))  # fmt: skip
+            else:
+                reply(self._bad_gateway(route, _failure(route, b, exc), t0))
+
+        b.pool.send(conn, request.path, request.body, headers, self.timeout_s, answered, failed)
+
     async def infer(self, request: Any) -> Any:
         """Forward an inference request to the instance its model's policy (or the
         model-less choice) picks, retrying once on another when the connection fails;
@@ -147,66 +202,129 @@ class Forwarding(RoutingTable):
         route, variant, bad = self._route(request)
         if route is None:
             return bad
-        body = request.body
         headers = _forwarded(request.headers)
         try:
-            req = requirements_of(body, headers.get(HEADER_LENGTH))
+            req = requirements_of(request.body, headers.get(HEADER_LENGTH))
         except InputError as exc:
-            self._count(route.name, "400", t0)
-            return hs.json_response({"error": str(exc)}, status=400)  # as the executor says it
+            return self._bad_request(route, exc, t0)
+        return await self._forward(request, route, variant, req, headers, t0)
+
+    async def _forward(
+        self,
+        request: Any,
+        route: ModelRoute,
+        variant: str | None,
+        req: Any,
+        headers: dict[str, str],
+        t0: float,
+        *,
+        held: Backend | None = None,
+        attempt: int = 0,
+        tried: set[str] | None = None,
+    ) -> Any:
+        """Send a request to an instance and answer what it answers: the first attempt to
+        ``held`` when its slot is already taken, else to the one the policy (or, for a
+        model-less request, the choice) picks; once more on another when the connection
+        fails (``attempt`` 1: one already failed, the instances in ``tried``)."""
         chosen = req is not None or variant is not None  # model-less, or a variant's name
-        tried: set[str] = set()
+        tried = set() if tried is None else tried
         failed = ""
-        for attempt in (0, 1):
+        while attempt < 2:
+            if held is not None:
+                b, held = held, None
+            else:
+                try:
+                    if chosen:
+                        b = self.choose(route, variant, req or ANY)
+                    else:
+                        b = await route.acquire(tried)
+                except QueueFull as full:
+                    return self._busy(route, full, t0)
+                except NoVariant as none:
+                    if attempt:  # the instance chosen first failed, and no other one meets it
+                        return self._bad_gateway(route, f"{failed}; {none}", t0)
+                    self._count(route.name, "422", t0)
+                    return hs.json_response(none.doc(), status=422)
             try:
-                if chosen:
-                    b = self.choose(route, variant, req or ANY)
-                else:
-                    b = await route.acquire(tried)
-            except QueueFull as full:
-                self.rejected += 1
-                self._count(route.name, "503", t0)
-                return busy_response(full, route.name)
-            except NoVariant as none:
-                if attempt:  # the instance chosen first failed, and no other one meets it
-                    self._count(route.name, "502", t0)
-                    return hs.json_response({"error": f"{failed}; {none}"}, status=502)
-                self._count(route.name, "422", t0)
-                return hs.json_response(none.doc(), status=422)
-            try:
-                status, rh, data = await b.pool.post(request.path, body, headers, self.timeout_s)
+                status, rh, data = await b.pool.post(request.path, request.body, headers,
+                                                     self.timeout_s)  # fmt: skip
             except UpstreamError as exc:
                 tried.add(b.id)
-                self._suspect(b)
-                failed = f"instance {b.id} of '{route.name}' failed: {exc}"
-                # inference is idempotent: a request whose connection failed (refused, reset,
-                # closed) is sent once more, to another instance, or, when there is none, to
-                # this one once it is back; one that timed out is not (it may still run)
-                if attempt == 0 and not isinstance(exc, UpstreamTimeout):
-                    others = [x for x in route.backends if x.up and x.id not in tried]
-                    if others or (route.coming_back() and not chosen):
-                        if not others:
-                            tried.clear()  # wait in the queue for it (or a sibling) to return
-                        self.retries += 1
-                        continue
-                self._count(route.name, "502", t0)
-                return hs.json_response({"error": failed}, status=502)
+                failed = _failure(route, b, exc)
+                if self._retries(route, b, exc, attempt, tried, chosen):
+                    attempt += 1
+                    continue
+                return self._bad_gateway(route, failed, t0)
             finally:
                 route.release(b)
-            out_headers = {"Content-Type": rh.get("content-type", "application/json")}
-            head_len = rh.get("inference-header-content-length")
-            if chosen and status == 200 and b.variant is not None:
-                data, head_len = name_variant(data, head_len, b.variant, route.name, variant)
-            if head_len is not None:
-                out_headers[HEADER_LENGTH] = head_len
-            for name, key in _TIMING_KEYS:  # the executor's own timing, passed on
-                if (value := rh.get(key)) is not None:
-                    out_headers[name] = value
-            if b.variant is not None:
-                out_headers[VARIANT_HEADER] = b.variant
-            self._count(route.name, str(status), t0)
-            return hs.Response(status=status, body=data, headers=out_headers)
+            return self._answer(route, variant, b, chosen, status, rh, data, t0)
         raise AssertionError("unreachable")
+
+    def _retries(
+        self,
+        route: ModelRoute,
+        b: Backend,
+        exc: UpstreamError,
+        attempt: int,
+        tried: set[str],
+        chosen: bool,
+    ) -> bool:
+        """The connection to ``b`` failed (it is suspected down): whether the request is
+        sent once more. Inference is idempotent: a request whose connection failed
+        (refused, reset, closed) is sent once more, to another instance, or, when there is
+        none, to this one once it is back; one that timed out is not (it may still run)."""
+        self._suspect(b)
+        if attempt == 0 and not isinstance(exc, UpstreamTimeout):
+            others = [x for x in route.backends if x.up and x.id not in tried]
+            if others or (route.coming_back() and not chosen):
+                if not others:
+                    tried.clear()  # wait in the queue for it (or a sibling) to return
+                self.retries += 1
+                return True
+        return False
+
+    def _answer(
+        self,
+        route: ModelRoute,
+        variant: str | None,
+        b: Backend,
+        chosen: bool,
+        status: int,
+        rh: dict[str, str],
+        data: bytes,
+        t0: float,
+    ) -> hs.Response:
+        """The client's answer from an executor's: its body and content type, the tensor
+        header's length, its timing headers and the variant that served it."""
+        out_headers = {"Content-Type": rh.get("content-type", "application/json")}
+        head_len = rh.get("inference-header-content-length")
+        if chosen and status == 200 and b.variant is not None:
+            data, head_len = name_variant(data, head_len, b.variant, route.name, variant)
+        if head_len is not None:
+            out_headers[HEADER_LENGTH] = head_len
+        for name, key in _TIMING_KEYS:  # the executor's own timing, passed on
+            if (value := rh.get(key)) is not None:
+                out_headers[name] = value
+        if b.variant is not None:
+            out_headers[VARIANT_HEADER] = b.variant
+        self._count(route.name, str(status), t0)
+        return hs.Response(status=status, body=data, headers=out_headers)
+
+    def _bad_request(self, route: ModelRoute, exc: InputError, t0: float) -> hs.Response:
+        """A 400 for requirements that cannot be read (worded as the executor words it)."""
+        self._count(route.name, "400", t0)
+        return hs.json_response({"error": str(exc)}, status=400)
+
+    def _bad_gateway(self, route: ModelRoute, why: str, t0: float) -> hs.Response:
+        """A 502: the instance failed and the request is not sent again."""
+        self._count(route.name, "502", t0)
+        return hs.json_response({"error": why}, status=502)
+
+    def _busy(self, route: ModelRoute, full: QueueFull, t0: float) -> hs.Response:
+        """A 503 for a request its model cannot take now."""
+        self.rejected += 1
+        self._count(route.name, "503", t0)
+        return busy_response(full, route.name)
 
     def _count(self, model: str, code: str, t0: float) -> None:
         """Count an answer by model and status code (and an answered one's latency)."""
@@ -235,6 +353,11 @@ def busy_response(full: QueueFull, model: str) -> hs.Response:
         status=503,
         headers={"Retry-After": str(max(1, math.ceil(full.retry_after_s)))},
     )
+
+
+def _failure(route: ModelRoute, b: Backend, exc: UpstreamError) -> str:
+    """What a 502 says of an instance whose connection failed."""
+    return f"instance {b.id} of '{route.name}' failed: {exc}"
 
 
 def _forwarded(got: Any) -> dict[str, str]:

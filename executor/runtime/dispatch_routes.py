@@ -18,6 +18,7 @@ import collections
 import contextlib
 import math
 import time
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from greenctl.data.errors import InputError
@@ -29,6 +30,9 @@ from greenctl.planner.core.policy import POLICIES, SmoothWRR
 #: how long a request may wait for a model none of whose instances is up (default)
 RESTART_WAIT_S = 10.0
 
+
+#: no instance excluded
+_NONE: frozenset[str] = frozenset()
 
 #: requests a model's queue holds before new ones are answered 503 (``--max-queue``)
 MAX_QUEUE = 256
@@ -201,7 +205,7 @@ class ModelRoute:
         doc["instances"] = [b.to_dict(runtime=runtime) for b in self.backends]
         return doc
 
-    def _free(self, exclude: set[str]) -> list[Backend]:
+    def _free(self, exclude: AbstractSet[str]) -> list[Backend]:
         return [b for b in self.backends if b.up and b.id not in exclude and b.inflight < b.slots]
 
     def _pick_free(self, free: list[Backend]) -> Backend:
@@ -211,12 +215,12 @@ class ModelRoute:
             return max(free, key=lambda x: (x.inflight, -x.slots))
         return min(free, key=lambda x: x.inflight / x.slots)
 
-    def pick_wrr(self, exclude: set[str]) -> Backend | None:
+    def pick_wrr(self, exclude: AbstractSet[str]) -> Backend | None:
         """The next instance by weighted round robin among those up and not in ``exclude``
         (its slot not taken), or None."""
         return self._pick_wrr(exclude)
 
-    def _pick_wrr(self, exclude: set[str]) -> Backend | None:
+    def _pick_wrr(self, exclude: AbstractSet[str]) -> Backend | None:
         live = {k for k, b in enumerate(self.backends) if b.up and b.id not in exclude}
         k = self.wrr.pick(live)
         return None if k is None else self.backends[k]
@@ -250,12 +254,24 @@ class ModelRoute:
             )
         return f"no instance of model '{self.name}' is up: restarting {back[0].id}"
 
-    async def acquire(self, exclude: set[str]) -> Backend:
+    async def acquire(self, exclude: AbstractSet[str]) -> Backend:
         """A backend for one request (its slot taken); waits in the FIFO queue if needed.
 
         Raises:
             QueueFull: the bounded queue is full, or no instance is up and none comes back
                 within ``restart_wait_s``.
+        """
+        b = self.take(exclude)
+        if b is None:
+            return await self._wait(exclude)
+        return b
+
+    def take(self, exclude: AbstractSet[str]) -> Backend | None:
+        """A backend for one request now (its slot taken), or None when the request must
+        wait in the queue (:meth:`acquire` waits).
+
+        Raises:
+            QueueFull: the bounded queue is full, or no instance is up and none will be.
         """
         if self.policy == "wrr":
             held, room = 0, self.max_queue
@@ -267,9 +283,9 @@ class ModelRoute:
                 raise QueueFull(f"model '{self.name}' is at capacity; retry later")
             b = self._pick_wrr(exclude)
             if b is None and not self.any_up():  # wait for one to come back
-                return await self._wait(exclude)
+                return None
             if b is None:
-                b = self._pick_wrr(set())
+                b = self._pick_wrr(_NONE)
             if b is None:
                 raise QueueFull(self.down_reason())
             b.inflight += 1
@@ -280,9 +296,9 @@ class ModelRoute:
                 b = self._pick_free(free)
                 b.inflight += 1
                 return b
-        return await self._wait(exclude)
+        return None
 
-    async def _wait(self, exclude: set[str]) -> Backend:
+    async def _wait(self, exclude: AbstractSet[str]) -> Backend:
         if len(self.waiters) >= self.max_queue:
             raise QueueFull(f"model '{self.name}' is at capacity; retry later")
         up = self.any_up()
@@ -340,11 +356,11 @@ class ModelRoute:
         """Hand free slots to queued requests, first come first served."""
         while self.waiters:
             if self.policy == "wrr":  # waiters only wait for an instance to come back
-                b = self._pick_wrr(set())
+                b = self._pick_wrr(_NONE)
                 if b is None:
                     return
             else:
-                free = self._free(set())
+                free = self._free(_NONE)
                 if not free:
                     return
                 b = self._pick_free(free)

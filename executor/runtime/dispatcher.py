@@ -117,7 +117,8 @@ class Dispatcher(OpenAIFront, ExecutorSupervision):
         router = hs.Router()
         oip.add_protocol_routes(
             router, server_meta=self.server_meta, live=self.live, ready=self.ready,
-            model_meta=self.model_meta, model_ready=self.model_ready, infer=self.infer,
+            model_meta=self.model_meta, model_ready=self.model_ready,
+            infer=hs.Direct(self.infer_now),
             metrics=self.metrics_page,
         )  # fmt: skip
         self.add_openai_routes(router)

@@ -23,13 +23,29 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from http import HTTPStatus
 from typing import Any
 
 import httptools
 
 Handler = Callable[["Request"], Awaitable["Response"]]
+#: how a :class:`Direct` handler answers: a response now, or an awaitable of one
+Reply = Callable[["Response | Awaitable[Response]"], None]
+
+
+class Direct:
+    """A handler that runs without a task of its own: ``fn(request, reply)`` is called as
+    soon as the request is in and answers by calling ``reply`` once, with a
+    :class:`Response` (then or later, from a callback) or with an awaitable of one (run as
+    a task, the way a plain handler is). For a hot path that mostly answers from callbacks
+    (the dispatcher's forwarding): a task per request costs more than its work."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[Request, Reply], None]) -> None:
+        self.fn = fn
+
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 #: each known status's line and the start of the Content-Length header
@@ -196,6 +212,12 @@ def json_response(
     return out
 
 
+def _internal_error(exc: Exception) -> Response:
+    """The 500 a handler's exception is answered with (the traceback goes to stderr)."""
+    traceback.print_exception(exc, file=sys.stderr)
+    return json_response({"error": f"internal error: {type(exc).__name__}: {exc}"}, status=500)
+
+
 class _Refusal(Response):
     """The error answer that ends a connection (malformed or oversized request, timeout)."""
 
@@ -213,19 +235,19 @@ class Router:
     """``GET``/``POST`` routes by path; ``{name}`` matches one path segment."""
 
     def __init__(self) -> None:
-        self._static: dict[tuple[str, str], Handler] = {}
-        self._dynamic: list[tuple[str, re.Pattern[str], Handler]] = []
+        self._static: dict[tuple[str, str], Handler | Direct] = {}
+        self._dynamic: list[tuple[str, re.Pattern[str], Handler | Direct]] = []
         self._paths: dict[str, set[str]] = collections.defaultdict(set)
         #: (method, path) -> the handler and parameters a dynamic route matched (bounded)
-        self._matched: dict[tuple[str, str], tuple[Handler, dict[str, str]]] = {}
+        self._matched: dict[tuple[str, str], tuple[Handler | Direct, dict[str, str]]] = {}
 
     def add_get(self, path: str, handler: Handler) -> None:
         self._add("GET", path, handler)
 
-    def add_post(self, path: str, handler: Handler) -> None:
+    def add_post(self, path: str, handler: Handler | Direct) -> None:
         self._add("POST", path, handler)
 
-    def _add(self, method: str, path: str, handler: Handler) -> None:
+    def _add(self, method: str, path: str, handler: Handler | Direct) -> None:
         self._paths[path].add(method)
         self._matched.clear()
         if "{" not in path:
@@ -234,7 +256,9 @@ class Router:
         pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(path))
         self._dynamic.append((method, re.compile(pattern + r"\Z"), handler))
 
-    def resolve(self, method: str, path: str) -> tuple[Handler | None, dict[str, str], set[str]]:
+    def resolve(
+        self, method: str, path: str
+    ) -> tuple[Handler | Direct | None, dict[str, str], set[str]]:
         """The handler for ``method path`` and its path parameters; else the methods allowed
         on that path (empty: no such path)."""
         lookup = "GET" if method == "HEAD" else method
@@ -337,6 +361,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.eof = False
         self._tail = b""  # the last bytes of a head fed so far (its end may straddle reads)
         self._into: bytearray | None = None  # the body being read straight into its buffer
+        #: the request being answered by a Direct handler: (keep-alive, a HEAD request)
+        self._answering = (True, False)
         self._into_view: memoryview | None = None
         self._got = 0
 
@@ -587,12 +613,49 @@ class _Connection(asyncio.BufferedProtocol):
         if isinstance(item, Response):
             self._send(item, keep_alive, head)
             return
-        task = self.server.loop.create_task(self._run(item, keep_alive, head))
+        handler, params, allowed = self.server.router.resolve(item.method, item.path)
+        if type(handler) is Direct:
+            item.match_info = params
+            self._answering = (keep_alive, head)
+            try:
+                handler.fn(item, self._reply)
+            except Exception as exc:
+                self._send(_internal_error(exc), keep_alive, head)
+            return
+        self._spawn(self._run(item, handler, params, allowed, keep_alive, head))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a task the server waits for when it shuts down."""
+        task = self.server.loop.create_task(coro)
         self.server.tasks.add(task)
         task.add_done_callback(self.server.tasks.discard)
 
-    async def _run(self, request: Request, keep_alive: bool, head: bool) -> None:
-        handler, params, allowed = self.server.router.resolve(request.method, request.path)
+    def _reply(self, answer: Response | Awaitable[Response]) -> None:
+        """A :class:`Direct` handler's answer to the request being answered."""
+        keep_alive, head = self._answering
+        if isinstance(answer, Response):
+            self._send(answer, keep_alive, head)
+        else:
+            self._spawn(self._respond(answer, keep_alive, head))
+
+    async def _respond(self, answer: Awaitable[Response], keep_alive: bool, head: bool) -> None:
+        try:
+            response = await answer
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            response = _internal_error(exc)
+        self._send(response, keep_alive, head)
+
+    async def _run(
+        self,
+        request: Request,
+        handler: Handler | Direct | None,
+        params: dict[str, str],
+        allowed: set[str],
+        keep_alive: bool,
+        head: bool,
+    ) -> None:
         if handler is None:
             if allowed:
                 if "GET" in allowed:
@@ -607,14 +670,11 @@ class _Connection(asyncio.BufferedProtocol):
         else:
             request.match_info = params
             try:
-                response = await handler(request)
+                response = await handler(request)  # type: ignore[operator]
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                traceback.print_exc(file=sys.stderr)
-                response = json_response(
-                    {"error": f"internal error: {type(exc).__name__}: {exc}"}, status=500
-                )
+                response = _internal_error(exc)
         self._send(response, keep_alive, head)
 
     def _send(self, response: Response, keep_alive: bool, head: bool) -> None:
@@ -625,9 +685,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._refuse_now(response)
             return
         if isinstance(response, StreamResponse):  # sent as it comes; then the next answer
-            task = self.server.loop.create_task(self._stream(response, keep_alive, head))
-            self.server.tasks.add(task)
-            task.add_done_callback(self.server.tasks.discard)
+            self._spawn(self._stream(response, keep_alive, head))
             return
         self.transport.write(response.encode(keep_alive=keep_alive, head_only=head))
         self.idle_since = time.monotonic()
@@ -849,8 +907,14 @@ class Server:
         for conn in list(self.connections):
             if not conn.busy:
                 conn.close()
-        if self.tasks:
-            await asyncio.wait(set(self.tasks), timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.tasks:
+                await asyncio.wait(set(self.tasks), timeout=deadline - time.monotonic())
+            elif any(c.busy and not c.closing for c in self.connections):
+                await asyncio.sleep(0.005)  # a Direct handler's answer is on its way
+            else:
+                break
         for task in list(self.tasks):
             task.cancel()
         for conn in list(self.connections):

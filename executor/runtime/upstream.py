@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,7 +28,8 @@ class _Conn(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: Any = None  # asyncio's or uvloop's transport
         self.buf = bytearray()
-        self.fut: asyncio.Future[tuple[int, dict[str, str], bytes]] | None = None
+        #: what waits for the answer: a future (``post``) or an exchange (``send``)
+        self.fut: asyncio.Future[tuple[int, dict[str, str], bytes]] | _Exchange | None = None
         self.closed = False
         self.got_bytes = False
 
@@ -91,6 +93,45 @@ class _Conn(asyncio.Protocol):
             self.fut.set_exception(UpstreamError(f"connection lost: {exc or 'closed by peer'}"))
 
 
+class _Exchange:
+    """One request on a pooled connection whose answer goes to callbacks (no task): what
+    :meth:`UpstreamPool.send` parks on the connection in place of a future (it answers
+    the same ``done``/``set_result``/``set_exception`` calls)."""
+
+    __slots__ = ("conn", "finished", "on_answer", "on_error", "pool", "timer")
+
+    def __init__(
+        self,
+        pool: UpstreamPool,
+        conn: _Conn,
+        on_answer: Callable[[int, dict[str, str], bytes], None],
+        on_error: Callable[[UpstreamError, bool], None],
+    ) -> None:
+        self.pool, self.conn = pool, conn
+        self.on_answer, self.on_error = on_answer, on_error
+        self.finished = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def done(self) -> bool:
+        return self.finished
+
+    def set_result(self, result: tuple[int, dict[str, str], bytes]) -> None:
+        self._end()
+        self.pool._recycle(self.conn, result[1])
+        self.on_answer(*result)
+
+    def set_exception(self, exc: UpstreamError) -> None:
+        self._end()
+        self.conn.close()  # a late answer on this socket would confuse the next request
+        self.on_error(exc, not self.conn.got_bytes and not isinstance(exc, UpstreamTimeout))
+
+    def _end(self) -> None:
+        self.finished = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.conn.fut = None
+
+
 class UpstreamPool:
     """Idle keep-alive connections to one executor."""
 
@@ -114,16 +155,20 @@ class UpstreamPool:
             ) from None
         return proto
 
+    def take_idle(self) -> _Conn | None:
+        """An idle keep-alive connection still open (taken from the pool), else None."""
+        idle = self.idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn
+        return None
+
     async def post(
         self, path: str, body: bytes, headers: dict[str, str], timeout_s: float
     ) -> tuple[int, dict[str, str], bytes]:
         """POST ``body`` to ``path``; returns (status, lower-cased headers, body)."""
-        conn = None
-        while self.idle:
-            candidate = self.idle.pop()
-            if not candidate.closed:
-                conn = candidate
-                break
+        conn = self.take_idle()
         if conn is not None:
             try:
                 return await self._send(conn, path, body, headers, timeout_s)
@@ -133,20 +178,36 @@ class UpstreamPool:
                 # a stale idle connection closed under us: one fresh try on this instance
         return await self._send(await self._connect(), path, body, headers, timeout_s)
 
+    def send(
+        self,
+        conn: _Conn,
+        path: str,
+        body: bytes | bytearray,
+        headers: dict[str, str],
+        timeout_s: float,
+        on_answer: Callable[[int, dict[str, str], bytes], None],
+        on_error: Callable[[UpstreamError, bool], None],
+    ) -> None:
+        """POST ``body`` to ``path`` on ``conn`` (from :meth:`take_idle`) without a task:
+        ``on_answer(status, lower-cased headers, body)`` is called when the answer is in,
+        or ``on_error(error, stale)`` when it fails (``stale``: the connection closed before
+        any byte of an answer came, the way an idle one the executor dropped does)."""
+        loop = self._loop()
+        exchange = _Exchange(self, conn, on_answer, on_error)
+        conn.fut = exchange
+        conn.got_bytes = False
+        _write(conn.transport, self._head(path, body, headers), body)
+        exchange.timer = loop.call_later(timeout_s, _expire, exchange)
+
     def _loop(self) -> asyncio.AbstractEventLoop:
         loop = self.loop
         if loop is None or loop.is_closed():
             loop = self.loop = asyncio.get_running_loop()
         return loop
 
-    async def _send(
-        self, conn: _Conn, path: str, body: bytes, headers: dict[str, str], timeout_s: float
-    ) -> tuple[int, dict[str, str], bytes]:
-        loop = self._loop()
-        fut: asyncio.Future[tuple[int, dict[str, str], bytes]] = loop.create_future()
-        conn.fut = fut
-        conn.got_bytes = False
-        head = "".join(
+    def _head(self, path: str, body: bytes | bytearray, headers: dict[str, str]) -> bytes:
+        """A request's head: its line, ``Host``, ``Content-Length`` and ``headers``."""
+        return "".join(
             [
                 f"POST {path} HTTP/1.1\r\n",
                 self.host_line,
@@ -155,8 +216,24 @@ class UpstreamPool:
                 "\r\n",
             ]
         ).encode("latin-1")
+
+    def _recycle(self, conn: _Conn, headers: dict[str, str]) -> None:
+        """An answer came whole on ``conn``: keep it for the next request (unless the
+        executor said it closes it)."""
+        if headers.get("connection", "").lower() == "close":
+            conn.close()
+        else:
+            self.idle.append(conn)
+
+    async def _send(
+        self, conn: _Conn, path: str, body: bytes, headers: dict[str, str], timeout_s: float
+    ) -> tuple[int, dict[str, str], bytes]:
+        loop = self._loop()
+        fut: asyncio.Future[tuple[int, dict[str, str], bytes]] = loop.create_future()
+        conn.fut = fut
+        conn.got_bytes = False
         assert conn.transport is not None
-        _write(conn.transport, head, body)
+        _write(conn.transport, self._head(path, body, headers), body)
         timer = loop.call_later(timeout_s, _expire, fut)
         try:
             status, out_headers, out_body = await fut
@@ -166,10 +243,7 @@ class UpstreamPool:
         finally:
             timer.cancel()
             conn.fut = None
-        if out_headers.get("connection", "").lower() == "close":
-            conn.close()
-        else:
-            self.idle.append(conn)
+        self._recycle(conn, out_headers)
         return status, out_headers, out_body
 
     def close(self) -> None:
@@ -208,6 +282,6 @@ def _scatters(kind: type) -> bool:
     return got
 
 
-def _expire(fut: asyncio.Future[tuple[int, dict[str, str], bytes]]) -> None:
+def _expire(fut: asyncio.Future[Any] | _Exchange) -> None:
     if not fut.done():
         fut.set_exception(UpstreamTimeout("timed out"))
