@@ -29,10 +29,11 @@ from greenctl.executor.runtime.dispatch_modelless import (
     name_variant,
     requirements_of,
 )
+from greenctl.executor.runtime.dispatch_relay import parsed_request, plain_answer, plain_request
 from greenctl.executor.runtime.dispatch_routes import Backend, ModelRoute, QueueFull
 from greenctl.executor.runtime.metrics import LATENCY_BUCKETS_S, bucket_index
 from greenctl.executor.runtime.oip import HEADER_LENGTH
-from greenctl.executor.runtime.upstream import UpstreamError, UpstreamTimeout
+from greenctl.executor.runtime.upstream import UpstreamError, UpstreamTimeout, headers_of
 
 #: the request headers passed on to an executor
 _FORWARD_HEADERS = (
@@ -180,19 +181,88 @@ class Forwarding(RoutingTable):
             reply(self._answer(route, None, b, False, status, rh, data, t0))
 
         def failed(exc: UpstreamError, stale: bool) -> None:
-            if stale:  # an idle connection the executor closed: the same instance, afresh
-                reply(self._forward(request, route, None, None, headers, t0, held=b))
-                return
-            tried = {b.id}
-            again = self._retries(route, b, exc, 0, tried, False)
-            route.release(b)
-            if again:
-                reply(self._forward(request, route, None, None, headers, t0, attempt=1,
-                                    tried=tried))  # fmt: skip
-            else:
-                reply(self._bad_gateway(route, _failure(route, b, exc), t0))
+            self._sent_failed(request, route, b, headers, t0, reply, exc, stale)
 
         b.pool.send(conn, request.path, request.body, headers, self.timeout_s, answered, failed)
+
+    def relay(self, raw: bytes | bytearray, pos: int, end: int, n: int, reply: hs.Reply) -> int:
+        """The dispatcher's :data:`~greenctl.executor.runtime.httpserver.Shortcut`: a plain
+        request (:func:`~greenctl.executor.runtime.dispatch_relay.plain_request`, its body
+        all in, no requirements) to a model whose policy has an instance free now goes to
+        it as the bytes it came as; a plain answer comes back as its bytes with the variant
+        header added, anything else the parsed way (:meth:`_answer`). Where the next
+        request starts, or -1: the parsed way takes the request (nothing was changed)."""
+        t0 = time.perf_counter()
+        head = bytes(raw[pos:end])
+        plain = plain_request(head)
+        if plain is None:
+            return -1
+        name, size, tensor_head = plain
+        stop = end + size
+        route = self.routes.get(name)
+        if route is None:
+            return -1
+        if stop > n:
+            return stop  # the rest of its body is still to come
+        body = bytes(raw[end:stop])
+        try:
+            if requirements_of(body, tensor_head) is not None:
+                return -1  # model-less
+            b = route.take(_NO_INSTANCE)
+        except (InputError, QueueFull):
+            return -1  # answered 400 or 503 the parsed way
+        if b is None:
+            return -1  # it waits in the queue
+        conn = b.pool.take_idle()
+        if conn is None:  # a new connection to open first
+            request = parsed_request(head, body)
+            headers = _forwarded(request.headers)
+            reply(self._forward(request, route, None, None, headers, t0, held=b))
+            return stop
+
+        def answered(status: int, answer: bytes, data: bytes) -> None:
+            route.release(b)
+            if status == 200 and plain_answer(answer):
+                self._count(route.name, "200", t0)
+                variant = (
+                    b"" if b.variant is None else f"\r\n{VARIANT_HEADER}: {b.variant}".encode()
+                )
+                reply(b"".join((answer, variant, b"\r\n\r\n", data)))
+            else:
+                reply(self._answer(route, None, b, False, status, headers_of(answer), data, t0))
+
+        def failed(exc: UpstreamError, stale: bool) -> None:
+            request = parsed_request(head, body)
+            headers = _forwarded(request.headers)
+            self._sent_failed(request, route, b, headers, t0, reply, exc, stale)
+
+        b.pool.send_raw(conn, bytes(raw[pos:stop]), self.timeout_s, answered, failed)
+        return stop
+
+    def _sent_failed(
+        self,
+        request: Any,
+        route: ModelRoute,
+        b: Backend,
+        headers: dict[str, str],
+        t0: float,
+        reply: hs.Reply,
+        exc: UpstreamError,
+        stale: bool,
+    ) -> None:
+        """A request sent without a task failed on ``b``: the same instance afresh when
+        the pooled connection was stale, else once more on another the way
+        :meth:`_forward` retries, else a 502."""
+        if stale:  # an idle connection the executor closed: the same instance, afresh
+            reply(self._forward(request, route, None, None, headers, t0, held=b))
+            return
+        tried = {b.id}
+        again = self._retries(route, b, exc, 0, tried, False)
+        route.release(b)
+        if again:
+            reply(self._forward(request, route, None, None, headers, t0, attempt=1, tried=tried))
+        else:
+            reply(self._bad_gateway(route, _failure(route, b, exc), t0))
 
     async def infer(self, request: Any) -> Any:
         """Forward an inference request to the instance its model's policy (or the

@@ -274,14 +274,19 @@ class ModelRoute:
             QueueFull: the bounded queue is full, or no instance is up and none will be.
         """
         if self.policy == "wrr":
-            held, room = 0, self.max_queue
+            held, room, up = 0, self.max_queue, 0
             for x in self.backends:  # (one pass: this runs on every request)
                 held += x.inflight
                 if x.up:
                     room += x.slots
+                    up += 1
             if held >= room:
                 raise QueueFull(f"model '{self.name}' is at capacity; retry later")
-            b = self._pick_wrr(exclude)
+            if up == len(self.backends) and not exclude:  # the common case: any of them
+                k = self.wrr.pick()
+                b = None if k is None else self.backends[k]
+            else:
+                b = self._pick_wrr(exclude)
             if b is None and not self.any_up():  # wait for one to come back
                 return None
             if b is None:

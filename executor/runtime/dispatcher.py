@@ -137,7 +137,7 @@ class Dispatcher(OpenAIFront, ExecutorSupervision):
         """
         import aiohttp
 
-        server = hs.Server(self.router())
+        server = hs.Server(self.router(), shortcut=self.relay)
         bound = await server.start(host, port, sock=sock)
         # cold paths only (metadata, health checks); inference uses the lean upstream pools
         self.session = aiohttp.ClientSession(

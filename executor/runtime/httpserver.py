@@ -1,14 +1,14 @@
 """A lean HTTP/1.1 server for the executors' and the dispatcher's inbound side (why lean and
 its limits: docs/serving.md).
 
-It keeps what the Open Inference Protocol needs: an :class:`asyncio.BufferedProtocol` per
-connection parsed by ``httptools`` (keep-alive, pipelining, chunked bodies, ``Expect:
-100-continue``, ``HEAD``); bodies of known length read straight into their own buffer; a
-router of ``GET``/``POST`` paths with ``{name}`` segments; aiohttp-like :class:`Request` and
-:class:`Response`. Limits are :class:`Server` options: past them the client gets
-408/431/413/503 and is closed (a declared body over ``max_body`` as soon as its head is in).
-Malformed requests get 400, handler exceptions a 500 JSON error, answered in order after the
-requests parsed before. :meth:`Server.shutdown` drains in-flight requests, then closes.
+An :class:`asyncio.BufferedProtocol` per connection parsed by ``httptools`` (keep-alive,
+pipelining, chunked bodies, ``Expect: 100-continue``, ``HEAD``); bodies of known length read
+straight into their own buffer; a router of ``GET``/``POST`` paths with ``{name}`` segments
+over the messages of :mod:`~greenctl.executor.runtime.httpmessage`; handlers that answer from
+callbacks (:class:`Direct`) and a shortcut offered each head that comes whole
+(:data:`Shortcut`). Past a :class:`Server` limit the client gets 408/431/413/503 and is
+closed; malformed requests get 400, handler exceptions a 500, in order.
+:meth:`Server.shutdown` drains in-flight requests, then closes.
 """
 
 from __future__ import annotations
@@ -16,22 +16,35 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import hmac
 import json
 import re
 import socket
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from http import HTTPStatus
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import httptools
+from greenctl.executor.runtime.httpmessage import (  # noqa: F401 (the server's messages, as hs.*)
+    TOKEN_HEADER,
+    Headers,
+    Request,
+    Response,
+    StreamResponse,
+    admin_allowed,
+    is_loopback,
+    json_response,
+)
 
 Handler = Callable[["Request"], Awaitable["Response"]]
-#: how a :class:`Direct` handler answers: a response now, or an awaitable of one
-Reply = Callable[["Response | Awaitable[Response]"], None]
+#: how a :class:`Direct` handler (or a :data:`Shortcut`) answers: a response now, an
+#: awaitable of one, or the bytes of a whole keep-alive response
+Reply = Callable[["Response | Awaitable[Response] | bytes"], None]
+#: ``shortcut(raw, pos, end, n, reply)``: a server's short way for the request whose head is
+#: ``raw[pos:end]`` (``n`` bytes came in all): where the next request starts when it takes
+#: it (and answers through ``reply``, once), or -1 (the parser reads it)
+Shortcut = Callable[[bytearray | bytes, int, int, int, Reply], int]
 
 
 class Direct:
@@ -47,15 +60,14 @@ class Direct:
         self.fn = fn
 
 
-_REASONS = {s.value: s.phrase for s in HTTPStatus}
-#: each known status's line and the start of the Content-Length header
-_STATUS_LINES = {k: f"HTTP/1.1 {k} {v}\r\nContent-Length: " for k, v in _REASONS.items()}
 _MAX_PIPELINED = 64  # requests parsed ahead of the one being answered, per connection
 _READ_BYTES = 64 * 1024  # the buffer a connection receives heads (and parsed bodies) into
 _HEAD_END = b"\r\n\r\n"
 #: body buffers a server keeps for reuse (:class:`_BodyBuffers`), at most this many bytes
 _SPARE_BYTES = 64 * 1024 * 1024
 _SPARE_COUNT = 64
+#: a request up to this size whose body comes after its head is gathered for the shortcut
+_GATHER_BYTES = 64 * 1024
 #: a body up to this size that came whole with its head is read by the parser
 _INLINE_BODY = 16 * 1024
 #: header names as received -> as stored (lower-cased text), for the names clients send
@@ -63,153 +75,6 @@ _NAMES: dict[bytes, str] = {}
 _NAMES_MAX = 512
 #: dynamic routes' matches a router remembers (cleared when full)
 _MATCHED_MAX = 1024
-
-
-class Headers(dict[str, str]):
-    """Request headers, looked up case-insensitively (keys are stored lower-cased)."""
-
-    def __getitem__(self, key: str) -> str:
-        return dict.__getitem__(self, key.lower())
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and dict.__contains__(self, key.lower())
-
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
-        return dict.get(self, key.lower(), default)
-
-
-class Request:
-    """One parsed request: what a handler reads."""
-
-    __slots__ = ("body", "headers", "match_info", "method", "path", "query_string", "remote")
-
-    def __init__(
-        self,
-        method: str,
-        path: str,
-        query_string: str,
-        headers: Headers,
-        body: bytes | bytearray,
-        remote: str | None,
-    ) -> None:
-        self.method = method
-        self.path = path
-        self.query_string = query_string
-        self.headers = headers
-        self.body = body
-        self.remote = remote
-        self.match_info: dict[str, str] = {}
-
-    async def read(self) -> bytes | bytearray:
-        """The body: ``bytes``, or the ``bytearray`` a body of known length was received
-        into (read-only by convention: handlers take views of it, never write it)."""
-        return self.body
-
-    async def json(self) -> Any:
-        """The body as JSON.
-
-        Raises:
-            ValueError: not JSON, or nested too deeply to parse (what handlers answer 400 to).
-        """
-        try:
-            return json.loads(self.body)
-        except RecursionError:
-            raise ValueError("the JSON body is nested too deeply") from None
-
-
-class Response:
-    """A whole response: status, headers and body (always sent with ``Content-Length``)."""
-
-    __slots__ = ("body", "headers", "status")
-
-    def __init__(
-        self,
-        *,
-        status: int = 200,
-        body: bytes = b"",
-        text: str | None = None,
-        content_type: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        self.status = status
-        self.headers = dict(headers) if headers else {}
-        if text is not None:
-            body = text.encode()
-            self.headers.setdefault(
-                "Content-Type", f"{content_type or 'text/plain'}; charset=utf-8"
-            )
-        elif content_type is not None:
-            self.headers["Content-Type"] = content_type
-        self.body = body
-
-    def encode(self, *, keep_alive: bool, head_only: bool = False) -> bytes:
-        status = self.status
-        first = _STATUS_LINES.get(status)
-        if first is None:
-            first = f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\nContent-Length: "
-        head = "".join(
-            [
-                first,
-                str(len(self.body)),
-                "\r\n",
-                *[f"{k}: {v}\r\n" for k, v in self.headers.items()],
-                "\r\n" if keep_alive else "Connection: close\r\n\r\n",
-            ]
-        ).encode("latin-1")
-        return head if head_only else head + self.body
-
-
-class StreamResponse(Response):
-    """A response whose body comes piece by piece (``chunks``, an async iterator of bytes:
-    server-sent events), each sent as it arrives with chunked transfer encoding; the
-    iterator is closed when the stream ends, however it ends. While a stream runs its
-    connection answers nothing else (pipelined requests wait, in order); a client that goes
-    away ends it."""
-
-    __slots__ = ("chunks",)
-
-    def __init__(
-        self,
-        chunks: AsyncIterator[bytes],
-        *,
-        status: int = 200,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(status=status, headers=headers)
-        self.chunks = chunks
-
-    def head(self, *, keep_alive: bool) -> bytes:
-        """The status line and headers."""
-        lines = [f"HTTP/1.1 {self.status} {_REASONS.get(self.status, 'Unknown')}"]
-        lines += ["Transfer-Encoding: chunked", *[f"{k}: {v}" for k, v in self.headers.items()]]
-        if not keep_alive:
-            lines.append("Connection: close")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-#: The header an admin request carries its daemon's token in (dispatcher, executor, geo router).
-TOKEN_HEADER = "X-Greenctl-Token"
-
-
-def is_loopback(request: Any) -> bool:
-    """Whether ``request`` comes from this machine (admin endpoints answer nobody else)."""
-    remote = request.remote or ""
-    return remote in ("127.0.0.1", "::1") or remote.startswith("127.")
-
-
-def admin_allowed(request: Any, token: str) -> bool:
-    """An admin request: from loopback, with the daemon's token (compared in constant time)."""
-    return is_loopback(request) and hmac.compare_digest(
-        request.headers.get(TOKEN_HEADER, ""), token
-    )
-
-
-def json_response(
-    doc: Any, *, status: int = 200, headers: dict[str, str] | None = None
-) -> Response:
-    out = Response(status=status, body=json.dumps(doc).encode(), headers=headers)
-    out.headers.setdefault("Content-Type", "application/json")
-    return out
 
 
 def _internal_error(exc: Exception) -> Response:
@@ -361,6 +226,13 @@ class _Connection(asyncio.BufferedProtocol):
         self.eof = False
         self._tail = b""  # the last bytes of a head fed so far (its end may straddle reads)
         self._into: bytearray | None = None  # the body being read straight into its buffer
+        #: nothing of the next request has gone to the parser (the shortcut may take it)
+        self._fresh = True
+        #: a request the shortcut takes once its body is in: its bytes so far, how many it
+        #: has in all, and where its head ends
+        self._gather: bytearray | None = None
+        self._gather_to = 0
+        self._gather_head = 0
         #: the request being answered by a Direct handler: (keep-alive, a HEAD request)
         self._answering = (True, False)
         self._into_view: memoryview | None = None
@@ -387,7 +259,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.closing = True
         self.pending.clear()
         self.server.connections.discard(self)
-        self._into = self._into_view = None
+        self._into = self._into_view = self._gather = None
 
     def eof_received(self) -> bool:
         """The client sends no more (a half-close): its complete requests are still
@@ -426,12 +298,16 @@ class _Connection(asyncio.BufferedProtocol):
         if not (self.closing or self.refusing):
             self._received(data, len(data))
 
-    def _received(self, raw: bytes | bytearray, n: int) -> None:
+    def _received(self, raw: bytes | bytearray, n: int, *, offer: bool = True) -> None:
         """Feed the ``n`` bytes that came (at the start of ``raw``) to the parser; where a
         head ends and a body of known length follows, take the body apart
-        (:meth:`_start_body`)."""
+        (:meth:`_start_body`). A head that came whole is first offered to the server's
+        shortcut (unless ``offer`` is false), which may wait for the rest of its body
+        (gathered, then offered again)."""
         data = memoryview(raw)
         pos = 0
+        if self._gather is not None:
+            pos = self._gathered(data, n)
         while pos < n and not (self.closing or self.refusing):
             if self._into_view is not None:  # a body that started in this read
                 take = min(n - pos, len(self._into_view) - self._got)
@@ -449,11 +325,63 @@ class _Connection(asyncio.BufferedProtocol):
                 self._feed(data[pos:n])  # (a new request begun here resets the tail)
                 self._tail = (self._tail + bytes(data[max(pos, n - 3) : n]))[-3:]
                 return
+            if offer and self._fresh and self.server.shortcut is not None and not self.pending:
+                done = self._shortcut(raw, pos, end, n)
+                if done > n:  # taken once the rest of its body is in
+                    self._gather = bytearray(data[pos:n])
+                    self._gather_to, self._gather_head = done - pos, end - pos
+                    self.started = self.started or time.monotonic()
+                    self.head_done = True  # (the body's timeout applies)
+                    self.last_read = time.monotonic()
+                    return
+                if done >= 0:
+                    pos = done
+                    continue
             self._feed(data[pos:end])
             self._tail = b""
             pos = end
             if self.head_done and not (self.closing or self.refusing):
                 self._start_body(n - pos)
+
+    def _shortcut(self, raw: bytes | bytearray, pos: int, end: int, n: int) -> int:
+        """Offer the server's shortcut the request whose head came whole (``raw[pos:end]``)
+        on this idle connection: where the next request starts when it took it; where its
+        body ends (past ``n``) when it takes it once that is in; -1 when it declines."""
+        if self.busy or self.server.stopping or self.write_stalled_since is not None:
+            return -1
+        self.busy = True
+        self._answering = (True, False)
+        assert self.server.shortcut is not None
+        try:
+            done = self.server.shortcut(raw, pos, end, n, self._reply)
+        except Exception as exc:  # where its request ends is unknown: answer, and close
+            self._send(_internal_error(exc), False, False)
+            return n
+        if done < 0 or done > n:
+            self.busy = False
+            return -1 if done < 0 or done - pos > _GATHER_BYTES else done
+        self.started = None
+        self.head_done = False
+        self.idle_since = time.monotonic()
+        return done
+
+    def _gathered(self, data: memoryview, n: int) -> int:
+        """Add what came to the request being gathered for the shortcut; once it is whole,
+        offer it again (the parser reads it when the shortcut now declines). Returns how
+        many of the ``n`` bytes it took."""
+        gather = self._gather
+        assert gather is not None
+        take = min(n, self._gather_to - len(gather))
+        gather += data[:take]
+        self.last_read = time.monotonic()
+        if len(gather) < self._gather_to:
+            return take
+        whole = bytes(gather)
+        self._gather = None
+        self.head_done = False
+        if self._shortcut(whole, 0, self._gather_head, len(whole)) != len(whole):
+            self._received(whole, len(whole), offer=False)
+        return take
 
     def _head_end(self, raw: bytes | bytearray, pos: int, n: int) -> int:
         """Where the head being received ends in ``raw[pos:n]`` (past its ``CRLF CRLF``,
@@ -511,6 +439,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     # -- httptools callbacks --------------------------------------------------------------
     def on_message_begin(self) -> None:
+        self._fresh = False
         if self.started is None:
             self.started = time.monotonic()
         self.head_done = False
@@ -543,10 +472,7 @@ class _Connection(asyncio.BufferedProtocol):
             key = name.decode("latin-1").lower()
             if len(_NAMES) < _NAMES_MAX and len(name) <= 64:
                 _NAMES[name] = key
-        text = value.decode("latin-1")
-        headers = self._headers
-        old = dict.get(headers, key)
-        dict.__setitem__(headers, key, text if old is None else f"{old}, {text}")
+        self._headers.add(key, value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
         self.head_done = True
@@ -579,12 +505,13 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _complete(self, method: str, keep_alive: bool, body: bytes | bytearray) -> None:
         """A request is in (its body whole): queue it."""
+        self._fresh = True
         self.started = None
         self.head_done = False
         self.idle_since = time.monotonic()
         self._body = []
         raw = self._url
-        if raw[:1] == b"/" and b"?" not in raw and b"#" not in raw:  # most: a bare path
+        if raw[:1] == b"/" and raw.find(b"?") < 0 and raw.find(b"#") < 0:  # most: a bare path
             path, query = raw.decode("latin-1"), ""
         else:
             url = httptools.parse_url(raw)
@@ -630,13 +557,24 @@ class _Connection(asyncio.BufferedProtocol):
         self.server.tasks.add(task)
         task.add_done_callback(self.server.tasks.discard)
 
-    def _reply(self, answer: Response | Awaitable[Response]) -> None:
-        """A :class:`Direct` handler's answer to the request being answered."""
+    def _reply(self, answer: Response | Awaitable[Response] | bytes) -> None:
+        """A :class:`Direct` handler's (or the shortcut's) answer to the request being
+        answered."""
         keep_alive, head = self._answering
         if isinstance(answer, Response):
             self._send(answer, keep_alive, head)
+        elif isinstance(answer, bytes):
+            self._send_bytes(answer)
         else:
             self._spawn(self._respond(answer, keep_alive, head))
+
+    def _send_bytes(self, data: bytes) -> None:
+        """Send a whole keep-alive response given as bytes; then the next answer (or close,
+        when the server stops)."""
+        if self.closing:
+            return
+        self.transport.write(data)
+        self._sent(not self.server.stopping)
 
     async def _respond(self, answer: Awaitable[Response], keep_alive: bool, head: bool) -> None:
         try:
@@ -688,6 +626,11 @@ class _Connection(asyncio.BufferedProtocol):
             self._spawn(self._stream(response, keep_alive, head))
             return
         self.transport.write(response.encode(keep_alive=keep_alive, head_only=head))
+        self._sent(keep_alive)
+
+    def _sent(self, keep_alive: bool) -> None:
+        """An answer is written: close, or wait for a client that is not reading, or go
+        on with the next request."""
         self.idle_since = time.monotonic()
         if not keep_alive:
             self.close()
@@ -737,7 +680,7 @@ class _Connection(asyncio.BufferedProtocol):
         if self.closing or self.refusing:
             return
         self.refusing = True
-        self._into = self._into_view = None
+        self._into = self._into_view = self._gather = None
         refusal = _Refusal(status, why)
         if self.paused:
             self.paused = False
@@ -820,8 +763,12 @@ class Server:
         send_timeout_s: float = 30.0,
         max_connections: int = 1024,
         max_header_bytes: int = 64 * 1024,
+        shortcut: Shortcut | None = None,
     ) -> None:
         self.router = router
+        #: offered each request whose head comes whole on an idle connection
+        #: (:data:`Shortcut`) before the parser reads it
+        self.shortcut = shortcut
         self.max_body = max_body
         self.keepalive_s = keepalive_s
         self.header_timeout_s = header_timeout_s

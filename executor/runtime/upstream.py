@@ -48,27 +48,22 @@ class _Conn(asyncio.Protocol):
         if end < 0:
             self._keep(buf, data)
             return
-        lines = buf[:end].decode("latin-1").split("\r\n")
+        head = bytes(buf[:end])
         try:
-            status = int(lines[0].split(" ", 2)[1])
-        except (IndexError, ValueError):
-            self._fail("malformed status line")
+            status, length = _status_and_length(head)
+        except UpstreamError as exc:
+            self._fail(str(exc))
             return
-        headers = {
-            key.strip().lower(): value.strip()
-            for key, _, value in (line.partition(":") for line in lines[1:])
-        }
-        length = headers.get("content-length")
-        if length is None or not length.isdigit():
-            self._fail("response without Content-Length")
-            return
-        total = end + 4 + int(length)
+        total = end + 4 + length
         if len(buf) < total:
             self._keep(buf, data)
             return
         body = bytes(buf[end + 4 : total])
         self.buf = bytearray(buf[total:]) if len(buf) > total else bytearray()
-        fut.set_result((status, headers, body))
+        if type(fut) is _Exchange and fut.raw:
+            fut.set_raw(status, head, body)
+        else:
+            fut.set_result((status, headers_of(head), body))
 
     def _keep(self, buf: bytes | bytearray, data: bytes) -> None:
         """Hold the incomplete answer ``buf`` (``data`` is what came last) for more bytes."""
@@ -98,17 +93,21 @@ class _Exchange:
     :meth:`UpstreamPool.send` parks on the connection in place of a future (it answers
     the same ``done``/``set_result``/``set_exception`` calls)."""
 
-    __slots__ = ("conn", "finished", "on_answer", "on_error", "pool", "timer")
+    __slots__ = ("conn", "finished", "on_answer", "on_error", "pool", "raw", "timer")
 
     def __init__(
         self,
         pool: UpstreamPool,
         conn: _Conn,
-        on_answer: Callable[[int, dict[str, str], bytes], None],
+        on_answer: Callable[[int, Any, bytes], None],
         on_error: Callable[[UpstreamError, bool], None],
+        *,
+        raw: bool = False,
     ) -> None:
         self.pool, self.conn = pool, conn
         self.on_answer, self.on_error = on_answer, on_error
+        #: the answer goes on as its head's bytes, not parsed into headers
+        self.raw = raw
         self.finished = False
         self.timer: asyncio.TimerHandle | None = None
 
@@ -117,8 +116,14 @@ class _Exchange:
 
     def set_result(self, result: tuple[int, dict[str, str], bytes]) -> None:
         self._end()
-        self.pool._recycle(self.conn, result[1])
+        self.pool._recycle(self.conn, result[1].get("connection", ""))
         self.on_answer(*result)
+
+    def set_raw(self, status: int, head: bytes, body: bytes) -> None:
+        self._end()
+        closes = head.lower().find(b"\r\nconnection: close") >= 0
+        self.pool._recycle(self.conn, "close" if closes else "")
+        self.on_answer(status, head, body)
 
     def set_exception(self, exc: UpstreamError) -> None:
         self._end()
@@ -192,12 +197,31 @@ class UpstreamPool:
         ``on_answer(status, lower-cased headers, body)`` is called when the answer is in,
         or ``on_error(error, stale)`` when it fails (``stale``: the connection closed before
         any byte of an answer came, the way an idle one the executor dropped does)."""
-        loop = self._loop()
         exchange = _Exchange(self, conn, on_answer, on_error)
+        self._start(exchange, self._head(path, body, headers), body, timeout_s)
+
+    def send_raw(
+        self,
+        conn: _Conn,
+        request: bytes,
+        timeout_s: float,
+        on_answer: Callable[[int, bytes, bytes], None],
+        on_error: Callable[[UpstreamError, bool], None],
+    ) -> None:
+        """Send ``request``, a whole request as bytes, on ``conn`` like :meth:`send`;
+        ``on_answer(status, head, body)`` gets the answer's head as its bytes (no closing
+        blank line), unparsed."""
+        exchange = _Exchange(self, conn, on_answer, on_error, raw=True)
+        self._start(exchange, request, b"", timeout_s)
+
+    def _start(
+        self, exchange: _Exchange, head: bytes, body: bytes | bytearray, timeout_s: float
+    ) -> None:
+        conn = exchange.conn
         conn.fut = exchange
         conn.got_bytes = False
-        _write(conn.transport, self._head(path, body, headers), body)
-        exchange.timer = loop.call_later(timeout_s, _expire, exchange)
+        _write(conn.transport, head, body)
+        exchange.timer = self._loop().call_later(timeout_s, _expire, exchange)
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         loop = self.loop
@@ -217,10 +241,10 @@ class UpstreamPool:
             ]
         ).encode("latin-1")
 
-    def _recycle(self, conn: _Conn, headers: dict[str, str]) -> None:
+    def _recycle(self, conn: _Conn, connection: str) -> None:
         """An answer came whole on ``conn``: keep it for the next request (unless the
-        executor said it closes it)."""
-        if headers.get("connection", "").lower() == "close":
+        executor said it closes it: its ``Connection`` header)."""
+        if connection.lower() == "close":
             conn.close()
         else:
             self.idle.append(conn)
@@ -243,12 +267,43 @@ class UpstreamPool:
         finally:
             timer.cancel()
             conn.fut = None
-        self._recycle(conn, out_headers)
+        self._recycle(conn, out_headers.get("connection", ""))
         return status, out_headers, out_body
 
     def close(self) -> None:
         while self.idle:
             self.idle.pop().close()
+
+
+def _status_and_length(head: bytes) -> tuple[int, int]:
+    """An answer head's status code and ``Content-Length``.
+
+    Raises:
+        UpstreamError: no status code in its first line, or no ``Content-Length``.
+    """
+    eol = head.find(b"\r\n")
+    try:
+        status = int(head[: eol if eol >= 0 else len(head)].split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        raise UpstreamError("malformed status line") from None
+    at = head.find(b"\r\nContent-Length:")  # as executors write it; else any case
+    if at < 0:
+        at = head.lower().find(b"\r\ncontent-length:")
+    if at >= 0:
+        eol = head.find(b"\r\n", at + 17)
+        length = head[at + 17 : eol if eol >= 0 else len(head)].strip()
+        if length.isdigit():
+            return status, int(length)
+    raise UpstreamError("response without Content-Length")
+
+
+def headers_of(head: bytes) -> dict[str, str]:
+    """An answer head's headers, by lower-cased name."""
+    lines = head.decode("latin-1").split("\r\n")
+    return {
+        key.strip().lower(): value.strip()
+        for key, _, value in (line.partition(":") for line in lines[1:])
+    }
 
 
 def _write(transport: Any, head: bytes, body: bytes | bytearray) -> None:
