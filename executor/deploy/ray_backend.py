@@ -189,12 +189,33 @@ def _connected_to(ray: Any) -> tuple[str, int] | None:
         return None
 
 
+def _same_cluster(a: tuple[str, int], b: tuple[str, int]) -> bool:
+    """Whether two cluster addresses name the same head: the same port, and the same host or
+    two addresses of this machine (Ray may report a loopback head by the node's address)."""
+    if a[1] != b[1]:
+        return False
+    return a[0] == b[0] or (_is_local(a[0]) and _is_local(b[0]))
+
+
+def _is_local(host: str) -> bool:
+    """Whether ``host`` is an address of this machine (one a socket can bind to)."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return False
+    for family, _, _, _, sockaddr in infos:
+        with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((sockaddr[0], 0))
+            return True
+    return False
+
+
 def _connect(address: str) -> Any:
     loaded = sys.modules.get("ray")
     connected = loaded is not None and loaded.is_initialized()
     if loaded is not None and connected and address not in ("auto", "local"):
         current = _connected_to(loaded)
-        if current is not None and current != parse_address(address):
+        if current is not None and not _same_cluster(current, parse_address(address)):
             # connected to another cluster (a library caller, or a test, went before):
             # deploying there would silently serve the plan on the wrong cluster
             loaded.shutdown()

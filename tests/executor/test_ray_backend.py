@@ -4,6 +4,7 @@ local Ray cluster (a head and a second node on this machine; slow)."""
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from typing import Any
@@ -340,6 +341,17 @@ def test_parse_address_fuzz(text):
         assert exc.exit_code == 2 and "is not a Ray cluster address" in exc.message
         return
     assert host and 0 < port < 65536 and int(text.strip().rsplit(":", 1)[1]) == port
+
+
+def test_a_head_named_by_another_address_of_this_machine_is_the_same_cluster():
+    """Ray may report a head it was asked for on loopback by this node's address: that is
+    no reason to disconnect (and reconnect) this process's Ray."""
+    node = socket.gethostbyname(socket.gethostname())
+    assert ray_backend._same_cluster(("127.0.0.1", 6379), (node, 6379))
+    assert ray_backend._same_cluster(("localhost", 6379), ("127.0.0.1", 6379))
+    assert not ray_backend._same_cluster(("127.0.0.1", 6379), ("127.0.0.1", 6380))
+    assert not ray_backend._same_cluster(("127.0.0.1", 6379), ("198.51.100.77", 6379))
+    assert not ray_backend._same_cluster(("127.0.0.1", 6379), ("no-such-host.invalid", 6379))
 
 
 # -- issue 19 on Ray: model-less requests, energy and carbon series ---------------------------
