@@ -85,6 +85,18 @@ _PARSE_LIMIT = 8192
 _WINDOW = 2048
 
 
+#: small JSON heads found to state no requirement: a client sends the same head with every
+#: tensor of one shape (its data follows it), so most are read once (at most this many kept)
+_PLAIN_HEADS: set[bytes] = set()
+_PLAIN_HEADS_MAX = 256
+
+
+def _remember_plain(head: bytes | bytearray) -> None:
+    if len(_PLAIN_HEADS) >= _PLAIN_HEADS_MAX:
+        _PLAIN_HEADS.clear()
+    _PLAIN_HEADS.add(bytes(head))
+
+
 def requirements_of(body: bytes, header_length: str | None) -> Requirements | None:
     """A request's requirements (``latency_slo_ms``, ``min_accuracy`` in its
     ``parameters``), None when it states none (it routes by its model's policy).
@@ -105,7 +117,10 @@ def requirements_of(body: bytes, header_length: str | None) -> Requirements | No
             pass
     params: list[Any] = []
     if len(head) <= _PARSE_LIMIT:
-        if b'"parameters"' not in head or _OURS_RX.search(head) is None:
+        if (type(head) is bytes and head in _PLAIN_HEADS) or head.find(b'"parameters"') < 0:
+            return None
+        if _OURS_RX.search(head) is None:
+            _remember_plain(head)
             return None
         try:
             doc = json.loads(head)

@@ -205,16 +205,6 @@ class ModelRoute:
         doc["instances"] = [b.to_dict(runtime=runtime) for b in self.backends]
         return doc
 
-    def _free(self, exclude: AbstractSet[str]) -> list[Backend]:
-        return [b for b in self.backends if b.up and b.id not in exclude and b.inflight < b.slots]
-
-    def _pick_free(self, free: list[Backend]) -> Backend:
-        """Of instances with a free slot, the one a queued policy sends to: the busiest
-        batch first (``batch``), else the least loaded for its slots (``fifo``)."""
-        if self.policy == "batch":
-            return max(free, key=lambda x: (x.inflight, -x.slots))
-        return min(free, key=lambda x: x.inflight / x.slots)
-
     def pick_wrr(self, exclude: AbstractSet[str]) -> Backend | None:
         """The next instance by weighted round robin among those up and not in ``exclude``
         (its slot not taken), or None."""
@@ -296,12 +286,26 @@ class ModelRoute:
             b.inflight += 1
             return b
         if not self.waiters:
-            free = self._free(exclude)
-            if free:
-                b = self._pick_free(free)
+            b = self._best_free(exclude)
+            if b is not None:
                 b.inflight += 1
                 return b
         return None
+
+    def _best_free(self, exclude: AbstractSet[str]) -> Backend | None:
+        """Of the instances up with a free slot (not in ``exclude``), the one a queued policy
+        sends to: the busiest batch first (``batch``), else the least loaded for its slots
+        (``fifo``); the first of equals; None when none has a slot. One pass: this runs on
+        every request."""
+        best, key = None, (0.0, 0.0)
+        batch = self.policy == "batch"
+        for x in self.backends:
+            if x.up and x.inflight < x.slots and x.id not in exclude:
+                # the busiest batch first (batch), else the least loaded for its slots
+                k = (-x.inflight, x.slots) if batch else (x.inflight / x.slots, 0.0)
+                if best is None or k < key:
+                    best, key = x, k
+        return best
 
     async def _wait(self, exclude: AbstractSet[str]) -> Backend:
         if len(self.waiters) >= self.max_queue:
@@ -365,10 +369,9 @@ class ModelRoute:
                 if b is None:
                     return
             else:
-                free = self._free(_NONE)
-                if not free:
+                b = self._best_free(_NONE)
+                if b is None:
                     return
-                b = self._pick_free(free)
             fut = self.waiters.popleft()
             if fut.done():
                 continue

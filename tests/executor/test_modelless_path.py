@@ -214,3 +214,27 @@ def test_the_dispatcher_counts_the_serving_path(served):
     assert doc["closest"]["predicted_latency_ms"] > 8.5
     assert 0.5 < doc["closest"]["serving_path_ms"] < 1.5
     assert "ms of measured serving path" in doc["error"]
+
+
+def test_a_head_read_once_as_stating_nothing_is_not_read_again(monkeypatch):
+    """A client sends the same JSON head with every tensor of a shape: once read as stating
+    no requirement it is not searched again; a head that states one is read every time;
+    the memory of heads is bounded."""
+    from greenctl.executor.runtime import dispatch_modelless as m
+
+    m._PLAIN_HEADS.clear()
+    head = b'{"inputs":[{"name":"x","shape":[1],"datatype":"FP32"}],"parameters":{"binary_data_output":true}}'
+    assert m.requirements_of(head + b"\x00" * 4, str(len(head))) is None
+    asks = m.requirements_of(b'{"inputs":[],"parameters":{"latency_slo_ms":50}}', None)
+    assert asks is not None and asks.latency_slo_ms == 50
+
+    class Unreadable:
+        def search(self, *_: object) -> None:
+            raise AssertionError("searched again")
+
+    monkeypatch.setattr(m, "_OURS_RX", Unreadable())
+    assert m.requirements_of(head + b"\x01" * 4, str(len(head))) is None
+    monkeypatch.undo()
+    for k in range(3 * m._PLAIN_HEADS_MAX):
+        m.requirements_of(b'{"inputs":[],"parameters":{"k":%d}}' % k, None)
+    assert len(m._PLAIN_HEADS) <= m._PLAIN_HEADS_MAX
