@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from greenctl.data.errors import InputError
@@ -188,10 +189,11 @@ class Forwarding(RoutingTable):
     def relay(self, raw: bytes | bytearray, pos: int, end: int, n: int, reply: hs.Reply) -> int:
         """The dispatcher's :data:`~greenctl.executor.runtime.httpserver.Shortcut`: a plain
         request (:func:`~greenctl.executor.runtime.dispatch_relay.plain_request`, its body
-        all in, no requirements) to a model whose policy has an instance free now goes to
-        it as the bytes it came as; a plain answer comes back as its bytes with the variant
-        header added, anything else the parsed way (:meth:`_answer`). Where the next
-        request starts, or -1: the parsed way takes the request (nothing was changed)."""
+        all in, no requirements) goes as the bytes it came as to the instance its model's
+        policy picks, now or once it is its turn in the queue; a plain answer comes back
+        as its bytes with the variant header added, anything else the parsed way
+        (:meth:`_answer`). Where the next request starts, or -1: the parsed way takes the
+        request (nothing was changed)."""
         t0 = time.perf_counter()
         head = bytes(raw[pos:end])
         plain = plain_request(head)
@@ -211,14 +213,28 @@ class Forwarding(RoutingTable):
             b = route.take(_NO_INSTANCE)
         except (InputError, QueueFull):
             return -1  # answered 400 or 503 the parsed way
-        if b is None:
-            return -1  # it waits in the queue
+        whole = bytes(raw[pos:stop])
+        if b is not None:
+            self._relay_to(b, route, whole, end - pos, t0, reply)
+            return stop
+
+        def refused(full: QueueFull) -> None:
+            reply(self._busy(route, full, t0))
+
+        waiter = _Queued(lambda b: self._relay_to(b, route, whole, end - pos, t0, reply), refused)
+        return stop if route.queue(waiter) else -1  # (else the parsed way waits)
+
+    def _relay_to(
+        self, b: Backend, route: ModelRoute, whole: bytes, end: int, t0: float, reply: hs.Reply
+    ) -> None:
+        """Send a relayed request (``whole``, its head ending at ``end``) to ``b``, whose
+        slot it holds, and answer what comes back."""
         conn = b.pool.take_idle()
         if conn is None:  # a new connection to open first
-            request = parsed_request(head, body)
+            request = parsed_request(whole[:end], whole[end:])
             headers = _forwarded(request.headers)
             reply(self._forward(request, route, None, None, headers, t0, held=b))
-            return stop
+            return
 
         def answered(status: int, answer: bytes, data: bytes) -> None:
             route.release(b)
@@ -232,12 +248,11 @@ class Forwarding(RoutingTable):
                 reply(self._answer(route, None, b, False, status, headers_of(answer), data, t0))
 
         def failed(exc: UpstreamError, stale: bool) -> None:
-            request = parsed_request(head, body)
+            request = parsed_request(whole[:end], whole[end:])
             headers = _forwarded(request.headers)
             self._sent_failed(request, route, b, headers, t0, reply, exc, stale)
 
-        b.pool.send_raw(conn, bytes(raw[pos:stop]), self.timeout_s, answered, failed)
-        return stop
+        b.pool.send_raw(conn, whole, self.timeout_s, answered, failed)
 
     def _sent_failed(
         self,
@@ -414,6 +429,28 @@ class Forwarding(RoutingTable):
         for route in self.routes.values():
             if b in route.backends:
                 route.fail_waiters()
+
+
+class _Queued:
+    """A relayed request waiting in its model's queue: handed its instance (``set_result``)
+    or refused (``set_exception``) the way a waiting future is, without a task."""
+
+    __slots__ = ("finished", "go", "refuse")
+
+    def __init__(self, go: Callable[[Backend], None], refuse: Callable[[QueueFull], None]) -> None:
+        self.go, self.refuse = go, refuse
+        self.finished = False
+
+    def done(self) -> bool:
+        return self.finished
+
+    def set_result(self, b: Backend) -> None:
+        self.finished = True
+        self.go(b)
+
+    def set_exception(self, exc: QueueFull) -> None:
+        self.finished = True
+        self.refuse(exc)
 
 
 def busy_response(full: QueueFull, model: str) -> hs.Response:

@@ -307,6 +307,16 @@ class ModelRoute:
                     best, key = x, k
         return best
 
+    def queue(self, waiter: Any) -> bool:
+        """Queue ``waiter`` (a future, or what answers ``done``, ``set_result`` and
+        ``set_exception`` like one) for the next free slot, when an instance is up and the
+        queue has room; False otherwise (the request waits the general way,
+        :meth:`acquire`)."""
+        if len(self.waiters) >= self.max_queue or not self.any_up():
+            return False
+        self.waiters.append(waiter)
+        return True
+
     async def _wait(self, exclude: AbstractSet[str]) -> Backend:
         if len(self.waiters) >= self.max_queue:
             raise QueueFull(f"model '{self.name}' is at capacity; retry later")

@@ -337,7 +337,7 @@ def test_a_body_that_stops_coming_while_gathered_times_out() -> None:
 # -- the dispatcher's relay -------------------------------------------------------------------
 
 
-async def _executor(drop_second: bool = False) -> tuple[Any, int]:
+async def _executor(drop_second: bool = False, delay_s: float = 0.0) -> tuple[Any, int]:
     """An executor stand-in answering as executors do (timing headers); with
     ``drop_second``, a raw server that answers one request and drops every connection
     from the second on."""
@@ -363,6 +363,7 @@ async def _executor(drop_second: bool = False) -> tuple[Any, int]:
         return server, server.sockets[0].getsockname()[1]
 
     async def infer(request: hs.Request) -> hs.Response:
+        await asyncio.sleep(delay_s)
         body = json.dumps({"model_name": "m", "echo": bytes(request.body).decode()}).encode()
         return hs.Response(
             body=body,
@@ -380,12 +381,15 @@ async def _executor(drop_second: bool = False) -> tuple[Any, int]:
     return server, await server.start("127.0.0.1", 0)
 
 
-def _dispatcher(urls: list[str]) -> tuple[Dispatcher, list[int]]:
-    d = Dispatcher(token="t", db=None, max_queue=8, state_dir=None)  # type: ignore[arg-type]
+def _dispatcher(
+    urls: list[str], policy: str = "wrr", slots: int = 2, max_queue: int = 8
+) -> tuple[Dispatcher, list[int]]:
+    d = Dispatcher(token="t", db=None, max_queue=max_queue, state_dir=None)  # type: ignore[arg-type]
     instances = [
-        {"id": f"i{k}", "url": url, "slots": 2, "variant": "m-small"} for k, url in enumerate(urls)
+        {"id": f"i{k}", "url": url, "slots": slots, "variant": "m-small"}
+        for k, url in enumerate(urls)
     ]
-    d.set_routes({"models": {"m": {"policy": "wrr", "instances": instances}}})
+    d.set_routes({"models": {"m": {"policy": policy, "instances": instances}}})
     relayed = [0]
     relay = d.relay
 
@@ -459,3 +463,38 @@ def test_a_relayed_request_whose_instance_drops_it_is_answered_by_another() -> N
     assert codes == [200] * 6
     assert relayed >= 1 and d.retries >= 1
     assert not d.routes["m"].backends[0].up  # suspected until the supervisor checks it
+
+
+def test_relayed_requests_wait_their_turn_in_a_queued_policy() -> None:
+    """FIFO with one slot: requests that come while it is taken wait in the model's queue
+    (relayed all the same) and are answered in turn; past the queue's room, 503."""
+
+    async def scenario() -> tuple[list[int], Dispatcher, int]:
+        up, up_port = await _executor(delay_s=0.05)
+        d, relayed = _dispatcher(
+            [f"http://127.0.0.1:{up_port}"], policy="fifo", slots=1, max_queue=3
+        )
+        server, port = await d.start("127.0.0.1", 0)
+        try:
+
+            async def one() -> int:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"".join(_post("/v2/models/m/infer", b"{}")))
+                status = (await _answer(reader))[0]
+                writer.close()
+                return status
+
+            assert await one() == 200  # opens the pooled connection
+            codes = await asyncio.gather(*(one() for _ in range(6)))
+            return sorted(codes), d, relayed[0]
+        finally:
+            await d.stop(server)
+            await up.shutdown()
+
+    codes, d, relayed = _run(scenario())
+    # one in service and three queued at once; the rest are refused (or queued after)
+    assert codes.count(200) >= 4 and set(codes) <= {200, 503}
+    assert d.requests[("m", "200")] == 1 + codes.count(200)
+    assert d.requests[("m", "503")] == codes.count(503)
+    assert relayed >= 4
+    assert not d.routes["m"].waiters and d.routes["m"].backends[0].inflight == 0
