@@ -47,8 +47,6 @@ _FORWARD_HEADERS = (
 _FORWARD_KEYS = tuple((h, h.lower()) for h in _FORWARD_HEADERS)
 #: the executor's timing headers, as sent on and as the upstream client keys them
 _TIMING_KEYS = tuple((h, h.lower()) for h in oip.TIMING_HEADERS)
-#: no instance excluded (a first attempt)
-_NO_INSTANCE: frozenset[str] = frozenset()
 #: the response header naming the variant that served a request
 VARIANT_HEADER = "Greenctl-Variant"
 
@@ -165,7 +163,7 @@ class Forwarding(RoutingTable):
             reply(self._forward(request, route, variant, req, headers, t0))
             return
         try:
-            b = route.take(_NO_INSTANCE)
+            b = route.take()
         except QueueFull as full:
             reply(self._busy(route, full, t0))
             return
@@ -210,7 +208,7 @@ class Forwarding(RoutingTable):
         try:
             if requirements_of(body, tensor_head) is not None:
                 return -1  # model-less
-            b = route.take(_NO_INSTANCE)
+            b = route.take()
         except (InputError, QueueFull):
             return -1  # answered 400 or 503 the parsed way
         whole = bytes(raw[pos:stop])

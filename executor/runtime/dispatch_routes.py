@@ -256,7 +256,7 @@ class ModelRoute:
             return await self._wait(exclude)
         return b
 
-    def take(self, exclude: AbstractSet[str]) -> Backend | None:
+    def take(self, exclude: AbstractSet[str] = _NONE) -> Backend | None:
         """A backend for one request now (its slot taken), or None when the request must
         wait in the queue (:meth:`acquire` waits).
 

@@ -121,8 +121,9 @@ class _Exchange:
 
     def set_raw(self, status: int, head: bytes, body: bytes) -> None:
         self._end()
-        closes = head.lower().find(b"\r\nconnection: close") >= 0
-        self.pool._recycle(self.conn, "close" if closes else "")
+        # the executor's Connection header, read as the parsed way reads it
+        named = head.lower().find(b"\r\nconnection:") >= 0
+        self.pool._recycle(self.conn, headers_of(head).get("connection", "") if named else "")
         self.on_answer(status, head, body)
 
     def set_exception(self, exc: UpstreamError) -> None:

@@ -498,3 +498,35 @@ def test_relayed_requests_wait_their_turn_in_a_queued_policy() -> None:
     assert d.requests[("m", "503")] == codes.count(503)
     assert relayed >= 4
     assert not d.routes["m"].waiters and d.routes["m"].backends[0].inflight == 0
+
+
+def test_an_answer_relayed_raw_keeps_its_connection_unless_the_executor_closes_it() -> None:
+    """The executor's ``Connection: close``, however spelled, is read as the parsed way
+    reads it: that connection is not pooled again."""
+    from greenctl.executor.runtime.upstream import UpstreamPool, _Conn
+
+    class Transport:
+        def write(self, data: bytes) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    async def scenario() -> list[bool]:
+        kept = []
+        for extra in (b"", b"Connection: close\r\n", b"connection:Close\r\n"):
+            pool = UpstreamPool("http://127.0.0.1:1")
+            conn = _Conn()
+            conn.connection_made(Transport())  # type: ignore[arg-type]
+            got: list[Any] = []
+
+            def answered(*answer: Any, into: list[Any] = got) -> None:
+                into.append(answer)
+
+            pool.send_raw(conn, b"POST / HTTP/1.1\r\n\r\n", 5.0, answered, print)
+            conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n%b\r\nok" % extra)
+            assert got and got[0][0] == 200 and got[0][2] == b"ok"
+            kept.append(pool.take_idle() is conn)
+        return kept
+
+    assert _run(scenario()) == [True, False, False]
