@@ -239,7 +239,19 @@ def _connect(address: str) -> Any:
                 f"cannot connect to the Ray cluster at {address}: {exc}",
                 hint=START_HINT,
             ) from None
+        _forget_serve_controller()
     return ray
+
+
+def _forget_serve_controller() -> None:
+    """Drop the Serve controller handle this process cached on a cluster it was connected to
+    before. Serve keeps it across ``ray.shutdown`` and trusts it while the job id matches,
+    but job ids start again at 1 on every cluster: the first driver of a second cluster
+    would call the first cluster's controller ("can't find actor")."""
+    context = sys.modules.get("ray.serve.context")
+    if context is not None:
+        with contextlib.suppress(Exception):  # a Ray without this private hook: nothing cached
+            context._set_global_client(None)
 
 
 def _app_name(plan: Plan) -> str:

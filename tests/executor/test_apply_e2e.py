@@ -141,7 +141,8 @@ def test_replace_variant_keeps_serving(run_store, loaders, leftovers):
     disp = status(run_store)["dispatcher"]
     for pid in (disp["supervisor"]["pid"], disp["pid"]):
         os.kill(pid, signal.SIGKILL)
-    assert wait_dead(disp["pid"], 10)
+    # both hold the listening socket: the port is free once both are gone
+    assert wait_dead(disp["pid"], 10) and wait_dead(disp["supervisor"]["pid"], 10)
     healed = apply_plan(_plan("m", [("v2", 1)]), store=run_store, loader=loaders["noop"])
     assert [a["action"] for a in healed.actions] == ["start-dispatcher", "switch-routes"]
     assert healed.dispatcher_url == first.dispatcher_url
