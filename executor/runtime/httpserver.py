@@ -213,6 +213,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.last_read = now
         self.idle_since = now
         self.write_stalled_since: float | None = None
+        #: what a stream waiting for a client that is not reading awaits (see _writable)
+        self._drained: asyncio.Future[None] | None = None
         self.closed_at = now
         self._url = b""
         self._headers: Headers = Headers()
@@ -260,6 +262,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.pending.clear()
         self.server.connections.discard(self)
         self._into = self._into_view = self._gather = None
+        self._wake_stream()
 
     def eof_received(self) -> bool:
         """The client sends no more (a half-close): its complete requests are still
@@ -274,8 +277,20 @@ class _Connection(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self.write_stalled_since = None
+        self._wake_stream()
         if not self.busy and not self.closing:
             self._next()
+
+    def _writable(self) -> asyncio.Future[None]:
+        """A future done when the client reads again or the connection goes."""
+        if self._drained is None:
+            self._drained = self.server.loop.create_future()
+        return self._drained
+
+    def _wake_stream(self) -> None:
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._into_view is not None and not (self.closing or self.refusing):
@@ -657,7 +672,7 @@ class _Connection(asyncio.BufferedProtocol):
                     if piece:
                         self.transport.write(b"%x\r\n%b\r\n" % (len(piece), piece))
                     while self.write_stalled_since is not None and not self.closing:
-                        await asyncio.sleep(0.005)  # the client reads slower than it comes
+                        await self._writable()  # the client reads slower than it comes
             except Exception as exc:
                 print(f"httpserver: a stream ended early: {exc!r}", file=sys.stderr, flush=True)
                 self.close()

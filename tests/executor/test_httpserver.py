@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import json
 import random
+from collections.abc import AsyncIterator
 
 import pytest
 from greenctl.executor.runtime import httpserver as hs
@@ -441,6 +442,99 @@ def test_a_client_that_does_not_read_its_answers_is_dropped() -> None:
 
     left, running = _run(scenario())  # type: ignore[misc]
     assert left == 0 and running == 0
+
+
+def _stream_server(pieces: int, size: int, closed: list[bool], **kw: object) -> hs.Server:
+    """A server whose ``/stream`` sends ``pieces`` pieces of ``size`` bytes (piece i is
+    filled with byte ``i % 256``); ``closed`` records that the source was closed."""
+    router = hs.Router()
+
+    async def source() -> AsyncIterator[bytes]:
+        try:
+            for i in range(pieces):
+                yield bytes([i % 256]) * size
+        finally:
+            closed.append(True)
+
+    async def stream(request: hs.Request) -> hs.Response:
+        return hs.StreamResponse(source())
+
+    async def fast(request: hs.Request) -> hs.Response:
+        return hs.Response(text="fast")
+
+    router.add_get("/stream", stream)
+    router.add_get("/fast", fast)
+    return hs.Server(router, **kw)  # type: ignore[arg-type]
+
+
+def test_a_stream_waits_for_a_slow_reader_then_sends_the_rest_in_order() -> None:
+    """A stream larger than the socket buffers to a client that reads only later: the
+    server stops writing while the client does not read, resumes when it does, and every
+    piece arrives in order; the pipelined request behind it is answered after it."""
+    import socket
+
+    pieces, size = 64, 256 * 1024
+
+    async def scenario() -> tuple[bytes, int, bytes, list[bool]]:
+        closed: list[bool] = []
+        server = _stream_server(pieces, size, closed)
+        port = await server.start("127.0.0.1", 0)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.setblocking(False)
+        sock.sendall(
+            b"GET /stream HTTP/1.1\r\nHost: h\r\n\r\nGET /fast HTTP/1.1\r\nHost: h\r\n\r\n"
+        )
+        await asyncio.sleep(0.3)  # not reading: the server's writes stall
+        # stalled, and waiting to be woken when the client reads (not polling)
+        stalled = [
+            (c.write_stalled_since is not None, c._drained is not None) for c in server.connections
+        ]
+        reader, writer = await asyncio.open_connection(sock=sock)
+        head = await reader.readuntil(b"\r\n\r\n")
+        body = bytearray()
+        while True:
+            n = int((await reader.readuntil(b"\r\n"))[:-2], 16)
+            body += await reader.readexactly(n + 2)
+            if n == 0:
+                break
+        fast = await _read_response(reader)
+        writer.close()
+        await server.shutdown()
+        assert stalled == [(True, True)]
+        return head, len(body), bytes(body[:-2]), [*closed, fast[2] == b"fast"]
+
+    head, total, body, flags = _run(scenario())  # type: ignore[misc]
+    assert head.startswith(b"HTTP/1.1 200 ") and b"Transfer-Encoding: chunked" in head
+    expected = b"".join(bytes([i % 256]) * size + b"\r\n" for i in range(pieces))
+    assert total == len(expected) + 2 and body == expected
+    assert flags == [True, True]  # the source was closed; the next request answered
+
+
+def test_a_stream_to_a_client_that_never_reads_is_cut_and_its_source_closed() -> None:
+    """A stalled stream whose client never reads again ends after ``send_timeout_s``:
+    the connection is dropped and the stream's source closed (nothing left running)."""
+    import socket
+
+    async def scenario() -> tuple[list[bool], int, int]:
+        closed: list[bool] = []
+        server = _stream_server(10_000, 256 * 1024, closed, send_timeout_s=0.5)
+        port = await server.start("127.0.0.1", 0)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"GET /stream HTTP/1.1\r\nHost: h\r\n\r\n")
+        for _ in range(100):
+            await asyncio.sleep(0.1)
+            if closed:
+                break
+        left, running = len(server.connections), len(server.tasks)
+        sock.close()
+        await server.shutdown()
+        return closed, left, running
+
+    assert _run(scenario()) == ([True], 0, 0)
 
 
 def test_request_json_refuses_deep_nesting_as_a_value_error() -> None:
