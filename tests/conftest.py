@@ -26,6 +26,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def processes_of(folder: Path) -> list[int]:
+    """The processes (other than this one) whose command line names ``folder``: the daemons
+    a test started with their files there."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if str(folder) in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+    return found
+
+
 @contextlib.contextmanager
 def listening_port() -> Iterator[int]:
     """A loopback port another program listens on while the block runs (what a command

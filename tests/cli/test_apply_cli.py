@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -29,24 +26,6 @@ def plan_file(tmp_path: Path) -> Path:
     path = tmp_path / "plan.json"
     write_plan_file(plan, path)
     return path
-
-
-@pytest.fixture
-def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_path: Path):
-    """A private state dir; any daemon that survives the test is killed."""
-    d = tmp_path / "state"
-    monkeypatch.setenv("GREENCTL_STATE_DIR", str(d))
-    yield d
-    from greenctl.data.store import open_store
-    from greenctl.executor.deploy.apply import down
-
-    with contextlib.suppress(Exception), open_store(db_path) as store:
-        down(store)
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if str(d) in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    os.kill(int(entry.name), signal.SIGKILL)
 
 
 def test_dry_run_json(cli, plan_file, state_dir):

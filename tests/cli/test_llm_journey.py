@@ -6,42 +6,14 @@ phase, ``status`` shows the tier and ``down`` leaves no process."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import urllib.request
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import processes_of
+
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_path: Path):
-    """A private state dir; any process of it that survives the test is killed."""
-    d = tmp_path / "state"
-    monkeypatch.setenv("GREENCTL_STATE_DIR", str(d))
-    yield d
-    from greenctl.data.store import open_store
-    from greenctl.executor.deploy.apply import down
-
-    with contextlib.suppress(Exception), open_store(db_path) as store:
-        down(store)
-    for pid in _processes_of(d):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _processes_of(folder: Path) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if str(folder) in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
-    return found
 
 
 def test_profile_plan_apply_stream_metrics_down(cli, state_dir, tiny_llama, tmp_path):
@@ -102,4 +74,4 @@ def test_profile_plan_apply_stream_metrics_down(cli, state_dir, tiny_llama, tmp_
 
     r = cli("down")
     assert r.exit_code == 0, r.output
-    assert _processes_of(state_dir) == []
+    assert processes_of(state_dir) == []
