@@ -26,14 +26,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def processes_of(folder: Path) -> list[int]:
-    """The processes (other than this one) whose command line names ``folder``: the daemons
-    a test started with their files there."""
+def processes_of(text: str | Path) -> list[int]:
+    """The processes (other than this one) whose command line (arguments joined by spaces)
+    names ``text``: the daemons a test started with their files in its folder."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             with contextlib.suppress(OSError):
-                if str(folder) in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                if str(text) in argv.decode(errors="replace"):
                     found.append(int(entry.name))
     return found
 

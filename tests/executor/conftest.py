@@ -13,32 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, processes_of
 
 HERE = Path(__file__).resolve().parent
 NOOP = "greenctl.executor.runtime.daemon:noop_loader"
 BROKEN = f"{HERE / 'exec_loaders.py'}:broken_loader"
 
 
-def _pids_mentioning(text: str) -> list[int]:
-    """Processes whose command line names ``text`` (the test's own state dir)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
-            pids.append(int(entry.name))
-    return pids
-
-
 @pytest.fixture(scope="session")
 def pids_mentioning():
     """A function listing the processes whose command line names a given text."""
-    return _pids_mentioning
+    return processes_of
 
 
 @pytest.fixture
@@ -69,7 +54,7 @@ def run_store(store, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 
     with contextlib.suppress(Exception):
         down(store, wait=True)
-    for pid in _pids_mentioning(str(state_dir)):
+    for pid in processes_of(str(state_dir)):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
@@ -80,7 +65,7 @@ def leftovers(tmp_path: Path):
     from greenctl.executor.runtime.procs import is_alive
 
     def alive() -> list[int]:
-        return [p for p in _pids_mentioning(str(tmp_path / "state")) if is_alive(p)]
+        return [p for p in processes_of(str(tmp_path / "state")) if is_alive(p)]
 
     return alive
 

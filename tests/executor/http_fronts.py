@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import processes_of
+
 NOOP = "greenctl.executor.runtime.daemon:noop_loader"
 ROW = 4
 FRONTS = ("dispatcher", "executor", "georouter")
@@ -132,20 +134,9 @@ def start_fronts(folder: Path) -> Iterator[dict[str, Front]]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        for pid in _pids_naming(str(folder)):
+        for pid in processes_of(str(folder)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def _pids_naming(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode("latin-1"):
-                pids.append(int(entry.name))
-    return pids
 
 
 @dataclass

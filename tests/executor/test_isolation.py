@@ -22,6 +22,8 @@ from greenctl.executor.runtime import oip
 from greenctl.executor.runtime.procs import python_module_argv, spawn_detached, wait_dead
 from greenctl.profiler.user_code import CALLER_DIR_ENV
 
+from tests.conftest import processes_of
+
 pytestmark = pytest.mark.timeout(180)
 
 PLANTED = ("httptools", "uvloop", "aiohttp", "numpy", "greenctl", "sitecustomize")
@@ -47,16 +49,12 @@ def _mode(path: Path) -> int:
 
 
 def _daemon_pids(state_dir: Path) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if str(state_dir).encode() in cmdline and b"greenctl.executor." in cmdline:
-                pids.append(int(entry.name))
-    return pids
+    """The greenctl daemons started with their files in ``state_dir``."""
+    return [
+        pid
+        for pid in processes_of(state_dir)
+        if b"greenctl.executor." in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
 
 
 def test_modules_planted_in_the_callers_folder_are_not_run_by_the_daemons(
