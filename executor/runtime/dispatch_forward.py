@@ -277,21 +277,6 @@ class Forwarding(RoutingTable):
         else:
             reply(self._bad_gateway(route, _failure(route, b, exc), t0))
 
-    async def infer(self, request: Any) -> Any:
-        """Forward an inference request to the instance its model's policy (or the
-        model-less choice) picks, retrying once on another when the connection fails;
-        the answer carries the executor's timing headers and the variant that served it."""
-        t0 = time.perf_counter()
-        route, variant, bad = self._route(request)
-        if route is None:
-            return bad
-        headers = _forwarded(request.headers)
-        try:
-            req = requirements_of(request.body, headers.get(HEADER_LENGTH))
-        except InputError as exc:
-            return self._bad_request(route, exc, t0)
-        return await self._forward(request, route, variant, req, headers, t0)
-
     async def _forward(
         self,
         request: Any,
