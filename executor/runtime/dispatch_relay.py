@@ -12,6 +12,7 @@ everything else goes the parsed way, which answers it the same.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from greenctl.executor.runtime import httpserver as hs
@@ -41,12 +42,23 @@ _PLAIN_ANSWER = re.compile(
 _CONTENT_TYPE = b"\r\nContent-Type: "
 
 
+#: heads of up to this many bytes are remembered (the last 256 of them): a client sends the
+#: same head with every tensor of one shape
+_REMEMBERED_BYTES = 4096
+
+
 def plain_request(head: bytes) -> tuple[str, int, str | None] | None:
     """A plain request's model name, body length and ``Inference-Header-Content-Length``
     (None when absent), from its head (with its closing blank line); None when the request
     is not plain: not an inference request over HTTP/1.1, a header the parser would refuse,
     a transfer coding, ``Expect``, an upgrade, ``Connection`` other than ``keep-alive``, or
     a ``Content-Length`` that is missing, repeated or not digits."""
+    if len(head) <= _REMEMBERED_BYTES:
+        return _remembered(head)
+    return _plain_request(head)
+
+
+def _plain_request(head: bytes) -> tuple[str, int, str | None] | None:
     match = _PLAIN_REQUEST.fullmatch(head)
     if match is None:
         return None
@@ -72,6 +84,9 @@ def plain_request(head: bytes) -> tuple[str, int, str | None] | None:
         return None
     tensor_head = _value(head, at + len(_TENSOR_HEAD)).decode("latin-1")
     return match.group(1).decode("latin-1"), int(length), tensor_head
+
+
+_remembered = functools.lru_cache(maxsize=256)(_plain_request)
 
 
 def plain_answer(head: bytes) -> bool:

@@ -340,7 +340,13 @@ class _Connection(asyncio.BufferedProtocol):
                 self._feed(data[pos:n])  # (a new request begun here resets the tail)
                 self._tail = (self._tail + bytes(data[max(pos, n - 3) : n]))[-3:]
                 return
-            if offer and self._fresh and self.server.shortcut is not None and not self.pending:
+            if (
+                offer
+                and self._fresh
+                and self.server.shortcut is not None
+                and not self.pending
+                and end - pos <= self.server.max_header_bytes  # (else the parser's 431)
+            ):
                 done = self._shortcut(raw, pos, end, n)
                 if done > n:  # taken once the rest of its body is in
                     self._gather = bytearray(data[pos:n])

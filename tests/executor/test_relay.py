@@ -40,6 +40,10 @@ def test_a_plain_head_gives_its_model_length_and_tensor_head() -> None:
     assert plain_request(no_tensor) == ("resnet", 76, None)
     shouting = _HEAD.replace(b"Content-Length: 76", b"CONTENT-LENGTH:   76 ")
     assert plain_request(shouting) == ("resnet", 76, "12")
+    # long heads are read afresh each time, short ones remembered: the same answers
+    long = _HEAD.replace(b"Host:", b"X-Pad: %b\r\nHost:" % (b"p" * 5000))
+    assert [plain_request(h) for h in (long, long, _HEAD, _HEAD)] == [("resnet", 76, "12")] * 4
+    assert plain_request(long.replace(b"Host:", b"Expect: x\r\nHost:")) is None
 
 
 @pytest.mark.parametrize(
@@ -286,6 +290,23 @@ def test_a_request_declined_once_gathered_goes_to_the_parser() -> None:
         return headers["x-via"], got
 
     assert _run(scenario()) == ("parser", b"later")
+
+
+def test_a_head_over_the_header_limit_is_not_offered_but_refused_431() -> None:
+    """A head the parser refuses (over ``max_header_bytes``) is refused even when it came
+    whole and the shortcut would take it."""
+
+    async def scenario() -> tuple[int, int]:
+        server, port, state = await _shortcut_server(max_header_bytes=1024)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head, data = _post("/short", b"x", extra=b"X-Pad: %b\r\n" % (b"p" * 2000))
+        writer.write(head + data)
+        status, _, _ = await _answer(reader)
+        writer.close()
+        await server.shutdown()
+        return status, state["offers"]
+
+    assert _run(scenario()) == (431, 0)
 
 
 def test_a_failing_shortcut_answers_500_and_closes() -> None:
