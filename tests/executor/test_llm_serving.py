@@ -137,10 +137,11 @@ def test_llm_plan_served_end_to_end(run_store, tiny_llama, leftovers):
     assert sorted(served) == ["tl-big", "tl-big", "tl-small", "tl-small"], served
 
     # a streamed chat answer comes as several chunks of events, without the usage event
-    # greenctl asked the engine for (the client did not)
+    # greenctl asked the engine for (the client did not); long enough that a busy machine
+    # cannot hold the dispatcher back until the engine has sent it all
     pieces, headers = _stream(url, "/v1/chat/completions", {
         "model": FAMILY, "messages": [{"role": "user", "content": "hello"}],
-        "max_tokens": 6, "stream": True})  # fmt: skip
+        "max_tokens": 48, "stream": True})  # fmt: skip
     events = _events(pieces)
     assert len(pieces) >= 2 and len(events) >= 3, pieces
     assert all("usage" not in e for e in events), events
