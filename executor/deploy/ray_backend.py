@@ -38,7 +38,14 @@ from greenctl.executor.deploy.ray_routes import (
     RouteEntry,
     energy_spec,
 )
-from greenctl.executor.deploy.ray_serve import VERSION_PREFIX, replica_ongoing, serve_classes
+from greenctl.executor.deploy.ray_serve import (
+    REPLICA_ENV,
+    ROUTER_ENV,
+    VERSION_PREFIX,
+    on_request_path,
+    replica_ongoing,
+    serve_classes,
+)
 from greenctl.executor.kinds import get_kind
 from greenctl.executor.runtime.offers import instance_offers
 from greenctl.profiler.models import builtin_variant, builtin_variants
@@ -464,7 +471,7 @@ def _deploy(run: _RayApply, serve: Any, previous: str | None) -> None:
             name=deployment_name(dep),
             num_replicas=dep.count,
             max_ongoing_requests=replica_ongoing(dep.batch),
-            ray_actor_options=actor_options(dep.resource),
+            ray_actor_options=on_request_path(actor_options(dep.resource), REPLICA_ENV),
         ).bind(variants[dep.variant], dep.batch, run.max_wait_ms, energy_spec(store, plan, dep))
         for dep in plan.deployments
     ]
@@ -509,7 +516,7 @@ def _start_router(run: _RayApply, serve: Any, router_cls: Any) -> None:
     if ROUTER_APP not in serve.status().applications:
         import ray
 
-        options: dict[str, Any] = {"num_cpus": 0}
+        options = on_request_path({"num_cpus": 0}, ROUTER_ENV)
         here = ray.get_runtime_context().get_node_id()
         ip = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == here), None)
         if ip is not None:  # pinned where 127.0.0.1 means this machine

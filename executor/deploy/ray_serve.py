@@ -47,6 +47,30 @@ def replica_ongoing(batch: int) -> int:
     return max(2 * max(batch, 1), 8)
 
 
+#: Serve's settings for the replicas on the request path (their ``runtime_env``): user code
+#: runs on the replica's own event loop, not a thread of its own, so no call crosses
+#: threads. Part of what Serve's ``RAY_SERVE_THROUGHPUT_OPTIMIZED`` sets for a whole cluster;
+#: here it holds for greenctl's deployments only, on any cluster.
+REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+#: the router's: its handles route on that same loop too
+ROUTER_ENV = {**REPLICA_ENV, "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+
+
+def on_request_path(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """``ray_actor_options`` with Serve's settings ``env`` for a request-path process."""
+    return {**options, "runtime_env": {"env_vars": dict(env)}}
+
+
+def direct(handle: Any) -> Any:
+    """``handle`` calling over Serve's gRPC data plane, straight to the replica's port (no
+    Ray task, object or rejection stream per call: 1.5x the throughput of the by-reference
+    path on two cores), where this Ray has it; the plain handle where it does not."""
+    try:
+        return handle.options(_by_reference=False)
+    except TypeError:  # a Ray older than the option
+        return handle
+
+
 def serve_classes() -> tuple[Any, Any, Any]:
     """The Serve deployments ``(Replica, Group, Router)``.
 
@@ -325,7 +349,7 @@ class RouterServer:
         group = serve.get_app_handle(app)
         spec = await group.spec.remote()
         handles = [
-            serve.get_deployment_handle(name, app, _check_exists=False)  # (no blocking lookup)
+            direct(serve.get_deployment_handle(name, app, _check_exists=False))
             for name in spec["deployments"]
         ]
         self.replicas = [Sender(h) for h in handles]

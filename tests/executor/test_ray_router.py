@@ -190,3 +190,29 @@ def test_sender_fails_each_request_of_a_failed_call_and_goes_on():
         assert sender.inflight == 0 and not sender.waiting
 
     asyncio.run(main())
+
+
+def test_the_router_calls_replicas_over_serves_grpc_data_plane_where_ray_has_it():
+    from greenctl.executor.deploy.ray_serve import direct
+
+    class Handle:
+        def __init__(self, accepts: bool) -> None:
+            self.accepts, self.options_given = accepts, None
+
+        def options(self, **kw):
+            if not self.accepts:
+                raise TypeError("options() got an unexpected keyword argument '_by_reference'")
+            self.options_given = kw
+            return ("by gRPC", self)
+
+    new = Handle(accepts=True)
+    assert direct(new) == ("by gRPC", new) and new.options_given == {"_by_reference": False}
+    old = Handle(accepts=False)
+    assert direct(old) is old  # a Ray without the option: the plain handle
+    pytest.importorskip("ray.serve")
+    import inspect
+
+    from ray.serve.handle import DeploymentHandle
+
+    # the Ray installed here has the option (or the fallback would hide its loss)
+    assert "_by_reference" in inspect.signature(DeploymentHandle.options).parameters
