@@ -619,7 +619,9 @@ class _Decomposition:
         )
         for j in range(len(master.cost)):
             master.cost[j] = cols[j][1].second if j in cols else sec_cost[j]
-        left = mix_model.tie_break_seconds(self.started, self.deadline - time.perf_counter())
+        left = mix_model.tie_break_seconds(
+            self.started, self.deadline - time.perf_counter(), families=len(self.problem.families)
+        )
         res2 = mix_model.solve_highs(master, left, x0, rel_gap=MASTER_REL_GAP)
         tb = {
             "objective": self.second,

@@ -148,7 +148,9 @@ def tie_break_stage(
         diff = (proven["objective"] - value) if maximise else (value - proven["objective"])
         return diff <= limit
 
-    budget = mix_model.tie_break_seconds(started, deadline - time.perf_counter())
+    budget = mix_model.tie_break_seconds(
+        started, deadline - time.perf_counter(), families=len(problem.families)
+    )
     until = time.perf_counter() + budget
     got, _ = master_with_row(problem, terms, swapped, keys, budgets, rhs, until, start=alloc)
     if got is not None and acceptable(got):

@@ -287,7 +287,7 @@ def _solve_group(
             m2.lb, m2.ub = implied_bounds(model, lp_dual, primary + tol)
         # what is left of the planning budget: the optimum is proven, the tie-break refines
         limit = None if time_limit_s is None else time_limit_s - res.seconds
-        left = tie_break_seconds(started, limit)
+        left = tie_break_seconds(started, limit, families=len(problem.families))
         # the primary plan starts it (without one HiGHS may find none in the time left)
         start2 = warm_start(problem, terms, lay2, len(m2.cost), alloc)
         res2 = solve(m2, solver=solver, time_limit_s=left, start=start2)

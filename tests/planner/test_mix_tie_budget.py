@@ -76,6 +76,20 @@ def test_the_budget_is_what_is_left_of_the_planning_budget() -> None:
     assert mix_model.tie_break_seconds(time.perf_counter(), 0.3) == 0.3
 
 
+def test_the_budget_keeps_time_for_writing_the_plan_of_every_family() -> None:
+    """The tie-break stops early enough for the plan's prediction to end within the budget:
+    the time kept grows with the families, down to the least time at the largest fleets."""
+    per = mix_model.PLAN_WRITE_S_PER_FAMILY
+    few = mix_model.tie_break_seconds(time.perf_counter(), families=10)
+    many = mix_model.tie_break_seconds(time.perf_counter(), families=100)
+    assert many <= mix_model.PLANNING_BUDGET_S - 100 * per < few
+    assert few <= mix_model.PLANNING_BUDGET_S - 10 * per
+    huge = round(mix_model.PLANNING_BUDGET_S / per) + 1
+    assert mix_model.tie_break_seconds(time.perf_counter(), families=huge) == (
+        mix_model.TIE_BREAK_MIN_S
+    )
+
+
 CASES = [("accuracy", False), ("cost", True), ("carbon", True)]
 
 
