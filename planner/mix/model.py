@@ -33,14 +33,11 @@ MIP_REL_GAP = 1e-6
 #: How much of the primary optimum (relative) the tie-break may give up.
 TIE_BREAK_REL_TOL = 1e-7
 #: The planning budget (s from the start of the solve to the plan written): once the primary
-#: optimum is proven the tie-break gets what is left of it (at least TIE_BREAK_MIN_S) less
-#: the time kept for writing the plan, and keeps its best incumbent, which is within
-#: TIE_BREAK_REL_TOL of the optimum (the plan's promise).
+#: optimum is proven the tie-break gets what is left of it, less PLAN_WRITE_S_PER_FAMILY per
+#: family for the plan's prediction (0.9-1.7 ms per family at 100, 2 cores idle to loaded),
+#: at least TIE_BREAK_MIN_S, and keeps its best incumbent (within TIE_BREAK_REL_TOL).
 PLANNING_BUDGET_S = 1.0
 TIE_BREAK_MIN_S = 0.05
-#: Kept for writing the plan once solved (its prediction by the evaluation core), per
-#: family: it took 0.9-1.7 ms per family at 100 families on a 2-core machine, idle to
-#: loaded.
 PLAN_WRITE_S_PER_FAMILY = 0.002
 #: The tie-break's reported status per solver status (others are reported as they are).
 TIE_BREAK_STATUS = {"optimal": "finished", "time_limit": "stopped at its budget"}
