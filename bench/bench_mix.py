@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from greenctl.data.errors import InfeasiblePlan
 from greenctl.data.records import Profile, Variant
 from greenctl.planner.core import queueing, service
+from greenctl.planner.mix import budget as mix_budget
 from greenctl.planner.mix import decomp as mix_decomp
 from greenctl.planner.mix import model as mix_model
 from greenctl.planner.mix import problem as mix_problem
@@ -207,7 +208,7 @@ def _describe(strategy: str, plan: Any, problem: Any) -> str:
 
 def _tie_break(tb: dict[str, Any]) -> str:
     """The tie-break's status and the budget it had (what was left of the planning budget,
-    ``model.PLANNING_BUDGET_S``, once the optimum was proven)."""
+    ``budget.PLANNING_BUDGET_S``, once the optimum was proven)."""
     budget = tb.get("budget_s")
     return f"{tb.get('status')}" + (f" ({budget:.2f} s)" if budget is not None else "")
 
@@ -415,8 +416,8 @@ def _summary(rows: list[tuple[str, dict[str, Any], float | None, str]]) -> None:
     print(
         "\n    summary: ilp (the default path); optimal = its plan meets the best proven bound "
         "of the exact paths within the gap tolerance; the tie-break gets what is left of a "
-        f"{mix_model.PLANNING_BUDGET_S:g} s planning budget once the optimum is proven (at "
-        f"least {mix_model.TIE_BREAK_MIN_S:g} s) and keeps its best plan when it stops there"
+        f"{mix_budget.PLANNING_BUDGET_S:g} s planning budget once the optimum is proven (at "
+        f"least {mix_budget.TIE_BREAK_MIN_S:g} s) and keeps its best plan when it stops there"
     )
     print(
         f"{'case':>20} {'wall s':>7} {'cpu s':>6} {'proven':>6} {'<= 1 s':>6} {'optimal':>7} "

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from greenctl.data.errors import InfeasiblePlan
+from greenctl.planner.mix import budget as mix_budget
 from greenctl.planner.mix import model as mix_model
 from greenctl.planner.mix.decomp_master import (
     MASTER_REL_GAP,
@@ -619,13 +620,13 @@ class _Decomposition:
         )
         for j in range(len(master.cost)):
             master.cost[j] = cols[j][1].second if j in cols else sec_cost[j]
-        left = mix_model.tie_break_seconds(
+        left = mix_budget.tie_break_seconds(
             self.started, self.deadline - time.perf_counter(), families=len(self.problem.families)
         )
         res2 = mix_model.solve_highs(master, left, x0, rel_gap=MASTER_REL_GAP)
         tb = {
             "objective": self.second,
-            "status": mix_model.TIE_BREAK_STATUS.get(res2.status, res2.status),
+            "status": mix_budget.TIE_BREAK_STATUS.get(res2.status, res2.status),
             "budget_s": round(left, 4),
             "solve_s": round(res2.seconds, 4),
         }

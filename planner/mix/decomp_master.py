@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from greenctl.planner.mix import budget as mix_budget
 from greenctl.planner.mix import model as mix_model
 from greenctl.planner.mix.family_search import FamilyPlan
 from greenctl.planner.mix.model import Allocation, MixProblem, Terms
@@ -129,7 +130,7 @@ def tie_break_stage(
     First the best tie-break over the priced plans (a master MILP with the row ``primary
     <= rhs``: the optimum plus the joint ILP's tolerance), then, as the joint ILP does, the
     full tie-break ILP warm-started with it; both within what is left of the planning budget
-    since ``started`` (:func:`~greenctl.planner.mix.model.tie_break_seconds`). Its status
+    since ``started`` (:func:`~greenctl.planner.mix.budget.tie_break_seconds`). Its status
     says whether it finished or stopped at that budget with its best plan.
     """
     second = tie_break(problem.objective)
@@ -148,7 +149,7 @@ def tie_break_stage(
         diff = (proven["objective"] - value) if maximise else (value - proven["objective"])
         return diff <= limit
 
-    budget = mix_model.tie_break_seconds(
+    budget = mix_budget.tie_break_seconds(
         started, deadline - time.perf_counter(), families=len(problem.families)
     )
     until = time.perf_counter() + budget
@@ -158,7 +159,7 @@ def tie_break_stage(
     info: dict[str, Any] = {"objective": second, "budget_s": round(budget, 4)}
     left = until - time.perf_counter()
     if left < MIN_STAGE_S:  # the budget went on the priced plans: the best among them
-        info["status"] = mix_model.TIE_BREAK_STATUS["time_limit"]
+        info["status"] = mix_budget.TIE_BREAK_STATUS["time_limit"]
         info["stage"] = "the master over the priced plans"
         return alloc, info
     m2, lay2 = mix_model.build_model(problem, terms, single=False, objective=second)
@@ -168,7 +169,7 @@ def tie_break_stage(
         m2.lb, m2.ub = mix_model.implied_bounds(model, lp_dual, rhs)
     start = mix_model.warm_start(problem, terms, lay2, len(m2.cost), alloc)
     res = mix_model.solve_highs(m2, max(until - time.perf_counter(), MIN_STAGE_S), start)
-    info["status"] = mix_model.TIE_BREAK_STATUS.get(res.status, res.status)
+    info["status"] = mix_budget.TIE_BREAK_STATUS.get(res.status, res.status)
     info["solve_s"] = round(res.seconds, 4)
     if res.x is not None and res.status in ("optimal", "time_limit"):
         cand = mix_model.extract(problem, lay2, res.x)

@@ -32,24 +32,6 @@ from greenctl.planner.core.balanced import (
 MIP_REL_GAP = 1e-6
 #: How much of the primary optimum (relative) the tie-break may give up.
 TIE_BREAK_REL_TOL = 1e-7
-#: The planning budget (s from the start of the solve to the plan written): once the primary
-#: optimum is proven the tie-break gets what is left of it, less PLAN_WRITE_S_PER_FAMILY per
-#: family for the plan's prediction (0.9-1.7 ms per family at 100, 2 cores idle to loaded),
-#: at least TIE_BREAK_MIN_S, and keeps its best incumbent (within TIE_BREAK_REL_TOL).
-PLANNING_BUDGET_S = 1.0
-TIE_BREAK_MIN_S = 0.05
-PLAN_WRITE_S_PER_FAMILY = 0.002
-#: The tie-break's reported status per solver status (others are reported as they are).
-TIE_BREAK_STATUS = {"optimal": "finished", "time_limit": "stopped at its budget"}
-
-
-def tie_break_seconds(started: float, limit_s: float | None = None, *, families: int = 0) -> float:
-    """How long the tie-break may run: the planning budget left since ``started``, less the
-    time kept for writing the plan of ``families`` families (at least TIE_BREAK_MIN_S), and
-    never past ``limit_s`` (the solve's time limit left) when given."""
-    spent = time.perf_counter() - started + PLAN_WRITE_S_PER_FAMILY * families
-    left = max(PLANNING_BUDGET_S - spent, TIE_BREAK_MIN_S)
-    return left if limit_s is None else min(left, max(limit_s, TIE_BREAK_MIN_S))
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from greenctl.data.plan import Plan
 from greenctl.planner.core import solvers
 from greenctl.planner.mix import decomp as mix_decomp
 from greenctl.planner.mix import model as mix_model
+from greenctl.planner.mix.budget import TIE_BREAK_STATUS, tie_break_seconds
 from greenctl.planner.mix.document import scaling_actions, to_plan
 from greenctl.planner.mix.model import (
     DEFAULT_ALPHA,
@@ -30,7 +31,6 @@ from greenctl.planner.mix.model import (
     MIP_REL_GAP,
     REFERENCE_CARBON_INTENSITY,
     TIE_BREAK_REL_TOL,
-    TIE_BREAK_STATUS,
     Allocation,
     Layout,
     MixFamily,
@@ -53,7 +53,6 @@ from greenctl.planner.mix.model import (
     rounded_solution,
     solve,
     solve_highs,
-    tie_break_seconds,
     warm_start,
 )
 from greenctl.planner.mix.options import (

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+from greenctl.planner.mix import budget as mix_budget
 from greenctl.planner.mix import decomp as mix_decomp
-from greenctl.planner.mix import model as mix_model
 from greenctl.planner.mix import solve as mix
 from greenctl.planner.mix.solve import MixFamily, MixOption, MixProblem, MixVariant, plan_mix
 
@@ -59,34 +59,34 @@ def fleet(objective: str, families: int = 12, floored: bool = False) -> MixProbl
 @contextmanager
 def budget(seconds: float, floor: float) -> Iterator[None]:
     """The planning budget and the tie-break's least time, for one block."""
-    saved = (mix_model.PLANNING_BUDGET_S, mix_model.TIE_BREAK_MIN_S)
-    mix_model.PLANNING_BUDGET_S, mix_model.TIE_BREAK_MIN_S = seconds, floor
+    saved = (mix_budget.PLANNING_BUDGET_S, mix_budget.TIE_BREAK_MIN_S)
+    mix_budget.PLANNING_BUDGET_S, mix_budget.TIE_BREAK_MIN_S = seconds, floor
     try:
         yield
     finally:
-        mix_model.PLANNING_BUDGET_S, mix_model.TIE_BREAK_MIN_S = saved
+        mix_budget.PLANNING_BUDGET_S, mix_budget.TIE_BREAK_MIN_S = saved
 
 
 def test_the_budget_is_what_is_left_of_the_planning_budget() -> None:
     now = time.perf_counter()
-    assert mix_model.tie_break_seconds(now - 5.0) == mix_model.TIE_BREAK_MIN_S
-    assert mix_model.tie_break_seconds(now - 5.0, 0.01) == mix_model.TIE_BREAK_MIN_S
-    fresh = mix_model.tie_break_seconds(time.perf_counter())
-    assert mix_model.TIE_BREAK_MIN_S < fresh <= mix_model.PLANNING_BUDGET_S
-    assert mix_model.tie_break_seconds(time.perf_counter(), 0.3) == 0.3
+    assert mix_budget.tie_break_seconds(now - 5.0) == mix_budget.TIE_BREAK_MIN_S
+    assert mix_budget.tie_break_seconds(now - 5.0, 0.01) == mix_budget.TIE_BREAK_MIN_S
+    fresh = mix_budget.tie_break_seconds(time.perf_counter())
+    assert mix_budget.TIE_BREAK_MIN_S < fresh <= mix_budget.PLANNING_BUDGET_S
+    assert mix_budget.tie_break_seconds(time.perf_counter(), 0.3) == 0.3
 
 
 def test_the_budget_keeps_time_for_writing_the_plan_of_every_family() -> None:
     """The tie-break stops early enough for the plan's prediction to end within the budget:
     the time kept grows with the families, down to the least time at the largest fleets."""
-    per = mix_model.PLAN_WRITE_S_PER_FAMILY
-    few = mix_model.tie_break_seconds(time.perf_counter(), families=10)
-    many = mix_model.tie_break_seconds(time.perf_counter(), families=100)
-    assert many <= mix_model.PLANNING_BUDGET_S - 100 * per < few
-    assert few <= mix_model.PLANNING_BUDGET_S - 10 * per
-    huge = round(mix_model.PLANNING_BUDGET_S / per) + 1
-    assert mix_model.tie_break_seconds(time.perf_counter(), families=huge) == (
-        mix_model.TIE_BREAK_MIN_S
+    per = mix_budget.PLAN_WRITE_S_PER_FAMILY
+    few = mix_budget.tie_break_seconds(time.perf_counter(), families=10)
+    many = mix_budget.tie_break_seconds(time.perf_counter(), families=100)
+    assert many <= mix_budget.PLANNING_BUDGET_S - 100 * per < few
+    assert few <= mix_budget.PLANNING_BUDGET_S - 10 * per
+    huge = round(mix_budget.PLANNING_BUDGET_S / per) + 1
+    assert mix_budget.tie_break_seconds(time.perf_counter(), families=huge) == (
+        mix_budget.TIE_BREAK_MIN_S
     )
 
 
@@ -104,7 +104,7 @@ def test_a_stopped_tie_break_keeps_the_proven_optimum(objective: str, floored: b
     tb_full, tb_cut = full.extra["solver"]["tie_break"], cut.extra["solver"]["tie_break"]
     assert tb_full["objective"] == tb_cut["objective"] == mix_decomp.tie_break(objective)
     assert tb_full["status"] in ("finished", "stopped at its budget")  # (tiny: it finishes)
-    assert 0.0 < tb_full["budget_s"] <= mix_model.PLANNING_BUDGET_S
+    assert 0.0 < tb_full["budget_s"] <= mix_budget.PLANNING_BUDGET_S
     assert tb_cut["status"] == "stopped at its budget"
     assert cut.extra["solver"]["status"] == "optimal"
     a, b = cut.predicted["objective"], full.predicted["objective"]
