@@ -47,11 +47,21 @@ def replica_ongoing(batch: int) -> int:
     return max(2 * max(batch, 1), 8)
 
 
+#: The largest gRPC message between the router and a replica: gRPC's own ceiling, not
+#: Serve's 4 MiB default, which a single request of a few images in JSON outgrows.
+GRPC_MAX_MESSAGE = 2**31 - 1
+#: The most request bytes one call carries (a group closes before it would pass them; a
+#: request alone always goes): well under :data:`GRPC_MAX_MESSAGE`, answers included.
+CALL_MAX_BYTES = 256 * 1024 * 1024
 #: Serve's settings for the replicas on the request path (their ``runtime_env``): user code
 #: runs on the replica's own event loop, not a thread of its own, so no call crosses
-#: threads. Part of what Serve's ``RAY_SERVE_THROUGHPUT_OPTIMIZED`` sets for a whole cluster;
-#: here it holds for greenctl's deployments only, on any cluster.
-REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+#: threads (part of what Serve's ``RAY_SERVE_THROUGHPUT_OPTIMIZED`` sets for a whole cluster;
+#: here for greenctl's deployments only, on any cluster), and gRPC takes messages of up to
+#: :data:`GRPC_MAX_MESSAGE` bytes.
+REPLICA_ENV = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(GRPC_MAX_MESSAGE),
+}
 #: the router's: its handles route on that same loop too
 ROUTER_ENV = {**REPLICA_ENV, "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 
@@ -254,7 +264,7 @@ VERSION_PREFIX = "greenctl-p"
 class Sender:
     """The requests a router sends one deployment, grouped: at most ``calls`` Ray calls in
     flight (one running and one forming per replica), and the requests that arrive meanwhile
-    go together, up to ``most`` (the plan's batch), in the next call
+    go together, up to ``most`` (the plan's batch) and :data:`CALL_MAX_BYTES`, in the next call
     (:meth:`ReplicaServer.answer_all`). No timer: a request to an idle deployment goes at
     once; under load one Ray call carries a batch instead of a request. At most ``limit``
     requests wait (the local dispatcher's queue bound): past it a request is refused
@@ -283,7 +293,13 @@ class Sender:
 
     def _pump(self) -> None:
         while self.waiting and self.inflight < self.calls:
-            group, self.waiting = self.waiting[: self.most], self.waiting[self.most :]
+            n, size = 1, _size(self.waiting[0][0])
+            while n < min(self.most, len(self.waiting)):
+                size += _size(self.waiting[n][0])
+                if size > CALL_MAX_BYTES:
+                    break
+                n += 1
+            group, self.waiting = self.waiting[:n], self.waiting[n:]
             self.inflight += 1
             task = asyncio.get_running_loop().create_task(self._call(group))
             self.tasks.add(task)
@@ -303,6 +319,11 @@ class Sender:
         finally:
             self.inflight -= 1
             self._pump()
+
+
+def _size(args: tuple[Any, ...]) -> int:
+    """The bytes a request's arguments carry (its body)."""
+    return sum(len(a) for a in args if isinstance(a, bytes | bytearray | memoryview))
 
 
 class RouterServer:

@@ -90,6 +90,8 @@ def test_apply_infer_scale_rollback_down(cluster, store, cli, tmp_path, http_por
     out = _infer(url, "tiny")
     assert out["model_name"] == "tiny" and out["outputs"][0]["shape"][0] == 2
     assert out["model_version"] == "tiny-s"
+    big = _infer(url, "tiny", rows=400)  # 6 MB of JSON: past gRPC's default 4 MiB message
+    assert big["outputs"][0]["shape"][0] == 400
     load = cli(
         "loadgen", "--endpoint", url, "--model", "tiny", "--rate", "20", "--duration", "2", "--json"
     )

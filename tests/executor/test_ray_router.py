@@ -216,3 +216,25 @@ def test_the_router_calls_replicas_over_serves_grpc_data_plane_where_ray_has_it(
 
     # the Ray installed here has the option (or the fallback would hide its loss)
     assert "_by_reference" in inspect.signature(DeploymentHandle.options).parameters
+
+
+def test_sender_closes_a_group_before_it_passes_the_bytes_a_call_may_carry(monkeypatch):
+    from greenctl.executor.deploy import ray_serve
+
+    monkeypatch.setattr(ray_serve, "CALL_MAX_BYTES", 10)
+
+    async def main() -> None:
+        replica = _Replica()
+        sender = ray_serve.Sender(replica, calls=1, most=8)
+        first = asyncio.ensure_future(sender.send(b"x"))
+        await _settle()
+        bodies = [b"aaaa", b"bbbb", b"cc", b"d" * 30, b"e"]
+        rest = [asyncio.ensure_future(sender.send(x)) for x in bodies]
+        await _settle()
+        replica.gate.set()
+        await asyncio.gather(first, *rest)
+        # 4 + 4 + 2 bytes fill a call; one over the bound goes alone, as a request must
+        sizes = [[len(args[0]) for args in call] for call in replica.calls]
+        assert sizes == [[1], [4, 4, 2], [30], [1]]
+
+    asyncio.run(main())
